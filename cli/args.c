@@ -1,0 +1,166 @@
+/* cli/args.c: argument parsing and small I/O helpers for the CLI. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+int cli_args_init(cli_args *a, int argc, char **argv, int first) {
+    a->argc = argc;
+    a->argv = argv;
+    a->first = first;
+    a->used = calloc((size_t)argc + 1, 1);
+    return a->used ? 0 : -1;
+}
+
+void cli_args_free(cli_args *a) { free(a->used); }
+
+static int find(cli_args *a, const char *name) {
+    for (int i = a->first; i < a->argc; i++)
+        if (!strcmp(a->argv[i], name)) return i;
+    return -1;
+}
+
+const char *cli_opt(cli_args *a, const char *name, int *err) {
+    int i = find(a, name);
+    if (i < 0) return NULL;
+    a->used[i] = 1;
+    if (i + 1 >= a->argc) {
+        fprintf(stderr, "kvlingo: option %s needs a value\n", name);
+        *err = 1;
+        return NULL;
+    }
+    a->used[i + 1] = 1;
+    return a->argv[i + 1];
+}
+
+int cli_flag(cli_args *a, const char *name) {
+    int i = find(a, name);
+    if (i < 0) return 0;
+    a->used[i] = 1;
+    return 1;
+}
+
+long cli_opt_long(cli_args *a, const char *name, long dflt, long lo, long hi, int *err) {
+    const char *v = cli_opt(a, name, err);
+    if (!v) return dflt;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || end == v || x < lo || x > hi) {
+        fprintf(stderr, "kvlingo: option %s: '%s' is not an integer in [%ld, %ld]\n", name, v, lo, hi);
+        *err = 1;
+        return dflt;
+    }
+    return x;
+}
+
+double cli_opt_double(cli_args *a, const char *name, double dflt, double lo, double hi, int *err) {
+    const char *v = cli_opt(a, name, err);
+    if (!v) return dflt;
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || *end || end == v || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "kvlingo: option %s: '%s' is not a number in [%g, %g]\n", name, v, lo, hi);
+        *err = 1;
+        return dflt;
+    }
+    return x;
+}
+
+int cli_args_leftover(cli_args *a, const char *cmd) {
+    for (int i = a->first; i < a->argc; i++) {
+        if (!a->used[i]) {
+            fprintf(stderr, "kvlingo %s: unexpected argument '%s' (see kvlingo %s --help)\n", cmd,
+                    a->argv[i], cmd);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int cli_parse_ids(const char *s, int32_t **ids_out, size_t *n_out) {
+    size_t cap = 16, n = 0;
+    int32_t *ids = malloc(sizeof(int32_t) * cap);
+    if (!ids) { fprintf(stderr, "kvlingo: out of memory\n"); return 1; }
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
+            fprintf(stderr, "kvlingo: token id list '%s': bad entry at offset %zu (expected "
+                    "comma-separated non-negative integers)\n", s, (size_t)(p - s));
+            free(ids);
+            return 1;
+        }
+        if (n == cap) {
+            cap *= 2;
+            int32_t *ni = realloc(ids, sizeof(int32_t) * cap);
+            if (!ni) { free(ids); fprintf(stderr, "kvlingo: out of memory\n"); return 1; }
+            ids = ni;
+        }
+        ids[n++] = (int32_t)v;
+        p = *end ? end + 1 : end;
+    }
+    if (n == 0) {
+        fprintf(stderr, "kvlingo: token id list is empty\n");
+        free(ids);
+        return 1;
+    }
+    *ids_out = ids;
+    *n_out = n;
+    return 0;
+}
+
+int cli_fail(const char *cmd, kvl_status s) {
+    const char *d = kvl_last_error();
+    fprintf(stderr, "kvlingo %s: %s%s%s\n", cmd, kvl_strerror(s), d && *d ? ": " : "", d ? d : "");
+    return 1;
+}
+
+char *cli_read_file(const char *path, size_t *len_out) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { fprintf(stderr, "kvlingo: %s: cannot open: %s\n", path, strerror(errno)); return NULL; }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (n + 1 < cap) break;
+        cap *= 2;
+        char *nb = realloc(buf, cap);
+        if (!nb) { free(buf); buf = NULL; }
+        else buf = nb;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (!buf || bad) {
+        fprintf(stderr, "kvlingo: %s: %s\n", path, buf ? "read error" : "out of memory");
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    if (len_out) *len_out = n;
+    return buf;
+}
+
+void cli_print_json_string(const char *t, size_t len) {
+    putchar('"');
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)t[i];
+        switch (ch) {
+        case '"': fputs("\\\"", stdout); break;
+        case '\\': fputs("\\\\", stdout); break;
+        case '\n': fputs("\\n", stdout); break;
+        case '\r': fputs("\\r", stdout); break;
+        case '\t': fputs("\\t", stdout); break;
+        default:
+            if (ch < 0x20) printf("\\u%04x", ch);
+            else putchar(ch);
+        }
+    }
+    putchar('"');
+}

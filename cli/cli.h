@@ -1,0 +1,48 @@
+/* cli/cli.h: shared helpers of the kvlingo command-line tool. */
+#ifndef KVL_CLI_H
+#define KVL_CLI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvlingo/status.h"
+
+/* Simple --key value / --flag parser over argv[first..argc). */
+typedef struct cli_args {
+    int argc;
+    char **argv;
+    int first;
+    unsigned char *used;   /* [argc] marks consumed arguments */
+} cli_args;
+
+int cli_args_init(cli_args *a, int argc, char **argv, int first);
+void cli_args_free(cli_args *a);
+/* Value of --name (NULL when absent).  A missing value is reported and *err set. */
+const char *cli_opt(cli_args *a, const char *name, int *err);
+int cli_flag(cli_args *a, const char *name);
+/* Parse numeric options; absent -> dflt.  Bad number -> message on stderr, *err = 1. */
+long cli_opt_long(cli_args *a, const char *name, long dflt, long lo, long hi, int *err);
+double cli_opt_double(cli_args *a, const char *name, double dflt, double lo, double hi, int *err);
+/* Reports any argument not consumed; returns non-zero if there is one. */
+int cli_args_leftover(cli_args *a, const char *cmd);
+
+/* Parse "1,2,3" into a malloc'ed id array. Returns 0 on success, prints the error otherwise. */
+int cli_parse_ids(const char *s, int32_t **ids_out, size_t *n_out);
+
+/* Print "kvlingo <cmd>: <status text>: <detail>" to stderr and return 1. */
+int cli_fail(const char *cmd, kvl_status s);
+
+/* Read a whole file (malloc'ed, NUL-terminated). Prints the error and returns NULL on failure. */
+char *cli_read_file(const char *path, size_t *len_out);
+
+/* Print a JSON string literal (escaped) of text[len] to stdout. */
+void cli_print_json_string(const char *text, size_t len);
+
+/* Commands */
+int cmd_info(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_eval_ppl(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
+
+#endif

@@ -1,0 +1,33 @@
+/* cli/main.c: `kvlingo` command dispatch. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static void usage(FILE *f) {
+    fputs("usage: kvlingo <command> [options]\n"
+          "\n"
+          "commands:\n"
+          "  info        --model DIR [--json]                      architecture, geometry, parameters\n"
+          "  generate    --model DIR (--prompt TEXT | --prompt-ids 1,2,3) --max-tokens N\n"
+          "              [--temperature T] [--top-k K] [--top-p P] [--seed S] [--threads N] [--json]\n"
+          "  eval-ppl    --model DIR --text-file FILE [--window 256] [--max-windows 200] [--json]\n"
+          "  tokenize    (--model DIR | --tokenizer FILE) --text STR [--json]\n"
+          "  detokenize  (--model DIR | --tokenizer FILE) --ids 1,2,3\n"
+          "\n"
+          "Run `kvlingo <command> --help` for a command's details.\n", f);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) { usage(stderr); return 2; }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) { usage(stdout); return 0; }
+    if (!strcmp(cmd, "info")) return cmd_info(argc, argv);
+    if (!strcmp(cmd, "generate")) return cmd_generate(argc, argv);
+    if (!strcmp(cmd, "eval-ppl")) return cmd_eval_ppl(argc, argv);
+    if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc, argv);
+    if (!strcmp(cmd, "detokenize")) return cmd_detokenize(argc, argv);
+    fprintf(stderr, "kvlingo: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,139 @@
+/* kernels/cpu/ops.c: CPU forward kernels (see ops.h). */
+#include "cpu/ops.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+void kvl_cpu_set_threads(int n_threads) {
+    if (n_threads > 0) openblas_set_num_threads(n_threads);
+}
+
+void kvl_cpu_matmul_forward(float *out, const float *in, const float *W, const float *bias,
+                            int T, int K, int N) {
+    if (T == 1) {
+        /* decode: matrix-vector is cheaper through sgemv than a 1-row sgemm */
+        if (bias) memcpy(out, bias, sizeof(float) * (size_t)N);
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1.0f, W, K, in, 1, bias ? 1.0f : 0.0f, out, 1);
+        return;
+    }
+    if (bias) {
+        for (int t = 0; t < T; t++) memcpy(out + (size_t)t * N, bias, sizeof(float) * (size_t)N);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, N, K, 1.0f, in, K, W, K,
+                bias ? 1.0f : 0.0f, out, N);
+}
+
+void kvl_cpu_rmsnorm_forward(float *out, const float *in, const float *w, int T, int C, float eps) {
+    for (int t = 0; t < T; t++) {
+        const float *x = in + (size_t)t * C;
+        float *o = out + (size_t)t * C;
+        float ss = 0.0f;
+        for (int i = 0; i < C; i++) ss += x[i] * x[i];
+        float r = 1.0f / sqrtf(ss / (float)C + eps);
+        for (int i = 0; i < C; i++) o[i] = w[i] * (x[i] * r);
+    }
+}
+
+void kvl_cpu_rope_angles(float *cos_out, float *sin_out, int pos, int D, double theta) {
+    int half = D / 2;
+    float base = (float)theta;
+    for (int i = 0; i < half; i++) {
+        float inv_freq = 1.0f / powf(base, (float)(2 * i) / (float)D);
+        float ang = (float)pos * inv_freq;
+        cos_out[i] = cosf(ang);
+        sin_out[i] = sinf(ang);
+    }
+}
+
+void kvl_cpu_rope_forward(float *x, const int *pos, int T, int n_heads, int D, double theta,
+                          int inverse) {
+    int half = D / 2;
+    float cs[512], sn[512];   /* head_dim <= 1024 */
+    for (int t = 0; t < T; t++) {
+        kvl_cpu_rope_angles(cs, sn, pos[t], D, theta);
+        float sgn = inverse ? -1.0f : 1.0f;
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + ((size_t)t * n_heads + h) * D;
+            for (int i = 0; i < half; i++) {
+                float x1 = v[i], x2 = v[i + half];
+                float c = cs[i], s = sgn * sn[i];
+                v[i] = x1 * c - x2 * s;
+                v[i + half] = x2 * c + x1 * s;
+            }
+        }
+    }
+}
+
+void kvl_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+void kvl_cpu_softmax_rows(float *x, int rows, int n) {
+    for (int r = 0; r < rows; r++) {
+        float *row = x + (size_t)r * n;
+        float m = -INFINITY;
+        for (int j = 0; j < n; j++) m = row[j] > m ? row[j] : m;
+        float sum = 0.0f;
+        for (int j = 0; j < n; j++) { row[j] = expf(row[j] - m); sum += row[j]; }
+        float inv = 1.0f / sum;
+        for (int j = 0; j < n; j++) row[j] *= inv;
+    }
+}
+
+/* Queries are processed in chunks so the score matrix stays bounded for long contexts. */
+#define KVL_ATTN_QCHUNK 256
+
+size_t kvl_cpu_attention_scratch(int Tq, int Tk) {
+    int qc = Tq < KVL_ATTN_QCHUNK ? Tq : KVL_ATTN_QCHUNK;
+    return (size_t)qc * (size_t)Tk;
+}
+
+void kvl_cpu_attention_forward(float *out, float *probs, const float *q, const float *k,
+                               const float *v, int Tq, int Tk, int q_pos0, int Hq, int Hkv, int D,
+                               float *scratch) {
+    const int group = Hq / Hkv;
+    const int ldq = Hq * D, ldk = Hkv * D;
+    const float scale = 1.0f / sqrtf((float)D);
+    for (int h = 0; h < Hq; h++) {
+        const int g = h / group;
+        for (int c0 = 0; c0 < Tq; c0 += KVL_ATTN_QCHUNK) {
+            int nq = Tq - c0 < KVL_ATTN_QCHUNK ? Tq - c0 : KVL_ATTN_QCHUNK;
+            /* keys visible to the last query of this chunk */
+            int nk = q_pos0 + c0 + nq;
+            if (nk > Tk) nk = Tk;
+            float *S = scratch;   /* [nq, nk] with row stride nk */
+            const float *qh = q + (size_t)c0 * ldq + (size_t)h * D;
+            const float *kg = k + (size_t)g * D;
+            const float *vg = v + (size_t)g * D;
+            if (nq == 1) {
+                cblas_sgemv(CblasRowMajor, CblasNoTrans, nk, D, scale, kg, ldk, qh, 1, 0.0f, S, 1);
+            } else {
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, D, scale, qh, ldq, kg,
+                            ldk, 0.0f, S, nk);
+            }
+            for (int i = 0; i < nq; i++) {
+                float *row = S + (size_t)i * nk;
+                int last = q_pos0 + c0 + i;   /* keys 0..last visible */
+                int vis = last + 1 < nk ? last + 1 : nk;
+                kvl_cpu_softmax_rows(row, 1, vis);
+                for (int j = vis; j < nk; j++) row[j] = 0.0f;
+                if (probs) {
+                    float *pr = probs + ((size_t)h * Tq + c0 + i) * Tk;
+                    memcpy(pr, row, sizeof(float) * (size_t)nk);
+                    for (int j = nk; j < Tk; j++) pr[j] = 0.0f;
+                }
+            }
+            float *oh = out + (size_t)c0 * ldq + (size_t)h * D;
+            if (nq == 1) {
+                cblas_sgemv(CblasRowMajor, CblasTrans, nk, D, 1.0f, vg, ldk, S, 1, 0.0f, oh, 1);
+            } else {
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, 1.0f, S, nk, vg,
+                            ldk, 0.0f, oh, ldq);
+            }
+        }
+    }
+}

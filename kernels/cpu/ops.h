@@ -1,0 +1,54 @@
+/* kernels/cpu/ops.h: CPU reference kernels of the forward pass (float32, row-major).
+ *
+ * Each kernel documents its shapes with named dimensions: T tokens, C channels, H hidden,
+ * Hq query heads, Hkv kv heads, D head_dim, N output features, K input features.
+ * Formulas follow transformers' modeling_qwen3.py / modeling_llama.py (noted per kernel).
+ * Backward kernels (translator training) sit beside their forward with the same argument
+ * order, as in llm.c. */
+#ifndef KVL_KERNELS_CPU_OPS_H
+#define KVL_KERNELS_CPU_OPS_H
+
+#include <stddef.h>
+
+/* out[T,N] = in[T,K] @ W[N,K]^T + bias[N] (bias may be NULL).  nn.Linear layout.  OpenBLAS sgemm. */
+void kvl_cpu_matmul_forward(float *out, const float *in, const float *W, const float *bias,
+                            int T, int K, int N);
+
+/* out[T,C] = in[T,C] / sqrt(mean(in^2) + eps) * w[C]   (Qwen3RMSNorm; variance in float32).
+ * out may alias in. */
+void kvl_cpu_rmsnorm_forward(float *out, const float *in, const float *w, int T, int C, float eps);
+
+/* RoPE angles for one position: cos/sin[D/2] with inv_freq[i] = 1 / theta^(2i/D), computed in
+ * float32 exactly as transformers' default rope init (`base ** (arange(0, D, 2).float() / D)`),
+ * angle = float(pos) * inv_freq[i]. */
+void kvl_cpu_rope_angles(float *cos_out, float *sin_out, int pos, int D, double theta);
+
+/* In-place rotary embedding of x[T, n_heads, D] at positions pos[T] (rotate_half form: element i
+ * pairs with i + D/2): x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin.  inverse != 0 applies the
+ * inverse rotation (angle -> -angle), which recovers the pre-RoPE vector. */
+void kvl_cpu_rope_forward(float *x, const int *pos, int T, int n_heads, int D, double theta,
+                          int inverse);
+
+/* out[n] = silu(gate[n]) * up[n], silu(x) = x / (1 + exp(-x)).  out may alias gate. */
+void kvl_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+
+/* Causal GQA attention of Tq queries over Tk cached keys/values.
+ *   q   [Tq, Hq*D]   queries (after q_norm and RoPE), query i sits at absolute position q_pos0 + i
+ *   k   [Tk, Hkv*D]  keys of positions 0..Tk-1 (Tk >= q_pos0 + Tq)
+ *   v   [Tk, Hkv*D]
+ *   out [Tq, Hq*D]   softmax(q k^T / sqrt(D) + causal mask) v; head h reads kv head h / (Hq/Hkv)
+ *   scratch: at least kvl_cpu_attention_scratch(Tq, Tk) floats.
+ *   probs (optional, may be NULL): [Hq, Tq, Tk] receives the attention probabilities (zeros
+ *   above the causal diagonal), for the backward pass. */
+size_t kvl_cpu_attention_scratch(int Tq, int Tk);
+void kvl_cpu_attention_forward(float *out, float *probs, const float *q, const float *k,
+                               const float *v, int Tq, int Tk, int q_pos0, int Hq, int Hkv, int D,
+                               float *scratch);
+
+/* In-place softmax over each row of x[rows, n]. */
+void kvl_cpu_softmax_rows(float *x, int rows, int n);
+
+/* Highest OpenBLAS thread count to use (0 = library default). */
+void kvl_cpu_set_threads(int n_threads);
+
+#endif
