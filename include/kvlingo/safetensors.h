@@ -124,6 +124,9 @@ kvl_status kvl_safetensors_write(const char *path, const kvl_st_write_tensor *te
  * error naming both); a tensor present in two shards is an error. */
 typedef struct kvl_st_set kvl_st_set;
 
+/* Errors: KVL_ERR_NOT_FOUND (neither file in `dir`, or a shard the index names is missing),
+ * KVL_ERR_FORMAT (bad index JSON, shard name outside `dir`, tensor not in its shard, tensor in
+ * two shards), and those of kvl_safetensors_open for each file. */
 kvl_status kvl_st_set_open_dir(const char *dir, kvl_st_set **out);
 void kvl_st_set_free(kvl_st_set *set);
 /* Find a tensor across shards; NULL when absent.  If file_out, it receives the shard path. */
