@@ -18,3 +18,13 @@ int kvl_test_write_file(const char *path, const void *data, size_t len);
 char *kvl_test_read_file(const char *path, size_t *len_out);
 
 #endif
+
+/* Write a tiny random model directory (config.json + model.safetensors, float32 weights from a
+ * seeded generator, scaled like a trained model) of architecture `arch` ("Qwen3ForCausalLM",
+ * "Qwen2ForCausalLM", "LlamaForCausalLM") into `dir` (which must exist).
+ * Geometry: vocab V, hidden H, L layers, Hq heads, Hkv kv heads, head_dim D, MLP width F.
+ * `skip_tensor` (may be NULL) names a tensor left out, `bad_shape_tensor` (may be NULL) one
+ * written with a wrong first dimension — for error tests.  Returns 0 on success. */
+int kvl_test_write_tiny_model(const char *dir, const char *arch, int V, int H, int L, int Hq, int Hkv,
+                              int D, int F, double rope_theta, unsigned seed,
+                              const char *skip_tensor, const char *bad_shape_tensor);

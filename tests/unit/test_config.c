@@ -1,0 +1,116 @@
+/* tests/unit/test_config.c: config.json parsing (both layouts, defaults, refusals, errors). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "kvlingo/model.h"
+
+#define BASE_FIELDS \
+    "\"hidden_size\": 128, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, " \
+    "\"intermediate_size\": 256, \"vocab_size\": 100"
+
+static kvl_status parse(const char *json, kvl_model_config *c) {
+    return kvl_config_parse(json, strlen(json), "cfg.json", c);
+}
+
+static void expect_error(const char *json, kvl_status want, const char *needle) {
+    kvl_model_config c;
+    kvl_status s = parse(json, &c);
+    if (s != want) fail_msg("status %d (%s), want %d for %s", s, kvl_last_error(), want, json);
+    if (!strstr(kvl_last_error(), needle)) fail_msg("message '%s' lacks '%s'", kvl_last_error(), needle);
+    assert_non_null(strstr(kvl_last_error(), "cfg.json"));
+}
+
+static void test_shipped_layouts(void **st) {
+    (void)st;
+    kvl_model_config a, c;
+    char p[4096];
+    snprintf(p, sizeof p, "%s/models/qwen3-a/config.json", KVL_SOURCE_DIR);
+    assert_int_equal(kvl_config_load(p, &a), KVL_OK);
+    assert_int_equal(a.arch, KVL_ARCH_QWEN3);
+    assert_int_equal(a.head_dim, 32);
+    assert_true(a.qk_norm && !a.qkv_bias && a.tie_word_embeddings);
+    assert_true(a.rope_theta == 10000.0);
+    assert_int_equal(a.weight_dtype, KVL_DTYPE_F32);
+    snprintf(p, sizeof p, "%s/models/qwen2-c/config.json", KVL_SOURCE_DIR);
+    assert_int_equal(kvl_config_load(p, &c), KVL_OK);
+    assert_int_equal(c.arch, KVL_ARCH_QWEN2);
+    assert_int_equal(c.head_dim, 32);                 /* 192 / 6 */
+    assert_true(c.qkv_bias && !c.qk_norm && !c.tie_word_embeddings);   /* bias without the key */
+    assert_int_equal(c.weight_dtype, KVL_DTYPE_F16);  /* torch_dtype (older layout) */
+    assert_int_equal(c.n_eos, 1);
+    assert_int_equal(c.eos_token_ids[0], 4093);
+    snprintf(p, sizeof p, "%s/models/qwen3-b/config.json", KVL_SOURCE_DIR);
+    assert_int_equal(kvl_config_load(p, &a), KVL_OK);
+    assert_true(a.rope_theta == 1000000.0);           /* rope_parameters.rope_theta */
+}
+
+static void test_llama_and_defaults(void **st) {
+    (void)st;
+    kvl_model_config c;
+    assert_int_equal(parse("{\"architectures\": [\"LlamaForCausalLM\"], " BASE_FIELDS
+                           ", \"num_key_value_heads\": 2, \"rope_theta\": 500000.0, "
+                           "\"eos_token_id\": [128001, 128009], \"attention_bias\": false, "
+                           "\"rope_scaling\": null, \"sliding_window\": 4096, \"use_sliding_window\": false}", &c),
+                     KVL_OK);
+    assert_int_equal(c.arch, KVL_ARCH_LLAMA);
+    assert_int_equal(c.head_dim, 32);
+    assert_int_equal(c.n_kv_heads, 2);
+    assert_int_equal(c.n_eos, 2);
+    assert_int_equal(c.eos_token_ids[1], 128009);
+    assert_false(c.qkv_bias);
+    assert_true(c.rope_theta == 500000.0);
+    assert_true(c.rms_norm_eps > 0);
+    /* no num_key_value_heads: MHA */
+    assert_int_equal(parse("{\"architectures\": [\"LlamaForCausalLM\"], " BASE_FIELDS "}", &c), KVL_OK);
+    assert_int_equal(c.n_kv_heads, 4);
+    assert_int_equal(kvl_config_param_count(&c) > 0, 1);
+    /* explicit head_dim wins */
+    assert_int_equal(parse("{\"architectures\": [\"Qwen3ForCausalLM\"], " BASE_FIELDS ", \"head_dim\": 64}", &c), KVL_OK);
+    assert_int_equal(c.head_dim, 64);
+    assert_true(c.qk_norm);
+}
+
+static void test_refusals(void **st) {
+    (void)st;
+    expect_error("{\"architectures\": [\"GPT2LMHeadModel\"], " BASE_FIELDS "}", KVL_ERR_UNSUPPORTED, "architectures");
+    expect_error("{\"architectures\": [\"LlamaForCausalLM\"], " BASE_FIELDS
+                 ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}}", KVL_ERR_UNSUPPORTED, "rope_scaling");
+    expect_error("{\"architectures\": [\"Qwen3ForCausalLM\"], " BASE_FIELDS
+                 ", \"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 1e6}}", KVL_ERR_UNSUPPORTED, "rope_type");
+    expect_error("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE_FIELDS
+                 ", \"use_sliding_window\": true, \"sliding_window\": 64}", KVL_ERR_UNSUPPORTED, "sliding");
+    expect_error("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE_FIELDS
+                 ", \"hidden_act\": \"gelu\"}", KVL_ERR_UNSUPPORTED, "hidden_act");
+}
+
+static void test_malformed(void **st) {
+    (void)st;
+    expect_error("{\"architectures\": [\"Qwen2ForCausalLM\"], ", KVL_ERR_FORMAT, "invalid JSON");
+    expect_error("[1, 2]", KVL_ERR_FORMAT, "object");
+    expect_error("{\"hidden_size\": 12}", KVL_ERR_FORMAT, "architectures");
+    expect_error("{\"architectures\": [\"Qwen2ForCausalLM\"], \"hidden_size\": 128}", KVL_ERR_FORMAT, "vocab_size");
+    expect_error("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE_FIELDS ", \"num_key_value_heads\": 3}",
+                 KVL_ERR_FORMAT, "num_key_value_heads");
+    expect_error("{\"architectures\": [\"Qwen2ForCausalLM\"], \"hidden_size\": \"big\", \"num_hidden_layers\": 2, "
+                 "\"num_attention_heads\": 4, \"intermediate_size\": 256, \"vocab_size\": 100}", KVL_ERR_FORMAT, "hidden_size");
+    expect_error("{\"architectures\": [\"Qwen2ForCausalLM\"], \"hidden_size\": 128.5, \"num_hidden_layers\": 2, "
+                 "\"num_attention_heads\": 4, \"intermediate_size\": 256, \"vocab_size\": 100}", KVL_ERR_FORMAT, "integer");
+    expect_error("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE_FIELDS ", \"rope_theta\": -1}", KVL_ERR_FORMAT, "rope_theta");
+    expect_error("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE_FIELDS ", \"torch_dtype\": \"int8\"}",
+                 KVL_ERR_UNSUPPORTED, "torch_dtype");
+    expect_error("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE_FIELDS ", \"head_dim\": 33}", KVL_ERR_FORMAT, "head_dim");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shipped_layouts),
+        cmocka_unit_test(test_llama_and_defaults),
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_malformed),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

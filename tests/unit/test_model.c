@@ -1,0 +1,171 @@
+/* tests/unit/test_model.c: model loading errors, cache behaviour, batched forward equivalence,
+ * sampling. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+#include <unistd.h>
+
+#include "kvlingo/cache.h"
+#include "kvlingo/model.h"
+#include "kvlingo/sampling.h"
+#include "testutil.h"
+
+static void expect_load_error(const char *dir, kvl_status want, const char *n1, const char *n2) {
+    kvl_model *m = NULL;
+    kvl_status s = kvl_model_load(dir, NULL, &m);
+    if (s != want) fail_msg("load %s: status %d (%s), want %d", dir, s, kvl_last_error(), want);
+    assert_null(m);
+    if (n1 && !strstr(kvl_last_error(), n1)) fail_msg("message '%s' lacks '%s'", kvl_last_error(), n1);
+    if (n2 && !strstr(kvl_last_error(), n2)) fail_msg("message '%s' lacks '%s'", kvl_last_error(), n2);
+}
+
+static void test_load_errors(void **st) {
+    (void)st;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", kvl_test_tmpdir());
+    /* missing tensor */
+    assert_int_equal(kvl_test_write_tiny_model(dir, "Qwen3ForCausalLM", 64, 32, 2, 4, 2, 8, 48, 1e4, 1,
+                                               "model.layers.1.self_attn.k_norm.weight", NULL), 0);
+    expect_load_error(dir, KVL_ERR_NOT_FOUND, "model.layers.1.self_attn.k_norm.weight", "missing");
+    /* wrong shape */
+    assert_int_equal(kvl_test_write_tiny_model(dir, "Qwen2ForCausalLM", 64, 32, 2, 4, 2, 8, 48, 1e4, 1,
+                                               NULL, "model.layers.0.mlp.up_proj.weight"), 0);
+    expect_load_error(dir, KVL_ERR_MISMATCH, "model.layers.0.mlp.up_proj.weight", "[49, 32]");
+    /* no weights at all */
+    char p[4200];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    remove(p);
+    expect_load_error(dir, KVL_ERR_NOT_FOUND, dir, NULL);
+    /* no config */
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    remove(p);
+    expect_load_error(dir, KVL_ERR_IO, "config.json", NULL);
+    /* bad JSON */
+    assert_int_equal(kvl_test_write_file(p, "{\"architectures\": [", 19), 0);
+    expect_load_error(dir, KVL_ERR_FORMAT, "config.json", "JSON");
+    remove(p);
+    rmdir(dir);
+}
+
+/* Prefill of n tokens == prefill of n-k then k decodes == batched decode next to another session. */
+static void test_incremental_and_batched(void **st) {
+    (void)st;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", kvl_test_tmpdir());
+    const char *archs[] = {"Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM"};
+    for (int a = 0; a < 3; a++) {
+        assert_int_equal(kvl_test_write_tiny_model(dir, archs[a], 64, 32, 2, 4, 2, 8, 48, 1e4, 7 + a, NULL, NULL), 0);
+        kvl_model *m;
+        assert_int_equal(kvl_model_load(dir, NULL, &m), KVL_OK);
+        const kvl_model_config *c = kvl_model_config_get(m);
+        int32_t toks[40];
+        for (int i = 0; i < 40; i++) toks[i] = (i * 37 + 5) % 63;
+        kvl_cache_params cp = kvl_cache_default_params();
+        cp.max_tokens = 64;
+        cp.block_tokens = 8;   /* spans cross block boundaries */
+        kvl_cache *c1, *c2, *c3;
+        assert_int_equal(kvl_cache_create(c, &cp, &c1), KVL_OK);
+        assert_int_equal(kvl_cache_create(c, &cp, &c2), KVL_OK);
+        assert_int_equal(kvl_cache_create(c, &cp, &c3), KVL_OK);
+        float *full = malloc(sizeof(float) * 40 * 64), *inc = malloc(sizeof(float) * 64), *b2 = malloc(sizeof(float) * 2 * 64);
+        assert_int_equal(kvl_model_prefill(m, c1, toks, 40, KVL_LOGITS_ALL, full), KVL_OK);
+        assert_int_equal(kvl_model_prefill(m, c2, toks, 33, KVL_LOGITS_NONE, NULL), KVL_OK);
+        assert_int_equal(kvl_model_prefill(m, c3, toks, 20, KVL_LOGITS_NONE, NULL), KVL_OK);
+        for (int t = 33; t < 40; t++) {
+            /* c2 decodes token t while c3 (a different session) decodes in the same batch */
+            kvl_batch_seq b[2] = {
+                {.cache = c2, .tokens = &toks[t], .n_tokens = 1, .logits_mode = KVL_LOGITS_LAST, .logits = inc},
+                {.cache = c3, .tokens = &toks[t - 13], .n_tokens = 1, .logits_mode = KVL_LOGITS_LAST, .logits = b2},
+            };
+            assert_int_equal(kvl_model_forward(m, b, 2), KVL_OK);
+            for (int v = 0; v < 64; v++) assert_float_equal(inc[v], full[t * 64 + v], 2e-4);
+        }
+        /* prenorm readback matches between the two paths */
+        float k1[40 * 16], k2[40 * 16];
+        assert_int_equal(kvl_cache_read_prenorm(c1, 1, 0, 40, k1, NULL), KVL_OK);
+        assert_int_equal(kvl_cache_read_prenorm(c2, 1, 0, 40, k2, NULL), KVL_OK);
+        for (int i = 0; i < 40 * 16; i++) assert_float_equal(k1[i], k2[i], 1e-4);
+        /* truncate and recompute */
+        assert_int_equal(kvl_cache_truncate(c1, 10), KVL_OK);
+        assert_int_equal(kvl_cache_n_tokens(c1), 10);
+        assert_int_equal(kvl_model_prefill(m, c1, toks + 10, 30, KVL_LOGITS_LAST, inc), KVL_OK);
+        for (int v = 0; v < 64; v++) assert_float_equal(inc[v], full[39 * 64 + v], 2e-4);
+        /* errors: capacity, bad id, same cache twice; the cache is unchanged after each */
+        int32_t big[30] = {0};
+        assert_int_equal(kvl_model_prefill(m, c1, big, 30, KVL_LOGITS_NONE, NULL), KVL_ERR_RANGE);
+        assert_int_equal(kvl_cache_n_tokens(c1), 40);
+        int32_t bad = 64;
+        assert_int_equal(kvl_model_decode(m, c3, bad, inc), KVL_ERR_INVALID_ARG);
+        assert_non_null(strstr(kvl_last_error(), "vocabulary"));
+        kvl_batch_seq twice[2] = {{.cache = c3, .tokens = toks, .n_tokens = 1},
+                                  {.cache = c3, .tokens = toks, .n_tokens = 1}};
+        assert_int_equal(kvl_model_forward(m, twice, 2), KVL_ERR_INVALID_ARG);
+        assert_int_equal(kvl_cache_n_tokens(c3), 27);
+        assert_int_equal(kvl_cache_truncate(c3, 28), KVL_ERR_RANGE);
+        free(full); free(inc); free(b2);
+        kvl_cache_free(c1); kvl_cache_free(c2); kvl_cache_free(c3);
+        kvl_model_free(m);
+    }
+    char p[4200];
+    snprintf(p, sizeof p, "%s/config.json", dir); remove(p);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir); remove(p);
+    rmdir(dir);
+}
+
+static void test_sampling(void **st) {
+    (void)st;
+    float logits[6] = {1.0f, 3.0f, 3.0f, -2.0f, 0.5f, 2.9f};
+    kvl_sampler *s;
+    kvl_sampler_params p = kvl_sampler_default_params();
+    assert_int_equal(kvl_sampler_create(&p, &s), KVL_OK);
+    int32_t tok;
+    float lp;
+    assert_int_equal(kvl_sampler_sample(s, logits, 6, &tok, &lp), KVL_OK);
+    assert_int_equal(tok, 1);   /* first of the tied maxima, as torch.argmax */
+    assert_true(lp < 0 && lp > -2);
+    kvl_sampler_free(s);
+    /* top-k 2 only ever returns 1 or 2; same seed -> same stream */
+    p.temperature = 1.0f; p.top_k = 2; p.seed = 42;
+    kvl_sampler *s1, *s2;
+    assert_int_equal(kvl_sampler_create(&p, &s1), KVL_OK);
+    assert_int_equal(kvl_sampler_create(&p, &s2), KVL_OK);
+    int count[6] = {0};
+    for (int i = 0; i < 400; i++) {
+        int32_t a, b;
+        assert_int_equal(kvl_sampler_sample(s1, logits, 6, &a, NULL), KVL_OK);
+        assert_int_equal(kvl_sampler_sample(s2, logits, 6, &b, NULL), KVL_OK);
+        assert_int_equal(a, b);
+        count[a]++;
+    }
+    assert_int_equal(count[1] + count[2], 400);
+    assert_true(count[1] > 120 && count[2] > 120);
+    kvl_sampler_free(s1); kvl_sampler_free(s2);
+    /* top-p 0.5: the smallest set reaching 0.5 is {1, 2} */
+    p.top_k = 0; p.top_p = 0.5f;
+    assert_int_equal(kvl_sampler_create(&p, &s), KVL_OK);
+    for (int i = 0; i < 100; i++) {
+        assert_int_equal(kvl_sampler_sample(s, logits, 6, &tok, NULL), KVL_OK);
+        assert_true(tok == 1 || tok == 2);
+    }
+    logits[4] = NAN;
+    assert_int_equal(kvl_sampler_sample(s, logits, 6, &tok, NULL), KVL_ERR_NUMERIC);
+    kvl_sampler_free(s);
+    p.top_p = 1.5f;
+    assert_int_equal(kvl_sampler_create(&p, &s), KVL_ERR_INVALID_ARG);
+    p.top_p = 1.0f; p.temperature = -1;
+    assert_int_equal(kvl_sampler_create(&p, &s), KVL_ERR_INVALID_ARG);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_load_errors),
+        cmocka_unit_test(test_incremental_and_batched),
+        cmocka_unit_test(test_sampling),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
