@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Bad input to the CLI: a clear message naming the file and field, a non-zero exit, no crash.
+set -uo pipefail
+KVL=$1; SRC=$2
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+fail=0
+expect() {  # expect NAME NEEDLE -- command...
+  local name=$1 needle=$2; shift 3
+  local out rc
+  out=$("$@" 2>&1); rc=$?
+  if [ $rc -eq 0 ] || [ $rc -ge 128 ]; then echo "FAIL $name: exit $rc"; fail=1; return; fi
+  if ! grep -qF -- "$needle" <<<"$out"; then echo "FAIL $name: message lacks '$needle': $out"; fail=1; return; fi
+  echo "ok   $name: $out" | head -1
+}
+mk() { rm -rf "$T/m"; mkdir -p "$T/m"; cp "$SRC/models/qwen3-a/config.json" "$SRC/models/qwen3-a/tokenizer.json" "$T/m/"; }
+
+expect missing-dir "config.json" -- "$KVL" info --model "$T/nope"
+mk; head -c 5 "$SRC/models/qwen3-a/model.safetensors" > "$T/m/model.safetensors"
+expect truncated "model.safetensors" -- "$KVL" info --model "$T/m"
+mk; printf '\xff\xff\xff\x00\x00\x00\x00\x00{}' > "$T/m/model.safetensors"
+expect header-beyond-file "header" -- "$KVL" info --model "$T/m"
+mk; python3 - "$SRC/models/qwen3-a/model.safetensors" "$T/m/model.safetensors" <<'PY'
+import json, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+b = open(src, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+h["model.norm.weight"]["dtype"] = "Q7"
+hb = json.dumps(h).encode(); hb += b" " * ((8 - len(hb) % 8) % 8)
+open(dst, "wb").write(struct.pack("<Q", len(hb)) + hb + b[8 + n:])
+PY
+expect unknown-dtype "model.norm.weight" -- "$KVL" info --model "$T/m"
+mk; python3 - "$SRC/models/qwen3-a/model.safetensors" "$T/m/model.safetensors" <<'PY'
+import json, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+b = open(src, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+h["model.norm.weight"]["shape"] = [7]
+hb = json.dumps(h).encode(); hb += b" " * ((8 - len(hb) % 8) % 8)
+open(dst, "wb").write(struct.pack("<Q", len(hb)) + hb + b[8 + n:])
+PY
+expect shape-bytes-mismatch "model.norm.weight" -- "$KVL" info --model "$T/m"
+mk; head -c 100000 "$SRC/models/qwen3-a/model.safetensors" > "$T/m/model.safetensors"
+expect range-outside-file "model.safetensors" -- "$KVL" info --model "$T/m"
+mk; sed 's/Qwen3ForCausalLM/MambaForCausalLM/' "$SRC/models/qwen3-a/config.json" > "$T/m/config.json"
+cp "$SRC/models/qwen3-a/model.safetensors" "$T/m/"
+expect unsupported-arch "architectures" -- "$KVL" info --model "$T/m"
+mk; echo '{"architectures": [' > "$T/m/config.json"
+expect bad-json "config.json" -- "$KVL" info --model "$T/m"
+expect bad-ids "token id list" -- "$KVL" generate --model "$SRC/models/qwen3-a" --prompt-ids 1,x,3
+expect id-out-of-range "vocabulary" -- "$KVL" generate --model "$SRC/models/qwen3-a" --prompt-ids 1,99999
+expect bad-option "--temperature" -- "$KVL" generate --model "$SRC/models/qwen3-a" --prompt-ids 1 --temperature -3
+expect unknown-arg "unexpected argument" -- "$KVL" info --model "$SRC/models/qwen3-a" --bogus
+expect missing-text-file "nope.txt" -- "$KVL" eval-ppl --model "$SRC/models/qwen3-a" --text-file "$T/nope.txt"
+exit $fail
