@@ -28,9 +28,12 @@ static kvl_status scratch_prepare(kvl_model *m, int T, int ctx) {
         nt * H, nt * H, nt * QD, nt * KD, nt * KD, nt * KD, nt * QD, nt * F, nt * F,
         (size_t)nc * KD, (size_t)nc * KD, kvl_cpu_attention_scratch(nt, nc), nt * H,
         (size_t)nt /* pos (ints fit in floats' space) */,
+        (size_t)nc * 2 /* kblk: one pointer (<= 2 floats) per block, at most ctx blocks */,
+        (size_t)nc * 2 /* vblk */,
     };
     float **dst[] = {&s->x, &s->xn, &s->q, &s->k, &s->kpre, &s->v, &s->att, &s->gate, &s->up,
-                     &s->kctx, &s->vctx, &s->scores, &s->logit_x, (float **)&s->pos};
+                     &s->kctx, &s->vctx, &s->scores, &s->logit_x, (float **)&s->pos,
+                     (float **)&s->kblk, (float **)&s->vblk};
     size_t n = sizeof sizes / sizeof sizes[0], total = 0;
     for (size_t i = 0; i < n; i++) total += (sizes[i] + 15) & ~(size_t)15;  /* 64-byte steps */
     float *base = aligned_alloc(64, total * sizeof(float));
@@ -130,6 +133,18 @@ static kvl_status forward_locked(kvl_model *m, const kvl_batch_seq *seqs, int n_
             kvl_cache_scatter(kc, l, KVL_PLANE_K, p0, p0 + n, s->k + (size_t)t0 * KD);
             kvl_cache_scatter(kc, l, KVL_PLANE_V, p0, p0 + n, s->v + (size_t)t0 * KD);
             if (c->qk_norm) kvl_cache_scatter(kc, l, KVL_PLANE_KPRE, p0, p0 + n, s->kpre + (size_t)t0 * KD);
+            if (n == 1) {
+                /* decode: read keys/values in place from the blocks (no gather copy) */
+                int nb = (p0 + 1 + kc->block_tokens - 1) / kc->block_tokens;
+                for (int b = 0; b < nb; b++) {
+                    s->kblk[b] = kvl_cache_slot(kc, l, KVL_PLANE_K, b * kc->block_tokens);
+                    s->vblk[b] = kvl_cache_slot(kc, l, KVL_PLANE_V, b * kc->block_tokens);
+                }
+                kvl_cpu_attention_decode_blocks(s->att + (size_t)t0 * QD, s->q + (size_t)t0 * QD,
+                                                (const float *const *)s->kblk, (const float *const *)s->vblk,
+                                                kc->block_tokens, p0 + 1, Hq, Hkv, D, s->scores);
+                continue;
+            }
             kvl_cache_gather(kc, l, KVL_PLANE_K, 0, p0 + n, s->kctx);
             kvl_cache_gather(kc, l, KVL_PLANE_V, 0, p0 + n, s->vctx);
             kvl_cpu_attention_forward(s->att + (size_t)t0 * QD, NULL, s->q + (size_t)t0 * QD, s->kctx,

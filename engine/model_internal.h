@@ -46,6 +46,8 @@ typedef struct kvl_scratch {
     float *scores;      /* attention scratch                             */
     float *logit_x;     /* [T, H] rows that need logits (normed)         */
     int *pos;           /* [T] positions                                 */
+    float **kblk;       /* [ctx blocks] block pointers for decode attention */
+    float **vblk;
 } kvl_scratch;
 
 struct kvl_model {

@@ -52,3 +52,13 @@ void kvl_cpu_softmax_rows(float *x, int rows, int n);
 void kvl_cpu_set_threads(int n_threads);
 
 #endif
+
+/* Single-query attention (decode) read straight from cache blocks, no gather.
+ *   q       [Hq*D]    the query at absolute position Tk-1 (after q_norm and RoPE)
+ *   k_blk   [n_blocks] pointers to each block's keys of this layer: [block_tokens, Hkv*D]
+ *   v_blk   [n_blocks] likewise for values
+ *   out     [Hq*D]
+ *   scratch at least Tk floats.  Same math as kvl_cpu_attention_forward with Tq = 1. */
+void kvl_cpu_attention_decode_blocks(float *out, const float *q, const float *const *k_blk,
+                                     const float *const *v_blk, int block_tokens, int Tk, int Hq,
+                                     int Hkv, int D, float *scratch);
