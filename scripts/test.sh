@@ -16,7 +16,7 @@ if [ ! -x build/venv/bin/python ]; then
   python3 -m venv build/venv >/dev/null 2>&1 || true
 fi
 if [ -x build/venv/bin/python ] && ! build/venv/bin/python -c 'import tokenizers' 2>/dev/null; then
-  build/venv/bin/python -m pip install -q --disable-pip-version-check 'tokenizers==0.22.1' \
+  build/venv/bin/python -m pip install -q --disable-pip-version-check 'tokenizers==0.23.3' \
     || echo "test: could not install tokenizers from PyPI; the differential test will be skipped"
 fi
 export KVL_PYTHON="$PWD/build/venv/bin/python"

@@ -48,7 +48,7 @@ static void test_diff(void **state) {
         const char *name = cJSON_GetObjectItem(v, "name")->valuestring;
         const char *path = cJSON_GetObjectItem(v, "path")->valuestring;
         kvl_tokenizer *tok = NULL;
-        kvl_status st = kvl_tokenizer_load(path, &tok);
+        kvl_status st = kvl_tokenizer_load(kvl_test_path(path), &tok);
         if (st) printf("%s: %s\n", path, kvl_last_error());
         assert_int_equal(st, KVL_OK);
         size_t n = 0, bad_ids = 0, bad_dec = 0, bad_rt = 0;
@@ -104,13 +104,16 @@ static void test_diff(void **state) {
 
 int main(void) {
     const char *n = getenv("KVL_TOKDIFF_N");
+    /* KVL_PYTHON: the interpreter that has `tokenizers` (scripts/test.sh sets up a venv) */
+    const char *py = getenv("KVL_PYTHON");
+    if (!py || !*py) py = "python3";
     snprintf(g_json, sizeof g_json, "%s/tokenizer_diff.json", KVL_BINARY_DIR);
     char cmd[8192];
     snprintf(cmd, sizeof cmd,
-             "cd '%s' && python3 tests/tokenizer/hf_reference.py --out '%s' --n %s "
+             "cd '%s' && '%s' tests/tokenizer/hf_reference.py --out '%s' --n %s "
              "fixture=models/qwen3-a/tokenizer.json qwen3=testdata/tokenizers/qwen3/tokenizer.json "
              "llama3=testdata/tokenizers/llama3/tokenizer.json",
-             KVL_SOURCE_DIR, g_json, n && *n ? n : "5000");
+             KVL_SOURCE_DIR, py, g_json, n && *n ? n : "5000");
     fflush(stdout);
     int rc = system(cmd);
     if (rc == -1 || !WIFEXITED(rc)) {

@@ -1,0 +1,95 @@
+/* bench/bench_tokenizer.c: tokenizer load time and single-thread encode throughput.
+ *
+ * usage: bench_tokenizer [TOKENIZER_JSON [CORPUS]]   (run from the source root; defaults:
+ *        testdata/tokenizers/qwen3/tokenizer.json, testdata/corpus/valid.txt)
+ * Encodes the corpus line by line (documents as the perplexity evaluation does) with a cold and a
+ * warm pre-token cache, best of 3 runs.  When python3 can import Hugging Face `tokenizers`, runs
+ * bench/bench_tokenizer_hf.py on the same inputs and prints both in one table. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvlingo/tokenizer.h"
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static char *read_all(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    if (!b || fread(b, 1, (size_t)n, f) != (size_t)n) { fclose(f); free(b); return NULL; }
+    fclose(f);
+    b[n] = 0;
+    *len = (size_t)n;
+    return b;
+}
+
+/* Encode every line; returns the token count or -1. */
+static long encode_lines(const kvl_tokenizer *tok, const char *text, size_t len) {
+    long total = 0;
+    size_t i = 0;
+    while (i < len) {
+        const char *nl = memchr(text + i, '\n', len - i);
+        size_t e = nl ? (size_t)(nl - text) + 1 : len;
+        int32_t *ids;
+        size_t n;
+        if (kvl_tokenizer_encode(tok, text + i, e - i, &ids, &n)) return -1;
+        total += (long)n;
+        free(ids);
+        i = e;
+    }
+    return total;
+}
+
+int main(int argc, char **argv) {
+    const char *tj = argc > 1 ? argv[1] : "testdata/tokenizers/qwen3/tokenizer.json";
+    const char *corpus = argc > 2 ? argv[2] : "testdata/corpus/valid.txt";
+    size_t len;
+    char *text = read_all(corpus, &len);
+    if (!text) { fprintf(stderr, "cannot read %s\n", corpus); return 1; }
+
+    double best_load = 1e9;
+    kvl_tokenizer *tok = NULL;
+    for (int r = 0; r < 3; r++) {
+        double t0 = now();
+        if (kvl_tokenizer_load(tj, &tok)) { fprintf(stderr, "%s\n", kvl_last_error()); return 1; }
+        double dt = now() - t0;
+        if (dt < best_load) best_load = dt;
+        if (r < 2) kvl_tokenizer_free(tok);
+    }
+    /* cold: a fresh tokenizer (empty cache) */
+    double t0 = now();
+    long ntok = encode_lines(tok, text, len);
+    double cold = now() - t0;
+    if (ntok < 0) { fprintf(stderr, "encode: %s\n", kvl_last_error()); return 1; }
+    double warm = 1e9;
+    for (int r = 0; r < 3; r++) {
+        t0 = now();
+        encode_lines(tok, text, len);
+        double dt = now() - t0;
+        if (dt < warm) warm = dt;
+    }
+    double mb = len / 1e6;
+    printf("tokenizer %s, corpus %s (%.2f MB, %ld tokens), one thread\n", tj, corpus, mb, ntok);
+    printf("| implementation            | load ms | encode MB/s (cold) | encode MB/s (warm) |\n");
+    printf("|---------------------------|---------|--------------------|--------------------|\n");
+    printf("| kvlingo                   | %7.1f | %18.2f | %18.2f |\n", best_load * 1e3, mb / cold, mb / warm);
+    fflush(stdout);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "python3 bench/bench_tokenizer_hf.py --table-row '%s' '%s' 2>/dev/null", tj, corpus);
+    int rc = system(cmd);
+    if (rc != 0)
+        printf("| Hugging Face tokenizers   | (not installed: pip install tokenizers)                   |\n");
+    printf("goals: load < 300 ms; encode >= Hugging Face tokenizers on one thread\n");
+    kvl_tokenizer_free(tok);
+    free(text);
+    return 0;
+}

@@ -1,0 +1,492 @@
+/* tests/unit/test_tokenizer.c: tokenizer (issue 3).
+ *   - golden ids: every case of testdata/tokenizers/golden_ids.json for the shipped models'
+ *     tokenizer, Qwen3 and Llama 3, and decode(encode(s)) == s on them;
+ *   - component options: tests/tokenizer/features_golden.json (ids from Hugging Face tokenizers for
+ *     patched variants of the shipped tokenizer.json: Split behaviours, invert, ByteLevel options,
+ *     added-token flags, ignore_merges, string merges);
+ *   - streaming decode, chat templates (expected text rendered by jinja2 as transformers does),
+ *     malformed tokenizer.json files, concurrent encode. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+#include <cmocka.h>
+
+#include "kvlingo/tokenizer.h"
+#include "testutil.h"
+#include "tokenizer_internal.h"
+
+static const char *TOK_PATHS[3] = {"models/qwen3-a/tokenizer.json", "testdata/tokenizers/qwen3/tokenizer.json",
+                                   "testdata/tokenizers/llama3/tokenizer.json"};
+static const char *TOK_NAMES[3] = {"fixture", "qwen3", "llama3"};
+static kvl_tokenizer *g_tok[3];
+
+static int setup(void **state) {
+    (void)state;
+    for (int i = 0; i < 3; i++) {
+        kvl_status st = kvl_tokenizer_load(kvl_test_path(TOK_PATHS[i]), &g_tok[i]);
+        if (st) {
+            fprintf(stderr, "load %s: %s\n", TOK_PATHS[i], kvl_last_error());
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    for (int i = 0; i < 3; i++) kvl_tokenizer_free(g_tok[i]);
+    return 0;
+}
+
+static cJSON *read_json(const char *rel) {
+    size_t len;
+    char *text = kvl_test_read_file(kvl_test_path(rel), &len);
+    if (!text) return NULL;
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    free(text);
+    return j;
+}
+
+static int ids_equal(const int32_t *got, size_t n, const cJSON *ids) {
+    if (n != (size_t)cJSON_GetArraySize(ids)) return 0;
+    size_t k = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ids) if (got[k++] != e->valueint) return 0;
+    return 1;
+}
+
+static void test_golden_ids(void **state) {
+    (void)state;
+    cJSON *g = read_json("testdata/tokenizers/golden_ids.json");
+    assert_non_null(g);
+    int checked = 0;
+    for (int t = 0; t < 3; t++) {
+        const cJSON *c;
+        cJSON_ArrayForEach(c, cJSON_GetObjectItem(g, TOK_NAMES[t])) {
+            const char *text = cJSON_GetObjectItem(c, "text")->valuestring;
+            int32_t *ids;
+            size_t n;
+            assert_int_equal(kvl_tokenizer_encode(g_tok[t], text, strlen(text), &ids, &n), KVL_OK);
+            if (!ids_equal(ids, n, cJSON_GetObjectItem(c, "ids"))) fail_msg("%s: ids differ for \"%s\"", TOK_NAMES[t], text);
+            char *dec;
+            size_t dl;
+            assert_int_equal(kvl_tokenizer_decode(g_tok[t], ids, n, &dec, &dl), KVL_OK);
+            assert_string_equal(dec, text);
+            assert_int_equal(dl, strlen(text));
+            free(dec);
+            free(ids);
+            checked++;
+        }
+    }
+    assert_int_equal(checked, 60);
+    cJSON_Delete(g);
+}
+
+/* Apply a features_golden.json patch to the base tokenizer.json (same as make_features_golden.py). */
+static char *patched_json(const cJSON *base, const cJSON *patch) {
+    cJSON *c = cJSON_Duplicate(base, 1);
+    const char *keys[2] = {"normalizer", "pre_tokenizer"};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *v = cJSON_GetObjectItem(patch, keys[i]);
+        if (v) cJSON_ReplaceItemInObject(c, keys[i], cJSON_Duplicate(v, 1));
+    }
+    cJSON *model = cJSON_GetObjectItem(c, "model");
+    const cJSON *ms = cJSON_GetObjectItem(patch, "model_set"), *it;
+    cJSON_ArrayForEach(it, ms) cJSON_ReplaceItemInObject(model, it->string, cJSON_Duplicate(it, 1));
+    if (cJSON_IsTrue(cJSON_GetObjectItem(patch, "merges_as_strings"))) {
+        cJSON *arr = cJSON_CreateArray();
+        cJSON_ArrayForEach(it, cJSON_GetObjectItem(model, "merges")) {
+            char buf[512];
+            snprintf(buf, sizeof buf, "%s %s", it->child->valuestring, it->child->next->valuestring);
+            cJSON_AddItemToArray(arr, cJSON_CreateString(buf));
+        }
+        cJSON_ReplaceItemInObject(model, "merges", arr);
+    }
+    cJSON *added = cJSON_GetObjectItem(c, "added_tokens");
+    cJSON_ArrayForEach(it, cJSON_GetObjectItem(patch, "added_tokens_append"))
+        cJSON_AddItemToArray(added, cJSON_Duplicate(it, 1));
+    char *s = cJSON_PrintUnformatted(c);
+    cJSON_Delete(c);
+    return s;
+}
+
+static void test_component_options(void **state) {
+    (void)state;
+    cJSON *g = read_json("tests/tokenizer/features_golden.json");
+    assert_non_null(g);
+    cJSON *base = read_json(cJSON_GetObjectItem(g, "base")->valuestring);
+    assert_non_null(base);
+    const cJSON *v;
+    int n_variants = 0, n_cases = 0;
+    cJSON_ArrayForEach(v, cJSON_GetObjectItem(g, "variants")) {
+        const char *name = cJSON_GetObjectItem(v, "name")->valuestring;
+        char *json = patched_json(base, cJSON_GetObjectItem(v, "patch"));
+        kvl_tokenizer *tok;
+        kvl_status st = kvl_tokenizer_load_json(json, strlen(json), name, &tok);
+        free(json);
+        if (st) fail_msg("%s: %s", name, kvl_last_error());
+        const cJSON *c;
+        cJSON_ArrayForEach(c, cJSON_GetObjectItem(v, "cases")) {
+            const char *text = cJSON_GetObjectItem(c, "text")->valuestring;
+            int32_t *ids;
+            size_t n;
+            assert_int_equal(kvl_tokenizer_encode(tok, text, strlen(text), &ids, &n), KVL_OK);
+            if (!ids_equal(ids, n, cJSON_GetObjectItem(c, "ids"))) {
+                printf("got:");
+                for (size_t i = 0; i < n; i++) printf(" %d", ids[i]);
+                printf("\n");
+                fail_msg("variant %s: ids differ for \"%s\"", name, text);
+            }
+            free(ids);
+            n_cases++;
+        }
+        kvl_tokenizer_free(tok);
+        n_variants++;
+    }
+    assert_true(n_variants >= 19);
+    printf("component options: %d variants, %d cases\n", n_variants, n_cases);
+    cJSON_Delete(base);
+    cJSON_Delete(g);
+}
+
+/* ---- streaming ------------------------------------------------------------------------------ */
+
+static void stream_check(const kvl_tokenizer *tok, const int32_t *ids, size_t n) {
+    char *ref;
+    size_t rl;
+    assert_int_equal(kvl_tokenizer_decode(tok, ids, n, &ref, &rl), KVL_OK);
+    kvl_detok *d;
+    assert_int_equal(kvl_detok_create(tok, &d), KVL_OK);
+    size_t cap = kvl_detok_push_capacity(tok);
+    char *buf = malloc(cap), *joined = malloc(rl + cap + 1);
+    size_t jl = 0, len;
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(kvl_detok_push(d, ids[i], buf, cap, &len), KVL_OK);
+        assert_true(kvl_utf8_valid(buf, len));   /* never a broken character */
+        memcpy(joined + jl, buf, len);
+        jl += len;
+    }
+    assert_int_equal(kvl_detok_flush(d, buf, cap, &len), KVL_OK);
+    assert_true(kvl_utf8_valid(buf, len));
+    memcpy(joined + jl, buf, len);
+    jl += len;
+    assert_int_equal(jl, rl);
+    assert_memory_equal(joined, ref, rl);
+    kvl_detok_free(d);
+    free(buf);
+    free(joined);
+    free(ref);
+}
+
+static void test_streaming_decode(void **state) {
+    (void)state;
+    const char *texts[] = {"emoji 😀🎉👍🏽 and symbols ©®™ ∑∫√", "中文测试，包含标点。日本語のテキスト。한국어 문장.",
+                           "Ünïcödé àccents naïve café résumé", "<|im_start|>user\nhi 🤖<|im_end|>\n", ""};
+    for (int t = 0; t < 3; t++) {
+        for (size_t k = 0; k < sizeof texts / sizeof texts[0]; k++) {
+            int32_t *ids;
+            size_t n;
+            assert_int_equal(kvl_tokenizer_encode(g_tok[t], texts[k], strlen(texts[k]), &ids, &n), KVL_OK);
+            stream_check(g_tok[t], ids, n);
+            free(ids);
+        }
+    }
+    /* byte tokens that do not form valid UTF-8: F0 9F then 'a'; a lone E4; a truncated 4-byte
+     * sequence at the end.  Streaming must equal the lossy one-shot decode. */
+    kvl_tokenizer *tok = g_tok[1];
+    int32_t f0 = kvl_tokenizer_token_id(tok, "ð"), x9f = kvl_tokenizer_token_id(tok, "Ł"),
+            a = kvl_tokenizer_token_id(tok, "a"), e4 = kvl_tokenizer_token_id(tok, "ä");
+    assert_true(f0 >= 0 && x9f >= 0 && a >= 0 && e4 >= 0);
+    int32_t bad[] = {f0, x9f, a, e4, a, f0, x9f};
+    stream_check(tok, bad, sizeof bad / sizeof bad[0]);
+    char *dec;
+    assert_int_equal(kvl_tokenizer_decode(tok, bad, 7, &dec, NULL), KVL_OK);
+    assert_string_equal(dec, "\xef\xbf\xbd" "a" "\xef\xbf\xbd" "a" "\xef\xbf\xbd");
+    free(dec);
+    /* too small a buffer: KVL_ERR_RANGE with the size needed, state unchanged */
+    kvl_detok *d;
+    assert_int_equal(kvl_detok_create(tok, &d), KVL_OK);
+    int32_t hello = kvl_tokenizer_token_id(tok, "hello");
+    assert_true(hello >= 0);
+    char small[2];
+    size_t len;
+    assert_int_equal(kvl_detok_push(d, hello, small, sizeof small, &len), KVL_ERR_RANGE);
+    assert_int_equal(len, 5);
+    char big[64];
+    assert_int_equal(kvl_detok_push(d, hello, big, sizeof big, &len), KVL_OK);
+    assert_int_equal(len, 5);
+    assert_int_equal(kvl_detok_push(d, -1, big, sizeof big, &len), KVL_ERR_RANGE);
+    kvl_detok_free(d);
+}
+
+/* ---- chat templates ------------------------------------------------------------------------- */
+
+static char *render(const char *dir, const kvl_chat_message *m, size_t n, int gen, kvl_chat_format fmt) {
+    kvl_tokenizer *tok;
+    kvl_status st = kvl_tokenizer_load_dir(kvl_test_path(dir), &tok);
+    if (st) fail_msg("%s: %s", dir, kvl_last_error());
+    assert_int_equal(kvl_tokenizer_chat_format(tok), fmt);
+    char *out;
+    assert_int_equal(kvl_tokenizer_apply_chat_template(tok, m, n, gen, &out), KVL_OK);
+    kvl_tokenizer_free(tok);
+    return out;
+}
+
+static void test_chat_templates(void **state) {
+    (void)state;
+    /* expected strings rendered with jinja2 (trim_blocks, lstrip_blocks) from the real templates */
+    kvl_chat_message m1[] = {{"system", "You are helpful."}, {"user", "Hi!"}};
+    char *s = render("models/qwen3-a", m1, 2, 1, KVL_CHAT_CHATML);
+    assert_string_equal(s, "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n"
+                           "<|im_start|>assistant\n");
+    free(s);
+
+    kvl_chat_message q1[] = {{"system", "S"}, {"user", "U1"}, {"assistant", "<think>\nr1\n</think>\n\nA1"}, {"user", "U2"}};
+    s = render("testdata/tokenizers/qwen3", q1, 4, 1, KVL_CHAT_QWEN3);
+    assert_string_equal(s, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU1<|im_end|>\n<|im_start|>assistant\nA1"
+                           "<|im_end|>\n<|im_start|>user\nU2<|im_end|>\n<|im_start|>assistant\n");
+    free(s);
+    kvl_chat_message q2[] = {{"user", "U"}, {"assistant", "<think>\nR\n</think>\n\nA"}};
+    s = render("testdata/tokenizers/qwen3", q2, 2, 0, KVL_CHAT_QWEN3);
+    assert_string_equal(s, "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n<think>\nR\n</think>\n\nA<|im_end|>\n");
+    free(s);
+    kvl_chat_message q3[] = {{"user", "U"}, {"assistant", "A"}};
+    s = render("testdata/tokenizers/qwen3", q3, 2, 0, KVL_CHAT_QWEN3);
+    assert_string_equal(s, "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nA<|im_end|>\n");
+    free(s);
+    kvl_chat_message q4[] = {{"user", "U"}, {"assistant", "A"}, {"tool", "T1"}, {"tool", "T2"},
+                             {"user", "<tool_response>x</tool_response>"}};
+    s = render("testdata/tokenizers/qwen3", q4, 5, 1, KVL_CHAT_QWEN3);
+    assert_string_equal(s, "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n<|im_start|>user\n"
+                           "<tool_response>\nT1\n</tool_response>\n<tool_response>\nT2\n</tool_response><|im_end|>\n"
+                           "<|im_start|>user\n<tool_response>x</tool_response><|im_end|>\n<|im_start|>assistant\n");
+    free(s);
+
+    kvl_chat_message l1[] = {{"system", " S \n"}, {"user", "U"}};
+    s = render("testdata/tokenizers/llama3", l1, 2, 0, KVL_CHAT_LLAMA3);
+    assert_string_equal(s, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
+                           "<|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|>"
+                           "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    free(s);
+
+    /* the rendered ChatML text encodes with the markers as single special tokens */
+    kvl_tokenizer *tok;
+    assert_int_equal(kvl_tokenizer_load_dir(kvl_test_path("models/qwen3-a"), &tok), KVL_OK);
+    assert_int_equal(kvl_tokenizer_eos_id(tok), 4093);
+    assert_int_equal(kvl_tokenizer_chat_format(tok), KVL_CHAT_CHATML);
+    assert_int_equal(kvl_tokenizer_apply_chat_template(tok, m1, 2, 1, &s), KVL_OK);
+    int32_t *ids;
+    size_t n;
+    assert_int_equal(kvl_tokenizer_encode(tok, s, strlen(s), &ids, &n), KVL_OK);
+    assert_int_equal(ids[0], 4094);
+    assert_true(kvl_tokenizer_is_special(tok, ids[0]));
+    free(ids);
+    free(s);
+    kvl_tokenizer_free(tok);
+
+    /* eos of the real vocabularies */
+    assert_int_equal(kvl_tokenizer_load_dir(kvl_test_path("testdata/tokenizers/qwen3"), &tok), KVL_OK);
+    assert_int_equal(kvl_tokenizer_eos_id(tok), 151645);
+    kvl_tokenizer_free(tok);
+    assert_int_equal(kvl_tokenizer_load_dir(kvl_test_path("testdata/tokenizers/llama3"), &tok), KVL_OK);
+    assert_int_equal(kvl_tokenizer_eos_id(tok), 128001);
+    assert_int_equal(kvl_tokenizer_bos_id(tok), 128000);
+    kvl_tokenizer_free(tok);
+
+    /* unrecognised template: reported, not guessed; no template: NOT_FOUND */
+    const char *dir = kvl_test_tmpdir();
+    char p[1024];
+    size_t len;
+    char *tj = kvl_test_read_file(kvl_test_path("models/qwen3-a/tokenizer.json"), &len);
+    assert_non_null(tj);
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    assert_int_equal(kvl_test_write_file(p, tj, len), 0);
+    free(tj);
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
+    const char *cfg = "{\"eos_token\": {\"content\": \"<|im_end|>\"}, \"chat_template\": \"{{ messages }}\"}";
+    assert_int_equal(kvl_test_write_file(p, cfg, strlen(cfg)), 0);
+    assert_int_equal(kvl_tokenizer_load_dir(dir, &tok), KVL_OK);
+    assert_int_equal(kvl_tokenizer_eos_id(tok), 4095);
+    assert_int_equal(kvl_tokenizer_chat_format(tok), KVL_CHAT_UNKNOWN);
+    assert_int_equal(kvl_tokenizer_apply_chat_template(tok, m1, 2, 1, &s), KVL_ERR_UNSUPPORTED);
+    assert_non_null(strstr(kvl_last_error(), "not recognised"));
+    kvl_tokenizer_free(tok);
+    assert_int_equal(kvl_tokenizer_load(kvl_test_path("models/qwen3-a/tokenizer.json"), &tok), KVL_OK);
+    assert_int_equal(kvl_tokenizer_eos_id(tok), -1);
+    assert_int_equal(kvl_tokenizer_apply_chat_template(tok, m1, 2, 1, &s), KVL_ERR_NOT_FOUND);
+    kvl_tokenizer_free(tok);
+}
+
+/* ---- malformed files ------------------------------------------------------------------------ */
+
+static const char *MINI_HEAD = "{\"version\":\"1.0\",\"truncation\":null,\"padding\":null,";
+static const char *MINI_PRE =
+    "\"normalizer\":null,\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true},"
+    "\"decoder\":{\"type\":\"ByteLevel\"},\"post_processor\":null,";
+
+static void expect_error(const char *json, kvl_status want, const char *needle) {
+    kvl_tokenizer *tok = (kvl_tokenizer *)0x1;
+    kvl_status st = kvl_tokenizer_load_json(json, strlen(json), "bad.json", &tok);
+    if (st != want || !strstr(kvl_last_error(), needle))
+        fail_msg("status %d (want %d), message \"%s\" (want \"%s\")", st, want, kvl_last_error(), needle);
+    assert_null(tok);
+}
+
+static void test_malformed(void **state) {
+    (void)state;
+    char j[4096];
+    const char *vocab = "\"vocab\":{\"a\":0,\"b\":1,\"ab\":2}";
+    /* sanity: the minimal file loads */
+    snprintf(j, sizeof j, "%s%s\"added_tokens\":[],\"model\":{\"type\":\"BPE\",%s,\"merges\":[[\"a\",\"b\"]]}}", MINI_HEAD, MINI_PRE, vocab);
+    kvl_tokenizer *tok;
+    assert_int_equal(kvl_tokenizer_load_json(j, strlen(j), "ok.json", &tok), KVL_OK);
+    int32_t *ids;
+    size_t n;
+    assert_int_equal(kvl_tokenizer_encode(tok, "abba", 4, &ids, &n), KVL_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(ids[0], 2);
+    free(ids);
+    assert_int_equal(kvl_tokenizer_encode(tok, "\xff", 1, &ids, &n), KVL_ERR_INVALID_ARG);
+    int32_t bad_id = 99;
+    char *txt;
+    assert_int_equal(kvl_tokenizer_decode(tok, &bad_id, 1, &txt, NULL), KVL_ERR_RANGE);
+    kvl_tokenizer_free(tok);
+
+    expect_error("not json", KVL_ERR_FORMAT, "not valid JSON");
+    expect_error("[1,2]", KVL_ERR_FORMAT, "expected a JSON object");
+    snprintf(j, sizeof j, "%s%s\"added_tokens\":[]}", MINI_HEAD, MINI_PRE);
+    expect_error(j, KVL_ERR_FORMAT, "missing \"model\"");
+    snprintf(j, sizeof j, "%s%s\"model\":{\"type\":\"BPE\",%s,\"merges\":[\"a c\"]}}", MINI_HEAD, MINI_PRE, vocab);
+    expect_error(j, KVL_ERR_FORMAT, "model.merges[0]: token \"c\" is not in model.vocab");
+    snprintf(j, sizeof j, "%s%s\"model\":{\"type\":\"BPE\",%s,\"merges\":[\"ab\"]}}", MINI_HEAD, MINI_PRE, vocab);
+    expect_error(j, KVL_ERR_FORMAT, "model.merges[0]");
+    snprintf(j, sizeof j, "%s%s\"model\":{\"type\":\"BPE\",%s,\"merges\":[[\"b\",\"a\"]]}}", MINI_HEAD, MINI_PRE, vocab);
+    expect_error(j, KVL_ERR_FORMAT, "merged token \"ba\"");
+    snprintf(j, sizeof j, "%s%s\"model\":{\"type\":\"BPE\",%s,\"merges\":[[\"a\"]]}}", MINI_HEAD, MINI_PRE, vocab);
+    expect_error(j, KVL_ERR_FORMAT, "model.merges[0]");
+    snprintf(j, sizeof j, "%s%s\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":-1},\"merges\":[]}}", MINI_HEAD, MINI_PRE);
+    expect_error(j, KVL_ERR_FORMAT, "out of range");
+    snprintf(j, sizeof j, "%s%s\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":1e12},\"merges\":[]}}", MINI_HEAD, MINI_PRE);
+    expect_error(j, KVL_ERR_FORMAT, "out of range");
+    snprintf(j, sizeof j, "%s%s\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":0},\"merges\":[]}}", MINI_HEAD, MINI_PRE);
+    expect_error(j, KVL_ERR_FORMAT, "used by two tokens");
+    snprintf(j, sizeof j, "%s%s\"added_tokens\":[{\"id\":2147483647,\"content\":\"<x>\"}],\"model\":{\"type\":\"BPE\",%s,\"merges\":[]}}",
+             MINI_HEAD, MINI_PRE, vocab);
+    expect_error(j, KVL_ERR_FORMAT, "added_tokens[0]");
+    snprintf(j, sizeof j, "%s\"normalizer\":null,\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(a|\"},"
+             "\"behavior\":\"Isolated\",\"invert\":false},\"decoder\":{\"type\":\"ByteLevel\"},\"model\":{\"type\":\"BPE\",%s,\"merges\":[]}}",
+             MINI_HEAD, vocab);
+    expect_error(j, KVL_ERR_FORMAT, "invalid regex");
+    snprintf(j, sizeof j, "%s\"normalizer\":null,\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"a\"},"
+             "\"behavior\":\"Sideways\",\"invert\":false},\"decoder\":{\"type\":\"ByteLevel\"},\"model\":{\"type\":\"BPE\",%s,\"merges\":[]}}",
+             MINI_HEAD, vocab);
+    expect_error(j, KVL_ERR_FORMAT, "behavior");
+    /* unsupported components are named */
+    snprintf(j, sizeof j, "%s\"normalizer\":{\"type\":\"Lowercase\"},\"pre_tokenizer\":null,\"decoder\":{\"type\":\"ByteLevel\"},"
+             "\"model\":{\"type\":\"BPE\",%s,\"merges\":[]}}", MINI_HEAD, vocab);
+    expect_error(j, KVL_ERR_UNSUPPORTED, "normalizer type \"Lowercase\"");
+    snprintf(j, sizeof j, "%s\"normalizer\":null,\"pre_tokenizer\":{\"type\":\"Whitespace\"},\"decoder\":{\"type\":\"ByteLevel\"},"
+             "\"model\":{\"type\":\"BPE\",%s,\"merges\":[]}}", MINI_HEAD, vocab);
+    expect_error(j, KVL_ERR_UNSUPPORTED, "pre-tokenizer type \"Whitespace\"");
+    snprintf(j, sizeof j, "%s%s\"model\":{\"type\":\"WordPiece\",%s}}", MINI_HEAD, MINI_PRE, vocab);
+    expect_error(j, KVL_ERR_UNSUPPORTED, "type \"WordPiece\"");
+    snprintf(j, sizeof j, "%s\"normalizer\":null,\"pre_tokenizer\":null,\"decoder\":{\"type\":\"WordPiece\"},"
+             "\"model\":{\"type\":\"BPE\",%s,\"merges\":[]}}", MINI_HEAD, vocab);
+    expect_error(j, KVL_ERR_UNSUPPORTED, "decoder type \"WordPiece\"");
+    snprintf(j, sizeof j, "%s%s\"model\":{\"type\":\"BPE\",\"byte_fallback\":true,%s,\"merges\":[]}}", MINI_HEAD, MINI_PRE, vocab);
+    expect_error(j, KVL_ERR_UNSUPPORTED, "byte_fallback");
+    /* missing files */
+    assert_int_equal(kvl_tokenizer_load("/nonexistent/tokenizer.json", &tok), KVL_ERR_IO);
+    assert_non_null(strstr(kvl_last_error(), "/nonexistent/tokenizer.json"));
+    assert_int_equal(kvl_tokenizer_load_dir("/nonexistent", &tok), KVL_ERR_IO);
+    assert_int_equal(kvl_tokenizer_load(NULL, &tok), KVL_ERR_INVALID_ARG);
+}
+
+/* ---- API details and threads ---------------------------------------------------------------- */
+
+static void test_api(void **state) {
+    (void)state;
+    kvl_tokenizer *q = g_tok[1];
+    assert_int_equal(kvl_tokenizer_vocab_size(q), 151669);
+    assert_int_equal(kvl_tokenizer_vocab_size(g_tok[0]), 4096);
+    assert_int_equal(kvl_tokenizer_token_id(q, "<|im_end|>"), 151645);
+    assert_int_equal(kvl_tokenizer_token_id(q, "Ġthe"), 279);
+    assert_int_equal(kvl_tokenizer_token_id(q, "no-such-token-xyz"), -1);
+    const char *b;
+    size_t bl;
+    assert_int_equal(kvl_tokenizer_token_bytes(q, 279, &b, &bl), KVL_OK);
+    assert_int_equal(bl, 4);
+    assert_memory_equal(b, " the", 4);
+    assert_int_equal(kvl_tokenizer_token_bytes(q, 151645, &b, &bl), KVL_OK);
+    assert_memory_equal(b, "<|im_end|>", bl);
+    assert_int_equal(kvl_tokenizer_token_bytes(q, 10000000, &b, &bl), KVL_ERR_RANGE);
+    int32_t *ids = (int32_t *)0x1;
+    size_t n = 7;
+    assert_int_equal(kvl_tokenizer_encode(q, NULL, 0, &ids, &n), KVL_OK);
+    assert_int_equal(n, 0);
+    assert_null(ids);
+    /* "<|im_end|>" inside text is one id; text after it tokenizes as a fresh segment */
+    const char *s = "a<|im_end|>b";
+    assert_int_equal(kvl_tokenizer_encode(q, s, strlen(s), &ids, &n), KVL_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(ids[1], 151645);
+    free(ids);
+}
+
+typedef struct thr_arg { const kvl_tokenizer *tok; const char *text; size_t len; const int32_t *ref; size_t n; int ok; } thr_arg;
+
+static void *thr_main(void *p) {
+    thr_arg *a = p;
+    a->ok = 1;
+    for (int r = 0; r < 5 && a->ok; r++) {
+        int32_t *ids;
+        size_t n;
+        if (kvl_tokenizer_encode(a->tok, a->text, a->len, &ids, &n) || n != a->n || memcmp(ids, a->ref, n * 4)) a->ok = 0;
+        free(ids);
+    }
+    return NULL;
+}
+
+static void test_threads(void **state) {
+    (void)state;
+    size_t len;
+    char *text = kvl_test_read_file(kvl_test_path("testdata/corpus/valid.txt"), &len);
+    assert_non_null(text);
+    if (len > 200000) len = 200000;
+    while (len && ((unsigned char)text[len] & 0xc0) == 0x80) len--;   /* cut on a character boundary */
+    kvl_tokenizer *tok;
+    assert_int_equal(kvl_tokenizer_load(kvl_test_path(TOK_PATHS[1]), &tok), KVL_OK);
+    int32_t *ref;
+    size_t n;
+    assert_int_equal(kvl_tokenizer_encode(g_tok[1], text, len, &ref, &n), KVL_OK);
+    pthread_t th[4];
+    thr_arg args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (thr_arg){tok, text, len, ref, n, 0};
+        pthread_create(&th[i], NULL, thr_main, &args[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_true(args[i].ok);
+    }
+    free(ref);
+    free(text);
+    kvl_tokenizer_free(tok);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_golden_ids),    cmocka_unit_test(test_component_options),
+        cmocka_unit_test(test_streaming_decode), cmocka_unit_test(test_chat_templates),
+        cmocka_unit_test(test_malformed),     cmocka_unit_test(test_api),
+        cmocka_unit_test(test_threads),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
