@@ -1,0 +1,36 @@
+/* daemon/config.h: kvld's settings, from command-line flags or a YAML file (same keys). */
+#ifndef KVLD_CONFIG_H
+#define KVLD_CONFIG_H
+
+#include "kvlingo/status.h"
+
+#define KVLD_STR_MAX 512
+
+typedef struct kvld_config {
+    char model[KVLD_STR_MAX];        /* model directory (required)                              */
+    char listen[KVLD_STR_MAX];       /* gRPC "host:port"; default 127.0.0.1:7070               */
+    char translators[KVLD_STR_MAX];  /* directory of *.safetensors translators; "" = none       */
+    char transport[64];              /* "ucx" (default) or "none"                               */
+    char metrics[KVLD_STR_MAX];      /* "host:port" for /metrics and /healthz; "" = off         */
+    int max_sessions;                /* default 64                                              */
+    int max_context;                 /* tokens per session; 0 = model max_position_embeddings   */
+    int max_batch;                   /* sequences per forward pass; default 32                  */
+    int prefill_chunk;               /* prefill tokens per scheduler step; default 256          */
+    int threads;                     /* BLAS/attention threads; 0 = all cores                   */
+    int drain_timeout_ms;            /* SIGTERM: wait this long for running work; default 30000 */
+    int span_timeout_ms;             /* transfer deadline; default 30000                        */
+    int quiet;                       /* 1: no per-request log lines                             */
+} kvld_config;
+
+void kvld_config_defaults(kvld_config *cfg);
+
+/* Parse argv (flags override a --config file given anywhere on the line).  Returns KVL_OK, or
+ * KVL_ERR_INVALID_ARG with a message naming the flag/key; *help is set for -h/--help. */
+kvl_status kvld_config_parse_args(kvld_config *cfg, int argc, char **argv, int *help);
+
+/* Read a YAML mapping of the same keys (max_sessions: 16, model: models/qwen3-a, ...). */
+kvl_status kvld_config_load_yaml(kvld_config *cfg, const char *path);
+
+const char *kvld_config_usage(void);
+
+#endif

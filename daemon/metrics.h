@@ -1,0 +1,59 @@
+/* daemon/metrics.h: kvld's Prometheus metrics (text exposition format 0.0.4) and the HTTP
+ * endpoint serving them (libmicrohttpd): GET /metrics, GET /healthz (200 "ok", 503 "draining").
+ * Counters are updated from any thread; names follow kvlingo_<what>_<unit>. */
+#ifndef KVLD_METRICS_H
+#define KVLD_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvlingo/status.h"
+#include "span.h"
+
+typedef struct kvld_metrics kvld_metrics;
+
+kvl_status kvld_metrics_create(kvld_metrics **out);
+void kvld_metrics_free(kvld_metrics *m);
+
+/* Serve /metrics and /healthz on "host:port" (own thread).  `draining` is read for /healthz. */
+kvl_status kvld_metrics_serve(kvld_metrics *m, const char *addr, const volatile int *draining);
+
+typedef enum kvld_counter {
+    KVLD_C_SESSIONS_OPENED,       /* kvlingo_sessions_opened_total                           */
+    KVLD_C_TOKENS_PREFILLED,      /* kvlingo_tokens_prefilled_total                          */
+    KVLD_C_TOKENS_DECODED,        /* kvlingo_tokens_decoded_total                            */
+    KVLD_C_FORWARD_PASSES,        /* kvlingo_forward_passes_total                            */
+    KVLD_C_SPANS_SENT,            /* kvlingo_spans_sent_total                                */
+    KVLD_C_SPANS_RECEIVED,        /* kvlingo_spans_received_total (imported)                 */
+    KVLD_C_SPAN_BYTES_SENT,       /* kvlingo_span_bytes_sent_total                           */
+    KVLD_C_SPAN_BYTES_RECEIVED,   /* kvlingo_span_bytes_received_total                       */
+    KVLD_C_REQUESTS,              /* kvlingo_requests_total                                  */
+    KVLD_C_REQUEST_ERRORS,        /* kvlingo_request_errors_total                            */
+    KVLD_C_N
+} kvld_counter;
+
+typedef enum kvld_gauge {
+    KVLD_G_SESSIONS,              /* kvlingo_sessions                                        */
+    KVLD_G_ACTIVE_JOBS,           /* kvlingo_scheduler_jobs                                  */
+    KVLD_G_CACHE_BYTES,           /* kvlingo_cache_bytes                                     */
+    KVLD_G_DRAINING,              /* kvlingo_draining                                        */
+    KVLD_G_N
+} kvld_gauge;
+
+typedef enum kvld_hist {
+    KVLD_H_DECODE_BATCH,          /* kvlingo_decode_batch_size (sequences per forward)       */
+    KVLD_H_FORWARD_SECONDS,       /* kvlingo_forward_seconds                                 */
+    KVLD_H_TRANSFER_SECONDS,      /* kvlingo_span_transfer_seconds                           */
+    KVLD_H_TRANSLATE_SECONDS,     /* kvlingo_span_translate_seconds                          */
+    KVLD_H_N
+} kvld_hist;
+
+void kvld_metrics_add(kvld_metrics *m, kvld_counter c, uint64_t v);
+void kvld_metrics_set(kvld_metrics *m, kvld_gauge g, double v);
+void kvld_metrics_observe(kvld_metrics *m, kvld_hist h, double v);
+void kvld_metrics_reject(kvld_metrics *m, kvl_span_reject why);   /* spans_rejected_total{reason} */
+
+/* Render the exposition text (malloc'ed, caller frees). */
+char *kvld_metrics_render(kvld_metrics *m, size_t *len);
+
+#endif

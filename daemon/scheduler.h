@@ -1,0 +1,71 @@
+/* daemon/scheduler.h: the scheduler thread, which owns every forward pass of the node's model.
+ *
+ * Continuous batching: each step gathers (1) one decode token for every generating session,
+ * up to max_batch sequences, and (2) prefill chunks of at most prefill_chunk tokens in total,
+ * and runs them as ONE kvl_model_forward (projections and MLP are one GEMM over all tokens).
+ * A long prefill thus advances chunk by chunk while decoding sessions keep getting a token per
+ * step.  Jobs join and leave between steps.  A job owns its session (acquired by the caller)
+ * until it finishes. */
+#ifndef KVLD_SCHEDULER_H
+#define KVLD_SCHEDULER_H
+
+#include <stdint.h>
+
+#include "kvlingo/model.h"
+#include "kvlingo/sampling.h"
+#include "metrics.h"
+#include "session.h"
+
+typedef struct kvld_sched kvld_sched;
+typedef struct kvld_job kvld_job;
+
+typedef struct kvld_sched_params {
+    int max_batch;        /* sequences per forward                       */
+    int prefill_chunk;    /* prefill tokens per forward (all sessions)   */
+} kvld_sched_params;
+
+kvl_status kvld_sched_create(kvl_model *model, kvld_metrics *metrics,
+                             const kvld_sched_params *p, kvld_sched **out);
+/* Stops the thread; jobs still queued finish with KVL_ERR_CANCELLED. */
+void kvld_sched_free(kvld_sched *s);
+
+/* Jobs queued or running. */
+int kvld_sched_active(kvld_sched *s);
+
+/* Bring the session's cache up to its ledger (chunked prefill; logits of the last token kept).
+ * Blocks.  `cancel` (may be NULL) aborts between steps. */
+kvl_status kvld_sched_prefill(kvld_sched *s, kvld_session *sess, const volatile int *cancel);
+
+typedef struct kvld_gen_params {
+    int max_tokens;           /* >= 1 */
+    int stop_at_eos;
+    int want_logprobs;        /* full log-softmax per token */
+    kvl_sampler_params sampler;
+} kvld_gen_params;
+
+/* One generated token; logprobs (when asked) is [vocab], owned by the job. */
+typedef struct kvld_token {
+    int32_t id;
+    float logprob;
+    float *logprobs;
+} kvld_token;
+
+/* Start generating on `sess` (whose ledger must be non-empty). */
+kvl_status kvld_sched_generate(kvld_sched *s, kvld_session *sess, const kvld_gen_params *p,
+                               kvld_job **out);
+
+/* Wait for the next token: 1 and *tok filled; 0 when the job has finished (all tokens read). */
+int kvld_job_next(kvld_job *j, kvld_token *tok);
+
+/* After kvld_job_next returned 0: the job's status (message in *err), finish reason
+ * ("length", "eos", "context", "cancelled", "error"), time to first token (s). */
+kvl_status kvld_job_result(kvld_job *j, const char **err, const char **finish_reason,
+                           double *ttft);
+
+/* Ask the job to stop (thread-safe; used from gRPC cancel callbacks). */
+void kvld_job_cancel(kvld_job *j);
+
+/* Release a job; cancels and waits for it first when it has not finished. */
+void kvld_job_free(kvld_job *j);
+
+#endif

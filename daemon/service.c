@@ -1,0 +1,342 @@
+/* daemon/service.c: the Node service's session handlers: Info, OpenSession, Append, Generate,
+ * DropSession, SessionInfo.  (ExportSpan / ImportSpan: span_service.c.) */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "kvlingo/v1/node.pb-c.h"
+#include "log.h"
+#include "node.h"
+
+/* Unpack the request or answer INVALID_ARGUMENT "malformed <Name>Request". */
+#define UNPACK_OR_FAIL(var, type, fn, r, req, len)                                              \
+    type *var = fn(NULL, len, req);                                                             \
+    if (!var) {                                                                                 \
+        kvld_req_end(r, GRPC_STATUS_INVALID_ARGUMENT, malformed_msg((r)->method), NULL);        \
+        return;                                                                                 \
+    }
+
+static const char *malformed_msg(const char *method) {
+    static _Thread_local char buf[128];
+    snprintf(buf, sizeof buf, "malformed %sRequest (protobuf does not parse)", method);
+    return buf;
+}
+
+static Kvlingo__V1__DType dtype_pb(kvl_dtype d) {
+    switch (d) {
+    case KVL_DTYPE_F32: return KVLINGO__V1__DTYPE__DTYPE_F32;
+    case KVL_DTYPE_BF16: return KVLINGO__V1__DTYPE__DTYPE_BF16;
+    case KVL_DTYPE_F16: return KVLINGO__V1__DTYPE__DTYPE_F16;
+    default: return KVLINGO__V1__DTYPE__DTYPE_UNSPECIFIED;
+    }
+}
+
+void kvld_rpc_info(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    kvld_node *n = user;
+    kvld_req r;
+    kvld_req_begin(&r, n, call, "Info");
+    UNPACK_OR_FAIL(in, Kvlingo__V1__InfoRequest, kvlingo__v1__info_request__unpack, &r, req, len);
+    kvlingo__v1__info_request__free_unpacked(in, NULL);
+    const kvl_model_config *c = kvl_model_config_get(n->model);
+    Kvlingo__V1__InfoResponse out = KVLINGO__V1__INFO_RESPONSE__INIT;
+    Kvlingo__V1__ModelId mid = KVLINGO__V1__MODEL_ID__INIT;
+    mid.name = (char *)kvl_model_name(n->model);
+    mid.hash = (char *)kvl_model_hash(n->model);
+    out.model = &mid;
+    out.architecture = (char *)c->architecture;
+    out.n_layers = (uint32_t)c->n_layers;
+    out.n_kv_heads = (uint32_t)c->n_kv_heads;
+    out.head_dim = (uint32_t)c->head_dim;
+    out.hidden_size = (uint32_t)c->hidden_size;
+    out.vocab_size = (uint32_t)c->vocab_size;
+    out.dtype = dtype_pb(c->weight_dtype);
+    int nt = n->translators.n;
+    Kvlingo__V1__TranslatorInfo *ti = calloc((size_t)nt + 1, sizeof *ti);
+    Kvlingo__V1__TranslatorInfo **tp = calloc((size_t)nt + 1, sizeof *tp);
+    Kvlingo__V1__ModelId *ids = calloc(2 * (size_t)nt + 1, sizeof *ids);
+    if (!ti || !tp || !ids) {
+        free(ti), free(tp), free(ids);
+        kvld_req_end(&r, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
+        return;
+    }
+    for (int i = 0; i < nt; i++) {
+        const kvld_translator_entry *e = &n->translators.items[i];
+        kvlingo__v1__translator_info__init(&ti[i]);
+        kvlingo__v1__model_id__init(&ids[2 * i]);
+        kvlingo__v1__model_id__init(&ids[2 * i + 1]);
+        ids[2 * i].name = (char *)e->source_name;
+        ids[2 * i].hash = (char *)(e->source_hash ? e->source_hash : "");
+        ids[2 * i + 1].name = (char *)e->target_name;
+        ids[2 * i + 1].hash = (char *)(e->target_hash ? e->target_hash : "");
+        ti[i].source = &ids[2 * i];
+        ti[i].target = &ids[2 * i + 1];
+        ti[i].path = (char *)e->path;
+        tp[i] = &ti[i];
+    }
+    out.n_translators = (size_t)nt;
+    out.translators = tp;
+    out.transport = (char *)(n->transport ? kvl_transport_kind(n->transport) : "none");
+    if (n->transport) {
+        const uint8_t *a;
+        size_t al;
+        kvl_transport_address(n->transport, &a, &al);
+        out.transport_address.data = (uint8_t *)a;
+        out.transport_address.len = al;
+    }
+    out.max_context = (uint32_t)n->max_context;
+    out.max_sessions = (uint32_t)n->cfg.max_sessions;
+    out.sessions = (uint32_t)kvld_sessions_count(n->sessions);
+    kvl_rpc_call_reply_pb(call, &out.base);
+    free(ti), free(tp), free(ids);
+    kvld_req_end(&r, GRPC_STATUS_OK, NULL, NULL);
+}
+
+void kvld_rpc_open_session(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    kvld_node *n = user;
+    kvld_req r;
+    kvld_req_begin(&r, n, call, "OpenSession");
+    UNPACK_OR_FAIL(in, Kvlingo__V1__OpenSessionRequest, kvlingo__v1__open_session_request__unpack,
+                   &r, req, len);
+    if (kvld_req_refuse_if_draining(&r)) {
+        kvlingo__v1__open_session_request__free_unpacked(in, NULL);
+        return;
+    }
+    char id[KVLD_ID_MAX];
+    kvl_status st = kvld_sessions_open(n->sessions, in->session_id, (int)in->max_context, id);
+    kvlingo__v1__open_session_request__free_unpacked(in, NULL);
+    if (st != KVL_OK) {
+        kvld_req_fail(&r, st, NULL);
+        return;
+    }
+    snprintf(r.session, sizeof r.session, "%s", id);
+    kvld_metrics_add(n->metrics, KVLD_C_SESSIONS_OPENED, 1);
+    kvld_metrics_set(n->metrics, KVLD_G_SESSIONS, kvld_sessions_count(n->sessions));
+    Kvlingo__V1__OpenSessionResponse out = KVLINGO__V1__OPEN_SESSION_RESPONSE__INIT;
+    out.session_id = id;
+    kvl_rpc_call_reply_pb(call, &out.base);
+    kvld_req_end(&r, GRPC_STATUS_OK, NULL, NULL);
+}
+
+static void set_flag(void *arg) { *(volatile int *)arg = 1; }
+
+void kvld_rpc_append(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    kvld_node *n = user;
+    kvld_req r;
+    kvld_req_begin(&r, n, call, "Append");
+    UNPACK_OR_FAIL(in, Kvlingo__V1__AppendRequest, kvlingo__v1__append_request__unpack, &r, req,
+                   len);
+    snprintf(r.session, sizeof r.session, "%s", in->session_id);
+    if (kvld_req_refuse_if_draining(&r)) {
+        kvlingo__v1__append_request__free_unpacked(in, NULL);
+        return;
+    }
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    kvl_status st = KVL_OK;
+    int has_text = in->text && in->text[0];
+    if (has_text && in->n_tokens > 0) {
+        st = kvl_errorf(KVL_ERR_INVALID_ARG, "give either tokens or text, not both");
+    } else if (has_text) {
+        if (!n->tok) st = kvl_errorf(KVL_ERR_UNSUPPORTED, "this node has no tokenizer: send tokens");
+        else st = kvl_tokenizer_encode(n->tok, in->text, strlen(in->text), &ids, &n_ids);
+    } else if (in->n_tokens > 0) {
+        ids = malloc(sizeof(int32_t) * in->n_tokens);
+        if (!ids) st = kvl_errorf(KVL_ERR_NOMEM, "tokens");
+        else memcpy(ids, in->tokens, sizeof(int32_t) * in->n_tokens);
+        n_ids = in->n_tokens;
+    }
+    int vocab = kvl_model_config_get(n->model)->vocab_size;
+    for (size_t i = 0; st == KVL_OK && i < n_ids; i++)
+        if (ids[i] < 0 || ids[i] >= vocab)
+            st = kvl_errorf(KVL_ERR_INVALID_ARG, "token %zu has id %d outside the vocabulary [0, %d)",
+                            i, ids[i], vocab);
+    kvld_session *s = NULL;
+    if (st == KVL_OK) st = kvld_session_acquire(n->sessions, in->session_id, KVLD_PREFILL, 0, &s, NULL);
+    if (st == KVL_OK && (size_t)s->n_ledger + n_ids > (size_t)s->max_context)
+        st = kvl_errorf(KVL_ERR_RANGE,
+                        "input too long: %zu new tokens + %d held exceed the max context of %d "
+                        "tokens (--max-context)", n_ids, s->n_ledger, s->max_context);
+    double prefill_s = 0;
+    if (st == KVL_OK) {
+        memcpy(s->ledger + s->n_ledger, ids, sizeof(int32_t) * n_ids);
+        __atomic_store_n(&s->n_ledger, s->n_ledger + (int)n_ids, __ATOMIC_RELAXED);
+        if (in->prefill && n_ids > 0) {
+            volatile int cancelled = 0;
+            kvl_rpc_call_on_cancel(call, set_flag, (void *)&cancelled);
+            double t0 = kvld_now();
+            st = kvld_sched_prefill(n->sched, s, &cancelled);
+            prefill_s = kvld_now() - t0;
+            kvl_rpc_call_on_cancel(call, NULL, NULL);
+            /* a failed prefill leaves the tokens in the ledger: Generate will prefill them */
+        }
+    }
+    Kvlingo__V1__AppendResponse out = KVLINGO__V1__APPEND_RESPONSE__INIT;
+    if (s) {
+        out.token_count = (uint32_t)s->n_ledger;
+        out.cached_count = (uint32_t)kvl_cache_n_tokens(s->cache);
+    }
+    char extra[128];
+    snprintf(extra, sizeof extra, " tokens=%zu prefill_ms=%.3f", n_ids, prefill_s * 1e3);
+    kvld_session_release(n->sessions, s);
+    if (st != KVL_OK) {
+        kvld_req_fail(&r, st, extra);
+    } else {
+        out.n_tokens = n_ids;
+        out.tokens = ids;
+        out.prefill_seconds = prefill_s;
+        kvl_rpc_call_reply_pb(call, &out.base);
+        kvld_req_end(&r, GRPC_STATUS_OK, NULL, extra);
+    }
+    free(ids);
+    kvlingo__v1__append_request__free_unpacked(in, NULL);
+}
+
+static void cancel_job(void *arg) { kvld_job_cancel(arg); }
+
+void kvld_rpc_generate(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    kvld_node *n = user;
+    kvld_req r;
+    kvld_req_begin(&r, n, call, "Generate");
+    UNPACK_OR_FAIL(in, Kvlingo__V1__GenerateRequest, kvlingo__v1__generate_request__unpack, &r,
+                   req, len);
+    snprintf(r.session, sizeof r.session, "%s", in->session_id);
+    if (kvld_req_refuse_if_draining(&r)) {
+        kvlingo__v1__generate_request__free_unpacked(in, NULL);
+        return;
+    }
+    kvld_gen_params gp = {0};
+    gp.max_tokens = (int)in->max_tokens;
+    gp.stop_at_eos = in->stop_at_eos;
+    gp.want_logprobs = in->return_logprobs;
+    gp.sampler = kvl_sampler_default_params();
+    gp.sampler.temperature = in->temperature;
+    gp.sampler.top_k = (int)in->top_k;
+    gp.sampler.top_p = in->top_p > 0 && in->top_p < 1 ? in->top_p : 1.0f;
+    gp.sampler.seed = in->seed;
+    kvlingo__v1__generate_request__free_unpacked(in, NULL);
+    if (gp.max_tokens > n->max_context) gp.max_tokens = n->max_context;
+
+    kvld_session *s = NULL;
+    kvld_job *job = NULL;
+    kvl_detok *dt = NULL;
+    char *piece = NULL;
+    size_t piece_cap = n->tok ? kvl_detok_push_capacity(n->tok) : 0;
+    kvl_status st = kvld_session_acquire(n->sessions, r.session, KVLD_DECODE, 0, &s, NULL);
+    if (st == KVL_OK && n->tok) {
+        st = kvl_detok_create(n->tok, &dt);
+        if (st == KVL_OK && !(piece = malloc(piece_cap + 1)))
+            st = kvl_errorf(KVL_ERR_NOMEM, "detokenizer buffer");
+    }
+    if (st == KVL_OK) st = kvld_sched_generate(n->sched, s, &gp, &job);
+    if (st != KVL_OK) {
+        kvl_detok_free(dt);
+        free(piece);
+        kvld_session_release(n->sessions, s);
+        kvld_req_fail(&r, st, NULL);
+        return;
+    }
+    kvl_rpc_call_on_cancel(call, cancel_job, job);
+    int vocab = kvl_model_config_get(n->model)->vocab_size;
+    int sent = 0, send_failed = 0;
+    kvld_token t;
+    while (kvld_job_next(job, &t)) {
+        if (send_failed) continue;   /* drain until the scheduler sees the cancel */
+        Kvlingo__V1__GenerateResponse m = KVLINGO__V1__GENERATE_RESPONSE__INIT;
+        m.token = t.id;
+        m.logprob = t.logprob;
+        size_t pl = 0;
+        if (dt && kvl_detok_push(dt, t.id, piece, piece_cap, &pl) != KVL_OK) pl = 0;
+        if (piece) piece[pl] = '\0';
+        m.text = piece ? piece : (char *)"";
+        if (t.logprobs) {
+            m.n_logprobs = (size_t)vocab;
+            m.logprobs = t.logprobs;
+        }
+        if (kvl_rpc_call_send_pb(call, &m.base) != KVL_OK) {
+            send_failed = 1;
+            kvld_job_cancel(job);
+        } else {
+            sent++;
+        }
+    }
+    kvl_rpc_call_on_cancel(call, NULL, NULL);
+    const char *err, *reason;
+    double ttft;
+    st = kvld_job_result(job, &err, &reason, &ttft);
+    char errcopy[512];
+    snprintf(errcopy, sizeof errcopy, "%s", err);
+    char extra[160];
+    snprintf(extra, sizeof extra, " generated=%d finish=%s ttft_ms=%.3f", sent, reason, ttft * 1e3);
+    if (st == KVL_OK && !send_failed) {
+        Kvlingo__V1__GenerateResponse fin = KVLINGO__V1__GENERATE_RESPONSE__INIT;
+        size_t pl = 0;
+        if (dt && kvl_detok_flush(dt, piece, piece_cap, &pl) != KVL_OK) pl = 0;
+        if (piece) piece[pl] = '\0';
+        fin.text = piece ? piece : (char *)"";
+        fin.done = 1;
+        fin.generated_count = (uint32_t)sent;
+        fin.ttft_seconds = ttft;
+        fin.total_seconds = kvld_now() - r.t0;
+        fin.finish_reason = (char *)reason;
+        kvl_rpc_call_send_pb(call, &fin.base);
+    }
+    kvld_job_free(job);
+    kvl_detok_free(dt);
+    free(piece);
+    kvld_session_release(n->sessions, s);
+    if (send_failed || st == KVL_ERR_CANCELLED)
+        kvld_req_end(&r, GRPC_STATUS_CANCELLED, "generation cancelled by the client", extra);
+    else if (st != KVL_OK)
+        kvld_req_end(&r, kvl_rpc_status_from_kvl(st), errcopy, extra);
+    else {
+        kvl_rpc_call_finish(call, GRPC_STATUS_OK, NULL);
+        kvld_req_end(&r, GRPC_STATUS_OK, NULL, extra);
+    }
+}
+
+void kvld_rpc_drop_session(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    kvld_node *n = user;
+    kvld_req r;
+    kvld_req_begin(&r, n, call, "DropSession");
+    UNPACK_OR_FAIL(in, Kvlingo__V1__DropSessionRequest, kvlingo__v1__drop_session_request__unpack,
+                   &r, req, len);
+    snprintf(r.session, sizeof r.session, "%s", in->session_id);
+    kvl_status st = kvld_sessions_drop(n->sessions, in->session_id);
+    kvlingo__v1__drop_session_request__free_unpacked(in, NULL);
+    if (st != KVL_OK) {
+        kvld_req_fail(&r, st, NULL);
+        return;
+    }
+    kvld_metrics_set(n->metrics, KVLD_G_SESSIONS, kvld_sessions_count(n->sessions));
+    Kvlingo__V1__DropSessionResponse out = KVLINGO__V1__DROP_SESSION_RESPONSE__INIT;
+    out.dropped = 1;
+    kvl_rpc_call_reply_pb(call, &out.base);
+    kvld_req_end(&r, GRPC_STATUS_OK, NULL, NULL);
+}
+
+void kvld_rpc_session_info(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    kvld_node *n = user;
+    kvld_req r;
+    kvld_req_begin(&r, n, call, "SessionInfo");
+    UNPACK_OR_FAIL(in, Kvlingo__V1__SessionInfoRequest, kvlingo__v1__session_info_request__unpack,
+                   &r, req, len);
+    snprintf(r.session, sizeof r.session, "%s", in->session_id);
+    kvlingo__v1__session_info_request__free_unpacked(in, NULL);
+    kvld_session_info si;
+    kvl_status st = kvld_sessions_info(n->sessions, r.session, &si);
+    if (st != KVL_OK) {
+        kvld_req_fail(&r, st, NULL);
+        return;
+    }
+    Kvlingo__V1__SessionInfoResponse out = KVLINGO__V1__SESSION_INFO_RESPONSE__INIT;
+    out.session_id = r.session;
+    out.token_count = (uint32_t)si.n_ledger;
+    out.cached_count = (uint32_t)si.n_cached;
+    out.max_context = (uint32_t)si.max_context;
+    out.cache_bytes = si.cache_bytes;
+    out.state = (char *)kvld_state_name(si.state);
+    out.imported_count = (uint32_t)si.n_imported;
+    kvl_rpc_call_reply_pb(call, &out.base);
+    kvld_req_end(&r, GRPC_STATUS_OK, NULL, NULL);
+}

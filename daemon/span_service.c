@@ -1,0 +1,489 @@
+/* daemon/span_service.c: ExportSpan (push a session's span to a peer) and ImportSpan (receive,
+ * check, translate, append).  Protocol of one switch, exporter A -> importer B:
+ *   A: ExportSpan handler reads pre-norm K/V of [from, to) and builds SpanHeader + payload
+ *   A -> B  ImportSpan(header)            B checks the header: target, translator, geometry,
+ *                                           range; posts a transport receive; first reply:
+ *   B -> A  {transport address, tag}
+ *   A -> B  payload over the transport (UCX tag message; rendezvous when large)
+ *   B: exact length, xxh3-64, ids, finite values; translate + append atomically; second reply
+ *   B -> A  {imported, figures} + OK, or an error status saying why.
+ * Either side going away ends the ImportSpan call, which cancels the other side's wait. */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "kvlingo/translator.h"
+#include "kvlingo/v1/node.pb-c.h"
+#include "log.h"
+#include "node.h"
+#include "span.h"
+
+static void set_flag(void *arg) { *(volatile int *)arg = 1; }
+
+/* ---- import (node B) --------------------------------------------------------------------------- */
+
+/* The import's outcome, answered only after the session is released (an exporter that gets
+ * the answer may use the session at once). */
+typedef struct import_ctx {
+    kvld_req r;
+    kvld_node *n;
+    kvl_span_reject why;
+    grpc_status_code code;
+    char msg[1024];
+} import_ctx;
+
+static void import_reject(import_ctx *x, kvl_span_reject why, grpc_status_code code,
+                          const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void import_reject(import_ctx *x, kvl_span_reject why, grpc_status_code code,
+                          const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(x->msg, sizeof x->msg, fmt, ap);
+    va_end(ap);
+    x->why = why;
+    x->code = code;
+}
+
+static grpc_status_code reject_code(kvl_span_reject why) {
+    switch (why) {
+    case KVL_SPAN_MALFORMED: return GRPC_STATUS_INVALID_ARGUMENT;
+    case KVL_SPAN_WRONG_TARGET:
+    case KVL_SPAN_NO_TRANSLATOR:
+    case KVL_SPAN_GEOMETRY: return GRPC_STATUS_FAILED_PRECONDITION;
+    case KVL_SPAN_RANGE: return GRPC_STATUS_OUT_OF_RANGE;
+    case KVL_SPAN_TRUNCATED: return GRPC_STATUS_DATA_LOSS;
+    case KVL_SPAN_CHECKSUM: return GRPC_STATUS_DATA_LOSS;
+    case KVL_SPAN_BAD_VALUES: return GRPC_STATUS_INVALID_ARGUMENT;
+    case KVL_SPAN_TRANSFER: return GRPC_STATUS_UNAVAILABLE;
+    case KVL_SPAN_BUSY: return GRPC_STATUS_FAILED_PRECONDITION;
+    default: return GRPC_STATUS_INTERNAL;
+    }
+}
+
+/* Copy tokens [0, t0) of `src` into a fresh cache (for a clean replace), so the old cache
+ * survives untouched until the translated span is in. */
+static kvl_status copy_prefix(const kvl_model *m, const kvl_cache *src, int t0, int capacity,
+                              kvl_cache **out) {
+    const kvl_model_config *c = kvl_model_config_get(m);
+    kvl_cache_params cp = kvl_cache_default_params();
+    cp.max_tokens = capacity;
+    kvl_status st = kvl_cache_create(c, &cp, out);
+    if (st != KVL_OK || t0 == 0) return st;
+    size_t row = (size_t)c->n_kv_heads * c->head_dim, per = (size_t)t0 * row;
+    float *kpost = malloc(sizeof(float) * per * c->n_layers);
+    float *v = malloc(sizeof(float) * per * c->n_layers);
+    float *kpre = malloc(sizeof(float) * per * c->n_layers);
+    if (!kpost || !v || !kpre) st = kvl_errorf(KVL_ERR_NOMEM, "copying %d cached tokens", t0);
+    for (int l = 0; st == KVL_OK && l < c->n_layers; l++) {
+        st = kvl_cache_read_kv(src, l, 0, t0, kpost + l * per, v + l * per);
+        if (st == KVL_OK) st = kvl_cache_read_prenorm(src, l, 0, t0, kpre + l * per, NULL);
+    }
+    if (st == KVL_OK) st = kvl_cache_append(*out, t0, kvl_cache_tokens(src), kpost, v, kpre);
+    free(kpost), free(v), free(kpre);
+    if (st != KVL_OK) {
+        kvl_cache_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+void kvld_rpc_import_span(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    kvld_node *n = user;
+    import_ctx x = {.n = n};
+    kvld_req_begin(&x.r, n, call, "ImportSpan");
+    Kvlingo__V1__ImportSpanRequest *in = kvlingo__v1__import_span_request__unpack(NULL, len, req);
+    if (!in) {
+        kvld_metrics_reject(n->metrics, KVL_SPAN_MALFORMED);
+        kvld_req_end(&x.r, GRPC_STATUS_INVALID_ARGUMENT,
+                     "malformed ImportSpanRequest (protobuf does not parse)", " reason=malformed");
+        return;
+    }
+    snprintf(x.r.session, sizeof x.r.session, "%s", in->session_id);
+    if (kvld_req_refuse_if_draining(&x.r)) {
+        kvlingo__v1__import_span_request__free_unpacked(in, NULL);
+        return;
+    }
+    const Kvlingo__V1__SpanHeader *h = in->header;
+    kvl_span_reject why = KVL_SPAN_OK;
+    const char *self = kvl_model_name(n->model), *self_hash = kvl_model_hash(n->model);
+    const kvld_translator_entry *te = NULL;
+    kvld_session *s = NULL;
+    kvl_transport_recv *rv = NULL;
+    uint8_t *payload = NULL;
+    int created = 0;
+    volatile int cancelled = 0;
+    Kvlingo__V1__ImportSpanResponse done = KVLINGO__V1__IMPORT_SPAN_RESPONSE__INIT;
+    char extra[200] = "";
+    kvl_rpc_call_on_cancel(call, set_flag, (void *)&cancelled);
+
+    /* 1. the header, before any allocation it asks for */
+    if (kvl_span_header_check(h, 0, &why) != KVL_OK) {
+        import_reject(&x, why, reject_code(why), "%s", kvl_last_error());
+        goto out;
+    }
+    if (!h->target || !h->target->name || strcmp(h->target->name, self) ||
+        (h->target->hash && h->target->hash[0] && strcmp(h->target->hash, self_hash))) {
+        import_reject(&x, KVL_SPAN_WRONG_TARGET, GRPC_STATUS_FAILED_PRECONDITION,
+                      "span is addressed to model '%s' (hash %s) but this node serves '%s' (hash %s)",
+                      h->target && h->target->name ? h->target->name : "",
+                      h->target && h->target->hash ? h->target->hash : "", self, self_hash);
+        goto out;
+    }
+    te = kvld_translators_find(&n->translators, h->source->name, h->source->hash);
+    if (!te) {
+        import_reject(&x, KVL_SPAN_NO_TRANSLATOR, GRPC_STATUS_FAILED_PRECONDITION,
+                      "no translator from source model '%s' (hash %s) to '%s' on this node",
+                      h->source->name, h->source->hash ? h->source->hash : "", self);
+        goto out;
+    }
+    if ((int)h->n_layers != te->src_layers || (int)h->n_kv_heads != te->src_kv_heads ||
+        (int)h->head_dim != te->src_head_dim) {
+        import_reject(&x, KVL_SPAN_GEOMETRY, GRPC_STATUS_FAILED_PRECONDITION,
+                      "span geometry (layers %u, kv heads %u, head_dim %u) does not match the "
+                      "translator's source (layers %d, kv heads %d, head_dim %d)",
+                      h->n_layers, h->n_kv_heads, h->head_dim, te->src_layers, te->src_kv_heads,
+                      te->src_head_dim);
+        goto out;
+    }
+    if (!n->transport) {
+        import_reject(&x, KVL_SPAN_TRANSFER, GRPC_STATUS_UNAVAILABLE,
+                      "this node runs without a transport (--transport none)");
+        goto out;
+    }
+    /* 2. the session and the token range */
+    kvl_status st = kvld_session_acquire(n->sessions, in->session_id, KVLD_IMPORT, 1, &s, &created);
+    if (st != KVL_OK) {
+        import_reject(&x, st == KVL_ERR_MISMATCH ? KVL_SPAN_BUSY : KVL_SPAN_RANGE,
+                      kvl_rpc_status_from_kvl(st), "%s", kvl_last_error());
+        goto out;
+    }
+    if (created) {
+        kvld_metrics_add(n->metrics, KVLD_C_SESSIONS_OPENED, 1);
+        kvld_metrics_set(n->metrics, KVLD_G_SESSIONS, kvld_sessions_count(n->sessions));
+    }
+    int held = kvl_cache_n_tokens(s->cache);
+    if ((int)h->t0 > held) {
+        import_reject(&x, KVL_SPAN_RANGE, GRPC_STATUS_OUT_OF_RANGE,
+                      "span [%u, %u) leaves a gap: session '%s' holds %d tokens here", h->t0,
+                      h->t1, s->id, held);
+        goto out;
+    }
+    if ((int)h->t0 < held && !in->replace) {
+        import_reject(&x, KVL_SPAN_RANGE, GRPC_STATUS_FAILED_PRECONDITION,
+                      "span [%u, %u) overlaps the %d tokens session '%s' holds (set replace to "
+                      "overwrite them)", h->t0, h->t1, held, s->id);
+        goto out;
+    }
+    if ((int)h->t1 > s->max_context) {
+        import_reject(&x, KVL_SPAN_RANGE, GRPC_STATUS_OUT_OF_RANGE,
+                      "span ends at token %u, beyond the session's max context %d", h->t1,
+                      s->max_context);
+        goto out;
+    }
+    /* 3. receive */
+    payload = malloc((size_t)h->payload_bytes);
+    if (!payload) {
+        import_reject(&x, KVL_SPAN_RANGE, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                      "cannot allocate %llu bytes for the span", (unsigned long long)h->payload_bytes);
+        goto out;
+    }
+    uint64_t tag = kvl_transport_new_tag(n->transport);
+    if (kvl_transport_recv_post(n->transport, tag, payload, (size_t)h->payload_bytes, &rv) != KVL_OK) {
+        import_reject(&x, KVL_SPAN_TRANSFER, GRPC_STATUS_UNAVAILABLE, "%s", kvl_last_error());
+        goto out;
+    }
+    Kvlingo__V1__ImportSpanResponse ep = KVLINGO__V1__IMPORT_SPAN_RESPONSE__INIT;
+    const uint8_t *addr;
+    size_t alen;
+    kvl_transport_address(n->transport, &addr, &alen);
+    ep.transport = (char *)kvl_transport_kind(n->transport);
+    ep.transport_address.data = (uint8_t *)addr;
+    ep.transport_address.len = alen;
+    ep.tag = tag;
+    if (kvl_rpc_call_send_pb(call, &ep.base) != KVL_OK) {
+        import_reject(&x, KVL_SPAN_TRANSFER, GRPC_STATUS_CANCELLED,
+                      "exporter went away before the transfer");
+        goto out;
+    }
+    double t_recv = kvld_now();
+    size_t got = 0;
+    int64_t left = kvl_rpc_call_deadline_left_ms(call);
+    int64_t tmo = left < n->cfg.span_timeout_ms ? left : n->cfg.span_timeout_ms;
+    st = kvl_transport_recv_wait(n->transport, rv, tmo > 0 ? tmo : 1, &cancelled, &got);
+    double recv_s = kvld_now() - t_recv;
+    if (st == KVL_ERR_CANCELLED) {
+        import_reject(&x, KVL_SPAN_TRANSFER, GRPC_STATUS_CANCELLED,
+                      "peer gone mid-transfer: the exporter cancelled or disconnected after "
+                      "%.3f s", recv_s);
+        goto out;
+    }
+    if (st == KVL_ERR_RANGE) {
+        import_reject(&x, KVL_SPAN_TRUNCATED, GRPC_STATUS_DATA_LOSS,
+                      "payload larger than the %llu bytes the header announced",
+                      (unsigned long long)h->payload_bytes);
+        goto out;
+    }
+    if (st != KVL_OK) {
+        import_reject(&x, KVL_SPAN_TRANSFER, GRPC_STATUS_UNAVAILABLE, "%s", kvl_last_error());
+        goto out;
+    }
+    kvld_metrics_observe(n->metrics, KVLD_H_TRANSFER_SECONDS, recv_s);
+    kvld_metrics_add(n->metrics, KVLD_C_SPAN_BYTES_RECEIVED, got);
+    /* 4. check the payload, translate, append */
+    kvl_span_view v;
+    int vocab = kvl_model_config_get(n->model)->vocab_size;
+    if (kvl_span_payload_check(h, payload, got, vocab, &v, &why) != KVL_OK) {
+        import_reject(&x, why, reject_code(why), "%s", kvl_last_error());
+        goto out;
+    }
+    double t_tr = kvld_now();
+    kvl_cache *fresh = NULL;
+    if ((int)h->t0 < held) {
+        st = copy_prefix(n->model, s->cache, (int)h->t0, s->max_context, &fresh);
+        if (st == KVL_OK) st = kvl_translator_apply(te->tr, v.k, v.v, (int)h->t0, (int)v.n, v.ids, fresh);
+        if (st == KVL_OK) kvld_session_swap_cache(n->sessions, s, fresh);
+        else kvl_cache_free(fresh);
+    } else {
+        st = kvl_translator_apply(te->tr, v.k, v.v, (int)h->t0, (int)v.n, v.ids, s->cache);
+    }
+    double tr_s = kvld_now() - t_tr;
+    if (st != KVL_OK) {
+        import_reject(&x, KVL_SPAN_TRANSLATE, kvl_rpc_status_from_kvl(st), "translation failed: %s",
+                      kvl_last_error());
+        goto out;
+    }
+    kvld_metrics_observe(n->metrics, KVLD_H_TRANSLATE_SECONDS, tr_s);
+    kvld_metrics_add(n->metrics, KVLD_C_SPANS_RECEIVED, 1);
+    memcpy(s->ledger + h->t0, v.ids, sizeof(int32_t) * v.n);
+    __atomic_store_n(&s->n_ledger, (int)h->t1, __ATOMIC_RELAXED);
+    s->logits_valid = 0;
+    s->n_imported += (int)v.n;
+    created = 0;   /* keep the session: it holds the span now */
+    done.imported = 1;
+    done.token_count = (uint32_t)kvl_cache_n_tokens(s->cache);
+    done.translate_seconds = tr_s;
+    done.receive_seconds = recv_s;
+    snprintf(extra, sizeof extra, " source=%s t0=%u t1=%u bytes=%zu recv_ms=%.3f translate_ms=%.3f",
+             h->source->name, h->t0, h->t1, got, recv_s * 1e3, tr_s * 1e3);
+out:
+    kvl_rpc_call_on_cancel(call, NULL, NULL);
+    kvl_transport_recv_free(n->transport, rv);
+    free(payload);
+    if (s) {
+        char id[KVLD_ID_MAX];
+        snprintf(id, sizeof id, "%s", s->id);
+        kvld_session_release(n->sessions, s);
+        /* a failed import into a session it created leaves no trace */
+        if (created) {
+            kvld_sessions_drop(n->sessions, id);
+            kvld_metrics_set(n->metrics, KVLD_G_SESSIONS, kvld_sessions_count(n->sessions));
+        }
+    }
+    /* answer last: the session is free again when the exporter hears the verdict */
+    if (x.code == GRPC_STATUS_OK) {
+        kvl_rpc_call_send_pb(call, &done.base);
+        kvl_rpc_call_finish(call, GRPC_STATUS_OK, NULL);
+        kvld_req_end(&x.r, GRPC_STATUS_OK, NULL, extra);
+    } else {
+        kvld_metrics_reject(n->metrics, x.why);
+        snprintf(extra, sizeof extra, " reason=%s", kvl_span_reject_name(x.why));
+        kvld_req_end(&x.r, x.code, x.msg, extra);
+    }
+    kvlingo__v1__import_span_request__free_unpacked(in, NULL);
+}
+
+/* ---- export (node A) --------------------------------------------------------------------------- */
+
+/* Why the payload send must stop: the client cancelled ExportSpan, or the importer ended the
+ * ImportSpan call (it refused, or its process died) while we were still sending. */
+typedef struct export_flags {
+    volatile int cancelled;
+    volatile int stop_send;
+} export_flags;
+
+static void export_cancel(void *arg) {
+    export_flags *f = arg;
+    f->cancelled = 1;
+    f->stop_send = 1;
+}
+
+/* Reads the importer's verdict concurrently with the send, so that a peer gone mid-transfer
+ * stops the send at once instead of at its deadline. */
+typedef struct verdict_watch {
+    kvl_rpc_stream *stream;
+    uint8_t *msg;
+    size_t len;
+    int got;
+    export_flags *fl;
+} verdict_watch;
+
+static void *watch_verdict(void *arg) {
+    verdict_watch *w = arg;
+    w->got = kvl_rpc_stream_read(w->stream, &w->msg, &w->len) == 1;
+    if (!w->got) w->fl->stop_send = 1;
+    return NULL;
+}
+
+void kvld_rpc_export_span(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    kvld_node *n = user;
+    kvld_req r;
+    kvld_req_begin(&r, n, call, "ExportSpan");
+    Kvlingo__V1__ExportSpanRequest *in = kvlingo__v1__export_span_request__unpack(NULL, len, req);
+    if (!in) {
+        kvld_req_end(&r, GRPC_STATUS_INVALID_ARGUMENT,
+                     "malformed ExportSpanRequest (protobuf does not parse)", NULL);
+        return;
+    }
+    snprintf(r.session, sizeof r.session, "%s", in->session_id);
+    if (kvld_req_refuse_if_draining(&r)) {
+        kvlingo__v1__export_span_request__free_unpacked(in, NULL);
+        return;
+    }
+    kvld_session *s = NULL;
+    uint8_t *payload = NULL;
+    size_t plen = 0;
+    kvl_rpc_stream *stream = NULL;
+    uint8_t *msg = NULL;
+    size_t mlen = 0;
+    Kvlingo__V1__ImportSpanResponse *ep = NULL, *verdict = NULL;
+    Kvlingo__V1__ExportSpanResponse out = KVLINGO__V1__EXPORT_SPAN_RESPONSE__INIT;
+    grpc_status_code code = GRPC_STATUS_OK;
+    char err[1024] = "";
+    double t_start = kvld_now(), xfer_s = 0;
+    int64_t tmo = in->timeout_ms ? (int64_t)in->timeout_ms : n->cfg.span_timeout_ms;
+    export_flags fl = {0};
+    verdict_watch w = {.fl = &fl};
+    pthread_t watcher;
+    int watching = 0;
+    kvl_rpc_call_on_cancel(call, export_cancel, &fl);
+
+#define FAIL(c, ...) do { code = (c); snprintf(err, sizeof err, __VA_ARGS__); goto out; } while (0)
+    if (!in->peer || !in->peer[0]) FAIL(GRPC_STATUS_INVALID_ARGUMENT, "peer address is required");
+    if (!n->transport) FAIL(GRPC_STATUS_UNAVAILABLE, "this node runs without a transport");
+    kvl_status st = kvld_session_acquire(n->sessions, in->session_id, KVLD_EXPORT, 0, &s, NULL);
+    if (st != KVL_OK) FAIL(kvl_rpc_status_from_kvl(st), "%s", kvl_last_error());
+    uint32_t to = in->to ? in->to : (uint32_t)s->n_ledger;
+    if (to > (uint32_t)s->n_ledger || in->from >= to)
+        FAIL(GRPC_STATUS_OUT_OF_RANGE, "range [%u, %u) is not within session '%s''s %d tokens",
+             in->from, to, s->id, s->n_ledger);
+    if ((int)to > kvl_cache_n_tokens(s->cache)) {
+        /* tokens known but not yet run through the model (e.g. the last sampled one) */
+        st = kvld_sched_prefill(n->sched, s, &fl.cancelled);
+        if (st != KVL_OK) FAIL(kvl_rpc_status_from_kvl(st), "prefill before export: %s", kvl_last_error());
+    }
+    kvl_rpc_client *peer;
+    const char *peer_name, *peer_hash;
+    st = kvld_node_peer(n, in->peer, tmo, &peer, &peer_name, &peer_hash);
+    if (st != KVL_OK) FAIL(GRPC_STATUS_UNAVAILABLE, "%s", kvl_last_error());
+    Kvlingo__V1__SpanHeader h = KVLINGO__V1__SPAN_HEADER__INIT;
+    kvl_span_ids ids;
+    st = kvl_span_encode(n->model, s->cache, in->from, to, peer_name, peer_hash, &ids, &h,
+                         &payload, &plen);
+    if (st != KVL_OK) FAIL(kvl_rpc_status_from_kvl(st), "%s", kvl_last_error());
+    Kvlingo__V1__ImportSpanRequest ir = KVLINGO__V1__IMPORT_SPAN_REQUEST__INIT;
+    ir.session_id = in->peer_session_id && in->peer_session_id[0] ? in->peer_session_id : s->id;
+    ir.header = &h;
+    ir.replace = in->replace;
+    const uint8_t *my_addr;
+    size_t my_alen;
+    kvl_transport_address(n->transport, &my_addr, &my_alen);
+    ir.sender_address.data = (uint8_t *)my_addr;
+    ir.sender_address.len = my_alen;
+    size_t irl = kvlingo__v1__import_span_request__get_packed_size(&ir);
+    uint8_t *irb = malloc(irl + 1);
+    if (!irb) FAIL(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    kvlingo__v1__import_span_request__pack(&ir, irb);
+    st = kvl_rpc_client_stream_open(peer, "/kvlingo.v1.Node/ImportSpan", irb, irl, tmo, &stream);
+    free(irb);
+    if (st != KVL_OK) FAIL(GRPC_STATUS_INTERNAL, "%s", kvl_last_error());
+    /* first reply: the endpoint, or the end of the stream with the peer's refusal */
+    if (kvl_rpc_stream_read(stream, &msg, &mlen) != 1 ||
+        !(ep = kvlingo__v1__import_span_response__unpack(NULL, mlen, msg))) {
+        kvl_rpc_result res;
+        kvl_rpc_stream_finish(stream, &res);
+        code = res.code == GRPC_STATUS_OK ? GRPC_STATUS_INTERNAL : res.code;
+        snprintf(err, sizeof err, "peer %s refused the span: %s", in->peer,
+                 res.message ? res.message : "no endpoint in its reply");
+        kvl_rpc_result_clear(&res);
+        goto out;
+    }
+    free(msg);
+    msg = NULL;
+    if (fl.cancelled) FAIL(GRPC_STATUS_CANCELLED, "export cancelled by the client");
+    w.stream = stream;
+    watching = pthread_create(&watcher, NULL, watch_verdict, &w) == 0;
+    double t_x = kvld_now();
+    st = kvl_transport_send(n->transport, ep->transport_address.data, ep->transport_address.len,
+                            ep->tag, payload, plen, tmo, &fl.stop_send);
+    xfer_s = kvld_now() - t_x;
+    if (st != KVL_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", kvl_last_error());
+        int peer_ended = fl.stop_send && !fl.cancelled;
+        kvl_rpc_stream_cancel(stream);
+        if (watching) pthread_join(watcher, NULL);
+        watching = 0;
+        if (fl.cancelled) FAIL(GRPC_STATUS_CANCELLED, "export cancelled by the client");
+        if (peer_ended)
+            FAIL(GRPC_STATUS_UNAVAILABLE, "peer %s gone mid-transfer: it ended the import after "
+                 "%.3f s of sending", in->peer, xfer_s);
+        FAIL(GRPC_STATUS_UNAVAILABLE, "transfer to peer %s failed: %s", in->peer, why);
+    }
+    kvld_metrics_observe(n->metrics, KVLD_H_TRANSFER_SECONDS, xfer_s);
+    kvld_metrics_add(n->metrics, KVLD_C_SPAN_BYTES_SENT, plen);
+    /* second reply + status: the verdict */
+    if (watching) {
+        pthread_join(watcher, NULL);
+        watching = 0;
+        msg = w.msg;
+        mlen = w.len;
+        w.msg = NULL;
+        if (w.got) verdict = kvlingo__v1__import_span_response__unpack(NULL, mlen, msg);
+    } else if (kvl_rpc_stream_read(stream, &msg, &mlen) == 1) {
+        verdict = kvlingo__v1__import_span_response__unpack(NULL, mlen, msg);
+    }
+    kvl_rpc_result res;
+    kvl_rpc_stream_finish(stream, &res);
+    if (res.code != GRPC_STATUS_OK || !verdict) {
+        code = res.code != GRPC_STATUS_OK ? res.code : GRPC_STATUS_INTERNAL;
+        snprintf(err, sizeof err, "peer %s rejected the span: %s", in->peer,
+                 res.code != GRPC_STATUS_OK ? res.message : "no verdict in its reply");
+        kvl_rpc_result_clear(&res);
+        goto out;
+    }
+    kvl_rpc_result_clear(&res);
+    kvld_metrics_add(n->metrics, KVLD_C_SPANS_SENT, 1);
+    out.t0 = in->from;
+    out.t1 = to;
+    out.payload_bytes = plen;
+    out.transfer_seconds = xfer_s;
+    out.translate_seconds = verdict->translate_seconds;
+    out.total_seconds = kvld_now() - t_start;
+    out.peer_token_count = verdict->token_count;
+#undef FAIL
+out:
+    if (watching) {   /* a FAIL between starting the watcher and joining it */
+        kvl_rpc_stream_cancel(stream);
+        pthread_join(watcher, NULL);
+    }
+    free(w.msg);
+    kvl_rpc_call_on_cancel(call, NULL, NULL);
+    /* release before answering: the caller may use the session as soon as it has the answer */
+    kvld_session_release(n->sessions, s);
+    if (code == GRPC_STATUS_OK) kvl_rpc_call_reply_pb(call, &out.base);
+    {
+        char extra[200];
+        snprintf(extra, sizeof extra, " peer_node=%s from=%u to=%u bytes=%zu transfer_ms=%.3f",
+                 in->peer ? in->peer : "", in->from, in->to, plen, xfer_s * 1e3);
+        kvld_req_end(&r, code, err, extra);
+    }
+    if (ep) kvlingo__v1__import_span_response__free_unpacked(ep, NULL);
+    if (verdict) kvlingo__v1__import_span_response__free_unpacked(verdict, NULL);
+    free(msg);
+    kvl_rpc_stream_free(stream);
+    free(payload);
+    kvlingo__v1__export_span_request__free_unpacked(in, NULL);
+}

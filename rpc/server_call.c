@@ -1,0 +1,226 @@
+/* rpc/server_call.c: what a handler does with its call (reply, stream, finish, cancellation),
+ * and the call's reference counting.  One send batch is in flight at a time; the handler thread
+ * waits for it, which gives streaming calls gRPC's flow control for free. */
+#include "server_internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <grpc/support/alloc.h>
+
+#include "error.h"
+
+void kvl_rpc_call_destroy(kvl_rpc_call *c) {
+    kvl_rpc_server *srv = c->srv;
+    if (c->call) grpc_call_unref(c->call);
+    grpc_call_details_destroy(&c->details);
+    grpc_metadata_array_destroy(&c->md);
+    if (c->recv_buf) grpc_byte_buffer_destroy(c->recv_buf);
+    free(c->method);
+    if (c->peer) gpr_free(c->peer);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c);
+    pthread_mutex_lock(&srv->mu);
+    srv->n_calls--;
+    pthread_mutex_unlock(&srv->mu);
+    kvl_rpc_server_maybe_close_cq(srv);
+}
+
+void kvl_rpc_call_unref(kvl_rpc_call *c) {
+    pthread_mutex_lock(&c->mu);
+    int left = --c->refs;
+    pthread_mutex_unlock(&c->mu);
+    if (left == 0) kvl_rpc_call_destroy(c);
+}
+
+void kvl_rpc_call_mark_cancelled(kvl_rpc_call *c) {
+    pthread_mutex_lock(&c->mu);
+    if (c->cancelled) {
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    c->cancelled = 1;
+    void (*fn)(void *) = c->cancel_fn;
+    void *arg = c->cancel_arg;
+    if (fn) c->cancel_running = 1;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    if (!fn) return;
+    /* run without c->mu: the callback may take application locks that a handler holds while
+     * it calls into this API */
+    fn(arg);
+    pthread_mutex_lock(&c->mu);
+    c->cancel_running = 0;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void kvl_rpc_call_reject(kvl_rpc_call *c, grpc_status_code code, const char *msg) {
+    grpc_slice details = grpc_slice_from_copied_string(msg);
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[1].data.send_status_from_server.status = code;
+    ops[1].data.send_status_from_server.status_details = &details;
+    pthread_mutex_lock(&c->mu);
+    c->refs++;
+    c->finished = 1;
+    c->initial_md_sent = 1;
+    pthread_mutex_unlock(&c->mu);
+    c->t_send.kind = TAG_REJECT;
+    if (grpc_call_start_batch(c->call, ops, 2, &c->t_send, NULL) != GRPC_CALL_OK)
+        kvl_rpc_call_unref(c);
+    grpc_slice_unref(details);
+}
+
+const char *kvl_rpc_call_method(const kvl_rpc_call *call) { return call->method; }
+const char *kvl_rpc_call_peer(const kvl_rpc_call *call) { return call->peer ? call->peer : ""; }
+
+int64_t kvl_rpc_call_deadline_left_ms(const kvl_rpc_call *call) {
+    gpr_timespec d = call->deadline;
+    if (d.tv_sec >= INT64_MAX / 2) return INT64_MAX;
+    gpr_timespec left = gpr_time_sub(d, gpr_now(GPR_CLOCK_MONOTONIC));
+    return (int64_t)left.tv_sec * 1000 + left.tv_nsec / 1000000;
+}
+
+int kvl_rpc_call_cancelled(const kvl_rpc_call *call) {
+    kvl_rpc_call *c = (kvl_rpc_call *)call;
+    pthread_mutex_lock(&c->mu);
+    int v = c->cancelled;
+    pthread_mutex_unlock(&c->mu);
+    if (!v && kvl_rpc_call_deadline_left_ms(call) <= 0) v = 1;
+    return v;
+}
+
+void kvl_rpc_call_on_cancel(kvl_rpc_call *c, void (*fn)(void *arg), void *arg) {
+    pthread_mutex_lock(&c->mu);
+    while (c->cancel_running) pthread_cond_wait(&c->cv, &c->mu);
+    if (c->cancelled && fn) {
+        c->cancel_fn = NULL;
+        pthread_mutex_unlock(&c->mu);
+        fn(arg);
+        return;
+    }
+    c->cancel_fn = fn;
+    c->cancel_arg = arg;
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Start a batch of send ops and wait for it.  `final` marks the call finished first. */
+static kvl_status send_batch(kvl_rpc_call *c, grpc_op *ops, size_t n, int final) {
+    pthread_mutex_lock(&c->mu);
+    if (c->finished) {
+        pthread_mutex_unlock(&c->mu);
+        return kvl_errorf(KVL_ERR_INVALID_ARG, "rpc: %s already finished", c->method);
+    }
+    while (c->send_pending) pthread_cond_wait(&c->cv, &c->mu);
+    if (final) c->finished = 1;
+    c->send_pending = 1;
+    pthread_mutex_unlock(&c->mu);
+    c->t_send.kind = TAG_SEND;
+    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->t_send, NULL);
+    pthread_mutex_lock(&c->mu);
+    if (e != GRPC_CALL_OK) {
+        c->send_pending = 0;
+        pthread_mutex_unlock(&c->mu);
+        return kvl_errorf(KVL_ERR_INTERNAL, "rpc: %s: grpc_call_start_batch error %d", c->method,
+                          (int)e);
+    }
+    while (c->send_pending) pthread_cond_wait(&c->cv, &c->mu);
+    int ok = c->send_ok;
+    pthread_mutex_unlock(&c->mu);
+    if (!ok) return kvl_errorf(KVL_ERR_CANCELLED, "rpc: %s: the call was cancelled", c->method);
+    return KVL_OK;
+}
+
+/* Fill the ops for one message, optional status; returns the number of ops. */
+static size_t build_ops(kvl_rpc_call *c, grpc_op *ops, grpc_byte_buffer *bb, int with_status,
+                        grpc_status_code code, grpc_slice *details) {
+    size_t n = 0;
+    memset(ops, 0, 3 * sizeof *ops);
+    pthread_mutex_lock(&c->mu);
+    if (!c->initial_md_sent) {
+        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+        c->initial_md_sent = 1;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (bb) {
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n++].data.send_message.send_message = bb;
+    }
+    if (with_status) {
+        ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+        ops[n].data.send_status_from_server.status = code;
+        ops[n++].data.send_status_from_server.status_details = details;
+    }
+    return n;
+}
+
+static kvl_status send_msg(kvl_rpc_call *c, const uint8_t *msg, size_t len, int with_status) {
+    grpc_byte_buffer *bb = kvl_rpc_bb_from(msg, len);
+    if (!bb) return kvl_errorf(KVL_ERR_NOMEM, "rpc: message of %zu bytes", len);
+    grpc_slice details = grpc_slice_from_static_string("");
+    grpc_op ops[3];
+    size_t n = build_ops(c, ops, bb, with_status, GRPC_STATUS_OK, &details);
+    kvl_status st = send_batch(c, ops, n, with_status);
+    grpc_byte_buffer_destroy(bb);
+    return st;
+}
+
+kvl_status kvl_rpc_call_reply(kvl_rpc_call *c, const uint8_t *msg, size_t len) {
+    return send_msg(c, msg, len, 1);
+}
+
+kvl_status kvl_rpc_call_send(kvl_rpc_call *c, const uint8_t *msg, size_t len) {
+    if (c->m && c->m->kind != KVL_RPC_SERVER_STREAM)
+        return kvl_errorf(KVL_ERR_INVALID_ARG, "rpc: %s is unary: use kvl_rpc_call_reply",
+                          c->method);
+    return send_msg(c, msg, len, 0);
+}
+
+kvl_status kvl_rpc_call_finish(kvl_rpc_call *c, grpc_status_code code, const char *fmt, ...) {
+    char buf[1024] = "";
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(buf, sizeof buf, fmt, ap);
+        va_end(ap);
+    }
+    grpc_slice details = grpc_slice_from_copied_string(buf);
+    grpc_op ops[3];
+    size_t n = build_ops(c, ops, NULL, 1, code, &details);
+    kvl_status st = send_batch(c, ops, n, 1);
+    grpc_slice_unref(details);
+    return st;
+}
+
+kvl_status kvl_rpc_call_finish_kvl(kvl_rpc_call *c, kvl_status s) {
+    const char *msg = kvl_last_error();
+    char copy[1024];
+    snprintf(copy, sizeof copy, "%s", msg && msg[0] ? msg : kvl_strerror(s));
+    return kvl_rpc_call_finish(c, kvl_rpc_status_from_kvl(s), "%s", copy);
+}
+
+kvl_status kvl_rpc_call_reply_pb(kvl_rpc_call *c, const ProtobufCMessage *msg) {
+    uint8_t *buf;
+    size_t len;
+    kvl_status st = kvl_rpc_pack(msg, &buf, &len);
+    if (st != KVL_OK) return kvl_rpc_call_finish_kvl(c, st);
+    st = kvl_rpc_call_reply(c, buf, len);
+    free(buf);
+    return st;
+}
+
+kvl_status kvl_rpc_call_send_pb(kvl_rpc_call *c, const ProtobufCMessage *msg) {
+    uint8_t *buf;
+    size_t len;
+    kvl_status st = kvl_rpc_pack(msg, &buf, &len);
+    if (st != KVL_OK) return st;
+    st = kvl_rpc_call_send(c, buf, len);
+    free(buf);
+    return st;
+}

@@ -1,0 +1,99 @@
+/* rpc/server_internal.h: the server's and server call's private state, shared by server.c
+ * (lifecycle, poller thread), server_call.c (the handler-facing call API) and health.c. */
+#ifndef KVL_RPC_SERVER_INTERNAL_H
+#define KVL_RPC_SERVER_INTERNAL_H
+
+#include <pthread.h>
+
+#include "rpc_internal.h"
+
+/* What a completion-queue tag stands for; the tag pointer is the address of a kvl_rpc_tag
+ * embedded in a call (or the server, for shutdown). */
+typedef enum { TAG_NEW_CALL, TAG_RECV_MSG, TAG_RECV_CLOSE, TAG_SEND, TAG_REJECT,
+               TAG_SHUTDOWN } kvl_rpc_tag_kind;
+
+typedef struct kvl_rpc_tag {
+    kvl_rpc_tag_kind kind;
+    struct kvl_rpc_call *call;
+} kvl_rpc_tag;
+
+typedef struct kvl_rpc_method {
+    char *path;
+    kvl_rpc_kind kind;
+    kvl_rpc_handler fn;
+    void *user;
+} kvl_rpc_method;
+
+typedef struct kvl_rpc_health_entry {
+    char *service;
+    int serving;
+} kvl_rpc_health_entry;
+
+struct kvl_rpc_call {
+    kvl_rpc_server *srv;
+    grpc_call *call;
+    grpc_call_details details;
+    grpc_metadata_array md;
+    char *method;
+    char *peer;
+    gpr_timespec deadline;
+    grpc_byte_buffer *recv_buf;
+    int close_cancelled;           /* written by gRPC when RECV_CLOSE_ON_SERVER completes      */
+    const kvl_rpc_method *m;
+
+    pthread_mutex_t mu;            /* guards the fields below                                 */
+    pthread_cond_t cv;
+    int refs;                      /* outstanding batches + the running handler               */
+    int cancelled;                 /* client cancelled / deadline / connection lost           */
+    int close_done;
+    int send_pending;              /* one send batch at a time; the handler waits on it      */
+    int send_ok;
+    int initial_md_sent;
+    int finished;
+    void (*cancel_fn)(void *);
+    void *cancel_arg;
+    int cancel_running;            /* cancel_fn is running on the poller thread               */
+
+    kvl_rpc_tag t_new, t_recv, t_close, t_send;
+};
+
+struct kvl_rpc_server {
+    grpc_server *server;
+    grpc_completion_queue *cq;
+    int port;
+    int max_calls;
+    kvl_rpc_method *methods;
+    int n_methods;
+
+    pthread_t poller;
+    int started;
+
+    pthread_mutex_t mu;            /* guards the fields below                                 */
+    pthread_cond_t cv;
+    int stopping;                  /* shutdown begun: accept nothing new                      */
+    int shutdown_done;             /* the server shutdown tag came back                       */
+    int freed_cq;
+    int n_requests;                /* grpc_server_request_call outstanding                    */
+    int n_calls;                   /* live kvl_rpc_call structs                               */
+    int active;                    /* handlers running                                        */
+    kvl_rpc_health_entry *health;
+    int n_health;
+    kvl_rpc_tag t_shutdown;
+};
+
+/* server_call.c */
+void kvl_rpc_call_unref(kvl_rpc_call *c);      /* drops one ref; destroys at zero           */
+void kvl_rpc_call_destroy(kvl_rpc_call *c);
+/* Start SEND_INITIAL_METADATA + SEND_STATUS (no handler ran): unknown method, overload. */
+void kvl_rpc_call_reject(kvl_rpc_call *c, grpc_status_code code, const char *msg);
+void kvl_rpc_call_mark_cancelled(kvl_rpc_call *c);
+
+/* server.c */
+void kvl_rpc_server_maybe_close_cq(kvl_rpc_server *srv);
+
+/* health.c */
+void kvl_rpc_health_check(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user);
+void kvl_rpc_health_watch(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user);
+void kvl_rpc_health_free(kvl_rpc_server *srv);
+
+#endif

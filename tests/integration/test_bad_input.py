@@ -1,0 +1,241 @@
+#!/usr/bin/python3
+"""Bad-input integration tests (issue 5): every refusal is a gRPC status with a clear message,
+and the daemons keep serving other sessions.  Nodes on loopback:
+  A  qwen3-a with translators          B  qwen3-b with translators
+  C  qwen3-a, max_context 64 from a YAML --config file, no translators
+Cases: malformed protobuf, unknown session, text too long for --max-context, header naming
+another model, unknown source model (no translator), truncated / oversized payload, checksum
+mismatch, peer gone mid-transfer, exporter cancelling, client cancelling a Generate stream."""
+import os
+import re
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kvlclient  # noqa: E402
+import grpc  # noqa: E402
+
+
+def rpc_error(fn):
+    try:
+        fn()
+        return None
+    except grpc.RpcError as e:
+        return e
+
+
+def main():
+    args = kvlclient.parse_args(sys.argv[1:])
+    pb, pbg, spb = kvlclient.load_stubs(args.source, os.path.join(args.work, "stubs"))
+    trdir = kvlclient.ensure_translators(args)
+    t = kvlclient.Checks()
+    qa = os.path.join(args.source, "models/qwen3-a")
+    qb = os.path.join(args.source, "models/qwen3-b")
+    A = kvlclient.Kvld(args.kvld, qa, os.path.join(args.work, "node_a.log"), translators=trdir)
+    B = kvlclient.Kvld(args.kvld, qb, os.path.join(args.work, "node_b.log"), translators=trdir)
+    # C is configured through a YAML file (--config), flags still override it
+    cfg = os.path.join(args.work, "node_c.yaml")
+    with open(cfg, "w") as f:
+        f.write("# node C\nmax_context: 64\nmax_sessions: 8\ntransport: ucx\n")
+    C = kvlclient.Kvld(args.kvld, qa, os.path.join(args.work, "node_c.log"),
+                       extra=["--config", cfg])
+    nodes = [A, B, C]
+    try:
+        sa = pbg.NodeStub(grpc.insecure_channel(A.addr))
+        sb = pbg.NodeStub(grpc.insecure_channel(B.addr))
+        sc = pbg.NodeStub(grpc.insecure_channel(C.addr))
+        ib = sb.Info(pb.InfoRequest(), timeout=10)
+
+        # a healthy session on B that every failure below must leave alone
+        sb.OpenSession(pb.OpenSessionRequest(session_id="keep"), timeout=10)
+        sb.Append(pb.AppendRequest(session_id="keep", tokens=list(range(100, 140)), prefill=True),
+                  timeout=30)
+
+        # 1. malformed protobuf (raw bytes through a byte-level stub)
+        ch = grpc.insecure_channel(B.addr)
+        for method in ["Append", "OpenSession", "ExportSpan"]:
+            raw = ch.unary_unary("/kvlingo.v1.Node/" + method)
+            e = rpc_error(lambda: raw(b"\xff\xff\xff\xff", timeout=10))
+            t.check(e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT and
+                    "malformed" in e.details(), "malformed %s -> INVALID_ARGUMENT (%s)" %
+                    (method, e and e.details()))
+        raws = ch.unary_stream("/kvlingo.v1.Node/ImportSpan")
+        e = rpc_error(lambda: list(raws(b"\x12\x03\xff\xff\xff", timeout=10)))
+        t.check(e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT,
+                "malformed ImportSpan -> INVALID_ARGUMENT (%s)" % (e and e.details()))
+        e = rpc_error(lambda: ch.unary_unary("/kvlingo.v1.Node/Nope")(b"", timeout=10))
+        t.check(e is not None and e.code() == grpc.StatusCode.UNIMPLEMENTED,
+                "unknown method -> UNIMPLEMENTED")
+
+        # 2. unknown session
+        e = rpc_error(lambda: sb.Append(pb.AppendRequest(session_id="nope", tokens=[1]), timeout=10))
+        t.check(e is not None and e.code() == grpc.StatusCode.NOT_FOUND and "nope" in e.details(),
+                "Append to an unknown session -> NOT_FOUND (%s)" % (e and e.details()))
+        e = rpc_error(lambda: list(sb.Generate(pb.GenerateRequest(session_id="nope", max_tokens=1),
+                                               timeout=10)))
+        t.check(e is not None and e.code() == grpc.StatusCode.NOT_FOUND, "Generate unknown -> NOT_FOUND")
+        e = rpc_error(lambda: sa.ExportSpan(pb.ExportSpanRequest(session_id="nope", peer=B.addr),
+                                            timeout=10))
+        t.check(e is not None and e.code() == grpc.StatusCode.NOT_FOUND, "ExportSpan unknown -> NOT_FOUND")
+        e = rpc_error(lambda: sb.Append(pb.AppendRequest(session_id="keep", tokens=[999999]),
+                                        timeout=10))
+        t.check(e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT,
+                "token id outside the vocabulary -> INVALID_ARGUMENT (%s)" % (e and e.details()))
+
+        # 3. text too long for --max-context
+        sc.OpenSession(pb.OpenSessionRequest(session_id="short"), timeout=10)
+        e = rpc_error(lambda: sc.Append(pb.AppendRequest(session_id="short",
+                                                         text=kvlclient.corpus_text(args, 2000)),
+                                        timeout=30))
+        t.check(e is not None and e.code() == grpc.StatusCode.OUT_OF_RANGE and
+                "max context" in e.details(),
+                "text too long -> OUT_OF_RANGE (%s)" % (e and e.details()))
+        si = sc.SessionInfo(pb.SessionInfoRequest(session_id="short"), timeout=10)
+        t.check(si.token_count == 0, "the refused append left the session empty")
+
+        # 4. header naming another model / 5. unknown source model (crafted ImportSpan)
+        def import_with(header):
+            req = pb.ImportSpanRequest(session_id="x", header=header)
+            return rpc_error(lambda: list(sb.ImportSpan(req, timeout=10)))
+        ia = sa.Info(pb.InfoRequest(), timeout=10)
+        n = 8
+        base = dict(version=1, n_layers=ia.n_layers, n_kv_heads=ia.n_kv_heads,
+                    head_dim=ia.head_dim, dtype=spb.DTYPE_F32, capture=spb.CAPTURE_PRENORM,
+                    t0=0, t1=n, payload_bytes=2 * ia.n_layers * n * ia.n_kv_heads * ia.head_dim * 4 + 4 * n)
+        e = import_with(spb.SpanHeader(source=spb.ModelId(name="qwen3-a", hash=ia.model.hash),
+                                       target=spb.ModelId(name="qwen3-zzz"), **base))
+        t.check(e is not None and e.code() == grpc.StatusCode.FAILED_PRECONDITION and
+                "qwen3-zzz" in e.details(), "header naming another model -> FAILED_PRECONDITION (%s)"
+                % (e and e.details()))
+        e = import_with(spb.SpanHeader(source=spb.ModelId(name="mystery"),
+                                       target=spb.ModelId(name="qwen3-b"), **base))
+        t.check(e is not None and e.code() == grpc.StatusCode.FAILED_PRECONDITION and
+                "no translator" in e.details(), "unknown source model -> FAILED_PRECONDITION (%s)"
+                % (e and e.details()))
+        bad = dict(base)
+        bad["payload_bytes"] += 1
+        e = import_with(spb.SpanHeader(source=spb.ModelId(name="qwen3-a"),
+                                       target=spb.ModelId(name="qwen3-b"), **bad))
+        t.check(e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT,
+                "inconsistent payload_bytes -> INVALID_ARGUMENT (%s)" % (e and e.details()))
+        bad = dict(base)
+        bad["n_layers"] += 1
+        bad["payload_bytes"] = 2 * bad["n_layers"] * n * ia.n_kv_heads * ia.head_dim * 4 + 4 * n
+        e = import_with(spb.SpanHeader(source=spb.ModelId(name="qwen3-a"),
+                                       target=spb.ModelId(name="qwen3-b"), **bad))
+        t.check(e is not None and e.code() == grpc.StatusCode.FAILED_PRECONDITION and
+                "geometry" in e.details(), "geometry mismatch -> FAILED_PRECONDITION (%s)"
+                % (e and e.details()))
+        # a real export to a node without the translator
+        sa.OpenSession(pb.OpenSessionRequest(session_id="s1"), timeout=10)
+        sa.Append(pb.AppendRequest(session_id="s1", tokens=list(range(300, 320)), prefill=True),
+                  timeout=30)
+        sb.OpenSession(pb.OpenSessionRequest(session_id="s2"), timeout=10)
+        sb.Append(pb.AppendRequest(session_id="s2", tokens=list(range(300, 320)), prefill=True),
+                  timeout=30)
+        e = rpc_error(lambda: sb.ExportSpan(pb.ExportSpanRequest(session_id="s2", peer=C.addr),
+                                            timeout=30))
+        t.check(e is not None and e.code() == grpc.StatusCode.FAILED_PRECONDITION and
+                "no translator" in e.details(), "export to a node without the translator -> "
+                "FAILED_PRECONDITION (%s)" % (e and e.details()))
+        # a span overlapping what the peer holds, without replace
+        sa.ExportSpan(pb.ExportSpanRequest(session_id="s1", peer=B.addr, peer_session_id="s1b"),
+                      timeout=30)
+        e = rpc_error(lambda: sa.ExportSpan(pb.ExportSpanRequest(session_id="s1", peer=B.addr,
+                                                                 peer_session_id="s1b"), timeout=30))
+        t.check(e is not None and e.code() == grpc.StatusCode.FAILED_PRECONDITION and
+                "overlaps" in e.details(), "overlapping span without replace -> refused (%s)"
+                % (e and e.details()))
+        ok = sa.ExportSpan(pb.ExportSpanRequest(session_id="s1", peer=B.addr, peer_session_id="s1b",
+                                                replace=True, **{"from": 5}), timeout=30)
+        t.check(ok.t0 == 5 and ok.peer_token_count == 20, "clean replace of [5, 20) accepted")
+
+        # 6-9. transfers broken on purpose (span_inject: a misbehaving exporter)
+        def inject(mode, session):
+            r = subprocess.run([args.span_inject, B.addr, qa, session, mode], capture_output=True,
+                               text=True, timeout=60)
+            return r.stdout.strip() + r.stderr.strip()
+        out = inject("ok", "inj-ok")
+        t.check(out.startswith("code=OK"), "control: a well-formed injected span is accepted (%s)" % out)
+        for mode, code, words in [("truncate", "DATA_LOSS", "truncated"),
+                                  ("oversize", "DATA_LOSS", "larger than"),
+                                  ("corrupt", "DATA_LOSS", "checksum mismatch"),
+                                  ("hang", "CANCELLED", "")]:
+            out = inject(mode, "inj-" + mode)
+            # after a client-side cancel the client sees CANCELLED whatever the server says
+            t.check(("code=" + code) in out and words in out,
+                    "%s payload -> %s (%s)" % (mode, code, out))
+            e = rpc_error(lambda: sb.SessionInfo(pb.SessionInfoRequest(session_id="inj-" + mode),
+                                                 timeout=10))
+            t.check(e is not None and e.code() == grpc.StatusCode.NOT_FOUND,
+                    "the failed import left no session behind (%s)" % mode)
+        before = rejected(B, "transfer")
+        out = inject("vanish", "inj-vanish")
+        deadline = time.time() + 20
+        while rejected(B, "transfer") == before and time.time() < deadline:
+            time.sleep(0.1)
+        t.check(rejected(B, "transfer") > before, "peer gone mid-transfer: B rejected the span "
+                "(reason=transfer) and kept serving")
+        log = open(B.log_path).read()
+        t.check("peer gone mid-transfer" in log, "B logged 'peer gone mid-transfer'")
+        for reason in ["checksum", "truncated", "wrong_target", "no_translator", "geometry"]:
+            t.check(rejected(B, reason) >= 1, "metric kvlingo_spans_rejected_total{reason=%s}" % reason)
+
+        # importer gone mid-transfer, seen from the exporter: a fake importer announces an
+        # endpoint and dies while A sends a 2 MB span
+        sink = subprocess.Popen([args.span_inject, "--sink"], stdout=subprocess.PIPE, text=True)
+        port = int(sink.stdout.readline().split("=")[1])
+        sa.OpenSession(pb.OpenSessionRequest(session_id="big"), timeout=10)
+        sa.Append(pb.AppendRequest(session_id="big", tokens=[(3 * i) % 4000 for i in range(1000)],
+                                   prefill=True), timeout=60)
+        t0 = time.time()
+        e = rpc_error(lambda: sa.ExportSpan(pb.ExportSpanRequest(
+            session_id="big", peer="127.0.0.1:%d" % port, timeout_ms=20000), timeout=60))
+        took = time.time() - t0
+        sink.wait(timeout=30)
+        t.check(e is not None and e.code() == grpc.StatusCode.UNAVAILABLE and took < 10,
+                "importer gone mid-transfer -> UNAVAILABLE in %.2f s (%s)" % (took, e and e.details()))
+        si = sa.SessionInfo(pb.SessionInfoRequest(session_id="big"), timeout=10)
+        t.check(si.state == "idle" and si.cached_count == 1000, "A's session intact after the failed export")
+
+        # 10. client cancelling a stream
+        stream = sa.Generate(pb.GenerateRequest(session_id="s1", max_tokens=3000), timeout=60)
+        got = 0
+        for _ in stream:
+            got += 1
+            if got == 3:
+                stream.cancel()
+                break
+        state, deadline = "", time.time() + 10
+        while time.time() < deadline:
+            state = sa.SessionInfo(pb.SessionInfoRequest(session_id="s1"), timeout=10).state
+            if state == "idle":
+                break
+            time.sleep(0.05)
+        t.check(state == "idle", "cancelled Generate released the session")
+        g = list(sa.Generate(pb.GenerateRequest(session_id="s1", max_tokens=2), timeout=30))
+        t.check(len(g) == 3 and g[-1].done, "the session generates again after the cancel")
+
+        # the daemons keep serving; B's healthy session is untouched
+        si = sb.SessionInfo(pb.SessionInfoRequest(session_id="keep"), timeout=10)
+        t.check(si.token_count == 40 and si.cached_count == 40 and si.state == "idle",
+                "B's other session is intact")
+        g = list(sb.Generate(pb.GenerateRequest(session_id="keep", max_tokens=3), timeout=30))
+        t.check(len(g) == 4, "B still generates")
+        for node, name in zip(nodes, "ABC"):
+            t.check(node.alive(), "node %s still running" % name)
+    finally:
+        codes = [node.stop() for node in nodes]
+    t.check(codes == [0, 0, 0], "all nodes exit 0 on SIGTERM (%s)" % codes)
+    t.done()
+
+
+def rejected(node, reason):
+    m = re.search(r'^kvlingo_spans_rejected_total\{reason="%s"\} (\S+)$' % reason, node.metrics(),
+                  re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+if __name__ == "__main__":
+    main()

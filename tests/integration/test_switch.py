@@ -1,0 +1,170 @@
+#!/usr/bin/python3
+"""Integration test (issue 5): two kvld processes on loopback, qwen3-a (node A) and qwen3-b
+(node B), driven by an independent grpcio client.
+  1. A prefills a session with text from valid.txt; ExportSpan ships [0, N) to B over UCX.
+  2. B generates; its first next-token distribution equals (<= 1e-5) the in-process reference
+     (span_ref: the same translation with the library API).
+  3. Switching back ships only B's new span [N, N+K) to A, whose next-token distribution again
+     equals the reference.
+  4. Metrics, health, and SIGTERM draining (a running stream finishes, new work is refused,
+     exit status 0)."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kvlclient  # noqa: E402
+import grpc  # noqa: E402
+
+
+def main():
+    args = kvlclient.parse_args(sys.argv[1:])
+    pb, pbg, spb = kvlclient.load_stubs(args.source, os.path.join(args.work, "stubs"))
+    trdir = kvlclient.ensure_translators(args)
+    t = kvlclient.Checks()
+    A = kvlclient.Kvld(args.kvld, os.path.join(args.source, "models/qwen3-a"),
+                       os.path.join(args.work, "node_a.log"), translators=trdir)
+    B = kvlclient.Kvld(args.kvld, os.path.join(args.source, "models/qwen3-b"),
+                       os.path.join(args.work, "node_b.log"), translators=trdir)
+    try:
+        sa = pbg.NodeStub(grpc.insecure_channel(A.addr))
+        sb = pbg.NodeStub(grpc.insecure_channel(B.addr))
+        ia, ib = sa.Info(pb.InfoRequest(), timeout=10), sb.Info(pb.InfoRequest(), timeout=10)
+        t.check(ia.model.name == "qwen3-a" and ib.model.name == "qwen3-b", "Info names the models")
+        t.check(ia.transport == "ucx" and len(ia.transport_address) > 0, "Info gives a UCX address")
+        t.check([x.source.name for x in ib.translators] == ["qwen3-a"], "B loaded the a->b translator")
+
+        sid = "conv-1"
+        sa.OpenSession(pb.OpenSessionRequest(session_id=sid), timeout=10)
+        ar = sa.Append(pb.AppendRequest(session_id=sid, text=kvlclient.corpus_text(args),
+                                        prefill=True), timeout=60)
+        prompt = list(ar.tokens)
+        n = len(prompt)
+        t.check(n > 50 and ar.cached_count == n, "A prefilled %d tokens of valid.txt" % n)
+
+        ex = sa.ExportSpan(pb.ExportSpanRequest(session_id=sid, peer=B.addr), timeout=60)
+        want = 2 * ia.n_layers * n * ia.n_kv_heads * ia.head_dim * 4 + 4 * n
+        t.check(ex.t0 == 0 and ex.t1 == n and ex.payload_bytes == want,
+                "A->B shipped [0, %d), %d bytes" % (n, ex.payload_bytes))
+        si = sb.SessionInfo(pb.SessionInfoRequest(session_id=sid), timeout=10)
+        t.check(si.cached_count == n and si.imported_count == n, "B holds the translated span")
+
+        k = 6
+        gen = list(sb.Generate(pb.GenerateRequest(session_id=sid, max_tokens=k, temperature=0,
+                                                  return_logprobs=True), timeout=60))
+        toks = [m.token for m in gen if not m.done]
+        t.check(len(toks) == k and gen[-1].done and gen[-1].finish_reason == "length",
+                "B generated %d tokens: %s" % (k, toks))
+        first_b = list(gen[0].logprobs)
+
+        ex2 = sb.ExportSpan(pb.ExportSpanRequest(session_id=sid, **{"from": n}, peer=A.addr),
+                            timeout=60)
+        want2 = 2 * ib.n_layers * k * ib.n_kv_heads * ib.head_dim * 4 + 4 * k
+        t.check(ex2.t0 == n and ex2.t1 == n + k and ex2.payload_bytes == want2,
+                "B->A shipped only the new span [%d, %d), %d bytes" % (ex2.t0, ex2.t1,
+                                                                     ex2.payload_bytes))
+        gen2 = list(sa.Generate(pb.GenerateRequest(session_id=sid, max_tokens=3,
+                                                   return_logprobs=True), timeout=60))
+        first_a = list(gen2[0].logprobs)
+
+        ids_file = os.path.join(args.work, "ids.txt")
+        with open(ids_file, "w") as f:
+            f.write(" ".join(map(str, prompt)) + "\n" + " ".join(map(str, toks)) + "\n")
+        ref_file = os.path.join(args.work, "ref.txt")
+        r = subprocess.run([args.span_ref, os.path.join(args.source, "models/qwen3-a"),
+                            os.path.join(args.source, "models/qwen3-b"),
+                            os.path.join(trdir, "qwen3-a_to_qwen3-b.safetensors"),
+                            os.path.join(trdir, "qwen3-b_to_qwen3-a.safetensors"),
+                            ids_file, ref_file], capture_output=True, text=True)
+        t.check(r.returncode == 0, "span_ref ran " + r.stderr.strip())
+        ref = [list(map(float, line.split())) for line in open(ref_file)]
+        d1 = max(abs(x - y) for x, y in zip(first_b, ref[0]))
+        d2 = max(abs(x - y) for x, y in zip(first_a, ref[1]))
+        t.check(len(first_b) == len(ref[0]) and d1 <= 1e-5,
+                "B's distribution after import = in-process translation (max |diff| %.2e)" % d1)
+        t.check(len(first_a) == len(ref[1]) and d2 <= 1e-5,
+                "A's distribution after switching back = reference (max |diff| %.2e)" % d2)
+        top_b = max(range(len(first_b)), key=lambda i: first_b[i])
+        t.check(top_b == toks[0], "greedy token = argmax of the distribution")
+
+        for node, name in [(A, "A"), (B, "B")]:
+            t.check(node.metric("kvlingo_spans_sent_total") == 1 and
+                    node.metric("kvlingo_spans_received_total") == 1,
+                    "%s metrics count 1 span sent and 1 received" % name)
+        t.check(B.metric("kvlingo_tokens_decoded_total") >= k - 1, "B counts decoded tokens")
+
+        # health (grpc.health.v1) through a raw call: the generated 'grpc' package would
+        # shadow grpcio, so the request/response bytes are written by hand
+        hc = grpc.insecure_channel(A.addr).unary_unary("/grpc.health.v1.Health/Check")
+        resp = hc(b"", timeout=10)
+        t.check(resp == b"\x08\x01", "Health/Check says SERVING")
+
+        # continuous batching: a long prefill does not starve a decoding session
+        sb.OpenSession(pb.OpenSessionRequest(session_id="dec"), timeout=10)
+        sb.Append(pb.AppendRequest(session_id="dec", tokens=list(range(100, 110))), timeout=10)
+        sb.OpenSession(pb.OpenSessionRequest(session_id="long"), timeout=10)
+        arrivals = []
+        prefill_done = threading.Event()
+        def decoder():
+            stream = sb.Generate(pb.GenerateRequest(session_id="dec", max_tokens=3000), timeout=120)
+            try:
+                for m in stream:
+                    arrivals.append(time.time())
+                    if prefill_done.is_set():
+                        stream.cancel()   # enough: stop decoding once the prefill is over
+                        break
+            except grpc.RpcError:
+                pass
+        dth = threading.Thread(target=decoder)
+        dth.start()
+        while len(arrivals) < 5:
+            time.sleep(0.005)
+        p0 = time.time()
+        sb.Append(pb.AppendRequest(session_id="long", tokens=[(7 * i) % 4000 for i in range(3000)],
+                                   prefill=True), timeout=120)
+        p1 = time.time()
+        prefill_done.set()
+        during = sum(1 for x in arrivals if p0 <= x <= p1)
+        chunks = (3000 + 255) // 256
+        t.check(during >= chunks - 2, "decoding session got %d tokens during a %d-token prefill "
+                "(%d chunks, %.2f s)" % (during, 3000, chunks, p1 - p0))
+        dth.join()
+
+        # SIGTERM drains: a running stream completes, new work is refused, exit 0
+        got = []
+        def long_stream():
+            try:
+                for m in sa.Generate(pb.GenerateRequest(session_id=sid, max_tokens=1500),
+                                     timeout=120):
+                    got.append(m)
+            except grpc.RpcError as e:
+                got.append(e)
+        th = threading.Thread(target=long_stream)
+        th.start()
+        while not got:
+            time.sleep(0.01)
+        A.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        try:
+            sa.OpenSession(pb.OpenSessionRequest(), timeout=5)
+            refused = False
+        except grpc.RpcError as e:
+            refused = e.code() in (grpc.StatusCode.UNAVAILABLE,)
+        th.join()
+        t.check(refused, "draining node refuses new work with UNAVAILABLE")
+        t.check(not isinstance(got[-1], Exception) and got[-1].done,
+                "the running stream finished during the drain (%d messages)" % len(got))
+        rc = A.stop(timeout=30)
+        t.check(rc == 0, "SIGTERM: kvld exited with status %s" % rc)
+    finally:
+        A.stop()
+        rcb = B.stop()
+    t.check(rcb == 0, "node B exited cleanly (%s)" % rcb)
+    t.done()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+/* tests/server/span_inject.c: a misbehaving exporter for the bad-input tests.  It announces a
+ * real span of MODEL's K/V to a node (ImportSpan), then breaks the transfer on purpose:
+ *   ok        send the payload as announced (control case)
+ *   truncate  send 100 bytes fewer than announced
+ *   oversize  send 64 bytes more than announced
+ *   corrupt   flip one payload byte (the header keeps the original checksum)
+ *   vanish    exit right after the node answered with its endpoint (peer gone mid-transfer)
+ *   hang      never send; cancel the call after 300 ms
+ * usage: span_inject NODE_ADDR MODEL_DIR SESSION MODE [N_TOKENS]
+ *        span_inject --sink   a fake importer: prints "port=N", answers ImportSpan with a UCX
+ *                             endpoint that never receives, then exits (importer gone
+ *                             mid-transfer, seen from the exporter)
+ * Prints "code=<grpc status name> msg=<message>" of the ImportSpan call. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvlingo/cache.h"
+#include "kvlingo/model.h"
+#include "kvlingo/v1/node.pb-c.h"
+#include "rpc.h"
+#include "span.h"
+#include "transport.h"
+
+static int die(const char *what) {
+    fprintf(stderr, "span_inject: %s: %s\n", what, kvl_last_error());
+    return 1;
+}
+
+/* ---- sink mode: an importer that dies mid-transfer -------------------------------------- */
+
+typedef struct sink {
+    kvl_transport *t;
+} sink;
+
+static void sink_info(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    Kvlingo__V1__InfoResponse out = KVLINGO__V1__INFO_RESPONSE__INIT;
+    Kvlingo__V1__ModelId mid = KVLINGO__V1__MODEL_ID__INIT;
+    mid.name = "qwen3-b";
+    mid.hash = "";
+    out.model = &mid;
+    kvl_rpc_call_reply_pb(call, &out.base);
+}
+
+/* announce an endpoint (a live UCX worker that never posts the receive), then die */
+static void sink_import(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    sink *sk = user;
+    Kvlingo__V1__ImportSpanResponse ep = KVLINGO__V1__IMPORT_SPAN_RESPONSE__INIT;
+    const uint8_t *a;
+    size_t al;
+    kvl_transport_address(sk->t, &a, &al);
+    ep.transport = "ucx";
+    ep.transport_address.data = (uint8_t *)a;
+    ep.transport_address.len = al;
+    ep.tag = 42;
+    kvl_rpc_call_send_pb(call, &ep.base);
+    usleep(200 * 1000);   /* the exporter is sending by now */
+    fprintf(stderr, "span_inject sink: dying mid-transfer\n");
+    _exit(0);
+}
+
+static int run_sink(void) {
+    sink sk;
+    if (kvl_transport_create("ucx", &sk.t)) return die("transport");
+    kvl_rpc_server_params p = kvl_rpc_server_default_params();
+    kvl_rpc_server *srv;
+    if (kvl_rpc_server_create(&p, &srv) ||
+        kvl_rpc_server_add_method(srv, "/kvlingo.v1.Node/Info", KVL_RPC_UNARY, sink_info, &sk) ||
+        kvl_rpc_server_add_method(srv, "/kvlingo.v1.Node/ImportSpan", KVL_RPC_SERVER_STREAM,
+                                  sink_import, &sk) ||
+        kvl_rpc_server_start(srv))
+        return die("server");
+    printf("port=%d\n", kvl_rpc_server_port(srv));
+    fflush(stdout);
+    sleep(120);   /* killed by the test or dies in sink_import */
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 2 && !strcmp(argv[1], "--sink")) return run_sink();
+    if (argc < 5) {
+        fprintf(stderr, "usage: span_inject NODE_ADDR MODEL_DIR SESSION MODE [N_TOKENS]\n");
+        return 2;
+    }
+    const char *addr = argv[1], *mode = argv[4];
+    int n = argc > 5 ? atoi(argv[5]) : 12;
+    kvl_model *m;
+    if (kvl_model_load(argv[2], NULL, &m)) return die("model");
+    kvl_cache *c;
+    kvl_cache_params cp = kvl_cache_default_params();
+    cp.max_tokens = n + 1;
+    if (kvl_cache_create(kvl_model_config_get(m), &cp, &c)) return die("cache");
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
+    for (int i = 0; i < n; i++) ids[i] = 200 + i;
+    if (kvl_model_prefill(m, c, ids, n, KVL_LOGITS_NONE, NULL)) return die("prefill");
+    kvl_rpc_client *cli;
+    if (kvl_rpc_client_create(addr, 0, &cli)) return die("client");
+    /* target identity from the node itself */
+    Kvlingo__V1__InfoRequest iq = KVLINGO__V1__INFO_REQUEST__INIT;
+    ProtobufCMessage *ir;
+    kvl_rpc_result res;
+    if (kvl_rpc_client_unary_pb(cli, "/kvlingo.v1.Node/Info", &iq.base,
+                                &kvlingo__v1__info_response__descriptor, 10000, &ir, &res) ||
+        res.code != GRPC_STATUS_OK)
+        return die("Info");
+    Kvlingo__V1__InfoResponse *info = (Kvlingo__V1__InfoResponse *)ir;
+    Kvlingo__V1__SpanHeader h = KVLINGO__V1__SPAN_HEADER__INIT;
+    kvl_span_ids sid;
+    uint8_t *payload;
+    size_t plen;
+    if (kvl_span_encode(m, c, 0, (uint32_t)n, info->model->name, info->model->hash, &sid, &h,
+                        &payload, &plen))
+        return die("encode");
+    Kvlingo__V1__ImportSpanRequest rq = KVLINGO__V1__IMPORT_SPAN_REQUEST__INIT;
+    rq.session_id = argv[3];
+    rq.header = &h;
+    size_t rl = kvlingo__v1__import_span_request__get_packed_size(&rq);
+    uint8_t *rb = malloc(rl);
+    kvlingo__v1__import_span_request__pack(&rq, rb);
+    kvl_rpc_stream *st;
+    if (kvl_rpc_client_stream_open(cli, "/kvlingo.v1.Node/ImportSpan", rb, rl, 20000, &st))
+        return die("ImportSpan");
+    uint8_t *msg;
+    size_t ml;
+    if (kvl_rpc_stream_read(st, &msg, &ml) == 1) {
+        Kvlingo__V1__ImportSpanResponse *ep = kvlingo__v1__import_span_response__unpack(NULL, ml, msg);
+        if (!ep) return die("endpoint");
+        if (!strcmp(mode, "vanish")) _exit(0);   /* no cleanup: like a crashed process */
+        kvl_transport *t;
+        if (kvl_transport_create("ucx", &t)) return die("transport");
+        size_t send_len = plen;
+        uint8_t *buf = malloc(plen + 64);
+        memcpy(buf, payload, plen);
+        memset(buf + plen, 0, 64);
+        if (!strcmp(mode, "truncate")) send_len = plen - 100;
+        if (!strcmp(mode, "oversize")) send_len = plen + 64;
+        if (!strcmp(mode, "corrupt")) buf[plen / 2] ^= 0x40;
+        if (!strcmp(mode, "hang")) {
+            usleep(300 * 1000);
+            kvl_rpc_stream_cancel(st);
+        } else if (kvl_transport_send(t, ep->transport_address.data, ep->transport_address.len,
+                                      ep->tag, buf, send_len, 10000, NULL)) {
+            fprintf(stderr, "span_inject: send: %s\n", kvl_last_error());
+        }
+        kvl_rpc_result fin;
+        kvl_rpc_stream_finish(st, &fin);
+        printf("code=%s msg=%s\n", kvl_rpc_status_name(fin.code), fin.message);
+        kvl_rpc_result_clear(&fin);
+        kvl_transport_free(t);
+        free(buf);
+        kvlingo__v1__import_span_response__free_unpacked(ep, NULL);
+        free(msg);
+    } else {
+        kvl_rpc_result fin;
+        kvl_rpc_stream_finish(st, &fin);
+        printf("code=%s msg=%s\n", kvl_rpc_status_name(fin.code), fin.message);
+        kvl_rpc_result_clear(&fin);
+    }
+    kvl_rpc_stream_free(st);
+    free(rb);
+    free(payload);
+    protobuf_c_message_free_unpacked(ir, NULL);
+    kvl_rpc_result_clear(&res);
+    kvl_rpc_client_free(cli);
+    kvl_cache_free(c);
+    free(ids);
+    kvl_model_free(m);
+    return 0;
+}

@@ -1,0 +1,170 @@
+/* tests/server/test_scheduler.c: kvld's continuous-batching scheduler in process:
+ *   - batched decoding gives the same greedy tokens as one session alone;
+ *   - with more sessions than max_batch, every session makes progress (round robin, and a slot
+ *     kept for waiting prefills);
+ *   - a cancelled job ends and leaves its session consistent (cache = ledger or ledger - 1). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "metrics.h"
+#include "scheduler.h"
+#include "session.h"
+
+typedef struct fx {
+    kvl_model *m;
+    kvld_metrics *met;
+    kvld_sessions *tab;
+    kvld_sched *sch;
+} fx;
+
+static void fx_init(fx *f, int max_batch) {
+    kvl_model_params mp = kvl_model_default_params();
+    mp.n_threads = 1;
+    assert_int_equal(kvl_model_load(KVL_SOURCE_DIR "/models/qwen3-a", &mp, &f->m), KVL_OK);
+    assert_int_equal(kvld_metrics_create(&f->met), KVL_OK);
+    assert_int_equal(kvld_sessions_create(f->m, 16, 512, &f->tab), KVL_OK);
+    kvld_sched_params sp = {.max_batch = max_batch, .prefill_chunk = 64};
+    assert_int_equal(kvld_sched_create(f->m, f->met, &sp, &f->sch), KVL_OK);
+}
+
+static void fx_free(fx *f) {
+    kvld_sched_free(f->sch);
+    kvld_sessions_free(f->tab);
+    kvld_metrics_free(f->met);
+    kvl_model_free(f->m);
+}
+
+static kvld_session *open_with(fx *f, const char *name, int n_prompt) {
+    char id[KVLD_ID_MAX];
+    kvld_session *s;
+    assert_int_equal(kvld_sessions_open(f->tab, name, 0, id), KVL_OK);
+    assert_int_equal(kvld_session_acquire(f->tab, name, KVLD_DECODE, 0, &s, NULL), KVL_OK);
+    for (int i = 0; i < n_prompt; i++) s->ledger[i] = 100 + (i * 13) % 3000;
+    s->n_ledger = n_prompt;
+    return s;
+}
+
+static kvld_gen_params greedy(int n) {
+    kvld_gen_params gp = {.max_tokens = n, .sampler = kvl_sampler_default_params()};
+    gp.sampler.temperature = 0;
+    return gp;
+}
+
+static void test_batched_equals_single(void **state) {
+    fx f;
+    fx_init(&f, 8);
+    int32_t alone[20];
+    kvld_session *s0 = open_with(&f, "alone", 150);
+    kvld_gen_params gp = greedy(20);
+    kvld_job *j;
+    assert_int_equal(kvld_sched_generate(f.sch, s0, &gp, &j), KVL_OK);
+    kvld_token t;
+    int n = 0;
+    while (kvld_job_next(j, &t)) alone[n++] = t.id;
+    assert_int_equal(n, 20);
+    kvld_job_free(j);
+    kvld_session *ss[4];
+    kvld_job *jj[4];
+    for (int i = 0; i < 4; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "b%d", i);
+        ss[i] = open_with(&f, name, 150);
+        assert_int_equal(kvld_sched_generate(f.sch, ss[i], &gp, &jj[i]), KVL_OK);
+    }
+    for (int i = 0; i < 4; i++) {
+        n = 0;
+        while (kvld_job_next(jj[i], &t)) {
+            assert_int_equal(t.id, alone[n]);
+            n++;
+        }
+        assert_int_equal(n, 20);
+        const char *err, *reason;
+        assert_int_equal(kvld_job_result(jj[i], &err, &reason, NULL), KVL_OK);
+        assert_string_equal(reason, "length");
+        /* the last token waits in the ledger for the next forward */
+        assert_int_equal(ss[i]->n_ledger, 170);
+        assert_int_equal(kvl_cache_n_tokens(ss[i]->cache), 169);
+        kvld_job_free(jj[i]);
+        kvld_session_release(f.tab, ss[i]);
+    }
+    kvld_session_release(f.tab, s0);
+    fx_free(&f);
+}
+
+static void test_fair_when_saturated(void **state) {
+    fx f;
+    fx_init(&f, 2);
+    kvld_session *ss[5];
+    kvld_job *jj[5];
+    kvld_gen_params gp = greedy(60);
+    for (int i = 0; i < 5; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "f%d", i);
+        ss[i] = open_with(&f, name, 3 + 40 * i);   /* later ones have longer prompts */
+        assert_int_equal(kvld_sched_generate(f.sch, ss[i], &gp, &jj[i]), KVL_OK);
+    }
+    kvld_token t;
+    while (kvld_job_next(jj[0], &t)) {
+    }
+    /* by the time the first session is done, every other one has started generating */
+    for (int i = 1; i < 5; i++)
+        assert_true(__atomic_load_n(&ss[i]->n_ledger, __ATOMIC_RELAXED) > 3 + 40 * i);
+    for (int i = 0; i < 5; i++) {
+        kvld_job_free(jj[i]);
+        kvld_session_release(f.tab, ss[i]);
+    }
+    fx_free(&f);
+}
+
+static void test_cancel(void **state) {
+    fx f;
+    fx_init(&f, 4);
+    kvld_session *s = open_with(&f, "c", 10);
+    kvld_gen_params gp = greedy(400);
+    kvld_job *j;
+    assert_int_equal(kvld_sched_generate(f.sch, s, &gp, &j), KVL_OK);
+    kvld_token t;
+    assert_int_equal(kvld_job_next(j, &t), 1);
+    kvld_job_cancel(j);
+    while (kvld_job_next(j, &t)) {
+    }
+    const char *err, *reason;
+    assert_int_equal(kvld_job_result(j, &err, &reason, NULL), KVL_ERR_CANCELLED);
+    assert_string_equal(reason, "cancelled");
+    kvld_job_free(j);
+    int cached = kvl_cache_n_tokens(s->cache);
+    assert_true(cached == s->n_ledger || cached == s->n_ledger - 1);
+    assert_true(s->n_ledger < 410);
+    /* the session generates again */
+    gp = greedy(3);
+    assert_int_equal(kvld_sched_generate(f.sch, s, &gp, &j), KVL_OK);
+    int n = 0;
+    while (kvld_job_next(j, &t)) n++;
+    assert_int_equal(n, 3);
+    kvld_job_free(j);
+    /* refused requests */
+    gp = greedy(0);
+    assert_int_equal(kvld_sched_generate(f.sch, s, &gp, &j), KVL_ERR_INVALID_ARG);
+    kvld_session_release(f.tab, s);
+    kvld_session *e = open_with(&f, "empty", 0);
+    gp = greedy(3);
+    assert_int_equal(kvld_sched_generate(f.sch, e, &gp, &j), KVL_ERR_MISMATCH);
+    kvld_session_release(f.tab, e);
+    fx_free(&f);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_batched_equals_single),
+        cmocka_unit_test(test_fair_when_saturated),
+        cmocka_unit_test(test_cancel),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,93 @@
+/* transport/span.h: encoding and checking a KV-cache span (kvlingo.v1.SpanHeader + payload).
+ *
+ * Payload (little-endian, no padding), for n = t1 - t0 tokens of a source model with Ls layers,
+ * Hs kv heads, head_dim Ds, dtype f32:
+ *   K   [Ls][n][Hs*Ds] float32   pre-norm keys (k_proj output, before k_norm and RoPE)
+ *   V   [Ls][n][Hs*Ds] float32   values (v_proj output)
+ *   ids [n]            int32     token ids
+ * checksum = xxh3-64 (seed 0) of the payload.  These functions never trust the header: every
+ * size is checked for overflow and against limits before anything is read. */
+#ifndef KVL_SPAN_H
+#define KVL_SPAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvlingo/cache.h"
+#include "kvlingo/model.h"
+#include "kvlingo/status.h"
+#include "kvlingo/v1/span.pb-c.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Why a span was refused; the names are the `reason` label of kvlingo_spans_rejected_total. */
+typedef enum kvl_span_reject {
+    KVL_SPAN_OK = 0,
+    KVL_SPAN_MALFORMED,       /* header does not parse or is inconsistent                     */
+    KVL_SPAN_WRONG_TARGET,    /* header names another target model                           */
+    KVL_SPAN_NO_TRANSLATOR,   /* no translator from the source model to this one             */
+    KVL_SPAN_GEOMETRY,        /* layers / heads / head_dim / dtype disagree                  */
+    KVL_SPAN_RANGE,           /* token range not contiguous with the session, or too long    */
+    KVL_SPAN_TRUNCATED,       /* payload shorter or longer than announced                    */
+    KVL_SPAN_CHECKSUM,        /* xxh3-64 mismatch                                             */
+    KVL_SPAN_BAD_VALUES,      /* token id out of range, NaN / Inf in K or V                   */
+    KVL_SPAN_TRANSFER,        /* transport failure: peer gone, timeout                        */
+    KVL_SPAN_TRANSLATE,       /* the translator refused or failed                             */
+    KVL_SPAN_BUSY,            /* the session is busy with another operation                  */
+    KVL_SPAN_N_REASONS
+} kvl_span_reject;
+
+const char *kvl_span_reject_name(kvl_span_reject r);
+
+/* Limits that keep a hostile header from asking for absurd allocations. */
+#define KVL_SPAN_MAX_LAYERS 1024
+#define KVL_SPAN_MAX_HEADS 1024
+#define KVL_SPAN_MAX_HEAD_DIM 4096
+#define KVL_SPAN_MAX_TOKENS (1 << 22)
+
+/* Payload bytes for a geometry and token count (0 on overflow or out-of-limit values). */
+uint64_t kvl_span_payload_bytes(uint32_t n_layers, uint32_t n_kv_heads, uint32_t head_dim,
+                                uint32_t n_tokens);
+
+/* Structural check of a header: version, capture point, dtype f32, 1 <= n, t0 < t1 within
+ * limits, payload_bytes equal to kvl_span_payload_bytes(...) and <= max_payload.  On failure
+ * sets *why and records a message (kvl_last_error). */
+kvl_status kvl_span_header_check(const Kvlingo__V1__SpanHeader *h, uint64_t max_payload,
+                                 kvl_span_reject *why);
+
+/* A checked payload: pointers into the caller's payload buffer. */
+typedef struct kvl_span_view {
+    uint32_t t0, n;
+    uint32_t n_layers, row;     /* row = Hs*Ds floats per token and layer */
+    const float *k;             /* [Ls][n][row] */
+    const float *v;             /* [Ls][n][row] */
+    const int32_t *ids;         /* [n]          */
+} kvl_span_view;
+
+/* Check a received payload against its (already header-checked) header: exact length,
+ * checksum, token ids in [0, vocab), finite K/V.  `payload` must be 4-byte aligned. */
+kvl_status kvl_span_payload_check(const Kvlingo__V1__SpanHeader *h, const uint8_t *payload,
+                                  size_t len, int vocab, kvl_span_view *out,
+                                  kvl_span_reject *why);
+
+/* Build the payload of tokens [t0, t1) of `cache` (model `model`), and fill `h` (the caller's
+ * header, initialised with KVLINGO__V1__SPAN_HEADER__INIT; its `source`/`target` sub-messages
+ * point into `ids_storage`, which must outlive h).  *payload is malloc'ed (caller frees). */
+typedef struct kvl_span_ids {
+    Kvlingo__V1__ModelId source, target;
+} kvl_span_ids;
+
+kvl_status kvl_span_encode(const kvl_model *model, const kvl_cache *cache, uint32_t t0,
+                           uint32_t t1, const char *target_name, const char *target_hash,
+                           kvl_span_ids *ids_storage, Kvlingo__V1__SpanHeader *h,
+                           uint8_t **payload, size_t *len);
+
+/* xxh3-64 of a buffer (the span checksum). */
+uint64_t kvl_span_checksum(const void *data, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,478 @@
+/* transport/ucx.c: the UCX (UCP tag API) transport.  One context and one worker per transport;
+ * a progress thread drives the worker, and every ucp_* call is made under one mutex (the worker
+ * is created UCS_THREAD_MODE_SERIALIZED: our mutex does the serialising, which is cheaper than
+ * UCX's MULTI mode locks).  A thread waiting for its request drives the worker itself; the
+ * progress thread only answers peers (wire-up) while nobody waits.
+ *
+ * Failure handling.  Endpoints default to UCP_ERR_HANDLING_MODE_NONE because UCX 1.13 has no
+ * peer-failure handler for its shared-memory transports (sysv, posix): asking for
+ * UCP_ERR_HANDLING_MODE_PEER makes UCX move same-host traffic to TCP on loopback, at about half
+ * the bandwidth.  A dead peer is detected instead by (a) the gRPC ImportSpan call that brackets
+ * every transfer (its cancellation cancels the receive), and (b) the send deadline, after which
+ * the endpoint is force-closed, which completes its requests.  KVL_UCX_ERR_MODE=peer selects
+ * UCX's own failure detection for fleets where the transports support it (RDMA, TCP). */
+#include "transport_internal.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <ucp/api/ucp.h>
+
+#include "error.h"
+
+typedef struct ucx_op {
+    int done;
+    ucs_status_t status;
+    size_t length;
+    void *req;
+} ucx_op;
+
+struct kvl_transport_recv {
+    ucx_op op;
+};
+
+typedef struct ucx_peer {
+    uint8_t *addr;
+    size_t len;
+    ucp_ep_h ep;
+    int failed;
+    struct ucx_peer *next;
+} ucx_peer;
+
+typedef struct ucx_transport {
+    kvl_transport base;
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_address_t *addr;
+    size_t addr_len;
+    int err_mode_peer;
+    pthread_mutex_t mu;   /* guards every ucp call and the fields below */
+    pthread_cond_t cv;    /* an op completed */
+    pthread_t progress;
+    int progress_started;
+    int stop;
+    int outstanding;
+    ucx_peer *peers;
+    struct op_with_t *orphans;   /* sends abandoned on a stalled peer (see ucx_send) */
+} ucx_transport;
+
+static void cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, int ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += (long)ms * 1000000L;
+    while (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(cv, mu, &ts);
+}
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Progress: spin while requests are in flight (UCX needs both sides progressing for
+ * rendezvous), else poll every millisecond so wire-up requests from peers still get answered. */
+static void *progress_main(void *arg) {
+    ucx_transport *u = arg;
+    int idle = 0;
+    pthread_mutex_lock(&u->mu);
+    while (!u->stop) {
+        unsigned n = 0;
+        while (ucp_worker_progress(u->worker)) n++;
+        int busy = u->outstanding > 0;
+        pthread_mutex_unlock(&u->mu);
+        if (busy && n > 0) {
+            idle = 0;
+            sched_yield();
+        } else if (busy) {
+            if (++idle > 2000) usleep(20);
+            else sched_yield();
+        } else {
+            idle = 0;
+            usleep(1000);
+        }
+        pthread_mutex_lock(&u->mu);
+    }
+    pthread_mutex_unlock(&u->mu);
+    return NULL;
+}
+
+/* Callbacks run inside ucp_worker_progress, i.e. with u->mu held. */
+static void complete(ucx_transport *u, ucx_op *op, ucs_status_t status, void *request) {
+    op->status = status;
+    op->done = 1;
+    op->req = NULL;
+    u->outstanding--;
+    ucp_request_free(request);
+    pthread_cond_broadcast(&u->cv);
+}
+
+/* user_data of every request: the op and its transport (callbacks get only user_data). */
+typedef struct op_with_t {
+    ucx_op op;
+    ucx_transport *u;
+    int orphan;   /* the sender gave up on it: the callback (or ucx_free) frees it */
+    struct op_with_t *next_orphan;
+} op_with_t;
+
+/* mu held: forget an orphan that completed */
+static void unlink_orphan(ucx_transport *u, op_with_t *o);
+
+static void send_cb(void *request, ucs_status_t status, void *user_data) {
+    op_with_t *o = user_data;
+    complete(o->u, &o->op, status, request);
+    if (o->orphan) {
+        unlink_orphan(o->u, o);
+        free(o);
+    }
+}
+
+static void recv_cb(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
+                    void *user_data) {
+    op_with_t *o = user_data;
+    if (status == UCS_OK && info) o->op.length = info->length;
+    complete(o->u, &o->op, status, request);
+}
+
+static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status) {
+    ucx_peer *p = arg;
+    p->failed = 1;   /* the endpoint is closed (forced) and re-created on next use */
+}
+
+static void ucx_free(kvl_transport *t);
+
+static void ucx_address(const kvl_transport *t, const uint8_t **addr, size_t *len) {
+    const ucx_transport *u = (const ucx_transport *)t;
+    *addr = (const uint8_t *)u->addr;
+    *len = u->addr_len;
+}
+
+/* Wait (mu held) until op done, cancel requested or deadline; cancels the request on the way
+ * out so `op` and its buffer are free to reuse when this returns. */
+static kvl_status wait_op(ucx_transport *u, ucx_op *op, int64_t timeout_ms,
+                          const volatile int *cancel, const char *what, int is_recv) {
+    int64_t until = timeout_ms > 0 ? now_ms() + timeout_ms : INT64_MAX;
+    kvl_status st = KVL_OK;
+    unsigned idle = 0;
+    while (!op->done) {
+        if (cancel && *cancel) {
+            st = kvl_errorf(KVL_ERR_CANCELLED, "transport: %s cancelled", what);
+            break;
+        }
+        if ((idle & 255) == 0 && now_ms() >= until) {
+            st = kvl_errorf(KVL_ERR_IO, "transport: %s timed out after %lld ms", what,
+                            (long long)timeout_ms);
+            break;
+        }
+        /* the waiting thread drives the worker itself: handing progress to another thread
+         * would add a wake-up to every message */
+        if (ucp_worker_progress(u->worker) || op->done) {
+            idle = 0;
+            continue;
+        }
+        idle++;
+        pthread_mutex_unlock(&u->mu);
+        if (idle > 20000) usleep(100);   /* nothing for a while (peer not sending yet) */
+        else sched_yield();
+        pthread_mutex_lock(&u->mu);
+    }
+    /* receives can be cancelled; a send in flight is ended by force-closing its endpoint
+     * (ucx_send), since UCX cannot cancel a rendezvous send */
+    if (is_recv && !op->done && op->req) {
+        ucp_request_cancel(u->worker, op->req);
+        while (!op->done) {
+            ucp_worker_progress(u->worker);
+            if (!op->done) cond_wait_ms(&u->cv, &u->mu, 1);
+        }
+    }
+    return st;
+}
+
+static kvl_status ucx_recv_post(kvl_transport *t, uint64_t tag, void *buf, size_t len,
+                                kvl_transport_recv **out) {
+    ucx_transport *u = (ucx_transport *)t;
+    op_with_t *o = calloc(1, sizeof *o);
+    if (!o) return kvl_errorf(KVL_ERR_NOMEM, "transport: recv");
+    o->u = u;
+    ucp_request_param_t prm;
+    memset(&prm, 0, sizeof prm);
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                       UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    prm.cb.recv = recv_cb;
+    prm.user_data = o;
+    pthread_mutex_lock(&u->mu);
+    ucs_status_ptr_t r = ucp_tag_recv_nbx(u->worker, buf, len, tag, (ucp_tag_t)-1, &prm);
+    if (UCS_PTR_IS_ERR(r)) {
+        pthread_mutex_unlock(&u->mu);
+        free(o);
+        return kvl_errorf(KVL_ERR_IO, "transport: ucp_tag_recv_nbx: %s",
+                          ucs_status_string(UCS_PTR_STATUS(r)));
+    }
+    u->outstanding++;
+    o->op.req = r;
+    pthread_mutex_unlock(&u->mu);
+    /* op_with_t starts with the ucx_op, so the handle type is the same allocation */
+    *out = (kvl_transport_recv *)o;
+    return KVL_OK;
+}
+
+static kvl_status ucx_recv_wait(kvl_transport *t, kvl_transport_recv *r, int64_t timeout_ms,
+                                const volatile int *cancel, size_t *received) {
+    ucx_transport *u = (ucx_transport *)t;
+    *received = 0;
+    pthread_mutex_lock(&u->mu);
+    kvl_status st = wait_op(u, &r->op, timeout_ms, cancel, "receive", 1);
+    ucs_status_t us = r->op.status;
+    size_t got = r->op.length;
+    pthread_mutex_unlock(&u->mu);
+    if (st != KVL_OK) return st;
+    if (us == UCS_ERR_MESSAGE_TRUNCATED)
+        return kvl_errorf(KVL_ERR_RANGE, "transport: payload larger than announced");
+    if (us != UCS_OK)
+        return kvl_errorf(KVL_ERR_IO, "transport: receive failed: %s", ucs_status_string(us));
+    *received = got;
+    return KVL_OK;
+}
+
+static void unlink_orphan(ucx_transport *u, op_with_t *o) {
+    for (op_with_t **pp = &u->orphans; *pp; pp = &(*pp)->next_orphan) {
+        if (*pp == o) {
+            *pp = o->next_orphan;
+            return;
+        }
+    }
+}
+
+static void ucx_recv_free(kvl_transport *t, kvl_transport_recv *r) {
+    ucx_transport *u = (ucx_transport *)t;
+    pthread_mutex_lock(&u->mu);
+    static const int yes = 1;
+    wait_op(u, &r->op, 0, &yes, "receive", 1);
+    pthread_mutex_unlock(&u->mu);
+    free(r);
+}
+
+static void close_ep(ucx_transport *u, ucp_ep_h ep, int force) {
+    ucp_request_param_t prm;
+    memset(&prm, 0, sizeof prm);
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    prm.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &prm);
+    if (r == NULL || UCS_PTR_IS_ERR(r)) return;
+    int64_t until = now_ms() + 1000;
+    while (ucp_request_check_status(r) == UCS_INPROGRESS && now_ms() < until)
+        ucp_worker_progress(u->worker);
+    ucp_request_free(r);
+}
+
+/* mu held.  Find or create the endpoint for addr; failed endpoints are replaced. */
+static kvl_status get_peer(ucx_transport *u, const uint8_t *addr, size_t len, ucx_peer **out) {
+    ucx_peer **pp = &u->peers;
+    while (*pp) {
+        ucx_peer *p = *pp;
+        if (p->len == len && memcmp(p->addr, addr, len) == 0) {
+            if (!p->failed) {
+                *out = p;
+                return KVL_OK;
+            }
+            *pp = p->next;
+            close_ep(u, p->ep, 1);
+            free(p->addr);
+            free(p);
+            break;
+        }
+        pp = &p->next;
+    }
+    ucx_peer *p = calloc(1, sizeof *p);
+    if (!p || !(p->addr = malloc(len))) {
+        free(p);
+        return kvl_errorf(KVL_ERR_NOMEM, "transport: peer");
+    }
+    memcpy(p->addr, addr, len);
+    p->len = len;
+    ucp_ep_params_t ep;
+    memset(&ep, 0, sizeof ep);
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    ep.address = (const ucp_address_t *)p->addr;
+    if (u->err_mode_peer) {
+        ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+        ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+        ep.err_handler.cb = ep_err_cb;
+        ep.err_handler.arg = p;
+    }
+    ucs_status_t s = ucp_ep_create(u->worker, &ep, &p->ep);
+    if (s != UCS_OK) {
+        free(p->addr);
+        free(p);
+        return kvl_errorf(KVL_ERR_IO, "transport: cannot reach peer (ucp_ep_create: %s)",
+                          ucs_status_string(s));
+    }
+    p->next = u->peers;
+    u->peers = p;
+    *out = p;
+    return KVL_OK;
+}
+
+/* mu held: drop a peer whose endpoint failed or stalled, force-closing the endpoint so that
+ * requests still on it complete (UCS_ERR_CANCELED). */
+static void drop_peer(ucx_transport *u, ucx_peer *victim) {
+    for (ucx_peer **pp = &u->peers; *pp; pp = &(*pp)->next) {
+        if (*pp != victim) continue;
+        *pp = victim->next;
+        close_ep(u, victim->ep, 1);
+        free(victim->addr);
+        free(victim);
+        return;
+    }
+}
+
+static kvl_status ucx_send(kvl_transport *t, const uint8_t *addr, size_t addr_len, uint64_t tag,
+                           const void *buf, size_t len, int64_t timeout_ms,
+                           const volatile int *cancel) {
+    ucx_transport *u = (ucx_transport *)t;
+    /* heap-allocated: if the peer stalls, the request may outlive this call (see orphan) */
+    op_with_t *o = calloc(1, sizeof *o);
+    if (!o) return kvl_errorf(KVL_ERR_NOMEM, "transport: send");
+    o->u = u;
+    ucp_request_param_t prm;
+    memset(&prm, 0, sizeof prm);
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                       UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    prm.cb.send = send_cb;
+    prm.user_data = o;
+    pthread_mutex_lock(&u->mu);
+    ucx_peer *p = NULL;
+    kvl_status st = get_peer(u, addr, addr_len, &p);
+    if (st != KVL_OK) {
+        pthread_mutex_unlock(&u->mu);
+        free(o);
+        return st;
+    }
+    ucs_status_ptr_t r = ucp_tag_send_nbx(p->ep, buf, len, tag, &prm);
+    if (UCS_PTR_IS_ERR(r)) {
+        drop_peer(u, p);
+        pthread_mutex_unlock(&u->mu);
+        free(o);
+        return kvl_errorf(KVL_ERR_IO, "transport: send to peer failed: %s",
+                          ucs_status_string(UCS_PTR_STATUS(r)));
+    }
+    u->outstanding++;
+    o->op.req = r;
+    st = wait_op(u, &o->op, timeout_ms, cancel, "send", 0);
+    if (st == KVL_OK && o->op.status != UCS_OK) {
+        st = kvl_errorf(KVL_ERR_IO, "transport: send failed (peer gone?): %s",
+                        ucs_status_string(o->op.status));
+        drop_peer(u, p);
+    } else if (st != KVL_OK) {
+        /* timed out or cancelled: the peer stopped taking data; end the request by closing
+         * the endpoint, and never reuse it */
+        drop_peer(u, p);
+    }
+    if (o->op.done) {
+        free(o);
+    } else {
+        o->orphan = 1;
+        o->next_orphan = u->orphans;
+        u->orphans = o;
+    }
+    pthread_mutex_unlock(&u->mu);
+    return st;
+}
+
+static const kvl_transport_ops ucx_ops = {
+    .kind = "ucx",
+    .free = ucx_free,
+    .address = ucx_address,
+    .recv_post = ucx_recv_post,
+    .recv_wait = ucx_recv_wait,
+    .recv_free = ucx_recv_free,
+    .send = ucx_send,
+};
+
+kvl_status kvl_transport_ucx_create(kvl_transport **out) {
+    ucx_transport *u = calloc(1, sizeof *u);
+    if (!u) return kvl_errorf(KVL_ERR_NOMEM, "transport: ucx");
+    u->base.ops = &ucx_ops;
+    pthread_mutex_init(&u->mu, NULL);
+    pthread_cond_init(&u->cv, NULL);
+    const char *em = getenv("KVL_UCX_ERR_MODE");
+    u->err_mode_peer = em && strcmp(em, "peer") == 0;
+    ucp_config_t *cfg = NULL;
+    ucs_status_t s = ucp_config_read(NULL, NULL, &cfg);
+    if (s != UCS_OK) {
+        ucx_free(&u->base);
+        return kvl_errorf(KVL_ERR_IO, "transport: ucp_config_read: %s", ucs_status_string(s));
+    }
+    ucp_params_t prm;
+    memset(&prm, 0, sizeof prm);
+    prm.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+    prm.features = UCP_FEATURE_TAG;
+    prm.mt_workers_shared = 0;
+    s = ucp_init(&prm, cfg, &u->ctx);
+    ucp_config_release(cfg);
+    if (s != UCS_OK) {
+        u->ctx = NULL;
+        ucx_free(&u->base);
+        return kvl_errorf(KVL_ERR_IO, "transport: ucp_init: %s", ucs_status_string(s));
+    }
+    ucp_worker_params_t wp;
+    memset(&wp, 0, sizeof wp);
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+    s = ucp_worker_create(u->ctx, &wp, &u->worker);
+    if (s != UCS_OK) {
+        u->worker = NULL;
+        ucx_free(&u->base);
+        return kvl_errorf(KVL_ERR_IO, "transport: ucp_worker_create: %s", ucs_status_string(s));
+    }
+    s = ucp_worker_get_address(u->worker, &u->addr, &u->addr_len);
+    if (s != UCS_OK) {
+        u->addr = NULL;
+        ucx_free(&u->base);
+        return kvl_errorf(KVL_ERR_IO, "transport: ucp_worker_get_address: %s",
+                          ucs_status_string(s));
+    }
+    if (pthread_create(&u->progress, NULL, progress_main, u) != 0) {
+        ucx_free(&u->base);
+        return kvl_errorf(KVL_ERR_INTERNAL, "transport: cannot start the progress thread");
+    }
+    u->progress_started = 1;
+    *out = &u->base;
+    return KVL_OK;
+}
+
+static void ucx_free(kvl_transport *t) {
+    ucx_transport *u = (ucx_transport *)t;
+    if (u->progress_started) {
+        pthread_mutex_lock(&u->mu);
+        u->stop = 1;
+        pthread_mutex_unlock(&u->mu);
+        pthread_join(u->progress, NULL);
+    }
+    while (u->peers) {
+        ucx_peer *p = u->peers;
+        u->peers = p->next;
+        close_ep(u, p->ep, 1);
+        free(p->addr);
+        free(p);
+    }
+    if (u->addr) ucp_worker_release_address(u->worker, u->addr);
+    if (u->worker) ucp_worker_destroy(u->worker);
+    /* the worker is gone, so no callback can touch the abandoned sends any more */
+    while (u->orphans) {
+        op_with_t *o = u->orphans;
+        u->orphans = o->next_orphan;
+        free(o);
+    }
+    if (u->ctx) ucp_cleanup(u->ctx);
+    pthread_mutex_destroy(&u->mu);
+    pthread_cond_destroy(&u->cv);
+    free(u);
+}
