@@ -12,6 +12,7 @@
 #include <xxhash.h>
 
 #include "error.h"
+#include "kvlingo/cuda.h"
 #include "kvlingo/safetensors.h"
 
 typedef struct param_spec {
@@ -125,6 +126,10 @@ kvl_status kvl_model_load(const char *dir, const kvl_model_params *params, kvl_m
     if (!dir || !out) return kvl_errorf(KVL_ERR_INVALID_ARG, "kvl_model_load: NULL argument");
     *out = NULL;
     kvl_model_params prm = params ? *params : kvl_model_default_params();
+    if (prm.device == KVL_DEVICE_CUDA) {   /* backend check first: fail before reading weights */
+        kvl_status ds = kvl_cuda_probe(NULL);
+        if (ds != KVL_OK) return kvl_error_prefix(ds, "kvl_model_load --device cuda");
+    }
     char path[1200];
     snprintf(path, sizeof path, "%s/config.json", dir);
     char *cfg_text = NULL;

@@ -75,8 +75,17 @@ int64_t kvl_config_param_count(const kvl_model_config *cfg);
 
 typedef struct kvl_model kvl_model;
 
+/* Backend chosen at model load (`--device cpu|cuda`). */
+typedef enum kvl_device { KVL_DEVICE_CPU = 0, KVL_DEVICE_CUDA = 1 } kvl_device;
+
 typedef struct kvl_model_params {
     int n_threads;              /* threads for BLAS and attention; 0 = all cores           */
+    kvl_device device;          /* KVL_DEVICE_CPU (default) or KVL_DEVICE_CUDA: with CUDA,
+                                 * kvl_model_load first checks the GPU (KVL_ERR_UNSUPPORTED in
+                                 * a build without CUDA, KVL_ERR_DEVICE without a usable GPU),
+                                 * then loads the host weights as usual; the caller runs it
+                                 * through kvl_cuda_model_create (include/kvlingo/cuda.h).
+                                 * kvl_model_forward itself always computes on the CPU.    */
 } kvl_model_params;
 
 kvl_model_params kvl_model_default_params(void);
