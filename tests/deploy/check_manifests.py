@@ -1,0 +1,351 @@
+#!/usr/bin/env python3
+"""tests/deploy/check_manifests.py: consistency checks on a rendered kustomize overlay.
+
+  check_manifests.py --overlay NAME RENDERED.yaml   checks one overlay's objects
+  check_manifests.py --same A.yaml B.yaml           the same objects (two kubectl versions)
+
+What a schema validator cannot see, checked here on the objects `kubectl kustomize` printed:
+  - one namespace for everything, and its Namespace object;
+  - every container: CPU and memory requests and limits; readiness and liveness probes on the
+    gRPC health of the container port named "grpc" (Kubernetes-native `grpc:` probes);
+    prometheus.io/* annotations naming the port called "metrics"; a pinned image tag;
+  - every StatefulSet: a headless Service (serviceName) selecting its pods, a
+    PodDisruptionBudget selecting them, a "models" volume claim; kvld's flags agree with the
+    ports (--listen, --metrics) and the model label (--model /models/<model>);
+  - every Service selects some pods and its target ports exist; the ServiceMonitor selects
+    Services that have its endpoint port; every referenced ConfigMap / PVC exists;
+  - fleet.yaml (the router's ConfigMap): listen / metrics ports = the router's container ports;
+    every node address is <statefulset>-<ordinal>.<service>:<grpc port> of a pod that exists,
+    with the StatefulSet's model; every kvld pod is listed exactly once; the policy names only
+    models the fleet has;
+  - GPUs (nvidia.com/gpu requested = limited) on every kvld exactly in the gpu overlay.
+Exit 0 when all hold, 1 with one line per problem otherwise.
+"""
+import copy
+import re
+import sys
+
+import yaml
+
+problems = []
+
+
+def bad(msg):
+    problems.append(msg)
+
+
+def load(path):
+    with open(path) as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def oid(o):
+    return f"{o.get('kind')}/{o.get('metadata', {}).get('name')}"
+
+
+def selects(selector, labels):
+    """matchLabels-style (or plain map) selector against labels; an empty selector selects
+    nothing here (none of ours should be empty)."""
+    sel = selector.get("matchLabels", selector) if selector else {}
+    return bool(sel) and all(labels.get(k) == v for k, v in sel.items())
+
+
+def pod_spec(o):
+    return o["spec"]["template"]["spec"]
+
+
+def port_by_name(container, name):
+    for p in container.get("ports", []):
+        if p.get("name") == name:
+            return p.get("containerPort")
+    return None
+
+
+def parse_flags(args):
+    flags = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("--") and "=" in a:
+            k, v = a[2:].split("=", 1)
+            flags[k] = v
+        elif a.startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--"):
+            flags[a[2:]] = args[i + 1]
+            i += 1
+        elif a.startswith("--"):
+            flags[a[2:]] = True
+        i += 1
+    return flags
+
+
+def port_of(addr):
+    m = re.fullmatch(r"(.+):(\d+)", str(addr))
+    return (m.group(1), int(m.group(2))) if m else (None, None)
+
+
+def check_overlay(name, objs):
+    by_kind = {}
+    for o in objs:
+        for key in ("apiVersion", "kind", "metadata"):
+            if key not in o:
+                bad(f"an object lacks {key}: {str(o)[:80]}")
+        by_kind.setdefault(o.get("kind"), []).append(o)
+    names = {oid(o) for o in objs}
+    if len(names) != len(objs):
+        bad("two objects share a kind and a name")
+
+    # ---- namespace and labels
+    nss = {o["metadata"].get("namespace") for o in objs if o["kind"] != "Namespace"}
+    if len(nss) != 1 or None in nss:
+        bad(f"objects are not all in one namespace: {sorted(map(str, nss))}")
+    else:
+        ns = nss.pop()
+        if not any(o["metadata"]["name"] == ns for o in by_kind.get("Namespace", [])):
+            bad(f"namespace {ns} is used but no Namespace object creates it")
+    for o in objs:
+        if o["metadata"].get("labels", {}).get("app.kubernetes.io/part-of") != "kvlingo":
+            bad(f"{oid(o)}: no label app.kubernetes.io/part-of=kvlingo")
+
+    configmaps = {o["metadata"]["name"]: o for o in by_kind.get("ConfigMap", [])}
+    pvcs = {o["metadata"]["name"] for o in by_kind.get("PersistentVolumeClaim", [])}
+    services = {o["metadata"]["name"]: o for o in by_kind.get("Service", [])}
+    workloads = by_kind.get("Deployment", []) + by_kind.get("StatefulSet", [])
+    if not by_kind.get("Deployment"):
+        bad("no Deployment (the router)")
+    if not by_kind.get("StatefulSet"):
+        bad("no StatefulSet (kvld nodes)")
+
+    kvld_pods = {}      # (statefulset, ordinal) -> (service, grpc port, model)
+    router = None
+    for w in workloads:
+        wid = oid(w)
+        spec = pod_spec(w)
+        tlabels = w["spec"]["template"]["metadata"].get("labels", {})
+        if not selects(w["spec"].get("selector", {}), tlabels):
+            bad(f"{wid}: selector does not select its own pod template")
+        if not spec.get("securityContext", {}).get("runAsNonRoot"):
+            bad(f"{wid}: pod securityContext.runAsNonRoot is not set")
+        vol_names = {v["name"] for v in spec.get("volumes", [])}
+        vol_names |= {t["metadata"]["name"] for t in w["spec"].get("volumeClaimTemplates", [])}
+        for v in spec.get("volumes", []):
+            if "configMap" in v and v["configMap"]["name"] not in configmaps:
+                bad(f"{wid}: volume {v['name']}: no ConfigMap {v['configMap']['name']}")
+            if "persistentVolumeClaim" in v and v["persistentVolumeClaim"]["claimName"] not in pvcs:
+                bad(f"{wid}: volume {v['name']}: no PersistentVolumeClaim "
+                    f"{v['persistentVolumeClaim']['claimName']}")
+        ann = w["spec"]["template"]["metadata"].get("annotations", {})
+        for c in spec.get("initContainers", []) + spec.get("containers", []):
+            cid = f"{wid} container {c['name']}"
+            res = c.get("resources", {})
+            for part in ("requests", "limits"):
+                for r in ("cpu", "memory"):
+                    if r not in res.get(part, {}):
+                        bad(f"{cid}: no resources.{part}.{r}")
+            if ":" not in c.get("image", "").rsplit("/", 1)[-1]:
+                bad(f"{cid}: image {c.get('image')!r} has no tag (the overlay's images: sets it)")
+            for m in c.get("volumeMounts", []):
+                if m["name"] not in vol_names:
+                    bad(f"{cid}: volumeMount {m['name']} has no volume")
+            if c.get("securityContext", {}).get("allowPrivilegeEscalation") is not False:
+                bad(f"{cid}: allowPrivilegeEscalation is not false")
+        for c in spec.get("containers", []):
+            cid = f"{wid} container {c['name']}"
+            grpc = port_by_name(c, "grpc")
+            metrics = port_by_name(c, "metrics")
+            if grpc is None or metrics is None:
+                bad(f"{cid}: needs container ports named grpc and metrics")
+                continue
+            for probe in ("readinessProbe", "livenessProbe"):
+                p = c.get(probe)
+                if not p or "grpc" not in p:
+                    bad(f"{cid}: {probe} is not a gRPC health probe")
+                elif p["grpc"].get("port") != grpc:
+                    bad(f"{cid}: {probe} probes port {p['grpc'].get('port')}, gRPC is {grpc}")
+            if ann.get("prometheus.io/scrape") != "true" or \
+                    str(ann.get("prometheus.io/port")) != str(metrics) or \
+                    ann.get("prometheus.io/path") != "/metrics":
+                bad(f"{wid}: prometheus.io/scrape|port|path annotations do not name the "
+                    f"metrics port {metrics} and /metrics")
+            gpu_l = c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
+            gpu_r = c.get("resources", {}).get("requests", {}).get("nvidia.com/gpu")
+            if str(gpu_l) != str(gpu_r):
+                bad(f"{cid}: nvidia.com/gpu requests ({gpu_r}) != limits ({gpu_l})")
+            if w["kind"] == "StatefulSet":
+                if name == "gpu" and not (gpu_l and int(gpu_l) >= 1):
+                    bad(f"{cid}: the gpu overlay's kvld requests no nvidia.com/gpu")
+                if name != "gpu" and gpu_l:
+                    bad(f"{cid}: overlay {name} requests nvidia.com/gpu")
+            elif gpu_l:
+                bad(f"{cid}: the router requests a GPU")
+
+        if w["kind"] == "Deployment":
+            router = w
+            continue
+        # ---- StatefulSet: kvld
+        sname = w["spec"].get("serviceName")
+        svc = services.get(sname)
+        if not svc:
+            bad(f"{wid}: serviceName {sname} has no Service")
+        else:
+            if svc["spec"].get("clusterIP") != "None":
+                bad(f"{wid}: Service {sname} is not headless (clusterIP: None)")
+            if not selects(svc["spec"].get("selector", {}), tlabels):
+                bad(f"{wid}: Service {sname} does not select its pods")
+        if not any(selects(p["spec"].get("selector", {}), tlabels)
+                   for p in by_kind.get("PodDisruptionBudget", [])):
+            bad(f"{wid}: no PodDisruptionBudget selects its pods")
+        if "models" not in {t["metadata"]["name"] for t in w["spec"].get("volumeClaimTemplates", [])}:
+            bad(f"{wid}: no 'models' volumeClaimTemplate")
+        model = tlabels.get("kvlingo.dev/model")
+        kvld = [c for c in pod_spec(w)["containers"] if c["name"] == "kvld"]
+        if not kvld or not model:
+            bad(f"{wid}: needs a container named kvld and a kvlingo.dev/model label")
+            continue
+        c = kvld[0]
+        flags = parse_flags(c.get("args", []))
+        if flags.get("model") != f"/models/{model}":
+            bad(f"{wid}: --model is {flags.get('model')}, expected /models/{model}")
+        if port_of(flags.get("listen", ""))[1] != port_by_name(c, "grpc"):
+            bad(f"{wid}: --listen {flags.get('listen')} is not the grpc port")
+        if port_of(flags.get("metrics", ""))[1] != port_by_name(c, "metrics"):
+            bad(f"{wid}: --metrics {flags.get('metrics')} is not the metrics port")
+        for i in range(int(w["spec"].get("replicas", 1))):
+            kvld_pods[(w["metadata"]["name"], i)] = (sname, port_by_name(c, "grpc"), model)
+
+    # ---- Services select pods and name existing ports
+    for s in services.values():
+        sel = s["spec"].get("selector", {})
+        targets = [w for w in workloads
+                   if selects(sel, w["spec"]["template"]["metadata"].get("labels", {}))]
+        if not targets:
+            bad(f"{oid(s)}: selects no pods")
+            continue
+        cports = {p.get("name") for w in targets for c in pod_spec(w)["containers"]
+                  for p in c.get("ports", [])}
+        for p in s["spec"].get("ports", []):
+            tp = p.get("targetPort", p.get("port"))
+            if isinstance(tp, str) and tp not in cports:
+                bad(f"{oid(s)}: targetPort {tp} is no container port")
+
+    # ---- ServiceMonitor
+    sms = by_kind.get("ServiceMonitor", [])
+    if not sms:
+        bad("no ServiceMonitor")
+    for sm in sms:
+        chosen = [s for s in services.values()
+                  if selects(sm["spec"].get("selector", {}), s["metadata"].get("labels", {}))]
+        if not chosen:
+            bad(f"{oid(sm)}: selects no Service")
+        kinds = {s["spec"]["selector"].get("app.kubernetes.io/name") for s in chosen}
+        if not {"kvld", "kvlingo-router"} <= kinds:
+            bad(f"{oid(sm)}: does not scrape both the router and the nodes ({sorted(map(str, kinds))})")
+        for ep in sm["spec"].get("endpoints", []):
+            for s in chosen:
+                if ep.get("port") not in {p.get("name") for p in s["spec"].get("ports", [])}:
+                    bad(f"{oid(sm)}: Service {s['metadata']['name']} has no port {ep.get('port')}")
+
+    # ---- fleet.yaml
+    if router is None:
+        return
+    rc = pod_spec(router)["containers"][0]
+    flags = parse_flags(rc.get("args", []))
+    cfg_path = flags.get("config", "")
+    mounts = {m["mountPath"]: m for m in rc.get("volumeMounts", [])}
+    vols = {v["name"]: v for v in pod_spec(router).get("volumes", [])}
+    fleet = None
+    for path, m in mounts.items():
+        v = vols.get(m["name"], {})
+        if "configMap" in v and cfg_path.startswith(path.rstrip("/") + "/"):
+            cm = configmaps.get(v["configMap"]["name"], {})
+            text = cm.get("data", {}).get(cfg_path[len(path.rstrip("/")) + 1:])
+            fleet = yaml.safe_load(text) if text else None
+    if not fleet:
+        bad(f"router --config {cfg_path} is not a key of a mounted ConfigMap")
+        return
+    if port_of(fleet.get("listen"))[1] != port_by_name(rc, "grpc"):
+        bad(f"fleet.yaml listen {fleet.get('listen')} is not the router's grpc port")
+    if port_of(fleet.get("metrics"))[1] != port_by_name(rc, "metrics"):
+        bad(f"fleet.yaml metrics {fleet.get('metrics')} is not the router's metrics port")
+    ledger_dir = str(fleet.get("ledger", "")).rsplit("/", 1)[0]
+    if ledger_dir not in mounts or mounts[ledger_dir].get("readOnly"):
+        bad(f"fleet.yaml ledger {fleet.get('ledger')}: its directory is no writable volume")
+    seen = {}
+    models = set()
+    for n in fleet.get("nodes", []):
+        host, port = port_of(n.get("address"))
+        m = re.fullmatch(r"(.+)-(\d+)\.([^.]+)", host or "")
+        if not m:
+            bad(f"fleet.yaml node {n.get('name')}: address {n.get('address')} is not "
+                "<statefulset>-<ordinal>.<service>:<port>")
+            continue
+        key = (m.group(1), int(m.group(2)))
+        pod = kvld_pods.get(key)
+        if not pod:
+            bad(f"fleet.yaml node {n.get('name')}: no pod {key[0]}-{key[1]} in the StatefulSets")
+            continue
+        if m.group(3) != pod[0] or port != pod[1]:
+            bad(f"fleet.yaml node {n.get('name')}: {n.get('address')} is not service {pod[0]} "
+                f"port {pod[1]}")
+        if n.get("model") != pod[2]:
+            bad(f"fleet.yaml node {n.get('name')}: model {n.get('model')} but the pod runs {pod[2]}")
+        if key in seen:
+            bad(f"fleet.yaml lists pod {key[0]}-{key[1]} twice")
+        seen[key] = n
+        models.add(n.get("model"))
+    for key in kvld_pods:
+        if key not in seen:
+            bad(f"pod {key[0]}-{key[1]} runs but fleet.yaml does not list it (scaled without "
+                "updating fleet.yaml?)")
+    names = [n.get("name") for n in fleet.get("nodes", [])]
+    if len(names) != len(set(names)):
+        bad("fleet.yaml: two nodes share a name")
+    pol = fleet.get("policy", {}) or {}
+    for mname in pol.get("models", []) or []:
+        if mname not in models:
+            bad(f"fleet.yaml policy names model {mname}, which no node serves")
+
+
+def normalise(objs):
+    """Objects keyed by kind/name with what legitimately differs between kustomize versions
+    taken out: the generated ConfigMap's hash suffix, the order of env lists, empty maps."""
+    out = {}
+    text = yaml.safe_dump_all(objs)
+    text = re.sub(r"(kvlingo-fleet)-[a-z0-9]{10}", r"\1-HASH", text)
+
+    def clean(x):
+        if isinstance(x, dict):
+            x = {k: clean(v) for k, v in x.items() if v != {}}
+            if isinstance(x.get("env"), list):
+                x["env"] = sorted(x["env"], key=lambda e: e.get("name", ""))
+            return x
+        if isinstance(x, list):
+            return [clean(v) for v in x]
+        return x
+
+    for o in yaml.safe_load_all(text):
+        if o:
+            out[oid(o)] = clean(copy.deepcopy(o))
+    return out
+
+
+def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "--overlay":
+        check_overlay(sys.argv[2], load(sys.argv[3]))
+        label = f"overlay {sys.argv[2]}"
+    elif len(sys.argv) == 4 and sys.argv[1] == "--same":
+        a, b = normalise(load(sys.argv[2])), normalise(load(sys.argv[3]))
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                bad(f"{k} differs" if k in a and k in b else f"{k} only in one rendering")
+        label = "same objects"
+    else:
+        print(__doc__)
+        return 2
+    for p in problems:
+        print(f"  problem: {p}")
+    print(f"{'ok' if not problems else 'FAIL'}: {label}: {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
