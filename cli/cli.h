@@ -44,5 +44,10 @@ int cmd_generate(int argc, char **argv);
 int cmd_eval_ppl(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
+#ifdef KVL_HAVE_SERVER
+int cmd_chat(int argc, char **argv);   /* cli/cmd_chat.c: gRPC client of kvlingo-router */
+#endif
+int cmd_translator(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 
 #endif

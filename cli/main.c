@@ -14,6 +14,15 @@ static void usage(FILE *f) {
           "  eval-ppl    --model DIR --text-file FILE [--window 256] [--max-windows 200] [--json]\n"
           "  tokenize    (--model DIR | --tokenizer FILE) --text STR [--json]\n"
           "  detokenize  (--model DIR | --tokenizer FILE) --ids 1,2,3\n"
+#ifdef KVL_HAVE_SERVER
+          "  chat        --router HOST:PORT [--session ID] [--model NAME] TEXT   one turn via kvlingo-router\n"
+#endif
+          "  translator  train --source DIR --target DIR --corpus FILE --out FILE [--steps N]\n"
+          "              [--stage1-only] [--seed S] [--threads N] [--resume CKPT]   KV-Lingo training\n"
+          "  translator  eval --translator FILE --source DIR --target DIR --text-file FILE\n"
+          "              [--prefix-len P] [--cont-len C] [--samples N] [--turns K] [--json]\n"
+          "  translator  info FILE [--json]                          pair, geometry, figures\n"
+          "  bench switch --source DIR|SHAPE --target DIR|SHAPE [--device cpu|cuda] [--lengths 64,1024]\n"
           "\n"
           "Run `kvlingo <command> --help` for a command's details.\n", f);
 }
@@ -27,6 +36,11 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "eval-ppl")) return cmd_eval_ppl(argc, argv);
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc, argv);
     if (!strcmp(cmd, "detokenize")) return cmd_detokenize(argc, argv);
+#ifdef KVL_HAVE_SERVER
+    if (!strcmp(cmd, "chat")) return cmd_chat(argc, argv);
+#endif
+    if (!strcmp(cmd, "translator")) return cmd_translator(argc, argv);
+    if (!strcmp(cmd, "bench")) return cmd_bench(argc, argv);
     fprintf(stderr, "kvlingo: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;

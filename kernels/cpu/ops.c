@@ -35,24 +35,29 @@ void kvl_cpu_rmsnorm_forward(float *out, const float *in, const float *w, int T,
     }
 }
 
-void kvl_cpu_rope_angles(float *cos_out, float *sin_out, int pos, int D, double theta) {
-    int half = D / 2;
+/* inv_freq[i] = 1 / theta^(2i/D) in float32, as transformers' default rope init. */
+static void rope_inv_freq(float *inv_freq, int D, double theta) {
     float base = (float)theta;
-    for (int i = 0; i < half; i++) {
-        float inv_freq = 1.0f / powf(base, (float)(2 * i) / (float)D);
-        float ang = (float)pos * inv_freq;
-        cos_out[i] = cosf(ang);
-        sin_out[i] = sinf(ang);
+    for (int i = 0; i < D / 2; i++) inv_freq[i] = 1.0f / powf(base, (float)(2 * i) / (float)D);
+}
+
+void kvl_cpu_rope_angles(float *cos_out, float *sin_out, int pos, int D, double theta) {
+    float inv_freq[512];
+    rope_inv_freq(inv_freq, D, theta);
+    for (int i = 0; i < D / 2; i++) {
+        float ang = (float)pos * inv_freq[i];
+        sincosf(ang, &sin_out[i], &cos_out[i]);
     }
 }
 
 void kvl_cpu_rope_forward(float *x, const int *pos, int T, int n_heads, int D, double theta,
                           int inverse) {
     int half = D / 2;
-    float cs[512], sn[512];   /* head_dim <= 1024 */
+    float inv_freq[512], cs[512], sn[512];   /* head_dim <= 1024 */
+    rope_inv_freq(inv_freq, D, theta);       /* once per call, not per token */
+    float sgn = inverse ? -1.0f : 1.0f;
     for (int t = 0; t < T; t++) {
-        kvl_cpu_rope_angles(cs, sn, pos[t], D, theta);
-        float sgn = inverse ? -1.0f : 1.0f;
+        for (int i = 0; i < half; i++) sincosf((float)pos[t] * inv_freq[i], &sn[i], &cs[i]);
         for (int h = 0; h < n_heads; h++) {
             float *v = x + ((size_t)t * n_heads + h) * D;
             for (int i = 0; i < half; i++) {

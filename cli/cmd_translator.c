@@ -1,0 +1,385 @@
+/* cli/cmd_translator.c: `kvlingo translator train | eval | info` (issue 4). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "kvlingo/cache.h"
+#include "kvlingo/model.h"
+#include "kvlingo/tokenizer.h"
+#include "kvlingo/translator.h"
+#include "kvlingo/translator_train.h"
+
+/* Token stream of a text file under the evaluation protocol (issue 4): each line is a document,
+ * encoded on its own and followed by <|endoftext|>; documents concatenated. */
+static int encode_corpus(const char *cmd, const char *model_dir, const char *path, int32_t **out,
+                         size_t *n_out) {
+    kvl_tokenizer *tok = NULL;
+    kvl_status s = kvl_tokenizer_load_dir(model_dir, &tok);
+    if (s != KVL_OK) return cli_fail(cmd, s);
+    int32_t eos = kvl_tokenizer_token_id(tok, "<|endoftext|>");
+    if (eos < 0) eos = kvl_tokenizer_eos_id(tok);
+    if (eos < 0) {
+        fprintf(stderr, "kvlingo %s: %s: no end-of-text token to separate documents\n", cmd, model_dir);
+        kvl_tokenizer_free(tok);
+        return 1;
+    }
+    size_t len;
+    char *text = cli_read_file(path, &len);
+    if (!text) { kvl_tokenizer_free(tok); return 1; }
+    size_t cap = 1 << 16, n = 0;
+    int32_t *stream = malloc(sizeof(int32_t) * cap);
+    int rc = stream ? 0 : 1;
+    char *p = text, *end = text + len;
+    while (rc == 0 && p < end) {
+        char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t dl = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        if (dl > 0 && p[dl - 1] == '\r') dl--;
+        if (dl > 0) {
+            int32_t *ids;
+            size_t k;
+            if ((s = kvl_tokenizer_encode(tok, p, dl, &ids, &k)) != KVL_OK) { rc = cli_fail(cmd, s); break; }
+            if (n + k + 1 > cap) {
+                while (n + k + 1 > cap) cap *= 2;
+                int32_t *ns = realloc(stream, sizeof(int32_t) * cap);
+                if (!ns) { free(ids); rc = 1; break; }
+                stream = ns;
+            }
+            memcpy(stream + n, ids, sizeof(int32_t) * k);
+            n += k;
+            stream[n++] = eos;
+            free(ids);
+        }
+        p = nl ? nl + 1 : end;
+    }
+    free(text);
+    kvl_tokenizer_free(tok);
+    if (rc) {
+        if (!stream) fprintf(stderr, "kvlingo %s: out of memory\n", cmd);
+        free(stream);
+        return rc;
+    }
+    *out = stream;
+    *n_out = n;
+    return 0;
+}
+
+static double rss_mib(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long pages = 0, res = 0;
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &res) != 2) res = 0;
+        fclose(f);
+    }
+    return (double)res * (double)sysconf(_SC_PAGESIZE) / (1024.0 * 1024.0);
+}
+
+typedef struct progress_state {
+    int tty;
+    int log_every;
+    double loss_ema;
+} progress_state;
+
+static int on_progress(void *user, int step, int steps, double loss, double tok_s, double el,
+                       size_t mem) {
+    progress_state *ps = user;
+    ps->loss_ema = ps->loss_ema < 0 ? loss : 0.9 * ps->loss_ema + 0.1 * loss;
+    double eta = step > 0 ? el / step * (steps - step) : 0;
+    if (ps->tty) {
+        fprintf(stderr, "\rstage 2: step %d/%d  KL %.4f (avg %.4f)  %.0f tok/s  %.0fs elapsed, ETA %.0fs  "
+                "RSS %.0f MiB  ", step, steps, loss, ps->loss_ema, tok_s, el, eta, rss_mib());
+        if (step == steps) fputc('\n', stderr);
+    } else if (step % ps->log_every == 0 || step == steps || step == 1) {
+        fprintf(stderr, "stage 2: step %d/%d KL %.4f avg %.4f tokens/s %.0f elapsed %.0fs ETA %.0fs "
+                "workspace %.1f MiB RSS %.0f MiB\n", step, steps, loss, ps->loss_ema, tok_s, el, eta,
+                (double)mem / (1024.0 * 1024.0), rss_mib());
+    }
+    fflush(stderr);
+    return 0;
+}
+
+static int cmd_train(int argc, char **argv) {
+    cli_args a;
+    if (cli_args_init(&a, argc, argv, 3)) return 1;
+    int err = 0;
+    if (cli_flag(&a, "--help")) {
+        puts("usage: kvlingo translator train --source DIR --target DIR --corpus FILE --out FILE\n"
+             "         [--steps 400] [--batch 16] [--prefix-min 32] [--prefix-max 256] [--cont-len 64]\n"
+             "         [--lr 1e-3] [--warmup N] [--weight-decay 0] [--clip 1.0] [--seed 1] [--threads 1]\n"
+             "         [--per-window 1]\n"
+             "         [--stage1-only] [--stage1-out FILE] [--ridge-tokens 65536] [--init FILE]\n"
+             "         [--checkpoint FILE] [--checkpoint-every 50] [--resume CKPT] [--bf16]\n"
+             "Stage 1 (ridge regression from streamed Gram matrices, lambda chosen on held-out tokens of\n"
+             "the corpus's end), then stage 2 (distillation: mean KL(teacher || student) over the\n"
+             "continuation, target frozen, AdamW + warm-up + cosine decay).  The corpus is one document\n"
+             "per line.  --init FILE starts stage 2 from a saved translator instead of stage 1.\n"
+             "--per-window K: K samples of a step share one text window (different prefix lengths), so\n"
+             "one teacher and one source pass serve K samples.");
+        cli_args_free(&a);
+        return 0;
+    }
+    const char *sdir = cli_opt(&a, "--source", &err), *ddir = cli_opt(&a, "--target", &err);
+    const char *corpus = cli_opt(&a, "--corpus", &err), *out = cli_opt(&a, "--out", &err);
+    const char *s1out = cli_opt(&a, "--stage1-out", &err), *init = cli_opt(&a, "--init", &err);
+    kvl_train_params tp = kvl_train_default_params();
+    tp.steps = (int)cli_opt_long(&a, "--steps", tp.steps, 1, 10000000, &err);
+    tp.batch = (int)cli_opt_long(&a, "--batch", tp.batch, 1, 100000, &err);
+    tp.prefix_min = (int)cli_opt_long(&a, "--prefix-min", tp.prefix_min, 1, 1 << 20, &err);
+    tp.prefix_max = (int)cli_opt_long(&a, "--prefix-max", tp.prefix_max, 1, 1 << 20, &err);
+    tp.cont_len = (int)cli_opt_long(&a, "--cont-len", tp.cont_len, 1, 1 << 20, &err);
+    tp.lr = cli_opt_double(&a, "--lr", tp.lr, 0, 10, &err);
+    tp.warmup = (int)cli_opt_long(&a, "--warmup", -1, -1, 10000000, &err);
+    tp.weight_decay = cli_opt_double(&a, "--weight-decay", tp.weight_decay, 0, 10, &err);
+    tp.clip = cli_opt_double(&a, "--clip", tp.clip, 0, 1e9, &err);
+    tp.seed = (uint64_t)cli_opt_long(&a, "--seed", 1, 0, 1L << 62, &err);
+    tp.threads = (int)cli_opt_long(&a, "--threads", 1, 1, 64, &err);
+    tp.per_window = (int)cli_opt_long(&a, "--per-window", 1, 1, 1024, &err);
+    tp.checkpoint = cli_opt(&a, "--checkpoint", &err);
+    tp.checkpoint_every = (int)cli_opt_long(&a, "--checkpoint-every", 50, 1, 10000000, &err);
+    tp.resume = cli_opt(&a, "--resume", &err);
+    long ridge_tokens = cli_opt_long(&a, "--ridge-tokens", 65536, 256, 1L << 40, &err);
+    int stage1_only = cli_flag(&a, "--stage1-only"), bf16 = cli_flag(&a, "--bf16");
+    if (err || cli_args_leftover(&a, "translator train")) { cli_args_free(&a); return 2; }
+    cli_args_free(&a);
+    if (!sdir || !ddir || !corpus || !out) {
+        fprintf(stderr, "kvlingo translator train: --source, --target, --corpus and --out are required\n");
+        return 2;
+    }
+    if (tp.resume && !tp.checkpoint) tp.checkpoint = tp.resume;
+    kvl_model_params mp = kvl_model_default_params();
+    mp.n_threads = tp.threads > 1 ? 1 : 0;
+    kvl_model *src = NULL, *dst = NULL;
+    kvl_translator *tr = NULL;
+    int32_t *stream = NULL;
+    size_t n = 0;
+    int rc = 1;
+    kvl_status s;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if ((s = kvl_model_load(sdir, &mp, &src)) || (s = kvl_model_load(ddir, &mp, &dst))) {
+        rc = cli_fail("translator train", s);
+        goto done;
+    }
+    if (encode_corpus("translator train", ddir, corpus, &stream, &n)) goto done;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    fprintf(stderr, "corpus %s: %zu tokens (encoded in %.1fs)\n", corpus, n,
+            (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+    if (init) {
+        if ((s = kvl_translator_load(init, &tr)) || (s = kvl_translator_check(tr, src, dst))) {
+            rc = cli_fail("translator train", s);
+            goto done;
+        }
+    } else {
+        if ((s = kvl_translator_create(src, dst, NULL, &tr))) { rc = cli_fail("translator train", s); goto done; }
+        kvl_ridge_params rp = kvl_ridge_default_params();
+        rp.train_tokens = ridge_tokens;
+        rp.heldout_tokens = ridge_tokens / 4;
+        rp.verbose = 1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        if ((s = kvl_translator_fit_ridge(tr, src, dst, stream, n, &rp))) { rc = cli_fail("translator train", s); goto done; }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        fprintf(stderr, "stage 1: done in %.1fs\n",
+                (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+        kvl_translator_set_meta(tr, "corpus", corpus);
+        const char *s1 = stage1_only ? out : s1out;
+        if (s1 && (s = kvl_translator_save(tr, s1, bf16 ? KVL_DTYPE_BF16 : KVL_DTYPE_F32))) {
+            rc = cli_fail("translator train", s);
+            goto done;
+        }
+        if (s1) fprintf(stderr, "stage 1: wrote %s\n", s1);
+        if (stage1_only) { rc = 0; goto done; }
+    }
+    progress_state ps = {.tty = isatty(2), .log_every = tp.steps >= 100 ? tp.steps / 50 : 1, .loss_ema = -1};
+    tp.progress = on_progress;
+    tp.user = &ps;
+    double fl = 0;
+    fprintf(stderr, "stage 2: %d steps x %d samples (%d per window), prefix %d..%d, continuation %d, "
+            "lr %g, %d thread(s)\n", tp.steps, tp.batch, tp.per_window, tp.prefix_min, tp.prefix_max,
+            tp.cont_len, tp.lr, tp.threads);
+    if ((s = kvl_translator_train(tr, src, dst, stream, n, &tp, &fl))) { rc = cli_fail("translator train", s); goto done; }
+    kvl_translator_set_meta(tr, "corpus", corpus);
+    if ((s = kvl_translator_save(tr, out, bf16 ? KVL_DTYPE_BF16 : KVL_DTYPE_F32))) {
+        rc = cli_fail("translator train", s);
+        goto done;
+    }
+    fprintf(stderr, "stage 2: final KL (mean of the last 10%% of steps) %.4f; wrote %s\n", fl, out);
+    rc = 0;
+done:
+    kvl_translator_free(tr);
+    free(stream);
+    kvl_model_free(src);
+    kvl_model_free(dst);
+    return rc;
+}
+
+static int cmd_eval(int argc, char **argv) {
+    cli_args a;
+    if (cli_args_init(&a, argc, argv, 3)) return 1;
+    int err = 0;
+    if (cli_flag(&a, "--help")) {
+        puts("usage: kvlingo translator eval --translator FILE --source DIR --target DIR --text-file FILE\n"
+             "         [--prefix-len 256] [--cont-len 64] [--samples 200] [--json] [--threads N]\n"
+             "         [--turns K [--turn-len 64] [--sessions 20] [--reverse FILE]]\n"
+             "         [--store KEY [--store-file FILE]]\n"
+             "Token stream = each line encoded + <|endoftext|>; sample i = stream[i(P+C), (i+1)(P+C)); the\n"
+             "cache (native, translated, none) covers prefix[0, P-1) at positions 0..P-2, the target reads\n"
+             "prefix[P-1] and continuation[0, C-1) and is scored on the C continuation tokens.\n"
+             "--turns K: sessions alternating source and target each turn with retained caches (only the new\n"
+             "span is translated; --reverse gives the target->source translator, else the source re-prefills\n"
+             "its missing span); per-turn perplexity against re-prefill.  --store KEY writes the JSON figures\n"
+             "into the metadata of the evaluated translator file (or of --store-file FILE, a translator of\n"
+             "the same pair) under KEY (e.g. eval, eval_stage1, eval_multiturn).");
+        cli_args_free(&a);
+        return 0;
+    }
+    const char *file = cli_opt(&a, "--translator", &err), *sdir = cli_opt(&a, "--source", &err);
+    const char *ddir = cli_opt(&a, "--target", &err), *text = cli_opt(&a, "--text-file", &err);
+    const char *rev = cli_opt(&a, "--reverse", &err), *store = cli_opt(&a, "--store", &err);
+    const char *store_file = cli_opt(&a, "--store-file", &err);
+    kvl_eval_params ep = kvl_eval_default_params();
+    ep.prefix_len = (int)cli_opt_long(&a, "--prefix-len", ep.prefix_len, 2, 1 << 20, &err);
+    ep.cont_len = (int)cli_opt_long(&a, "--cont-len", ep.cont_len, 1, 1 << 20, &err);
+    ep.samples = (int)cli_opt_long(&a, "--samples", ep.samples, 0, 1 << 30, &err);
+    ep.turns = (int)cli_opt_long(&a, "--turns", 0, 0, KVL_EVAL_MAX_TURNS, &err);
+    ep.turn_len = (int)cli_opt_long(&a, "--turn-len", ep.turn_len, 2, 1 << 20, &err);
+    ep.sessions = (int)cli_opt_long(&a, "--sessions", ep.sessions, 1, 1 << 20, &err);
+    int threads = (int)cli_opt_long(&a, "--threads", 0, 0, 1024, &err);
+    int json = cli_flag(&a, "--json");
+    if (err || cli_args_leftover(&a, "translator eval")) { cli_args_free(&a); return 2; }
+    cli_args_free(&a);
+    if (!file || !sdir || !ddir || !text) {
+        fprintf(stderr, "kvlingo translator eval: --translator, --source, --target and --text-file are required\n");
+        return 2;
+    }
+    kvl_model_params mp = kvl_model_default_params();
+    mp.n_threads = threads;
+    kvl_model *src = NULL, *dst = NULL;
+    kvl_translator *tr = NULL, *rtr = NULL;
+    int32_t *stream = NULL;
+    size_t n = 0;
+    char *js = NULL;
+    int rc = 1;
+    kvl_status s;
+    if ((s = kvl_translator_load(file, &tr)) || (s = kvl_model_load(sdir, &mp, &src)) ||
+        (s = kvl_model_load(ddir, &mp, &dst)) || (s = kvl_translator_check(tr, src, dst)) ||
+        (rev && (s = kvl_translator_load(rev, &rtr)))) {
+        rc = cli_fail("translator eval", s);
+        goto done;
+    }
+    ep.reverse = rtr;
+    if (encode_corpus("translator eval", ddir, text, &stream, &n)) goto done;
+    kvl_eval_result r;
+    if ((s = kvl_translator_evaluate(tr, src, dst, stream, n, &ep, &r))) { rc = cli_fail("translator eval", s); goto done; }
+    js = kvl_eval_result_json(&r, &ep);
+    if (!js) { fprintf(stderr, "kvlingo translator eval: out of memory\n"); goto done; }
+    if (json) {
+        puts(js);
+    } else {
+        printf("%s -> %s on %s: %d samples, prefix %d, continuation %d\n", kvl_model_name(src),
+               kvl_model_name(dst), text, r.samples, ep.prefix_len, ep.cont_len);
+        if (r.samples > 0) {
+            printf("  KL(native || translated) %.5f   top-1 agreement %.4f\n", r.kl, r.top1_agreement);
+            printf("  ppl native %.3f   translated %.3f   no context %.3f   context gain recovered %.4f\n",
+                   r.ppl_native, r.ppl_translated, r.ppl_no_context, r.context_gain_recovered);
+            printf("  layer  K rel err  V rel err\n");
+            for (int l = 0; l < r.n_layers; l++) printf("  %5d  %9.4f  %9.4f\n", l, r.k_rel_err[l], r.v_rel_err[l]);
+        }
+        if (r.turns) {
+            printf("  turn  model   ppl translated  ppl re-prefill  ratio\n");
+            for (int t = 0; t < r.turns; t++)
+                printf("  %4d  %-6s  %14.3f  %14.3f  %.4f\n", t, r.turn_model[t] ? "target" : "source",
+                       r.turn_ppl_translated[t], r.turn_ppl_reprefill[t],
+                       r.turn_ppl_translated[t] / r.turn_ppl_reprefill[t]);
+        }
+    }
+    if (store) {
+        const char *sf = store_file ? store_file : file;
+        kvl_translator *dest = tr, *other = NULL;
+        if (store_file && ((s = kvl_translator_load(store_file, &other)) ||
+                           (s = kvl_translator_check(other, src, dst)))) {
+            kvl_translator_free(other);
+            rc = cli_fail("translator eval", s);
+            goto done;
+        }
+        if (other) dest = other;
+        s = kvl_translator_set_meta(dest, store, js);
+        if (s == KVL_OK) s = kvl_translator_save(dest, sf, KVL_DTYPE_F32);
+        kvl_translator_free(other);
+        if (s) { rc = cli_fail("translator eval", s); goto done; }
+        fprintf(stderr, "stored the figures under metadata '%s' of %s\n", store, sf);
+    }
+    rc = 0;
+done:
+    free(js);
+    free(stream);
+    kvl_translator_free(tr);
+    kvl_translator_free(rtr);
+    kvl_model_free(src);
+    kvl_model_free(dst);
+    return rc;
+}
+
+static int cmd_tr_info(int argc, char **argv) {
+    if (argc >= 4 && (!strcmp(argv[3], "--help") || !strcmp(argv[3], "-h"))) {
+        puts("usage: kvlingo translator info FILE [--json]\nPair, geometry, layer map, metadata (training, evaluation figures).");
+        return 0;
+    }
+    if (argc < 4) { fprintf(stderr, "usage: kvlingo translator info FILE [--json]\n"); return 2; }
+    int json = argc >= 5 && !strcmp(argv[4], "--json");
+    if (argc > 5 || (argc == 5 && !json)) { fprintf(stderr, "kvlingo translator info: unexpected argument\n"); return 2; }
+    kvl_translator *tr = NULL;
+    kvl_status s = kvl_translator_load(argv[3], &tr);
+    if (s) return cli_fail("translator info", s);
+    kvl_translator_geometry g;
+    kvl_translator_get_geometry(tr, &g);
+    if (json) {
+        printf("{\"file\": ");
+        cli_print_json_string(argv[3], strlen(argv[3]));
+        for (int i = 0; i < kvl_translator_metadata_count(tr); i++) {
+            const char *k = kvl_translator_metadata_key(tr, i), *v = kvl_translator_metadata_value(tr, i);
+            printf(", ");
+            cli_print_json_string(k, strlen(k));
+            printf(": ");
+            if (v[0] == '{' || v[0] == '[') fputs(v, stdout);   /* JSON values stay JSON */
+            else cli_print_json_string(v, strlen(v));
+        }
+        printf("}\n");
+    } else {
+        printf("translator %s\n", argv[3]);
+        printf("  source %s (hash %s): %d layers, %d kv heads, head_dim %d\n",
+               kvl_translator_source_name(tr) ? kvl_translator_source_name(tr) : "?",
+               kvl_translator_source_hash(tr) ? kvl_translator_source_hash(tr) : "-", g.src_layers,
+               g.src_kv_heads, g.src_head_dim);
+        printf("  target %s (hash %s): %d layers, %d kv heads, head_dim %d%s\n",
+               kvl_translator_target_name(tr) ? kvl_translator_target_name(tr) : "?",
+               kvl_translator_target_hash(tr) ? kvl_translator_target_hash(tr) : "-", g.dst_layers,
+               g.dst_kv_heads, g.dst_head_dim, g.dst_qk_norm ? ", k_norm" : "");
+        printf("  maps: %d x 2 of [%d, %d]; layer map (target <- source):", g.dst_layers,
+               g.dst_kv_heads * g.dst_head_dim, g.src_kv_heads * g.src_head_dim);
+        for (int l = 0; l < g.dst_layers; l++) printf(" %d<-%d", l, kvl_translator_layer_map(tr, l));
+        printf("\n");
+        static const char *const skip[] = {"format", "source_name", "source_hash", "target_name",
+            "target_hash", "source_layers", "source_kv_heads", "source_head_dim", "target_layers",
+            "target_kv_heads", "target_head_dim", "target_qk_norm", "layer_map"};
+        for (int i = 0; i < kvl_translator_metadata_count(tr); i++) {
+            const char *k = kvl_translator_metadata_key(tr, i);
+            int sk = 0;
+            for (size_t j = 0; j < sizeof skip / sizeof skip[0]; j++) sk |= !strcmp(skip[j], k);
+            if (!sk) printf("  %s: %s\n", k, kvl_translator_metadata_value(tr, i));
+        }
+    }
+    kvl_translator_free(tr);
+    return 0;
+}
+
+int cmd_translator(int argc, char **argv) {
+    const char *sub = argc >= 3 ? argv[2] : NULL;
+    if (sub && !strcmp(sub, "train")) return cmd_train(argc, argv);
+    if (sub && !strcmp(sub, "eval")) return cmd_eval(argc, argv);
+    if (sub && !strcmp(sub, "info")) return cmd_tr_info(argc, argv);
+    fprintf(stderr, "usage: kvlingo translator (train | eval | info) [options]   (--help for each)\n");
+    return 2;
+}

@@ -1,0 +1,70 @@
+/* kvlingo/translator.h: KV-Lingo translators, which turn a source model's keys and values into
+ * cache entries a target model reads as its own (../shared/DESIGN.md, "The method").
+ *
+ * A translator holds, per target layer l, two bias-free maps W_K[l], W_V[l] of shape
+ * [Ht*Dt, Hs*Ds] (float32 in memory) and a layer map s(l) (default round(l*(Ls-1)/(Lt-1))).
+ * For a source token at absolute position p with pre-norm key k_s and value v_s (the source's
+ * k_proj / v_proj outputs at layer s(l)):
+ *     k_pre_t = W_K[l] k_s                       (kept as the target's pre-norm key)
+ *     k_t     = RoPE_T(k_norm_T(k_pre_t), p)     (k_norm only when the target has one)
+ *     v_t     = W_V[l] v_s
+ * and (k_t, v_t, k_pre_t) are appended to the target's cache at position p.
+ *
+ * File format: safetensors with tensors `layers.{l}.k.weight`, `layers.{l}.v.weight`
+ * ([Ht*Dt, Hs*Ds], F32 or BF16) and string metadata (see kvl_translator_save).
+ */
+#ifndef KVLINGO_TRANSLATOR_H
+#define KVLINGO_TRANSLATOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvlingo/cache.h"
+#include "kvlingo/model.h"
+#include "kvlingo/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvl_translator kvl_translator;
+
+/* Load and validate a translator file: tensor names/shapes consistent with the geometry in its
+ * metadata, finite weights (NaN/Inf -> KVL_ERR_NUMERIC naming the tensor).  Free with
+ * kvl_translator_free. */
+kvl_status kvl_translator_load(const char *path, kvl_translator **out);
+void kvl_translator_free(kvl_translator *tr);
+
+/* Check that `tr` translates from `src` to `dst`: geometry (layers, kv heads, head_dim) must
+ * match both models, and the model hashes in the metadata must equal kvl_model_hash() unless
+ * the metadata has none.  KVL_ERR_MISMATCH with a message naming the field otherwise. */
+kvl_status kvl_translator_check(const kvl_translator *tr, const kvl_model *src, const kvl_model *dst);
+
+/* Identity of the pair, from the metadata (owned by tr). */
+const char *kvl_translator_source_name(const kvl_translator *tr);
+const char *kvl_translator_target_name(const kvl_translator *tr);
+const char *kvl_translator_source_hash(const kvl_translator *tr);
+const char *kvl_translator_target_hash(const kvl_translator *tr);
+/* Metadata value by key (NULL if absent), e.g. "eval" (JSON figures). */
+const char *kvl_translator_metadata(const kvl_translator *tr, const char *key);
+
+/* Translate a span of source pre-norm K/V and append it to the target cache.
+ *   k_src, v_src: [Ls][n][Hs*Ds] float32, the source's k_proj / v_proj outputs of tokens at
+ *                 absolute positions [t0, t0+n) for every source layer (as kvl_cache_read_prenorm
+ *                 gives them, layer after layer)
+ *   ids:          [n] token ids (may be NULL)
+ *   dst:          target cache holding exactly t0 tokens (else KVL_ERR_RANGE)
+ * Atomic: on error dst is unchanged.  Errors: KVL_ERR_MISMATCH (geometry of dst), KVL_ERR_RANGE,
+ * KVL_ERR_NOMEM. */
+kvl_status kvl_translator_apply(const kvl_translator *tr, const float *k_src, const float *v_src,
+                                int t0, int n, const int32_t *ids, kvl_cache *dst);
+
+/* Convenience: read tokens [t0, t1) of `src` (pre-norm K/V) and kvl_translator_apply them to
+ * `dst` (which must hold exactly t0 tokens). */
+kvl_status kvl_translator_translate_span(const kvl_translator *tr, const kvl_cache *src, int t0,
+                                         int t1, kvl_cache *dst);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

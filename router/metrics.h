@@ -1,0 +1,54 @@
+/* router/metrics.h: Prometheus text exposition at /metrics (libmicrohttpd), plus /healthz.
+ *
+ * Series (names carry their unit):
+ *   kvlingo_router_sessions_open                       gauge
+ *   kvlingo_router_turns_total{model,mode}             counter
+ *   kvlingo_router_switches_total{source,target,mode}  counter (mode translate / reprefill)
+ *   kvlingo_router_fallbacks_total{reason}             counter (a translation that did not happen)
+ *   kvlingo_router_switch_ttft_seconds{mode}           histogram (turns that moved the context)
+ *   kvlingo_router_turn_ttft_seconds                   histogram (every turn)
+ *   kvlingo_router_shadow_kl_nats{source,target}       histogram (guardrail samples)
+ *   kvlingo_router_pair_moving_kl_nats{source,target}  gauge
+ *   kvlingo_router_pairs_disabled                      gauge (pairs the guardrail turned off)
+ *   kvlingo_router_ledger_write_seconds                histogram
+ *   kvlingo_router_nodes_healthy                       gauge
+ *   kvlingo_router_turns_in_flight                     gauge
+ *   kvlingo_router_errors_total{code}                  counter (turns that ended in an error)
+ */
+#ifndef KVR_METRICS_H
+#define KVR_METRICS_H
+
+#include <stddef.h>
+
+#include "kvlingo/status.h"
+
+typedef struct kvr_metrics kvr_metrics;
+
+/* A growing text buffer the gauge callback appends to. */
+typedef struct kvr_textbuf {
+    char *data;
+    size_t len, cap;
+    int oom;
+} kvr_textbuf;
+void kvr_textbuf_printf(kvr_textbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+kvl_status kvr_metrics_create(kvr_metrics **out);
+void kvr_metrics_free(kvr_metrics *m);
+
+/* Gauges computed at scrape time (sessions open, pairs, ...), appended by `fn`. */
+void kvr_metrics_set_gauges(kvr_metrics *m, void (*fn)(void *arg, kvr_textbuf *b), void *arg);
+
+/* counter `name`{labels} += delta.  `labels` is the inside of the braces, already escaped
+ * ("source=\"a\",target=\"b\""), or "" for none. */
+void kvr_metrics_inc(kvr_metrics *m, const char *name, const char *labels, double delta);
+/* histogram `name`{labels} observes v (bucket layout chosen by name). */
+void kvr_metrics_observe(kvr_metrics *m, const char *name, const char *labels, double v);
+
+/* Render everything (caller frees b->data). */
+void kvr_metrics_render(kvr_metrics *m, kvr_textbuf *b);
+
+/* Serve /metrics and /healthz on "host:port" (libmicrohttpd internal thread). */
+kvl_status kvr_metrics_serve(kvr_metrics *m, const char *listen);
+int kvr_metrics_port(const kvr_metrics *m);
+
+#endif

@@ -1,0 +1,174 @@
+/* router/nodecall.c: typed Node-service calls (see nodecall.h). */
+#include "nodecall.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+
+#define NODE_SVC "/kvlingo.v1.Node/"
+
+static kvl_status call(kvr_node *n, const char *method, const ProtobufCMessage *req,
+                       const ProtobufCMessageDescriptor *desc, int64_t timeout_ms,
+                       ProtobufCMessage **resp, grpc_status_code *code) {
+    char path[96];
+    snprintf(path, sizeof path, NODE_SVC "%s", method);
+    kvl_rpc_result res = {0};
+    kvl_status s = kvl_rpc_client_unary_pb(n->cli, path, req, desc, timeout_ms, resp, &res);
+    if (code) *code = s ? GRPC_STATUS_INTERNAL : res.code;
+    if (!s && res.code != GRPC_STATUS_OK) {
+        s = kvl_rpc_status_to_kvl(res.code);
+        if (s == KVL_OK) s = KVL_ERR_INTERNAL;
+        kvl_errorf(s, "node %s (%s): %s: %s: %s", n->name, n->address, method,
+                   kvl_rpc_status_name(res.code), res.message ? res.message : "");
+    } else if (s) {
+        kvl_error_prefix(s, n->name);
+    }
+    kvl_rpc_result_clear(&res);
+    return s;
+}
+
+kvl_status kvr_node_info(kvr_node *n, int64_t timeout_ms, Kvlingo__V1__InfoResponse **out,
+                         grpc_status_code *code) {
+    Kvlingo__V1__InfoRequest req = KVLINGO__V1__INFO_REQUEST__INIT;
+    *out = NULL;
+    return call(n, "Info", &req.base, &kvlingo__v1__info_response__descriptor, timeout_ms,
+                (ProtobufCMessage **)out, code);
+}
+
+kvl_status kvr_node_session_info(kvr_node *n, const char *sid, int64_t timeout_ms,
+                                 kvr_node_session *out, grpc_status_code *code) {
+    Kvlingo__V1__SessionInfoRequest req = KVLINGO__V1__SESSION_INFO_REQUEST__INIT;
+    req.session_id = (char *)sid;
+    Kvlingo__V1__SessionInfoResponse *resp = NULL;
+    grpc_status_code c = GRPC_STATUS_OK;
+    memset(out, 0, sizeof *out);
+    kvl_status s = call(n, "SessionInfo", &req.base, &kvlingo__v1__session_info_response__descriptor,
+                        timeout_ms, (ProtobufCMessage **)&resp, &c);
+    if (code) *code = c;
+    if (c == GRPC_STATUS_NOT_FOUND) { kvl_clear_error(); return KVL_OK; }   /* found = 0 */
+    if (s) return s;
+    out->found = 1;
+    out->tokens = resp->token_count;
+    out->cached = resp->cached_count;
+    out->imported = resp->imported_count;
+    out->idle = !resp->state || !resp->state[0] || !strcmp(resp->state, "idle");
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return KVL_OK;
+}
+
+kvl_status kvr_node_open(kvr_node *n, const char *sid, int64_t timeout_ms, grpc_status_code *code) {
+    Kvlingo__V1__OpenSessionRequest req = KVLINGO__V1__OPEN_SESSION_REQUEST__INIT;
+    req.session_id = (char *)sid;
+    Kvlingo__V1__OpenSessionResponse *resp = NULL;
+    kvl_status s = call(n, "OpenSession", &req.base, &kvlingo__v1__open_session_response__descriptor,
+                        timeout_ms, (ProtobufCMessage **)&resp, code);
+    if (resp) protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return s;
+}
+
+kvl_status kvr_node_append(kvr_node *n, const char *sid, const int32_t *ids, int count,
+                           int64_t timeout_ms, unsigned *token_count, grpc_status_code *code) {
+    Kvlingo__V1__AppendRequest req = KVLINGO__V1__APPEND_REQUEST__INIT;
+    req.session_id = (char *)sid;
+    req.n_tokens = (size_t)count;
+    req.tokens = (int32_t *)ids;
+    req.prefill = 0;
+    Kvlingo__V1__AppendResponse *resp = NULL;
+    kvl_status s = call(n, "Append", &req.base, &kvlingo__v1__append_response__descriptor,
+                        timeout_ms, (ProtobufCMessage **)&resp, code);
+    if (!s && token_count) *token_count = resp->token_count;
+    if (resp) protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return s;
+}
+
+kvl_status kvr_node_drop(kvr_node *n, const char *sid, int64_t timeout_ms, grpc_status_code *code) {
+    Kvlingo__V1__DropSessionRequest req = KVLINGO__V1__DROP_SESSION_REQUEST__INIT;
+    req.session_id = (char *)sid;
+    Kvlingo__V1__DropSessionResponse *resp = NULL;
+    grpc_status_code c = GRPC_STATUS_OK;
+    kvl_status s = call(n, "DropSession", &req.base, &kvlingo__v1__drop_session_response__descriptor,
+                        timeout_ms, (ProtobufCMessage **)&resp, &c);
+    if (resp) protobuf_c_message_free_unpacked(&resp->base, NULL);
+    if (code) *code = c;
+    if (c == GRPC_STATUS_NOT_FOUND) { kvl_clear_error(); return KVL_OK; }   /* already gone */
+    return s;
+}
+
+kvl_status kvr_node_export(kvr_node *src, const kvr_node *dst, const char *sid, unsigned from,
+                           unsigned to, int replace, int64_t timeout_ms, kvr_export_result *out,
+                           grpc_status_code *code) {
+    Kvlingo__V1__ExportSpanRequest req = KVLINGO__V1__EXPORT_SPAN_REQUEST__INIT;
+    req.session_id = (char *)sid;
+    req.from = from;
+    req.to = to;
+    req.peer = (char *)dst->address;
+    req.replace = replace != 0;
+    req.timeout_ms = (uint32_t)(timeout_ms > 0 ? timeout_ms : 0);
+    Kvlingo__V1__ExportSpanResponse *resp = NULL;
+    memset(out, 0, sizeof *out);
+    /* the rpc deadline leaves the node time to report its own timeout first */
+    kvl_status s = call(src, "ExportSpan", &req.base, &kvlingo__v1__export_span_response__descriptor,
+                        timeout_ms + 1000, (ProtobufCMessage **)&resp, code);
+    if (!s) {
+        out->t0 = resp->t0;
+        out->t1 = resp->t1;
+        out->peer_tokens = resp->peer_token_count;
+        out->payload_bytes = resp->payload_bytes;
+        out->transfer_s = resp->transfer_seconds;
+        out->translate_s = resp->translate_seconds;
+        out->total_s = resp->total_seconds;
+    }
+    if (resp) protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return s;
+}
+
+kvl_status kvr_node_generate(kvr_node *n, const char *sid, const kvr_gen_params *p,
+                             int64_t timeout_ms, kvl_rpc_stream **out) {
+    Kvlingo__V1__GenerateRequest req = KVLINGO__V1__GENERATE_REQUEST__INIT;
+    req.session_id = (char *)sid;
+    req.max_tokens = p->max_tokens;
+    req.temperature = p->temperature;
+    req.top_k = p->top_k;
+    req.top_p = p->top_p;
+    req.seed = p->seed;
+    req.stop_at_eos = p->stop_at_eos != 0;
+    req.return_logprobs = p->return_logprobs != 0;
+    size_t len = kvlingo__v1__generate_request__get_packed_size(&req);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf) return kvl_errorf(KVL_ERR_NOMEM, "generate request");
+    kvlingo__v1__generate_request__pack(&req, buf);
+    kvl_status s = kvl_rpc_client_stream_open(n->cli, NODE_SVC "Generate", buf, len, timeout_ms, out);
+    free(buf);
+    if (s) kvl_error_prefix(s, n->name);
+    return s;
+}
+
+int kvr_node_gen_next(kvr_node *n, kvl_rpc_stream *st, Kvlingo__V1__GenerateResponse **msg,
+                      grpc_status_code *code) {
+    uint8_t *data = NULL;
+    size_t len = 0;
+    *msg = NULL;
+    if (code) *code = GRPC_STATUS_OK;
+    int r = kvl_rpc_stream_read(st, &data, &len);
+    if (r < 0) return r;
+    if (r == 0) {
+        kvl_rpc_result res = {0};
+        kvl_status s = kvl_rpc_stream_finish(st, &res);
+        if (s) return s;
+        if (code) *code = res.code;
+        if (res.code != GRPC_STATUS_OK)
+            kvl_errorf(kvl_rpc_status_to_kvl(res.code), "node %s (%s): Generate: %s: %s", n->name,
+                       n->address, kvl_rpc_status_name(res.code), res.message ? res.message : "");
+        kvl_rpc_result_clear(&res);
+        return 0;
+    }
+    *msg = kvlingo__v1__generate_response__unpack(NULL, len, data);
+    free(data);
+    if (!*msg) {
+        if (code) *code = GRPC_STATUS_INTERNAL;
+        return kvl_errorf(KVL_ERR_FORMAT, "node %s: Generate: malformed message", n->name);
+    }
+    return 1;
+}

@@ -1,0 +1,61 @@
+/* router/nodecall.h: typed calls from the router to a node's Node service (protobuf-c over
+ * rpc/).  Each returns KVL_OK when the node answered OK; otherwise a kvl_status with a message
+ * "node NAME (ADDR): Method: CODE: details" and the gRPC code in *code (when code != NULL), so
+ * callers can tell a rejection (FAILED_PRECONDITION, OUT_OF_RANGE, ...) from a transport failure
+ * (UNAVAILABLE, DEADLINE_EXCEEDED) when deciding on a retry. */
+#ifndef KVR_NODECALL_H
+#define KVR_NODECALL_H
+
+#include <stdint.h>
+
+#include "kvlingo/v1/node.pb-c.h"
+#include "registry.h"
+
+typedef struct kvr_node_session {
+    int found;                   /* 0: the node does not know the session                     */
+    unsigned tokens;             /* node ledger length                                        */
+    unsigned cached;             /* positions held in its KV cache                            */
+    int idle;                    /* 1 when no operation (import, decode, ...) owns it          */
+    unsigned imported;           /* tokens whose K/V came from translated spans               */
+} kvr_node_session;
+
+kvl_status kvr_node_info(kvr_node *n, int64_t timeout_ms, Kvlingo__V1__InfoResponse **out,
+                         grpc_status_code *code);
+kvl_status kvr_node_session_info(kvr_node *n, const char *sid, int64_t timeout_ms,
+                                 kvr_node_session *out, grpc_status_code *code);
+kvl_status kvr_node_open(kvr_node *n, const char *sid, int64_t timeout_ms, grpc_status_code *code);
+/* Append tokens (prefill deferred to Generate). *token_count: node ledger length after. */
+kvl_status kvr_node_append(kvr_node *n, const char *sid, const int32_t *ids, int count,
+                           int64_t timeout_ms, unsigned *token_count, grpc_status_code *code);
+kvl_status kvr_node_drop(kvr_node *n, const char *sid, int64_t timeout_ms, grpc_status_code *code);
+
+typedef struct kvr_export_result {
+    unsigned t0, t1, peer_tokens;
+    uint64_t payload_bytes;
+    double transfer_s, translate_s, total_s;
+} kvr_export_result;
+
+/* ExportSpan on the source node `src`: ship [from, to) to `dst` (same session id). */
+kvl_status kvr_node_export(kvr_node *src, const kvr_node *dst, const char *sid, unsigned from,
+                           unsigned to, int replace, int64_t timeout_ms, kvr_export_result *out,
+                           grpc_status_code *code);
+
+typedef struct kvr_gen_params {
+    unsigned max_tokens;
+    float temperature;
+    unsigned top_k;
+    float top_p;
+    uint64_t seed;
+    int stop_at_eos;
+    int return_logprobs;
+} kvr_gen_params;
+
+/* Open a Generate stream; read with kvr_node_gen_next; free with kvl_rpc_stream_free. */
+kvl_status kvr_node_generate(kvr_node *n, const char *sid, const kvr_gen_params *p,
+                             int64_t timeout_ms, kvl_rpc_stream **out);
+/* 1: *msg set (free with protobuf_c_message_free_unpacked); 0: end of stream (then *code and
+ * the thread error say how it ended; KVL_OK status only when code == OK); negative: failure. */
+int kvr_node_gen_next(kvr_node *n, kvl_rpc_stream *st, Kvlingo__V1__GenerateResponse **msg,
+                      grpc_status_code *code);
+
+#endif

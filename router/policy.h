@@ -1,0 +1,110 @@
+/* router/policy.h: the routing-policy interface.  A policy sees the fleet as an array of node
+ * views (model, health, load, how much of this session each node holds, whether a translation
+ * into it is possible) and picks the node that answers the next turn.  Policies are pure
+ * decision code: no RPC, no SQLite, no locks; their per-session state is two integers the
+ * ledger persists, so a router restart keeps every session's policy position.
+ *
+ * Policies (each file documents its config keys):
+ *   pinned        router/policy_pinned.c
+ *   least_loaded  router/policy_least_loaded.c
+ *   cascade       router/policy_cascade.c
+ *   cost          router/policy_cost.c
+ */
+#ifndef KVR_POLICY_H
+#define KVR_POLICY_H
+
+#include "config.h"
+
+typedef struct kvr_node_view {
+    const char *name;
+    const char *model;
+    int healthy;
+    int load;                 /* turns the router has running on the node now              */
+    int held;                 /* ledger tokens [0, held) of this session the node holds     */
+    int can_translate;        /* a usable translator from the current node's model into it   */
+    double prefill_tps;       /* measured (or configured initial) prefill tokens/s           */
+    double decode_tps;
+    double translate_tps;     /* span tokens/s of an export+translate into this node          */
+} kvr_node_view;
+
+typedef struct kvr_policy_state {
+    int level;                /* cascade: rung of the model ladder                           */
+    int calm;                 /* cascade: calm turns counted on the current rung             */
+} kvr_policy_state;
+
+typedef struct kvr_policy_input {
+    const kvr_node_view *nodes;
+    int n_nodes;
+    int current;              /* node holding the session's latest context, -1 if none      */
+    int n_context;            /* ledger tokens before this turn                              */
+    int n_user;               /* this turn's input tokens                                    */
+    int max_tokens;
+    const char *requested_model;  /* "" when the request names none                         */
+    const char *session_model;    /* CreateSession's model, "" when none                    */
+    int escalate;             /* request flag                                                */
+    kvr_policy_state state;
+} kvr_policy_input;
+
+typedef struct kvr_policy_decision {
+    int node;                 /* index into nodes                                            */
+    char reason[160];         /* human-readable, goes to the turn summary and the log        */
+    kvr_policy_state state;   /* state to persist with the turn                              */
+} kvr_policy_decision;
+
+typedef struct kvr_turn_outcome {
+    int node;
+    double mean_entropy;      /* nats, over the turn's generated tokens                      */
+    int entropy_valid;
+} kvr_turn_outcome;
+
+typedef struct kvr_policy_ops {
+    const char *name;
+    int needs_entropy;        /* the router asks nodes for distributions to measure entropy  */
+    /* Validate and take the policy's keys (every key must be looked up: leftovers are
+     * errors).  `c` gives the fleet (to check model names). */
+    kvl_status (*create)(kvr_kvlist *keys, const kvr_config *c, void **self);
+    void (*destroy)(void *self);
+    /* KVL_ERR_NOT_FOUND for an unknown requested model, KVL_ERR_IO when no healthy node. */
+    kvl_status (*choose)(void *self, const kvr_policy_input *in, kvr_policy_decision *out);
+    /* Called after a completed turn; updates *st (starting from the decision's state). */
+    void (*observe)(void *self, const kvr_policy_input *in, const kvr_turn_outcome *o,
+                    kvr_policy_state *st);
+} kvr_policy_ops;
+
+typedef struct kvr_policy kvr_policy;
+
+const kvr_policy_ops *kvr_policy_find(const char *name);
+const char *kvr_policy_names(void);   /* "pinned, least_loaded, cascade, cost" */
+
+/* Create the policy named in c->policy_name from c->policy.  Free with kvr_policy_free. */
+kvl_status kvr_policy_create(kvr_config *c, kvr_policy **out);
+void kvr_policy_free(kvr_policy *p);
+const char *kvr_policy_name(const kvr_policy *p);
+int kvr_policy_needs_entropy(const kvr_policy *p);
+kvl_status kvr_policy_choose(kvr_policy *p, const kvr_policy_input *in, kvr_policy_decision *out);
+void kvr_policy_observe(kvr_policy *p, const kvr_policy_input *in, const kvr_turn_outcome *o,
+                        kvr_policy_state *st);
+
+/* ---- helpers shared by the policies ------------------------------------------------------- */
+
+/* 1 when some configured node serves `model`. */
+int kvr_policy_model_known(const kvr_policy_input *in, const char *model);
+/* The model a turn should use when the policy has no opinion: the requested model, else the
+ * session's, else the current node's, else `dflt`, else the first node's. */
+const char *kvr_policy_default_model(const kvr_policy_input *in, const char *dflt);
+/* Among healthy nodes of `model`: the one holding most of the session, then the current node,
+ * then the least loaded, then the first in config order (stable: no random hops).
+ * Returns the index, or a negative kvl_status with the message set. */
+int kvr_policy_pick_of_model(const kvr_policy_input *in, const char *model);
+/* Check that every comma-separated model of `list` is served by a node of `c`. */
+kvl_status kvr_policy_check_models(const kvr_kvlist *keys, const char *key, const char *list,
+                                   const kvr_config *c);
+/* Split "a,b,c" into at most `max` malloc'ed strings; returns the count (negative on OOM). */
+int kvr_policy_split(const char *list, char **out, int max);
+
+extern const kvr_policy_ops kvr_policy_pinned;
+extern const kvr_policy_ops kvr_policy_least_loaded;
+extern const kvr_policy_ops kvr_policy_cascade;
+extern const kvr_policy_ops kvr_policy_cost;
+
+#endif

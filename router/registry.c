@@ -1,0 +1,268 @@
+/* router/registry.c: fleet state (see registry.h). */
+#include "registry.h"
+#include "log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "nodecall.h"
+
+/* EMA weight of a new rate measurement: smooth enough that one slow turn (another process
+ * stealing the CPU) does not flip the cost policy. */
+#define RATE_ALPHA 0.3
+
+kvl_status kvr_registry_create(const kvr_config *cfg, kvr_registry **out) {
+    *out = NULL;
+    if (cfg->n_nodes > KVR_MAX_NODES)
+        return kvl_errorf(KVL_ERR_RANGE, "%s: %d nodes, at most %d", cfg->path, cfg->n_nodes,
+                          KVR_MAX_NODES);
+    kvr_registry *r = calloc(1, sizeof *r);
+    if (!r) return kvl_errorf(KVL_ERR_NOMEM, "registry: out of memory");
+    if (pthread_mutex_init(&r->mu, NULL)) { free(r); return kvl_errorf(KVL_ERR_INTERNAL, "registry mutex"); }
+    r->node_timeout_ms = (int64_t)cfg->node_timeout_ms;
+    for (int i = 0; i < cfg->n_nodes; i++) {
+        kvr_node *n = &r->nodes[i];
+        if (strlen(cfg->nodes[i].name) >= sizeof n->name || strlen(cfg->nodes[i].address) >= sizeof n->address ||
+            strlen(cfg->nodes[i].model) >= sizeof n->model) {
+            kvr_registry_free(r);
+            return kvl_errorf(KVL_ERR_FORMAT, "%s:%d: node name, address or model too long",
+                              cfg->path, cfg->nodes[i].line);
+        }
+        snprintf(n->name, sizeof n->name, "%s", cfg->nodes[i].name);
+        snprintf(n->address, sizeof n->address, "%s", cfg->nodes[i].address);
+        snprintf(n->model, sizeof n->model, "%s", cfg->nodes[i].model);
+        snprintf(n->error, sizeof n->error, "not probed yet");
+        /* seeds until measured: typical small-model CPU figures (README benchmarks) */
+        n->prefill_tps = 5000;
+        n->decode_tps = 400;
+        n->translate_tps = 200000;
+        kvl_status s = kvl_rpc_client_create(n->address, 0, &n->cli);
+        r->n = i + 1;
+        if (s) { kvr_registry_free(r); return s; }
+    }
+    *out = r;
+    return KVL_OK;
+}
+
+void kvr_registry_free(kvr_registry *r) {
+    if (!r) return;
+    for (int i = 0; i < r->n; i++) kvl_rpc_client_free(r->nodes[i].cli);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}
+
+int kvr_registry_find(const kvr_registry *r, const char *name) {
+    for (int i = 0; name && i < r->n; i++)
+        if (!strcmp(r->nodes[i].name, name)) return i;
+    return -1;
+}
+
+int kvr_registry_model_known(const kvr_registry *r, const char *model) {
+    for (int i = 0; model && i < r->n; i++)
+        if (!strcmp(r->nodes[i].model, model)) return 1;
+    return 0;
+}
+
+void kvr_registry_models(const kvr_registry *r, char *buf, size_t cap) {
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; i < r->n; i++) {
+        int dup = 0;
+        for (int j = 0; j < i; j++) dup |= !strcmp(r->nodes[j].model, r->nodes[i].model);
+        if (dup) continue;
+        int w = snprintf(buf + len, cap - len, "%s%s", len ? ", " : "", r->nodes[i].model);
+        if (w < 0 || (size_t)w >= cap - len) break;
+        len += (size_t)w;
+    }
+}
+
+/* Hash of `model` as reported by a probed node serving it ("" when none probed). */
+static const char *model_hash_locked(kvr_registry *r, const char *model) {
+    for (int i = 0; i < r->n; i++)
+        if (r->nodes[i].probed && !strcmp(r->nodes[i].model, model)) return r->nodes[i].hash;
+    return "";
+}
+
+/* Re-check every node's translators against the hashes known now (a source node probed later
+ * can validate a translator discovered earlier). */
+static void check_translators_locked(kvr_registry *r, int i, const Kvlingo__V1__InfoResponse *info) {
+    kvr_node *n = &r->nodes[i];
+    n->n_tr_from = 0;
+    n->n_tr_bad = 0;
+    for (size_t t = 0; t < info->n_translators; t++) {
+        const Kvlingo__V1__TranslatorInfo *ti = info->translators[t];
+        const char *src = ti->source && ti->source->name ? ti->source->name : "";
+        const char *src_hash = ti->source && ti->source->hash ? ti->source->hash : "";
+        const char *dst = ti->target && ti->target->name ? ti->target->name : "";
+        const char *dst_hash = ti->target && ti->target->hash ? ti->target->hash : "";
+        char why[120] = "";
+        if (strcmp(dst, n->model))
+            snprintf(why, sizeof why, "target '%s' is not this node's model", dst);
+        else if (dst_hash[0] && n->hash[0] && strcmp(dst_hash, n->hash))
+            snprintf(why, sizeof why, "target hash %s != node's %s", dst_hash, n->hash);
+        else if (!kvr_registry_model_known(r, src))
+            snprintf(why, sizeof why, "source model '%s' is not in the fleet", src);
+        else {
+            const char *h = model_hash_locked(r, src);
+            if (src_hash[0] && h[0] && strcmp(src_hash, h))
+                snprintf(why, sizeof why, "source hash %s != fleet's %s", src_hash, h);
+        }
+        if (why[0]) {
+            if (n->n_tr_bad < KVR_MAX_TR) {
+                snprintf(n->tr_bad[n->n_tr_bad].src, sizeof n->tr_bad[0].src, "%s", src);
+                snprintf(n->tr_bad[n->n_tr_bad].why, sizeof n->tr_bad[0].why, "%s", why);
+                n->n_tr_bad++;
+            }
+        } else if (n->n_tr_from < KVR_MAX_TR) {
+            snprintf(n->tr_from[n->n_tr_from++], sizeof n->tr_from[0], "%s", src);
+        }
+    }
+}
+
+int kvr_registry_refresh(kvr_registry *r, int only_unhealthy, int64_t timeout_ms) {
+    Kvlingo__V1__InfoResponse *infos[KVR_MAX_NODES] = {0};
+    /* RPCs without the lock: a dead node must not stall turns on the others */
+    for (int i = 0; i < r->n; i++) {
+        kvr_node *n = &r->nodes[i];
+        pthread_mutex_lock(&r->mu);
+        int skip = only_unhealthy && n->healthy;
+        pthread_mutex_unlock(&r->mu);
+        if (skip) continue;
+        grpc_status_code code;
+        kvl_status s = kvr_node_info(n, timeout_ms, &infos[i], &code);
+        if (s) {
+            char msg[256];
+            snprintf(msg, sizeof msg, "%s", kvl_last_error());
+            pthread_mutex_lock(&r->mu);
+            if (!n->down_logged)
+                kvr_logf("warn", "node %s (%s) does not answer: %s\n", n->name, n->address, msg);
+            n->down_logged = 1;
+            n->healthy = 0;
+            snprintf(n->error, sizeof n->error, "%s", msg);
+            pthread_mutex_unlock(&r->mu);
+            continue;
+        }
+        const char *name = infos[i]->model && infos[i]->model->name ? infos[i]->model->name : "";
+        pthread_mutex_lock(&r->mu);
+        if (strcmp(name, n->model)) {
+            snprintf(n->error, sizeof n->error, "serves model '%s', config says '%s'", name, n->model);
+            if (n->healthy || !n->probed) kvr_logf("warn", "node %s: %s\n", n->name, n->error);
+            n->healthy = 0;
+            n->probed = 1;
+            pthread_mutex_unlock(&r->mu);
+            continue;
+        }
+        if (!n->healthy) kvr_logf("info", "node %s (%s) serving %s\n", n->name, n->address, name);
+        n->healthy = 1;
+        n->down_logged = 0;
+        n->probed = 1;
+        n->error[0] = 0;
+        snprintf(n->hash, sizeof n->hash, "%s", infos[i]->model->hash ? infos[i]->model->hash : "");
+        n->n_layers = infos[i]->n_layers;
+        n->n_kv_heads = infos[i]->n_kv_heads;
+        n->head_dim = infos[i]->head_dim;
+        n->max_context = infos[i]->max_context;
+        n->vocab = infos[i]->vocab_size;
+        n->sessions = infos[i]->sessions;
+        pthread_mutex_unlock(&r->mu);
+    }
+    pthread_mutex_lock(&r->mu);
+    int healthy = 0;
+    for (int i = 0; i < r->n; i++) {
+        if (infos[i] && r->nodes[i].healthy) check_translators_locked(r, i, infos[i]);
+        healthy += r->nodes[i].healthy;
+    }
+    pthread_mutex_unlock(&r->mu);
+    for (int i = 0; i < r->n; i++)
+        if (infos[i]) protobuf_c_message_free_unpacked(&infos[i]->base, NULL);
+    return healthy;
+}
+
+void kvr_registry_mark(kvr_registry *r, int i, int healthy, const char *err) {
+    pthread_mutex_lock(&r->mu);
+    kvr_node *n = &r->nodes[i];
+    if (!healthy && n->healthy) {
+        kvr_logf("warn", "node %s marked unhealthy: %s\n", n->name, err ? err : "");
+        n->down_logged = 1;
+    }
+    n->healthy = healthy;
+    if (err) snprintf(n->error, sizeof n->error, "%s", err);
+    pthread_mutex_unlock(&r->mu);
+}
+
+int kvr_registry_can_translate(kvr_registry *r, const char *src_model, int i) {
+    pthread_mutex_lock(&r->mu);
+    int ok = 0;
+    kvr_node *n = &r->nodes[i];
+    for (int t = 0; n->healthy && t < n->n_tr_from; t++) ok |= !strcmp(n->tr_from[t], src_model);
+    pthread_mutex_unlock(&r->mu);
+    return ok;
+}
+
+void kvr_registry_geometry(kvr_registry *r, int i, unsigned *layers, unsigned *kv_heads,
+                           unsigned *head_dim, unsigned *vocab) {
+    pthread_mutex_lock(&r->mu);
+    *layers = r->nodes[i].n_layers;
+    *kv_heads = r->nodes[i].n_kv_heads;
+    *head_dim = r->nodes[i].head_dim;
+    if (vocab) *vocab = r->nodes[i].vocab;
+    pthread_mutex_unlock(&r->mu);
+}
+
+void kvr_registry_turn_begin(kvr_registry *r, int i) {
+    pthread_mutex_lock(&r->mu);
+    r->nodes[i].active++;
+    pthread_mutex_unlock(&r->mu);
+}
+
+void kvr_registry_turn_end(kvr_registry *r, int i) {
+    pthread_mutex_lock(&r->mu);
+    if (r->nodes[i].active > 0) r->nodes[i].active--;
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void ema(double *v, double x) {
+    if (x > 0) *v = (1 - RATE_ALPHA) * *v + RATE_ALPHA * x;
+}
+
+void kvr_registry_observe(kvr_registry *r, int i, double prefill_tps, double decode_tps,
+                          double translate_tps) {
+    pthread_mutex_lock(&r->mu);
+    ema(&r->nodes[i].prefill_tps, prefill_tps);
+    ema(&r->nodes[i].decode_tps, decode_tps);
+    ema(&r->nodes[i].translate_tps, translate_tps);
+    pthread_mutex_unlock(&r->mu);
+}
+
+void kvr_registry_views(kvr_registry *r, const kvr_session *s, int current,
+                        int (*pair_ok)(void *arg, const char *src, const char *dst), void *arg,
+                        kvr_node_view *views) {
+    const char *cur_model = current >= 0 ? r->nodes[current].model : NULL;
+    int can[KVR_MAX_NODES] = {0};
+    for (int i = 0; cur_model && i < r->n; i++)
+        can[i] = i != current && kvr_registry_can_translate(r, cur_model, i) &&
+                 (!pair_ok || pair_ok(arg, cur_model, r->nodes[i].model));
+    pthread_mutex_lock(&r->mu);
+    for (int i = 0; i < r->n; i++) {
+        kvr_node *n = &r->nodes[i];
+        kvr_node_view *v = &views[i];
+        v->name = n->name;
+        v->model = n->model;
+        v->healthy = n->healthy;
+        v->load = n->active;
+        v->held = s ? kvr_session_held(s, n->name) : 0;
+        v->can_translate = can[i];
+        v->prefill_tps = n->prefill_tps;
+        v->decode_tps = n->decode_tps;
+        v->translate_tps = n->translate_tps;
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+void kvr_registry_copy(kvr_registry *r, int i, kvr_node *out) {
+    pthread_mutex_lock(&r->mu);
+    *out = r->nodes[i];
+    pthread_mutex_unlock(&r->mu);
+}

@@ -1,0 +1,198 @@
+/* router/router.c: lifecycle of the router context: create, serve, reload (SIGHUP), TTL expiry,
+ * gauges, free. */
+#include "router.h"
+#include "log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "error.h"
+#include "nodecall.h"
+
+/* Ended sessions stay visible to GetSession for this long before their rows are purged. */
+#define ENDED_KEEP_S 86400.0
+#define EXPIRE_BATCH 256
+
+double kvr_wall_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+double kvr_mono_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void ledger_observer(void *arg, double seconds) {
+    kvr_metrics_observe(arg, "kvlingo_router_ledger_write_seconds", "", seconds);
+}
+
+kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
+    *out = NULL;
+    kvr_router *r = calloc(1, sizeof *r);
+    if (!r) { kvr_config_free(cfg); return kvl_errorf(KVL_ERR_NOMEM, "router"); }
+    r->cfg = cfg;
+    pthread_rwlock_init(&r->policy_lock, NULL);
+    pthread_mutex_init(&r->busy_mu, NULL);
+    r->max_busy = (int)cfg->max_busy_sessions;
+    r->busy = calloc((size_t)r->max_busy, sizeof *r->busy);
+    kvl_status s = r->busy ? KVL_OK : kvl_errorf(KVL_ERR_NOMEM, "router busy table");
+    if (!s) s = kvr_metrics_create(&r->metrics);
+    if (!s) s = kvr_ledger_open(cfg->ledger, &r->ledger);
+    if (!s) kvr_ledger_set_observer(r->ledger, ledger_observer, r->metrics);
+    if (!s) {
+        struct stat stt;
+        if (!stat(cfg->tokenizer, &stt) && S_ISDIR(stt.st_mode)) s = kvl_tokenizer_load_dir(cfg->tokenizer, &r->tok);
+        else s = kvl_tokenizer_load(cfg->tokenizer, &r->tok);
+        if (s) kvl_error_prefix(s, "tokenizer");
+    }
+    if (!s) s = kvr_registry_create(cfg, &r->reg);
+    if (!s) s = kvr_policy_create(cfg, &r->policy);
+    if (!s) s = kvr_guard_create(cfg, r->reg, r->metrics, &r->guard);
+    if (s) { kvr_router_free(r); return s; }
+    int healthy = kvr_registry_refresh(r->reg, 0, 2000);
+    kvr_router_sync_pairs(r);
+    kvr_logf("info", "%d of %d nodes answer; policy %s; ledger %s\n", healthy, r->reg->n,
+            kvr_policy_name(r->policy), cfg->ledger);
+    kvr_metrics_set_gauges(r->metrics, kvr_router_gauges, r);
+    *out = r;
+    return KVL_OK;
+}
+
+void kvr_router_free(kvr_router *r) {
+    if (!r) return;
+    if (r->server) kvl_rpc_server_shutdown(r->server, 2000);
+    kvl_rpc_server_free(r->server);
+    kvr_guard_free(r->guard);
+    kvr_metrics_free(r->metrics);   /* stops the HTTP thread before what its gauges read goes */
+    kvr_policy_free(r->policy);
+    kvr_registry_free(r->reg);
+    kvr_ledger_free(r->ledger);
+    kvl_tokenizer_free(r->tok);
+    kvr_config_free(r->cfg);
+    free(r->busy);
+    pthread_mutex_destroy(&r->busy_mu);
+    pthread_rwlock_destroy(&r->policy_lock);
+    free(r);
+}
+
+void kvr_router_sync_pairs(kvr_router *r) {
+    /* make every discovered translator pair visible (metrics, ListNodes) before its first use */
+    for (int i = 0; i < r->reg->n; i++) {
+        kvr_node n;
+        kvr_registry_copy(r->reg, i, &n);
+        for (int t = 0; t < n.n_tr_from; t++) kvr_guard_pair_ok(r->guard, n.tr_from[t], n.model);
+    }
+}
+
+kvl_status kvr_router_reload(kvr_router *r) {
+    kvr_config *nc = NULL;
+    kvl_status s = kvr_config_load(r->cfg->path, &nc);
+    if (s) return s;
+    kvr_policy *np = NULL;
+    s = kvr_policy_create(nc, &np);
+    if (s) { kvr_config_free(nc); return s; }
+    /* only the policy and the guardrail change: nodes, ledger and listen addresses need a
+     * restart (sessions survive that too) */
+    pthread_rwlock_wrlock(&r->policy_lock);
+    kvr_policy *old = r->policy;
+    r->policy = np;
+    kvr_kvlist tmp = r->cfg->policy;
+    r->cfg->policy = nc->policy;
+    nc->policy = tmp;
+    char *tn = r->cfg->policy_name;
+    r->cfg->policy_name = nc->policy_name;
+    nc->policy_name = tn;
+    r->cfg->shadow_fraction = nc->shadow_fraction;
+    r->cfg->kl_budget = nc->kl_budget;
+    r->cfg->kl_alpha = nc->kl_alpha;
+    r->cfg->kl_min_samples = nc->kl_min_samples;
+    pthread_rwlock_unlock(&r->policy_lock);
+    kvr_guard_configure(r->guard, r->cfg);
+    kvr_policy_free(old);
+    kvr_config_free(nc);
+    kvr_logf("info", "reloaded %s: policy %s\n", r->cfg->path, r->cfg->policy_name);
+    return KVL_OK;
+}
+
+/* Busy check shared with service.c: 1 when a turn is running on `id`. */
+int kvr_router_is_busy(kvr_router *r, const char *id) {
+    pthread_mutex_lock(&r->busy_mu);
+    int busy = 0;
+    for (int i = 0; i < r->n_busy && !busy; i++) busy = !strcmp(r->busy[i], id);
+    pthread_mutex_unlock(&r->busy_mu);
+    return busy;
+}
+
+void kvr_router_expire(kvr_router *r) {
+    double now = kvr_wall_now();
+    char (*ids)[KVR_ID_MAX] = malloc(sizeof *ids * EXPIRE_BATCH);
+    if (!ids) return;
+    int n = 0;
+    if (kvr_ledger_idle(r->ledger, now - r->cfg->session_ttl_s, ids, EXPIRE_BATCH, &n)) {
+        kvr_logf("warn", "expiry: %s\n", kvl_last_error());
+        n = 0;
+    }
+    for (int i = 0; i < n; i++) {
+        if (kvr_router_is_busy(r, ids[i])) continue;
+        kvr_session s;
+        if (kvr_ledger_session_load(r->ledger, ids[i], 0, &s)) continue;
+        for (int h = 0; h < s.n_holdings; h++) {
+            int ni = kvr_registry_find(r->reg, s.holdings[h].node);
+            kvr_node nc;
+            if (ni >= 0) kvr_registry_copy(r->reg, ni, &nc);
+            /* a node that is down lost or will lose the session anyway; waiting on it here would
+             * stall the loop (signals, probes) for a timeout per session */
+            if (ni >= 0 && nc.healthy && kvr_node_drop(&r->reg->nodes[ni], ids[i], 1000, NULL))
+                kvr_logf("warn", "expiry: %s\n", kvl_last_error());
+        }
+        if (!kvr_ledger_session_end(r->ledger, ids[i], KVR_SESSION_EXPIRED, now))
+            kvr_logf("info", "session %s expired after %.0f s idle\n", ids[i], now - s.last_used);
+        kvr_session_clear(&s);
+    }
+    free(ids);
+    kvr_ledger_purge(r->ledger, now - ENDED_KEEP_S);
+}
+
+void kvr_router_gauges(void *arg, kvr_textbuf *b) {
+    kvr_router *r = arg;
+    long open = 0;
+    kvr_ledger_count_open(r->ledger, &open);
+    kvr_textbuf_printf(b, "# HELP kvlingo_router_sessions_open Sessions open in the ledger.\n"
+                          "# TYPE kvlingo_router_sessions_open gauge\nkvlingo_router_sessions_open %ld\n", open);
+    kvr_textbuf_printf(b, "# HELP kvlingo_router_pairs_disabled Translator pairs disabled by the guardrail.\n"
+                          "# TYPE kvlingo_router_pairs_disabled gauge\nkvlingo_router_pairs_disabled %d\n",
+                       kvr_guard_disabled_count(r->guard));
+    kvr_pair_status ps[64];
+    int np = kvr_guard_pairs(r->guard, ps, 64);
+    kvr_textbuf_printf(b, "# HELP kvlingo_router_pair_moving_kl_nats Moving KL(native||translated) per pair.\n"
+                          "# TYPE kvlingo_router_pair_moving_kl_nats gauge\n");
+    for (int i = 0; i < np; i++)
+        kvr_textbuf_printf(b, "kvlingo_router_pair_moving_kl_nats{source=\"%s\",target=\"%s\"} %.6g\n",
+                           ps[i].source, ps[i].target, ps[i].moving_kl);
+    kvr_textbuf_printf(b, "# HELP kvlingo_router_pair_enabled 1 when the router translates for the pair.\n"
+                          "# TYPE kvlingo_router_pair_enabled gauge\n");
+    for (int i = 0; i < np; i++)
+        kvr_textbuf_printf(b, "kvlingo_router_pair_enabled{source=\"%s\",target=\"%s\"} %d\n",
+                           ps[i].source, ps[i].target, ps[i].enabled);
+    int healthy = 0, inflight = 0;
+    kvr_textbuf_printf(b, "# HELP kvlingo_router_node_healthy 1 when the node answers.\n"
+                          "# TYPE kvlingo_router_node_healthy gauge\n");
+    for (int i = 0; i < r->reg->n; i++) {
+        kvr_node n;
+        kvr_registry_copy(r->reg, i, &n);
+        healthy += n.healthy;
+        inflight += n.active;
+        kvr_textbuf_printf(b, "kvlingo_router_node_healthy{node=\"%s\",model=\"%s\"} %d\n", n.name,
+                           n.model, n.healthy);
+    }
+    kvr_textbuf_printf(b, "# HELP kvlingo_router_nodes_healthy Nodes that answer.\n"
+                          "# TYPE kvlingo_router_nodes_healthy gauge\nkvlingo_router_nodes_healthy %d\n", healthy);
+    kvr_textbuf_printf(b, "# HELP kvlingo_router_turns_in_flight Turns running now.\n"
+                          "# TYPE kvlingo_router_turns_in_flight gauge\nkvlingo_router_turns_in_flight %d\n", inflight);
+}

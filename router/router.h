@@ -1,0 +1,105 @@
+/* router/router.h: the one context object of kvlingo-router.  Everything mutable lives here or in
+ * the objects it owns; gRPC handlers get it as their `user` pointer.
+ *
+ * Files, one concern each:
+ *   config.c     fleet.yaml (libyaml)            ledger.c     SQLite session ledger
+ *   registry.c   nodes, health, translators       nodecall.c   typed Node-service calls
+ *   policy*.c    routing policies                 turn.c       one turn: choose, switch, decode
+ *   guard.c      quality guardrail (shadow KL)    metrics.c    /metrics (libmicrohttpd)
+ *   service.c    Router gRPC handlers             main.c       process: args, libuv, signals
+ */
+#ifndef KVR_ROUTER_H
+#define KVR_ROUTER_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "guard.h"
+#include "kvlingo/tokenizer.h"
+#include "kvlingo/v1/router.pb-c.h"
+#include "ledger.h"
+#include "metrics.h"
+#include "policy.h"
+#include "registry.h"
+#include "rpc.h"
+
+typedef struct kvr_router {
+    kvr_config *cfg;              /* the loaded config; SIGHUP swaps policy + guardrail only   */
+    pthread_rwlock_t policy_lock;
+    kvr_policy *policy;
+    kvr_ledger *ledger;
+    kvr_registry *reg;
+    kvr_guard *guard;
+    kvr_metrics *metrics;
+    kvl_tokenizer *tok;
+    kvl_rpc_server *server;
+    /* sessions with a turn running (a second Send on one is refused) */
+    pthread_mutex_t busy_mu;
+    char (*busy)[KVR_ID_MAX];
+    int n_busy, max_busy;
+    int turns_in_flight;
+} kvr_router;
+
+/* Build the context from a loaded config (takes ownership of cfg): ledger, tokenizer, registry
+ * (first probe of every node: a node that does not answer is logged and marked down, the router
+ * still starts), policy, guardrail, metrics objects.  No servers started. */
+kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out);
+/* Register the Router service and start gRPC (+ metrics HTTP when configured). */
+kvl_status kvr_router_serve(kvr_router *r);
+void kvr_router_free(kvr_router *r);
+
+/* SIGHUP: re-read the config file; swap the policy and guardrail settings.  Sessions, nodes and
+ * the ledger are untouched.  On error the old policy stays and the error is returned. */
+kvl_status kvr_router_reload(kvr_router *r);
+
+/* Register every discovered translator pair with the guardrail (after a registry refresh). */
+void kvr_router_sync_pairs(kvr_router *r);
+
+/* TTL sweep: expire idle sessions (nodes told to drop them), purge old ended rows. */
+void kvr_router_expire(kvr_router *r);
+
+/* Seconds since the Unix epoch. */
+double kvr_wall_now(void);
+double kvr_mono_now(void);
+
+/* ---- one turn (turn.c) --------------------------------------------------------------------- */
+
+typedef struct kvr_turn_req {
+    const char *sid;
+    const int32_t *user;          /* this turn's input ids                                     */
+    int n_user;
+    unsigned max_tokens;
+    float temperature;
+    unsigned top_k;
+    float top_p;
+    uint64_t seed;
+    int stop_at_eos;
+    const char *model;            /* "" none                                                   */
+    int escalate, force_reprefill, compare_reprefill;
+} kvr_turn_req;
+
+typedef struct kvr_turn_out {
+    char model[KVR_NAME_MAX], node[KVR_NAME_MAX];
+    char from_model[KVR_NAME_MAX], from_node[KVR_NAME_MAX];
+    int mode;                     /* KVLINGO__V1__SWITCH_MODE__* */
+    unsigned span_tokens, n_generated, turn, context_tokens, user_tokens;
+    double ttft_s, tps, switch_s, reprefill_ttft_s;
+    char fallback[160];
+    char finish_reason[32];
+    float mean_entropy, shadow_kl;
+    char policy_reason[160];
+} kvr_turn_out;
+
+/* Called for every generated token; return non-zero to stop (client gone). */
+typedef int (*kvr_emit_fn)(void *arg, int32_t token, const char *text, float logprob);
+
+/* Run one turn.  Errors carry the thread message; the gRPC code to answer with is
+ * kvl_rpc_status_from_kvl(status) except for *busy_code overrides set by the caller. */
+kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit, void *arg,
+                        kvr_turn_out *out);
+
+/* Gauges callback for metrics (sessions open, pairs disabled, nodes healthy, ...). */
+void kvr_router_gauges(void *arg, kvr_textbuf *b);
+
+#endif

@@ -1,0 +1,389 @@
+/* router/service.c: the Router gRPC service (kvlingo.v1.Router): request validation, session
+ * busy-locking, streaming, one log line per request. */
+#include "router.h"
+#include "log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "error.h"
+#include "nodecall.h"
+
+#define SVC "/kvlingo.v1.Router/"
+/* Raw text is rejected before tokenizing when it could not fit max_input_tokens even at the
+ * longest token this vocabulary has: bounds the work a hostile request can cause. */
+#define MAX_BYTES_PER_TOKEN 64
+
+int kvr_router_is_busy(kvr_router *r, const char *id);
+
+static kvl_status busy_take(kvr_router *r, const char *id) {
+    pthread_mutex_lock(&r->busy_mu);
+    kvl_status s = KVL_OK;
+    for (int i = 0; i < r->n_busy; i++)
+        if (!strcmp(r->busy[i], id)) { s = kvl_errorf(KVL_ERR_MISMATCH, "session '%s' is busy: a turn is running", id); break; }
+    if (!s && r->n_busy >= r->max_busy)
+        s = kvl_errorf(KVL_ERR_NOMEM, "router busy: %d turns running (max_busy_sessions)", r->n_busy);
+    if (!s) snprintf(r->busy[r->n_busy++], KVR_ID_MAX, "%s", id);
+    pthread_mutex_unlock(&r->busy_mu);
+    return s;
+}
+
+static void busy_release(kvr_router *r, const char *id) {
+    pthread_mutex_lock(&r->busy_mu);
+    for (int i = 0; i < r->n_busy; i++)
+        if (!strcmp(r->busy[i], id)) {
+            memmove(r->busy[i], r->busy[r->n_busy - 1], KVR_ID_MAX);
+            r->n_busy--;
+            break;
+        }
+    pthread_mutex_unlock(&r->busy_mu);
+}
+
+static void fail(kvl_rpc_call *call, const char *method, grpc_status_code code, const char *msg) {
+    kvr_logf("warn", "%s -> %s: %s\n", method, kvl_rpc_status_name(code), msg);
+    kvl_rpc_call_finish(call, code, "%s", msg);
+}
+
+static void fail_kvl(kvr_router *r, kvl_rpc_call *call, const char *method, kvl_status s) {
+    grpc_status_code code = kvl_rpc_status_from_kvl(s);
+    /* a busy session is a retryable conflict, not a broken precondition */
+    if (s == KVL_ERR_MISMATCH && strstr(kvl_last_error(), "is busy")) code = GRPC_STATUS_ABORTED;
+    char lab[48];
+    snprintf(lab, sizeof lab, "code=\"%s\"", kvl_rpc_status_name(code));
+    kvr_metrics_inc(r->metrics, "kvlingo_router_errors_total", lab, 1);
+    const char *m = kvl_last_error();
+    fail(call, method, code, m[0] ? m : kvl_strerror(s));
+}
+
+/* ---- CreateSession ------------------------------------------------------------------------- */
+
+static void h_create(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    kvr_router *r = user;
+    Kvlingo__V1__CreateSessionRequest *q = kvlingo__v1__create_session_request__unpack(NULL, len, req);
+    if (!q) { fail(call, "CreateSession", GRPC_STATUS_INVALID_ARGUMENT, "malformed CreateSessionRequest"); return; }
+    char id[KVR_ID_MAX];
+    if (q->session_id && q->session_id[0]) {
+        snprintf(id, sizeof id, "%.*s", KVR_ID_MAX - 1, q->session_id);
+    } else {
+        uint8_t rnd[8] = {0};
+        if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
+            uint64_t x = (uint64_t)(kvr_mono_now() * 1e9);
+            memcpy(rnd, &x, sizeof rnd);
+        }
+        snprintf(id, sizeof id, "s-%02x%02x%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1], rnd[2], rnd[3],
+                 rnd[4], rnd[5], rnd[6], rnd[7]);
+    }
+    kvl_status s = KVL_OK;
+    if (q->model && q->model[0] && !kvr_registry_model_known(r->reg, q->model)) {
+        char models[256];
+        kvr_registry_models(r->reg, models, sizeof models);
+        s = kvl_errorf(KVL_ERR_NOT_FOUND, "unknown model '%.64s' (the fleet serves: %s)", q->model, models);
+    }
+    if (!s) s = kvr_ledger_session_create(r->ledger, id, q->model ? q->model : "", kvr_wall_now());
+    protobuf_c_message_free_unpacked(&q->base, NULL);
+    if (s) {
+        if (s == KVL_ERR_INVALID_ARG && strstr(kvl_last_error(), "exists")) {
+            fail(call, "CreateSession", GRPC_STATUS_ALREADY_EXISTS, kvl_last_error());
+            return;
+        }
+        fail_kvl(r, call, "CreateSession", s);
+        return;
+    }
+    Kvlingo__V1__CreateSessionResponse resp = KVLINGO__V1__CREATE_SESSION_RESPONSE__INIT;
+    resp.session_id = id;
+    kvl_rpc_call_reply_pb(call, &resp.base);
+    kvr_logf("info", "CreateSession %s\n", id);
+}
+
+/* ---- Send ---------------------------------------------------------------------------------- */
+
+typedef struct emit_ctx {
+    kvl_rpc_call *call;
+} emit_ctx;
+
+static int emit_token(void *arg, int32_t token, const char *text, float logprob) {
+    emit_ctx *e = arg;
+    Kvlingo__V1__SendResponse m = KVLINGO__V1__SEND_RESPONSE__INIT;
+    m.token = token;
+    m.text = (char *)text;
+    m.logprob = logprob;
+    return kvl_rpc_call_send_pb(e->call, &m.base) != KVL_OK;
+}
+
+static kvl_status validate_send(kvr_router *r, Kvlingo__V1__SendRequest *q, int32_t **ids, int *n) {
+    *ids = NULL;
+    *n = 0;
+    const kvr_config *c = r->cfg;
+    if (!q->session_id || !q->session_id[0]) return kvl_errorf(KVL_ERR_INVALID_ARG, "session_id is required");
+    if (!kvr_session_id_valid(q->session_id))
+        return kvl_errorf(KVL_ERR_NOT_FOUND, "unknown session '%.64s'", q->session_id);
+    size_t tl = q->text ? strlen(q->text) : 0;
+    if (tl && q->n_tokens) return kvl_errorf(KVL_ERR_INVALID_ARG, "give text or tokens, not both");
+    if (!tl && !q->n_tokens) return kvl_errorf(KVL_ERR_INVALID_ARG, "empty input: give text or tokens");
+    if (q->max_tokens > (uint32_t)c->max_new_tokens)
+        return kvl_errorf(KVL_ERR_RANGE, "max_tokens %u exceeds the router's max_new_tokens %ld",
+                          q->max_tokens, c->max_new_tokens);
+    if (q->model && q->model[0] && !kvr_registry_model_known(r->reg, q->model)) {
+        char models[256];
+        kvr_registry_models(r->reg, models, sizeof models);
+        return kvl_errorf(KVL_ERR_NOT_FOUND, "unknown model '%.64s' (the fleet serves: %s)", q->model, models);
+    }
+    if (!(q->temperature >= 0 && q->temperature <= 100) || !(q->top_p >= 0 && q->top_p <= 1))
+        return kvl_errorf(KVL_ERR_INVALID_ARG, "temperature must be in [0, 100], top_p in [0, 1]");
+    if (tl) {
+        if (tl > (size_t)c->max_input_tokens * MAX_BYTES_PER_TOKEN)
+            return kvl_errorf(KVL_ERR_RANGE, "input of %zu bytes is too long (max_input_tokens %ld)", tl,
+                              c->max_input_tokens);
+        size_t cnt = 0;
+        kvl_status s = kvl_tokenizer_encode(r->tok, q->text, tl, ids, &cnt);
+        if (s) return kvl_error_prefix(s, "text");
+        *n = (int)cnt;
+        if (!cnt) return kvl_errorf(KVL_ERR_INVALID_ARG, "empty input: the text has no tokens");
+    } else {
+        size_t vocab = kvl_tokenizer_vocab_size(r->tok);
+        for (size_t i = 0; i < q->n_tokens; i++)
+            if (q->tokens[i] < 0 || (size_t)q->tokens[i] >= vocab)
+                return kvl_errorf(KVL_ERR_INVALID_ARG, "tokens[%zu] = %d is outside the vocabulary [0, %zu)",
+                                  i, q->tokens[i], vocab);
+        if (q->n_tokens > (size_t)c->max_input_tokens)
+            return kvl_errorf(KVL_ERR_RANGE, "input is %zu tokens, at most %ld per turn (max_input_tokens)",
+                              q->n_tokens, c->max_input_tokens);
+        *ids = malloc(q->n_tokens * sizeof(int32_t));
+        if (!*ids) return kvl_errorf(KVL_ERR_NOMEM, "input");
+        memcpy(*ids, q->tokens, q->n_tokens * sizeof(int32_t));
+        *n = (int)q->n_tokens;
+    }
+    if (*n > c->max_input_tokens)
+        return kvl_errorf(KVL_ERR_RANGE, "input is %d tokens, at most %ld per turn (max_input_tokens)", *n,
+                          c->max_input_tokens);
+    return KVL_OK;
+}
+
+static void h_send(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    kvr_router *r = user;
+    Kvlingo__V1__SendRequest *q = kvlingo__v1__send_request__unpack(NULL, len, req);
+    if (!q) { fail(call, "Send", GRPC_STATUS_INVALID_ARGUMENT, "malformed SendRequest"); return; }
+    int32_t *ids = NULL;
+    int n = 0;
+    kvl_status s = validate_send(r, q, &ids, &n);
+    if (!s) s = busy_take(r, q->session_id);
+    if (s) {
+        fail_kvl(r, call, "Send", s);
+        free(ids);
+        protobuf_c_message_free_unpacked(&q->base, NULL);
+        return;
+    }
+    kvr_turn_req tr = {.sid = q->session_id, .user = ids, .n_user = n,
+                       .max_tokens = q->max_tokens ? q->max_tokens : (unsigned)r->cfg->default_max_tokens,
+                       .temperature = q->temperature, .top_k = q->top_k, .top_p = q->top_p,
+                       .seed = q->seed, .stop_at_eos = q->stop_at_eos, .model = q->model ? q->model : "",
+                       .escalate = q->escalate, .force_reprefill = q->force_reprefill,
+                       .compare_reprefill = q->compare_reprefill};
+    kvr_turn_out o;
+    emit_ctx e = {.call = call};
+    s = kvr_turn_run(r, &tr, emit_token, &e, &o);
+    busy_release(r, q->session_id);
+    if (s) {
+        fail_kvl(r, call, "Send", s);
+    } else {
+        Kvlingo__V1__TurnSummary sum = KVLINGO__V1__TURN_SUMMARY__INIT;
+        sum.model = o.model;
+        sum.node = o.node;
+        sum.switch_mode = (Kvlingo__V1__SwitchMode)o.mode;
+        sum.from_model = o.from_model;
+        sum.from_node = o.from_node;
+        sum.span_tokens = o.span_tokens;
+        sum.ttft_seconds = o.ttft_s;
+        sum.tokens_per_second = o.tps;
+        sum.n_generated = o.n_generated;
+        sum.fallback_reason = o.fallback;
+        sum.turn = o.turn;
+        sum.context_tokens = o.context_tokens;
+        sum.switch_seconds = o.switch_s;
+        sum.finish_reason = o.finish_reason;
+        sum.mean_entropy = o.mean_entropy;
+        sum.reprefill_ttft_seconds = o.reprefill_ttft_s;
+        sum.shadow_kl = o.shadow_kl;
+        sum.user_tokens = o.user_tokens;
+        sum.policy_reason = o.policy_reason;
+        /* logged before the summary goes out: a client that saw the summary finds the line */
+        static const char *modes[] = {"none", "translate", "reprefill"};
+        kvr_logf("info",
+                "turn session=%s turn=%u node=%s model=%s mode=%s from=%s span=%u user=%u "
+                "ttft_ms=%.2f switch_ms=%.2f tokens=%u tok_s=%.1f entropy=%.3f ctx=%u fallback=\"%s\" "
+                "policy=\"%s\"\n",
+                tr.sid, o.turn, o.node, o.model, modes[o.mode % 3], o.from_model[0] ? o.from_model : "-",
+                o.span_tokens, o.user_tokens, o.ttft_s * 1e3, o.switch_s * 1e3, o.n_generated, o.tps,
+                o.mean_entropy, o.context_tokens, o.fallback, o.policy_reason);
+        Kvlingo__V1__SendResponse m = KVLINGO__V1__SEND_RESPONSE__INIT;
+        m.summary = &sum;
+        kvl_rpc_call_send_pb(call, &m.base);
+        kvl_rpc_call_finish(call, GRPC_STATUS_OK, NULL);
+    }
+    free(ids);
+    protobuf_c_message_free_unpacked(&q->base, NULL);
+}
+
+/* ---- GetSession / CloseSession ------------------------------------------------------------- */
+
+static void h_get(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    kvr_router *r = user;
+    Kvlingo__V1__GetSessionRequest *q = kvlingo__v1__get_session_request__unpack(NULL, len, req);
+    if (!q) { fail(call, "GetSession", GRPC_STATUS_INVALID_ARGUMENT, "malformed GetSessionRequest"); return; }
+    kvr_session s;
+    kvl_status st = kvr_session_id_valid(q->session_id)
+                        ? kvr_ledger_session_load(r->ledger, q->session_id, q->include_tokens, &s)
+                        : kvl_errorf(KVL_ERR_NOT_FOUND, "unknown session '%.64s'", q->session_id ? q->session_id : "");
+    protobuf_c_message_free_unpacked(&q->base, NULL);
+    if (st) { fail_kvl(r, call, "GetSession", st); return; }
+    Kvlingo__V1__GetSessionResponse resp = KVLINGO__V1__GET_SESSION_RESPONSE__INIT;
+    Kvlingo__V1__NodeHolding hold[KVR_MAX_HOLDINGS], *hp[KVR_MAX_HOLDINGS];
+    static const char *states[] = {"open", "closed", "expired"};
+    int ni = kvr_registry_find(r->reg, s.current_node);
+    resp.session_id = s.id;
+    resp.open = s.state == KVR_SESSION_OPEN;
+    resp.context_tokens = (uint32_t)s.n_tokens;
+    resp.n_turns = (uint32_t)s.n_turns;
+    resp.current_node = s.current_node;
+    resp.current_model = ni >= 0 ? r->reg->nodes[ni].model : "";
+    for (int i = 0; i < s.n_holdings; i++) {
+        kvlingo__v1__node_holding__init(&hold[i]);
+        hold[i].node = s.holdings[i].node;
+        hold[i].n_tokens = (uint32_t)s.holdings[i].n_tokens;
+        hp[i] = &hold[i];
+    }
+    resp.n_holdings = (size_t)s.n_holdings;
+    resp.holdings = hp;
+    if (s.tokens) { resp.n_tokens = (size_t)s.n_tokens; resp.tokens = s.tokens; }
+    resp.idle_seconds = kvr_wall_now() - s.last_used;
+    resp.state = (char *)states[s.state % 3];
+    kvl_rpc_call_reply_pb(call, &resp.base);
+    kvr_session_clear(&s);
+}
+
+static void h_close(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    kvr_router *r = user;
+    Kvlingo__V1__CloseSessionRequest *q = kvlingo__v1__close_session_request__unpack(NULL, len, req);
+    if (!q) { fail(call, "CloseSession", GRPC_STATUS_INVALID_ARGUMENT, "malformed CloseSessionRequest"); return; }
+    char id[KVR_ID_MAX];
+    snprintf(id, sizeof id, "%.64s", q->session_id ? q->session_id : "");
+    protobuf_c_message_free_unpacked(&q->base, NULL);
+    kvr_session s;
+    kvl_status st = kvr_session_id_valid(id) ? busy_take(r, id)
+                                             : kvl_errorf(KVL_ERR_NOT_FOUND, "unknown session '%s'", id);
+    if (st) { fail_kvl(r, call, "CloseSession", st); return; }
+    st = kvr_ledger_session_load(r->ledger, id, 0, &s);
+    int closed = 0;
+    if (!st && s.state == KVR_SESSION_OPEN) {
+        for (int i = 0; i < s.n_holdings; i++) {
+            int ni = kvr_registry_find(r->reg, s.holdings[i].node);
+            if (ni >= 0 && kvr_node_drop(&r->reg->nodes[ni], id, 2000, NULL))
+                kvr_logf("warn", "CloseSession %s: %s\n", id, kvl_last_error());
+        }
+        st = kvr_ledger_session_end(r->ledger, id, KVR_SESSION_CLOSED, kvr_wall_now());
+        closed = !st;
+    }
+    if (!st) kvr_session_clear(&s);
+    busy_release(r, id);
+    if (st) { fail_kvl(r, call, "CloseSession", st); return; }
+    Kvlingo__V1__CloseSessionResponse resp = KVLINGO__V1__CLOSE_SESSION_RESPONSE__INIT;
+    resp.closed = closed;
+    kvl_rpc_call_reply_pb(call, &resp.base);
+    kvr_logf("info", "CloseSession %s closed=%d\n", id, closed);
+}
+
+/* ---- ListNodes ----------------------------------------------------------------------------- */
+
+static void h_list(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    kvr_router *r = user;
+    (void)req;
+    (void)len;
+    int nn = r->reg->n;
+    kvr_node *nodes = calloc((size_t)nn, sizeof *nodes);
+    Kvlingo__V1__NodeStatus *ns = calloc((size_t)nn, sizeof *ns);
+    Kvlingo__V1__NodeStatus **nsp = calloc((size_t)nn, sizeof *nsp);
+    char **from = calloc((size_t)nn * KVR_MAX_TR, sizeof *from);
+    kvr_pair_status ps[64];
+    Kvlingo__V1__PairStatus pst[64], *pp[64];
+    if (!nodes || !ns || !nsp || !from) {
+        free(nodes); free(ns); free(nsp); free(from);
+        fail(call, "ListNodes", GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    for (int i = 0; i < nn; i++) {
+        kvr_registry_copy(r->reg, i, &nodes[i]);
+        kvr_node *n = &nodes[i];
+        kvlingo__v1__node_status__init(&ns[i]);
+        ns[i].name = n->name;
+        ns[i].address = n->address;
+        ns[i].model = n->model;
+        ns[i].healthy = n->healthy;
+        ns[i].error = n->error;
+        ns[i].sessions = n->sessions;
+        ns[i].active_turns = (uint32_t)n->active;
+        ns[i].max_context = n->max_context;
+        for (int t = 0; t < n->n_tr_from; t++) from[i * KVR_MAX_TR + t] = n->tr_from[t];
+        ns[i].n_translators_from = (size_t)n->n_tr_from;
+        ns[i].translators_from = &from[i * KVR_MAX_TR];
+        ns[i].prefill_tokens_per_second = n->prefill_tps;
+        ns[i].decode_tokens_per_second = n->decode_tps;
+        nsp[i] = &ns[i];
+    }
+    int np = kvr_guard_pairs(r->guard, ps, 64);
+    /* translators a node announced but the router cannot use (wrong target, hash mismatch,
+     * source not in the fleet): listed disabled, with the reason */
+    for (int i = 0; i < nn && np < 64; i++)
+        for (int t = 0; t < nodes[i].n_tr_bad && np < 64; t++) {
+            memset(&ps[np], 0, sizeof ps[np]);
+            snprintf(ps[np].source, sizeof ps[np].source, "%s", nodes[i].tr_bad[t].src);
+            snprintf(ps[np].target, sizeof ps[np].target, "%s", nodes[i].model);
+            snprintf(ps[np].reason, sizeof ps[np].reason, "%.63s", nodes[i].tr_bad[t].why);
+            np++;
+        }
+    for (int i = 0; i < np; i++) {
+        kvlingo__v1__pair_status__init(&pst[i]);
+        pst[i].source_model = ps[i].source;
+        pst[i].target_model = ps[i].target;
+        pst[i].enabled = ps[i].enabled;
+        pst[i].disabled_reason = ps[i].reason;
+        pst[i].moving_kl = ps[i].moving_kl;
+        pst[i].kl_budget = ps[i].budget;
+        pst[i].shadow_samples = ps[i].samples;
+        pst[i].switches = ps[i].switches;
+        pp[i] = &pst[i];
+    }
+    Kvlingo__V1__ListNodesResponse resp = KVLINGO__V1__LIST_NODES_RESPONSE__INIT;
+    resp.n_nodes = (size_t)nn;
+    resp.nodes = nsp;
+    resp.n_pairs = (size_t)np;
+    resp.pairs = pp;
+    pthread_rwlock_rdlock(&r->policy_lock);
+    char pol[32];
+    snprintf(pol, sizeof pol, "%s", kvr_policy_name(r->policy));
+    pthread_rwlock_unlock(&r->policy_lock);
+    resp.policy = pol;
+    long open = 0;
+    kvr_ledger_count_open(r->ledger, &open);
+    resp.sessions_open = (uint32_t)open;
+    kvl_rpc_call_reply_pb(call, &resp.base);
+    free(nodes); free(ns); free(nsp); free(from);
+}
+
+kvl_status kvr_router_serve(kvr_router *r) {
+    kvl_rpc_server_params p = kvl_rpc_server_default_params();
+    p.listen = r->cfg->listen;
+    kvl_status s = kvl_rpc_server_create(&p, &r->server);
+    if (s) return s;
+    if ((s = kvl_rpc_server_add_method(r->server, SVC "CreateSession", KVL_RPC_UNARY, h_create, r)) ||
+        (s = kvl_rpc_server_add_method(r->server, SVC "Send", KVL_RPC_SERVER_STREAM, h_send, r)) ||
+        (s = kvl_rpc_server_add_method(r->server, SVC "GetSession", KVL_RPC_UNARY, h_get, r)) ||
+        (s = kvl_rpc_server_add_method(r->server, SVC "CloseSession", KVL_RPC_UNARY, h_close, r)) ||
+        (s = kvl_rpc_server_add_method(r->server, SVC "ListNodes", KVL_RPC_UNARY, h_list, r)))
+        return s;
+    if ((s = kvl_rpc_server_set_health(r->server, "kvlingo.v1.Router", 1))) return s;
+    if ((s = kvl_rpc_server_start(r->server))) return s;
+    if (r->cfg->metrics && (s = kvr_metrics_serve(r->metrics, r->cfg->metrics))) return s;
+    return KVL_OK;
+}

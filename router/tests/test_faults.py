@@ -1,0 +1,306 @@
+#!/usr/bin/env python3
+"""router/tests/test_faults.py: failures, with real processes on loopback.
+
+  1. kill -9 of the source node while the router is moving the context off it: the turn
+     completes by re-prefill on the target from the router's ledger, the reason is in the
+     summary, the log and kvlingo_router_fallbacks_total; the output equals a plain re-prefill;
+  2. router kill -9 (also in the middle of a turn) and restart on the same ledger: the session
+     continues (a node holding tokens the ledger never committed is reset, not trusted);
+  3. configuration errors: an unknown policy -> exit 1 naming file, line and key; a node that
+     does not answer -> the router starts, says so, Send answers UNAVAILABLE naming the model,
+     and works once the node is up;
+  4. the quality guardrail: with a KL budget no translation meets, the pair is disabled after
+     its first shadow sample; the next switch re-prefills with reason pair_disabled, visible in
+     ListNodes, the metrics and the log;
+  5. TTL: an idle session expires, its nodes drop it, a later Send says it expired.
+usage: test_faults.py --build BUILD_DIR --work WORK_DIR
+"""
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rtest  # noqa: E402
+from rtest import check  # noqa: E402
+
+
+def kill_source_during_switch(a):
+    work = os.path.join(a.work, "kill_source")
+    fleet = rtest.Fleet(a.build, work,
+                        policy={"name": "pinned", "default_model": "qwen3-a"},
+                        guardrail={"shadow_fraction": 0},
+                        transfer={"base_timeout_ms": 3000, "node_timeout_ms": 3000})
+    try:
+        c = fleet.client()
+        sid = c.create_session()
+        c.send_all(sid, rtest.corpus_text(0, 2000), max_tokens=4)
+        src = fleet.nodes["qwen3-a"]
+        # freeze the source so the router's call to it is in flight, then kill it
+        src.proc.send_signal(signal.SIGSTOP)
+        result = {}
+
+        def turn():
+            try:
+                result["r"] = c.send_all(sid, " And then", max_tokens=8, model="qwen3-b")
+            except Exception as e:  # noqa: BLE001
+                result["e"] = e
+        th = threading.Thread(target=turn)
+        t0 = time.time()
+        th.start()
+        time.sleep(0.4)
+        src.kill9()
+        th.join(60)
+        check("r" in result, "turn failed: %s" % result.get("e"))
+        ids, out, s = result["r"]
+        print("  turn after kill -9 of the source: %s %s, fallback %r, %.0f ms" % (
+            s.model, rtest.MODES[s.switch_mode], s.fallback_reason, (time.time() - t0) * 1e3))
+        check(s.model == "qwen3-b" and rtest.MODES[s.switch_mode] == "re-prefill",
+              "expected re-prefill on qwen3-b, got %s %s" % (s.model, s.switch_mode))
+        check(s.fallback_reason.startswith(("source_unavailable", "export_failed", "export_deadline")),
+              "fallback reason %r" % s.fallback_reason)
+        check(s.n_generated == 8, "tokens lost")
+        m = fleet.metrics()
+        check('kvlingo_router_fallbacks_total{reason="' in m, "fallback metric missing")
+        log = open(os.path.join(work, "router.log")).read()
+        check("fallback=\"" + s.fallback_reason[:20] in log, "reason not in the log")
+        # the same context re-prefilled natively gives the same tokens
+        g = c.get_session(sid, include_tokens=True)
+        ctx = list(g.tokens)[:g.context_tokens - 8]
+        sid2 = c.create_session()
+        ids2, _, s2 = c.send_all(sid2, tokens=ctx, max_tokens=8, model="qwen3-b")
+        check(ids2 == ids, "re-prefill output differs: %s vs %s" % (ids, ids2))
+        # the next turn stays on b; the dead node is reported
+        ids3, _, s3 = c.send_all(sid, " More", max_tokens=4, model="qwen3-b")
+        check(rtest.MODES[s3.switch_mode] == "none", "next turn: %s" % s3.switch_mode)
+        nodes = {n.name: n for n in c.list_nodes().nodes}
+        check(not nodes["a0"].healthy, "a0 should be unhealthy")
+        print("  ok: kill -9 of the source during a switch: re-prefill, nothing lost")
+    finally:
+        fleet.stop()
+
+
+def kill_source_mid_export(a):
+    """The source (qwen3-b, 3000-token context: a 18 MB span whose export lasts tens of ms) is
+    killed at the middle of the export as timed on a calibration switch."""
+    work = os.path.join(a.work, "kill_mid_export")
+    fleet = rtest.Fleet(a.build, work, policy={"name": "pinned", "default_model": "qwen3-b"},
+                        guardrail={"shadow_fraction": 0})
+    try:
+        c = fleet.client()
+        prompt = rtest.corpus_text(0, 14000)
+        cal = c.create_session()
+        c.send_all(cal, prompt, max_tokens=1)
+        _, _, sc = c.send_all(cal, " Then", max_tokens=1, model="qwen3-a")
+        check(sc.switch_mode == 1, "calibration switch translates")
+        # the export starts after the router's checks, roughly ttft - switch - prefill; aim at
+        # the middle of the export
+        delay = max(0.0, sc.ttft_seconds - sc.switch_seconds - 0.004) + sc.switch_seconds / 2
+        sid = c.create_session()
+        c.send_all(sid, prompt, max_tokens=1)
+        result = {}
+
+        def turn():
+            try:
+                result["r"] = c.send_all(sid, " Then", max_tokens=6, model="qwen3-a")
+            except Exception as e:  # noqa: BLE001
+                result["e"] = e
+        th = threading.Thread(target=turn)
+        th.start()
+        time.sleep(delay)
+        fleet.nodes["qwen3-b"].kill9()
+        th.join(60)
+        check("r" in result, "turn failed: %s" % result.get("e"))
+        ids, _, s = result["r"]
+        print("  kill -9 of the source %.1f ms into a %.1f ms switch: %s, %s" % (
+            delay * 1e3, sc.ttft_seconds * 1e3, rtest.MODES[s.switch_mode], s.fallback_reason or "-"))
+        check(s.n_generated == 6 and s.model == "qwen3-a", "turn completed on the target")
+        if s.switch_mode == 2:
+            sid2 = c.create_session()
+            g = c.get_session(sid, include_tokens=True)
+            ids2, _, _ = c.send_all(sid2, tokens=list(g.tokens)[:g.context_tokens - 6], max_tokens=6,
+                                    model="qwen3-a")
+            check(ids2 == ids, "re-prefill output differs from a native run")
+        print("  ok: the turn completed (%s)" % ("re-prefill after the kill" if s.switch_mode == 2
+                                                 else "the target had imported the span; kept"))
+    finally:
+        fleet.stop()
+
+
+def router_restart(a):
+    work = os.path.join(a.work, "restart")
+    fleet = rtest.Fleet(a.build, work, policy={"name": "pinned", "default_model": "qwen3-a"},
+                        guardrail={"shadow_fraction": 0})
+    try:
+        c = fleet.client()
+        sid = c.create_session()
+        _, _, s1 = c.send_all(sid, rtest.corpus_text(0, 300), max_tokens=6)
+        _, _, s2 = c.send_all(sid, " Next", max_tokens=6, model="qwen3-b")
+        fleet.router.kill9()
+        fleet.procs.remove(fleet.router)
+        fleet.start_router()
+        c = fleet.client()
+        g = c.get_session(sid)
+        check(g.open and g.context_tokens == s2.context_tokens and g.n_turns == 2,
+              "after restart: %s" % g)
+        ids, _, s3 = c.send_all(sid, " Again", max_tokens=6, model="qwen3-b")
+        check(rtest.MODES[s3.switch_mode] == "none" and s3.model == "qwen3-b",
+              "continued on b without a switch: %s %s" % (s3.model, s3.switch_mode))
+        check(s3.context_tokens > s2.context_tokens, "context grew")
+        print("  ok: router kill -9 + restart: session continues (%d tokens)" % s3.context_tokens)
+        # kill -9 in the middle of a long turn: the node holds uncommitted tokens
+        result = {}
+
+        def turn():
+            try:
+                result["r"] = c.send_all(sid, " Long", max_tokens=400, model="qwen3-b")
+            except Exception as e:  # noqa: BLE001
+                result["e"] = e
+        th = threading.Thread(target=turn)
+        th.start()
+        time.sleep(0.3)
+        fleet.router.kill9()
+        fleet.procs.remove(fleet.router)
+        th.join(30)
+        fleet.start_router()
+        c = fleet.client()
+        g = c.get_session(sid)
+        check(g.context_tokens == s3.context_tokens, "uncommitted turn must not be in the ledger")
+        ids, _, s4 = c.send_all(sid, " After", max_tokens=6, model="qwen3-b")
+        check(s4.context_tokens == s3.context_tokens + s4.user_tokens + 6, "ledger length")
+        print("  ok: kill -9 mid-turn + restart: next turn %s (%s), ledger consistent" % (
+            rtest.MODES[s4.switch_mode], s4.fallback_reason or "node reset"))
+    finally:
+        fleet.stop()
+
+
+def config_errors(a):
+    work = os.path.join(a.work, "config")
+    os.makedirs(work, exist_ok=True)
+    router = os.path.join(a.build, "kvlingo-router")
+    bad = os.path.join(work, "bad.yaml")
+    with open(bad, "w") as f:
+        f.write("listen: 127.0.0.1:%d\ntokenizer: %s\nnodes:\n  - {name: a0, address: 127.0.0.1:1, model: qwen3-a}\n"
+                "policy:\n  name: fastest\n" % (rtest.free_port(), os.path.join(rtest.SRC, "models", "qwen3-a")))
+    r = subprocess.run([router, "--config", bad], capture_output=True, text=True, timeout=30)
+    check(r.returncode == 1 and "bad.yaml:6" in r.stderr and "policy.name" in r.stderr
+          and "fastest" in r.stderr, "unknown policy: rc %d %r" % (r.returncode, r.stderr))
+    print("  ok: unknown policy -> %s" % r.stderr.strip())
+    # a node that does not answer
+    fleet = rtest.Fleet(a.build, work, models=("qwen3-a",), policy={"name": "pinned"},
+                        translators=False)
+    try:
+        dead_port = rtest.free_port()
+        fleet.node_ports["qwen3-b"] = dead_port
+        fleet.write_config({"name": "pinned"})
+        fleet.router.stop()
+        fleet.procs.remove(fleet.router)
+        fleet.start_router()
+        time.sleep(0.3)
+        c = fleet.client(timeout=30)
+        sid = c.create_session()
+        import grpc
+        try:
+            c.send_all(sid, "Hello", model="qwen3-b")
+            raise AssertionError("Send to a dead model succeeded")
+        except grpc.RpcError as e:
+            check(e.code().name == "UNAVAILABLE" and "qwen3-b" in e.details(), "dead node: %s" % e.details())
+            print("  ok: node that does not answer -> %s: %s" % (e.code().name, e.details()))
+        ids, _, s = c.send_all(sid, "Hello", max_tokens=3, model="qwen3-a")
+        check(s.n_generated == 3, "router serves the live node")
+        log = open(os.path.join(work, "router.log")).read()
+        check("does not answer" in log and str(dead_port) in log, "log names the dead node")
+        fleet.start_node("qwen3-b")
+        t0 = time.time()   # the router re-probes unhealthy nodes every 2 s
+        while time.time() - t0 < 15 and not all(n.healthy for n in c.list_nodes().nodes):
+            time.sleep(0.2)
+        ids, _, s = c.send_all(sid, " again", max_tokens=3, model="qwen3-b")
+        check(s.model == "qwen3-b" and rtest.MODES[s.switch_mode] == "re-prefill",
+              "after the node came up: %s %s" % (s.model, s.switch_mode))
+        print("  ok: the node came up later and serves (%s, no translator here)" % s.fallback_reason)
+    finally:
+        fleet.stop()
+
+
+def guardrail_disables_pair(a):
+    work = os.path.join(a.work, "guardrail")
+    fleet = rtest.Fleet(a.build, work, policy={"name": "pinned", "default_model": "qwen3-a"},
+                        guardrail={"shadow_fraction": 1.0, "kl_budget": 1e-9, "min_samples": 1})
+    try:
+        c = fleet.client()
+        sid = c.create_session()
+        c.send_all(sid, rtest.corpus_text(0, 300), max_tokens=4)
+        _, _, s1 = c.send_all(sid, " Next", max_tokens=4, model="qwen3-b")
+        check(s1.switch_mode == 1, "first switch translates")
+        t0 = time.time()
+        pair = None
+        while time.time() - t0 < 20:
+            pair = {(p.source_model, p.target_model): p for p in c.list_nodes().pairs}[("qwen3-a", "qwen3-b")]
+            if not pair.enabled:
+                break
+            time.sleep(0.1)
+        check(pair is not None and not pair.enabled and pair.disabled_reason == "kl_budget",
+              "pair a->b should be disabled: %s" % pair)
+        _, _, s2 = c.send_all(sid, " And", max_tokens=4, model="qwen3-a")   # b -> a still translates
+        check(s2.switch_mode == 1, "b->a unaffected")
+        _, _, s3 = c.send_all(sid, " More", max_tokens=4, model="qwen3-b")
+        check(s3.switch_mode == 2 and s3.fallback_reason.startswith("pair_disabled"),
+              "a->b after disabling: %d %r" % (s3.switch_mode, s3.fallback_reason))
+        m = fleet.metrics()
+        check(re.search(r"kvlingo_router_pairs_disabled [12]\n", m) and 'reason="pair_disabled"' in m,
+              "metrics")
+        check(s3.span_tokens == s3.context_tokens - s3.n_generated,
+              "the translated prefix must be re-read natively: span %d" % s3.span_tokens)
+        check("DISABLED" in open(os.path.join(work, "router.log")).read(), "log")
+        print("  ok: guardrail disabled qwen3-a->qwen3-b (moving KL %.4f > budget); re-prefill since" % pair.moving_kl)
+    finally:
+        fleet.stop()
+
+
+def ttl_expiry(a):
+    work = os.path.join(a.work, "ttl")
+    fleet = rtest.Fleet(a.build, work, models=("qwen3-a",), policy={"name": "pinned"},
+                        translators=False, extra_top={"session_ttl_seconds": 2})
+    try:
+        c = fleet.client()
+        sid = c.create_session()
+        c.send_all(sid, "Hello there", max_tokens=3)
+        check(fleet.node_info("qwen3-a").sessions == 1, "node holds the session")
+        t0 = time.time()
+        while time.time() - t0 < 20 and c.get_session(sid).state != "expired":
+            time.sleep(0.2)
+        check(c.get_session(sid).state == "expired", "session did not expire")
+        check(fleet.node_info("qwen3-a").sessions == 0, "node still holds the expired session")
+        import grpc
+        try:
+            c.send_all(sid, "again")
+            raise AssertionError("Send on an expired session succeeded")
+        except grpc.RpcError as e:
+            check(e.code().name == "FAILED_PRECONDITION" and "expired" in e.details(), e.details())
+        print("  ok: idle session expired after its TTL; the node dropped it")
+    finally:
+        fleet.stop()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--work", required=True)
+    a = ap.parse_args()
+    shutil.rmtree(a.work, ignore_errors=True)
+    kill_source_during_switch(a)
+    kill_source_mid_export(a)
+    router_restart(a)
+    config_errors(a)
+    guardrail_disables_pair(a)
+    ttl_expiry(a)
+    print("test_faults: PASS")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,526 @@
+/* router/turn.c: one turn of a session, end to end.
+ *
+ *   load the session from the ledger -> the policy picks node T -> make T hold the ledger:
+ *   verify what T holds (SessionInfo), ship the span it lacks from the node holding the context
+ *   (ExportSpan, deadline sized from the span's bytes, one retry) or, on any failure or when no
+ *   translation is possible, re-prefill from the ledger -> append this turn's input -> Generate,
+ *   streaming tokens to the client -> commit tokens, turn, holdings and policy state in one
+ *   transaction -> metrics, guardrail sample, summary.
+ *
+ * The client never loses a turn to a failed switch: every failure between "the policy chose T"
+ * and "T holds the context" ends in a re-prefill on T, with the reason in the summary, the log
+ * and kvlingo_router_fallbacks_total.  A node that fails before the first token is marked down
+ * and the policy chooses again. */
+#include "router.h"
+#include "log.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "nodecall.h"
+
+typedef struct turn {
+    kvr_router *r;
+    const kvr_turn_req *req;
+    kvr_turn_out *out;
+    kvr_session s;
+    int N;                        /* ledger tokens before the turn                            */
+    int cur;                      /* node holding the latest context (-1 none)                */
+    char fb_code[48];             /* short fallback reason (metric label)                     */
+    int64_t node_ms;
+} turn;
+
+static void set_fallback(turn *t, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_fallback(turn *t, const char *code, const char *fmt, ...) {
+    snprintf(t->fb_code, sizeof t->fb_code, "%s", code);
+    char detail[128] = "";
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(detail, sizeof detail, fmt, ap);
+        va_end(ap);
+    }
+    snprintf(t->out->fallback, sizeof t->out->fallback, "%s%s%s", code, detail[0] ? ": " : "", detail);
+}
+
+/* Short label for a gRPC failure of ExportSpan. */
+static void code_label(grpc_status_code c, char *buf, size_t cap) {
+    const char *n = kvl_rpc_status_name(c);
+    size_t i = 0;
+    for (; n[i] && i + 1 < cap; i++) buf[i] = (char)tolower((unsigned char)n[i]);
+    buf[i] = 0;
+}
+
+static int transient(grpc_status_code c) {
+    return c == GRPC_STATUS_UNAVAILABLE || c == GRPC_STATUS_DEADLINE_EXCEEDED ||
+           c == GRPC_STATUS_ABORTED || c == GRPC_STATUS_INTERNAL || c == GRPC_STATUS_UNKNOWN ||
+           c == GRPC_STATUS_RESOURCE_EXHAUSTED || c == GRPC_STATUS_CANCELLED;
+}
+
+/* Make node i hold exactly what the ledger says it holds, or nothing: returns the count in *h.
+ * A node whose session disagrees with the ledger (it restarted, a turn died mid-way, a router
+ * crash lost a commit) is reset: its session is dropped and reopened empty. */
+static kvl_status reconcile(turn *t, int i, int *h, int *cached, int *absent, grpc_status_code *code) {
+    kvr_node *n = &t->r->reg->nodes[i];
+    int expect = kvr_session_held(&t->s, n->name);
+    kvr_node_session ns;
+    kvl_status st = kvr_node_session_info(n, t->req->sid, t->node_ms, &ns, code);
+    if (st) return st;
+    if (ns.found && (int)ns.tokens == expect && ns.idle && expect <= t->N && (int)ns.cached <= expect) {
+        *h = expect;
+        *cached = (int)ns.cached;
+        return KVL_OK;
+    }
+    if (ns.found) {
+        if (expect > 0 || ns.tokens > 0)
+            kvr_logf("warn", "session %s: node %s holds %u tokens (%s), ledger says %d: reset\n",
+                    t->req->sid, n->name, ns.tokens, ns.idle ? "idle" : "busy", expect);
+        if ((st = kvr_node_drop(n, t->req->sid, t->node_ms, code))) return st;
+    }
+    /* not opened here: an import creates the session itself, so a translated switch into a
+     * fresh node saves a round trip; prepare() opens it on the other paths */
+    *h = 0;
+    *cached = 0;
+    *absent = 1;
+    return KVL_OK;
+}
+
+/* Ship [from, to) from the current node into node ti: `from` is what ti has in its KV cache
+ * (its ledger may hold one more, uncached token: the last one it sampled; the import overwrites
+ * it with the same id), `to` what the source has in its cache (so the source runs no prefill on
+ * the critical path: the few uncached tokens go to the target with this turn's input).
+ * Returns 1 on success (*to_out set), 0 when the caller must re-prefill (fallback reason set;
+ * *reset when ti must be emptied). */
+static int try_translate(turn *t, int ti, int from, int tgt_tokens, int *to_out, double *xfer_s,
+                         int *reset) {
+    kvr_router *r = t->r;
+    kvr_node *src = &r->reg->nodes[t->cur], *dst = &r->reg->nodes[ti];
+    const kvr_config *c = r->cfg;
+    *reset = 0;
+    grpc_status_code code = GRPC_STATUS_OK;
+    kvr_node_session si;
+    if (kvr_node_session_info(src, t->req->sid, t->node_ms, &si, &code)) {
+        if (code == GRPC_STATUS_UNAVAILABLE) kvr_registry_mark(r->reg, t->cur, 0, kvl_last_error());
+        set_fallback(t, "source_unavailable", "%s", kvl_last_error());
+        return 0;
+    }
+    int src_held = kvr_session_held(&t->s, src->name);
+    if (!si.found || (int)si.tokens != src_held || !si.idle) {
+        set_fallback(t, "source_state", "%s holds %u tokens%s, ledger says %d", src->name,
+                     si.found ? si.tokens : 0, si.idle ? "" : " (busy)", src_held);
+        return 0;
+    }
+    int to = (int)si.cached;
+    if (to <= from) {
+        set_fallback(t, "source_behind", "%s caches %d tokens, target holds %d", src->name, to, from);
+        return 0;
+    }
+    unsigned L, H, D;
+    kvr_registry_geometry(r->reg, t->cur, &L, &H, &D, NULL);
+    double bytes = 2.0 * L * H * D * 4.0 * (to - from) + 4.0 * (to - from);
+    int64_t timeout = (int64_t)(c->transfer_base_ms + bytes / c->transfer_bytes_per_s * 1000.0);
+    kvr_export_result ex;
+    for (int attempt = 0; attempt <= c->transfer_retries; attempt++) {
+        double t0 = kvr_mono_now();
+        kvl_status st = kvr_node_export(src, dst, t->req->sid, (unsigned)from, (unsigned)to, 0,
+                                        timeout, &ex, &code);
+        *xfer_s += kvr_mono_now() - t0;
+        if (!st) {
+            /* the imported range must be exactly what the ledger expects: an off-by-one span is
+             * not decoded, it is thrown away and re-prefilled */
+            if ((int)ex.t0 != from || (int)ex.t1 != to || (int)ex.peer_tokens != to) {
+                set_fallback(t, "range_mismatch", "imported [%u,%u) -> %u tokens, expected [%d,%d)",
+                             ex.t0, ex.t1, ex.peer_tokens, from, to);
+                *reset = 1;
+                return 0;
+            }
+            *to_out = to;
+            return 1;
+        }
+        char label[40];
+        code_label(code, label, sizeof label);
+        char msg[200];
+        snprintf(msg, sizeof msg, "%s", kvl_last_error());
+        kvr_logf("warn", "session %s: export %s->%s [%d,%d) attempt %d failed: %s\n",
+                t->req->sid, src->name, dst->name, from, to, attempt + 1, msg);
+        if (!transient(code)) {
+            char lab[64];
+            snprintf(lab, sizeof lab, "rejected_%s", label);
+            set_fallback(t, lab, "%s", msg);
+            break;
+        }
+        set_fallback(t, code == GRPC_STATUS_DEADLINE_EXCEEDED ? "export_deadline" : "export_failed",
+                     "%s (deadline %lld ms for %.0f bytes)", msg, (long long)timeout, bytes);
+        if (code == GRPC_STATUS_UNAVAILABLE && strstr(msg, src->address))
+            kvr_registry_mark(r->reg, t->cur, 0, msg);
+        /* retry only from a clean target: a failed import must have left it as it was */
+        kvr_node_session di;
+        if (kvr_node_session_info(dst, t->req->sid, t->node_ms, &di, NULL)) break;
+        /* the source may die after the target imported the whole span (its verdict lost): the
+         * target checked the checksum itself; when it holds exactly [0, to), keep it */
+        if (di.found && di.idle && (int)di.tokens == to && (int)di.cached == to &&
+            (int)di.imported >= to - from) {
+            kvr_logf("info", "session %s: %s imported [%d,%d) before the export failed: kept\n",
+                    t->req->sid, dst->name, from, to);
+            t->fb_code[0] = 0;
+            t->out->fallback[0] = 0;
+            *to_out = to;
+            return 1;
+        }
+        int clean = di.found ? (int)di.cached == from && (int)di.tokens == tgt_tokens && di.idle
+                             : from == 0 && tgt_tokens == 0;
+        if (!clean) break;
+    }
+    *reset = 1;   /* whatever the target holds now is suspect */
+    return 0;
+}
+
+/* Make node ti hold ledger [0, *h) (translate or re-prefill decides how much). */
+static kvl_status prepare_inner(turn *t, int ti, int *h, int *absent, grpc_status_code *code) {
+    kvr_router *r = t->r;
+    kvr_turn_out *o = t->out;
+    kvr_node *T = &r->reg->nodes[ti];
+    int cached = 0;
+    kvl_status st = reconcile(t, ti, h, &cached, absent, code);
+    if (st) return st;
+    o->mode = KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_NONE;
+    if (t->cur >= 0 && t->cur != ti) {
+        snprintf(o->from_node, sizeof o->from_node, "%s", r->reg->nodes[t->cur].name);
+        snprintf(o->from_model, sizeof o->from_model, "%s", r->reg->nodes[t->cur].model);
+    }
+    if (*h == t->N) return KVL_OK;                       /* nothing missing */
+    if (t->cur < 0 || t->cur == ti) {
+        /* the node holding the context lost (part of) it: it re-reads the ledger */
+        o->mode = KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_REPREFILL;
+        set_fallback(t, "node_state", "%s held %d of %d tokens", T->name, *h, t->N);
+        return KVL_OK;
+    }
+    const char *sm = r->reg->nodes[t->cur].model;
+    double xfer = 0;
+    int ok = 0, reset = 0, to = 0;
+    if (t->req->force_reprefill) set_fallback(t, "forced", NULL);
+    else if (!kvr_registry_can_translate(r->reg, sm, ti)) set_fallback(t, "no_translator", "%s -> %s", sm, T->model);
+    else if (!kvr_guard_pair_ok(r->guard, sm, T->model)) {
+        set_fallback(t, "pair_disabled", "guardrail: %s -> %s", sm, T->model);
+        /* translated K/V the target already holds are as suspect as new ones: rebuild natively */
+        kvr_node_session ns;
+        if (!kvr_node_session_info(T, t->req->sid, t->node_ms, &ns, code) && ns.found && ns.imported > 0)
+            reset = 2;   /* 2: reset even though the node is consistent */
+    }
+    else ok = try_translate(t, ti, cached, *h, &to, &xfer, &reset);
+    o->switch_s = xfer;
+    if (ok) {
+        o->mode = KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE;
+        o->span_tokens = (unsigned)(to - cached);
+        *h = to;
+        return KVL_OK;
+    }
+    o->mode = KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_REPREFILL;
+    if (reset) {
+        kvr_node_session ns;
+        if (reset == 1 && !kvr_node_session_info(T, t->req->sid, t->node_ms, &ns, code) &&
+            ns.found && (int)ns.tokens == *h && (int)ns.cached == cached && ns.idle)
+            return KVL_OK;                                  /* the import left it as it was */
+        if ((st = kvr_node_drop(T, t->req->sid, t->node_ms, code))) return st;
+        if ((st = kvr_node_open(T, t->req->sid, t->node_ms, code))) return st;
+        *absent = 0;
+        *h = 0;
+    }
+    return KVL_OK;
+}
+
+static kvl_status prepare(turn *t, int ti, int *h, grpc_status_code *code) {
+    int absent = 0;
+    kvl_status st = prepare_inner(t, ti, h, &absent, code);
+    if (!st && absent && t->out->mode != KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE)
+        st = kvr_node_open(&t->r->reg->nodes[ti], t->req->sid, t->node_ms, code);
+    return st;
+}
+
+static void holdings_after(turn *t, int ti, int n_after, kvr_holding *hs, int *nh) {
+    *nh = 0;
+    const char *tn = t->r->reg->nodes[ti].name;
+    for (int i = 0; i < t->s.n_holdings && *nh < KVR_MAX_HOLDINGS - 1; i++)
+        if (strcmp(t->s.holdings[i].node, tn)) hs[(*nh)++] = t->s.holdings[i];
+    if (n_after > 0) {
+        snprintf(hs[*nh].node, sizeof hs[*nh].node, "%s", tn);
+        hs[(*nh)++].n_tokens = n_after;
+    }
+}
+
+static const char *mode_name(int m) {
+    return m == KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE ? "translate"
+         : m == KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_REPREFILL ? "reprefill" : "none";
+}
+
+/* Decode on node ti after prepare; fills out, the generated ids and (when asked) the first
+ * token's log-distribution.  *started = 1 once a token reached the client. */
+static kvl_status decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void *arg, double t_start,
+                         int32_t *gen, float **first_lp, int *vocab, int *started,
+                         grpc_status_code *code) {
+    kvr_router *r = t->r;
+    kvr_node *T = &r->reg->nodes[ti];
+    kvr_turn_out *o = t->out;
+    kvr_gen_params gp = {.max_tokens = t->req->max_tokens, .temperature = t->req->temperature,
+                         .top_k = t->req->top_k, .top_p = t->req->top_p, .seed = t->req->seed,
+                         .stop_at_eos = t->req->stop_at_eos, .return_logprobs = want_lp};
+    int64_t timeout = t->node_ms * 2 + (int64_t)(t->req->max_tokens * 200.0 + (t->N + t->req->n_user) * 2.0);
+    kvl_rpc_stream *st = NULL;
+    kvl_status s = kvr_node_generate(T, t->req->sid, &gp, timeout, &st);
+    if (s) { *code = GRPC_STATUS_UNAVAILABLE; return s; }
+    double ent_sum = 0, t_first = 0, t_last = 0, node_tps = 0;
+    int n_ent = 0;
+    for (;;) {
+        Kvlingo__V1__GenerateResponse *m = NULL;
+        int rr = kvr_node_gen_next(T, st, &m, code);
+        if (rr < 0) { s = (kvl_status)rr; break; }
+        if (rr == 0) {
+            if (*code != GRPC_STATUS_OK) { s = kvl_rpc_status_to_kvl(*code); if (!s) s = KVL_ERR_INTERNAL; }
+            break;
+        }
+        if (m->done) {
+            snprintf(o->finish_reason, sizeof o->finish_reason, "%s", m->finish_reason ? m->finish_reason : "");
+            /* the node's own clock: tokens reach the router in bursts, its arrival times would
+             * overstate the decode rate */
+            if (m->total_seconds > m->ttft_seconds && o->n_generated > 1)
+                node_tps = (o->n_generated - 1) / (m->total_seconds - m->ttft_seconds);
+            protobuf_c_message_free_unpacked(&m->base, NULL);
+            continue;
+        }
+        double now = kvr_mono_now();
+        if (o->n_generated == 0) { t_first = now; o->ttft_s = now - t_start; }
+        t_last = now;
+        if (m->n_logprobs) {
+            ent_sum += kvr_entropy_logprobs(m->logprobs, (int)m->n_logprobs);
+            n_ent++;
+            if (o->n_generated == 0 && first_lp && !*first_lp) {
+                *first_lp = malloc(m->n_logprobs * sizeof(float));
+                if (*first_lp) {
+                    memcpy(*first_lp, m->logprobs, m->n_logprobs * sizeof(float));
+                    *vocab = (int)m->n_logprobs;
+                }
+            }
+        }
+        if (o->n_generated < t->req->max_tokens) gen[o->n_generated] = m->token;
+        o->n_generated++;
+        *started = 1;
+        int stop = emit(arg, m->token, m->text ? m->text : "", m->logprob);
+        protobuf_c_message_free_unpacked(&m->base, NULL);
+        if (stop) {
+            kvl_rpc_stream_cancel(st);
+            s = kvl_errorf(KVL_ERR_CANCELLED, "client cancelled the turn");
+            *code = GRPC_STATUS_CANCELLED;
+            break;
+        }
+    }
+    kvl_rpc_stream_free(st);
+    if (o->n_generated > t->req->max_tokens && !s)
+        s = kvl_errorf(KVL_ERR_INTERNAL, "node %s generated %u tokens, asked %u", T->name,
+                       o->n_generated, t->req->max_tokens);
+    if (n_ent) o->mean_entropy = (float)(ent_sum / n_ent);
+    if (node_tps > 0) o->tps = node_tps;
+    else if (o->n_generated > 1 && t_last > t_first) o->tps = (o->n_generated - 1) / (t_last - t_first);
+    return s;
+}
+
+kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit, void *arg,
+                        kvr_turn_out *out) {
+    double t_start = kvr_mono_now();
+    memset(out, 0, sizeof *out);
+    turn t = {.r = r, .req = req, .out = out, .cur = -1, .node_ms = (int64_t)r->cfg->node_timeout_ms};
+    kvl_status s = kvr_ledger_session_load(r->ledger, req->sid, 1, &t.s);
+    if (s) return s;
+    if (t.s.state != KVR_SESSION_OPEN) {
+        s = kvl_errorf(KVL_ERR_MISMATCH, "session '%s' is %s", req->sid,
+                       t.s.state == KVR_SESSION_CLOSED ? "closed" : "expired");
+        kvr_session_clear(&t.s);
+        return s;
+    }
+    t.N = t.s.n_tokens;
+    t.cur = kvr_registry_find(r->reg, t.s.current_node);
+    out->turn = (unsigned)t.s.n_turns;
+    out->user_tokens = (unsigned)req->n_user;
+
+    int32_t *gen = malloc(sizeof(int32_t) * (req->max_tokens + 1));
+    if (!gen) { kvr_session_clear(&t.s); return kvl_errorf(KVL_ERR_NOMEM, "turn"); }
+    float *first_lp = NULL;
+    int vocab = 0, ti = -1, tried[KVR_MAX_NODES] = {0};
+    kvr_policy_decision d;
+    kvr_policy_input in;
+    kvr_node_view views[KVR_MAX_NODES];
+    int needs_entropy = 0;
+    grpc_status_code code = GRPC_STATUS_OK;
+
+    /* choose -> prepare -> decode; a node failing before the first token is marked down and the
+     * policy chooses again (each node at most once) */
+    for (int attempt = 0; attempt < r->reg->n; attempt++) {
+        kvr_registry_views(r->reg, &t.s, t.cur, kvr_guard_pair_ok, r->guard, views);
+        for (int i = 0; i < r->reg->n; i++) if (tried[i]) views[i].healthy = 0;
+        in = (kvr_policy_input){.nodes = views, .n_nodes = r->reg->n, .current = t.cur,
+                                .n_context = t.N, .n_user = req->n_user, .max_tokens = (int)req->max_tokens,
+                                .requested_model = req->model ? req->model : "", .session_model = t.s.model,
+                                .escalate = req->escalate,
+                                .state = {.level = t.s.pol_level, .calm = t.s.pol_calm}};
+        pthread_rwlock_rdlock(&r->policy_lock);
+        s = kvr_policy_choose(r->policy, &in, &d);
+        needs_entropy = kvr_policy_needs_entropy(r->policy);
+        pthread_rwlock_unlock(&r->policy_lock);
+        if (s) break;
+        ti = d.node;
+        tried[ti] = 1;
+        kvr_node *T = &r->reg->nodes[ti];
+        kvr_node tc;
+        kvr_registry_copy(r->reg, ti, &tc);
+        long need = (long)t.N + req->n_user + (long)req->max_tokens;
+        if (tc.max_context && need > (long)tc.max_context) {
+            s = kvl_errorf(KVL_ERR_RANGE, "session '%s': %d context + %d input + %u new tokens = %ld "
+                           "exceeds node %s's max context %u", req->sid, t.N, req->n_user,
+                           req->max_tokens, need, T->name, tc.max_context);
+            break;
+        }
+        snprintf(out->policy_reason, sizeof out->policy_reason, "%s", d.reason);
+        snprintf(out->node, sizeof out->node, "%s", T->name);
+        snprintf(out->model, sizeof out->model, "%s", T->model);
+        out->fallback[0] = 0;
+        t.fb_code[0] = 0;
+        out->span_tokens = 0;
+        out->switch_s = 0;
+        kvr_registry_turn_begin(r->reg, ti);
+        int h = 0, started = 0;
+        s = prepare(&t, ti, &h, &code);
+        if (!s) {
+            if (out->mode != KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE)
+                out->span_tokens = (unsigned)(t.N - h + req->n_user);
+            /* the tail the node lacks (re-prefill) plus this turn's input, in one append */
+            int n_tail = t.N - h + req->n_user;
+            int32_t *tail = malloc(sizeof(int32_t) * (size_t)(n_tail ? n_tail : 1));
+            if (!tail) s = kvl_errorf(KVL_ERR_NOMEM, "turn tail");
+            else {
+                memcpy(tail, t.s.tokens + h, sizeof(int32_t) * (size_t)(t.N - h));
+                memcpy(tail + (t.N - h), req->user, sizeof(int32_t) * (size_t)req->n_user);
+                unsigned count = 0;
+                s = kvr_node_append(T, req->sid, tail, n_tail, t.node_ms, &count, &code);
+                free(tail);
+                if (!s && (int)count != t.N + req->n_user)
+                    s = kvl_errorf(KVL_ERR_INTERNAL, "node %s holds %u tokens after append, ledger expects %d",
+                                   T->name, count, t.N + req->n_user);
+            }
+        }
+        int shadow = 0;
+        if (!s) {
+            shadow = out->mode == KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE &&
+                     kvr_guard_count_switch(r->guard, out->from_model, out->model);
+            int want_lp = needs_entropy || shadow || req->compare_reprefill;
+            s = decode(&t, ti, want_lp, emit, arg, t_start, gen, &first_lp, &vocab, &started, &code);
+        }
+        kvr_registry_turn_end(r->reg, ti);
+        if (!s) {
+            /* success: commit */
+            kvr_node_session ns;
+            int after = t.N + req->n_user + (int)out->n_generated;
+            if (kvr_node_session_info(T, req->sid, t.node_ms, &ns, NULL) || !ns.found || (int)ns.tokens != after) {
+                kvr_logf("warn", "session %s: node %s holds %u tokens after the turn, expected %d\n",
+                        req->sid, T->name, ns.tokens, after);
+                after = 0;
+            }
+            kvr_holding hs[KVR_MAX_HOLDINGS];
+            int nh = 0;
+            holdings_after(&t, ti, after, hs, &nh);
+            kvr_policy_state ps = d.state;
+            kvr_turn_outcome oc = {.node = ti, .mean_entropy = out->mean_entropy, .entropy_valid = needs_entropy};
+            pthread_rwlock_rdlock(&r->policy_lock);
+            kvr_policy_observe(r->policy, &in, &oc, &ps);
+            pthread_rwlock_unlock(&r->policy_lock);
+            int n_new = req->n_user + (int)out->n_generated;
+            int32_t *newtok = malloc(sizeof(int32_t) * (size_t)(n_new ? n_new : 1));
+            if (!newtok) { s = kvl_errorf(KVL_ERR_NOMEM, "commit"); break; }
+            memcpy(newtok, req->user, sizeof(int32_t) * (size_t)req->n_user);
+            memcpy(newtok + req->n_user, gen, sizeof(int32_t) * out->n_generated);
+            kvr_turn_rec tr = {.idx = t.s.n_turns, .node = T->name, .model = T->model,
+                               .mode = mode_name(out->mode), .fallback = out->fallback, .t0 = t.N,
+                               .n_user = req->n_user, .n_gen = (int)out->n_generated,
+                               .span = (int)out->span_tokens, .ttft_s = out->ttft_s, .tps = out->tps,
+                               .entropy = out->mean_entropy};
+            s = kvr_ledger_turn_commit(r->ledger, req->sid, newtok, t.N, n_new, &tr, T->name, ps.level,
+                                       ps.calm, hs, nh, kvr_wall_now());
+            free(newtok);
+            out->context_tokens = (unsigned)(t.N + n_new);
+            if (s) break;
+            /* rates for the cost policy */
+            double pf_s = out->ttft_s - out->switch_s;
+            int prefilled = out->mode == KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE ? req->n_user : (int)out->span_tokens;
+            kvr_registry_observe(r->reg, ti, prefilled >= 16 && pf_s > 0 ? prefilled / pf_s : 0, out->tps,
+                                 out->mode == KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE && out->switch_s > 0
+                                     ? out->span_tokens / out->switch_s : 0);
+            /* guardrail / comparison: native re-prefill of the same tokens on the same node */
+            int n_ctx = t.N + req->n_user;
+            if (req->compare_reprefill) {
+                int32_t *ctx = malloc(sizeof(int32_t) * (size_t)n_ctx);
+                float *native = NULL;
+                int nv = 0;
+                double rt = 0;
+                if (ctx) {
+                    memcpy(ctx, t.s.tokens, sizeof(int32_t) * (size_t)t.N);
+                    memcpy(ctx + t.N, req->user, sizeof(int32_t) * (size_t)req->n_user);
+                    if (!kvr_shadow_run(T, req->sid, ctx, n_ctx, t.node_ms * 4, &native, &nv, &rt)) {
+                        out->reprefill_ttft_s = rt;
+                        if (first_lp && nv == vocab && out->mode == KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE) {
+                            out->shadow_kl = (float)kvr_kl_logprobs(native, first_lp, nv);
+                            kvr_guard_record(r->guard, out->from_model, out->model, out->shadow_kl);
+                        }
+                    } else {
+                        kvr_logf("warn", "compare_reprefill failed: %s\n", kvl_last_error());
+                    }
+                }
+                free(ctx);
+                free(native);
+            } else if (shadow && first_lp) {
+                int32_t *ctx = malloc(sizeof(int32_t) * (size_t)n_ctx);
+                if (ctx) {
+                    memcpy(ctx, t.s.tokens, sizeof(int32_t) * (size_t)t.N);
+                    memcpy(ctx + t.N, req->user, sizeof(int32_t) * (size_t)req->n_user);
+                    kvr_guard_enqueue(r->guard, ti, req->sid, out->from_model, out->model, ctx, n_ctx,
+                                      first_lp, vocab);
+                    first_lp = NULL;   /* owned by the queue now */
+                }
+            }
+            break;
+        }
+        if (started || code == GRPC_STATUS_CANCELLED || !transient(code)) break;
+        /* the target failed before any token: mark it down and let the policy choose again */
+        kvr_registry_mark(r->reg, ti, 0, kvl_last_error());
+        kvr_logf("warn", "session %s: node %s failed before the first token (%s); choosing again\n",
+                req->sid, T->name, kvl_last_error());
+        free(first_lp);
+        first_lp = NULL;
+    }
+    free(first_lp);
+    free(gen);
+    kvr_session_clear(&t.s);
+    if (s) return s;
+
+    /* metrics */
+    char labels[200];
+    const char *mode = mode_name(out->mode);
+    snprintf(labels, sizeof labels, "model=\"%s\",mode=\"%s\"", out->model, mode);
+    kvr_metrics_inc(r->metrics, "kvlingo_router_turns_total", labels, 1);
+    kvr_metrics_observe(r->metrics, "kvlingo_router_turn_ttft_seconds", "", out->ttft_s);
+    if (out->from_model[0]) {
+        snprintf(labels, sizeof labels, "source=\"%s\",target=\"%s\",mode=\"%s\"", out->from_model,
+                 out->model, mode);
+        kvr_metrics_inc(r->metrics, "kvlingo_router_switches_total", labels, 1);
+        snprintf(labels, sizeof labels, "mode=\"%s\"", mode);
+        kvr_metrics_observe(r->metrics, "kvlingo_router_switch_ttft_seconds", labels, out->ttft_s);
+    }
+    if (t.fb_code[0]) {
+        snprintf(labels, sizeof labels, "reason=\"%s\"", t.fb_code);
+        kvr_metrics_inc(r->metrics, "kvlingo_router_fallbacks_total", labels, 1);
+    }
+    return KVL_OK;
+}

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""scripts/demo.py: the main job's end-to-end run (issue 6).
+
+Starts kvld for models/qwen3-a and models/qwen3-b and kvlingo-router (cascade policy) on
+loopback, runs a scripted 6-turn conversation from testdata/corpus/valid.txt that moves between
+the models (the cascade escalates on a request flag, steps down after calm turns), prints one
+line per turn, then compares each switch's time to first token with a re-prefill of the same
+context on the same node, and stops everything it started.
+
+Translators: the trained ones in models/translators/ when present, else stage-1 (ridge) fits
+made on the spot (a few seconds).
+usage: demo.py --build BUILD_DIR [--work DIR] [--max-tokens N]
+"""
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "router", "tests"))
+import rtest  # noqa: E402
+
+MODE = {0: "none", 1: "translate", 2: "re-prefill"}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--work", default=None)
+    ap.add_argument("--max-tokens", type=int, default=24)
+    a = ap.parse_args()
+    work = a.work or tempfile.mkdtemp(prefix="kvlingo-demo-")
+    if a.work and os.path.isdir(a.work) and os.listdir(a.work):
+        raise SystemExit("--work %s is not empty: give a new or empty directory" % a.work)
+    text = rtest.corpus_text(0, 6000)
+    # six user turns: consecutive sentences of the validation text
+    sents, cur = [], ""
+    for ch in text:
+        cur += ch
+        if ch in ".!?" and len(cur) > 60:
+            sents.append(cur)
+            cur = ""
+    turns = [" ".join(sents[0:3])] + sents[3:8]
+    escalate = [False, True, False, False, False, True]
+
+    print("kvlingo demo: kvld qwen3-a + kvld qwen3-b + kvlingo-router (cascade) on loopback; "
+          "work dir %s" % work)
+    fleet = rtest.Fleet(a.build, work,
+                        policy={"name": "cascade", "models": ["qwen3-a", "qwen3-b"],
+                                "entropy_threshold": 6.0, "calm_turns": 2},
+                        guardrail={"shadow_fraction": 0.0, "kl_budget": 1.0})
+    try:
+        c = fleet.client()
+        ln = c.list_nodes()
+        for n in ln.nodes:
+            print("  node %s %s at %s, translators from: %s" % (
+                n.name, n.model, n.address, ", ".join(n.translators_from) or "-"))
+        sid = c.create_session()
+        print("session %s\n" % sid)
+        print("%-4s %-8s %-10s %-12s %6s %9s %7s  %s" % (
+            "turn", "model", "switch", "from", "span", "TTFT ms", "tokens", "text"))
+        rows = []
+        for i, (t, esc) in enumerate(zip(turns, escalate)):
+            ids, out, s = c.send_all(sid, t, max_tokens=a.max_tokens, escalate=esc,
+                                     compare_reprefill=True)
+            rows.append(s)
+            print("%-4d %-8s %-10s %-12s %6d %9.2f %7d  %r" % (
+                i + 1, s.model, MODE[s.switch_mode], s.from_model or "-", s.span_tokens,
+                s.ttft_seconds * 1e3, s.n_generated, (out[:48] + "...") if len(out) > 48 else out))
+            if s.fallback_reason:
+                print("     fallback: %s" % s.fallback_reason)
+        sw = [s for s in rows if s.from_model]
+        print("\nswitches: %d (translated %d); context %d tokens at the end" % (
+            len(sw), sum(s.switch_mode == 1 for s in sw), rows[-1].context_tokens))
+        print("\n%-4s %-20s %8s %12s %14s %7s %14s" % (
+            "turn", "switch", "context", "switch TTFT", "re-prefill TTFT", "ratio", "KL nats"))
+        for s in sw:
+            ratio = s.reprefill_ttft_seconds / s.ttft_seconds if s.ttft_seconds > 0 else 0
+            print("%-4d %-20s %8d %9.2f ms %11.2f ms %6.1fx %14s" % (
+                s.turn + 1, "%s->%s %s" % (s.from_model, s.model, "T" if s.switch_mode == 1 else "P"),
+                s.context_tokens - s.n_generated, s.ttft_seconds * 1e3,
+                s.reprefill_ttft_seconds * 1e3, ratio,
+                "%.4f" % s.shadow_kl if s.switch_mode == 1 else "-"))
+        print("(T: translated span; P: re-prefill.  Re-prefill TTFT: the same node reads the same "
+              "context natively in a scratch session; KL(native||translated) of the first token.)")
+        c.close_session(sid)
+    finally:
+        fleet.stop()
+        if not a.work:
+            shutil.rmtree(work, ignore_errors=True)   # logs kept only with --work
+    print("demo: stopped kvld x2 and kvlingo-router")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

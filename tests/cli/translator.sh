@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# `kvlingo translator train | eval | info`: stage 1 on a slice of the training text, a short
+# stage 2 with a checkpoint and a resume, eval (text and --json keys, --turns, --store), info on
+# the shipped translators, and bad input (wrong pair, corrupt file) with a clear message.
+set -uo pipefail
+KVL=$1; SRC=$2
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+fail=0
+A="$SRC/models/qwen3-b"; B="$SRC/models/qwen3-a"; SLICE="$SRC/testdata/corpus/train_slice.txt"
+ok() { echo "ok   $1"; }
+bad() { echo "FAIL $1"; fail=1; }
+
+"$KVL" translator train --source "$A" --target "$B" --corpus "$SLICE" --out "$T/s1.safetensors" \
+    --stage1-only --ridge-tokens 4096 2>"$T/log" && ok stage1 || { cat "$T/log"; bad stage1; }
+"$KVL" translator train --source "$A" --target "$B" --corpus "$SLICE" --out "$T/s2.safetensors" \
+    --init "$T/s1.safetensors" --steps 4 --batch 2 --prefix-min 16 --prefix-max 48 --cont-len 16 \
+    --checkpoint "$T/ck.safetensors" --checkpoint-every 2 2>"$T/log" && grep -q "step 4/4" "$T/log" \
+    && ok stage2 || { cat "$T/log"; bad stage2; }
+"$KVL" translator train --source "$A" --target "$B" --corpus "$SLICE" --out "$T/s2r.safetensors" \
+    --init "$T/s1.safetensors" --steps 6 --batch 2 --prefix-min 16 --prefix-max 48 --cont-len 16 \
+    --resume "$T/ck.safetensors" 2>"$T/log" && grep -q "step 6/6" "$T/log" && ! grep -q "step 1/6" "$T/log" \
+    && ok resume || { cat "$T/log"; bad resume; }
+out=$("$KVL" translator eval --translator "$T/s2.safetensors" --source "$A" --target "$B" \
+      --text-file "$SRC/testdata/corpus/valid.txt" --prefix-len 32 --cont-len 8 --samples 3 --json 2>&1)
+for k in kl ppl_native ppl_translated ppl_no_context top1_agreement context_gain_recovered k_rel_err v_rel_err; do
+  grep -q "\"$k\"" <<<"$out" || { bad "eval json lacks $k: $out"; }
+done
+ok "eval json"
+out=$("$KVL" translator eval --translator "$T/s2.safetensors" --source "$A" --target "$B" \
+      --text-file "$SRC/testdata/corpus/valid.txt" --prefix-len 32 --cont-len 8 --samples 2 \
+      --turns 4 --turn-len 8 --sessions 2 --store eval 2>&1)
+[ "$(grep -cE '^ +[0-3] +(source|target)' <<<"$out")" = 4 ] && ok turns || bad "turns: $out"
+"$KVL" translator info "$T/s2.safetensors" | grep -q '^  eval: {"kl"' && ok "info shows stored eval" || bad "info eval"
+"$KVL" translator info "$T/s2.safetensors" --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["eval"]["samples"] == 2 and d["training"]["steps"] == 4' \
+    && ok "info json" || bad "info json"
+# bad input
+out=$("$KVL" translator eval --translator "$T/s2.safetensors" --source "$B" --target "$A" \
+      --text-file "$SRC/testdata/corpus/valid.txt" --samples 1 2>&1); rc=$?
+[ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -q "geometry" <<<"$out" && ok "wrong pair" || bad "wrong pair: $out"
+head -c 100 "$T/s2.safetensors" > "$T/cut.safetensors"
+out=$("$KVL" translator info "$T/cut.safetensors" 2>&1); rc=$?
+[ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -q "cut.safetensors" <<<"$out" && ok "corrupt file" || bad "corrupt: $out"
+# the shipped translators load and name their pair
+for f in "$SRC"/models/translators/*.safetensors; do
+  [ -e "$f" ] || continue
+  "$KVL" translator info "$f" | grep -q "^  eval: " && ok "info $(basename "$f")" || bad "info $f"
+done
+exit $fail

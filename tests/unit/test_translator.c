@@ -1,0 +1,333 @@
+/* tests/unit/test_translator.c: translator file round trip, bad input (another pair, wrong
+ * geometry, corrupt file, NaN/Inf), apply against a hand computation, and identity translators
+ * reproducing the native cache (Qwen3 through Kpre + k_norm, Qwen2 through inverse RoPE). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "kvlingo/cache.h"
+#include "kvlingo/safetensors.h"
+#include "kvlingo/translator.h"
+#include "kvlingo/translator_train.h"
+#include "testutil.h"
+
+typedef struct fixture {
+    char dir[4096];
+    kvl_model *a, *a2, *b, *c;   /* a: Qwen3 2 layers; a2: same geometry, other weights;
+                                    b: Qwen3 3 layers, head_dim 16; c: Qwen2 2 layers, 1 kv head */
+} fixture;
+
+static kvl_model *load_tiny(const char *root, const char *name, const char *arch, int H, int L,
+                            int Hq, int Hkv, int D, int F, double theta, unsigned seed) {
+    char d[4200];
+    snprintf(d, sizeof d, "%s/%s", root, name);
+    assert_int_equal(mkdir(d, 0755), 0);
+    assert_int_equal(kvl_test_write_tiny_model(d, arch, 64, H, L, Hq, Hkv, D, F, theta, seed, NULL, NULL), 0);
+    kvl_model *m = NULL;
+    kvl_model_params p = kvl_model_default_params();
+    p.n_threads = 1;
+    assert_int_equal(kvl_model_load(d, &p, &m), KVL_OK);
+    return m;
+}
+
+static int setup(void **state) {
+    fixture *f = calloc(1, sizeof *f);
+    snprintf(f->dir, sizeof f->dir, "%s", kvl_test_tmpdir());
+    f->a = load_tiny(f->dir, "a", "Qwen3ForCausalLM", 32, 2, 4, 2, 8, 48, 10000.0, 1);
+    f->a2 = load_tiny(f->dir, "a2", "Qwen3ForCausalLM", 32, 2, 4, 2, 8, 48, 10000.0, 2);
+    f->b = load_tiny(f->dir, "b", "Qwen3ForCausalLM", 48, 3, 4, 2, 16, 64, 1e6, 3);
+    f->c = load_tiny(f->dir, "c", "Qwen2ForCausalLM", 24, 2, 3, 1, 8, 40, 10000.0, 4);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    fixture *f = *state;
+    kvl_model_free(f->a); kvl_model_free(f->a2); kvl_model_free(f->b); kvl_model_free(f->c);
+    free(f);
+    return 0;
+}
+
+static void assert_error_has(const char *needle) {
+    if (!strstr(kvl_last_error(), needle)) fail_msg("error \"%s\" lacks \"%s\"", kvl_last_error(), needle);
+}
+
+static void fill_random(kvl_translator *tr, unsigned seed) {
+    kvl_translator_geometry g;
+    kvl_translator_get_geometry(tr, &g);
+    size_t n = (size_t)g.dst_kv_heads * g.dst_head_dim * g.src_kv_heads * g.src_head_dim;
+    uint64_t s = seed;
+    for (int l = 0; l < g.dst_layers; l++) {
+        float *k = kvl_translator_wk(tr, l), *v = kvl_translator_wv(tr, l);
+        for (size_t i = 0; i < n; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            k[i] = (float)((double)(s >> 40) / (double)(1ull << 24) - 0.5);
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            v[i] = (float)((double)(s >> 40) / (double)(1ull << 24) - 0.5);
+        }
+    }
+}
+
+static const char *tmpfile_path(fixture *f, const char *name) {
+    static char p[8][4200];
+    static int k;
+    k = (k + 1) % 8;
+    snprintf(p[k], sizeof p[k], "%s/%s", f->dir, name);
+    return p[k];
+}
+
+static void test_round_trip(void **state) {
+    fixture *f = *state;
+    kvl_translator *tr = NULL, *back = NULL;
+    assert_int_equal(kvl_translator_create(f->a, f->b, NULL, &tr), KVL_OK);
+    fill_random(tr, 7);
+    assert_int_equal(kvl_translator_set_meta(tr, "eval", "{\"kl\": 0.5}"), KVL_OK);
+    const char *path = tmpfile_path(f, "ab.safetensors");
+    assert_int_equal(kvl_translator_save(tr, path, KVL_DTYPE_F32), KVL_OK);
+    assert_int_equal(kvl_translator_load(path, &back), KVL_OK);
+    assert_int_equal(kvl_translator_check(back, f->a, f->b), KVL_OK);
+    kvl_translator_geometry g;
+    kvl_translator_get_geometry(back, &g);
+    assert_int_equal(g.src_layers, 2);
+    assert_int_equal(g.dst_layers, 3);
+    assert_int_equal(g.dst_head_dim, 16);
+    assert_int_equal(g.dst_qk_norm, 1);
+    /* default layer map round(l (Ls-1)/(Lt-1)) = 0, 1 (0.5 rounds up), 1 */
+    assert_int_equal(kvl_translator_layer_map(back, 0), 0);
+    assert_int_equal(kvl_translator_layer_map(back, 2), 1);
+    size_t n = 32 * 16;
+    for (int l = 0; l < 3; l++) {
+        assert_memory_equal(kvl_translator_wk(tr, l), kvl_translator_wk(back, l), n * sizeof(float));
+        assert_memory_equal(kvl_translator_wv(tr, l), kvl_translator_wv(back, l), n * sizeof(float));
+    }
+    assert_string_equal(kvl_translator_metadata(back, "eval"), "{\"kl\": 0.5}");
+    assert_string_equal(kvl_translator_source_name(back), "a");
+    assert_string_equal(kvl_translator_target_name(back), "b");
+    assert_string_equal(kvl_translator_source_hash(back), kvl_model_hash(f->a));
+    assert_string_equal(kvl_translator_target_hash(back), kvl_model_hash(f->b));
+    kvl_translator_free(back);
+    /* bf16: values within bf16 rounding (relative 2^-8) */
+    const char *p16 = tmpfile_path(f, "ab16.safetensors");
+    assert_int_equal(kvl_translator_save(tr, p16, KVL_DTYPE_BF16), KVL_OK);
+    assert_int_equal(kvl_translator_load(p16, &back), KVL_OK);
+    for (size_t i = 0; i < n; i++) {
+        float x = kvl_translator_wk(tr, 1)[i], y = kvl_translator_wk(back, 1)[i];
+        assert_true(fabsf(x - y) <= fabsf(x) * (1.0f / 256) + 1e-30f);
+    }
+    kvl_translator_free(back);
+    kvl_translator_free(tr);
+}
+
+static void test_wrong_pair(void **state) {
+    fixture *f = *state;
+    kvl_translator *tr = NULL;
+    assert_int_equal(kvl_translator_create(f->a, f->b, NULL, &tr), KVL_OK);
+    /* same geometry, other weights: the hash tells them apart */
+    assert_int_equal(kvl_translator_check(tr, f->a2, f->b), KVL_ERR_MISMATCH);
+    assert_error_has("trained for source model 'a'");
+    /* other geometry */
+    assert_int_equal(kvl_translator_check(tr, f->c, f->b), KVL_ERR_MISMATCH);
+    assert_error_has("source geometry");
+    assert_int_equal(kvl_translator_check(tr, f->a, f->a), KVL_ERR_MISMATCH);
+    assert_error_has("target geometry");
+    assert_int_equal(kvl_translator_check(tr, f->b, f->a), KVL_ERR_MISMATCH);
+    /* apply into a cache of another geometry */
+    kvl_cache *cc = NULL;
+    assert_int_equal(kvl_cache_create(kvl_model_config_get(f->a), NULL, &cc), KVL_OK);
+    float k[2 * 16] = {0}, v[2 * 16] = {0};
+    assert_int_equal(kvl_translator_apply(tr, k, v, 0, 1, NULL, cc), KVL_ERR_MISMATCH);
+    kvl_cache_free(cc);
+    /* a layer map outside the source */
+    kvl_translator *bad = NULL;
+    int map[3] = {0, 5, 1};
+    assert_int_equal(kvl_translator_create(f->a, f->b, map, &bad), KVL_ERR_INVALID_ARG);
+    kvl_translator_free(tr);
+}
+
+/* Save tr after setting metadata key=value, then expect load to fail with status + needle. */
+static void expect_load_fail(fixture *f, const char *key, const char *value, kvl_status st,
+                             const char *needle) {
+    kvl_translator *tr = NULL, *back = NULL;
+    assert_int_equal(kvl_translator_create(f->a, f->b, NULL, &tr), KVL_OK);
+    fill_random(tr, 3);
+    assert_int_equal(kvl_translator_set_meta(tr, key, value), KVL_OK);
+    const char *path = tmpfile_path(f, "bad.safetensors");
+    assert_int_equal(kvl_translator_save(tr, path, KVL_DTYPE_F32), KVL_OK);
+    assert_int_equal(kvl_translator_load(path, &back), st);
+    assert_null(back);
+    assert_error_has(needle);
+    kvl_translator_free(tr);
+}
+
+static void test_corrupt(void **state) {
+    fixture *f = *state;
+    expect_load_fail(f, "format", "something-else", KVL_ERR_FORMAT, "not a kvlingo translator");
+    expect_load_fail(f, "target_head_dim", "8", KVL_ERR_MISMATCH, "layers.0.k.weight");
+    expect_load_fail(f, "source_layers", "x", KVL_ERR_FORMAT, "source_layers");
+    expect_load_fail(f, "layer_map", "0,7,1", KVL_ERR_FORMAT, "layer_map");
+    expect_load_fail(f, "layer_map", "0,1", KVL_ERR_FORMAT, "layer_map");
+    /* truncated file */
+    kvl_translator *tr = NULL, *back = NULL;
+    assert_int_equal(kvl_translator_create(f->a, f->b, NULL, &tr), KVL_OK);
+    const char *path = tmpfile_path(f, "good.safetensors");
+    assert_int_equal(kvl_translator_save(tr, path, KVL_DTYPE_F32), KVL_OK);
+    size_t len = 0;
+    char *bytes = kvl_test_read_file(path, &len);
+    assert_non_null(bytes);
+    const char *cut = tmpfile_path(f, "cut.safetensors");
+    assert_int_equal(kvl_test_write_file(cut, bytes, len / 2), 0);
+    assert_int_equal(kvl_translator_load(cut, &back), KVL_ERR_FORMAT);
+    /* garbage */
+    memset(bytes, 0x5a, len);
+    assert_int_equal(kvl_test_write_file(cut, bytes, len), 0);
+    assert_int_equal(kvl_translator_load(cut, &back), KVL_ERR_FORMAT);
+    free(bytes);
+    /* missing file */
+    assert_int_equal(kvl_translator_load(tmpfile_path(f, "nope.safetensors"), &back), KVL_ERR_IO);
+    /* a safetensors file with one tensor missing */
+    float w[32 * 16] = {0};
+    kvl_st_write_tensor t = {"layers.0.k.weight", KVL_DTYPE_F32, 2, {32, 16}, w, sizeof w};
+    const char *keys[] = {"format", "source_layers", "source_kv_heads", "source_head_dim", "target_layers",
+                          "target_kv_heads", "target_head_dim", "target_qk_norm"};
+    const char *vals[] = {"kvlingo-translator-1", "2", "2", "8", "1", "2", "16", "0"};
+    const char *miss = tmpfile_path(f, "missing.safetensors");
+    assert_int_equal(kvl_safetensors_write(miss, &t, 1, keys, vals, 8), KVL_OK);
+    assert_int_equal(kvl_translator_load(miss, &back), KVL_ERR_FORMAT);
+    assert_error_has("layers.0.v.weight");
+    kvl_translator_free(tr);
+}
+
+static void test_nan_inf(void **state) {
+    fixture *f = *state;
+    kvl_translator *tr = NULL, *back = NULL;
+    assert_int_equal(kvl_translator_create(f->a, f->b, NULL, &tr), KVL_OK);
+    fill_random(tr, 5);
+    kvl_translator_wk(tr, 1)[17] = NAN;
+    const char *path = tmpfile_path(f, "nan.safetensors");
+    assert_int_equal(kvl_translator_save(tr, path, KVL_DTYPE_F32), KVL_OK);
+    assert_int_equal(kvl_translator_load(path, &back), KVL_ERR_NUMERIC);
+    assert_error_has("layers.1.k.weight");
+    assert_error_has("NaN");
+    kvl_translator_wk(tr, 1)[17] = 0;
+    kvl_translator_wv(tr, 2)[3] = -INFINITY;
+    assert_int_equal(kvl_translator_save(tr, path, KVL_DTYPE_BF16), KVL_OK);
+    assert_int_equal(kvl_translator_load(path, &back), KVL_ERR_NUMERIC);
+    assert_error_has("layers.2.v.weight");
+    assert_error_has("Inf");
+    kvl_translator_free(tr);
+}
+
+/* apply against the formulas written out by hand */
+static void test_apply_by_hand(void **state) {
+    fixture *f = *state;
+    kvl_translator *tr = NULL;
+    assert_int_equal(kvl_translator_create(f->a, f->b, NULL, &tr), KVL_OK);
+    fill_random(tr, 11);
+    const int n = 3, Ls = 2, ds = 16, dt = 32, D = 16, Ht = 2, Lt = 3, t0 = 0;
+    float ks[2 * 3 * 16], vs[2 * 3 * 16];
+    for (int i = 0; i < Ls * n * ds; i++) { ks[i] = sinf(0.37f * i); vs[i] = cosf(0.11f * i); }
+    kvl_cache *cb = NULL;
+    assert_int_equal(kvl_cache_create(kvl_model_config_get(f->b), NULL, &cb), KVL_OK);
+    assert_int_equal(kvl_translator_apply(tr, ks, vs, 1, n, NULL, cb), KVL_ERR_RANGE);
+    int32_t ids[3] = {5, 6, 7};
+    assert_int_equal(kvl_translator_apply(tr, ks, vs, t0, n, ids, cb), KVL_OK);
+    assert_int_equal(kvl_cache_n_tokens(cb), n);
+    const kvl_model_config *cfg = kvl_model_config_get(f->b);
+    float kg[3 * 32], vg[3 * 32], kp[3 * 32];
+    for (int l = 0; l < Lt; l++) {
+        int sl = kvl_translator_layer_map(tr, l);
+        const float *Wk = kvl_translator_wk(tr, l), *Wv = kvl_translator_wv(tr, l);
+        assert_int_equal(kvl_cache_read_kv(cb, l, 0, n, kg, vg), KVL_OK);
+        assert_int_equal(kvl_cache_read_prenorm(cb, l, 0, n, kp, NULL), KVL_OK);
+        /* k_norm weights: the tiny writer stores them in the model file; read via the file */
+        char p[4300];
+        snprintf(p, sizeof p, "%s/b/model.safetensors", f->dir);
+        kvl_safetensors *st = NULL;
+        assert_int_equal(kvl_safetensors_open(p, &st), KVL_OK);
+        char nm[96];
+        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.k_norm.weight", l);
+        const kvl_st_tensor *kn = kvl_safetensors_find(st, nm);
+        assert_non_null(kn);
+        float knw[16];
+        assert_int_equal(kvl_st_tensor_to_f32(kn, knw, 16), KVL_OK);
+        kvl_safetensors_close(st);
+        for (int t = 0; t < n; t++) {
+            double pre[32], v[32];
+            for (int i = 0; i < dt; i++) {
+                pre[i] = v[i] = 0;
+                for (int j = 0; j < ds; j++) {
+                    pre[i] += (double)Wk[i * ds + j] * ks[(sl * n + t) * ds + j];
+                    v[i] += (double)Wv[i * ds + j] * vs[(sl * n + t) * ds + j];
+                }
+                assert_float_equal(kp[t * dt + i], pre[i], 1e-4);
+                assert_float_equal(vg[t * dt + i], v[i], 1e-4);
+            }
+            for (int h = 0; h < Ht; h++) {
+                double *x = pre + h * D, ss = 0, y[16];
+                for (int i = 0; i < D; i++) ss += x[i] * x[i];
+                double r = 1.0 / sqrt(ss / D + cfg->rms_norm_eps);
+                for (int i = 0; i < D; i++) y[i] = knw[i] * x[i] * r;
+                int pos = t0 + t;
+                for (int i = 0; i < D / 2; i++) {
+                    double ang = pos * pow(cfg->rope_theta, -2.0 * i / D);
+                    double a = y[i] * cos(ang) - y[i + D / 2] * sin(ang);
+                    double b = y[i + D / 2] * cos(ang) + y[i] * sin(ang);
+                    assert_float_equal(kg[t * dt + h * D + i], a, 1e-4);
+                    assert_float_equal(kg[t * dt + h * D + i + D / 2], b, 1e-4);
+                }
+            }
+        }
+    }
+    kvl_cache_free(cb);
+    kvl_translator_free(tr);
+}
+
+/* A model translated into itself with W = I must reproduce the native continuation logits. */
+static void identity_case(kvl_model *m) {
+    kvl_translator *tr = NULL;
+    assert_int_equal(kvl_translator_create(m, m, NULL, &tr), KVL_OK);
+    kvl_translator_geometry g;
+    kvl_translator_get_geometry(tr, &g);
+    int d = g.dst_kv_heads * g.dst_head_dim;
+    for (int l = 0; l < g.dst_layers; l++)
+        for (int i = 0; i < d; i++) kvl_translator_wk(tr, l)[i * d + i] = kvl_translator_wv(tr, l)[i * d + i] = 1;
+    const int P = 20, C = 6, V = 64;
+    int32_t ids[26];
+    for (int i = 0; i < P + C; i++) ids[i] = (i * 7 + 3) % V;
+    kvl_cache *src = NULL, *nat = NULL, *trc = NULL;
+    assert_int_equal(kvl_cache_create(kvl_model_config_get(m), NULL, &src), KVL_OK);
+    assert_int_equal(kvl_cache_create(kvl_model_config_get(m), NULL, &nat), KVL_OK);
+    assert_int_equal(kvl_cache_create(kvl_model_config_get(m), NULL, &trc), KVL_OK);
+    float ln[6 * 64], lt[6 * 64];
+    assert_int_equal(kvl_model_prefill(m, src, ids, P, KVL_LOGITS_NONE, NULL), KVL_OK);
+    assert_int_equal(kvl_translator_translate_span(tr, src, 0, 12, trc), KVL_OK);
+    assert_int_equal(kvl_translator_translate_span(tr, src, 12, P, trc), KVL_OK);   /* two spans */
+    assert_int_equal(kvl_model_prefill(m, trc, ids + P, C, KVL_LOGITS_ALL, lt), KVL_OK);
+    assert_int_equal(kvl_model_prefill(m, nat, ids, P, KVL_LOGITS_NONE, NULL), KVL_OK);
+    assert_int_equal(kvl_model_prefill(m, nat, ids + P, C, KVL_LOGITS_ALL, ln), KVL_OK);
+    for (int i = 0; i < C * V; i++) assert_float_equal(lt[i], ln[i], 1e-3);
+    assert_int_equal(kvl_translator_translate_span(tr, src, 0, P, trc), KVL_ERR_RANGE);
+    kvl_cache_free(src); kvl_cache_free(nat); kvl_cache_free(trc);
+    kvl_translator_free(tr);
+}
+
+static void test_identity_qwen3(void **state) { identity_case(((fixture *)*state)->a); }
+static void test_identity_qwen2(void **state) { identity_case(((fixture *)*state)->c); }
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trip), cmocka_unit_test(test_wrong_pair),
+        cmocka_unit_test(test_corrupt), cmocka_unit_test(test_nan_inf),
+        cmocka_unit_test(test_apply_by_hand), cmocka_unit_test(test_identity_qwen3),
+        cmocka_unit_test(test_identity_qwen2),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,208 @@
+/* tests/unit/test_translator_train.c: a short end-to-end training run on the shipped models
+ * (stage 1 ridge + a few stage-2 steps on a slice of the training text) must reduce the KL of
+ * held-out samples; a resumed run must equal the uninterrupted one bit for bit; two worker
+ * threads must be deterministic. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvlingo/tokenizer.h"
+#include "kvlingo/translator.h"
+#include "kvlingo/translator_train.h"
+#include "testutil.h"
+
+typedef struct fixture {
+    kvl_model *src, *dst;
+    int32_t *stream;
+    size_t n;
+    char dir[4096];
+} fixture;
+
+static int setup(void **state) {
+    fixture *f = calloc(1, sizeof *f);
+    kvl_model_params mp = kvl_model_default_params();
+    mp.n_threads = 1;
+    /* qwen3-b -> qwen3-a: different depth, head_dim and RoPE theta; the cheap direction */
+    if (kvl_model_load(kvl_test_path("models/qwen3-b"), &mp, &f->src) ||
+        kvl_model_load(kvl_test_path("models/qwen3-a"), &mp, &f->dst))
+        return -1;
+    kvl_tokenizer *tok = NULL;
+    if (kvl_tokenizer_load_dir(kvl_test_path("models/qwen3-a"), &tok)) return -1;
+    size_t len;
+    char *text = kvl_test_read_file(kvl_test_path("testdata/corpus/train_slice.txt"), &len);
+    if (!text) return -1;
+    f->stream = malloc(sizeof(int32_t) * (len + 1000));
+    int32_t eos = kvl_tokenizer_token_id(tok, "<|endoftext|>");
+    for (char *p = text, *end = text + len; p < end;) {
+        char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t dl = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        int32_t *ids;
+        size_t k;
+        if (dl && kvl_tokenizer_encode(tok, p, dl, &ids, &k) == KVL_OK) {
+            memcpy(f->stream + f->n, ids, sizeof(int32_t) * k);
+            f->n += k;
+            f->stream[f->n++] = eos;
+            free(ids);
+        }
+        p = nl ? nl + 1 : end;
+    }
+    free(text);
+    kvl_tokenizer_free(tok);
+    snprintf(f->dir, sizeof f->dir, "%s", kvl_test_tmpdir());
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    fixture *f = *state;
+    kvl_model_free(f->src);
+    kvl_model_free(f->dst);
+    free(f->stream);
+    free(f);
+    return 0;
+}
+
+static kvl_translator *stage1(fixture *f) {
+    kvl_translator *tr = NULL;
+    assert_int_equal(kvl_translator_create(f->src, f->dst, NULL, &tr), KVL_OK);
+    kvl_ridge_params rp = kvl_ridge_default_params();
+    rp.train_tokens = 8192;
+    rp.heldout_tokens = 2048;
+    assert_int_equal(kvl_translator_fit_ridge(tr, f->src, f->dst, f->stream, f->n, &rp), KVL_OK);
+    assert_non_null(kvl_translator_metadata(tr, "stage1"));
+    return tr;
+}
+
+static kvl_train_params small_params(void) {
+    kvl_train_params p = kvl_train_default_params();
+    p.steps = 12;
+    p.batch = 4;
+    p.prefix_min = 16;
+    p.prefix_max = 64;
+    p.cont_len = 32;
+    p.lr = 1e-3;
+    p.warmup = 2;
+    p.seed = 7;
+    return p;
+}
+
+static double eval_kl(fixture *f, const kvl_translator *tr) {
+    kvl_eval_params ep = kvl_eval_default_params();
+    ep.prefix_len = 64;
+    ep.cont_len = 32;
+    ep.samples = 12;
+    kvl_eval_result r;
+    /* held-out: samples from the second half of the slice (training draws from all of it,
+     * but 12 x 96 tokens out of ~70k are rarely seen in 48 samples) */
+    size_t off = f->n / 2;
+    assert_int_equal(kvl_translator_evaluate(tr, f->src, f->dst, f->stream + off, f->n - off, &ep, &r), KVL_OK);
+    assert_true(r.ppl_native > 1 && r.ppl_translated > 1);
+    return r.kl;
+}
+
+static void test_training_reduces_kl(void **state) {
+    fixture *f = *state;
+    kvl_translator *tr = stage1(f);
+    double kl0 = eval_kl(f, tr);
+    kvl_train_params p = small_params();
+    double fl = 0;
+    assert_int_equal(kvl_translator_train(tr, f->src, f->dst, f->stream, f->n, &p, &fl), KVL_OK);
+    double kl1 = eval_kl(f, tr);
+    print_message("held-out KL: stage 1 %.5f -> after %d steps %.5f (training KL %.5f)\n", kl0,
+                  p.steps, kl1, fl);
+    assert_true(kl1 < kl0);
+    assert_non_null(kvl_translator_metadata(tr, "training"));
+    kvl_translator_free(tr);
+}
+
+static int cancel_at_3(void *user, int step, int steps, double loss, double tps, double el, size_t mem) {
+    (void)user; (void)steps; (void)loss; (void)tps; (void)el; (void)mem;
+    return step == 3;
+}
+
+static void test_resume_is_exact(void **state) {
+    fixture *f = *state;
+    kvl_translator *a = stage1(f), *b = stage1(f);
+    kvl_train_params p = small_params();
+    p.steps = 6;
+    assert_int_equal(kvl_translator_train(a, f->src, f->dst, f->stream, f->n, &p, NULL), KVL_OK);
+    char ckpt[4200];
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt.safetensors", f->dir);
+    kvl_train_params q = p;
+    q.checkpoint = ckpt;
+    q.checkpoint_every = 3;
+    q.progress = cancel_at_3;
+    assert_int_equal(kvl_translator_train(b, f->src, f->dst, f->stream, f->n, &q, NULL), KVL_ERR_CANCELLED);
+    q.progress = NULL;
+    q.resume = ckpt;
+    assert_int_equal(kvl_translator_train(b, f->src, f->dst, f->stream, f->n, &q, NULL), KVL_OK);
+    size_t n = 32 * 128 * sizeof(float);
+    for (int l = 0; l < 4; l++) {
+        assert_memory_equal(kvl_translator_wk(a, l), kvl_translator_wk(b, l), n);
+        assert_memory_equal(kvl_translator_wv(a, l), kvl_translator_wv(b, l), n);
+    }
+    /* a checkpoint of another seed is refused */
+    q.seed = 8;
+    assert_int_equal(kvl_translator_train(b, f->src, f->dst, f->stream, f->n, &q, NULL), KVL_ERR_MISMATCH);
+    kvl_translator_free(a);
+    kvl_translator_free(b);
+}
+
+static void test_threads_deterministic(void **state) {
+    fixture *f = *state;
+    kvl_translator *a = stage1(f), *b = stage1(f);
+    kvl_train_params p = small_params();
+    p.steps = 2;
+    p.threads = 2;
+    assert_int_equal(kvl_translator_train(a, f->src, f->dst, f->stream, f->n, &p, NULL), KVL_OK);
+    assert_int_equal(kvl_translator_train(b, f->src, f->dst, f->stream, f->n, &p, NULL), KVL_OK);
+    size_t n = 32 * 128 * sizeof(float);
+    for (int l = 0; l < 4; l++) assert_memory_equal(kvl_translator_wk(a, l), kvl_translator_wk(b, l), n);
+    kvl_translator_free(a);
+    kvl_translator_free(b);
+}
+
+static double g_last_loss;
+static int record_loss(void *user, int step, int steps, double loss, double tps, double el, size_t mem) {
+    (void)user; (void)step; (void)steps; (void)tps; (void)el; (void)mem;
+    g_last_loss = loss;
+    return 0;
+}
+
+/* The training forward (translator_core.inc) must agree with the inference forward: a model
+ * translated into itself by identity maps is its own teacher, so the loss is ~0. */
+static void test_identity_student_matches_teacher(void **state) {
+    fixture *f = *state;
+    kvl_translator *tr = NULL;
+    assert_int_equal(kvl_translator_create(f->dst, f->dst, NULL, &tr), KVL_OK);
+    int d = 64;
+    for (int l = 0; l < 4; l++)
+        for (int i = 0; i < d; i++) kvl_translator_wk(tr, l)[i * d + i] = kvl_translator_wv(tr, l)[i * d + i] = 1;
+    kvl_train_params p = small_params();
+    p.steps = 1;
+    p.per_window = 2;
+    p.lr = 0;
+    p.progress = record_loss;
+    g_last_loss = -1;
+    assert_int_equal(kvl_translator_train(tr, f->dst, f->dst, f->stream, f->n, &p, NULL), KVL_OK);
+    print_message("identity translator: training KL %.3g\n", g_last_loss);
+    assert_true(g_last_loss >= 0 && g_last_loss < 1e-4);
+    kvl_translator_free(tr);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_identity_student_matches_teacher),
+        cmocka_unit_test(test_training_reduces_kl),
+        cmocka_unit_test(test_resume_is_exact),
+        cmocka_unit_test(test_threads_deterministic),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
