@@ -59,6 +59,13 @@ for path in "${!libs[@]}"; do
   done
   owner=${owner%%,*}; owner=${owner%%:*}   # "libfoo:amd64, libbar" -> "libfoo"
   if [ -z "$owner" ]; then
+    case "$real" in
+      /usr/local/cuda*)
+        # a CUDA toolkit installed without dpkg (NVIDIA's runfile): its runtime libraries come
+        # with the CUDA variant's runtime layer (NVIDIA's apt packages), not from this list
+        echo "runtime-packages: $real is the CUDA toolkit's, not a Debian package's (left to the CUDA layer)" >&2
+        continue ;;
+    esac
     echo "runtime-packages: no Debian package owns $real" >&2
     exit 1
   fi

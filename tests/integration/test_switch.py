@@ -137,8 +137,10 @@ def main():
         got = []
         def long_stream():
             try:
-                for m in sa.Generate(pb.GenerateRequest(session_id=sid, max_tokens=1500),
-                                     timeout=120):
+                # long enough to be running when SIGTERM lands, short enough for a
+                # sanitizer build on a loaded 2-core machine
+                for m in sa.Generate(pb.GenerateRequest(session_id=sid, max_tokens=400),
+                                     timeout=300):
                     got.append(m)
             except grpc.RpcError as e:
                 got.append(e)
