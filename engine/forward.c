@@ -30,10 +30,11 @@ static kvl_status scratch_prepare(kvl_model *m, int T, int ctx) {
         (size_t)nt /* pos (ints fit in floats' space) */,
         (size_t)nc * 2 /* kblk: one pointer (<= 2 floats) per block, at most ctx blocks */,
         (size_t)nc * 2 /* vblk */,
+        nt * (size_t)c->head_dim / 2, nt * (size_t)c->head_dim / 2,   /* rope cos/sin tables */
     };
     float **dst[] = {&s->x, &s->xn, &s->q, &s->k, &s->kpre, &s->v, &s->att, &s->gate, &s->up,
                      &s->kctx, &s->vctx, &s->scores, &s->logit_x, (float **)&s->pos,
-                     (float **)&s->kblk, (float **)&s->vblk};
+                     (float **)&s->kblk, (float **)&s->vblk, &s->rope_cos, &s->rope_sin};
     size_t n = sizeof sizes / sizeof sizes[0], total = 0;
     for (size_t i = 0; i < n; i++) total += (sizes[i] + 15) & ~(size_t)15;  /* 64-byte steps */
     float *base = aligned_alloc(64, total * sizeof(float));
@@ -113,6 +114,9 @@ static kvl_status forward_locked(kvl_model *m, const kvl_batch_seq *seqs, int n_
         }
     }
 
+    /* RoPE angles of every new token, once for all layers */
+    kvl_cpu_rope_table(s->rope_cos, s->rope_sin, s->pos, T, D, c->rope_theta);
+
     for (int l = 0; l < c->n_layers; l++) {
         const kvl_layer_weights *w = &m->layers[l];
         kvl_cpu_rmsnorm_forward(s->xn, s->x, w->attn_norm, T, H, c->rms_norm_eps);
@@ -124,8 +128,8 @@ static kvl_status forward_locked(kvl_model *m, const kvl_batch_seq *seqs, int n_
             kvl_cpu_rmsnorm_forward(s->q, s->q, w->q_norm, T * Hq, D, c->rms_norm_eps);
             kvl_cpu_rmsnorm_forward(s->k, s->k, w->k_norm, T * Hkv, D, c->rms_norm_eps);
         }
-        kvl_cpu_rope_forward(s->q, s->pos, T, Hq, D, c->rope_theta, 0);
-        kvl_cpu_rope_forward(s->k, s->pos, T, Hkv, D, c->rope_theta, 0);
+        kvl_cpu_rope_apply(s->q, s->rope_cos, s->rope_sin, T, Hq, D, 0);
+        kvl_cpu_rope_apply(s->k, s->rope_cos, s->rope_sin, T, Hkv, D, 0);
 
         for (int i = 0, t0 = 0; i < n_seqs; t0 += seqs[i].n_tokens, i++) {
             kvl_cache *kc = seqs[i].cache;

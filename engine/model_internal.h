@@ -48,6 +48,8 @@ typedef struct kvl_scratch {
     int *pos;           /* [T] positions                                 */
     float **kblk;       /* [ctx blocks] block pointers for decode attention */
     float **vblk;
+    float *rope_cos;    /* [T, D/2] RoPE angles of the batch's tokens */
+    float *rope_sin;    /* [T, D/2] */
 } kvl_scratch;
 
 struct kvl_model {

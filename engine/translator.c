@@ -418,11 +418,15 @@ kvl_status kvl_translator_apply(const kvl_translator *tr, const float *k_src, co
     float *vout = malloc(sizeof(float) * per * Lt);
     float *kpre = malloc(sizeof(float) * per * Lt);
     int *pos = malloc(sizeof(int) * (size_t)n);
-    if (!kpost || !vout || !kpre || !pos) {
-        free(kpost); free(vout); free(kpre); free(pos);
+    float *rcos = malloc(sizeof(float) * (size_t)n * (D / 2));
+    float *rsin = malloc(sizeof(float) * (size_t)n * (D / 2));
+    if (!kpost || !vout || !kpre || !pos || !rcos || !rsin) {
+        free(kpost); free(vout); free(kpre); free(pos); free(rcos); free(rsin);
         return kvl_errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
     }
     for (int i = 0; i < n; i++) pos[i] = t0 + i;
+    /* the target's RoPE angles of the span, once for all layers */
+    kvl_cpu_rope_table(rcos, rsin, pos, n, D, c->rope_theta);
     const size_t wsz = (size_t)dt * ds;
     for (int l = 0; l < Lt; l++) {
         const int sl = tr->layer_map[l];
@@ -434,11 +438,11 @@ kvl_status kvl_translator_apply(const kvl_translator *tr, const float *k_src, co
             kvl_cpu_rmsnorm_forward(ko, kp, tr->k_norm + (size_t)l * D, n * tr->dst_kv_heads, D, tr->k_norm_eps);
         else
             memcpy(ko, kp, sizeof(float) * per);
-        kvl_cpu_rope_forward(ko, pos, n, tr->dst_kv_heads, D, c->rope_theta, 0);
+        kvl_cpu_rope_apply(ko, rcos, rsin, n, tr->dst_kv_heads, D, 0);
         kvl_cpu_matmul_forward(vout + (size_t)l * per, xv, tr->wv + (size_t)l * wsz, NULL, n, ds, dt);
     }
     kvl_status s = kvl_cache_append(dst, n, ids, kpost, vout, kpre);
-    free(kpost); free(vout); free(kpre); free(pos);
+    free(kpost); free(vout); free(kpre); free(pos); free(rcos); free(rsin);
     return s;
 }
 

@@ -50,14 +50,21 @@ void kvl_cpu_rope_angles(float *cos_out, float *sin_out, int pos, int D, double 
     }
 }
 
-void kvl_cpu_rope_forward(float *x, const int *pos, int T, int n_heads, int D, double theta,
-                          int inverse) {
+void kvl_cpu_rope_table(float *cos_tab, float *sin_tab, const int *pos, int T, int D, double theta) {
     int half = D / 2;
-    float inv_freq[512], cs[512], sn[512];   /* head_dim <= 1024 */
-    rope_inv_freq(inv_freq, D, theta);       /* once per call, not per token */
+    float inv_freq[512];   /* head_dim <= 1024 */
+    rope_inv_freq(inv_freq, D, theta);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < half; i++)
+            sincosf((float)pos[t] * inv_freq[i], &sin_tab[(size_t)t * half + i], &cos_tab[(size_t)t * half + i]);
+}
+
+void kvl_cpu_rope_apply(float *x, const float *cos_tab, const float *sin_tab, int T, int n_heads,
+                        int D, int inverse) {
+    int half = D / 2;
     float sgn = inverse ? -1.0f : 1.0f;
     for (int t = 0; t < T; t++) {
-        for (int i = 0; i < half; i++) sincosf((float)pos[t] * inv_freq[i], &sn[i], &cs[i]);
+        const float *cs = cos_tab + (size_t)t * half, *sn = sin_tab + (size_t)t * half;
         for (int h = 0; h < n_heads; h++) {
             float *v = x + ((size_t)t * n_heads + h) * D;
             for (int i = 0; i < half; i++) {
@@ -67,6 +74,15 @@ void kvl_cpu_rope_forward(float *x, const int *pos, int T, int n_heads, int D, d
                 v[i + half] = x2 * c + x1 * s;
             }
         }
+    }
+}
+
+void kvl_cpu_rope_forward(float *x, const int *pos, int T, int n_heads, int D, double theta,
+                          int inverse) {
+    float cs[512], sn[512];
+    for (int t = 0; t < T; t++) {   /* one position at a time: no allocation */
+        kvl_cpu_rope_table(cs, sn, &pos[t], 1, D, theta);
+        kvl_cpu_rope_apply(x + (size_t)t * n_heads * D, cs, sn, 1, n_heads, D, inverse);
     }
 }
 

@@ -62,3 +62,13 @@ void kvl_cpu_set_threads(int n_threads);
 void kvl_cpu_attention_decode_blocks(float *out, const float *q, const float *const *k_blk,
                                      const float *const *v_blk, int block_tokens, int Tk, int Hq,
                                      int Hkv, int D, float *scratch);
+
+/* RoPE with precomputed angles, so a forward pass (or a translation) computes the cos/sin of each
+ * position once for all layers instead of once per layer and per q/k.
+ *   kvl_cpu_rope_table: cos_tab, sin_tab [T, D/2] for positions pos[T] (same float32 values as
+ *                       kvl_cpu_rope_angles)
+ *   kvl_cpu_rope_apply: x[T, n_heads, D] rotated in place with row t of the tables; inverse != 0
+ *                       applies the inverse rotation. */
+void kvl_cpu_rope_table(float *cos_tab, float *sin_tab, const int *pos, int T, int D, double theta);
+void kvl_cpu_rope_apply(float *x, const float *cos_tab, const float *sin_tab, int T, int n_heads,
+                        int D, int inverse);
