@@ -38,6 +38,13 @@ char *cli_read_file(const char *path, size_t *len_out);
 /* Print a JSON string literal (escaped) of text[len] to stdout. */
 void cli_print_json_string(const char *text, size_t len);
 
+/* Token stream of a text file under the evaluation protocol: each line is a document, encoded
+ * on its own and followed by `eos`; documents concatenated.  *out is malloc'ed.  Prints the
+ * error and returns non-zero on failure. */
+struct kvl_tokenizer;
+int cli_encode_documents(const char *cmd, struct kvl_tokenizer *tok, int32_t eos, const char *path,
+                         int32_t **out, size_t *n_out);
+
 /* Commands */
 int cmd_info(int argc, char **argv);
 int cmd_generate(int argc, char **argv);

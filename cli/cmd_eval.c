@@ -11,45 +11,6 @@
 #include "kvlingo/sampling.h"
 #include "kvlingo/tokenizer.h"
 
-/* Token stream of a text file under the evaluation protocol of models/PROVENANCE.md: each line
- * is a document, encoded on its own and followed by <|endoftext|>; documents concatenated. */
-static int encode_documents(const char *cmd, kvl_tokenizer *tok, int32_t eos, const char *path,
-                            int32_t **out, size_t *n_out) {
-    size_t len;
-    char *text = cli_read_file(path, &len);
-    if (!text) return 1;
-    size_t cap = 1 << 16, n = 0;
-    int32_t *stream = malloc(sizeof(int32_t) * cap);
-    if (!stream) { free(text); fprintf(stderr, "kvlingo %s: out of memory\n", cmd); return 1; }
-    char *p = text, *end = text + len;
-    while (p < end) {
-        char *nl = memchr(p, '\n', (size_t)(end - p));
-        size_t dl = nl ? (size_t)(nl - p) : (size_t)(end - p);
-        if (dl > 0 && p[dl - 1] == '\r') dl--;
-        if (dl > 0) {
-            int32_t *ids;
-            size_t k;
-            kvl_status s = kvl_tokenizer_encode(tok, p, dl, &ids, &k);
-            if (s != KVL_OK) { free(stream); free(text); return cli_fail(cmd, s); }
-            if (n + k + 1 > cap) {
-                while (n + k + 1 > cap) cap *= 2;
-                int32_t *ns = realloc(stream, sizeof(int32_t) * cap);
-                if (!ns) { free(ids); free(stream); free(text); fprintf(stderr, "kvlingo %s: out of memory\n", cmd); return 1; }
-                stream = ns;
-            }
-            memcpy(stream + n, ids, sizeof(int32_t) * k);
-            n += k;
-            stream[n++] = eos;
-            free(ids);
-        }
-        p = nl ? nl + 1 : end;
-    }
-    free(text);
-    *out = stream;
-    *n_out = n;
-    return 0;
-}
-
 int cmd_eval_ppl(int argc, char **argv) {
     cli_args a;
     if (cli_args_init(&a, argc, argv, 2)) return 1;
@@ -90,7 +51,7 @@ int cmd_eval_ppl(int argc, char **argv) {
     if (eos < 0) eos = kvl_tokenizer_eos_id(tok);
     if (eos < 0 && c->n_eos > 0) eos = c->eos_token_ids[0];
     if (eos < 0) { fprintf(stderr, "kvlingo eval-ppl: %s: no end-of-text token to separate documents\n", dir); goto done; }
-    if (encode_documents("eval-ppl", tok, eos, file, &stream, &n)) goto done;
+    if (cli_encode_documents("eval-ppl", tok, eos, file, &stream, &n)) goto done;
     kvl_cache_params cp = kvl_cache_default_params();
     cp.max_tokens = (int)W;
     if ((s = kvl_cache_create(c, &cp, &cache)) != KVL_OK) { rc = cli_fail("eval-ppl", s); goto done; }

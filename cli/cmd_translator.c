@@ -27,44 +27,9 @@ static int encode_corpus(const char *cmd, const char *model_dir, const char *pat
         kvl_tokenizer_free(tok);
         return 1;
     }
-    size_t len;
-    char *text = cli_read_file(path, &len);
-    if (!text) { kvl_tokenizer_free(tok); return 1; }
-    size_t cap = 1 << 16, n = 0;
-    int32_t *stream = malloc(sizeof(int32_t) * cap);
-    int rc = stream ? 0 : 1;
-    char *p = text, *end = text + len;
-    while (rc == 0 && p < end) {
-        char *nl = memchr(p, '\n', (size_t)(end - p));
-        size_t dl = nl ? (size_t)(nl - p) : (size_t)(end - p);
-        if (dl > 0 && p[dl - 1] == '\r') dl--;
-        if (dl > 0) {
-            int32_t *ids;
-            size_t k;
-            if ((s = kvl_tokenizer_encode(tok, p, dl, &ids, &k)) != KVL_OK) { rc = cli_fail(cmd, s); break; }
-            if (n + k + 1 > cap) {
-                while (n + k + 1 > cap) cap *= 2;
-                int32_t *ns = realloc(stream, sizeof(int32_t) * cap);
-                if (!ns) { free(ids); rc = 1; break; }
-                stream = ns;
-            }
-            memcpy(stream + n, ids, sizeof(int32_t) * k);
-            n += k;
-            stream[n++] = eos;
-            free(ids);
-        }
-        p = nl ? nl + 1 : end;
-    }
-    free(text);
+    int rc = cli_encode_documents(cmd, tok, eos, path, out, n_out);
     kvl_tokenizer_free(tok);
-    if (rc) {
-        if (!stream) fprintf(stderr, "kvlingo %s: out of memory\n", cmd);
-        free(stream);
-        return rc;
-    }
-    *out = stream;
-    *n_out = n;
-    return 0;
+    return rc;
 }
 
 static double rss_mib(void) {
