@@ -1,7 +1,7 @@
 /* cli/cmd_chat.c: `kvlingo chat` — one turn of a session through kvlingo-router (gRPC client).
  *
  *   kvlingo chat --router ADDR [--session ID] [--model NAME] [--max-tokens N]
- *                [--temperature T] [--seed S] [--escalate] [--force-reprefill] TEXT
+ *                [--temperature T] [--seed S] [--escalate] [--force-reprefill] [--ignore-eos] TEXT
  *
  * Streams the generated text as it arrives, then prints one summary line:
  *   [session s-1a2b turn 3: qwen3-b on b0, switch translate from qwen3-a (95 span tokens),
@@ -22,7 +22,7 @@
 
 static void chat_usage(FILE *f) {
     fputs("usage: kvlingo chat --router HOST:PORT [--session ID] [--model NAME] [--max-tokens N]\n"
-          "                    [--temperature T] [--seed S] [--escalate] [--force-reprefill]\n"
+          "                    [--temperature T] [--seed S] [--escalate] [--force-reprefill] [--ignore-eos]\n"
           "                    [--timeout-ms N] TEXT\n"
           "  One turn of a session through kvlingo-router: streams the text as it is generated,\n"
           "  then a one-line summary (model, switch mode, span tokens, TTFT, tokens, tokens/s).\n"
@@ -49,6 +49,7 @@ int cmd_chat(int argc, char **argv) {
     long timeout_ms = cli_opt_long(&a, "--timeout-ms", 300000, 1, 86400000L, &err);
     int escalate = cli_flag(&a, "--escalate");
     int force = cli_flag(&a, "--force-reprefill");
+    int ignore_eos = cli_flag(&a, "--ignore-eos");   /* default: stop at EOS, as generate does */
     /* the one positional argument: TEXT */
     const char *text = NULL;
     for (int i = 2; i < argc; i++) {
@@ -98,6 +99,7 @@ int cmd_chat(int argc, char **argv) {
     q.model = (char *)(model ? model : "");
     q.escalate = escalate;
     q.force_reprefill = force;
+    q.stop_at_eos = !ignore_eos;
     size_t len = kvlingo__v1__send_request__get_packed_size(&q);
     uint8_t *buf = malloc(len ? len : 1);
     if (!buf) { fprintf(stderr, "kvlingo chat: out of memory\n"); rc = 1; goto out; }

@@ -91,7 +91,7 @@ int cmd_generate(int argc, char **argv) {
     if (cli_args_init(&a, argc, argv, 2)) return 1;
     int err = 0;
     if (cli_flag(&a, "--help")) {
-        puts("usage: kvlingo generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) --max-tokens N\n"
+        puts("usage: kvlingo generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N (32)]\n"
              "         [--temperature T] [--top-k K] [--top-p P] [--seed S] [--threads N] [--json]\n"
              "Greedy when --temperature is 0 (default).  --json prints {\"ids\": [...], \"text\": \"...\"}\n"
              "with the generated ids only, ending with EOS when generation stopped on it.");

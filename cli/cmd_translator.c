@@ -345,6 +345,7 @@ int cmd_translator(int argc, char **argv) {
     if (sub && !strcmp(sub, "train")) return cmd_train(argc, argv);
     if (sub && !strcmp(sub, "eval")) return cmd_eval(argc, argv);
     if (sub && !strcmp(sub, "info")) return cmd_tr_info(argc, argv);
-    fprintf(stderr, "usage: kvlingo translator (train | eval | info) [options]   (--help for each)\n");
-    return 2;
+    int help = sub && (!strcmp(sub, "--help") || !strcmp(sub, "-h"));
+    fprintf(help ? stdout : stderr, "usage: kvlingo translator (train | eval | info) [options]   (--help for each)\n");
+    return help ? 0 : 2;
 }

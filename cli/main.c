@@ -9,10 +9,10 @@ static void usage(FILE *f) {
           "\n"
           "commands:\n"
           "  info        --model DIR [--json]                      architecture, geometry, parameters\n"
-          "  generate    --model DIR (--prompt TEXT | --prompt-ids 1,2,3) --max-tokens N\n"
+          "  generate    --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]\n"
           "              [--temperature T] [--top-k K] [--top-p P] [--seed S] [--threads N] [--json]\n"
           "  eval-ppl    --model DIR --text-file FILE [--window 256] [--max-windows 200] [--json]\n"
-          "  tokenize    (--model DIR | --tokenizer FILE) --text STR [--json]\n"
+          "  tokenize    (--model DIR | --tokenizer FILE) (--text STR | --text-file FILE) [--json]\n"
           "  detokenize  (--model DIR | --tokenizer FILE) --ids 1,2,3\n"
 #ifdef KVL_HAVE_SERVER
           "  chat        --router HOST:PORT [--session ID] [--model NAME] TEXT   one turn via kvlingo-router\n"
