@@ -101,6 +101,10 @@ int main(int argc, char **argv) {
     uv_run(m.loop, UV_RUN_DEFAULT);
     uv_signal_stop(&m.sigterm);
     uv_signal_stop(&m.sigint);
+    /* Drained: a repeated SIGTERM/SIGINT (an orchestrator's second kill, a test's stop) must not
+     * cut the teardown short now that libuv has restored the default disposition. */
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
     uv_timer_stop(&m.tick);
     uv_close((uv_handle_t *)&m.sigterm, NULL);
     uv_close((uv_handle_t *)&m.sigint, NULL);

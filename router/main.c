@@ -116,6 +116,10 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
         if (hs[i]->loop == &a.loop && !uv_is_closing(hs[i])) uv_close(hs[i], NULL);
     uv_run(&a.loop, UV_RUN_DEFAULT);
+    /* Stopping: closing the signal handles restored the default disposition; a repeated
+     * SIGTERM/SIGINT must not cut the ledger's orderly close short. */
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
     uv_loop_close(&a.loop);
     kvr_router_free(a.r);
     kvr_logf("info", "stopped\n");
