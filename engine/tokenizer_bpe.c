@@ -211,6 +211,7 @@ kvl_status kvl_bpe_encode_word(const kvl_tokenizer *t, const char *w, size_t len
     if (heap != stack_heap) free(heap);
     if (st) return st;
     size_t produced = out->n - start;
-    if (cacheable && produced <= 8) cache_put(t, h, w, len, out->v + start, produced);
+    /* produced == 0 leaves out->v possibly NULL: nothing to cache then */
+    if (cacheable && produced > 0 && produced <= 8) cache_put(t, h, w, len, out->v + start, produced);
     return KVL_OK;
 }

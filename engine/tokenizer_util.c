@@ -124,7 +124,8 @@ kvl_status kvl_strmap_put(kvl_strmap *m, const char *key, size_t len, int32_t va
     size_t j = h & (m->cap - 1);
     while (m->slots[j].used) {
         kvl_strmap_entry *e = &m->slots[j];
-        if (e->hash == h && e->len == len && memcmp(m->arena + e->off, key, len) == 0) {
+        /* len 0 (an empty token) may come with key == NULL: no memcmp/memcpy on it */
+        if (e->hash == h && e->len == len && (len == 0 || memcmp(m->arena + e->off, key, len) == 0)) {
             e->value = value;
             if (existed) *existed = 1;
             return KVL_OK;
@@ -140,7 +141,7 @@ kvl_status kvl_strmap_put(kvl_strmap *m, const char *key, size_t len, int32_t va
         m->arena = na;
         m->arena_cap = ncap;
     }
-    memcpy(m->arena + m->arena_len, key, len);
+    if (len) memcpy(m->arena + m->arena_len, key, len);
     m->arena[m->arena_len + len] = '\0';
     kvl_strmap_entry *e = &m->slots[j];
     e->hash = h;
@@ -159,7 +160,7 @@ int32_t kvl_strmap_get(const kvl_strmap *m, const char *key, size_t len) {
     size_t j = h & (m->cap - 1);
     while (m->slots[j].used) {
         const kvl_strmap_entry *e = &m->slots[j];
-        if (e->hash == h && e->len == len && memcmp(m->arena + e->off, key, len) == 0) return e->value;
+        if (e->hash == h && e->len == len && (len == 0 || memcmp(m->arena + e->off, key, len) == 0)) return e->value;
         j = (j + 1) & (m->cap - 1);
     }
     return -1;
