@@ -23,7 +23,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "router", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "router"))
 import rtest  # noqa: E402
 
 

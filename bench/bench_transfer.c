@@ -54,11 +54,11 @@ static int iters_for(size_t bytes, double seconds) {
 }
 
 static int run_receiver(int rd, int wr, const int *sizes, int ns, double seconds) {
-    kvl_transport *t;
-    if (kvl_transport_create("ucx", &t) != KVL_OK) return 1;
+    kvl__transport *t;
+    if (kvl__transport_create("ucx", &t) != KVL_OK) return 1;
     const uint8_t *addr;
     size_t alen;
-    kvl_transport_address(t, &addr, &alen);
+    kvl__transport_address(t, &addr, &alen);
     uint32_t l = (uint32_t)alen;
     if (write(wr, &l, 4) != 4 || write(wr, addr, alen) != (ssize_t)alen) return 1;
     size_t maxb = (size_t)sizes[0] << 20;
@@ -72,20 +72,20 @@ static int run_receiver(int rd, int wr, const int *sizes, int ns, double seconds
         size_t b = (size_t)sizes[i] << 20;
         int iters = iters_for(b, seconds) + 1;   /* + warm-up */
         for (int k = 0; k < iters; k++) {
-            kvl_transport_recv *r;
+            kvl__transport_recv *r;
             size_t got;
-            if (kvl_transport_recv_post(t, ++tag, buf, b, &r) != KVL_OK ||
-                kvl_transport_recv_wait(t, r, 60000, NULL, &got) != KVL_OK || got != b) {
+            if (kvl__transport_recv_post(t, ++tag, buf, b, &r) != KVL_OK ||
+                kvl__transport_recv_wait(t, r, 60000, NULL, &got) != KVL_OK || got != b) {
                 fprintf(stderr, "receiver: %s\n", kvl_last_error());
                 return 1;
             }
-            kvl_transport_recv_free(t, r);
+            kvl__transport_recv_free(t, r);
         }
     }
     char done = 1;
     if (read(rd, &done, 1) < 0) return 1;   /* wait for the parent before tearing down */
     free(buf);
-    kvl_transport_free(t);
+    kvl__transport_free(t);
     return 0;
 }
 
@@ -112,8 +112,8 @@ static int bench_transfer(int argc, char **argv) {
         if (r <= 0) return 1;
         got += (size_t)r;
     }
-    kvl_transport *t;
-    if (kvl_transport_create("ucx", &t) != KVL_OK) return 1;
+    kvl__transport *t;
+    if (kvl__transport_create("ucx", &t) != KVL_OK) return 1;
     size_t maxb = 0;
     for (int i = 0; i < ns; i++)
         if (((size_t)sizes[i] << 20) > maxb) maxb = (size_t)sizes[i] << 20;
@@ -125,10 +125,10 @@ static int bench_transfer(int argc, char **argv) {
     for (int i = 0; i < ns && !rc; i++) {
         size_t b = (size_t)sizes[i] << 20;
         int iters = iters_for(b, seconds);
-        if (kvl_transport_send(t, addr, l, ++tag, buf, b, 60000, NULL) != KVL_OK) rc = 1;   /* warm-up */
+        if (kvl__transport_send(t, addr, l, ++tag, buf, b, 60000, NULL) != KVL_OK) rc = 1;   /* warm-up */
         double t0 = kvld_now();
         for (int k = 0; k < iters && !rc; k++)
-            if (kvl_transport_send(t, addr, l, ++tag, buf, b, 60000, NULL) != KVL_OK) rc = 1;
+            if (kvl__transport_send(t, addr, l, ++tag, buf, b, 60000, NULL) != KVL_OK) rc = 1;
         double dt = kvld_now() - t0;
         if (rc) fprintf(stderr, "send: %s\n", kvl_last_error());
         else printf("transfer size_mb=%d iters=%d gbps=%.3f\n", sizes[i], iters,
@@ -139,7 +139,7 @@ static int bench_transfer(int argc, char **argv) {
     if (write(to_child[1], &done, 1) != 1) rc = 1;
     int status = 0;
     waitpid(pid, &status, 0);
-    kvl_transport_free(t);
+    kvl__transport_free(t);
     free(buf);
     free(addr);
     return rc || !WIFEXITED(status) || WEXITSTATUS(status) != 0;

@@ -29,8 +29,8 @@ static void chat_usage(FILE *f) {
           "  Without --session a new session is created; its id is printed to continue it.\n", f);
 }
 
-static int rpc_fail(const char *what, const kvl_rpc_result *res) {
-    fprintf(stderr, "kvlingo chat: %s: %s: %s\n", what, kvl_rpc_status_name(res->code),
+static int rpc_fail(const char *what, const kvl__rpc_result *res) {
+    fprintf(stderr, "kvlingo chat: %s: %s: %s\n", what, kvl__rpc_status_name(res->code),
             res->message && res->message[0] ? res->message : "(no details)");
     return 1;
 }
@@ -67,26 +67,26 @@ int cmd_chat(int argc, char **argv) {
         return 2;
     }
 
-    kvl_rpc_client *cli = NULL;
-    kvl_status s = kvl_rpc_client_create(router, 0, &cli);
+    kvl__rpc_client *cli = NULL;
+    kvl_status s = kvl__rpc_client_create(router, 0, &cli);
     if (s) return cli_fail("chat", s);
     int rc = 0;
     char *sid = NULL;
-    kvl_rpc_result res = {0};
+    kvl__rpc_result res = {0};
     if (session && session[0]) {
         sid = strdup(session);
     } else {
         Kvlingo__V1__CreateSessionRequest cq = KVLINGO__V1__CREATE_SESSION_REQUEST__INIT;
         cq.model = (char *)(model ? model : "");
         Kvlingo__V1__CreateSessionResponse *cr = NULL;
-        s = kvl_rpc_client_unary_pb(cli, ROUTER "CreateSession", &cq.base,
+        s = kvl__rpc_client_unary_pb(cli, ROUTER "CreateSession", &cq.base,
                                     &kvlingo__v1__create_session_response__descriptor, 30000,
                                     (ProtobufCMessage **)&cr, &res);
         if (s) { rc = cli_fail("chat", s); goto out; }
         if (res.code != GRPC_STATUS_OK) { rc = rpc_fail("CreateSession", &res); goto out; }
         sid = strdup(cr->session_id);
         protobuf_c_message_free_unpacked(&cr->base, NULL);
-        kvl_rpc_result_clear(&res);
+        kvl__rpc_result_clear(&res);
     }
     if (!sid) { fprintf(stderr, "kvlingo chat: out of memory\n"); rc = 1; goto out; }
 
@@ -104,15 +104,15 @@ int cmd_chat(int argc, char **argv) {
     uint8_t *buf = malloc(len ? len : 1);
     if (!buf) { fprintf(stderr, "kvlingo chat: out of memory\n"); rc = 1; goto out; }
     kvlingo__v1__send_request__pack(&q, buf);
-    kvl_rpc_stream *st = NULL;
-    s = kvl_rpc_client_stream_open(cli, ROUTER "Send", buf, len, timeout_ms, &st);
+    kvl__rpc_stream *st = NULL;
+    s = kvl__rpc_client_stream_open(cli, ROUTER "Send", buf, len, timeout_ms, &st);
     free(buf);
     if (s) { rc = cli_fail("chat", s); goto out; }
     static const char *modes[] = {"none", "translate", "re-prefill"};
     for (;;) {
         uint8_t *data = NULL;
         size_t dl = 0;
-        int r = kvl_rpc_stream_read(st, &data, &dl);
+        int r = kvl__rpc_stream_read(st, &data, &dl);
         if (r <= 0) break;
         Kvlingo__V1__SendResponse *m = kvlingo__v1__send_response__unpack(NULL, dl, data);
         free(data);
@@ -132,14 +132,14 @@ int cmd_chat(int argc, char **argv) {
         }
         protobuf_c_message_free_unpacked(&m->base, NULL);
     }
-    s = kvl_rpc_stream_finish(st, &res);
-    kvl_rpc_stream_free(st);
+    s = kvl__rpc_stream_finish(st, &res);
+    kvl__rpc_stream_free(st);
     if (s) rc = cli_fail("chat", s);
     else if (res.code != GRPC_STATUS_OK) rc = rpc_fail("Send", &res);
 out:
-    kvl_rpc_result_clear(&res);
+    kvl__rpc_result_clear(&res);
     free(sid);
-    kvl_rpc_client_free(cli);
+    kvl__rpc_client_free(cli);
     return rc;
 }
 

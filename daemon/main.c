@@ -25,8 +25,8 @@ static void begin_drain(kvld_main *m, const char *why) {
     if (m->node->draining) return;
     m->node->draining = 1;
     m->drain_started = kvld_now();
-    kvl_rpc_server_set_health(m->node->rpc, "", 0);
-    kvl_rpc_server_set_health(m->node->rpc, "kvlingo.v1.Node", 0);
+    kvl__rpc_server_set_health(m->node->rpc, "", 0);
+    kvl__rpc_server_set_health(m->node->rpc, "kvlingo.v1.Node", 0);
     kvld_metrics_set(m->node->metrics, KVLD_G_DRAINING, 1);
     kvld_log("info", "msg=draining signal=%s work_in_flight=%d", why,
              __atomic_load_n(&m->node->work_in_flight, __ATOMIC_SEQ_CST));
@@ -96,7 +96,7 @@ int main(int argc, char **argv) {
     kvld_log("info", "msg=serving model=%s hash=%s arch=%s listen=%s port=%d metrics=%s "
              "transport=%s translators=%d max_sessions=%d max_context=%d",
              kvl_model_name(m.node->model), kvl_model_hash(m.node->model), mc->architecture,
-             cfg.listen, kvl_rpc_server_port(m.node->rpc), cfg.metrics[0] ? cfg.metrics : "-",
+             cfg.listen, kvl__rpc_server_port(m.node->rpc), cfg.metrics[0] ? cfg.metrics : "-",
              cfg.transport, m.node->translators.n, cfg.max_sessions, m.node->max_context);
     uv_run(m.loop, UV_RUN_DEFAULT);
     uv_signal_stop(&m.sigterm);
@@ -111,7 +111,7 @@ int main(int argc, char **argv) {
     uv_close((uv_handle_t *)&m.tick, NULL);
     uv_run(m.loop, UV_RUN_DEFAULT);   /* let the close callbacks run */
     uv_loop_close(m.loop);
-    kvl_rpc_server_shutdown(m.node->rpc, 2000);
+    kvl__rpc_server_shutdown(m.node->rpc, 2000);
     kvld_node_free(m.node);
     kvld_log("info", "msg=exit code=0");
     return 0;

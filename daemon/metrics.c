@@ -70,7 +70,7 @@ struct kvld_metrics {
 
 kvl_status kvld_metrics_create(kvld_metrics **out) {
     kvld_metrics *m = calloc(1, sizeof *m);
-    if (!m) return kvl_errorf(KVL_ERR_NOMEM, "metrics");
+    if (!m) return kvl__errorf(KVL_ERR_NOMEM, "metrics");
     pthread_mutex_init(&m->mu, NULL);
     *out = m;
     return KVL_OK;
@@ -109,7 +109,7 @@ void kvld_metrics_observe(kvld_metrics *m, kvld_hist h, double v) {
     pthread_mutex_unlock(&m->mu);
 }
 
-void kvld_metrics_reject(kvld_metrics *m, kvl_span_reject why) {
+void kvld_metrics_reject(kvld_metrics *m, kvl__span_reject why) {
     if (!m || (int)why <= 0 || why >= KVL_SPAN_N_REASONS) return;
     pthread_mutex_lock(&m->mu);
     m->rejected[why]++;
@@ -159,7 +159,7 @@ char *kvld_metrics_render(kvld_metrics *m, size_t *len) {
                   "# TYPE kvlingo_spans_rejected_total counter\n");
     for (int r = 1; r < KVL_SPAN_N_REASONS; r++)
         sb_printf(&b, "kvlingo_spans_rejected_total{reason=\"%s\"} %llu\n",
-                  kvl_span_reject_name((kvl_span_reject)r), (unsigned long long)m->rejected[r]);
+                  kvl__span_reject_name((kvl__span_reject)r), (unsigned long long)m->rejected[r]);
     for (int i = 0; i < KVLD_G_N; i++)
         sb_printf(&b, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", gauge_names[i][0],
                   gauge_names[i][1], gauge_names[i][0], gauge_names[i][0], m->gauges[i]);
@@ -223,24 +223,24 @@ kvl_status kvld_metrics_serve(kvld_metrics *m, const char *addr, const volatile 
     char host[256];
     const char *colon = strrchr(addr, ':');
     if (!colon || colon == addr || (size_t)(colon - addr) >= sizeof host)
-        return kvl_errorf(KVL_ERR_INVALID_ARG, "--metrics '%s': expected HOST:PORT", addr);
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "--metrics '%s': expected HOST:PORT", addr);
     memcpy(host, addr, (size_t)(colon - addr));
     host[colon - addr] = '\0';
     int port = atoi(colon + 1);
     if (port <= 0 || port > 65535)
-        return kvl_errorf(KVL_ERR_INVALID_ARG, "--metrics '%s': bad port", addr);
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "--metrics '%s': bad port", addr);
     struct sockaddr_in sa;
     memset(&sa, 0, sizeof sa);
     sa.sin_family = AF_INET;
     sa.sin_port = htons((uint16_t)port);
     if (!strcmp(host, "localhost")) snprintf(host, sizeof host, "127.0.0.1");
     if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
-        return kvl_errorf(KVL_ERR_INVALID_ARG, "--metrics '%s': host must be an IPv4 address",
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "--metrics '%s': host must be an IPv4 address",
                           addr);
     m->draining = draining;
     m->httpd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)port, NULL, NULL,
                                 on_http, m, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                                 MHD_OPTION_END);
-    if (!m->httpd) return kvl_errorf(KVL_ERR_IO, "metrics: cannot listen on %s", addr);
+    if (!m->httpd) return kvl__errorf(KVL_ERR_IO, "metrics: cannot listen on %s", addr);
     return KVL_OK;
 }

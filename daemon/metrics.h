@@ -51,7 +51,7 @@ typedef enum kvld_hist {
 void kvld_metrics_add(kvld_metrics *m, kvld_counter c, uint64_t v);
 void kvld_metrics_set(kvld_metrics *m, kvld_gauge g, double v);
 void kvld_metrics_observe(kvld_metrics *m, kvld_hist h, double v);
-void kvld_metrics_reject(kvld_metrics *m, kvl_span_reject why);   /* spans_rejected_total{reason} */
+void kvld_metrics_reject(kvld_metrics *m, kvl__span_reject why);   /* spans_rejected_total{reason} */
 
 /* Render the exposition text (malloc'ed, caller frees). */
 char *kvld_metrics_render(kvld_metrics *m, size_t *len);

@@ -13,14 +13,14 @@
 kvl_status kvld_node_create(const kvld_config *cfg, kvld_node **out) {
     *out = NULL;
     kvld_node *n = calloc(1, sizeof *n);
-    if (!n) return kvl_errorf(KVL_ERR_NOMEM, "node");
+    if (!n) return kvl__errorf(KVL_ERR_NOMEM, "node");
     n->cfg = *cfg;
     pthread_mutex_init(&n->peers_mu, NULL);
     kvl_model_params mp = kvl_model_default_params();
     mp.n_threads = cfg->threads;
     kvl_status st = kvl_model_load(cfg->model, &mp, &n->model);
     if (st != KVL_OK) {
-        kvl_error_prefix(st, "loading the model");
+        kvl__error_prefix(st, "loading the model");
         goto fail;
     }
     if (kvl_tokenizer_load_dir(cfg->model, &n->tok) != KVL_OK) {
@@ -39,7 +39,7 @@ kvl_status kvld_node_create(const kvld_config *cfg, kvld_node **out) {
     kvld_sched_params sp = {.max_batch = cfg->max_batch, .prefill_chunk = cfg->prefill_chunk};
     if ((st = kvld_sched_create(n->model, n->metrics, &sp, &n->sched)) != KVL_OK) goto fail;
     if (strcmp(cfg->transport, "none") != 0 &&
-        (st = kvl_transport_create(cfg->transport, &n->transport)) != KVL_OK)
+        (st = kvl__transport_create(cfg->transport, &n->transport)) != KVL_OK)
         goto fail;
     *out = n;
     return KVL_OK;
@@ -48,19 +48,19 @@ fail:
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", kvl_last_error());
         kvld_node_free(n);
-        return kvl_errorf(st, "%s", msg);
+        return kvl__errorf(st, "%s", msg);
     }
 }
 
 kvl_status kvld_node_serve(kvld_node *n) {
-    kvl_rpc_server_params p = kvl_rpc_server_default_params();
+    kvl__rpc_server_params p = kvl__rpc_server_default_params();
     p.listen = n->cfg.listen;
-    kvl_status st = kvl_rpc_server_create(&p, &n->rpc);
+    kvl_status st = kvl__rpc_server_create(&p, &n->rpc);
     if (st != KVL_OK) return st;
     static const struct {
         const char *path;
-        kvl_rpc_kind kind;
-        kvl_rpc_handler fn;
+        kvl__rpc_kind kind;
+        kvl__rpc_handler fn;
     } methods[] = {
         {"/kvlingo.v1.Node/Info", KVL_RPC_UNARY, kvld_rpc_info},
         {"/kvlingo.v1.Node/OpenSession", KVL_RPC_UNARY, kvld_rpc_open_session},
@@ -72,25 +72,25 @@ kvl_status kvld_node_serve(kvld_node *n) {
         {"/kvlingo.v1.Node/SessionInfo", KVL_RPC_UNARY, kvld_rpc_session_info},
     };
     for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
-        if ((st = kvl_rpc_server_add_method(n->rpc, methods[i].path, methods[i].kind,
+        if ((st = kvl__rpc_server_add_method(n->rpc, methods[i].path, methods[i].kind,
                                             methods[i].fn, n)) != KVL_OK)
             return st;
-    if ((st = kvl_rpc_server_set_health(n->rpc, "kvlingo.v1.Node", 1)) != KVL_OK) return st;
+    if ((st = kvl__rpc_server_set_health(n->rpc, "kvlingo.v1.Node", 1)) != KVL_OK) return st;
     if (n->cfg.metrics[0] &&
         (st = kvld_metrics_serve(n->metrics, n->cfg.metrics, &n->draining)) != KVL_OK)
         return st;
-    return kvl_rpc_server_start(n->rpc);
+    return kvl__rpc_server_start(n->rpc);
 }
 
 void kvld_node_free(kvld_node *n) {
     if (!n) return;
     /* order: stop taking calls, then the scheduler (fails queued jobs), then the rest */
-    if (n->rpc) kvl_rpc_server_shutdown(n->rpc, 0);
+    if (n->rpc) kvl__rpc_server_shutdown(n->rpc, 0);
     kvld_sched_free(n->sched);
-    kvl_rpc_server_free(n->rpc);
-    for (int i = 0; i < n->n_peers; i++) kvl_rpc_client_free(n->peers[i].cli);
+    kvl__rpc_server_free(n->rpc);
+    for (int i = 0; i < n->n_peers; i++) kvl__rpc_client_free(n->peers[i].cli);
     free(n->peers);
-    kvl_transport_free(n->transport);
+    kvl__transport_free(n->transport);
     kvld_sessions_free(n->sessions);
     kvld_translators_free(&n->translators);
     kvld_metrics_free(n->metrics);
@@ -101,7 +101,7 @@ void kvld_node_free(kvld_node *n) {
 }
 
 kvl_status kvld_node_peer(kvld_node *n, const char *target, int64_t timeout_ms,
-                          kvl_rpc_client **out, const char **model_name,
+                          kvl__rpc_client **out, const char **model_name,
                           const char **model_hash) {
     pthread_mutex_lock(&n->peers_mu);
     kvld_peer *p = NULL;
@@ -111,39 +111,39 @@ kvl_status kvld_node_peer(kvld_node *n, const char *target, int64_t timeout_ms,
     if (!p) {
         if (strlen(target) >= sizeof p->target) {
             pthread_mutex_unlock(&n->peers_mu);
-            return kvl_errorf(KVL_ERR_INVALID_ARG, "peer address too long");
+            return kvl__errorf(KVL_ERR_INVALID_ARG, "peer address too long");
         }
         kvld_peer *np = realloc(n->peers, sizeof *np * (size_t)(n->n_peers + 1));
         if (!np) {
             pthread_mutex_unlock(&n->peers_mu);
-            return kvl_errorf(KVL_ERR_NOMEM, "peer table");
+            return kvl__errorf(KVL_ERR_NOMEM, "peer table");
         }
         n->peers = np;
         p = &np[n->n_peers];
         memset(p, 0, sizeof *p);
         snprintf(p->target, sizeof p->target, "%s", target);
-        st = kvl_rpc_client_create(target, 0, &p->cli);
+        st = kvl__rpc_client_create(target, 0, &p->cli);
         if (st != KVL_OK) {
             pthread_mutex_unlock(&n->peers_mu);
             return st;
         }
         n->n_peers++;
     }
-    kvl_rpc_client *cli = p->cli;
+    kvl__rpc_client *cli = p->cli;
     int need_info = !p->model_name[0];
     pthread_mutex_unlock(&n->peers_mu);
     if (need_info) {
         Kvlingo__V1__InfoRequest rq = KVLINGO__V1__INFO_REQUEST__INIT;
         ProtobufCMessage *resp = NULL;
-        kvl_rpc_result res;
-        st = kvl_rpc_client_unary_pb(cli, "/kvlingo.v1.Node/Info", &rq.base,
+        kvl__rpc_result res;
+        st = kvl__rpc_client_unary_pb(cli, "/kvlingo.v1.Node/Info", &rq.base,
                                      &kvlingo__v1__info_response__descriptor, timeout_ms, &resp,
                                      &res);
         if (st != KVL_OK) return st;
         if (res.code != GRPC_STATUS_OK) {
-            st = kvl_errorf(KVL_ERR_IO, "peer %s unreachable: Info: %s: %s", target,
-                            kvl_rpc_status_name(res.code), res.message);
-            kvl_rpc_result_clear(&res);
+            st = kvl__errorf(KVL_ERR_IO, "peer %s unreachable: Info: %s: %s", target,
+                            kvl__rpc_status_name(res.code), res.message);
+            kvl__rpc_result_clear(&res);
             return st;
         }
         Kvlingo__V1__InfoResponse *info = (Kvlingo__V1__InfoResponse *)resp;
@@ -159,7 +159,7 @@ kvl_status kvld_node_peer(kvld_node *n, const char *target, int64_t timeout_ms,
         }
         pthread_mutex_unlock(&n->peers_mu);
         protobuf_c_message_free_unpacked(resp, NULL);
-        kvl_rpc_result_clear(&res);
+        kvl__rpc_result_clear(&res);
     }
     pthread_mutex_lock(&n->peers_mu);
     for (int i = 0; i < n->n_peers; i++) {
@@ -174,7 +174,7 @@ kvl_status kvld_node_peer(kvld_node *n, const char *target, int64_t timeout_ms,
 
 /* ---- per-request helpers --------------------------------------------------------------------- */
 
-void kvld_req_begin(kvld_req *r, kvld_node *node, kvl_rpc_call *call, const char *method) {
+void kvld_req_begin(kvld_req *r, kvld_node *node, kvl__rpc_call *call, const char *method) {
     memset(r, 0, sizeof *r);
     r->node = node;
     r->call = call;
@@ -197,7 +197,7 @@ int kvld_req_refuse_if_draining(kvld_req *r) {
 
 void kvld_req_end(kvld_req *r, grpc_status_code code, const char *msg, const char *extra) {
     if (code != GRPC_STATUS_OK) {
-        kvl_rpc_call_finish(r->call, code, "%s", msg ? msg : "");
+        kvl__rpc_call_finish(r->call, code, "%s", msg ? msg : "");
         kvld_metrics_add(r->node->metrics, KVLD_C_REQUEST_ERRORS, 1);
     }
     if (r->counted_work) {
@@ -208,8 +208,8 @@ void kvld_req_end(kvld_req *r, grpc_status_code code, const char *msg, const cha
     char q[600];
     kvld_log(code == GRPC_STATUS_OK ? "info" : "warn",
              "msg=request method=%s session=%s code=%s ms=%.3f peer=%s%s%s%s", r->method,
-             r->session[0] ? r->session : "-", kvl_rpc_status_name(code),
-             (kvld_now() - r->t0) * 1e3, kvl_rpc_call_peer(r->call),
+             r->session[0] ? r->session : "-", kvl__rpc_status_name(code),
+             (kvld_now() - r->t0) * 1e3, kvl__rpc_call_peer(r->call),
              code != GRPC_STATUS_OK ? " err=" : "",
              code != GRPC_STATUS_OK ? kvld_log_q(q, sizeof q, msg ? msg : "") : "",
              extra ? extra : "");
@@ -219,5 +219,5 @@ void kvld_req_fail(kvld_req *r, kvl_status st, const char *extra) {
     char msg[1024];
     const char *e = kvl_last_error();
     snprintf(msg, sizeof msg, "%s", e && e[0] ? e : kvl_strerror(st));
-    kvld_req_end(r, kvl_rpc_status_from_kvl(st), msg, extra);
+    kvld_req_end(r, kvl__rpc_status_from_kvl(st), msg, extra);
 }

@@ -17,7 +17,7 @@
 
 typedef struct kvld_peer {
     char target[256];
-    kvl_rpc_client *cli;
+    kvl__rpc_client *cli;
     char model_name[128];             /* from the peer's Info, fetched on first export */
     char model_hash[32];
 } kvld_peer;
@@ -29,9 +29,9 @@ typedef struct kvld_node {
     kvld_translators translators;
     kvld_sessions *sessions;
     kvld_sched *sched;
-    kvl_transport *transport;         /* NULL with --transport none */
+    kvl__transport *transport;         /* NULL with --transport none */
     kvld_metrics *metrics;
-    kvl_rpc_server *rpc;
+    kvl__rpc_server *rpc;
     int max_context;
     volatile int draining;            /* SIGTERM: refuse new work */
     int work_in_flight;               /* Node calls that do work (atomic) */
@@ -50,29 +50,29 @@ void kvld_node_free(kvld_node *node);
 /* A cached client for a peer node "host:port", with the peer's model identity (Info is asked
  * on first use).  The returned strings live as long as the node. */
 kvl_status kvld_node_peer(kvld_node *node, const char *target, int64_t timeout_ms,
-                          kvl_rpc_client **out, const char **model_name, const char **model_hash);
+                          kvl__rpc_client **out, const char **model_name, const char **model_hash);
 
 /* Node service handlers (service.c, span_service.c). */
-void kvld_rpc_info(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user);
-void kvld_rpc_open_session(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user);
-void kvld_rpc_append(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user);
-void kvld_rpc_generate(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user);
-void kvld_rpc_drop_session(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user);
-void kvld_rpc_session_info(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user);
-void kvld_rpc_export_span(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user);
-void kvld_rpc_import_span(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user);
+void kvld_rpc_info(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user);
+void kvld_rpc_open_session(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user);
+void kvld_rpc_append(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user);
+void kvld_rpc_generate(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user);
+void kvld_rpc_drop_session(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user);
+void kvld_rpc_session_info(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user);
+void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user);
+void kvld_rpc_import_span(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user);
 
 /* Per-request bookkeeping shared by the handlers: log line + request metrics. */
 typedef struct kvld_req {
     kvld_node *node;
-    kvl_rpc_call *call;
+    kvl__rpc_call *call;
     const char *method;
     char session[KVLD_ID_MAX];
     double t0;
     int counted_work;
 } kvld_req;
 
-void kvld_req_begin(kvld_req *r, kvld_node *node, kvl_rpc_call *call, const char *method);
+void kvld_req_begin(kvld_req *r, kvld_node *node, kvl__rpc_call *call, const char *method);
 /* Refuse new work while draining (returns 1 after answering UNAVAILABLE). */
 int kvld_req_refuse_if_draining(kvld_req *r);
 /* Finish the call with a kvl status (OK: the caller already replied) and log the line;

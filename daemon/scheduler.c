@@ -239,7 +239,7 @@ static void *sched_main(void *arg) {
 kvl_status kvld_sched_create(kvl_model *model, kvld_metrics *metrics,
                              const kvld_sched_params *p, kvld_sched **out) {
     kvld_sched *s = calloc(1, sizeof *s);
-    if (!s) return kvl_errorf(KVL_ERR_NOMEM, "scheduler");
+    if (!s) return kvl__errorf(KVL_ERR_NOMEM, "scheduler");
     s->model = model;
     s->metrics = metrics;
     s->p = *p;
@@ -250,13 +250,13 @@ kvl_status kvld_sched_create(kvl_model *model, kvld_metrics *metrics,
     s->seq_jobs = calloc((size_t)s->p.max_batch, sizeof *s->seq_jobs);
     if (!s->seqs || !s->seq_jobs) {
         kvld_sched_free(s);
-        return kvl_errorf(KVL_ERR_NOMEM, "scheduler");
+        return kvl__errorf(KVL_ERR_NOMEM, "scheduler");
     }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
         kvld_sched_free(s);
-        return kvl_errorf(KVL_ERR_INTERNAL, "cannot start the scheduler thread");
+        return kvl__errorf(KVL_ERR_INTERNAL, "cannot start the scheduler thread");
     }
     s->started = 1;
     *out = s;
@@ -290,7 +290,7 @@ static kvl_status submit(kvld_sched *s, kvld_job *j) {
     pthread_mutex_lock(&s->mu);
     if (s->stop) {
         pthread_mutex_unlock(&s->mu);
-        return kvl_errorf(KVL_ERR_CANCELLED, "node shutting down");
+        return kvl__errorf(KVL_ERR_CANCELLED, "node shutting down");
     }
     /* append: older jobs keep their place in the prefill order (first come, first served) */
     kvld_job **pp = &s->jobs;
@@ -316,7 +316,7 @@ static kvld_job *job_new(kvld_sched *s, kvld_session *sess, job_kind kind) {
 
 kvl_status kvld_sched_prefill(kvld_sched *s, kvld_session *sess, const volatile int *cancel) {
     kvld_job *j = job_new(s, sess, JOB_PREFILL);
-    if (!j) return kvl_errorf(KVL_ERR_NOMEM, "prefill job");
+    if (!j) return kvl__errorf(KVL_ERR_NOMEM, "prefill job");
     j->cancel_flag = cancel;
     kvl_status st = submit(s, j);
     if (st != KVL_OK) {
@@ -327,7 +327,7 @@ kvl_status kvld_sched_prefill(kvld_sched *s, kvld_session *sess, const volatile 
     while (!j->finished) pthread_cond_wait(&j->cv, &s->mu);
     st = j->status;
     pthread_mutex_unlock(&s->mu);
-    if (st != KVL_OK) kvl_errorf(st, "%s", j->err);
+    if (st != KVL_OK) kvl__errorf(st, "%s", j->err);
     kvld_job_free(j);
     return st;
 }
@@ -336,15 +336,15 @@ kvl_status kvld_sched_generate(kvld_sched *s, kvld_session *sess, const kvld_gen
                                kvld_job **out) {
     *out = NULL;
     if (p->max_tokens < 1)
-        return kvl_errorf(KVL_ERR_INVALID_ARG, "max_tokens must be >= 1 (got %d)", p->max_tokens);
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "max_tokens must be >= 1 (got %d)", p->max_tokens);
     if (sess->n_ledger == 0)
-        return kvl_errorf(KVL_ERR_MISMATCH, "session '%s' is empty: Append tokens before Generate",
+        return kvl__errorf(KVL_ERR_MISMATCH, "session '%s' is empty: Append tokens before Generate",
                           sess->id);
     if (sess->n_ledger >= sess->max_context)
-        return kvl_errorf(KVL_ERR_RANGE, "session '%s' is full: %d tokens = max context %d",
+        return kvl__errorf(KVL_ERR_RANGE, "session '%s' is full: %d tokens = max context %d",
                           sess->id, sess->n_ledger, sess->max_context);
     kvld_job *j = job_new(s, sess, JOB_GENERATE);
-    if (!j) return kvl_errorf(KVL_ERR_NOMEM, "generate job");
+    if (!j) return kvl__errorf(KVL_ERR_NOMEM, "generate job");
     j->gp = *p;
     kvl_status st = kvl_sampler_create(&p->sampler, &j->sampler);
     if (st == KVL_OK) st = submit(s, j);

@@ -32,7 +32,7 @@ static Kvlingo__V1__DType dtype_pb(kvl_dtype d) {
     }
 }
 
-void kvld_rpc_info(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+void kvld_rpc_info(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     kvld_node *n = user;
     kvld_req r;
     kvld_req_begin(&r, n, call, "Info");
@@ -76,23 +76,23 @@ void kvld_rpc_info(kvl_rpc_call *call, const uint8_t *req, size_t len, void *use
     }
     out.n_translators = (size_t)nt;
     out.translators = tp;
-    out.transport = (char *)(n->transport ? kvl_transport_kind(n->transport) : "none");
+    out.transport = (char *)(n->transport ? kvl__transport_kind(n->transport) : "none");
     if (n->transport) {
         const uint8_t *a;
         size_t al;
-        kvl_transport_address(n->transport, &a, &al);
+        kvl__transport_address(n->transport, &a, &al);
         out.transport_address.data = (uint8_t *)a;
         out.transport_address.len = al;
     }
     out.max_context = (uint32_t)n->max_context;
     out.max_sessions = (uint32_t)n->cfg.max_sessions;
     out.sessions = (uint32_t)kvld_sessions_count(n->sessions);
-    kvl_rpc_call_reply_pb(call, &out.base);
+    kvl__rpc_call_reply_pb(call, &out.base);
     free(ti), free(tp), free(ids);
     kvld_req_end(&r, GRPC_STATUS_OK, NULL, NULL);
 }
 
-void kvld_rpc_open_session(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+void kvld_rpc_open_session(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     kvld_node *n = user;
     kvld_req r;
     kvld_req_begin(&r, n, call, "OpenSession");
@@ -114,13 +114,13 @@ void kvld_rpc_open_session(kvl_rpc_call *call, const uint8_t *req, size_t len, v
     kvld_metrics_set(n->metrics, KVLD_G_SESSIONS, kvld_sessions_count(n->sessions));
     Kvlingo__V1__OpenSessionResponse out = KVLINGO__V1__OPEN_SESSION_RESPONSE__INIT;
     out.session_id = id;
-    kvl_rpc_call_reply_pb(call, &out.base);
+    kvl__rpc_call_reply_pb(call, &out.base);
     kvld_req_end(&r, GRPC_STATUS_OK, NULL, NULL);
 }
 
 static void set_flag(void *arg) { *(volatile int *)arg = 1; }
 
-void kvld_rpc_append(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+void kvld_rpc_append(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     kvld_node *n = user;
     kvld_req r;
     kvld_req_begin(&r, n, call, "Append");
@@ -136,25 +136,25 @@ void kvld_rpc_append(kvl_rpc_call *call, const uint8_t *req, size_t len, void *u
     kvl_status st = KVL_OK;
     int has_text = in->text && in->text[0];
     if (has_text && in->n_tokens > 0) {
-        st = kvl_errorf(KVL_ERR_INVALID_ARG, "give either tokens or text, not both");
+        st = kvl__errorf(KVL_ERR_INVALID_ARG, "give either tokens or text, not both");
     } else if (has_text) {
-        if (!n->tok) st = kvl_errorf(KVL_ERR_UNSUPPORTED, "this node has no tokenizer: send tokens");
+        if (!n->tok) st = kvl__errorf(KVL_ERR_UNSUPPORTED, "this node has no tokenizer: send tokens");
         else st = kvl_tokenizer_encode(n->tok, in->text, strlen(in->text), &ids, &n_ids);
     } else if (in->n_tokens > 0) {
         ids = malloc(sizeof(int32_t) * in->n_tokens);
-        if (!ids) st = kvl_errorf(KVL_ERR_NOMEM, "tokens");
+        if (!ids) st = kvl__errorf(KVL_ERR_NOMEM, "tokens");
         else memcpy(ids, in->tokens, sizeof(int32_t) * in->n_tokens);
         n_ids = in->n_tokens;
     }
     int vocab = kvl_model_config_get(n->model)->vocab_size;
     for (size_t i = 0; st == KVL_OK && i < n_ids; i++)
         if (ids[i] < 0 || ids[i] >= vocab)
-            st = kvl_errorf(KVL_ERR_INVALID_ARG, "token %zu has id %d outside the vocabulary [0, %d)",
+            st = kvl__errorf(KVL_ERR_INVALID_ARG, "token %zu has id %d outside the vocabulary [0, %d)",
                             i, ids[i], vocab);
     kvld_session *s = NULL;
     if (st == KVL_OK) st = kvld_session_acquire(n->sessions, in->session_id, KVLD_PREFILL, 0, &s, NULL);
     if (st == KVL_OK && (size_t)s->n_ledger + n_ids > (size_t)s->max_context)
-        st = kvl_errorf(KVL_ERR_RANGE,
+        st = kvl__errorf(KVL_ERR_RANGE,
                         "input too long: %zu new tokens + %d held exceed the max context of %d "
                         "tokens (--max-context)", n_ids, s->n_ledger, s->max_context);
     double prefill_s = 0;
@@ -163,11 +163,11 @@ void kvld_rpc_append(kvl_rpc_call *call, const uint8_t *req, size_t len, void *u
         __atomic_store_n(&s->n_ledger, s->n_ledger + (int)n_ids, __ATOMIC_RELAXED);
         if (in->prefill && n_ids > 0) {
             volatile int cancelled = 0;
-            kvl_rpc_call_on_cancel(call, set_flag, (void *)&cancelled);
+            kvl__rpc_call_on_cancel(call, set_flag, (void *)&cancelled);
             double t0 = kvld_now();
             st = kvld_sched_prefill(n->sched, s, &cancelled);
             prefill_s = kvld_now() - t0;
-            kvl_rpc_call_on_cancel(call, NULL, NULL);
+            kvl__rpc_call_on_cancel(call, NULL, NULL);
             /* a failed prefill leaves the tokens in the ledger: Generate will prefill them */
         }
     }
@@ -185,7 +185,7 @@ void kvld_rpc_append(kvl_rpc_call *call, const uint8_t *req, size_t len, void *u
         out.n_tokens = n_ids;
         out.tokens = ids;
         out.prefill_seconds = prefill_s;
-        kvl_rpc_call_reply_pb(call, &out.base);
+        kvl__rpc_call_reply_pb(call, &out.base);
         kvld_req_end(&r, GRPC_STATUS_OK, NULL, extra);
     }
     free(ids);
@@ -194,7 +194,7 @@ void kvld_rpc_append(kvl_rpc_call *call, const uint8_t *req, size_t len, void *u
 
 static void cancel_job(void *arg) { kvld_job_cancel(arg); }
 
-void kvld_rpc_generate(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+void kvld_rpc_generate(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     kvld_node *n = user;
     kvld_req r;
     kvld_req_begin(&r, n, call, "Generate");
@@ -226,7 +226,7 @@ void kvld_rpc_generate(kvl_rpc_call *call, const uint8_t *req, size_t len, void 
     if (st == KVL_OK && n->tok) {
         st = kvl_detok_create(n->tok, &dt);
         if (st == KVL_OK && !(piece = malloc(piece_cap + 1)))
-            st = kvl_errorf(KVL_ERR_NOMEM, "detokenizer buffer");
+            st = kvl__errorf(KVL_ERR_NOMEM, "detokenizer buffer");
     }
     if (st == KVL_OK) st = kvld_sched_generate(n->sched, s, &gp, &job);
     if (st != KVL_OK) {
@@ -236,7 +236,7 @@ void kvld_rpc_generate(kvl_rpc_call *call, const uint8_t *req, size_t len, void 
         kvld_req_fail(&r, st, NULL);
         return;
     }
-    kvl_rpc_call_on_cancel(call, cancel_job, job);
+    kvl__rpc_call_on_cancel(call, cancel_job, job);
     int vocab = kvl_model_config_get(n->model)->vocab_size;
     int sent = 0, send_failed = 0;
     kvld_token t;
@@ -253,14 +253,14 @@ void kvld_rpc_generate(kvl_rpc_call *call, const uint8_t *req, size_t len, void 
             m.n_logprobs = (size_t)vocab;
             m.logprobs = t.logprobs;
         }
-        if (kvl_rpc_call_send_pb(call, &m.base) != KVL_OK) {
+        if (kvl__rpc_call_send_pb(call, &m.base) != KVL_OK) {
             send_failed = 1;
             kvld_job_cancel(job);
         } else {
             sent++;
         }
     }
-    kvl_rpc_call_on_cancel(call, NULL, NULL);
+    kvl__rpc_call_on_cancel(call, NULL, NULL);
     const char *err, *reason;
     double ttft;
     st = kvld_job_result(job, &err, &reason, &ttft);
@@ -279,7 +279,7 @@ void kvld_rpc_generate(kvl_rpc_call *call, const uint8_t *req, size_t len, void 
         fin.ttft_seconds = ttft;
         fin.total_seconds = kvld_now() - r.t0;
         fin.finish_reason = (char *)reason;
-        kvl_rpc_call_send_pb(call, &fin.base);
+        kvl__rpc_call_send_pb(call, &fin.base);
     }
     kvld_job_free(job);
     kvl_detok_free(dt);
@@ -288,14 +288,14 @@ void kvld_rpc_generate(kvl_rpc_call *call, const uint8_t *req, size_t len, void 
     if (send_failed || st == KVL_ERR_CANCELLED)
         kvld_req_end(&r, GRPC_STATUS_CANCELLED, "generation cancelled by the client", extra);
     else if (st != KVL_OK)
-        kvld_req_end(&r, kvl_rpc_status_from_kvl(st), errcopy, extra);
+        kvld_req_end(&r, kvl__rpc_status_from_kvl(st), errcopy, extra);
     else {
-        kvl_rpc_call_finish(call, GRPC_STATUS_OK, NULL);
+        kvl__rpc_call_finish(call, GRPC_STATUS_OK, NULL);
         kvld_req_end(&r, GRPC_STATUS_OK, NULL, extra);
     }
 }
 
-void kvld_rpc_drop_session(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+void kvld_rpc_drop_session(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     kvld_node *n = user;
     kvld_req r;
     kvld_req_begin(&r, n, call, "DropSession");
@@ -311,11 +311,11 @@ void kvld_rpc_drop_session(kvl_rpc_call *call, const uint8_t *req, size_t len, v
     kvld_metrics_set(n->metrics, KVLD_G_SESSIONS, kvld_sessions_count(n->sessions));
     Kvlingo__V1__DropSessionResponse out = KVLINGO__V1__DROP_SESSION_RESPONSE__INIT;
     out.dropped = 1;
-    kvl_rpc_call_reply_pb(call, &out.base);
+    kvl__rpc_call_reply_pb(call, &out.base);
     kvld_req_end(&r, GRPC_STATUS_OK, NULL, NULL);
 }
 
-void kvld_rpc_session_info(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+void kvld_rpc_session_info(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     kvld_node *n = user;
     kvld_req r;
     kvld_req_begin(&r, n, call, "SessionInfo");
@@ -337,6 +337,6 @@ void kvld_rpc_session_info(kvl_rpc_call *call, const uint8_t *req, size_t len, v
     out.cache_bytes = si.cache_bytes;
     out.state = (char *)kvld_state_name(si.state);
     out.imported_count = (uint32_t)si.n_imported;
-    kvl_rpc_call_reply_pb(call, &out.base);
+    kvl__rpc_call_reply_pb(call, &out.base);
     kvld_req_end(&r, GRPC_STATUS_OK, NULL, NULL);
 }

@@ -35,7 +35,7 @@ kvl_status kvld_sessions_create(const kvl_model *model, int max_sessions, int ma
     if (t) t->items = calloc((size_t)max_sessions, sizeof *t->items);
     if (!t || !t->items) {
         free(t);
-        return kvl_errorf(KVL_ERR_NOMEM, "session table");
+        return kvl__errorf(KVL_ERR_NOMEM, "session table");
     }
     pthread_mutex_init(&t->mu, NULL);
     t->model = model;
@@ -81,30 +81,30 @@ static int valid_id(const char *id) {
 static kvl_status open_locked(kvld_sessions *t, const char *id, int max_context,
                               kvld_session **out) {
     if (t->n >= t->max_sessions)
-        return kvl_errorf(KVL_ERR_RANGE, "node holds its maximum of %d sessions", t->max_sessions);
+        return kvl__errorf(KVL_ERR_RANGE, "node holds its maximum of %d sessions", t->max_sessions);
     char gen[KVLD_ID_MAX];
     if (!id || !id[0]) {
         do snprintf(gen, sizeof gen, "s-%llu", (unsigned long long)++t->next_id);
         while (find(t, gen) >= 0);
         id = gen;
     } else if (!valid_id(id)) {
-        return kvl_errorf(KVL_ERR_INVALID_ARG,
+        return kvl__errorf(KVL_ERR_INVALID_ARG,
                           "session id must be 1-%d printable characters without spaces or quotes",
                           KVLD_ID_MAX - 1);
     } else if (find(t, id) >= 0) {
-        return kvl_errorf(KVL_ERR_INVALID_ARG, "session '%s' already exists", id);
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "session '%s' already exists", id);
     }
     int ctx = max_context > 0 && max_context < t->max_context ? max_context : t->max_context;
     const kvl_model_config *cfg = kvl_model_config_get(t->model);
     kvld_session *s = calloc(1, sizeof *s);
-    if (!s) return kvl_errorf(KVL_ERR_NOMEM, "session");
+    if (!s) return kvl__errorf(KVL_ERR_NOMEM, "session");
     snprintf(s->id, sizeof s->id, "%s", id);
     s->max_context = ctx;
     s->ledger = malloc(sizeof(int32_t) * (size_t)ctx);
     s->logits = malloc(sizeof(float) * (size_t)cfg->vocab_size);
     kvl_cache_params cp = kvl_cache_default_params();
     cp.max_tokens = ctx;
-    kvl_status st = (!s->ledger || !s->logits) ? kvl_errorf(KVL_ERR_NOMEM, "session buffers")
+    kvl_status st = (!s->ledger || !s->logits) ? kvl__errorf(KVL_ERR_NOMEM, "session buffers")
                                                : kvl_cache_create(cfg, &cp, &s->cache);
     if (st != KVL_OK) {
         session_free(s);
@@ -129,7 +129,7 @@ kvl_status kvld_session_acquire(kvld_sessions *t, const char *id, kvld_state sta
                                 kvld_session **out, int *created) {
     *out = NULL;
     if (created) *created = 0;
-    if (!id || !id[0]) return kvl_errorf(KVL_ERR_INVALID_ARG, "session_id is required");
+    if (!id || !id[0]) return kvl__errorf(KVL_ERR_INVALID_ARG, "session_id is required");
     pthread_mutex_lock(&t->mu);
     kvl_status st = KVL_OK;
     int i = find(t, id);
@@ -139,11 +139,11 @@ kvl_status kvld_session_acquire(kvld_sessions *t, const char *id, kvld_state sta
             st = open_locked(t, id, 0, &s);
             if (st == KVL_OK && created) *created = 1;
         }
-        else st = kvl_errorf(KVL_ERR_NOT_FOUND, "unknown session '%s'", id);
+        else st = kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%s'", id);
     } else {
         s = t->items[i];
         if (s->state != KVLD_IDLE)
-            st = kvl_errorf(KVL_ERR_MISMATCH, "session '%s' is busy (%s)", id,
+            st = kvl__errorf(KVL_ERR_MISMATCH, "session '%s' is busy (%s)", id,
                             kvld_state_name(s->state));
     }
     if (st == KVL_OK) {
@@ -171,7 +171,7 @@ kvl_status kvld_sessions_drop(kvld_sessions *t, const char *id) {
     int i = id ? find(t, id) : -1;
     if (i < 0) {
         pthread_mutex_unlock(&t->mu);
-        return kvl_errorf(KVL_ERR_NOT_FOUND, "unknown session '%s'", id ? id : "");
+        return kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%s'", id ? id : "");
     }
     kvld_session *s = t->items[i];
     t->items[i] = t->items[--t->n];
@@ -187,7 +187,7 @@ kvl_status kvld_sessions_info(kvld_sessions *t, const char *id, kvld_session_inf
     int i = id ? find(t, id) : -1;
     if (i < 0) {
         pthread_mutex_unlock(&t->mu);
-        return kvl_errorf(KVL_ERR_NOT_FOUND, "unknown session '%s'", id ? id : "");
+        return kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%s'", id ? id : "");
     }
     kvld_session *s = t->items[i];
     /* an idle session's cache is not changing; a busy one's owner may be appending to it, so

@@ -30,14 +30,14 @@ static void set_flag(void *arg) { *(volatile int *)arg = 1; }
 typedef struct import_ctx {
     kvld_req r;
     kvld_node *n;
-    kvl_span_reject why;
+    kvl__span_reject why;
     grpc_status_code code;
     char msg[1024];
 } import_ctx;
 
-static void import_reject(import_ctx *x, kvl_span_reject why, grpc_status_code code,
+static void import_reject(import_ctx *x, kvl__span_reject why, grpc_status_code code,
                           const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static void import_reject(import_ctx *x, kvl_span_reject why, grpc_status_code code,
+static void import_reject(import_ctx *x, kvl__span_reject why, grpc_status_code code,
                           const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -47,7 +47,7 @@ static void import_reject(import_ctx *x, kvl_span_reject why, grpc_status_code c
     x->code = code;
 }
 
-static grpc_status_code reject_code(kvl_span_reject why) {
+static grpc_status_code reject_code(kvl__span_reject why) {
     switch (why) {
     case KVL_SPAN_MALFORMED: return GRPC_STATUS_INVALID_ARGUMENT;
     case KVL_SPAN_WRONG_TARGET:
@@ -76,7 +76,7 @@ static kvl_status copy_prefix(const kvl_model *m, const kvl_cache *src, int t0, 
     float *kpost = malloc(sizeof(float) * per * c->n_layers);
     float *v = malloc(sizeof(float) * per * c->n_layers);
     float *kpre = malloc(sizeof(float) * per * c->n_layers);
-    if (!kpost || !v || !kpre) st = kvl_errorf(KVL_ERR_NOMEM, "copying %d cached tokens", t0);
+    if (!kpost || !v || !kpre) st = kvl__errorf(KVL_ERR_NOMEM, "copying %d cached tokens", t0);
     for (int l = 0; st == KVL_OK && l < c->n_layers; l++) {
         st = kvl_cache_read_kv(src, l, 0, t0, kpost + l * per, v + l * per);
         if (st == KVL_OK) st = kvl_cache_read_prenorm(src, l, 0, t0, kpre + l * per, NULL);
@@ -90,7 +90,7 @@ static kvl_status copy_prefix(const kvl_model *m, const kvl_cache *src, int t0, 
     return st;
 }
 
-void kvld_rpc_import_span(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+void kvld_rpc_import_span(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     kvld_node *n = user;
     import_ctx x = {.n = n};
     kvld_req_begin(&x.r, n, call, "ImportSpan");
@@ -107,20 +107,20 @@ void kvld_rpc_import_span(kvl_rpc_call *call, const uint8_t *req, size_t len, vo
         return;
     }
     const Kvlingo__V1__SpanHeader *h = in->header;
-    kvl_span_reject why = KVL_SPAN_OK;
+    kvl__span_reject why = KVL_SPAN_OK;
     const char *self = kvl_model_name(n->model), *self_hash = kvl_model_hash(n->model);
     const kvld_translator_entry *te = NULL;
     kvld_session *s = NULL;
-    kvl_transport_recv *rv = NULL;
+    kvl__transport_recv *rv = NULL;
     uint8_t *payload = NULL;
     int created = 0;
     volatile int cancelled = 0;
     Kvlingo__V1__ImportSpanResponse done = KVLINGO__V1__IMPORT_SPAN_RESPONSE__INIT;
     char extra[200] = "";
-    kvl_rpc_call_on_cancel(call, set_flag, (void *)&cancelled);
+    kvl__rpc_call_on_cancel(call, set_flag, (void *)&cancelled);
 
     /* 1. the header, before any allocation it asks for */
-    if (kvl_span_header_check(h, 0, &why) != KVL_OK) {
+    if (kvl__span_header_check(h, 0, &why) != KVL_OK) {
         import_reject(&x, why, reject_code(why), "%s", kvl_last_error());
         goto out;
     }
@@ -157,7 +157,7 @@ void kvld_rpc_import_span(kvl_rpc_call *call, const uint8_t *req, size_t len, vo
     kvl_status st = kvld_session_acquire(n->sessions, in->session_id, KVLD_IMPORT, 1, &s, &created);
     if (st != KVL_OK) {
         import_reject(&x, st == KVL_ERR_MISMATCH ? KVL_SPAN_BUSY : KVL_SPAN_RANGE,
-                      kvl_rpc_status_from_kvl(st), "%s", kvl_last_error());
+                      kvl__rpc_status_from_kvl(st), "%s", kvl_last_error());
         goto out;
     }
     if (created) {
@@ -190,29 +190,29 @@ void kvld_rpc_import_span(kvl_rpc_call *call, const uint8_t *req, size_t len, vo
                       "cannot allocate %llu bytes for the span", (unsigned long long)h->payload_bytes);
         goto out;
     }
-    uint64_t tag = kvl_transport_new_tag(n->transport);
-    if (kvl_transport_recv_post(n->transport, tag, payload, (size_t)h->payload_bytes, &rv) != KVL_OK) {
+    uint64_t tag = kvl__transport_new_tag(n->transport);
+    if (kvl__transport_recv_post(n->transport, tag, payload, (size_t)h->payload_bytes, &rv) != KVL_OK) {
         import_reject(&x, KVL_SPAN_TRANSFER, GRPC_STATUS_UNAVAILABLE, "%s", kvl_last_error());
         goto out;
     }
     Kvlingo__V1__ImportSpanResponse ep = KVLINGO__V1__IMPORT_SPAN_RESPONSE__INIT;
     const uint8_t *addr;
     size_t alen;
-    kvl_transport_address(n->transport, &addr, &alen);
-    ep.transport = (char *)kvl_transport_kind(n->transport);
+    kvl__transport_address(n->transport, &addr, &alen);
+    ep.transport = (char *)kvl__transport_kind(n->transport);
     ep.transport_address.data = (uint8_t *)addr;
     ep.transport_address.len = alen;
     ep.tag = tag;
-    if (kvl_rpc_call_send_pb(call, &ep.base) != KVL_OK) {
+    if (kvl__rpc_call_send_pb(call, &ep.base) != KVL_OK) {
         import_reject(&x, KVL_SPAN_TRANSFER, GRPC_STATUS_CANCELLED,
                       "exporter went away before the transfer");
         goto out;
     }
     double t_recv = kvld_now();
     size_t got = 0;
-    int64_t left = kvl_rpc_call_deadline_left_ms(call);
+    int64_t left = kvl__rpc_call_deadline_left_ms(call);
     int64_t tmo = left < n->cfg.span_timeout_ms ? left : n->cfg.span_timeout_ms;
-    st = kvl_transport_recv_wait(n->transport, rv, tmo > 0 ? tmo : 1, &cancelled, &got);
+    st = kvl__transport_recv_wait(n->transport, rv, tmo > 0 ? tmo : 1, &cancelled, &got);
     double recv_s = kvld_now() - t_recv;
     if (st == KVL_ERR_CANCELLED) {
         import_reject(&x, KVL_SPAN_TRANSFER, GRPC_STATUS_CANCELLED,
@@ -233,9 +233,9 @@ void kvld_rpc_import_span(kvl_rpc_call *call, const uint8_t *req, size_t len, vo
     kvld_metrics_observe(n->metrics, KVLD_H_TRANSFER_SECONDS, recv_s);
     kvld_metrics_add(n->metrics, KVLD_C_SPAN_BYTES_RECEIVED, got);
     /* 4. check the payload, translate, append */
-    kvl_span_view v;
+    kvl__span_view v;
     int vocab = kvl_model_config_get(n->model)->vocab_size;
-    if (kvl_span_payload_check(h, payload, got, vocab, &v, &why) != KVL_OK) {
+    if (kvl__span_payload_check(h, payload, got, vocab, &v, &why) != KVL_OK) {
         import_reject(&x, why, reject_code(why), "%s", kvl_last_error());
         goto out;
     }
@@ -251,7 +251,7 @@ void kvld_rpc_import_span(kvl_rpc_call *call, const uint8_t *req, size_t len, vo
     }
     double tr_s = kvld_now() - t_tr;
     if (st != KVL_OK) {
-        import_reject(&x, KVL_SPAN_TRANSLATE, kvl_rpc_status_from_kvl(st), "translation failed: %s",
+        import_reject(&x, KVL_SPAN_TRANSLATE, kvl__rpc_status_from_kvl(st), "translation failed: %s",
                       kvl_last_error());
         goto out;
     }
@@ -269,8 +269,8 @@ void kvld_rpc_import_span(kvl_rpc_call *call, const uint8_t *req, size_t len, vo
     snprintf(extra, sizeof extra, " source=%s t0=%u t1=%u bytes=%zu recv_ms=%.3f translate_ms=%.3f",
              h->source->name, h->t0, h->t1, got, recv_s * 1e3, tr_s * 1e3);
 out:
-    kvl_rpc_call_on_cancel(call, NULL, NULL);
-    kvl_transport_recv_free(n->transport, rv);
+    kvl__rpc_call_on_cancel(call, NULL, NULL);
+    kvl__transport_recv_free(n->transport, rv);
     free(payload);
     if (s) {
         char id[KVLD_ID_MAX];
@@ -284,12 +284,12 @@ out:
     }
     /* answer last: the session is free again when the exporter hears the verdict */
     if (x.code == GRPC_STATUS_OK) {
-        kvl_rpc_call_send_pb(call, &done.base);
-        kvl_rpc_call_finish(call, GRPC_STATUS_OK, NULL);
+        kvl__rpc_call_send_pb(call, &done.base);
+        kvl__rpc_call_finish(call, GRPC_STATUS_OK, NULL);
         kvld_req_end(&x.r, GRPC_STATUS_OK, NULL, extra);
     } else {
         kvld_metrics_reject(n->metrics, x.why);
-        snprintf(extra, sizeof extra, " reason=%s", kvl_span_reject_name(x.why));
+        snprintf(extra, sizeof extra, " reason=%s", kvl__span_reject_name(x.why));
         kvld_req_end(&x.r, x.code, x.msg, extra);
     }
     kvlingo__v1__import_span_request__free_unpacked(in, NULL);
@@ -313,7 +313,7 @@ static void export_cancel(void *arg) {
 /* Reads the importer's verdict concurrently with the send, so that a peer gone mid-transfer
  * stops the send at once instead of at its deadline. */
 typedef struct verdict_watch {
-    kvl_rpc_stream *stream;
+    kvl__rpc_stream *stream;
     uint8_t *msg;
     size_t len;
     int got;
@@ -322,12 +322,12 @@ typedef struct verdict_watch {
 
 static void *watch_verdict(void *arg) {
     verdict_watch *w = arg;
-    w->got = kvl_rpc_stream_read(w->stream, &w->msg, &w->len) == 1;
+    w->got = kvl__rpc_stream_read(w->stream, &w->msg, &w->len) == 1;
     if (!w->got) w->fl->stop_send = 1;
     return NULL;
 }
 
-void kvld_rpc_export_span(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     kvld_node *n = user;
     kvld_req r;
     kvld_req_begin(&r, n, call, "ExportSpan");
@@ -345,7 +345,7 @@ void kvld_rpc_export_span(kvl_rpc_call *call, const uint8_t *req, size_t len, vo
     kvld_session *s = NULL;
     uint8_t *payload = NULL;
     size_t plen = 0;
-    kvl_rpc_stream *stream = NULL;
+    kvl__rpc_stream *stream = NULL;
     uint8_t *msg = NULL;
     size_t mlen = 0;
     Kvlingo__V1__ImportSpanResponse *ep = NULL, *verdict = NULL;
@@ -358,13 +358,13 @@ void kvld_rpc_export_span(kvl_rpc_call *call, const uint8_t *req, size_t len, vo
     verdict_watch w = {.fl = &fl};
     pthread_t watcher;
     int watching = 0;
-    kvl_rpc_call_on_cancel(call, export_cancel, &fl);
+    kvl__rpc_call_on_cancel(call, export_cancel, &fl);
 
 #define FAIL(c, ...) do { code = (c); snprintf(err, sizeof err, __VA_ARGS__); goto out; } while (0)
     if (!in->peer || !in->peer[0]) FAIL(GRPC_STATUS_INVALID_ARGUMENT, "peer address is required");
     if (!n->transport) FAIL(GRPC_STATUS_UNAVAILABLE, "this node runs without a transport");
     kvl_status st = kvld_session_acquire(n->sessions, in->session_id, KVLD_EXPORT, 0, &s, NULL);
-    if (st != KVL_OK) FAIL(kvl_rpc_status_from_kvl(st), "%s", kvl_last_error());
+    if (st != KVL_OK) FAIL(kvl__rpc_status_from_kvl(st), "%s", kvl_last_error());
     uint32_t to = in->to ? in->to : (uint32_t)s->n_ledger;
     if (to > (uint32_t)s->n_ledger || in->from >= to)
         FAIL(GRPC_STATUS_OUT_OF_RANGE, "range [%u, %u) is not within session '%s''s %d tokens",
@@ -372,42 +372,42 @@ void kvld_rpc_export_span(kvl_rpc_call *call, const uint8_t *req, size_t len, vo
     if ((int)to > kvl_cache_n_tokens(s->cache)) {
         /* tokens known but not yet run through the model (e.g. the last sampled one) */
         st = kvld_sched_prefill(n->sched, s, &fl.cancelled);
-        if (st != KVL_OK) FAIL(kvl_rpc_status_from_kvl(st), "prefill before export: %s", kvl_last_error());
+        if (st != KVL_OK) FAIL(kvl__rpc_status_from_kvl(st), "prefill before export: %s", kvl_last_error());
     }
-    kvl_rpc_client *peer;
+    kvl__rpc_client *peer;
     const char *peer_name, *peer_hash;
     st = kvld_node_peer(n, in->peer, tmo, &peer, &peer_name, &peer_hash);
     if (st != KVL_OK) FAIL(GRPC_STATUS_UNAVAILABLE, "%s", kvl_last_error());
     Kvlingo__V1__SpanHeader h = KVLINGO__V1__SPAN_HEADER__INIT;
-    kvl_span_ids ids;
-    st = kvl_span_encode(n->model, s->cache, in->from, to, peer_name, peer_hash, &ids, &h,
+    kvl__span_ids ids;
+    st = kvl__span_encode(n->model, s->cache, in->from, to, peer_name, peer_hash, &ids, &h,
                          &payload, &plen);
-    if (st != KVL_OK) FAIL(kvl_rpc_status_from_kvl(st), "%s", kvl_last_error());
+    if (st != KVL_OK) FAIL(kvl__rpc_status_from_kvl(st), "%s", kvl_last_error());
     Kvlingo__V1__ImportSpanRequest ir = KVLINGO__V1__IMPORT_SPAN_REQUEST__INIT;
     ir.session_id = in->peer_session_id && in->peer_session_id[0] ? in->peer_session_id : s->id;
     ir.header = &h;
     ir.replace = in->replace;
     const uint8_t *my_addr;
     size_t my_alen;
-    kvl_transport_address(n->transport, &my_addr, &my_alen);
+    kvl__transport_address(n->transport, &my_addr, &my_alen);
     ir.sender_address.data = (uint8_t *)my_addr;
     ir.sender_address.len = my_alen;
     size_t irl = kvlingo__v1__import_span_request__get_packed_size(&ir);
     uint8_t *irb = malloc(irl + 1);
     if (!irb) FAIL(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
     kvlingo__v1__import_span_request__pack(&ir, irb);
-    st = kvl_rpc_client_stream_open(peer, "/kvlingo.v1.Node/ImportSpan", irb, irl, tmo, &stream);
+    st = kvl__rpc_client_stream_open(peer, "/kvlingo.v1.Node/ImportSpan", irb, irl, tmo, &stream);
     free(irb);
     if (st != KVL_OK) FAIL(GRPC_STATUS_INTERNAL, "%s", kvl_last_error());
     /* first reply: the endpoint, or the end of the stream with the peer's refusal */
-    if (kvl_rpc_stream_read(stream, &msg, &mlen) != 1 ||
+    if (kvl__rpc_stream_read(stream, &msg, &mlen) != 1 ||
         !(ep = kvlingo__v1__import_span_response__unpack(NULL, mlen, msg))) {
-        kvl_rpc_result res;
-        kvl_rpc_stream_finish(stream, &res);
+        kvl__rpc_result res;
+        kvl__rpc_stream_finish(stream, &res);
         code = res.code == GRPC_STATUS_OK ? GRPC_STATUS_INTERNAL : res.code;
         snprintf(err, sizeof err, "peer %s refused the span: %s", in->peer,
                  res.message ? res.message : "no endpoint in its reply");
-        kvl_rpc_result_clear(&res);
+        kvl__rpc_result_clear(&res);
         goto out;
     }
     free(msg);
@@ -416,14 +416,14 @@ void kvld_rpc_export_span(kvl_rpc_call *call, const uint8_t *req, size_t len, vo
     w.stream = stream;
     watching = pthread_create(&watcher, NULL, watch_verdict, &w) == 0;
     double t_x = kvld_now();
-    st = kvl_transport_send(n->transport, ep->transport_address.data, ep->transport_address.len,
+    st = kvl__transport_send(n->transport, ep->transport_address.data, ep->transport_address.len,
                             ep->tag, payload, plen, tmo, &fl.stop_send);
     xfer_s = kvld_now() - t_x;
     if (st != KVL_OK) {
         char why[512];
         snprintf(why, sizeof why, "%s", kvl_last_error());
         int peer_ended = fl.stop_send && !fl.cancelled;
-        kvl_rpc_stream_cancel(stream);
+        kvl__rpc_stream_cancel(stream);
         if (watching) pthread_join(watcher, NULL);
         watching = 0;
         if (fl.cancelled) FAIL(GRPC_STATUS_CANCELLED, "export cancelled by the client");
@@ -442,19 +442,19 @@ void kvld_rpc_export_span(kvl_rpc_call *call, const uint8_t *req, size_t len, vo
         mlen = w.len;
         w.msg = NULL;
         if (w.got) verdict = kvlingo__v1__import_span_response__unpack(NULL, mlen, msg);
-    } else if (kvl_rpc_stream_read(stream, &msg, &mlen) == 1) {
+    } else if (kvl__rpc_stream_read(stream, &msg, &mlen) == 1) {
         verdict = kvlingo__v1__import_span_response__unpack(NULL, mlen, msg);
     }
-    kvl_rpc_result res;
-    kvl_rpc_stream_finish(stream, &res);
+    kvl__rpc_result res;
+    kvl__rpc_stream_finish(stream, &res);
     if (res.code != GRPC_STATUS_OK || !verdict) {
         code = res.code != GRPC_STATUS_OK ? res.code : GRPC_STATUS_INTERNAL;
         snprintf(err, sizeof err, "peer %s rejected the span: %s", in->peer,
                  res.code != GRPC_STATUS_OK ? res.message : "no verdict in its reply");
-        kvl_rpc_result_clear(&res);
+        kvl__rpc_result_clear(&res);
         goto out;
     }
-    kvl_rpc_result_clear(&res);
+    kvl__rpc_result_clear(&res);
     kvld_metrics_add(n->metrics, KVLD_C_SPANS_SENT, 1);
     out.t0 = in->from;
     out.t1 = to;
@@ -466,14 +466,14 @@ void kvld_rpc_export_span(kvl_rpc_call *call, const uint8_t *req, size_t len, vo
 #undef FAIL
 out:
     if (watching) {   /* a FAIL between starting the watcher and joining it */
-        kvl_rpc_stream_cancel(stream);
+        kvl__rpc_stream_cancel(stream);
         pthread_join(watcher, NULL);
     }
     free(w.msg);
-    kvl_rpc_call_on_cancel(call, NULL, NULL);
+    kvl__rpc_call_on_cancel(call, NULL, NULL);
     /* release before answering: the caller may use the session as soon as it has the answer */
     kvld_session_release(n->sessions, s);
-    if (code == GRPC_STATUS_OK) kvl_rpc_call_reply_pb(call, &out.base);
+    if (code == GRPC_STATUS_OK) kvl__rpc_call_reply_pb(call, &out.base);
     {
         char extra[200];
         snprintf(extra, sizeof extra, " peer_node=%s from=%u to=%u bytes=%zu transfer_ms=%.3f",
@@ -483,7 +483,7 @@ out:
     if (ep) kvlingo__v1__import_span_response__free_unpacked(ep, NULL);
     if (verdict) kvlingo__v1__import_span_response__free_unpacked(verdict, NULL);
     free(msg);
-    kvl_rpc_stream_free(stream);
+    kvl__rpc_stream_free(stream);
     free(payload);
     kvlingo__v1__export_span_request__free_unpacked(in, NULL);
 }

@@ -62,7 +62,7 @@ kvl_status kvld_translators_load(const char *dir, const kvl_model *self, kvld_tr
         kvld_translator_entry *it = realloc(out->items, sizeof *it * (size_t)(out->n + 1));
         if (!it) {
             kvl_translator_free(tr);
-            st = kvl_errorf(KVL_ERR_NOMEM, "translator table");
+            st = kvl__errorf(KVL_ERR_NOMEM, "translator table");
             break;
         }
         out->items = it;

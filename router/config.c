@@ -47,10 +47,10 @@ kvl_status kvr_kv_double(kvr_kvlist *l, const char *key, double dflt, double lo,
     errno = 0;
     double v = strtod(kv->value, &end);
     if (errno || end == kv->value || *end || !isfinite(v))
-        return kvl_errorf(KVL_ERR_FORMAT, "%s:%d: key '%s': expected a number, got '%s'",
+        return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s': expected a number, got '%s'",
                           l->file, kv->line, qual(l, key, q, sizeof q), kv->value);
     if (v < lo || v > hi)
-        return kvl_errorf(KVL_ERR_FORMAT, "%s:%d: key '%s': %g is outside [%g, %g]", l->file,
+        return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s': %g is outside [%g, %g]", l->file,
                           kv->line, qual(l, key, q, sizeof q), v, lo, hi);
     *out = v;
     return KVL_OK;
@@ -65,10 +65,10 @@ kvl_status kvr_kv_int(kvr_kvlist *l, const char *key, long dflt, long lo, long h
     errno = 0;
     long v = strtol(kv->value, &end, 10);
     if (errno || end == kv->value || *end)
-        return kvl_errorf(KVL_ERR_FORMAT, "%s:%d: key '%s': expected an integer, got '%s'",
+        return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s': expected an integer, got '%s'",
                           l->file, kv->line, qual(l, key, q, sizeof q), kv->value);
     if (v < lo || v > hi)
-        return kvl_errorf(KVL_ERR_FORMAT, "%s:%d: key '%s': %ld is outside [%ld, %ld]",
+        return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s': %ld is outside [%ld, %ld]",
                           l->file, kv->line, qual(l, key, q, sizeof q), v, lo, hi);
     *out = v;
     return KVL_OK;
@@ -85,7 +85,7 @@ kvl_status kvr_kv_bool(kvr_kvlist *l, const char *key, int dflt, int *out) {
              !strcmp(kv->value, "0"))
         *out = 0;
     else
-        return kvl_errorf(KVL_ERR_FORMAT, "%s:%d: key '%s': expected true or false, got '%s'",
+        return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s': expected true or false, got '%s'",
                           l->file, kv->line, qual(l, key, q, sizeof q), kv->value);
     return KVL_OK;
 }
@@ -99,7 +99,7 @@ kvl_status kvr_kv_check_unused(const kvr_kvlist *l) {
     char q[160];
     for (int i = 0; i < l->n; i++)
         if (!l->items[i].used)
-            return kvl_errorf(KVL_ERR_FORMAT, "%s:%d: unknown key '%s'", l->file,
+            return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: unknown key '%s'", l->file,
                               l->items[i].line, qual(l, l->items[i].key, q, sizeof q));
     return KVL_OK;
 }
@@ -137,12 +137,12 @@ static kvl_status yflat(yctx *y, yaml_node_t *v, const char *key, char **out) {
              it < v->data.sequence.items.top; it++) {
             const char *s = yscalar(yaml_document_get_node(&y->doc, *it));
             if (!s)
-                return kvl_errorf(KVL_ERR_FORMAT, "%s:%d: key '%s': expected a list of scalars",
+                return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s': expected a list of scalars",
                                   y->file, yline(v), key);
             cap += strlen(s) + 1;
         }
         char *buf = calloc(1, cap);
-        if (!buf) return kvl_errorf(KVL_ERR_NOMEM, "config: out of memory");
+        if (!buf) return kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
         for (yaml_node_item_t *it = v->data.sequence.items.start;
              it < v->data.sequence.items.top; it++) {
             if (buf[0]) strcat(buf, ",");
@@ -150,10 +150,10 @@ static kvl_status yflat(yctx *y, yaml_node_t *v, const char *key, char **out) {
         }
         *out = buf;
     } else {
-        return kvl_errorf(KVL_ERR_FORMAT, "%s:%d: key '%s': expected a value, got a mapping",
+        return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s': expected a value, got a mapping",
                           y->file, yline(v), key);
     }
-    return *out ? KVL_OK : kvl_errorf(KVL_ERR_NOMEM, "config: out of memory");
+    return *out ? KVL_OK : kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
 }
 
 /* Mapping -> kvr_kvlist (values flattened). */
@@ -162,28 +162,28 @@ static kvl_status ymap_to_list(yctx *y, yaml_node_t *m, const char *section, kvr
     out->file = strdup(y->file);
     out->section = strdup(section);
     out->line = yline(m);
-    if (!out->file || !out->section) return kvl_errorf(KVL_ERR_NOMEM, "config: out of memory");
+    if (!out->file || !out->section) return kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
     if (m->type != YAML_MAPPING_NODE)
-        return kvl_errorf(KVL_ERR_FORMAT, "%s:%d: key '%s': expected a mapping", y->file,
+        return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s': expected a mapping", y->file,
                           yline(m), section);
     int n = (int)(m->data.mapping.pairs.top - m->data.mapping.pairs.start);
     out->items = calloc(n ? (size_t)n : 1, sizeof *out->items);
-    if (!out->items) return kvl_errorf(KVL_ERR_NOMEM, "config: out of memory");
+    if (!out->items) return kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
     for (yaml_node_pair_t *p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top; p++) {
         yaml_node_t *k = yaml_document_get_node(&y->doc, p->key);
         yaml_node_t *v = yaml_document_get_node(&y->doc, p->value);
         const char *ks = yscalar(k);
         if (!ks)
-            return kvl_errorf(KVL_ERR_FORMAT, "%s:%d: section '%s': keys must be scalars",
+            return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: section '%s': keys must be scalars",
                               y->file, yline(k), section);
         for (int i = 0; i < out->n; i++)
             if (!strcmp(out->items[i].key, ks))
-                return kvl_errorf(KVL_ERR_FORMAT, "%s:%d: key '%s.%s' given twice", y->file,
+                return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s.%s' given twice", y->file,
                                   yline(k), section, ks);
         kvr_kv *kv = &out->items[out->n];
         kv->key = strdup(ks);
         kv->line = yline(k);
-        if (!kv->key) return kvl_errorf(KVL_ERR_NOMEM, "config: out of memory");
+        if (!kv->key) return kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
         out->n++;
         char full[160];
         snprintf(full, sizeof full, "%s.%s", section, ks);
@@ -209,10 +209,10 @@ static char *resolve_path(const char *file, const char *p) {
 static kvl_status need_str(kvr_kvlist *l, const char *key, char **out) {
     const char *v = kvr_kv_str(l, key, NULL);
     if (!v || !v[0])
-        return kvl_errorf(KVL_ERR_FORMAT, "%s:%d: key '%s%s%s' is required", l->file, l->line,
+        return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s%s%s' is required", l->file, l->line,
                           l->section[0] ? l->section : "", l->section[0] ? "." : "", key);
     *out = strdup(v);
-    return *out ? KVL_OK : kvl_errorf(KVL_ERR_NOMEM, "config: out of memory");
+    return *out ? KVL_OK : kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
 }
 
 static kvl_status check_address(const char *file, int line, const char *key, const char *a) {
@@ -220,21 +220,21 @@ static kvl_status check_address(const char *file, int line, const char *key, con
     char *end = NULL;
     long port = colon ? strtol(colon + 1, &end, 10) : -1;
     if (!colon || colon == a || !end || *end || port < 0 || port > 65535)
-        return kvl_errorf(KVL_ERR_FORMAT, "%s:%d: key '%s': '%s' is not host:port", file, line,
+        return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s': '%s' is not host:port", file, line,
                           key, a);
     return KVL_OK;
 }
 
 static kvl_status parse_nodes(yctx *y, kvr_config *c, yaml_node_t *seq) {
     if (seq->type != YAML_SEQUENCE_NODE)
-        return kvl_errorf(KVL_ERR_FORMAT, "%s:%d: key 'nodes': expected a list", y->file,
+        return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key 'nodes': expected a list", y->file,
                           yline(seq));
     int n = (int)(seq->data.sequence.items.top - seq->data.sequence.items.start);
     if (n < 1)
-        return kvl_errorf(KVL_ERR_FORMAT, "%s:%d: key 'nodes': at least one node is required",
+        return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key 'nodes': at least one node is required",
                           y->file, yline(seq));
     c->nodes = calloc((size_t)n, sizeof *c->nodes);
-    if (!c->nodes) return kvl_errorf(KVL_ERR_NOMEM, "config: out of memory");
+    if (!c->nodes) return kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
     for (int i = 0; i < n; i++) {
         yaml_node_t *m = yaml_document_get_node(&y->doc, seq->data.sequence.items.start[i]);
         kvr_kvlist l;
@@ -255,7 +255,7 @@ static kvl_status parse_nodes(yctx *y, kvr_config *c, yaml_node_t *seq) {
         c->n_nodes++;
         for (int j = 0; !s && j < i; j++)
             if (!strcmp(c->nodes[j].name, nc->name))
-                s = kvl_errorf(KVL_ERR_FORMAT, "%s:%d: key '%s.name': node '%s' named twice",
+                s = kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s.name': node '%s' named twice",
                                y->file, kvr_kv_line(&l, "name"), sect, nc->name);
         kvr_kvlist_clear(&l);
         if (s) return s;
@@ -265,9 +265,9 @@ static kvl_status parse_nodes(yctx *y, kvr_config *c, yaml_node_t *seq) {
 
 static kvl_status parse_root(yctx *y, kvr_config *c, const char *name) {
     yaml_node_t *root = yaml_document_get_root_node(&y->doc);
-    if (!root) return kvl_errorf(KVL_ERR_FORMAT, "%s: empty configuration", name);
+    if (!root) return kvl__errorf(KVL_ERR_FORMAT, "%s: empty configuration", name);
     if (root->type != YAML_MAPPING_NODE)
-        return kvl_errorf(KVL_ERR_FORMAT, "%s:%d: expected a mapping at the top level", name,
+        return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: expected a mapping at the top level", name,
                           yline(root));
     yaml_node_t *nodes = NULL, *policy = NULL, *guard = NULL, *transfer = NULL;
     kvr_kvlist top;
@@ -278,17 +278,17 @@ static kvl_status parse_root(yctx *y, kvr_config *c, const char *name) {
     int n = (int)(root->data.mapping.pairs.top - root->data.mapping.pairs.start);
     top.items = calloc((size_t)n + 1, sizeof *top.items);
     kvl_status s = (top.file && top.section && top.items) ? KVL_OK
-                                                           : kvl_errorf(KVL_ERR_NOMEM, "config");
+                                                           : kvl__errorf(KVL_ERR_NOMEM, "config");
     for (yaml_node_pair_t *p = root->data.mapping.pairs.start;
          !s && p < root->data.mapping.pairs.top; p++) {
         yaml_node_t *k = yaml_document_get_node(&y->doc, p->key);
         yaml_node_t *v = yaml_document_get_node(&y->doc, p->value);
         const char *ks = yscalar(k);
-        if (!ks) { s = kvl_errorf(KVL_ERR_FORMAT, "%s:%d: keys must be scalars", name, yline(k)); break; }
+        if (!ks) { s = kvl__errorf(KVL_ERR_FORMAT, "%s:%d: keys must be scalars", name, yline(k)); break; }
         for (yaml_node_pair_t *q = root->data.mapping.pairs.start; q < p; q++) {
             const char *qs = yscalar(yaml_document_get_node(&y->doc, q->key));
             if (qs && !strcmp(qs, ks)) {
-                s = kvl_errorf(KVL_ERR_FORMAT, "%s:%d: key '%s' given twice", name, yline(k), ks);
+                s = kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s' given twice", name, yline(k), ks);
                 break;
             }
         }
@@ -300,7 +300,7 @@ static kvl_status parse_root(yctx *y, kvr_config *c, const char *name) {
         kvr_kv *kv = &top.items[top.n++];
         kv->line = yline(k);
         kv->key = strdup(ks);
-        if (!kv->key) s = kvl_errorf(KVL_ERR_NOMEM, "config: out of memory");
+        if (!kv->key) s = kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
         if (!s) s = yflat(y, v, ks, &kv->value);
     }
     /* the top-level list has an empty section: messages read "key 'listen'" */
@@ -309,13 +309,13 @@ static kvl_status parse_root(yctx *y, kvr_config *c, const char *name) {
     if (!s) s = check_address(name, kvr_kv_line(&top, "listen"), "listen", c->listen);
     if (!s && (tmp = kvr_kv_str(&top, "metrics", NULL)) && tmp[0]) {
         c->metrics = strdup(tmp);
-        if (!c->metrics) s = kvl_errorf(KVL_ERR_NOMEM, "config: out of memory");
+        if (!c->metrics) s = kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
         if (!s) s = check_address(name, kvr_kv_line(&top, "metrics"), "metrics", c->metrics);
     }
     if (!s) {
         tmp = kvr_kv_str(&top, "ledger", "router.db");
         c->ledger = resolve_path(name, tmp);
-        if (!c->ledger) s = kvl_errorf(KVL_ERR_NOMEM, "config: out of memory");
+        if (!c->ledger) s = kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
     }
     if (!s) {
         char *t = NULL;
@@ -332,22 +332,22 @@ static kvl_status parse_root(yctx *y, kvr_config *c, const char *name) {
     kvr_kvlist_clear(&top);
     if (s) return s;
 
-    if (!nodes) return kvl_errorf(KVL_ERR_FORMAT, "%s: key 'nodes' is required", name);
+    if (!nodes) return kvl__errorf(KVL_ERR_FORMAT, "%s: key 'nodes' is required", name);
     if ((s = parse_nodes(y, c, nodes))) return s;
 
-    if (!policy) return kvl_errorf(KVL_ERR_FORMAT, "%s: key 'policy' is required", name);
+    if (!policy) return kvl__errorf(KVL_ERR_FORMAT, "%s: key 'policy' is required", name);
     if ((s = ymap_to_list(y, policy, "policy", &c->policy))) return s;
     {
         const char *pn = kvr_kv_str(&c->policy, "name", NULL);
         if (!pn)
-            return kvl_errorf(KVL_ERR_FORMAT, "%s:%d: key 'policy.name' is required", name,
+            return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key 'policy.name' is required", name,
                               c->policy.line);
         if (!kvr_policy_find(pn))
-            return kvl_errorf(KVL_ERR_FORMAT,
+            return kvl__errorf(KVL_ERR_FORMAT,
                               "%s:%d: key 'policy.name': unknown policy '%s' (known: %s)", name,
                               kvr_kv_line(&c->policy, "name"), pn, kvr_policy_names());
         c->policy_name = strdup(pn);
-        if (!c->policy_name) return kvl_errorf(KVL_ERR_NOMEM, "config: out of memory");
+        if (!c->policy_name) return kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
     }
 
     kvr_kvlist l;
@@ -382,19 +382,19 @@ static kvl_status parse_root(yctx *y, kvr_config *c, const char *name) {
 kvl_status kvr_config_parse(const char *text, size_t len, const char *name, kvr_config **out) {
     *out = NULL;
     kvr_config *c = calloc(1, sizeof *c);
-    if (!c) return kvl_errorf(KVL_ERR_NOMEM, "config: out of memory");
+    if (!c) return kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
     c->path = strdup(name);
-    if (!c->path) { free(c); return kvl_errorf(KVL_ERR_NOMEM, "config: out of memory"); }
+    if (!c->path) { free(c); return kvl__errorf(KVL_ERR_NOMEM, "config: out of memory"); }
     yaml_parser_t parser;
     if (!yaml_parser_initialize(&parser)) {
         kvr_config_free(c);
-        return kvl_errorf(KVL_ERR_NOMEM, "config: yaml parser");
+        return kvl__errorf(KVL_ERR_NOMEM, "config: yaml parser");
     }
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
     yctx y = {.file = name};
     kvl_status s = KVL_OK;
     if (!yaml_parser_load(&parser, &y.doc)) {
-        s = kvl_errorf(KVL_ERR_FORMAT, "%s:%d: YAML error: %s", name,
+        s = kvl__errorf(KVL_ERR_FORMAT, "%s:%d: YAML error: %s", name,
                        (int)parser.problem_mark.line + 1,
                        parser.problem ? parser.problem : "malformed");
         yaml_parser_delete(&parser);
@@ -412,14 +412,14 @@ kvl_status kvr_config_parse(const char *text, size_t len, const char *name, kvr_
 kvl_status kvr_config_load(const char *path, kvr_config **out) {
     *out = NULL;
     FILE *f = fopen(path, "rb");
-    if (!f) return kvl_errorf(KVL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (!f) return kvl__errorf(KVL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     char *buf = NULL;
     size_t len = 0, cap = 0;
     for (;;) {
         if (cap - len < 4096) {
-            if (cap > (1u << 24)) { fclose(f); free(buf); return kvl_errorf(KVL_ERR_RANGE, "%s: larger than 16 MiB", path); }
+            if (cap > (1u << 24)) { fclose(f); free(buf); return kvl__errorf(KVL_ERR_RANGE, "%s: larger than 16 MiB", path); }
             char *nb = realloc(buf, cap * 2 + 8192);
-            if (!nb) { fclose(f); free(buf); return kvl_errorf(KVL_ERR_NOMEM, "config"); }
+            if (!nb) { fclose(f); free(buf); return kvl__errorf(KVL_ERR_NOMEM, "config"); }
             buf = nb;
             cap = cap * 2 + 8192;
         }
@@ -429,7 +429,7 @@ kvl_status kvr_config_load(const char *path, kvr_config **out) {
     }
     int err = ferror(f);
     fclose(f);
-    if (err) { free(buf); return kvl_errorf(KVL_ERR_IO, "%s: read error", path); }
+    if (err) { free(buf); return kvl__errorf(KVL_ERR_IO, "%s: read error", path); }
     kvl_status s = kvr_config_parse(buf, len, path, out);
     free(buf);
     return s;

@@ -92,7 +92,7 @@ kvl_status kvr_guard_create(const kvr_config *cfg, kvr_registry *reg, kvr_metric
                             kvr_guard **out) {
     *out = NULL;
     kvr_guard *g = calloc(1, sizeof *g);
-    if (!g) return kvl_errorf(KVL_ERR_NOMEM, "guard");
+    if (!g) return kvl__errorf(KVL_ERR_NOMEM, "guard");
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cv, NULL);
     g->reg = reg;
@@ -100,7 +100,7 @@ kvl_status kvr_guard_create(const kvr_config *cfg, kvr_registry *reg, kvr_metric
     kvr_guard_configure(g, cfg);
     if (pthread_create(&g->worker, NULL, worker_main, g)) {
         kvr_guard_free(g);
-        return kvl_errorf(KVL_ERR_INTERNAL, "guard: cannot start the worker thread");
+        return kvl__errorf(KVL_ERR_INTERNAL, "guard: cannot start the worker thread");
     }
     g->started = 1;
     *out = g;
@@ -216,7 +216,7 @@ kvl_status kvr_shadow_run(kvr_node *node, const char *sid, const int32_t *tokens
     double t0 = now_s();
     kvl_status s = kvr_node_open(node, ssid, timeout_ms, NULL);
     if (!s) s = kvr_node_append(node, ssid, tokens, n, timeout_ms, NULL, NULL);
-    kvl_rpc_stream *st = NULL;
+    kvl__rpc_stream *st = NULL;
     kvr_gen_params gp = {.max_tokens = 1, .return_logprobs = logprobs != NULL};
     if (!s) s = kvr_node_generate(node, ssid, &gp, timeout_ms, &st);
     int got = 0;
@@ -226,8 +226,8 @@ kvl_status kvr_shadow_run(kvr_node *node, const char *sid, const int32_t *tokens
         int r = kvr_node_gen_next(node, st, &msg, &code);
         if (r < 0) { s = (kvl_status)r; break; }
         if (r == 0) {
-            if (code != GRPC_STATUS_OK) s = kvl_rpc_status_to_kvl(code);
-            else if (!got) s = kvl_errorf(KVL_ERR_INTERNAL, "shadow: node %s generated nothing", node->name);
+            if (code != GRPC_STATUS_OK) s = kvl__rpc_status_to_kvl(code);
+            else if (!got) s = kvl__errorf(KVL_ERR_INTERNAL, "shadow: node %s generated nothing", node->name);
             break;
         }
         if (!msg->done && !got) {
@@ -235,7 +235,7 @@ kvl_status kvr_shadow_run(kvr_node *node, const char *sid, const int32_t *tokens
             *ttft_s = now_s() - t0;
             if (logprobs && msg->n_logprobs) {
                 *logprobs = malloc(msg->n_logprobs * sizeof(float));
-                if (!*logprobs) s = kvl_errorf(KVL_ERR_NOMEM, "shadow logprobs");
+                if (!*logprobs) s = kvl__errorf(KVL_ERR_NOMEM, "shadow logprobs");
                 else {
                     memcpy(*logprobs, msg->logprobs, msg->n_logprobs * sizeof(float));
                     *vocab = (int)msg->n_logprobs;
@@ -244,13 +244,13 @@ kvl_status kvr_shadow_run(kvr_node *node, const char *sid, const int32_t *tokens
         }
         protobuf_c_message_free_unpacked(&msg->base, NULL);
     }
-    kvl_rpc_stream_free(st);
+    kvl__rpc_stream_free(st);
     char keep[512];
     snprintf(keep, sizeof keep, "%s", kvl_last_error());
     kvr_node_drop(node, ssid, timeout_ms, NULL);
     if (s) {
         if (logprobs) { free(*logprobs); *logprobs = NULL; }
-        return kvl_errorf(s, "shadow re-prefill on %s: %s", node->name, keep);
+        return kvl__errorf(s, "shadow re-prefill on %s: %s", node->name, keep);
     }
     return KVL_OK;
 }

@@ -47,19 +47,19 @@ static double mono_s(void) {
 }
 
 static kvl_status db_err(kvr_ledger *l, const char *what) {
-    return kvl_errorf(KVL_ERR_IO, "ledger: %s: %s", what, sqlite3_errmsg(l->db));
+    return kvl__errorf(KVL_ERR_IO, "ledger: %s: %s", what, sqlite3_errmsg(l->db));
 }
 
 kvl_status kvr_ledger_open(const char *path, kvr_ledger **out) {
     *out = NULL;
     kvr_ledger *l = calloc(1, sizeof *l);
-    if (!l) return kvl_errorf(KVL_ERR_NOMEM, "ledger: out of memory");
-    if (pthread_mutex_init(&l->mu, NULL)) { free(l); return kvl_errorf(KVL_ERR_INTERNAL, "ledger: mutex"); }
+    if (!l) return kvl__errorf(KVL_ERR_NOMEM, "ledger: out of memory");
+    if (pthread_mutex_init(&l->mu, NULL)) { free(l); return kvl__errorf(KVL_ERR_INTERNAL, "ledger: mutex"); }
     int rc = sqlite3_open_v2(path, &l->db,
                              SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
                              NULL);
     if (rc != SQLITE_OK) {
-        kvl_status s = kvl_errorf(KVL_ERR_IO, "ledger %s: %s", path,
+        kvl_status s = kvl__errorf(KVL_ERR_IO, "ledger %s: %s", path,
                                   l->db ? sqlite3_errmsg(l->db) : sqlite3_errstr(rc));
         kvr_ledger_free(l);
         return s;
@@ -68,7 +68,7 @@ kvl_status kvr_ledger_open(const char *path, kvr_ledger **out) {
     char *msg = NULL;
     rc = sqlite3_exec(l->db, k_schema, NULL, NULL, &msg);
     if (rc != SQLITE_OK) {
-        kvl_status s = kvl_errorf(KVL_ERR_IO, "ledger %s: schema: %s", path, msg ? msg : "?");
+        kvl_status s = kvl__errorf(KVL_ERR_IO, "ledger %s: schema: %s", path, msg ? msg : "?");
         sqlite3_free(msg);
         kvr_ledger_free(l);
         return s;
@@ -134,7 +134,7 @@ static void observe(kvr_ledger *l, double t0) {
 
 kvl_status kvr_ledger_session_create(kvr_ledger *l, const char *id, const char *model, double now) {
     if (!kvr_session_id_valid(id))
-        return kvl_errorf(KVL_ERR_INVALID_ARG, "session id '%.80s' is invalid (1-64 of A-Za-z0-9._:-)", id ? id : "");
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "session id '%.80s' is invalid (1-64 of A-Za-z0-9._:-)", id ? id : "");
     double t0 = mono_s();
     pthread_mutex_lock(&l->mu);
     int rc = exec_bind(l,
@@ -142,7 +142,7 @@ kvl_status kvr_ledger_session_create(kvr_ledger *l, const char *id, const char *
                        "current_node,model,pol_level,pol_calm) VALUES(?,0,?,?,0,0,'',?,0,0)",
                        "tddt", id, now, now, model ? model : "");
     kvl_status s = KVL_OK;
-    if (rc == SQLITE_CONSTRAINT) s = kvl_errorf(KVL_ERR_INVALID_ARG, "session '%s' exists already", id);
+    if (rc == SQLITE_CONSTRAINT) s = kvl__errorf(KVL_ERR_INVALID_ARG, "session '%s' exists already", id);
     else if (rc != SQLITE_OK) s = db_err(l, "create session");
     pthread_mutex_unlock(&l->mu);
     observe(l, t0);
@@ -176,7 +176,7 @@ static kvl_status load_locked(kvr_ledger *l, const char *id, int with_tokens, kv
     int rc = sqlite3_step(st);
     if (rc != SQLITE_ROW) {
         sqlite3_finalize(st);
-        if (rc == SQLITE_DONE) return kvl_errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", id);
+        if (rc == SQLITE_DONE) return kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", id);
         return db_err(l, "load session");
     }
     snprintf(out->id, sizeof out->id, "%s", id);
@@ -205,7 +205,7 @@ static kvl_status load_locked(kvr_ledger *l, const char *id, int with_tokens, kv
     /* an ended session's tokens are deleted: nothing to load */
     if (!with_tokens || out->state != KVR_SESSION_OPEN) return KVL_OK;
     out->tokens = malloc(sizeof(int32_t) * (size_t)(out->n_tokens ? out->n_tokens : 1));
-    if (!out->tokens) return kvl_errorf(KVL_ERR_NOMEM, "ledger: %d tokens", out->n_tokens);
+    if (!out->tokens) return kvl__errorf(KVL_ERR_NOMEM, "ledger: %d tokens", out->n_tokens);
     if (sqlite3_prepare_v2(l->db, "SELECT t0,ids FROM chunks WHERE session=? ORDER BY t0", -1, &st,
                            NULL) != SQLITE_OK)
         return db_err(l, "load tokens");
@@ -219,7 +219,7 @@ static kvl_status load_locked(kvr_ledger *l, const char *id, int with_tokens, kv
         int n = bytes / 4;
         /* chunks must tile [0, n_tokens) exactly: anything else is a corrupt ledger */
         if (t0 != have || bytes % 4 || have + n > out->n_tokens) {
-            s = kvl_errorf(KVL_ERR_FORMAT, "ledger: session '%s': chunk at %d does not follow %d",
+            s = kvl__errorf(KVL_ERR_FORMAT, "ledger: session '%s': chunk at %d does not follow %d",
                            id, t0, have);
             break;
         }
@@ -228,7 +228,7 @@ static kvl_status load_locked(kvr_ledger *l, const char *id, int with_tokens, kv
     }
     sqlite3_finalize(st);
     if (!s && have != out->n_tokens)
-        s = kvl_errorf(KVL_ERR_FORMAT, "ledger: session '%s': %d tokens stored, %d expected", id,
+        s = kvl__errorf(KVL_ERR_FORMAT, "ledger: session '%s': %d tokens stored, %d expected", id,
                        have, out->n_tokens);
     return s;
 }
@@ -265,10 +265,10 @@ kvl_status kvr_ledger_turn_commit(kvr_ledger *l, const char *id, const int32_t *
         }
         sqlite3_finalize(st);
     }
-    if (have < 0) s = kvl_errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", id);
-    else if (state != KVR_SESSION_OPEN) s = kvl_errorf(KVL_ERR_MISMATCH, "session '%s' is no longer open", id);
+    if (have < 0) s = kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", id);
+    else if (state != KVR_SESSION_OPEN) s = kvl__errorf(KVL_ERR_MISMATCH, "session '%s' is no longer open", id);
     else if (have != t0)
-        s = kvl_errorf(KVL_ERR_MISMATCH, "ledger: session '%s' has %d tokens, turn starts at %d",
+        s = kvl__errorf(KVL_ERR_MISMATCH, "ledger: session '%s' has %d tokens, turn starts at %d",
                        id, have, t0);
     if (!s && n > 0 &&
         exec_bind(l, "INSERT INTO chunks(session,t0,ids) VALUES(?,?,?)", "tib", id, (long long)t0,
@@ -325,7 +325,7 @@ kvl_status kvr_ledger_session_end(kvr_ledger *l, const char *id, kvr_session_sta
     if (!s && exec_bind(l, "UPDATE sessions SET state=?, last_used=? WHERE id=?", "idt",
                         (long long)state, now, id) != SQLITE_OK)
         s = db_err(l, "end session");
-    if (!s && sqlite3_changes(l->db) == 0) s = kvl_errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", id);
+    if (!s && sqlite3_changes(l->db) == 0) s = kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", id);
     if (!s && exec_bind(l, "DELETE FROM chunks WHERE session=?", "t", id) != SQLITE_OK) s = db_err(l, "end session");
     if (!s && exec_bind(l, "DELETE FROM holdings WHERE session=?", "t", id) != SQLITE_OK) s = db_err(l, "end session");
     if (!s && sqlite3_exec(l->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) s = db_err(l, "commit");

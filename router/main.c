@@ -82,7 +82,7 @@ int main(int argc, char **argv) {
         kvr_router_free(a.r);
         return 1;
     }
-    printf("kvlingo-router: listening on %s port %d", a.r->cfg->listen, kvl_rpc_server_port(a.r->server));
+    printf("kvlingo-router: listening on %s port %d", a.r->cfg->listen, kvl__rpc_server_port(a.r->server));
     if (a.r->cfg->metrics) printf(", metrics port %d", kvr_metrics_port(a.r->metrics));
     printf("\n");
     fflush(stdout);

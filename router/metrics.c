@@ -76,12 +76,12 @@ void kvr_textbuf_printf(kvr_textbuf *b, const char *fmt, ...) {
 kvl_status kvr_metrics_create(kvr_metrics **out) {
     *out = NULL;
     kvr_metrics *m = calloc(1, sizeof *m);
-    if (!m) return kvl_errorf(KVL_ERR_NOMEM, "metrics");
+    if (!m) return kvl__errorf(KVL_ERR_NOMEM, "metrics");
     m->s = calloc(MAX_SERIES, sizeof *m->s);
     if (!m->s || pthread_mutex_init(&m->mu, NULL)) {
         free(m->s);
         free(m);
-        return kvl_errorf(KVL_ERR_NOMEM, "metrics");
+        return kvl__errorf(KVL_ERR_NOMEM, "metrics");
     }
     *out = m;
     return KVL_OK;
@@ -215,7 +215,7 @@ kvl_status kvr_metrics_serve(kvr_metrics *m, const char *listen) {
     char host[128];
     const char *colon = strrchr(listen, ':');
     if (!colon || (size_t)(colon - listen) >= sizeof host)
-        return kvl_errorf(KVL_ERR_INVALID_ARG, "metrics: '%s' is not host:port", listen);
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "metrics: '%s' is not host:port", listen);
     memcpy(host, listen, (size_t)(colon - listen));
     host[colon - listen] = 0;
     struct sockaddr_in sa;
@@ -224,11 +224,11 @@ kvl_status kvr_metrics_serve(kvr_metrics *m, const char *listen) {
     sa.sin_port = htons((uint16_t)atoi(colon + 1));
     if (!strcmp(host, "localhost")) snprintf(host, sizeof host, "127.0.0.1");
     if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
-        return kvl_errorf(KVL_ERR_INVALID_ARG, "metrics: '%s': an IPv4 address is required", listen);
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "metrics: '%s': an IPv4 address is required", listen);
     m->http = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL,
                                on_request, m, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
-    if (!m->http) return kvl_errorf(KVL_ERR_IO, "metrics: cannot listen on %s", listen);
+    if (!m->http) return kvl__errorf(KVL_ERR_IO, "metrics: cannot listen on %s", listen);
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(m->http, MHD_DAEMON_INFO_BIND_PORT);
     m->port = info ? info->port : atoi(colon + 1);
     return KVL_OK;

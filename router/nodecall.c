@@ -14,18 +14,18 @@ static kvl_status call(kvr_node *n, const char *method, const ProtobufCMessage *
                        ProtobufCMessage **resp, grpc_status_code *code) {
     char path[96];
     snprintf(path, sizeof path, NODE_SVC "%s", method);
-    kvl_rpc_result res = {0};
-    kvl_status s = kvl_rpc_client_unary_pb(n->cli, path, req, desc, timeout_ms, resp, &res);
+    kvl__rpc_result res = {0};
+    kvl_status s = kvl__rpc_client_unary_pb(n->cli, path, req, desc, timeout_ms, resp, &res);
     if (code) *code = s ? GRPC_STATUS_INTERNAL : res.code;
     if (!s && res.code != GRPC_STATUS_OK) {
-        s = kvl_rpc_status_to_kvl(res.code);
+        s = kvl__rpc_status_to_kvl(res.code);
         if (s == KVL_OK) s = KVL_ERR_INTERNAL;
-        kvl_errorf(s, "node %s (%s): %s: %s: %s", n->name, n->address, method,
-                   kvl_rpc_status_name(res.code), res.message ? res.message : "");
+        kvl__errorf(s, "node %s (%s): %s: %s: %s", n->name, n->address, method,
+                   kvl__rpc_status_name(res.code), res.message ? res.message : "");
     } else if (s) {
-        kvl_error_prefix(s, n->name);
+        kvl__error_prefix(s, n->name);
     }
-    kvl_rpc_result_clear(&res);
+    kvl__rpc_result_clear(&res);
     return s;
 }
 
@@ -125,7 +125,7 @@ kvl_status kvr_node_export(kvr_node *src, const kvr_node *dst, const char *sid, 
 }
 
 kvl_status kvr_node_generate(kvr_node *n, const char *sid, const kvr_gen_params *p,
-                             int64_t timeout_ms, kvl_rpc_stream **out) {
+                             int64_t timeout_ms, kvl__rpc_stream **out) {
     Kvlingo__V1__GenerateRequest req = KVLINGO__V1__GENERATE_REQUEST__INIT;
     req.session_id = (char *)sid;
     req.max_tokens = p->max_tokens;
@@ -137,38 +137,38 @@ kvl_status kvr_node_generate(kvr_node *n, const char *sid, const kvr_gen_params 
     req.return_logprobs = p->return_logprobs != 0;
     size_t len = kvlingo__v1__generate_request__get_packed_size(&req);
     uint8_t *buf = malloc(len ? len : 1);
-    if (!buf) return kvl_errorf(KVL_ERR_NOMEM, "generate request");
+    if (!buf) return kvl__errorf(KVL_ERR_NOMEM, "generate request");
     kvlingo__v1__generate_request__pack(&req, buf);
-    kvl_status s = kvl_rpc_client_stream_open(n->cli, NODE_SVC "Generate", buf, len, timeout_ms, out);
+    kvl_status s = kvl__rpc_client_stream_open(n->cli, NODE_SVC "Generate", buf, len, timeout_ms, out);
     free(buf);
-    if (s) kvl_error_prefix(s, n->name);
+    if (s) kvl__error_prefix(s, n->name);
     return s;
 }
 
-int kvr_node_gen_next(kvr_node *n, kvl_rpc_stream *st, Kvlingo__V1__GenerateResponse **msg,
+int kvr_node_gen_next(kvr_node *n, kvl__rpc_stream *st, Kvlingo__V1__GenerateResponse **msg,
                       grpc_status_code *code) {
     uint8_t *data = NULL;
     size_t len = 0;
     *msg = NULL;
     if (code) *code = GRPC_STATUS_OK;
-    int r = kvl_rpc_stream_read(st, &data, &len);
+    int r = kvl__rpc_stream_read(st, &data, &len);
     if (r < 0) return r;
     if (r == 0) {
-        kvl_rpc_result res = {0};
-        kvl_status s = kvl_rpc_stream_finish(st, &res);
+        kvl__rpc_result res = {0};
+        kvl_status s = kvl__rpc_stream_finish(st, &res);
         if (s) return s;
         if (code) *code = res.code;
         if (res.code != GRPC_STATUS_OK)
-            kvl_errorf(kvl_rpc_status_to_kvl(res.code), "node %s (%s): Generate: %s: %s", n->name,
-                       n->address, kvl_rpc_status_name(res.code), res.message ? res.message : "");
-        kvl_rpc_result_clear(&res);
+            kvl__errorf(kvl__rpc_status_to_kvl(res.code), "node %s (%s): Generate: %s: %s", n->name,
+                       n->address, kvl__rpc_status_name(res.code), res.message ? res.message : "");
+        kvl__rpc_result_clear(&res);
         return 0;
     }
     *msg = kvlingo__v1__generate_response__unpack(NULL, len, data);
     free(data);
     if (!*msg) {
         if (code) *code = GRPC_STATUS_INTERNAL;
-        return kvl_errorf(KVL_ERR_FORMAT, "node %s: Generate: malformed message", n->name);
+        return kvl__errorf(KVL_ERR_FORMAT, "node %s: Generate: malformed message", n->name);
     }
     return 1;
 }

@@ -50,12 +50,12 @@ typedef struct kvr_gen_params {
     int return_logprobs;
 } kvr_gen_params;
 
-/* Open a Generate stream; read with kvr_node_gen_next; free with kvl_rpc_stream_free. */
+/* Open a Generate stream; read with kvr_node_gen_next; free with kvl__rpc_stream_free. */
 kvl_status kvr_node_generate(kvr_node *n, const char *sid, const kvr_gen_params *p,
-                             int64_t timeout_ms, kvl_rpc_stream **out);
+                             int64_t timeout_ms, kvl__rpc_stream **out);
 /* 1: *msg set (free with protobuf_c_message_free_unpacked); 0: end of stream (then *code and
  * the thread error say how it ended; KVL_OK status only when code == OK); negative: failure. */
-int kvr_node_gen_next(kvr_node *n, kvl_rpc_stream *st, Kvlingo__V1__GenerateResponse **msg,
+int kvr_node_gen_next(kvr_node *n, kvl__rpc_stream *st, Kvlingo__V1__GenerateResponse **msg,
                       grpc_status_code *code);
 
 #endif

@@ -28,12 +28,12 @@ kvl_status kvr_policy_create(kvr_config *c, kvr_policy **out) {
     *out = NULL;
     const kvr_policy_ops *ops = kvr_policy_find(c->policy_name);
     if (!ops)
-        return kvl_errorf(KVL_ERR_FORMAT, "%s: unknown policy '%s' (known: %s)", c->path,
+        return kvl__errorf(KVL_ERR_FORMAT, "%s: unknown policy '%s' (known: %s)", c->path,
                           c->policy_name ? c->policy_name : "", kvr_policy_names());
     /* every key but `name` must be consumed by the policy */
     for (int i = 0; i < c->policy.n; i++) c->policy.items[i].used = !strcmp(c->policy.items[i].key, "name");
     kvr_policy *p = calloc(1, sizeof *p);
-    if (!p) return kvl_errorf(KVL_ERR_NOMEM, "policy: out of memory");
+    if (!p) return kvl__errorf(KVL_ERR_NOMEM, "policy: out of memory");
     p->ops = ops;
     kvl_status s = ops->create(&c->policy, c, &p->self);
     if (!s) s = kvr_kv_check_unused(&c->policy);
@@ -57,10 +57,10 @@ kvl_status kvr_policy_choose(kvr_policy *p, const kvr_policy_input *in, kvr_poli
     out->state = in->state;
     if (in->requested_model && in->requested_model[0] &&
         !kvr_policy_model_known(in, in->requested_model))
-        return kvl_errorf(KVL_ERR_NOT_FOUND, "unknown model '%s'", in->requested_model);
+        return kvl__errorf(KVL_ERR_NOT_FOUND, "unknown model '%s'", in->requested_model);
     kvl_status s = p->ops->choose(p->self, in, out);
     if (!s && (out->node < 0 || out->node >= in->n_nodes))
-        return kvl_errorf(KVL_ERR_INTERNAL, "policy %s chose no node", p->ops->name);
+        return kvl__errorf(KVL_ERR_INTERNAL, "policy %s chose no node", p->ops->name);
     return s;
 }
 
@@ -99,8 +99,8 @@ int kvr_policy_pick_of_model(const kvr_policy_input *in, const char *model) {
         if (v->load < b->load) best = i;
     }
     if (best >= 0) return best;
-    if (!known) return kvl_errorf(KVL_ERR_NOT_FOUND, "unknown model '%s'", model);
-    return kvl_errorf(KVL_ERR_IO, "no healthy node serves model '%s'", model);
+    if (!known) return kvl__errorf(KVL_ERR_NOT_FOUND, "unknown model '%s'", model);
+    return kvl__errorf(KVL_ERR_IO, "no healthy node serves model '%s'", model);
 }
 
 int kvr_policy_split(const char *list, char **out, int max) {
@@ -125,13 +125,13 @@ kvl_status kvr_policy_check_models(const kvr_kvlist *keys, const char *key, cons
                                    const kvr_config *c) {
     char *m[16];
     int n = kvr_policy_split(list, m, 16);
-    if (n < 0) return kvl_errorf(KVL_ERR_NOMEM, "policy: out of memory");
+    if (n < 0) return kvl__errorf(KVL_ERR_NOMEM, "policy: out of memory");
     kvl_status s = KVL_OK;
     for (int i = 0; i < n; i++) {
         int found = 0;
         for (int j = 0; j < c->n_nodes; j++) found |= !strcmp(c->nodes[j].model, m[i]);
         if (!found && !s)
-            s = kvl_errorf(KVL_ERR_FORMAT, "%s:%d: key 'policy.%s': model '%s' is served by no node",
+            s = kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key 'policy.%s': model '%s' is served by no node",
                            keys->file, kvr_kv_line(keys, key), key, m[i]);
     }
     for (int i = 0; i < n; i++) free(m[i]);

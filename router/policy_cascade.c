@@ -40,17 +40,17 @@ static void cascade_destroy(void *self) {
 static kvl_status cascade_create(kvr_kvlist *keys, const kvr_config *c, void **self) {
     const char *models = kvr_kv_str(keys, "models", NULL);
     if (!models)
-        return kvl_errorf(KVL_ERR_FORMAT, "%s:%d: key 'policy.models' is required for cascade",
+        return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key 'policy.models' is required for cascade",
                           keys->file, keys->line);
     kvl_status s = kvr_policy_check_models(keys, "models", models, c);
     if (s) return s;
     cascade *p = calloc(1, sizeof *p);
-    if (!p) return kvl_errorf(KVL_ERR_NOMEM, "policy cascade: out of memory");
+    if (!p) return kvl__errorf(KVL_ERR_NOMEM, "policy cascade: out of memory");
     p->n = kvr_policy_split(models, p->models, MAX_RUNGS);
-    if (p->n < 0) { p->n = 0; cascade_destroy(p); return kvl_errorf(KVL_ERR_NOMEM, "cascade"); }
+    if (p->n < 0) { p->n = 0; cascade_destroy(p); return kvl__errorf(KVL_ERR_NOMEM, "cascade"); }
     if (p->n < 1) {
         cascade_destroy(p);
-        return kvl_errorf(KVL_ERR_FORMAT, "%s:%d: key 'policy.models': at least one model",
+        return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key 'policy.models': at least one model",
                           keys->file, kvr_kv_line(keys, "models"));
     }
     if (!s) s = kvr_kv_double(keys, "entropy_threshold", 3.0, 0, 1e3, &p->threshold);
@@ -75,7 +75,7 @@ static kvl_status cascade_choose(void *self, const kvr_policy_input *in, kvr_pol
     const char *why = "rung";
     int r = in->requested_model[0] ? rung_of(p, in->requested_model) : -1;
     if (in->requested_model[0] && r < 0)
-        return kvl_errorf(KVL_ERR_NOT_FOUND, "model '%s' is not on the cascade ladder",
+        return kvl__errorf(KVL_ERR_NOT_FOUND, "model '%s' is not on the cascade ladder",
                           in->requested_model);
     if (r >= 0) {
         if (r != level) out->state.calm = 0;

@@ -40,14 +40,14 @@ static void cost_destroy(void *self) {
 
 static kvl_status cost_create(kvr_kvlist *keys, const kvr_config *c, void **self) {
     cost *p = calloc(1, sizeof *p);
-    if (!p) return kvl_errorf(KVL_ERR_NOMEM, "policy cost: out of memory");
+    if (!p) return kvl__errorf(KVL_ERR_NOMEM, "policy cost: out of memory");
     const char *models = kvr_kv_str(keys, "models", NULL);
     kvl_status s = KVL_OK;
     if (models) {
         s = kvr_policy_check_models(keys, "models", models, c);
         if (!s) {
             p->n = kvr_policy_split(models, p->models, MAX_MODELS);
-            if (p->n < 0) { p->n = 0; s = kvl_errorf(KVL_ERR_NOMEM, "cost"); }
+            if (p->n < 0) { p->n = 0; s = kvl__errorf(KVL_ERR_NOMEM, "cost"); }
         }
     }
     double ms = 2;
@@ -100,8 +100,8 @@ static kvl_status cost_choose(void *self, const kvr_policy_input *in, kvr_policy
         if (tc <= best_t * 1.01) { best = in->current; best_t = tc; }
     }
     if (best < 0) {
-        if (!any) return kvl_errorf(KVL_ERR_NOT_FOUND, "cost: no candidate model in the fleet");
-        return kvl_errorf(KVL_ERR_IO, "cost: no healthy candidate node");
+        if (!any) return kvl__errorf(KVL_ERR_NOT_FOUND, "cost: no candidate model in the fleet");
+        return kvl__errorf(KVL_ERR_IO, "cost: no healthy candidate node");
     }
     out->node = best;
     snprintf(out->reason, sizeof out->reason, "cost: %s on %s, expected TTFT %.2f ms",

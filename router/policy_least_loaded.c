@@ -32,7 +32,7 @@ static kvl_status ll_create(kvr_kvlist *keys, const kvr_config *c, void **self) 
     least_loaded *p = calloc(1, sizeof *p);
     if (!p || !(p->default_model = strdup(dm))) {
         free(p);
-        return kvl_errorf(KVL_ERR_NOMEM, "policy least_loaded: out of memory");
+        return kvl__errorf(KVL_ERR_NOMEM, "policy least_loaded: out of memory");
     }
     p->margin = margin;
     *self = p;
@@ -58,7 +58,7 @@ static kvl_status ll_choose(void *self, const kvr_policy_input *in, kvr_policy_d
     }
     if (best < 0) {
         int idx = kvr_policy_pick_of_model(in, model);   /* for its message */
-        return idx < 0 ? (kvl_status)idx : kvl_errorf(KVL_ERR_INTERNAL, "least_loaded");
+        return idx < 0 ? (kvl_status)idx : kvl__errorf(KVL_ERR_INTERNAL, "least_loaded");
     }
     /* stay on the node holding the context when it is not much busier */
     int holder = -1;

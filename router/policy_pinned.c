@@ -29,7 +29,7 @@ static kvl_status pinned_create(kvr_kvlist *keys, const kvr_config *c, void **se
     pinned *p = calloc(1, sizeof *p);
     if (!p || !(p->default_model = strdup(dm))) {
         free(p);
-        return kvl_errorf(KVL_ERR_NOMEM, "policy pinned: out of memory");
+        return kvl__errorf(KVL_ERR_NOMEM, "policy pinned: out of memory");
     }
     *self = p;
     return KVL_OK;

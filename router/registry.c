@@ -16,18 +16,18 @@
 kvl_status kvr_registry_create(const kvr_config *cfg, kvr_registry **out) {
     *out = NULL;
     if (cfg->n_nodes > KVR_MAX_NODES)
-        return kvl_errorf(KVL_ERR_RANGE, "%s: %d nodes, at most %d", cfg->path, cfg->n_nodes,
+        return kvl__errorf(KVL_ERR_RANGE, "%s: %d nodes, at most %d", cfg->path, cfg->n_nodes,
                           KVR_MAX_NODES);
     kvr_registry *r = calloc(1, sizeof *r);
-    if (!r) return kvl_errorf(KVL_ERR_NOMEM, "registry: out of memory");
-    if (pthread_mutex_init(&r->mu, NULL)) { free(r); return kvl_errorf(KVL_ERR_INTERNAL, "registry mutex"); }
+    if (!r) return kvl__errorf(KVL_ERR_NOMEM, "registry: out of memory");
+    if (pthread_mutex_init(&r->mu, NULL)) { free(r); return kvl__errorf(KVL_ERR_INTERNAL, "registry mutex"); }
     r->node_timeout_ms = (int64_t)cfg->node_timeout_ms;
     for (int i = 0; i < cfg->n_nodes; i++) {
         kvr_node *n = &r->nodes[i];
         if (strlen(cfg->nodes[i].name) >= sizeof n->name || strlen(cfg->nodes[i].address) >= sizeof n->address ||
             strlen(cfg->nodes[i].model) >= sizeof n->model) {
             kvr_registry_free(r);
-            return kvl_errorf(KVL_ERR_FORMAT, "%s:%d: node name, address or model too long",
+            return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: node name, address or model too long",
                               cfg->path, cfg->nodes[i].line);
         }
         snprintf(n->name, sizeof n->name, "%s", cfg->nodes[i].name);
@@ -38,7 +38,7 @@ kvl_status kvr_registry_create(const kvr_config *cfg, kvr_registry **out) {
         n->prefill_tps = 5000;
         n->decode_tps = 400;
         n->translate_tps = 200000;
-        kvl_status s = kvl_rpc_client_create(n->address, 0, &n->cli);
+        kvl_status s = kvl__rpc_client_create(n->address, 0, &n->cli);
         r->n = i + 1;
         if (s) { kvr_registry_free(r); return s; }
     }
@@ -48,7 +48,7 @@ kvl_status kvr_registry_create(const kvr_config *cfg, kvr_registry **out) {
 
 void kvr_registry_free(kvr_registry *r) {
     if (!r) return;
-    for (int i = 0; i < r->n; i++) kvl_rpc_client_free(r->nodes[i].cli);
+    for (int i = 0; i < r->n; i++) kvl__rpc_client_free(r->nodes[i].cli);
     pthread_mutex_destroy(&r->mu);
     free(r);
 }

@@ -24,7 +24,7 @@ typedef struct kvr_node {
     char name[KVR_NAME_MAX];
     char address[128];
     char model[KVR_NAME_MAX];
-    kvl_rpc_client *cli;
+    kvl__rpc_client *cli;
     /* below: guarded by the registry mutex */
     int healthy;
     int probed;                  /* Info answered at least once                               */

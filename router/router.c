@@ -35,13 +35,13 @@ static void ledger_observer(void *arg, double seconds) {
 kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
     *out = NULL;
     kvr_router *r = calloc(1, sizeof *r);
-    if (!r) { kvr_config_free(cfg); return kvl_errorf(KVL_ERR_NOMEM, "router"); }
+    if (!r) { kvr_config_free(cfg); return kvl__errorf(KVL_ERR_NOMEM, "router"); }
     r->cfg = cfg;
     pthread_rwlock_init(&r->policy_lock, NULL);
     pthread_mutex_init(&r->busy_mu, NULL);
     r->max_busy = (int)cfg->max_busy_sessions;
     r->busy = calloc((size_t)r->max_busy, sizeof *r->busy);
-    kvl_status s = r->busy ? KVL_OK : kvl_errorf(KVL_ERR_NOMEM, "router busy table");
+    kvl_status s = r->busy ? KVL_OK : kvl__errorf(KVL_ERR_NOMEM, "router busy table");
     if (!s) s = kvr_metrics_create(&r->metrics);
     if (!s) s = kvr_ledger_open(cfg->ledger, &r->ledger);
     if (!s) kvr_ledger_set_observer(r->ledger, ledger_observer, r->metrics);
@@ -49,7 +49,7 @@ kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
         struct stat stt;
         if (!stat(cfg->tokenizer, &stt) && S_ISDIR(stt.st_mode)) s = kvl_tokenizer_load_dir(cfg->tokenizer, &r->tok);
         else s = kvl_tokenizer_load(cfg->tokenizer, &r->tok);
-        if (s) kvl_error_prefix(s, "tokenizer");
+        if (s) kvl__error_prefix(s, "tokenizer");
     }
     if (!s) s = kvr_registry_create(cfg, &r->reg);
     if (!s) s = kvr_policy_create(cfg, &r->policy);
@@ -66,8 +66,8 @@ kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
 
 void kvr_router_free(kvr_router *r) {
     if (!r) return;
-    if (r->server) kvl_rpc_server_shutdown(r->server, 2000);
-    kvl_rpc_server_free(r->server);
+    if (r->server) kvl__rpc_server_shutdown(r->server, 2000);
+    kvl__rpc_server_free(r->server);
     kvr_guard_free(r->guard);
     kvr_metrics_free(r->metrics);   /* stops the HTTP thread before what its gauges read goes */
     kvr_policy_free(r->policy);

@@ -33,7 +33,7 @@ typedef struct kvr_router {
     kvr_guard *guard;
     kvr_metrics *metrics;
     kvl_tokenizer *tok;
-    kvl_rpc_server *server;
+    kvl__rpc_server *server;
     /* sessions with a turn running (a second Send on one is refused) */
     pthread_mutex_t busy_mu;
     char (*busy)[KVR_ID_MAX];
@@ -95,7 +95,7 @@ typedef struct kvr_turn_out {
 typedef int (*kvr_emit_fn)(void *arg, int32_t token, const char *text, float logprob);
 
 /* Run one turn.  Errors carry the thread message; the gRPC code to answer with is
- * kvl_rpc_status_from_kvl(status) except for *busy_code overrides set by the caller. */
+ * kvl__rpc_status_from_kvl(status) except for *busy_code overrides set by the caller. */
 kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit, void *arg,
                         kvr_turn_out *out);
 

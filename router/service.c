@@ -22,9 +22,9 @@ static kvl_status busy_take(kvr_router *r, const char *id) {
     pthread_mutex_lock(&r->busy_mu);
     kvl_status s = KVL_OK;
     for (int i = 0; i < r->n_busy; i++)
-        if (!strcmp(r->busy[i], id)) { s = kvl_errorf(KVL_ERR_MISMATCH, "session '%s' is busy: a turn is running", id); break; }
+        if (!strcmp(r->busy[i], id)) { s = kvl__errorf(KVL_ERR_MISMATCH, "session '%s' is busy: a turn is running", id); break; }
     if (!s && r->n_busy >= r->max_busy)
-        s = kvl_errorf(KVL_ERR_NOMEM, "router busy: %d turns running (max_busy_sessions)", r->n_busy);
+        s = kvl__errorf(KVL_ERR_NOMEM, "router busy: %d turns running (max_busy_sessions)", r->n_busy);
     if (!s) snprintf(r->busy[r->n_busy++], KVR_ID_MAX, "%s", id);
     pthread_mutex_unlock(&r->busy_mu);
     return s;
@@ -41,17 +41,17 @@ static void busy_release(kvr_router *r, const char *id) {
     pthread_mutex_unlock(&r->busy_mu);
 }
 
-static void fail(kvl_rpc_call *call, const char *method, grpc_status_code code, const char *msg) {
-    kvr_logf("warn", "%s -> %s: %s\n", method, kvl_rpc_status_name(code), msg);
-    kvl_rpc_call_finish(call, code, "%s", msg);
+static void fail(kvl__rpc_call *call, const char *method, grpc_status_code code, const char *msg) {
+    kvr_logf("warn", "%s -> %s: %s\n", method, kvl__rpc_status_name(code), msg);
+    kvl__rpc_call_finish(call, code, "%s", msg);
 }
 
-static void fail_kvl(kvr_router *r, kvl_rpc_call *call, const char *method, kvl_status s) {
-    grpc_status_code code = kvl_rpc_status_from_kvl(s);
+static void fail_kvl(kvr_router *r, kvl__rpc_call *call, const char *method, kvl_status s) {
+    grpc_status_code code = kvl__rpc_status_from_kvl(s);
     /* a busy session is a retryable conflict, not a broken precondition */
     if (s == KVL_ERR_MISMATCH && strstr(kvl_last_error(), "is busy")) code = GRPC_STATUS_ABORTED;
     char lab[48];
-    snprintf(lab, sizeof lab, "code=\"%s\"", kvl_rpc_status_name(code));
+    snprintf(lab, sizeof lab, "code=\"%s\"", kvl__rpc_status_name(code));
     kvr_metrics_inc(r->metrics, "kvlingo_router_errors_total", lab, 1);
     const char *m = kvl_last_error();
     fail(call, method, code, m[0] ? m : kvl_strerror(s));
@@ -59,7 +59,7 @@ static void fail_kvl(kvr_router *r, kvl_rpc_call *call, const char *method, kvl_
 
 /* ---- CreateSession ------------------------------------------------------------------------- */
 
-static void h_create(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+static void h_create(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     kvr_router *r = user;
     Kvlingo__V1__CreateSessionRequest *q = kvlingo__v1__create_session_request__unpack(NULL, len, req);
     if (!q) { fail(call, "CreateSession", GRPC_STATUS_INVALID_ARGUMENT, "malformed CreateSessionRequest"); return; }
@@ -79,7 +79,7 @@ static void h_create(kvl_rpc_call *call, const uint8_t *req, size_t len, void *u
     if (q->model && q->model[0] && !kvr_registry_model_known(r->reg, q->model)) {
         char models[256];
         kvr_registry_models(r->reg, models, sizeof models);
-        s = kvl_errorf(KVL_ERR_NOT_FOUND, "unknown model '%.64s' (the fleet serves: %s)", q->model, models);
+        s = kvl__errorf(KVL_ERR_NOT_FOUND, "unknown model '%.64s' (the fleet serves: %s)", q->model, models);
     }
     if (!s) s = kvr_ledger_session_create(r->ledger, id, q->model ? q->model : "", kvr_wall_now());
     protobuf_c_message_free_unpacked(&q->base, NULL);
@@ -93,14 +93,14 @@ static void h_create(kvl_rpc_call *call, const uint8_t *req, size_t len, void *u
     }
     Kvlingo__V1__CreateSessionResponse resp = KVLINGO__V1__CREATE_SESSION_RESPONSE__INIT;
     resp.session_id = id;
-    kvl_rpc_call_reply_pb(call, &resp.base);
+    kvl__rpc_call_reply_pb(call, &resp.base);
     kvr_logf("info", "CreateSession %s\n", id);
 }
 
 /* ---- Send ---------------------------------------------------------------------------------- */
 
 typedef struct emit_ctx {
-    kvl_rpc_call *call;
+    kvl__rpc_call *call;
 } emit_ctx;
 
 static int emit_token(void *arg, int32_t token, const char *text, float logprob) {
@@ -109,59 +109,59 @@ static int emit_token(void *arg, int32_t token, const char *text, float logprob)
     m.token = token;
     m.text = (char *)text;
     m.logprob = logprob;
-    return kvl_rpc_call_send_pb(e->call, &m.base) != KVL_OK;
+    return kvl__rpc_call_send_pb(e->call, &m.base) != KVL_OK;
 }
 
 static kvl_status validate_send(kvr_router *r, Kvlingo__V1__SendRequest *q, int32_t **ids, int *n) {
     *ids = NULL;
     *n = 0;
     const kvr_config *c = r->cfg;
-    if (!q->session_id || !q->session_id[0]) return kvl_errorf(KVL_ERR_INVALID_ARG, "session_id is required");
+    if (!q->session_id || !q->session_id[0]) return kvl__errorf(KVL_ERR_INVALID_ARG, "session_id is required");
     if (!kvr_session_id_valid(q->session_id))
-        return kvl_errorf(KVL_ERR_NOT_FOUND, "unknown session '%.64s'", q->session_id);
+        return kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.64s'", q->session_id);
     size_t tl = q->text ? strlen(q->text) : 0;
-    if (tl && q->n_tokens) return kvl_errorf(KVL_ERR_INVALID_ARG, "give text or tokens, not both");
-    if (!tl && !q->n_tokens) return kvl_errorf(KVL_ERR_INVALID_ARG, "empty input: give text or tokens");
+    if (tl && q->n_tokens) return kvl__errorf(KVL_ERR_INVALID_ARG, "give text or tokens, not both");
+    if (!tl && !q->n_tokens) return kvl__errorf(KVL_ERR_INVALID_ARG, "empty input: give text or tokens");
     if (q->max_tokens > (uint32_t)c->max_new_tokens)
-        return kvl_errorf(KVL_ERR_RANGE, "max_tokens %u exceeds the router's max_new_tokens %ld",
+        return kvl__errorf(KVL_ERR_RANGE, "max_tokens %u exceeds the router's max_new_tokens %ld",
                           q->max_tokens, c->max_new_tokens);
     if (q->model && q->model[0] && !kvr_registry_model_known(r->reg, q->model)) {
         char models[256];
         kvr_registry_models(r->reg, models, sizeof models);
-        return kvl_errorf(KVL_ERR_NOT_FOUND, "unknown model '%.64s' (the fleet serves: %s)", q->model, models);
+        return kvl__errorf(KVL_ERR_NOT_FOUND, "unknown model '%.64s' (the fleet serves: %s)", q->model, models);
     }
     if (!(q->temperature >= 0 && q->temperature <= 100) || !(q->top_p >= 0 && q->top_p <= 1))
-        return kvl_errorf(KVL_ERR_INVALID_ARG, "temperature must be in [0, 100], top_p in [0, 1]");
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "temperature must be in [0, 100], top_p in [0, 1]");
     if (tl) {
         if (tl > (size_t)c->max_input_tokens * MAX_BYTES_PER_TOKEN)
-            return kvl_errorf(KVL_ERR_RANGE, "input of %zu bytes is too long (max_input_tokens %ld)", tl,
+            return kvl__errorf(KVL_ERR_RANGE, "input of %zu bytes is too long (max_input_tokens %ld)", tl,
                               c->max_input_tokens);
         size_t cnt = 0;
         kvl_status s = kvl_tokenizer_encode(r->tok, q->text, tl, ids, &cnt);
-        if (s) return kvl_error_prefix(s, "text");
+        if (s) return kvl__error_prefix(s, "text");
         *n = (int)cnt;
-        if (!cnt) return kvl_errorf(KVL_ERR_INVALID_ARG, "empty input: the text has no tokens");
+        if (!cnt) return kvl__errorf(KVL_ERR_INVALID_ARG, "empty input: the text has no tokens");
     } else {
         size_t vocab = kvl_tokenizer_vocab_size(r->tok);
         for (size_t i = 0; i < q->n_tokens; i++)
             if (q->tokens[i] < 0 || (size_t)q->tokens[i] >= vocab)
-                return kvl_errorf(KVL_ERR_INVALID_ARG, "tokens[%zu] = %d is outside the vocabulary [0, %zu)",
+                return kvl__errorf(KVL_ERR_INVALID_ARG, "tokens[%zu] = %d is outside the vocabulary [0, %zu)",
                                   i, q->tokens[i], vocab);
         if (q->n_tokens > (size_t)c->max_input_tokens)
-            return kvl_errorf(KVL_ERR_RANGE, "input is %zu tokens, at most %ld per turn (max_input_tokens)",
+            return kvl__errorf(KVL_ERR_RANGE, "input is %zu tokens, at most %ld per turn (max_input_tokens)",
                               q->n_tokens, c->max_input_tokens);
         *ids = malloc(q->n_tokens * sizeof(int32_t));
-        if (!*ids) return kvl_errorf(KVL_ERR_NOMEM, "input");
+        if (!*ids) return kvl__errorf(KVL_ERR_NOMEM, "input");
         memcpy(*ids, q->tokens, q->n_tokens * sizeof(int32_t));
         *n = (int)q->n_tokens;
     }
     if (*n > c->max_input_tokens)
-        return kvl_errorf(KVL_ERR_RANGE, "input is %d tokens, at most %ld per turn (max_input_tokens)", *n,
+        return kvl__errorf(KVL_ERR_RANGE, "input is %d tokens, at most %ld per turn (max_input_tokens)", *n,
                           c->max_input_tokens);
     return KVL_OK;
 }
 
-static void h_send(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+static void h_send(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     kvr_router *r = user;
     Kvlingo__V1__SendRequest *q = kvlingo__v1__send_request__unpack(NULL, len, req);
     if (!q) { fail(call, "Send", GRPC_STATUS_INVALID_ARGUMENT, "malformed SendRequest"); return; }
@@ -219,8 +219,8 @@ static void h_send(kvl_rpc_call *call, const uint8_t *req, size_t len, void *use
                 o.mean_entropy, o.context_tokens, o.fallback, o.policy_reason);
         Kvlingo__V1__SendResponse m = KVLINGO__V1__SEND_RESPONSE__INIT;
         m.summary = &sum;
-        kvl_rpc_call_send_pb(call, &m.base);
-        kvl_rpc_call_finish(call, GRPC_STATUS_OK, NULL);
+        kvl__rpc_call_send_pb(call, &m.base);
+        kvl__rpc_call_finish(call, GRPC_STATUS_OK, NULL);
     }
     free(ids);
     protobuf_c_message_free_unpacked(&q->base, NULL);
@@ -228,14 +228,14 @@ static void h_send(kvl_rpc_call *call, const uint8_t *req, size_t len, void *use
 
 /* ---- GetSession / CloseSession ------------------------------------------------------------- */
 
-static void h_get(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+static void h_get(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     kvr_router *r = user;
     Kvlingo__V1__GetSessionRequest *q = kvlingo__v1__get_session_request__unpack(NULL, len, req);
     if (!q) { fail(call, "GetSession", GRPC_STATUS_INVALID_ARGUMENT, "malformed GetSessionRequest"); return; }
     kvr_session s;
     kvl_status st = kvr_session_id_valid(q->session_id)
                         ? kvr_ledger_session_load(r->ledger, q->session_id, q->include_tokens, &s)
-                        : kvl_errorf(KVL_ERR_NOT_FOUND, "unknown session '%.64s'", q->session_id ? q->session_id : "");
+                        : kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.64s'", q->session_id ? q->session_id : "");
     protobuf_c_message_free_unpacked(&q->base, NULL);
     if (st) { fail_kvl(r, call, "GetSession", st); return; }
     Kvlingo__V1__GetSessionResponse resp = KVLINGO__V1__GET_SESSION_RESPONSE__INIT;
@@ -259,11 +259,11 @@ static void h_get(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user
     if (s.tokens) { resp.n_tokens = (size_t)s.n_tokens; resp.tokens = s.tokens; }
     resp.idle_seconds = kvr_wall_now() - s.last_used;
     resp.state = (char *)states[s.state % 3];
-    kvl_rpc_call_reply_pb(call, &resp.base);
+    kvl__rpc_call_reply_pb(call, &resp.base);
     kvr_session_clear(&s);
 }
 
-static void h_close(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+static void h_close(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     kvr_router *r = user;
     Kvlingo__V1__CloseSessionRequest *q = kvlingo__v1__close_session_request__unpack(NULL, len, req);
     if (!q) { fail(call, "CloseSession", GRPC_STATUS_INVALID_ARGUMENT, "malformed CloseSessionRequest"); return; }
@@ -272,7 +272,7 @@ static void h_close(kvl_rpc_call *call, const uint8_t *req, size_t len, void *us
     protobuf_c_message_free_unpacked(&q->base, NULL);
     kvr_session s;
     kvl_status st = kvr_session_id_valid(id) ? busy_take(r, id)
-                                             : kvl_errorf(KVL_ERR_NOT_FOUND, "unknown session '%s'", id);
+                                             : kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%s'", id);
     if (st) { fail_kvl(r, call, "CloseSession", st); return; }
     st = kvr_ledger_session_load(r->ledger, id, 0, &s);
     int closed = 0;
@@ -290,13 +290,13 @@ static void h_close(kvl_rpc_call *call, const uint8_t *req, size_t len, void *us
     if (st) { fail_kvl(r, call, "CloseSession", st); return; }
     Kvlingo__V1__CloseSessionResponse resp = KVLINGO__V1__CLOSE_SESSION_RESPONSE__INIT;
     resp.closed = closed;
-    kvl_rpc_call_reply_pb(call, &resp.base);
+    kvl__rpc_call_reply_pb(call, &resp.base);
     kvr_logf("info", "CloseSession %s closed=%d\n", id, closed);
 }
 
 /* ---- ListNodes ----------------------------------------------------------------------------- */
 
-static void h_list(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+static void h_list(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     kvr_router *r = user;
     (void)req;
     (void)len;
@@ -367,23 +367,23 @@ static void h_list(kvl_rpc_call *call, const uint8_t *req, size_t len, void *use
     long open = 0;
     kvr_ledger_count_open(r->ledger, &open);
     resp.sessions_open = (uint32_t)open;
-    kvl_rpc_call_reply_pb(call, &resp.base);
+    kvl__rpc_call_reply_pb(call, &resp.base);
     free(nodes); free(ns); free(nsp); free(from);
 }
 
 kvl_status kvr_router_serve(kvr_router *r) {
-    kvl_rpc_server_params p = kvl_rpc_server_default_params();
+    kvl__rpc_server_params p = kvl__rpc_server_default_params();
     p.listen = r->cfg->listen;
-    kvl_status s = kvl_rpc_server_create(&p, &r->server);
+    kvl_status s = kvl__rpc_server_create(&p, &r->server);
     if (s) return s;
-    if ((s = kvl_rpc_server_add_method(r->server, SVC "CreateSession", KVL_RPC_UNARY, h_create, r)) ||
-        (s = kvl_rpc_server_add_method(r->server, SVC "Send", KVL_RPC_SERVER_STREAM, h_send, r)) ||
-        (s = kvl_rpc_server_add_method(r->server, SVC "GetSession", KVL_RPC_UNARY, h_get, r)) ||
-        (s = kvl_rpc_server_add_method(r->server, SVC "CloseSession", KVL_RPC_UNARY, h_close, r)) ||
-        (s = kvl_rpc_server_add_method(r->server, SVC "ListNodes", KVL_RPC_UNARY, h_list, r)))
+    if ((s = kvl__rpc_server_add_method(r->server, SVC "CreateSession", KVL_RPC_UNARY, h_create, r)) ||
+        (s = kvl__rpc_server_add_method(r->server, SVC "Send", KVL_RPC_SERVER_STREAM, h_send, r)) ||
+        (s = kvl__rpc_server_add_method(r->server, SVC "GetSession", KVL_RPC_UNARY, h_get, r)) ||
+        (s = kvl__rpc_server_add_method(r->server, SVC "CloseSession", KVL_RPC_UNARY, h_close, r)) ||
+        (s = kvl__rpc_server_add_method(r->server, SVC "ListNodes", KVL_RPC_UNARY, h_list, r)))
         return s;
-    if ((s = kvl_rpc_server_set_health(r->server, "kvlingo.v1.Router", 1))) return s;
-    if ((s = kvl_rpc_server_start(r->server))) return s;
+    if ((s = kvl__rpc_server_set_health(r->server, "kvlingo.v1.Router", 1))) return s;
+    if ((s = kvl__rpc_server_start(r->server))) return s;
     if (r->cfg->metrics && (s = kvr_metrics_serve(r->metrics, r->cfg->metrics))) return s;
     return KVL_OK;
 }

@@ -51,7 +51,7 @@ static void set_fallback(turn *t, const char *code, const char *fmt, ...) {
 
 /* Short label for a gRPC failure of ExportSpan. */
 static void code_label(grpc_status_code c, char *buf, size_t cap) {
-    const char *n = kvl_rpc_status_name(c);
+    const char *n = kvl__rpc_status_name(c);
     size_t i = 0;
     for (; n[i] && i + 1 < cap; i++) buf[i] = (char)tolower((unsigned char)n[i]);
     buf[i] = 0;
@@ -271,7 +271,7 @@ static kvl_status decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void *a
                          .top_k = t->req->top_k, .top_p = t->req->top_p, .seed = t->req->seed,
                          .stop_at_eos = t->req->stop_at_eos, .return_logprobs = want_lp};
     int64_t timeout = t->node_ms * 2 + (int64_t)(t->req->max_tokens * 200.0 + (t->N + t->req->n_user) * 2.0);
-    kvl_rpc_stream *st = NULL;
+    kvl__rpc_stream *st = NULL;
     kvl_status s = kvr_node_generate(T, t->req->sid, &gp, timeout, &st);
     if (s) { *code = GRPC_STATUS_UNAVAILABLE; return s; }
     double ent_sum = 0, t_first = 0, t_last = 0, node_tps = 0;
@@ -281,7 +281,7 @@ static kvl_status decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void *a
         int rr = kvr_node_gen_next(T, st, &m, code);
         if (rr < 0) { s = (kvl_status)rr; break; }
         if (rr == 0) {
-            if (*code != GRPC_STATUS_OK) { s = kvl_rpc_status_to_kvl(*code); if (!s) s = KVL_ERR_INTERNAL; }
+            if (*code != GRPC_STATUS_OK) { s = kvl__rpc_status_to_kvl(*code); if (!s) s = KVL_ERR_INTERNAL; }
             break;
         }
         if (m->done) {
@@ -313,15 +313,15 @@ static kvl_status decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void *a
         int stop = emit(arg, m->token, m->text ? m->text : "", m->logprob);
         protobuf_c_message_free_unpacked(&m->base, NULL);
         if (stop) {
-            kvl_rpc_stream_cancel(st);
-            s = kvl_errorf(KVL_ERR_CANCELLED, "client cancelled the turn");
+            kvl__rpc_stream_cancel(st);
+            s = kvl__errorf(KVL_ERR_CANCELLED, "client cancelled the turn");
             *code = GRPC_STATUS_CANCELLED;
             break;
         }
     }
-    kvl_rpc_stream_free(st);
+    kvl__rpc_stream_free(st);
     if (o->n_generated > t->req->max_tokens && !s)
-        s = kvl_errorf(KVL_ERR_INTERNAL, "node %s generated %u tokens, asked %u", T->name,
+        s = kvl__errorf(KVL_ERR_INTERNAL, "node %s generated %u tokens, asked %u", T->name,
                        o->n_generated, t->req->max_tokens);
     if (n_ent) o->mean_entropy = (float)(ent_sum / n_ent);
     if (node_tps > 0) o->tps = node_tps;
@@ -337,7 +337,7 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
     kvl_status s = kvr_ledger_session_load(r->ledger, req->sid, 1, &t.s);
     if (s) return s;
     if (t.s.state != KVR_SESSION_OPEN) {
-        s = kvl_errorf(KVL_ERR_MISMATCH, "session '%s' is %s", req->sid,
+        s = kvl__errorf(KVL_ERR_MISMATCH, "session '%s' is %s", req->sid,
                        t.s.state == KVR_SESSION_CLOSED ? "closed" : "expired");
         kvr_session_clear(&t.s);
         return s;
@@ -348,7 +348,7 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
     out->user_tokens = (unsigned)req->n_user;
 
     int32_t *gen = malloc(sizeof(int32_t) * (req->max_tokens + 1));
-    if (!gen) { kvr_session_clear(&t.s); return kvl_errorf(KVL_ERR_NOMEM, "turn"); }
+    if (!gen) { kvr_session_clear(&t.s); return kvl__errorf(KVL_ERR_NOMEM, "turn"); }
     float *first_lp = NULL;
     int vocab = 0, ti = -1, tried[KVR_MAX_NODES] = {0};
     kvr_policy_decision d;
@@ -379,7 +379,7 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
         kvr_registry_copy(r->reg, ti, &tc);
         long need = (long)t.N + req->n_user + (long)req->max_tokens;
         if (tc.max_context && need > (long)tc.max_context) {
-            s = kvl_errorf(KVL_ERR_RANGE, "session '%s': %d context + %d input + %u new tokens = %ld "
+            s = kvl__errorf(KVL_ERR_RANGE, "session '%s': %d context + %d input + %u new tokens = %ld "
                            "exceeds node %s's max context %u", req->sid, t.N, req->n_user,
                            req->max_tokens, need, T->name, tc.max_context);
             break;
@@ -400,7 +400,7 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
             /* the tail the node lacks (re-prefill) plus this turn's input, in one append */
             int n_tail = t.N - h + req->n_user;
             int32_t *tail = malloc(sizeof(int32_t) * (size_t)(n_tail ? n_tail : 1));
-            if (!tail) s = kvl_errorf(KVL_ERR_NOMEM, "turn tail");
+            if (!tail) s = kvl__errorf(KVL_ERR_NOMEM, "turn tail");
             else {
                 memcpy(tail, t.s.tokens + h, sizeof(int32_t) * (size_t)(t.N - h));
                 memcpy(tail + (t.N - h), req->user, sizeof(int32_t) * (size_t)req->n_user);
@@ -408,7 +408,7 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
                 s = kvr_node_append(T, req->sid, tail, n_tail, t.node_ms, &count, &code);
                 free(tail);
                 if (!s && (int)count != t.N + req->n_user)
-                    s = kvl_errorf(KVL_ERR_INTERNAL, "node %s holds %u tokens after append, ledger expects %d",
+                    s = kvl__errorf(KVL_ERR_INTERNAL, "node %s holds %u tokens after append, ledger expects %d",
                                    T->name, count, t.N + req->n_user);
             }
         }
@@ -439,7 +439,7 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
             pthread_rwlock_unlock(&r->policy_lock);
             int n_new = req->n_user + (int)out->n_generated;
             int32_t *newtok = malloc(sizeof(int32_t) * (size_t)(n_new ? n_new : 1));
-            if (!newtok) { s = kvl_errorf(KVL_ERR_NOMEM, "commit"); break; }
+            if (!newtok) { s = kvl__errorf(KVL_ERR_NOMEM, "commit"); break; }
             memcpy(newtok, req->user, sizeof(int32_t) * (size_t)req->n_user);
             memcpy(newtok + req->n_user, gen, sizeof(int32_t) * out->n_generated);
             kvr_turn_rec tr = {.idx = t.s.n_turns, .node = T->name, .model = T->model,

@@ -12,12 +12,12 @@
 
 #include "error.h"
 
-struct kvl_rpc_client {
+struct kvl__rpc_client {
     grpc_channel *channel;
     char *target;
 };
 
-struct kvl_rpc_stream {
+struct kvl__rpc_stream {
     grpc_call *call;
     grpc_completion_queue *cq;
     grpc_metadata_array initial_md;
@@ -30,18 +30,18 @@ struct kvl_rpc_stream {
     char tag_start, tag_read, tag_status;
 };
 
-kvl_status kvl_rpc_client_create(const char *target, int max_message_bytes,
-                                 kvl_rpc_client **out) {
-    if (!target || !out) return kvl_errorf(KVL_ERR_INVALID_ARG, "rpc: client target required");
+kvl_status kvl__rpc_client_create(const char *target, int max_message_bytes,
+                                 kvl__rpc_client **out) {
+    if (!target || !out) return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: client target required");
     *out = NULL;
-    kvl_rpc_client *cli = calloc(1, sizeof *cli);
-    if (!cli) return kvl_errorf(KVL_ERR_NOMEM, "rpc: client");
+    kvl__rpc_client *cli = calloc(1, sizeof *cli);
+    if (!cli) return kvl__errorf(KVL_ERR_NOMEM, "rpc: client");
     cli->target = strdup(target);
     if (!cli->target) {
         free(cli);
-        return kvl_errorf(KVL_ERR_NOMEM, "rpc: client");
+        return kvl__errorf(KVL_ERR_NOMEM, "rpc: client");
     }
-    kvl_rpc_init();
+    kvl__rpc_init();
     int max_msg = max_message_bytes > 0 ? max_message_bytes : 64 << 20;
     grpc_arg args[2];
     args[0].type = GRPC_ARG_INTEGER;
@@ -55,28 +55,28 @@ kvl_status kvl_rpc_client_create(const char *target, int max_message_bytes,
     cli->channel = grpc_channel_create(target, creds, &cargs);
     grpc_channel_credentials_release(creds);
     if (!cli->channel) {
-        kvl_rpc_client_free(cli);
-        return kvl_errorf(KVL_ERR_INVALID_ARG, "rpc: cannot create a channel to '%s'", target);
+        kvl__rpc_client_free(cli);
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: cannot create a channel to '%s'", target);
     }
     *out = cli;
     return KVL_OK;
 }
 
-void kvl_rpc_client_free(kvl_rpc_client *cli) {
+void kvl__rpc_client_free(kvl__rpc_client *cli) {
     if (!cli) return;
     if (cli->channel) grpc_channel_destroy(cli->channel);
     free(cli->target);
     free(cli);
-    kvl_rpc_shutdown();
+    kvl__rpc_shutdown();
 }
 
-const char *kvl_rpc_client_target(const kvl_rpc_client *cli) { return cli ? cli->target : ""; }
+const char *kvl__rpc_client_target(const kvl__rpc_client *cli) { return cli ? cli->target : ""; }
 
-static grpc_call *make_call(kvl_rpc_client *cli, grpc_completion_queue *cq, const char *method,
+static grpc_call *make_call(kvl__rpc_client *cli, grpc_completion_queue *cq, const char *method,
                             int64_t timeout_ms) {
     grpc_slice m = grpc_slice_from_copied_string(method);
     grpc_call *call = grpc_channel_create_call(cli->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq, m,
-                                               NULL, kvl_rpc_deadline(timeout_ms), NULL);
+                                               NULL, kvl__rpc_deadline(timeout_ms), NULL);
     grpc_slice_unref(m);
     return call;
 }
@@ -87,19 +87,19 @@ static void cq_destroy(grpc_completion_queue *cq) {
     grpc_completion_queue_destroy(cq);
 }
 
-kvl_status kvl_rpc_client_unary(kvl_rpc_client *cli, const char *method, const uint8_t *req,
-                                size_t req_len, int64_t timeout_ms, kvl_rpc_result *res) {
-    if (!cli || !method || !res) return kvl_errorf(KVL_ERR_INVALID_ARG, "rpc: unary: NULL");
+kvl_status kvl__rpc_client_unary(kvl__rpc_client *cli, const char *method, const uint8_t *req,
+                                size_t req_len, int64_t timeout_ms, kvl__rpc_result *res) {
+    if (!cli || !method || !res) return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: unary: NULL");
     memset(res, 0, sizeof *res);
     grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
-    if (!cq) return kvl_errorf(KVL_ERR_NOMEM, "rpc: completion queue");
+    if (!cq) return kvl__errorf(KVL_ERR_NOMEM, "rpc: completion queue");
     grpc_call *call = make_call(cli, cq, method, timeout_ms);
-    grpc_byte_buffer *send_bb = kvl_rpc_bb_from(req, req_len);
+    grpc_byte_buffer *send_bb = kvl__rpc_bb_from(req, req_len);
     if (!call || !send_bb) {
         if (call) grpc_call_unref(call);
         if (send_bb) grpc_byte_buffer_destroy(send_bb);
         cq_destroy(cq);
-        return kvl_errorf(KVL_ERR_NOMEM, "rpc: cannot create call %s", method);
+        return kvl__errorf(KVL_ERR_NOMEM, "rpc: cannot create call %s", method);
     }
     grpc_metadata_array init_md, trail_md;
     grpc_metadata_array_init(&init_md);
@@ -124,18 +124,18 @@ kvl_status kvl_rpc_client_unary(kvl_rpc_client *cli, const char *method, const u
     char tag;
     kvl_status st = KVL_OK;
     if (grpc_call_start_batch(call, ops, 6, &tag, NULL) != GRPC_CALL_OK) {
-        st = kvl_errorf(KVL_ERR_INTERNAL, "rpc: %s: cannot start the call", method);
+        st = kvl__errorf(KVL_ERR_INTERNAL, "rpc: %s: cannot start the call", method);
     } else {
         grpc_event ev = grpc_completion_queue_pluck(cq, &tag, gpr_inf_future(GPR_CLOCK_REALTIME),
                                                     NULL);
         if (ev.type != GRPC_OP_COMPLETE)
-            st = kvl_errorf(KVL_ERR_INTERNAL, "rpc: %s: completion queue failed", method);
+            st = kvl__errorf(KVL_ERR_INTERNAL, "rpc: %s: completion queue failed", method);
     }
     if (st == KVL_OK) {
         res->code = code;
-        res->message = kvl_rpc_slice_strdup(details);
-        if (!res->message) st = kvl_errorf(KVL_ERR_NOMEM, "rpc: status message");
-        if (st == KVL_OK && recv_bb) st = kvl_rpc_bb_read(recv_bb, &res->data, &res->len);
+        res->message = kvl__rpc_slice_strdup(details);
+        if (!res->message) st = kvl__errorf(KVL_ERR_NOMEM, "rpc: status message");
+        if (st == KVL_OK && recv_bb) st = kvl__rpc_bb_read(recv_bb, &res->data, &res->len);
     }
     if (recv_bb) grpc_byte_buffer_destroy(recv_bb);
     grpc_byte_buffer_destroy(send_bb);
@@ -144,23 +144,23 @@ kvl_status kvl_rpc_client_unary(kvl_rpc_client *cli, const char *method, const u
     grpc_metadata_array_destroy(&trail_md);
     grpc_call_unref(call);
     cq_destroy(cq);
-    if (st != KVL_OK) kvl_rpc_result_clear(res);
+    if (st != KVL_OK) kvl__rpc_result_clear(res);
     return st;
 }
 
-kvl_status kvl_rpc_client_unary_pb(kvl_rpc_client *cli, const char *method,
+kvl_status kvl__rpc_client_unary_pb(kvl__rpc_client *cli, const char *method,
                                    const ProtobufCMessage *req,
                                    const ProtobufCMessageDescriptor *resp_desc,
                                    int64_t timeout_ms, ProtobufCMessage **resp_out,
-                                   kvl_rpc_result *res) {
+                                   kvl__rpc_result *res) {
     if (!req || !resp_desc || !resp_out)
-        return kvl_errorf(KVL_ERR_INVALID_ARG, "rpc: unary_pb: NULL");
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: unary_pb: NULL");
     *resp_out = NULL;
     uint8_t *buf;
     size_t len;
-    kvl_status st = kvl_rpc_pack(req, &buf, &len);
+    kvl_status st = kvl__rpc_pack(req, &buf, &len);
     if (st != KVL_OK) return st;
-    st = kvl_rpc_client_unary(cli, method, buf, len, timeout_ms, res);
+    st = kvl__rpc_client_unary(cli, method, buf, len, timeout_ms, res);
     free(buf);
     if (st != KVL_OK || res->code != GRPC_STATUS_OK) return st;
     *resp_out = protobuf_c_message_unpack(resp_desc, NULL, res->len, res->data);
@@ -172,27 +172,27 @@ kvl_status kvl_rpc_client_unary_pb(kvl_rpc_client *cli, const char *method,
     return KVL_OK;
 }
 
-kvl_status kvl_rpc_client_stream_open(kvl_rpc_client *cli, const char *method,
+kvl_status kvl__rpc_client_stream_open(kvl__rpc_client *cli, const char *method,
                                       const uint8_t *req, size_t req_len, int64_t timeout_ms,
-                                      kvl_rpc_stream **out) {
-    if (!cli || !method || !out) return kvl_errorf(KVL_ERR_INVALID_ARG, "rpc: stream: NULL");
+                                      kvl__rpc_stream **out) {
+    if (!cli || !method || !out) return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: stream: NULL");
     *out = NULL;
-    kvl_rpc_stream *st = calloc(1, sizeof *st);
-    if (!st) return kvl_errorf(KVL_ERR_NOMEM, "rpc: stream");
+    kvl__rpc_stream *st = calloc(1, sizeof *st);
+    if (!st) return kvl__errorf(KVL_ERR_NOMEM, "rpc: stream");
     st->cq = grpc_completion_queue_create_for_pluck(NULL);
     if (!st->cq) {
         free(st);
-        return kvl_errorf(KVL_ERR_NOMEM, "rpc: completion queue");
+        return kvl__errorf(KVL_ERR_NOMEM, "rpc: completion queue");
     }
     grpc_metadata_array_init(&st->initial_md);
     grpc_metadata_array_init(&st->trailing_md);
     st->details = grpc_empty_slice();
     st->call = make_call(cli, st->cq, method, timeout_ms);
-    grpc_byte_buffer *bb = kvl_rpc_bb_from(req, req_len);
+    grpc_byte_buffer *bb = kvl__rpc_bb_from(req, req_len);
     if (!st->call || !bb) {
         if (bb) grpc_byte_buffer_destroy(bb);
-        kvl_rpc_stream_free(st);
-        return kvl_errorf(KVL_ERR_NOMEM, "rpc: cannot create call %s", method);
+        kvl__rpc_stream_free(st);
+        return kvl__errorf(KVL_ERR_NOMEM, "rpc: cannot create call %s", method);
     }
     grpc_op ops[4];
     memset(ops, 0, sizeof ops);
@@ -204,7 +204,7 @@ kvl_status kvl_rpc_client_stream_open(kvl_rpc_client *cli, const char *method,
     ops[3].data.recv_initial_metadata.recv_initial_metadata = &st->initial_md;
     kvl_status s = KVL_OK;
     if (grpc_call_start_batch(st->call, ops, 4, &st->tag_start, NULL) != GRPC_CALL_OK) {
-        s = kvl_errorf(KVL_ERR_INTERNAL, "rpc: %s: cannot start the call", method);
+        s = kvl__errorf(KVL_ERR_INTERNAL, "rpc: %s: cannot start the call", method);
     } else {
         grpc_completion_queue_pluck(st->cq, &st->tag_start, gpr_inf_future(GPR_CLOCK_REALTIME),
                                     NULL);
@@ -216,20 +216,20 @@ kvl_status kvl_rpc_client_stream_open(kvl_rpc_client *cli, const char *method,
         sop.data.recv_status_on_client.status = &st->code;
         sop.data.recv_status_on_client.status_details = &st->details;
         if (grpc_call_start_batch(st->call, &sop, 1, &st->tag_status, NULL) != GRPC_CALL_OK)
-            s = kvl_errorf(KVL_ERR_INTERNAL, "rpc: %s: cannot start the status op", method);
+            s = kvl__errorf(KVL_ERR_INTERNAL, "rpc: %s: cannot start the status op", method);
         else
             st->status_pending = 1;
     }
     grpc_byte_buffer_destroy(bb);
     if (s != KVL_OK) {
-        kvl_rpc_stream_free(st);
+        kvl__rpc_stream_free(st);
         return s;
     }
     *out = st;
     return KVL_OK;
 }
 
-int kvl_rpc_stream_read(kvl_rpc_stream *st, uint8_t **data, size_t *len) {
+int kvl__rpc_stream_read(kvl__rpc_stream *st, uint8_t **data, size_t *len) {
     *data = NULL;
     *len = 0;
     if (!st || st->ended) return 0;
@@ -249,13 +249,13 @@ int kvl_rpc_stream_read(kvl_rpc_stream *st, uint8_t **data, size_t *len) {
         st->ended = 1;
         return 0;
     }
-    kvl_status s = kvl_rpc_bb_read(bb, data, len);
+    kvl_status s = kvl__rpc_bb_read(bb, data, len);
     grpc_byte_buffer_destroy(bb);
     if (s != KVL_OK) return s;
     return 1;
 }
 
-static void wait_status(kvl_rpc_stream *st) {
+static void wait_status(kvl__rpc_stream *st) {
     if (!st->status_pending) return;
     grpc_completion_queue_pluck(st->cq, &st->tag_status, gpr_inf_future(GPR_CLOCK_REALTIME),
                                 NULL);
@@ -263,26 +263,26 @@ static void wait_status(kvl_rpc_stream *st) {
     st->status_done = 1;
 }
 
-kvl_status kvl_rpc_stream_finish(kvl_rpc_stream *st, kvl_rpc_result *res) {
-    if (!st || !res) return kvl_errorf(KVL_ERR_INVALID_ARG, "rpc: stream finish: NULL");
+kvl_status kvl__rpc_stream_finish(kvl__rpc_stream *st, kvl__rpc_result *res) {
+    if (!st || !res) return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: stream finish: NULL");
     memset(res, 0, sizeof *res);
     /* drain unread messages so the status can arrive */
     uint8_t *d;
     size_t n;
-    while (!st->ended && kvl_rpc_stream_read(st, &d, &n) == 1) free(d);
+    while (!st->ended && kvl__rpc_stream_read(st, &d, &n) == 1) free(d);
     wait_status(st);
     res->code = st->status_done ? st->code : GRPC_STATUS_INTERNAL;
-    res->message = st->status_done ? kvl_rpc_slice_strdup(st->details)
+    res->message = st->status_done ? kvl__rpc_slice_strdup(st->details)
                                    : strdup("stream failed to start");
-    if (!res->message) return kvl_errorf(KVL_ERR_NOMEM, "rpc: status message");
+    if (!res->message) return kvl__errorf(KVL_ERR_NOMEM, "rpc: status message");
     return KVL_OK;
 }
 
-void kvl_rpc_stream_cancel(kvl_rpc_stream *st) {
+void kvl__rpc_stream_cancel(kvl__rpc_stream *st) {
     if (st && st->call) grpc_call_cancel(st->call, NULL);
 }
 
-void kvl_rpc_stream_free(kvl_rpc_stream *st) {
+void kvl__rpc_stream_free(kvl__rpc_stream *st) {
     if (!st) return;
     if (st->call) {
         if (st->status_pending) {

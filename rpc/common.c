@@ -10,7 +10,7 @@
 
 #include "error.h"
 
-grpc_status_code kvl_rpc_status_from_kvl(kvl_status s) {
+grpc_status_code kvl__rpc_status_from_kvl(kvl_status s) {
     switch (s) {
     case KVL_OK: return GRPC_STATUS_OK;
     case KVL_ERR_INVALID_ARG:
@@ -27,7 +27,7 @@ grpc_status_code kvl_rpc_status_from_kvl(kvl_status s) {
     }
 }
 
-kvl_status kvl_rpc_status_to_kvl(grpc_status_code code) {
+kvl_status kvl__rpc_status_to_kvl(grpc_status_code code) {
     switch (code) {
     case GRPC_STATUS_OK: return KVL_OK;
     case GRPC_STATUS_INVALID_ARGUMENT: return KVL_ERR_INVALID_ARG;
@@ -43,7 +43,7 @@ kvl_status kvl_rpc_status_to_kvl(grpc_status_code code) {
     }
 }
 
-const char *kvl_rpc_status_name(grpc_status_code code) {
+const char *kvl__rpc_status_name(grpc_status_code code) {
     static const char *names[] = {
         "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
         "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
@@ -53,16 +53,16 @@ const char *kvl_rpc_status_name(grpc_status_code code) {
     return "UNKNOWN";
 }
 
-int64_t kvl_rpc_now_ms(void) {
+int64_t kvl__rpc_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-void kvl_rpc_init(void) { grpc_init(); }
-void kvl_rpc_shutdown(void) { grpc_shutdown(); }
+void kvl__rpc_init(void) { grpc_init(); }
+void kvl__rpc_shutdown(void) { grpc_shutdown(); }
 
-grpc_byte_buffer *kvl_rpc_bb_from(const uint8_t *data, size_t len) {
+grpc_byte_buffer *kvl__rpc_bb_from(const uint8_t *data, size_t len) {
     grpc_slice s = grpc_slice_from_copied_buffer((const char *)(data ? data : (const uint8_t *)""),
                                                  len);
     grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
@@ -70,19 +70,19 @@ grpc_byte_buffer *kvl_rpc_bb_from(const uint8_t *data, size_t len) {
     return bb;
 }
 
-kvl_status kvl_rpc_bb_read(grpc_byte_buffer *bb, uint8_t **out, size_t *len) {
+kvl_status kvl__rpc_bb_read(grpc_byte_buffer *bb, uint8_t **out, size_t *len) {
     *out = NULL;
     *len = 0;
     grpc_byte_buffer_reader r;
     if (!grpc_byte_buffer_reader_init(&r, bb))
-        return kvl_errorf(KVL_ERR_FORMAT, "rpc: cannot read message (decompression failed)");
+        return kvl__errorf(KVL_ERR_FORMAT, "rpc: cannot read message (decompression failed)");
     grpc_slice s = grpc_byte_buffer_reader_readall(&r);
     size_t n = GRPC_SLICE_LENGTH(s);
     kvl_status st = KVL_OK;
     if (n > 0) {
         *out = malloc(n);
         if (!*out) {
-            st = kvl_errorf(KVL_ERR_NOMEM, "rpc: message of %zu bytes", n);
+            st = kvl__errorf(KVL_ERR_NOMEM, "rpc: message of %zu bytes", n);
         } else {
             memcpy(*out, GRPC_SLICE_START_PTR(s), n);
             *len = n;
@@ -93,7 +93,7 @@ kvl_status kvl_rpc_bb_read(grpc_byte_buffer *bb, uint8_t **out, size_t *len) {
     return st;
 }
 
-char *kvl_rpc_slice_strdup(grpc_slice s) {
+char *kvl__rpc_slice_strdup(grpc_slice s) {
     size_t n = GRPC_SLICE_LENGTH(s);
     char *p = malloc(n + 1);
     if (!p) return NULL;
@@ -102,23 +102,23 @@ char *kvl_rpc_slice_strdup(grpc_slice s) {
     return p;
 }
 
-gpr_timespec kvl_rpc_deadline(int64_t ms) {
+gpr_timespec kvl__rpc_deadline(int64_t ms) {
     if (ms <= 0) return gpr_inf_future(GPR_CLOCK_MONOTONIC);
     return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(ms, GPR_TIMESPAN));
 }
 
-kvl_status kvl_rpc_pack(const ProtobufCMessage *msg, uint8_t **out, size_t *len) {
+kvl_status kvl__rpc_pack(const ProtobufCMessage *msg, uint8_t **out, size_t *len) {
     size_t n = protobuf_c_message_get_packed_size(msg);
     /* +1: a zero-length message still gets a valid pointer */
     uint8_t *buf = malloc(n + 1);
-    if (!buf) return kvl_errorf(KVL_ERR_NOMEM, "rpc: packing a message of %zu bytes", n);
+    if (!buf) return kvl__errorf(KVL_ERR_NOMEM, "rpc: packing a message of %zu bytes", n);
     protobuf_c_message_pack(msg, buf);
     *out = buf;
     *len = n;
     return KVL_OK;
 }
 
-void kvl_rpc_result_clear(kvl_rpc_result *res) {
+void kvl__rpc_result_clear(kvl__rpc_result *res) {
     if (!res) return;
     free(res->message);
     free(res->data);

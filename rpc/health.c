@@ -1,4 +1,4 @@
-/* rpc/health.c: grpc.health.v1.Health (Check, Watch) served by every kvl_rpc_server
+/* rpc/health.c: grpc.health.v1.Health (Check, Watch) served by every kvl__rpc_server
  * (https://github.com/grpc/grpc/blob/master/doc/health-checking.md). */
 #include "server_internal.h"
 
@@ -9,8 +9,8 @@
 #include "error.h"
 #include "grpc/health/v1/health.pb-c.h"
 
-kvl_status kvl_rpc_server_set_health(kvl_rpc_server *srv, const char *service, int serving) {
-    if (!srv || !service) return kvl_errorf(KVL_ERR_INVALID_ARG, "rpc: set_health: NULL");
+kvl_status kvl__rpc_server_set_health(kvl__rpc_server *srv, const char *service, int serving) {
+    if (!srv || !service) return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: set_health: NULL");
     pthread_mutex_lock(&srv->mu);
     for (int i = 0; i < srv->n_health; i++) {
         if (strcmp(srv->health[i].service, service) == 0) {
@@ -19,21 +19,21 @@ kvl_status kvl_rpc_server_set_health(kvl_rpc_server *srv, const char *service, i
             return KVL_OK;
         }
     }
-    kvl_rpc_health_entry *h = realloc(srv->health, (size_t)(srv->n_health + 1) * sizeof *h);
+    kvl__rpc_health_entry *h = realloc(srv->health, (size_t)(srv->n_health + 1) * sizeof *h);
     char *name = strdup(service);
     if (!h || !name) {
         if (h) srv->health = h;
         free(name);
         pthread_mutex_unlock(&srv->mu);
-        return kvl_errorf(KVL_ERR_NOMEM, "rpc: health table");
+        return kvl__errorf(KVL_ERR_NOMEM, "rpc: health table");
     }
     srv->health = h;
-    h[srv->n_health++] = (kvl_rpc_health_entry){name, serving ? 1 : 0};
+    h[srv->n_health++] = (kvl__rpc_health_entry){name, serving ? 1 : 0};
     pthread_mutex_unlock(&srv->mu);
     return KVL_OK;
 }
 
-void kvl_rpc_health_free(kvl_rpc_server *srv) {
+void kvl__rpc_health_free(kvl__rpc_server *srv) {
     for (int i = 0; i < srv->n_health; i++) free(srv->health[i].service);
     free(srv->health);
     srv->health = NULL;
@@ -41,7 +41,7 @@ void kvl_rpc_health_free(kvl_rpc_server *srv) {
 }
 
 /* -1: unknown service; else 0/1 */
-static int lookup(kvl_rpc_server *srv, const char *service) {
+static int lookup(kvl__rpc_server *srv, const char *service) {
     int v = -1;
     pthread_mutex_lock(&srv->mu);
     for (int i = 0; i < srv->n_health; i++)
@@ -59,34 +59,34 @@ static Grpc__Health__V1__HealthCheckResponse__ServingStatus to_pb(int v, int wat
              : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
 }
 
-void kvl_rpc_health_check(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
-    kvl_rpc_server *srv = user;
+void kvl__rpc_health_check(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    kvl__rpc_server *srv = user;
     Grpc__Health__V1__HealthCheckRequest *in =
         grpc__health__v1__health_check_request__unpack(NULL, len, req);
     if (!in) {
-        kvl_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
+        kvl__rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
                             "malformed HealthCheckRequest (%zu bytes)", len);
         return;
     }
     int v = lookup(srv, in->service);
     if (v < 0) {
-        kvl_rpc_call_finish(call, GRPC_STATUS_NOT_FOUND, "unknown service '%s'", in->service);
+        kvl__rpc_call_finish(call, GRPC_STATUS_NOT_FOUND, "unknown service '%s'", in->service);
     } else {
         Grpc__Health__V1__HealthCheckResponse out = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
         out.status = to_pb(v, 0);
-        kvl_rpc_call_reply_pb(call, &out.base);
+        kvl__rpc_call_reply_pb(call, &out.base);
     }
     grpc__health__v1__health_check_request__free_unpacked(in, NULL);
 }
 
 /* Watch: send the status now and whenever it changes; the stream stays open until the client
  * cancels or the server shuts down (polling every 100 ms keeps this free of extra hooks). */
-void kvl_rpc_health_watch(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
-    kvl_rpc_server *srv = user;
+void kvl__rpc_health_watch(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    kvl__rpc_server *srv = user;
     Grpc__Health__V1__HealthCheckRequest *in =
         grpc__health__v1__health_check_request__unpack(NULL, len, req);
     if (!in) {
-        kvl_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
+        kvl__rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
                             "malformed HealthCheckRequest (%zu bytes)", len);
         return;
     }
@@ -97,15 +97,15 @@ void kvl_rpc_health_watch(kvl_rpc_call *call, const uint8_t *req, size_t len, vo
             Grpc__Health__V1__HealthCheckResponse out =
                 GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
             out.status = to_pb(v, 1);
-            if (kvl_rpc_call_send_pb(call, &out.base) != KVL_OK) break;
+            if (kvl__rpc_call_send_pb(call, &out.base) != KVL_OK) break;
             last = v;
         }
         pthread_mutex_lock(&srv->mu);
         int stopping = srv->stopping;
         pthread_mutex_unlock(&srv->mu);
-        if (stopping || kvl_rpc_call_cancelled(call)) break;
+        if (stopping || kvl__rpc_call_cancelled(call)) break;
         usleep(100 * 1000);
     }
-    kvl_rpc_call_finish(call, GRPC_STATUS_UNAVAILABLE, "server shutting down");
+    kvl__rpc_call_finish(call, GRPC_STATUS_UNAVAILABLE, "server shutting down");
     grpc__health__v1__health_check_request__free_unpacked(in, NULL);
 }

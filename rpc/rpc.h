@@ -7,33 +7,33 @@
  * the *_pb helpers pack/unpack protobuf-c messages for callers that want that.
  *
  * Server model
- *   - kvl_rpc_server_create(); kvl_rpc_server_add_method() for each method path (unary or
- *     server-streaming); kvl_rpc_server_start(); ...; kvl_rpc_server_shutdown(); _free().
+ *   - kvl__rpc_server_create(); kvl__rpc_server_add_method() for each method path (unary or
+ *     server-streaming); kvl__rpc_server_start(); ...; kvl__rpc_server_shutdown(); _free().
  *   - One internal poller thread drives the completion queue.  Every accepted call whose request
  *     message has arrived runs its handler on its own thread (calls are few and long-lived:
  *     Generate streams, ExportSpan waits for a peer), so a handler MAY block (on a condition
  *     variable, a peer RPC, a transfer).  At most `max_calls` handlers run at once; a call
  *     beyond that is answered RESOURCE_EXHAUSTED without running a handler.
- *   - A handler answers exactly once: kvl_rpc_call_reply() (unary: message + OK) or
- *     kvl_rpc_call_finish() (any status); streaming handlers kvl_rpc_call_send() messages first.
+ *   - A handler answers exactly once: kvl__rpc_call_reply() (unary: message + OK) or
+ *     kvl__rpc_call_finish() (any status); streaming handlers kvl__rpc_call_send() messages first.
  *     If the handler returns without answering, the layer answers INTERNAL "handler did not
- *     reply".  The kvl_rpc_call is freed by the layer after the handler returns: never keep it.
+ *     reply".  The kvl__rpc_call is freed by the layer after the handler returns: never keep it.
  *   - grpc.health.v1.Health/Check is served by every server (service "" and every service name
- *     set with kvl_rpc_server_set_health); Health/Watch answers the current status once and then
+ *     set with kvl__rpc_server_set_health); Health/Watch answers the current status once and then
  *     keeps the stream open until the client cancels or the server shuts down.
  *   - Unknown method -> UNIMPLEMENTED; a call without a request message -> INVALID_ARGUMENT;
  *     more than max_calls handlers busy -> RESOURCE_EXHAUSTED.
  *
  * Client model
- *   - kvl_rpc_client_create(target "host:port") opens a channel (lazy connect, reconnects by
+ *   - kvl__rpc_client_create(target "host:port") opens a channel (lazy connect, reconnects by
  *     itself).  A client is thread-safe: any number of threads may call through one client.
- *   - kvl_rpc_client_unary(): blocking call with a deadline; the result carries the gRPC status,
+ *   - kvl__rpc_client_unary(): blocking call with a deadline; the result carries the gRPC status,
  *     its message and the response bytes.
- *   - kvl_rpc_client_stream_open() + kvl_rpc_stream_read() ... + kvl_rpc_stream_finish():
- *     server-streaming with a deadline; kvl_rpc_stream_cancel() from any thread aborts it.
+ *   - kvl__rpc_client_stream_open() + kvl__rpc_stream_read() ... + kvl__rpc_stream_finish():
+ *     server-streaming with a deadline; kvl__rpc_stream_cancel() from any thread aborts it.
  *
  * Errors: functions returning kvl_status use kvlingo/status.h and record a message readable with
- * kvl_last_error(); the gRPC status of a finished call is reported separately (kvl_rpc_result).
+ * kvl_last_error(); the gRPC status of a finished call is reported separately (kvl__rpc_result).
  * Nothing here calls exit() or abort().
  */
 #ifndef KVL_RPC_H
@@ -57,173 +57,173 @@ extern "C" {
  * NOT_FOUND, RANGE -> OUT_OF_RANGE, MISMATCH -> FAILED_PRECONDITION, UNSUPPORTED ->
  * UNIMPLEMENTED, NOMEM -> RESOURCE_EXHAUSTED, CANCELLED -> CANCELLED, IO -> UNAVAILABLE, else
  * INTERNAL). */
-grpc_status_code kvl_rpc_status_from_kvl(kvl_status s);
+grpc_status_code kvl__rpc_status_from_kvl(kvl_status s);
 /* The reverse, for clients that want to propagate a peer's error as a kvl_status. */
-kvl_status kvl_rpc_status_to_kvl(grpc_status_code code);
+kvl_status kvl__rpc_status_to_kvl(grpc_status_code code);
 /* Static name, e.g. "NOT_FOUND". */
-const char *kvl_rpc_status_name(grpc_status_code code);
+const char *kvl__rpc_status_name(grpc_status_code code);
 
 /* Milliseconds since an arbitrary monotonic origin (CLOCK_MONOTONIC), for deadlines/timings. */
-int64_t kvl_rpc_now_ms(void);
+int64_t kvl__rpc_now_ms(void);
 
 /* ---- server -------------------------------------------------------------------------------- */
 
-typedef struct kvl_rpc_server kvl_rpc_server;
-typedef struct kvl_rpc_call kvl_rpc_call;
+typedef struct kvl__rpc_server kvl__rpc_server;
+typedef struct kvl__rpc_call kvl__rpc_call;
 
-typedef enum kvl_rpc_kind {
+typedef enum kvl__rpc_kind {
     KVL_RPC_UNARY = 0,          /* one request, one response                                   */
     KVL_RPC_SERVER_STREAM = 1,  /* one request, zero or more responses, then a status          */
-} kvl_rpc_kind;
+} kvl__rpc_kind;
 
 /* A method handler.  `req`/`req_len`: the request message bytes (owned by the call, valid
  * until the handler returns; may be empty).  `user`: the pointer given at registration.
- * Runs on its own thread; must answer via kvl_rpc_call_reply / kvl_rpc_call_finish. */
-typedef void (*kvl_rpc_handler)(kvl_rpc_call *call, const uint8_t *req, size_t req_len,
+ * Runs on its own thread; must answer via kvl__rpc_call_reply / kvl__rpc_call_finish. */
+typedef void (*kvl__rpc_handler)(kvl__rpc_call *call, const uint8_t *req, size_t req_len,
                                 void *user);
 
-typedef struct kvl_rpc_server_params {
+typedef struct kvl__rpc_server_params {
     const char *listen;         /* "host:port" ("127.0.0.1:0" picks a free port)               */
     int max_calls;              /* handlers running at once; 0 = 256                            */
     int max_message_bytes;      /* largest request/response message; 0 = 64 MiB                */
-} kvl_rpc_server_params;
+} kvl__rpc_server_params;
 
-kvl_rpc_server_params kvl_rpc_server_default_params(void);
+kvl__rpc_server_params kvl__rpc_server_default_params(void);
 
 /* Create a server bound to params->listen (the port is bound here, so a taken port fails
- * early: KVL_ERR_IO naming the address).  Free with kvl_rpc_server_free. */
-kvl_status kvl_rpc_server_create(const kvl_rpc_server_params *params, kvl_rpc_server **out);
+ * early: KVL_ERR_IO naming the address).  Free with kvl__rpc_server_free. */
+kvl_status kvl__rpc_server_create(const kvl__rpc_server_params *params, kvl__rpc_server **out);
 
 /* Register `path` (e.g. "/kvlingo.v1.Node/Generate", copied).  Only before start.
  * KVL_ERR_INVALID_ARG for a duplicate or malformed path. */
-kvl_status kvl_rpc_server_add_method(kvl_rpc_server *srv, const char *path, kvl_rpc_kind kind,
-                                     kvl_rpc_handler handler, void *user);
+kvl_status kvl__rpc_server_add_method(kvl__rpc_server *srv, const char *path, kvl__rpc_kind kind,
+                                     kvl__rpc_handler handler, void *user);
 
 /* The bound port (useful with port 0). */
-int kvl_rpc_server_port(const kvl_rpc_server *srv);
+int kvl__rpc_server_port(const kvl__rpc_server *srv);
 
 /* Health status of `service` ("" = the whole server) for grpc.health.v1; serving = 1 is
  * SERVING, 0 NOT_SERVING.  Thread-safe, any time.  Before any call the server's "" is SERVING
  * once started. */
-kvl_status kvl_rpc_server_set_health(kvl_rpc_server *srv, const char *service, int serving);
+kvl_status kvl__rpc_server_set_health(kvl__rpc_server *srv, const char *service, int serving);
 
 /* Start the poller thread and accept calls. */
-kvl_status kvl_rpc_server_start(kvl_rpc_server *srv);
+kvl_status kvl__rpc_server_start(kvl__rpc_server *srv);
 
 /* Number of handlers currently running (calls in flight). */
-int kvl_rpc_server_active_calls(const kvl_rpc_server *srv);
+int kvl__rpc_server_active_calls(const kvl__rpc_server *srv);
 
 /* Stop accepting calls (new ones get UNAVAILABLE from gRPC), wait up to `grace_ms` for running
- * handlers to answer, then cancel what is left (their sends fail, kvl_rpc_call_cancelled
+ * handlers to answer, then cancel what is left (their sends fail, kvl__rpc_call_cancelled
  * returns 1) and wait for the handlers to return.  Idempotent. */
-void kvl_rpc_server_shutdown(kvl_rpc_server *srv, int64_t grace_ms);
+void kvl__rpc_server_shutdown(kvl__rpc_server *srv, int64_t grace_ms);
 
 /* Shut down (grace 0) if needed and release everything.  NULL is a no-op. */
-void kvl_rpc_server_free(kvl_rpc_server *srv);
+void kvl__rpc_server_free(kvl__rpc_server *srv);
 
 /* ---- server call (valid only inside its handler) ------------------------------------------- */
 
 /* Method path of the call, e.g. "/kvlingo.v1.Node/Info". */
-const char *kvl_rpc_call_method(const kvl_rpc_call *call);
+const char *kvl__rpc_call_method(const kvl__rpc_call *call);
 /* Peer address as gRPC reports it ("ipv4:127.0.0.1:54321"). */
-const char *kvl_rpc_call_peer(const kvl_rpc_call *call);
+const char *kvl__rpc_call_peer(const kvl__rpc_call *call);
 /* Milliseconds until the client's deadline (INT64_MAX when none; <= 0 when passed). */
-int64_t kvl_rpc_call_deadline_left_ms(const kvl_rpc_call *call);
+int64_t kvl__rpc_call_deadline_left_ms(const kvl__rpc_call *call);
 /* 1 when the client cancelled, the deadline passed, the connection dropped, or the server
- * cancelled the call (kvl_rpc_server_shutdown after its grace period); 0 otherwise. */
-int kvl_rpc_call_cancelled(const kvl_rpc_call *call);
+ * cancelled the call (kvl__rpc_server_shutdown after its grace period); 0 otherwise. */
+int kvl__rpc_call_cancelled(const kvl__rpc_call *call);
 
 /* Register a function run once when the call gets cancelled (from the poller thread; keep it
  * short and non-blocking, e.g. signal a condition variable).  If the call is already cancelled
  * it runs at once on the calling thread.  One callback per call; NULL clears it.  The layer
  * guarantees no invocation after the handler has returned. */
-void kvl_rpc_call_on_cancel(kvl_rpc_call *call, void (*fn)(void *arg), void *arg);
+void kvl__rpc_call_on_cancel(kvl__rpc_call *call, void (*fn)(void *arg), void *arg);
 
 /* Unary: send `msg` (bytes) with status OK.  Streaming: same as send + finish(OK). */
-kvl_status kvl_rpc_call_reply(kvl_rpc_call *call, const uint8_t *msg, size_t len);
+kvl_status kvl__rpc_call_reply(kvl__rpc_call *call, const uint8_t *msg, size_t len);
 
 /* Streaming: send one message and wait until gRPC has taken it (flow control: a slow reader
  * slows the handler).  KVL_ERR_CANCELLED when the call was cancelled, KVL_ERR_INVALID_ARG on a
  * unary call or after finish. */
-kvl_status kvl_rpc_call_send(kvl_rpc_call *call, const uint8_t *msg, size_t len);
+kvl_status kvl__rpc_call_send(kvl__rpc_call *call, const uint8_t *msg, size_t len);
 
 /* End the call with `code` and a message (printf-style; may be NULL).  Later calls on the
  * same call return KVL_ERR_INVALID_ARG.  Returns KVL_ERR_CANCELLED if the client is gone. */
-kvl_status kvl_rpc_call_finish(kvl_rpc_call *call, grpc_status_code code, const char *fmt, ...)
+kvl_status kvl__rpc_call_finish(kvl__rpc_call *call, grpc_status_code code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Convenience: finish with kvl_rpc_status_from_kvl(s) and the thread's kvl_last_error()
+/* Convenience: finish with kvl__rpc_status_from_kvl(s) and the thread's kvl_last_error()
  * (or kvl_strerror(s) when empty). */
-kvl_status kvl_rpc_call_finish_kvl(kvl_rpc_call *call, kvl_status s);
+kvl_status kvl__rpc_call_finish_kvl(kvl__rpc_call *call, kvl_status s);
 
 /* protobuf-c helpers: pack `msg` and reply / send it. */
-kvl_status kvl_rpc_call_reply_pb(kvl_rpc_call *call, const ProtobufCMessage *msg);
-kvl_status kvl_rpc_call_send_pb(kvl_rpc_call *call, const ProtobufCMessage *msg);
+kvl_status kvl__rpc_call_reply_pb(kvl__rpc_call *call, const ProtobufCMessage *msg);
+kvl_status kvl__rpc_call_send_pb(kvl__rpc_call *call, const ProtobufCMessage *msg);
 
 /* ---- client -------------------------------------------------------------------------------- */
 
-typedef struct kvl_rpc_client kvl_rpc_client;
-typedef struct kvl_rpc_stream kvl_rpc_stream;
+typedef struct kvl__rpc_client kvl__rpc_client;
+typedef struct kvl__rpc_stream kvl__rpc_stream;
 
 /* Outcome of a finished client call.  `message` and `data` are malloc'ed (free with
- * kvl_rpc_result_clear).  `data` is the (last) response message, NULL when none. */
-typedef struct kvl_rpc_result {
+ * kvl__rpc_result_clear).  `data` is the (last) response message, NULL when none. */
+typedef struct kvl__rpc_result {
     grpc_status_code code;
     char *message;              /* status details; never NULL after a call (may be "")        */
     uint8_t *data;
     size_t len;
-} kvl_rpc_result;
+} kvl__rpc_result;
 
-void kvl_rpc_result_clear(kvl_rpc_result *res);
+void kvl__rpc_result_clear(kvl__rpc_result *res);
 
 /* Open a channel to "host:port".  `max_message_bytes` 0 = 64 MiB.  Connects lazily: a wrong
- * address shows as UNAVAILABLE on the first call.  Free with kvl_rpc_client_free. */
-kvl_status kvl_rpc_client_create(const char *target, int max_message_bytes,
-                                 kvl_rpc_client **out);
-void kvl_rpc_client_free(kvl_rpc_client *cli);
-const char *kvl_rpc_client_target(const kvl_rpc_client *cli);
+ * address shows as UNAVAILABLE on the first call.  Free with kvl__rpc_client_free. */
+kvl_status kvl__rpc_client_create(const char *target, int max_message_bytes,
+                                 kvl__rpc_client **out);
+void kvl__rpc_client_free(kvl__rpc_client *cli);
+const char *kvl__rpc_client_target(const kvl__rpc_client *cli);
 
 /* Blocking unary call.  timeout_ms <= 0 means no deadline.  Returns KVL_OK when the call
  * completed (whatever its gRPC status: look at res->code), KVL_ERR_NOMEM / KVL_ERR_INTERNAL when
  * the layer itself failed.  A deadline shows as res->code == GRPC_STATUS_DEADLINE_EXCEEDED. */
-kvl_status kvl_rpc_client_unary(kvl_rpc_client *cli, const char *method, const uint8_t *req,
-                                size_t req_len, int64_t timeout_ms, kvl_rpc_result *res);
+kvl_status kvl__rpc_client_unary(kvl__rpc_client *cli, const char *method, const uint8_t *req,
+                                size_t req_len, int64_t timeout_ms, kvl__rpc_result *res);
 
 /* Unary with protobuf-c: packs `req`; on GRPC_STATUS_OK unpacks the response with `resp_desc`
  * into *resp_out (free with protobuf_c_message_free_unpacked(*resp_out, NULL)); a response that
  * does not parse turns into res->code = GRPC_STATUS_INTERNAL "malformed response". */
-kvl_status kvl_rpc_client_unary_pb(kvl_rpc_client *cli, const char *method,
+kvl_status kvl__rpc_client_unary_pb(kvl__rpc_client *cli, const char *method,
                                    const ProtobufCMessage *req,
                                    const ProtobufCMessageDescriptor *resp_desc,
                                    int64_t timeout_ms, ProtobufCMessage **resp_out,
-                                   kvl_rpc_result *res);
+                                   kvl__rpc_result *res);
 
-/* Start a server-streaming call (request sent at once).  Free with kvl_rpc_stream_free. */
-kvl_status kvl_rpc_client_stream_open(kvl_rpc_client *cli, const char *method,
+/* Start a server-streaming call (request sent at once).  Free with kvl__rpc_stream_free. */
+kvl_status kvl__rpc_client_stream_open(kvl__rpc_client *cli, const char *method,
                                       const uint8_t *req, size_t req_len, int64_t timeout_ms,
-                                      kvl_rpc_stream **out);
+                                      kvl__rpc_stream **out);
 
 /* Read the next message: returns 1 and sets *data (malloc'ed, caller free()s) / *len; 0 at the
- * end of the stream (then call kvl_rpc_stream_finish for the status); negative kvl_status on a
+ * end of the stream (then call kvl__rpc_stream_finish for the status); negative kvl_status on a
  * layer failure. */
-int kvl_rpc_stream_read(kvl_rpc_stream *st, uint8_t **data, size_t *len);
+int kvl__rpc_stream_read(kvl__rpc_stream *st, uint8_t **data, size_t *len);
 
 /* Wait for the final status (after read returned 0; or earlier, which drains and discards
  * unread messages).  res->data is NULL. */
-kvl_status kvl_rpc_stream_finish(kvl_rpc_stream *st, kvl_rpc_result *res);
+kvl_status kvl__rpc_stream_finish(kvl__rpc_stream *st, kvl__rpc_result *res);
 
 /* Cancel the call (thread-safe; a blocked read returns 0 and finish reports CANCELLED). */
-void kvl_rpc_stream_cancel(kvl_rpc_stream *st);
+void kvl__rpc_stream_cancel(kvl__rpc_stream *st);
 
 /* Cancels if unfinished, then releases.  NULL is a no-op. */
-void kvl_rpc_stream_free(kvl_rpc_stream *st);
+void kvl__rpc_stream_free(kvl__rpc_stream *st);
 
 /* ---- library lifetime ---------------------------------------------------------------------- */
 
 /* grpc_init()/grpc_shutdown() reference counting; create functions call these themselves, so
  * applications need not.  Exposed for programs that use gRPC directly as well. */
-void kvl_rpc_init(void);
-void kvl_rpc_shutdown(void);
+void kvl__rpc_init(void);
+void kvl__rpc_shutdown(void);
 
 #ifdef __cplusplus
 }

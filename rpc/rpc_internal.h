@@ -9,14 +9,14 @@
 #include "rpc.h"
 
 /* A raw byte buffer holding a copy of data[0..len) (never NULL unless out of memory). */
-grpc_byte_buffer *kvl_rpc_bb_from(const uint8_t *data, size_t len);
+grpc_byte_buffer *kvl__rpc_bb_from(const uint8_t *data, size_t len);
 /* Copy a byte buffer into a malloc'ed array (*out NULL for an empty buffer). */
-kvl_status kvl_rpc_bb_read(grpc_byte_buffer *bb, uint8_t **out, size_t *len);
+kvl_status kvl__rpc_bb_read(grpc_byte_buffer *bb, uint8_t **out, size_t *len);
 /* malloc'ed NUL-terminated copy of a slice. */
-char *kvl_rpc_slice_strdup(grpc_slice s);
+char *kvl__rpc_slice_strdup(grpc_slice s);
 /* Deadline `ms` from now (infinite when ms <= 0). */
-gpr_timespec kvl_rpc_deadline(int64_t ms);
+gpr_timespec kvl__rpc_deadline(int64_t ms);
 /* Pack a protobuf-c message into a malloc'ed buffer. */
-kvl_status kvl_rpc_pack(const ProtobufCMessage *msg, uint8_t **out, size_t *len);
+kvl_status kvl__rpc_pack(const ProtobufCMessage *msg, uint8_t **out, size_t *len);
 
 #endif

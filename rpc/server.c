@@ -13,19 +13,19 @@
 /* Accept this many calls concurrently at the gRPC level (outstanding request_call slots). */
 #define KVL_RPC_ACCEPT_SLOTS 8
 
-kvl_rpc_server_params kvl_rpc_server_default_params(void) {
-    kvl_rpc_server_params p = {.listen = "127.0.0.1:0", .max_calls = 256,
+kvl__rpc_server_params kvl__rpc_server_default_params(void) {
+    kvl__rpc_server_params p = {.listen = "127.0.0.1:0", .max_calls = 256,
                                .max_message_bytes = 64 << 20};
     return p;
 }
 
-kvl_status kvl_rpc_server_create(const kvl_rpc_server_params *params, kvl_rpc_server **out) {
+kvl_status kvl__rpc_server_create(const kvl__rpc_server_params *params, kvl__rpc_server **out) {
     if (!params || !params->listen || !out)
-        return kvl_errorf(KVL_ERR_INVALID_ARG, "rpc: server params and listen address required");
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: server params and listen address required");
     *out = NULL;
-    kvl_rpc_server *srv = calloc(1, sizeof *srv);
-    if (!srv) return kvl_errorf(KVL_ERR_NOMEM, "rpc: server");
-    kvl_rpc_init();
+    kvl__rpc_server *srv = calloc(1, sizeof *srv);
+    if (!srv) return kvl__errorf(KVL_ERR_NOMEM, "rpc: server");
+    kvl__rpc_init();
     pthread_mutex_init(&srv->mu, NULL);
     pthread_cond_init(&srv->cv, NULL);
     srv->max_calls = params->max_calls > 0 ? params->max_calls : 256;
@@ -41,55 +41,55 @@ kvl_status kvl_rpc_server_create(const kvl_rpc_server_params *params, kvl_rpc_se
     srv->server = grpc_server_create(&cargs, NULL);
     srv->cq = grpc_completion_queue_create_for_next(NULL);
     if (!srv->server || !srv->cq) {
-        kvl_rpc_server_free(srv);
-        return kvl_errorf(KVL_ERR_NOMEM, "rpc: grpc_server_create failed");
+        kvl__rpc_server_free(srv);
+        return kvl__errorf(KVL_ERR_NOMEM, "rpc: grpc_server_create failed");
     }
     grpc_server_register_completion_queue(srv->server, srv->cq, NULL);
     grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
     srv->port = grpc_server_add_http2_port(srv->server, params->listen, creds);
     grpc_server_credentials_release(creds);
     if (srv->port <= 0) {
-        kvl_rpc_server_free(srv);
-        return kvl_errorf(KVL_ERR_IO, "rpc: cannot listen on '%s' (address in use or invalid)",
+        kvl__rpc_server_free(srv);
+        return kvl__errorf(KVL_ERR_IO, "rpc: cannot listen on '%s' (address in use or invalid)",
                           params->listen);
     }
     srv->t_shutdown.kind = TAG_SHUTDOWN;
-    kvl_status st = kvl_rpc_server_add_method(srv, "/grpc.health.v1.Health/Check", KVL_RPC_UNARY,
-                                              kvl_rpc_health_check, srv);
+    kvl_status st = kvl__rpc_server_add_method(srv, "/grpc.health.v1.Health/Check", KVL_RPC_UNARY,
+                                              kvl__rpc_health_check, srv);
     if (st == KVL_OK)
-        st = kvl_rpc_server_add_method(srv, "/grpc.health.v1.Health/Watch",
-                                       KVL_RPC_SERVER_STREAM, kvl_rpc_health_watch, srv);
-    if (st == KVL_OK) st = kvl_rpc_server_set_health(srv, "", 1);
+        st = kvl__rpc_server_add_method(srv, "/grpc.health.v1.Health/Watch",
+                                       KVL_RPC_SERVER_STREAM, kvl__rpc_health_watch, srv);
+    if (st == KVL_OK) st = kvl__rpc_server_set_health(srv, "", 1);
     if (st != KVL_OK) {
-        kvl_rpc_server_free(srv);
+        kvl__rpc_server_free(srv);
         return st;
     }
     *out = srv;
     return KVL_OK;
 }
 
-kvl_status kvl_rpc_server_add_method(kvl_rpc_server *srv, const char *path, kvl_rpc_kind kind,
-                                     kvl_rpc_handler handler, void *user) {
+kvl_status kvl__rpc_server_add_method(kvl__rpc_server *srv, const char *path, kvl__rpc_kind kind,
+                                     kvl__rpc_handler handler, void *user) {
     if (!srv || !path || !handler || path[0] != '/' || !strchr(path + 1, '/'))
-        return kvl_errorf(KVL_ERR_INVALID_ARG, "rpc: method path '%s' must be /pkg.Service/Method",
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: method path '%s' must be /pkg.Service/Method",
                           path ? path : "(null)");
-    if (srv->started) return kvl_errorf(KVL_ERR_INVALID_ARG, "rpc: add_method after start");
+    if (srv->started) return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: add_method after start");
     for (int i = 0; i < srv->n_methods; i++)
         if (strcmp(srv->methods[i].path, path) == 0)
-            return kvl_errorf(KVL_ERR_INVALID_ARG, "rpc: method '%s' registered twice", path);
-    kvl_rpc_method *m = realloc(srv->methods, (size_t)(srv->n_methods + 1) * sizeof *m);
-    if (!m) return kvl_errorf(KVL_ERR_NOMEM, "rpc: method table");
+            return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: method '%s' registered twice", path);
+    kvl__rpc_method *m = realloc(srv->methods, (size_t)(srv->n_methods + 1) * sizeof *m);
+    if (!m) return kvl__errorf(KVL_ERR_NOMEM, "rpc: method table");
     srv->methods = m;
     char *p = strdup(path);
-    if (!p) return kvl_errorf(KVL_ERR_NOMEM, "rpc: method path");
-    m[srv->n_methods++] = (kvl_rpc_method){.path = p, .kind = kind, .fn = handler, .user = user};
+    if (!p) return kvl__errorf(KVL_ERR_NOMEM, "rpc: method path");
+    m[srv->n_methods++] = (kvl__rpc_method){.path = p, .kind = kind, .fn = handler, .user = user};
     return KVL_OK;
 }
 
-int kvl_rpc_server_port(const kvl_rpc_server *srv) { return srv ? srv->port : -1; }
+int kvl__rpc_server_port(const kvl__rpc_server *srv) { return srv ? srv->port : -1; }
 
-int kvl_rpc_server_active_calls(const kvl_rpc_server *srv) {
-    kvl_rpc_server *s = (kvl_rpc_server *)srv;
+int kvl__rpc_server_active_calls(const kvl__rpc_server *srv) {
+    kvl__rpc_server *s = (kvl__rpc_server *)srv;
     pthread_mutex_lock(&s->mu);
     int n = s->active;
     pthread_mutex_unlock(&s->mu);
@@ -97,18 +97,18 @@ int kvl_rpc_server_active_calls(const kvl_rpc_server *srv) {
 }
 
 /* Post one grpc_server_request_call slot.  Called with srv->mu NOT held. */
-static void post_request(kvl_rpc_server *srv) {
-    kvl_rpc_call *c = calloc(1, sizeof *c);
+static void post_request(kvl__rpc_server *srv) {
+    kvl__rpc_call *c = calloc(1, sizeof *c);
     if (!c) return;   /* the remaining slots keep accepting */
     c->srv = srv;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     grpc_call_details_init(&c->details);
     grpc_metadata_array_init(&c->md);
-    c->t_new = (kvl_rpc_tag){TAG_NEW_CALL, c};
-    c->t_recv = (kvl_rpc_tag){TAG_RECV_MSG, c};
-    c->t_close = (kvl_rpc_tag){TAG_RECV_CLOSE, c};
-    c->t_send = (kvl_rpc_tag){TAG_SEND, c};
+    c->t_new = (kvl__rpc_tag){TAG_NEW_CALL, c};
+    c->t_recv = (kvl__rpc_tag){TAG_RECV_MSG, c};
+    c->t_close = (kvl__rpc_tag){TAG_RECV_CLOSE, c};
+    c->t_send = (kvl__rpc_tag){TAG_SEND, c};
     c->refs = 1;   /* the request slot */
     pthread_mutex_lock(&srv->mu);
     srv->n_calls++;
@@ -120,23 +120,23 @@ static void post_request(kvl_rpc_server *srv) {
         pthread_mutex_lock(&srv->mu);
         srv->n_requests--;
         pthread_mutex_unlock(&srv->mu);
-        kvl_rpc_call_unref(c);
+        kvl__rpc_call_unref(c);
     }
 }
 
 typedef struct handler_job {
-    kvl_rpc_call *call;
+    kvl__rpc_call *call;
     uint8_t *req;
     size_t len;
 } handler_job;
 
 static void *handler_main(void *arg) {
     handler_job *job = arg;
-    kvl_rpc_call *c = job->call;
+    kvl__rpc_call *c = job->call;
     kvl_clear_error();
     c->m->fn(c, job->req, job->len, c->m->user);
     if (!c->finished)
-        kvl_rpc_call_finish(c, GRPC_STATUS_INTERNAL, "handler of %s did not reply", c->method);
+        kvl__rpc_call_finish(c, GRPC_STATUS_INTERNAL, "handler of %s did not reply", c->method);
     /* no cancel callback may run after the handler returned (rpc.h promise) */
     pthread_mutex_lock(&c->mu);
     c->cancel_fn = NULL;
@@ -144,32 +144,32 @@ static void *handler_main(void *arg) {
     pthread_mutex_unlock(&c->mu);
     free(job->req);
     free(job);
-    kvl_rpc_server *srv = c->srv;
+    kvl__rpc_server *srv = c->srv;
     pthread_mutex_lock(&srv->mu);
     srv->active--;
     pthread_cond_broadcast(&srv->cv);
     pthread_mutex_unlock(&srv->mu);
-    kvl_rpc_call_unref(c);
+    kvl__rpc_call_unref(c);
     return NULL;
 }
 
-static const kvl_rpc_method *find_method(kvl_rpc_server *srv, const char *path) {
+static const kvl__rpc_method *find_method(kvl__rpc_server *srv, const char *path) {
     for (int i = 0; i < srv->n_methods; i++)
         if (strcmp(srv->methods[i].path, path) == 0) return &srv->methods[i];
     return NULL;
 }
 
-static void on_new_call(kvl_rpc_server *srv, kvl_rpc_call *c, int ok) {
+static void on_new_call(kvl__rpc_server *srv, kvl__rpc_call *c, int ok) {
     pthread_mutex_lock(&srv->mu);
     srv->n_requests--;
     int stopping = srv->stopping;
     pthread_mutex_unlock(&srv->mu);
     if (!ok) {                       /* server shutting down: the slot is returned unused */
-        kvl_rpc_call_unref(c);
+        kvl__rpc_call_unref(c);
         return;
     }
     if (!stopping) post_request(srv);
-    c->method = kvl_rpc_slice_strdup(c->details.method);
+    c->method = kvl__rpc_slice_strdup(c->details.method);
     c->peer = grpc_call_get_peer(c->call);
     c->deadline = gpr_convert_clock_type(c->details.deadline, GPR_CLOCK_MONOTONIC);
     /* RECV_CLOSE_ON_SERVER completes when the call ends; its `cancelled` flag is how a server
@@ -192,31 +192,31 @@ static void on_new_call(kvl_rpc_server *srv, kvl_rpc_call *c, int ok) {
     c->refs++;
     pthread_mutex_unlock(&c->mu);
     if (grpc_call_start_batch(c->call, &recv_op, 1, &c->t_recv, NULL) != GRPC_CALL_OK) {
-        kvl_rpc_call_unref(c);
-        kvl_rpc_call_reject(c, GRPC_STATUS_INTERNAL, "cannot receive the request");
+        kvl__rpc_call_unref(c);
+        kvl__rpc_call_reject(c, GRPC_STATUS_INTERNAL, "cannot receive the request");
     }
-    kvl_rpc_call_unref(c);   /* the request slot's ref */
+    kvl__rpc_call_unref(c);   /* the request slot's ref */
 }
 
-static void on_request_message(kvl_rpc_server *srv, kvl_rpc_call *c, int ok) {
+static void on_request_message(kvl__rpc_server *srv, kvl__rpc_call *c, int ok) {
     if (!ok || !c->recv_buf) {
-        kvl_rpc_call_reject(c, GRPC_STATUS_INVALID_ARGUMENT, "expected one request message");
-        kvl_rpc_call_unref(c);
+        kvl__rpc_call_reject(c, GRPC_STATUS_INVALID_ARGUMENT, "expected one request message");
+        kvl__rpc_call_unref(c);
         return;
     }
     c->m = find_method(srv, c->method);
     if (!c->m) {
         char msg[300];
         snprintf(msg, sizeof msg, "unknown method %s", c->method);
-        kvl_rpc_call_reject(c, GRPC_STATUS_UNIMPLEMENTED, msg);
-        kvl_rpc_call_unref(c);
+        kvl__rpc_call_reject(c, GRPC_STATUS_UNIMPLEMENTED, msg);
+        kvl__rpc_call_unref(c);
         return;
     }
     handler_job *job = calloc(1, sizeof *job);
-    if (!job || kvl_rpc_bb_read(c->recv_buf, &job->req, &job->len) != KVL_OK) {
+    if (!job || kvl__rpc_bb_read(c->recv_buf, &job->req, &job->len) != KVL_OK) {
         free(job);
-        kvl_rpc_call_reject(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "cannot buffer the request");
-        kvl_rpc_call_unref(c);
+        kvl__rpc_call_reject(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "cannot buffer the request");
+        kvl__rpc_call_unref(c);
         return;
     }
     grpc_byte_buffer_destroy(c->recv_buf);
@@ -229,8 +229,8 @@ static void on_request_message(kvl_rpc_server *srv, kvl_rpc_call *c, int ok) {
     if (over) {
         free(job->req);
         free(job);
-        kvl_rpc_call_reject(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "server busy: too many calls");
-        kvl_rpc_call_unref(c);
+        kvl__rpc_call_reject(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "server busy: too many calls");
+        kvl__rpc_call_unref(c);
         return;
     }
     /* the recv ref becomes the handler's ref */
@@ -247,15 +247,15 @@ static void on_request_message(kvl_rpc_server *srv, kvl_rpc_call *c, int ok) {
         pthread_mutex_unlock(&srv->mu);
         free(job->req);
         free(job);
-        kvl_rpc_call_reject(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "cannot start a handler thread");
-        kvl_rpc_call_unref(c);
+        kvl__rpc_call_reject(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "cannot start a handler thread");
+        kvl__rpc_call_unref(c);
     }
 }
 
 /* After the shutdown tag and the last call, the queue can be shut down: the poller then sees
  * GRPC_QUEUE_SHUTDOWN and exits.  Called after every event and whenever a call is destroyed
  * (the last unref may happen on a handler thread). */
-void kvl_rpc_server_maybe_close_cq(kvl_rpc_server *srv) {
+void kvl__rpc_server_maybe_close_cq(kvl__rpc_server *srv) {
     pthread_mutex_lock(&srv->mu);
     int done = srv->shutdown_done && srv->n_calls == 0 && srv->n_requests == 0 && !srv->freed_cq;
     if (done) srv->freed_cq = 1;
@@ -264,36 +264,36 @@ void kvl_rpc_server_maybe_close_cq(kvl_rpc_server *srv) {
 }
 
 static void *poller_main(void *arg) {
-    kvl_rpc_server *srv = arg;
+    kvl__rpc_server *srv = arg;
     for (;;) {
         grpc_event ev = grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME),
                                                    NULL);
         if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
         if (ev.type != GRPC_OP_COMPLETE) continue;
-        kvl_rpc_tag *tag = ev.tag;
-        kvl_rpc_call *c = tag->call;
+        kvl__rpc_tag *tag = ev.tag;
+        kvl__rpc_call *c = tag->call;
         switch (tag->kind) {
         case TAG_NEW_CALL: on_new_call(srv, c, ev.success); break;
         case TAG_RECV_MSG: on_request_message(srv, c, ev.success); break;
         case TAG_RECV_CLOSE:
-            if (c->close_cancelled) kvl_rpc_call_mark_cancelled(c);
+            if (c->close_cancelled) kvl__rpc_call_mark_cancelled(c);
             pthread_mutex_lock(&c->mu);
             c->close_done = 1;
             pthread_cond_broadcast(&c->cv);
             pthread_mutex_unlock(&c->mu);
-            kvl_rpc_call_unref(c);
+            kvl__rpc_call_unref(c);
             break;
         case TAG_SEND:
             /* mark first: once send_pending drops, the waiting handler may return and the
              * call may be destroyed, so `c` must not be touched after the unlock below */
-            if (!ev.success) kvl_rpc_call_mark_cancelled(c);
+            if (!ev.success) kvl__rpc_call_mark_cancelled(c);
             pthread_mutex_lock(&c->mu);
             c->send_pending = 0;
             c->send_ok = ev.success;
             pthread_cond_broadcast(&c->cv);
             pthread_mutex_unlock(&c->mu);
             break;
-        case TAG_REJECT: kvl_rpc_call_unref(c); break;
+        case TAG_REJECT: kvl__rpc_call_unref(c); break;
         case TAG_SHUTDOWN:
             pthread_mutex_lock(&srv->mu);
             srv->shutdown_done = 1;
@@ -301,25 +301,25 @@ static void *poller_main(void *arg) {
             pthread_mutex_unlock(&srv->mu);
             break;
         }
-        kvl_rpc_server_maybe_close_cq(srv);
+        kvl__rpc_server_maybe_close_cq(srv);
     }
     return NULL;
 }
 
-kvl_status kvl_rpc_server_start(kvl_rpc_server *srv) {
-    if (!srv) return kvl_errorf(KVL_ERR_INVALID_ARG, "rpc: NULL server");
+kvl_status kvl__rpc_server_start(kvl__rpc_server *srv) {
+    if (!srv) return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: NULL server");
     if (srv->started) return KVL_OK;
     grpc_server_start(srv->server);
     srv->started = 1;
     for (int i = 0; i < KVL_RPC_ACCEPT_SLOTS; i++) post_request(srv);
     if (pthread_create(&srv->poller, NULL, poller_main, srv) != 0) {
         srv->started = 0;
-        return kvl_errorf(KVL_ERR_INTERNAL, "rpc: cannot start the poller thread");
+        return kvl__errorf(KVL_ERR_INTERNAL, "rpc: cannot start the poller thread");
     }
     return KVL_OK;
 }
 
-void kvl_rpc_server_shutdown(kvl_rpc_server *srv, int64_t grace_ms) {
+void kvl__rpc_server_shutdown(kvl__rpc_server *srv, int64_t grace_ms) {
     if (!srv) return;
     pthread_mutex_lock(&srv->mu);
     if (srv->stopping) {
@@ -333,9 +333,9 @@ void kvl_rpc_server_shutdown(kvl_rpc_server *srv, int64_t grace_ms) {
     if (!srv->started) return;
     grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->t_shutdown);
     /* grace period: let running handlers answer */
-    int64_t until = kvl_rpc_now_ms() + (grace_ms > 0 ? grace_ms : 0);
+    int64_t until = kvl__rpc_now_ms() + (grace_ms > 0 ? grace_ms : 0);
     pthread_mutex_lock(&srv->mu);
-    while (srv->active > 0 && kvl_rpc_now_ms() < until) {
+    while (srv->active > 0 && kvl__rpc_now_ms() < until) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 20 * 1000000;
@@ -348,9 +348,9 @@ void kvl_rpc_server_shutdown(kvl_rpc_server *srv, int64_t grace_ms) {
     srv->started = 0;
 }
 
-void kvl_rpc_server_free(kvl_rpc_server *srv) {
+void kvl__rpc_server_free(kvl__rpc_server *srv) {
     if (!srv) return;
-    kvl_rpc_server_shutdown(srv, 0);
+    kvl__rpc_server_shutdown(srv, 0);
     if (srv->server) grpc_server_destroy(srv->server);
     if (srv->cq) {
         if (!srv->freed_cq) {
@@ -363,9 +363,9 @@ void kvl_rpc_server_free(kvl_rpc_server *srv) {
     }
     for (int i = 0; i < srv->n_methods; i++) free(srv->methods[i].path);
     free(srv->methods);
-    kvl_rpc_health_free(srv);
+    kvl__rpc_health_free(srv);
     pthread_mutex_destroy(&srv->mu);
     pthread_cond_destroy(&srv->cv);
     free(srv);
-    kvl_rpc_shutdown();
+    kvl__rpc_shutdown();
 }

@@ -12,8 +12,8 @@
 
 #include "error.h"
 
-void kvl_rpc_call_destroy(kvl_rpc_call *c) {
-    kvl_rpc_server *srv = c->srv;
+void kvl__rpc_call_destroy(kvl__rpc_call *c) {
+    kvl__rpc_server *srv = c->srv;
     if (c->call) grpc_call_unref(c->call);
     grpc_call_details_destroy(&c->details);
     grpc_metadata_array_destroy(&c->md);
@@ -26,17 +26,17 @@ void kvl_rpc_call_destroy(kvl_rpc_call *c) {
     pthread_mutex_lock(&srv->mu);
     srv->n_calls--;
     pthread_mutex_unlock(&srv->mu);
-    kvl_rpc_server_maybe_close_cq(srv);
+    kvl__rpc_server_maybe_close_cq(srv);
 }
 
-void kvl_rpc_call_unref(kvl_rpc_call *c) {
+void kvl__rpc_call_unref(kvl__rpc_call *c) {
     pthread_mutex_lock(&c->mu);
     int left = --c->refs;
     pthread_mutex_unlock(&c->mu);
-    if (left == 0) kvl_rpc_call_destroy(c);
+    if (left == 0) kvl__rpc_call_destroy(c);
 }
 
-void kvl_rpc_call_mark_cancelled(kvl_rpc_call *c) {
+void kvl__rpc_call_mark_cancelled(kvl__rpc_call *c) {
     pthread_mutex_lock(&c->mu);
     if (c->cancelled) {
         pthread_mutex_unlock(&c->mu);
@@ -58,7 +58,7 @@ void kvl_rpc_call_mark_cancelled(kvl_rpc_call *c) {
     pthread_mutex_unlock(&c->mu);
 }
 
-void kvl_rpc_call_reject(kvl_rpc_call *c, grpc_status_code code, const char *msg) {
+void kvl__rpc_call_reject(kvl__rpc_call *c, grpc_status_code code, const char *msg) {
     grpc_slice details = grpc_slice_from_copied_string(msg);
     grpc_op ops[2];
     memset(ops, 0, sizeof ops);
@@ -73,30 +73,30 @@ void kvl_rpc_call_reject(kvl_rpc_call *c, grpc_status_code code, const char *msg
     pthread_mutex_unlock(&c->mu);
     c->t_send.kind = TAG_REJECT;
     if (grpc_call_start_batch(c->call, ops, 2, &c->t_send, NULL) != GRPC_CALL_OK)
-        kvl_rpc_call_unref(c);
+        kvl__rpc_call_unref(c);
     grpc_slice_unref(details);
 }
 
-const char *kvl_rpc_call_method(const kvl_rpc_call *call) { return call->method; }
-const char *kvl_rpc_call_peer(const kvl_rpc_call *call) { return call->peer ? call->peer : ""; }
+const char *kvl__rpc_call_method(const kvl__rpc_call *call) { return call->method; }
+const char *kvl__rpc_call_peer(const kvl__rpc_call *call) { return call->peer ? call->peer : ""; }
 
-int64_t kvl_rpc_call_deadline_left_ms(const kvl_rpc_call *call) {
+int64_t kvl__rpc_call_deadline_left_ms(const kvl__rpc_call *call) {
     gpr_timespec d = call->deadline;
     if (d.tv_sec >= INT64_MAX / 2) return INT64_MAX;
     gpr_timespec left = gpr_time_sub(d, gpr_now(GPR_CLOCK_MONOTONIC));
     return (int64_t)left.tv_sec * 1000 + left.tv_nsec / 1000000;
 }
 
-int kvl_rpc_call_cancelled(const kvl_rpc_call *call) {
-    kvl_rpc_call *c = (kvl_rpc_call *)call;
+int kvl__rpc_call_cancelled(const kvl__rpc_call *call) {
+    kvl__rpc_call *c = (kvl__rpc_call *)call;
     pthread_mutex_lock(&c->mu);
     int v = c->cancelled;
     pthread_mutex_unlock(&c->mu);
-    if (!v && kvl_rpc_call_deadline_left_ms(call) <= 0) v = 1;
+    if (!v && kvl__rpc_call_deadline_left_ms(call) <= 0) v = 1;
     return v;
 }
 
-void kvl_rpc_call_on_cancel(kvl_rpc_call *c, void (*fn)(void *arg), void *arg) {
+void kvl__rpc_call_on_cancel(kvl__rpc_call *c, void (*fn)(void *arg), void *arg) {
     pthread_mutex_lock(&c->mu);
     while (c->cancel_running) pthread_cond_wait(&c->cv, &c->mu);
     if (c->cancelled && fn) {
@@ -111,11 +111,11 @@ void kvl_rpc_call_on_cancel(kvl_rpc_call *c, void (*fn)(void *arg), void *arg) {
 }
 
 /* Start a batch of send ops and wait for it.  `final` marks the call finished first. */
-static kvl_status send_batch(kvl_rpc_call *c, grpc_op *ops, size_t n, int final) {
+static kvl_status send_batch(kvl__rpc_call *c, grpc_op *ops, size_t n, int final) {
     pthread_mutex_lock(&c->mu);
     if (c->finished) {
         pthread_mutex_unlock(&c->mu);
-        return kvl_errorf(KVL_ERR_INVALID_ARG, "rpc: %s already finished", c->method);
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: %s already finished", c->method);
     }
     while (c->send_pending) pthread_cond_wait(&c->cv, &c->mu);
     if (final) c->finished = 1;
@@ -127,18 +127,18 @@ static kvl_status send_batch(kvl_rpc_call *c, grpc_op *ops, size_t n, int final)
     if (e != GRPC_CALL_OK) {
         c->send_pending = 0;
         pthread_mutex_unlock(&c->mu);
-        return kvl_errorf(KVL_ERR_INTERNAL, "rpc: %s: grpc_call_start_batch error %d", c->method,
+        return kvl__errorf(KVL_ERR_INTERNAL, "rpc: %s: grpc_call_start_batch error %d", c->method,
                           (int)e);
     }
     while (c->send_pending) pthread_cond_wait(&c->cv, &c->mu);
     int ok = c->send_ok;
     pthread_mutex_unlock(&c->mu);
-    if (!ok) return kvl_errorf(KVL_ERR_CANCELLED, "rpc: %s: the call was cancelled", c->method);
+    if (!ok) return kvl__errorf(KVL_ERR_CANCELLED, "rpc: %s: the call was cancelled", c->method);
     return KVL_OK;
 }
 
 /* Fill the ops for one message, optional status; returns the number of ops. */
-static size_t build_ops(kvl_rpc_call *c, grpc_op *ops, grpc_byte_buffer *bb, int with_status,
+static size_t build_ops(kvl__rpc_call *c, grpc_op *ops, grpc_byte_buffer *bb, int with_status,
                         grpc_status_code code, grpc_slice *details) {
     size_t n = 0;
     memset(ops, 0, 3 * sizeof *ops);
@@ -160,9 +160,9 @@ static size_t build_ops(kvl_rpc_call *c, grpc_op *ops, grpc_byte_buffer *bb, int
     return n;
 }
 
-static kvl_status send_msg(kvl_rpc_call *c, const uint8_t *msg, size_t len, int with_status) {
-    grpc_byte_buffer *bb = kvl_rpc_bb_from(msg, len);
-    if (!bb) return kvl_errorf(KVL_ERR_NOMEM, "rpc: message of %zu bytes", len);
+static kvl_status send_msg(kvl__rpc_call *c, const uint8_t *msg, size_t len, int with_status) {
+    grpc_byte_buffer *bb = kvl__rpc_bb_from(msg, len);
+    if (!bb) return kvl__errorf(KVL_ERR_NOMEM, "rpc: message of %zu bytes", len);
     grpc_slice details = grpc_slice_from_static_string("");
     grpc_op ops[3];
     size_t n = build_ops(c, ops, bb, with_status, GRPC_STATUS_OK, &details);
@@ -171,18 +171,18 @@ static kvl_status send_msg(kvl_rpc_call *c, const uint8_t *msg, size_t len, int 
     return st;
 }
 
-kvl_status kvl_rpc_call_reply(kvl_rpc_call *c, const uint8_t *msg, size_t len) {
+kvl_status kvl__rpc_call_reply(kvl__rpc_call *c, const uint8_t *msg, size_t len) {
     return send_msg(c, msg, len, 1);
 }
 
-kvl_status kvl_rpc_call_send(kvl_rpc_call *c, const uint8_t *msg, size_t len) {
+kvl_status kvl__rpc_call_send(kvl__rpc_call *c, const uint8_t *msg, size_t len) {
     if (c->m && c->m->kind != KVL_RPC_SERVER_STREAM)
-        return kvl_errorf(KVL_ERR_INVALID_ARG, "rpc: %s is unary: use kvl_rpc_call_reply",
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: %s is unary: use kvl__rpc_call_reply",
                           c->method);
     return send_msg(c, msg, len, 0);
 }
 
-kvl_status kvl_rpc_call_finish(kvl_rpc_call *c, grpc_status_code code, const char *fmt, ...) {
+kvl_status kvl__rpc_call_finish(kvl__rpc_call *c, grpc_status_code code, const char *fmt, ...) {
     char buf[1024] = "";
     if (fmt) {
         va_list ap;
@@ -198,29 +198,29 @@ kvl_status kvl_rpc_call_finish(kvl_rpc_call *c, grpc_status_code code, const cha
     return st;
 }
 
-kvl_status kvl_rpc_call_finish_kvl(kvl_rpc_call *c, kvl_status s) {
+kvl_status kvl__rpc_call_finish_kvl(kvl__rpc_call *c, kvl_status s) {
     const char *msg = kvl_last_error();
     char copy[1024];
     snprintf(copy, sizeof copy, "%s", msg && msg[0] ? msg : kvl_strerror(s));
-    return kvl_rpc_call_finish(c, kvl_rpc_status_from_kvl(s), "%s", copy);
+    return kvl__rpc_call_finish(c, kvl__rpc_status_from_kvl(s), "%s", copy);
 }
 
-kvl_status kvl_rpc_call_reply_pb(kvl_rpc_call *c, const ProtobufCMessage *msg) {
+kvl_status kvl__rpc_call_reply_pb(kvl__rpc_call *c, const ProtobufCMessage *msg) {
     uint8_t *buf;
     size_t len;
-    kvl_status st = kvl_rpc_pack(msg, &buf, &len);
-    if (st != KVL_OK) return kvl_rpc_call_finish_kvl(c, st);
-    st = kvl_rpc_call_reply(c, buf, len);
+    kvl_status st = kvl__rpc_pack(msg, &buf, &len);
+    if (st != KVL_OK) return kvl__rpc_call_finish_kvl(c, st);
+    st = kvl__rpc_call_reply(c, buf, len);
     free(buf);
     return st;
 }
 
-kvl_status kvl_rpc_call_send_pb(kvl_rpc_call *c, const ProtobufCMessage *msg) {
+kvl_status kvl__rpc_call_send_pb(kvl__rpc_call *c, const ProtobufCMessage *msg) {
     uint8_t *buf;
     size_t len;
-    kvl_status st = kvl_rpc_pack(msg, &buf, &len);
+    kvl_status st = kvl__rpc_pack(msg, &buf, &len);
     if (st != KVL_OK) return st;
-    st = kvl_rpc_call_send(c, buf, len);
+    st = kvl__rpc_call_send(c, buf, len);
     free(buf);
     return st;
 }

@@ -7,30 +7,30 @@
 
 #include "rpc_internal.h"
 
-/* What a completion-queue tag stands for; the tag pointer is the address of a kvl_rpc_tag
+/* What a completion-queue tag stands for; the tag pointer is the address of a kvl__rpc_tag
  * embedded in a call (or the server, for shutdown). */
 typedef enum { TAG_NEW_CALL, TAG_RECV_MSG, TAG_RECV_CLOSE, TAG_SEND, TAG_REJECT,
-               TAG_SHUTDOWN } kvl_rpc_tag_kind;
+               TAG_SHUTDOWN } kvl__rpc_tag_kind;
 
-typedef struct kvl_rpc_tag {
-    kvl_rpc_tag_kind kind;
-    struct kvl_rpc_call *call;
-} kvl_rpc_tag;
+typedef struct kvl__rpc_tag {
+    kvl__rpc_tag_kind kind;
+    struct kvl__rpc_call *call;
+} kvl__rpc_tag;
 
-typedef struct kvl_rpc_method {
+typedef struct kvl__rpc_method {
     char *path;
-    kvl_rpc_kind kind;
-    kvl_rpc_handler fn;
+    kvl__rpc_kind kind;
+    kvl__rpc_handler fn;
     void *user;
-} kvl_rpc_method;
+} kvl__rpc_method;
 
-typedef struct kvl_rpc_health_entry {
+typedef struct kvl__rpc_health_entry {
     char *service;
     int serving;
-} kvl_rpc_health_entry;
+} kvl__rpc_health_entry;
 
-struct kvl_rpc_call {
-    kvl_rpc_server *srv;
+struct kvl__rpc_call {
+    kvl__rpc_server *srv;
     grpc_call *call;
     grpc_call_details details;
     grpc_metadata_array md;
@@ -39,7 +39,7 @@ struct kvl_rpc_call {
     gpr_timespec deadline;
     grpc_byte_buffer *recv_buf;
     int close_cancelled;           /* written by gRPC when RECV_CLOSE_ON_SERVER completes      */
-    const kvl_rpc_method *m;
+    const kvl__rpc_method *m;
 
     pthread_mutex_t mu;            /* guards the fields below                                 */
     pthread_cond_t cv;
@@ -54,15 +54,15 @@ struct kvl_rpc_call {
     void *cancel_arg;
     int cancel_running;            /* cancel_fn is running on the poller thread               */
 
-    kvl_rpc_tag t_new, t_recv, t_close, t_send;
+    kvl__rpc_tag t_new, t_recv, t_close, t_send;
 };
 
-struct kvl_rpc_server {
+struct kvl__rpc_server {
     grpc_server *server;
     grpc_completion_queue *cq;
     int port;
     int max_calls;
-    kvl_rpc_method *methods;
+    kvl__rpc_method *methods;
     int n_methods;
 
     pthread_t poller;
@@ -74,26 +74,26 @@ struct kvl_rpc_server {
     int shutdown_done;             /* the server shutdown tag came back                       */
     int freed_cq;
     int n_requests;                /* grpc_server_request_call outstanding                    */
-    int n_calls;                   /* live kvl_rpc_call structs                               */
+    int n_calls;                   /* live kvl__rpc_call structs                               */
     int active;                    /* handlers running                                        */
-    kvl_rpc_health_entry *health;
+    kvl__rpc_health_entry *health;
     int n_health;
-    kvl_rpc_tag t_shutdown;
+    kvl__rpc_tag t_shutdown;
 };
 
 /* server_call.c */
-void kvl_rpc_call_unref(kvl_rpc_call *c);      /* drops one ref; destroys at zero           */
-void kvl_rpc_call_destroy(kvl_rpc_call *c);
+void kvl__rpc_call_unref(kvl__rpc_call *c);      /* drops one ref; destroys at zero           */
+void kvl__rpc_call_destroy(kvl__rpc_call *c);
 /* Start SEND_INITIAL_METADATA + SEND_STATUS (no handler ran): unknown method, overload. */
-void kvl_rpc_call_reject(kvl_rpc_call *c, grpc_status_code code, const char *msg);
-void kvl_rpc_call_mark_cancelled(kvl_rpc_call *c);
+void kvl__rpc_call_reject(kvl__rpc_call *c, grpc_status_code code, const char *msg);
+void kvl__rpc_call_mark_cancelled(kvl__rpc_call *c);
 
 /* server.c */
-void kvl_rpc_server_maybe_close_cq(kvl_rpc_server *srv);
+void kvl__rpc_server_maybe_close_cq(kvl__rpc_server *srv);
 
 /* health.c */
-void kvl_rpc_health_check(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user);
-void kvl_rpc_health_watch(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user);
-void kvl_rpc_health_free(kvl_rpc_server *srv);
+void kvl__rpc_health_check(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user);
+void kvl__rpc_health_watch(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user);
+void kvl__rpc_health_free(kvl__rpc_server *srv);
 
 #endif

@@ -18,7 +18,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "router", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "router"))
 import rtest  # noqa: E402
 
 MODE = {0: "none", 1: "translate", 2: "re-prefill"}

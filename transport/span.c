@@ -13,14 +13,14 @@ static const char *const reject_names[KVL_SPAN_N_REASONS] = {
     "ok", "malformed", "wrong_target", "no_translator", "geometry", "range", "truncated",
     "checksum", "bad_values", "transfer", "translate", "busy"};
 
-const char *kvl_span_reject_name(kvl_span_reject r) {
+const char *kvl__span_reject_name(kvl__span_reject r) {
     if ((int)r < 0 || r >= KVL_SPAN_N_REASONS) return "unknown";
     return reject_names[r];
 }
 
-uint64_t kvl_span_checksum(const void *data, size_t len) { return XXH3_64bits(data, len); }
+uint64_t kvl__span_checksum(const void *data, size_t len) { return XXH3_64bits(data, len); }
 
-uint64_t kvl_span_payload_bytes(uint32_t n_layers, uint32_t n_kv_heads, uint32_t head_dim,
+uint64_t kvl__span_payload_bytes(uint32_t n_layers, uint32_t n_kv_heads, uint32_t head_dim,
                                 uint32_t n_tokens) {
     if (n_layers == 0 || n_layers > KVL_SPAN_MAX_LAYERS || n_kv_heads == 0 ||
         n_kv_heads > KVL_SPAN_MAX_HEADS || head_dim == 0 || head_dim > KVL_SPAN_MAX_HEAD_DIM ||
@@ -31,72 +31,72 @@ uint64_t kvl_span_payload_bytes(uint32_t n_layers, uint32_t n_kv_heads, uint32_t
            (uint64_t)n_tokens * sizeof(int32_t);
 }
 
-static kvl_status reject(kvl_span_reject *why, kvl_span_reject r, kvl_status st) {
+static kvl_status reject(kvl__span_reject *why, kvl__span_reject r, kvl_status st) {
     if (why) *why = r;
     return st;
 }
 
-kvl_status kvl_span_header_check(const Kvlingo__V1__SpanHeader *h, uint64_t max_payload,
-                                 kvl_span_reject *why) {
+kvl_status kvl__span_header_check(const Kvlingo__V1__SpanHeader *h, uint64_t max_payload,
+                                 kvl__span_reject *why) {
     if (why) *why = KVL_SPAN_OK;
     if (!h)
-        return reject(why, KVL_SPAN_MALFORMED, kvl_errorf(KVL_ERR_FORMAT, "span: no header"));
+        return reject(why, KVL_SPAN_MALFORMED, kvl__errorf(KVL_ERR_FORMAT, "span: no header"));
     if (h->version != 1)
         return reject(why, KVL_SPAN_MALFORMED,
-                      kvl_errorf(KVL_ERR_UNSUPPORTED, "span: header version %u (supported: 1)",
+                      kvl__errorf(KVL_ERR_UNSUPPORTED, "span: header version %u (supported: 1)",
                                  h->version));
     if (!h->source || !h->source->name || !h->source->name[0])
         return reject(why, KVL_SPAN_MALFORMED,
-                      kvl_errorf(KVL_ERR_FORMAT, "span: header names no source model"));
+                      kvl__errorf(KVL_ERR_FORMAT, "span: header names no source model"));
     if (h->capture != KVLINGO__V1__CAPTURE_POINT__CAPTURE_PRENORM)
         return reject(why, KVL_SPAN_GEOMETRY,
-                      kvl_errorf(KVL_ERR_UNSUPPORTED,
+                      kvl__errorf(KVL_ERR_UNSUPPORTED,
                                  "span: capture point %d (supported: CAPTURE_PRENORM)",
                                  (int)h->capture));
     if (h->dtype != KVLINGO__V1__DTYPE__DTYPE_F32)
         return reject(why, KVL_SPAN_GEOMETRY,
-                      kvl_errorf(KVL_ERR_UNSUPPORTED, "span: dtype %d (supported: DTYPE_F32)",
+                      kvl__errorf(KVL_ERR_UNSUPPORTED, "span: dtype %d (supported: DTYPE_F32)",
                                  (int)h->dtype));
     if (h->t1 <= h->t0)
         return reject(why, KVL_SPAN_RANGE,
-                      kvl_errorf(KVL_ERR_RANGE, "span: empty token range [%u, %u)", h->t0, h->t1));
+                      kvl__errorf(KVL_ERR_RANGE, "span: empty token range [%u, %u)", h->t0, h->t1));
     uint32_t n = h->t1 - h->t0;
-    uint64_t want = kvl_span_payload_bytes(h->n_layers, h->n_kv_heads, h->head_dim, n);
+    uint64_t want = kvl__span_payload_bytes(h->n_layers, h->n_kv_heads, h->head_dim, n);
     if (want == 0)
         return reject(why, KVL_SPAN_GEOMETRY,
-                      kvl_errorf(KVL_ERR_RANGE,
+                      kvl__errorf(KVL_ERR_RANGE,
                                  "span: geometry out of limits (layers %u, kv heads %u, "
                                  "head_dim %u, tokens %u)",
                                  h->n_layers, h->n_kv_heads, h->head_dim, n));
     if (h->payload_bytes != want)
         return reject(why, KVL_SPAN_MALFORMED,
-                      kvl_errorf(KVL_ERR_FORMAT,
+                      kvl__errorf(KVL_ERR_FORMAT,
                                  "span: payload_bytes %llu does not match the geometry (%llu)",
                                  (unsigned long long)h->payload_bytes, (unsigned long long)want));
     if (max_payload && want > max_payload)
         return reject(why, KVL_SPAN_RANGE,
-                      kvl_errorf(KVL_ERR_RANGE, "span: payload of %llu bytes exceeds the limit %llu",
+                      kvl__errorf(KVL_ERR_RANGE, "span: payload of %llu bytes exceeds the limit %llu",
                                  (unsigned long long)want, (unsigned long long)max_payload));
     return KVL_OK;
 }
 
-kvl_status kvl_span_payload_check(const Kvlingo__V1__SpanHeader *h, const uint8_t *payload,
-                                  size_t len, int vocab, kvl_span_view *out,
-                                  kvl_span_reject *why) {
-    kvl_status st = kvl_span_header_check(h, 0, why);
+kvl_status kvl__span_payload_check(const Kvlingo__V1__SpanHeader *h, const uint8_t *payload,
+                                  size_t len, int vocab, kvl__span_view *out,
+                                  kvl__span_reject *why) {
+    kvl_status st = kvl__span_header_check(h, 0, why);
     if (st != KVL_OK) return st;
     if ((uint64_t)len != h->payload_bytes)
         return reject(why, KVL_SPAN_TRUNCATED,
-                      kvl_errorf(KVL_ERR_FORMAT,
+                      kvl__errorf(KVL_ERR_FORMAT,
                                  "span: payload truncated: %zu bytes received, %llu announced",
                                  len, (unsigned long long)h->payload_bytes));
     if (!payload || ((uintptr_t)payload & 3u))
         return reject(why, KVL_SPAN_MALFORMED,
-                      kvl_errorf(KVL_ERR_INVALID_ARG, "span: payload buffer not 4-byte aligned"));
-    uint64_t sum = kvl_span_checksum(payload, len);
+                      kvl__errorf(KVL_ERR_INVALID_ARG, "span: payload buffer not 4-byte aligned"));
+    uint64_t sum = kvl__span_checksum(payload, len);
     if (sum != h->checksum)
         return reject(why, KVL_SPAN_CHECKSUM,
-                      kvl_errorf(KVL_ERR_FORMAT,
+                      kvl__errorf(KVL_ERR_FORMAT,
                                  "span: checksum mismatch: xxh3-64 %016llx, header says %016llx",
                                  (unsigned long long)sum, (unsigned long long)h->checksum));
     uint32_t n = h->t1 - h->t0;
@@ -108,12 +108,12 @@ kvl_status kvl_span_payload_check(const Kvlingo__V1__SpanHeader *h, const uint8_
     for (uint32_t i = 0; i < n; i++)
         if (ids[i] < 0 || (vocab > 0 && ids[i] >= vocab))
             return reject(why, KVL_SPAN_BAD_VALUES,
-                          kvl_errorf(KVL_ERR_RANGE, "span: token %u has id %d outside [0, %d)",
+                          kvl__errorf(KVL_ERR_RANGE, "span: token %u has id %d outside [0, %d)",
                                      h->t0 + i, ids[i], vocab));
     for (size_t i = 0; i < 2 * nf; i++)
         if (!isfinite(k[i]))
             return reject(why, KVL_SPAN_BAD_VALUES,
-                          kvl_errorf(KVL_ERR_NUMERIC, "span: non-finite %s value at element %zu",
+                          kvl__errorf(KVL_ERR_NUMERIC, "span: non-finite %s value at element %zu",
                                      i < nf ? "K" : "V", i < nf ? i : i - nf));
     if (out) {
         out->t0 = h->t0;
@@ -128,26 +128,26 @@ kvl_status kvl_span_payload_check(const Kvlingo__V1__SpanHeader *h, const uint8_
     return KVL_OK;
 }
 
-kvl_status kvl_span_encode(const kvl_model *model, const kvl_cache *cache, uint32_t t0,
+kvl_status kvl__span_encode(const kvl_model *model, const kvl_cache *cache, uint32_t t0,
                            uint32_t t1, const char *target_name, const char *target_hash,
-                           kvl_span_ids *ids_storage, Kvlingo__V1__SpanHeader *h,
+                           kvl__span_ids *ids_storage, Kvlingo__V1__SpanHeader *h,
                            uint8_t **payload, size_t *len) {
     if (!model || !cache || !ids_storage || !h || !payload || !len)
-        return kvl_errorf(KVL_ERR_INVALID_ARG, "span: encode: NULL argument");
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "span: encode: NULL argument");
     *payload = NULL;
     *len = 0;
     const kvl_model_config *cfg = kvl_model_config_get(model);
     int held = kvl_cache_n_tokens(cache);
     if (t1 <= t0 || t1 > (uint32_t)held)
-        return kvl_errorf(KVL_ERR_RANGE, "span: range [%u, %u) not within the %d cached tokens",
+        return kvl__errorf(KVL_ERR_RANGE, "span: range [%u, %u) not within the %d cached tokens",
                           t0, t1, held);
     uint32_t n = t1 - t0;
-    uint64_t bytes = kvl_span_payload_bytes((uint32_t)cfg->n_layers, (uint32_t)cfg->n_kv_heads,
+    uint64_t bytes = kvl__span_payload_bytes((uint32_t)cfg->n_layers, (uint32_t)cfg->n_kv_heads,
                                             (uint32_t)cfg->head_dim, n);
     if (bytes == 0 || bytes > SIZE_MAX)
-        return kvl_errorf(KVL_ERR_RANGE, "span: %u tokens is too large a span", n);
+        return kvl__errorf(KVL_ERR_RANGE, "span: %u tokens is too large a span", n);
     uint8_t *buf = malloc((size_t)bytes);
-    if (!buf) return kvl_errorf(KVL_ERR_NOMEM, "span: payload of %llu bytes",
+    if (!buf) return kvl__errorf(KVL_ERR_NOMEM, "span: payload of %llu bytes",
                                 (unsigned long long)bytes);
     size_t row = (size_t)cfg->n_kv_heads * cfg->head_dim;
     size_t per_layer = (size_t)n * row;
@@ -180,7 +180,7 @@ kvl_status kvl_span_encode(const kvl_model *model, const kvl_cache *cache, uint3
     h->t0 = t0;
     h->t1 = t1;
     h->payload_bytes = bytes;
-    h->checksum = kvl_span_checksum(buf, (size_t)bytes);
+    h->checksum = kvl__span_checksum(buf, (size_t)bytes);
     *payload = buf;
     *len = (size_t)bytes;
     return KVL_OK;

@@ -23,7 +23,7 @@ extern "C" {
 #endif
 
 /* Why a span was refused; the names are the `reason` label of kvlingo_spans_rejected_total. */
-typedef enum kvl_span_reject {
+typedef enum kvl__span_reject {
     KVL_SPAN_OK = 0,
     KVL_SPAN_MALFORMED,       /* header does not parse or is inconsistent                     */
     KVL_SPAN_WRONG_TARGET,    /* header names another target model                           */
@@ -37,9 +37,9 @@ typedef enum kvl_span_reject {
     KVL_SPAN_TRANSLATE,       /* the translator refused or failed                             */
     KVL_SPAN_BUSY,            /* the session is busy with another operation                  */
     KVL_SPAN_N_REASONS
-} kvl_span_reject;
+} kvl__span_reject;
 
-const char *kvl_span_reject_name(kvl_span_reject r);
+const char *kvl__span_reject_name(kvl__span_reject r);
 
 /* Limits that keep a hostile header from asking for absurd allocations. */
 #define KVL_SPAN_MAX_LAYERS 1024
@@ -48,44 +48,44 @@ const char *kvl_span_reject_name(kvl_span_reject r);
 #define KVL_SPAN_MAX_TOKENS (1 << 22)
 
 /* Payload bytes for a geometry and token count (0 on overflow or out-of-limit values). */
-uint64_t kvl_span_payload_bytes(uint32_t n_layers, uint32_t n_kv_heads, uint32_t head_dim,
+uint64_t kvl__span_payload_bytes(uint32_t n_layers, uint32_t n_kv_heads, uint32_t head_dim,
                                 uint32_t n_tokens);
 
 /* Structural check of a header: version, capture point, dtype f32, 1 <= n, t0 < t1 within
- * limits, payload_bytes equal to kvl_span_payload_bytes(...) and <= max_payload.  On failure
+ * limits, payload_bytes equal to kvl__span_payload_bytes(...) and <= max_payload.  On failure
  * sets *why and records a message (kvl_last_error). */
-kvl_status kvl_span_header_check(const Kvlingo__V1__SpanHeader *h, uint64_t max_payload,
-                                 kvl_span_reject *why);
+kvl_status kvl__span_header_check(const Kvlingo__V1__SpanHeader *h, uint64_t max_payload,
+                                 kvl__span_reject *why);
 
 /* A checked payload: pointers into the caller's payload buffer. */
-typedef struct kvl_span_view {
+typedef struct kvl__span_view {
     uint32_t t0, n;
     uint32_t n_layers, row;     /* row = Hs*Ds floats per token and layer */
     const float *k;             /* [Ls][n][row] */
     const float *v;             /* [Ls][n][row] */
     const int32_t *ids;         /* [n]          */
-} kvl_span_view;
+} kvl__span_view;
 
 /* Check a received payload against its (already header-checked) header: exact length,
  * checksum, token ids in [0, vocab), finite K/V.  `payload` must be 4-byte aligned. */
-kvl_status kvl_span_payload_check(const Kvlingo__V1__SpanHeader *h, const uint8_t *payload,
-                                  size_t len, int vocab, kvl_span_view *out,
-                                  kvl_span_reject *why);
+kvl_status kvl__span_payload_check(const Kvlingo__V1__SpanHeader *h, const uint8_t *payload,
+                                  size_t len, int vocab, kvl__span_view *out,
+                                  kvl__span_reject *why);
 
 /* Build the payload of tokens [t0, t1) of `cache` (model `model`), and fill `h` (the caller's
  * header, initialised with KVLINGO__V1__SPAN_HEADER__INIT; its `source`/`target` sub-messages
  * point into `ids_storage`, which must outlive h).  *payload is malloc'ed (caller frees). */
-typedef struct kvl_span_ids {
+typedef struct kvl__span_ids {
     Kvlingo__V1__ModelId source, target;
-} kvl_span_ids;
+} kvl__span_ids;
 
-kvl_status kvl_span_encode(const kvl_model *model, const kvl_cache *cache, uint32_t t0,
+kvl_status kvl__span_encode(const kvl_model *model, const kvl_cache *cache, uint32_t t0,
                            uint32_t t1, const char *target_name, const char *target_hash,
-                           kvl_span_ids *ids_storage, Kvlingo__V1__SpanHeader *h,
+                           kvl__span_ids *ids_storage, Kvlingo__V1__SpanHeader *h,
                            uint8_t **payload, size_t *len);
 
 /* xxh3-64 of a buffer (the span checksum). */
-uint64_t kvl_span_checksum(const void *data, size_t len);
+uint64_t kvl__span_checksum(const void *data, size_t len);
 
 #ifdef __cplusplus
 }

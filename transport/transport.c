@@ -5,48 +5,48 @@
 
 #include "error.h"
 
-kvl_status kvl_transport_create(const char *kind, kvl_transport **out) {
-    if (!out) return kvl_errorf(KVL_ERR_INVALID_ARG, "transport: NULL out");
+kvl_status kvl__transport_create(const char *kind, kvl__transport **out) {
+    if (!out) return kvl__errorf(KVL_ERR_INVALID_ARG, "transport: NULL out");
     *out = NULL;
-    if (!kind || strcmp(kind, "ucx") == 0) return kvl_transport_ucx_create(out);
-    return kvl_errorf(KVL_ERR_UNSUPPORTED, "transport: unknown kind '%s' (supported: ucx)", kind);
+    if (!kind || strcmp(kind, "ucx") == 0) return kvl__transport_ucx_create(out);
+    return kvl__errorf(KVL_ERR_UNSUPPORTED, "transport: unknown kind '%s' (supported: ucx)", kind);
 }
 
-void kvl_transport_free(kvl_transport *t) {
+void kvl__transport_free(kvl__transport *t) {
     if (t) t->ops->free(t);
 }
 
-const char *kvl_transport_kind(const kvl_transport *t) { return t ? t->ops->kind : ""; }
+const char *kvl__transport_kind(const kvl__transport *t) { return t ? t->ops->kind : ""; }
 
-void kvl_transport_address(const kvl_transport *t, const uint8_t **addr, size_t *len) {
+void kvl__transport_address(const kvl__transport *t, const uint8_t **addr, size_t *len) {
     t->ops->address(t, addr, len);
 }
 
-uint64_t kvl_transport_new_tag(kvl_transport *t) {
+uint64_t kvl__transport_new_tag(kvl__transport *t) {
     return __atomic_add_fetch(&t->next_tag, 1, __ATOMIC_RELAXED);
 }
 
-kvl_status kvl_transport_recv_post(kvl_transport *t, uint64_t tag, void *buf, size_t len,
-                                   kvl_transport_recv **out) {
+kvl_status kvl__transport_recv_post(kvl__transport *t, uint64_t tag, void *buf, size_t len,
+                                   kvl__transport_recv **out) {
     if (!t || !out || (!buf && len))
-        return kvl_errorf(KVL_ERR_INVALID_ARG, "transport: recv_post: NULL argument");
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "transport: recv_post: NULL argument");
     return t->ops->recv_post(t, tag, buf, len, out);
 }
 
-kvl_status kvl_transport_recv_wait(kvl_transport *t, kvl_transport_recv *r, int64_t timeout_ms,
+kvl_status kvl__transport_recv_wait(kvl__transport *t, kvl__transport_recv *r, int64_t timeout_ms,
                                    const volatile int *cancel, size_t *received) {
-    if (!t || !r || !received) return kvl_errorf(KVL_ERR_INVALID_ARG, "transport: recv_wait: NULL");
+    if (!t || !r || !received) return kvl__errorf(KVL_ERR_INVALID_ARG, "transport: recv_wait: NULL");
     return t->ops->recv_wait(t, r, timeout_ms, cancel, received);
 }
 
-void kvl_transport_recv_free(kvl_transport *t, kvl_transport_recv *r) {
+void kvl__transport_recv_free(kvl__transport *t, kvl__transport_recv *r) {
     if (t && r) t->ops->recv_free(t, r);
 }
 
-kvl_status kvl_transport_send(kvl_transport *t, const uint8_t *addr, size_t addr_len,
+kvl_status kvl__transport_send(kvl__transport *t, const uint8_t *addr, size_t addr_len,
                               uint64_t tag, const void *buf, size_t len, int64_t timeout_ms,
                               const volatile int *cancel) {
     if (!t || !addr || !addr_len || (!buf && len))
-        return kvl_errorf(KVL_ERR_INVALID_ARG, "transport: send: NULL argument");
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "transport: send: NULL argument");
     return t->ops->send(t, addr, addr_len, tag, buf, len, timeout_ms, cancel);
 }

@@ -1,10 +1,10 @@
 /* transport/transport.h: moving cache-span payloads between nodes (one interface; UCX today,
  * NCCL later).  The header of a span travels over gRPC (ImportSpan); only the payload bytes
  * travel here, as one tagged message:
- *   receiver: tag = kvl_transport_new_tag(); kvl_transport_recv_post(tag, buf, len);
- *             publish kvl_transport_address() + tag to the sender (ImportSpan reply);
- *             kvl_transport_recv_wait() ... kvl_transport_recv_free()
- *   sender:   kvl_transport_send(peer_address, tag, buf, len)
+ *   receiver: tag = kvl__transport_new_tag(); kvl__transport_recv_post(tag, buf, len);
+ *             publish kvl__transport_address() + tag to the sender (ImportSpan reply);
+ *             kvl__transport_recv_wait() ... kvl__transport_recv_free()
+ *   sender:   kvl__transport_send(peer_address, tag, buf, len)
  * A message longer than the posted buffer fails the receive (KVL_ERR_RANGE: "payload larger
  * than announced"); a shorter one completes with *received < len, which the caller rejects as
  * truncated.  Large messages go by rendezvous (UCX: zero-copy get/put over shared memory, CMA
@@ -25,44 +25,44 @@
 extern "C" {
 #endif
 
-typedef struct kvl_transport kvl_transport;
-typedef struct kvl_transport_recv kvl_transport_recv;
+typedef struct kvl__transport kvl__transport;
+typedef struct kvl__transport_recv kvl__transport_recv;
 
 /* Create a transport of `kind` ("ucx"; NULL = "ucx").  KVL_ERR_UNSUPPORTED for an unknown
  * kind, KVL_ERR_IO when the library cannot initialise (message names the UCX error).  Free with
- * kvl_transport_free. */
-kvl_status kvl_transport_create(const char *kind, kvl_transport **out);
-void kvl_transport_free(kvl_transport *t);
+ * kvl__transport_free. */
+kvl_status kvl__transport_create(const char *kind, kvl__transport **out);
+void kvl__transport_free(kvl__transport *t);
 
-const char *kvl_transport_kind(const kvl_transport *t);
+const char *kvl__transport_kind(const kvl__transport *t);
 
 /* Opaque address peers send to (UCX worker address), owned by t. */
-void kvl_transport_address(const kvl_transport *t, const uint8_t **addr, size_t *len);
+void kvl__transport_address(const kvl__transport *t, const uint8_t **addr, size_t *len);
 
 /* A tag no other receive of this transport uses (monotonic, never 0). */
-uint64_t kvl_transport_new_tag(kvl_transport *t);
+uint64_t kvl__transport_new_tag(kvl__transport *t);
 
 /* Post a receive of up to `len` bytes with exactly `tag` into `buf` (caller-owned; must stay
- * valid until kvl_transport_recv_free returns).  Free the handle with kvl_transport_recv_free. */
-kvl_status kvl_transport_recv_post(kvl_transport *t, uint64_t tag, void *buf, size_t len,
-                                   kvl_transport_recv **out);
+ * valid until kvl__transport_recv_free returns).  Free the handle with kvl__transport_recv_free. */
+kvl_status kvl__transport_recv_post(kvl__transport *t, uint64_t tag, void *buf, size_t len,
+                                   kvl__transport_recv **out);
 
 /* Wait for a posted receive.  Returns KVL_OK with *received = bytes that arrived, or
  * KVL_ERR_CANCELLED when *cancel became nonzero (checked every millisecond; cancel may be
  * NULL), KVL_ERR_IO on timeout (timeout_ms <= 0: none) or a transport error, KVL_ERR_RANGE when
  * the message was larger than the buffer.  After an error the receive is cancelled. */
-kvl_status kvl_transport_recv_wait(kvl_transport *t, kvl_transport_recv *r, int64_t timeout_ms,
+kvl_status kvl__transport_recv_wait(kvl__transport *t, kvl__transport_recv *r, int64_t timeout_ms,
                                    const volatile int *cancel, size_t *received);
 
 /* Cancel if still pending and release.  NULL is a no-op. */
-void kvl_transport_recv_free(kvl_transport *t, kvl_transport_recv *r);
+void kvl__transport_recv_free(kvl__transport *t, kvl__transport_recv *r);
 
 /* Send buf[0..len) to the peer at `addr` with `tag`; blocks until the data has left `buf`
  * (the peer took it).  Endpoints are created on first use and cached.  KVL_ERR_IO on a peer
  * failure (peer gone, unreachable) or timeout (timeout_ms <= 0: none), KVL_ERR_CANCELLED when
  * *cancel became nonzero (cancel may be NULL); after a failure the endpoint is closed and the
  * next send to that address makes a new one. */
-kvl_status kvl_transport_send(kvl_transport *t, const uint8_t *addr, size_t addr_len,
+kvl_status kvl__transport_send(kvl__transport *t, const uint8_t *addr, size_t addr_len,
                               uint64_t tag, const void *buf, size_t len, int64_t timeout_ms,
                               const volatile int *cancel);
 

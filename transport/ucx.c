@@ -31,7 +31,7 @@ typedef struct ucx_op {
     void *req;
 } ucx_op;
 
-struct kvl_transport_recv {
+struct kvl__transport_recv {
     ucx_op op;
 };
 
@@ -44,7 +44,7 @@ typedef struct ucx_peer {
 } ucx_peer;
 
 typedef struct ucx_transport {
-    kvl_transport base;
+    kvl__transport base;
     ucp_context_h ctx;
     ucp_worker_h worker;
     ucp_address_t *addr;
@@ -146,9 +146,9 @@ static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status) {
     p->failed = 1;   /* the endpoint is closed (forced) and re-created on next use */
 }
 
-static void ucx_free(kvl_transport *t);
+static void ucx_free(kvl__transport *t);
 
-static void ucx_address(const kvl_transport *t, const uint8_t **addr, size_t *len) {
+static void ucx_address(const kvl__transport *t, const uint8_t **addr, size_t *len) {
     const ucx_transport *u = (const ucx_transport *)t;
     *addr = (const uint8_t *)u->addr;
     *len = u->addr_len;
@@ -163,11 +163,11 @@ static kvl_status wait_op(ucx_transport *u, ucx_op *op, int64_t timeout_ms,
     unsigned idle = 0;
     while (!op->done) {
         if (cancel && *cancel) {
-            st = kvl_errorf(KVL_ERR_CANCELLED, "transport: %s cancelled", what);
+            st = kvl__errorf(KVL_ERR_CANCELLED, "transport: %s cancelled", what);
             break;
         }
         if ((idle & 255) == 0 && now_ms() >= until) {
-            st = kvl_errorf(KVL_ERR_IO, "transport: %s timed out after %lld ms", what,
+            st = kvl__errorf(KVL_ERR_IO, "transport: %s timed out after %lld ms", what,
                             (long long)timeout_ms);
             break;
         }
@@ -195,11 +195,11 @@ static kvl_status wait_op(ucx_transport *u, ucx_op *op, int64_t timeout_ms,
     return st;
 }
 
-static kvl_status ucx_recv_post(kvl_transport *t, uint64_t tag, void *buf, size_t len,
-                                kvl_transport_recv **out) {
+static kvl_status ucx_recv_post(kvl__transport *t, uint64_t tag, void *buf, size_t len,
+                                kvl__transport_recv **out) {
     ucx_transport *u = (ucx_transport *)t;
     op_with_t *o = calloc(1, sizeof *o);
-    if (!o) return kvl_errorf(KVL_ERR_NOMEM, "transport: recv");
+    if (!o) return kvl__errorf(KVL_ERR_NOMEM, "transport: recv");
     o->u = u;
     ucp_request_param_t prm;
     memset(&prm, 0, sizeof prm);
@@ -212,18 +212,18 @@ static kvl_status ucx_recv_post(kvl_transport *t, uint64_t tag, void *buf, size_
     if (UCS_PTR_IS_ERR(r)) {
         pthread_mutex_unlock(&u->mu);
         free(o);
-        return kvl_errorf(KVL_ERR_IO, "transport: ucp_tag_recv_nbx: %s",
+        return kvl__errorf(KVL_ERR_IO, "transport: ucp_tag_recv_nbx: %s",
                           ucs_status_string(UCS_PTR_STATUS(r)));
     }
     u->outstanding++;
     o->op.req = r;
     pthread_mutex_unlock(&u->mu);
     /* op_with_t starts with the ucx_op, so the handle type is the same allocation */
-    *out = (kvl_transport_recv *)o;
+    *out = (kvl__transport_recv *)o;
     return KVL_OK;
 }
 
-static kvl_status ucx_recv_wait(kvl_transport *t, kvl_transport_recv *r, int64_t timeout_ms,
+static kvl_status ucx_recv_wait(kvl__transport *t, kvl__transport_recv *r, int64_t timeout_ms,
                                 const volatile int *cancel, size_t *received) {
     ucx_transport *u = (ucx_transport *)t;
     *received = 0;
@@ -234,9 +234,9 @@ static kvl_status ucx_recv_wait(kvl_transport *t, kvl_transport_recv *r, int64_t
     pthread_mutex_unlock(&u->mu);
     if (st != KVL_OK) return st;
     if (us == UCS_ERR_MESSAGE_TRUNCATED)
-        return kvl_errorf(KVL_ERR_RANGE, "transport: payload larger than announced");
+        return kvl__errorf(KVL_ERR_RANGE, "transport: payload larger than announced");
     if (us != UCS_OK)
-        return kvl_errorf(KVL_ERR_IO, "transport: receive failed: %s", ucs_status_string(us));
+        return kvl__errorf(KVL_ERR_IO, "transport: receive failed: %s", ucs_status_string(us));
     *received = got;
     return KVL_OK;
 }
@@ -250,7 +250,7 @@ static void unlink_orphan(ucx_transport *u, op_with_t *o) {
     }
 }
 
-static void ucx_recv_free(kvl_transport *t, kvl_transport_recv *r) {
+static void ucx_recv_free(kvl__transport *t, kvl__transport_recv *r) {
     ucx_transport *u = (ucx_transport *)t;
     pthread_mutex_lock(&u->mu);
     static const int yes = 1;
@@ -293,7 +293,7 @@ static kvl_status get_peer(ucx_transport *u, const uint8_t *addr, size_t len, uc
     ucx_peer *p = calloc(1, sizeof *p);
     if (!p || !(p->addr = malloc(len))) {
         free(p);
-        return kvl_errorf(KVL_ERR_NOMEM, "transport: peer");
+        return kvl__errorf(KVL_ERR_NOMEM, "transport: peer");
     }
     memcpy(p->addr, addr, len);
     p->len = len;
@@ -311,7 +311,7 @@ static kvl_status get_peer(ucx_transport *u, const uint8_t *addr, size_t len, uc
     if (s != UCS_OK) {
         free(p->addr);
         free(p);
-        return kvl_errorf(KVL_ERR_IO, "transport: cannot reach peer (ucp_ep_create: %s)",
+        return kvl__errorf(KVL_ERR_IO, "transport: cannot reach peer (ucp_ep_create: %s)",
                           ucs_status_string(s));
     }
     p->next = u->peers;
@@ -333,13 +333,13 @@ static void drop_peer(ucx_transport *u, ucx_peer *victim) {
     }
 }
 
-static kvl_status ucx_send(kvl_transport *t, const uint8_t *addr, size_t addr_len, uint64_t tag,
+static kvl_status ucx_send(kvl__transport *t, const uint8_t *addr, size_t addr_len, uint64_t tag,
                            const void *buf, size_t len, int64_t timeout_ms,
                            const volatile int *cancel) {
     ucx_transport *u = (ucx_transport *)t;
     /* heap-allocated: if the peer stalls, the request may outlive this call (see orphan) */
     op_with_t *o = calloc(1, sizeof *o);
-    if (!o) return kvl_errorf(KVL_ERR_NOMEM, "transport: send");
+    if (!o) return kvl__errorf(KVL_ERR_NOMEM, "transport: send");
     o->u = u;
     ucp_request_param_t prm;
     memset(&prm, 0, sizeof prm);
@@ -360,14 +360,14 @@ static kvl_status ucx_send(kvl_transport *t, const uint8_t *addr, size_t addr_le
         drop_peer(u, p);
         pthread_mutex_unlock(&u->mu);
         free(o);
-        return kvl_errorf(KVL_ERR_IO, "transport: send to peer failed: %s",
+        return kvl__errorf(KVL_ERR_IO, "transport: send to peer failed: %s",
                           ucs_status_string(UCS_PTR_STATUS(r)));
     }
     u->outstanding++;
     o->op.req = r;
     st = wait_op(u, &o->op, timeout_ms, cancel, "send", 0);
     if (st == KVL_OK && o->op.status != UCS_OK) {
-        st = kvl_errorf(KVL_ERR_IO, "transport: send failed (peer gone?): %s",
+        st = kvl__errorf(KVL_ERR_IO, "transport: send failed (peer gone?): %s",
                         ucs_status_string(o->op.status));
         drop_peer(u, p);
     } else if (st != KVL_OK) {
@@ -386,7 +386,7 @@ static kvl_status ucx_send(kvl_transport *t, const uint8_t *addr, size_t addr_le
     return st;
 }
 
-static const kvl_transport_ops ucx_ops = {
+static const kvl__transport_ops ucx_ops = {
     .kind = "ucx",
     .free = ucx_free,
     .address = ucx_address,
@@ -396,9 +396,9 @@ static const kvl_transport_ops ucx_ops = {
     .send = ucx_send,
 };
 
-kvl_status kvl_transport_ucx_create(kvl_transport **out) {
+kvl_status kvl__transport_ucx_create(kvl__transport **out) {
     ucx_transport *u = calloc(1, sizeof *u);
-    if (!u) return kvl_errorf(KVL_ERR_NOMEM, "transport: ucx");
+    if (!u) return kvl__errorf(KVL_ERR_NOMEM, "transport: ucx");
     u->base.ops = &ucx_ops;
     pthread_mutex_init(&u->mu, NULL);
     pthread_cond_init(&u->cv, NULL);
@@ -408,7 +408,7 @@ kvl_status kvl_transport_ucx_create(kvl_transport **out) {
     ucs_status_t s = ucp_config_read(NULL, NULL, &cfg);
     if (s != UCS_OK) {
         ucx_free(&u->base);
-        return kvl_errorf(KVL_ERR_IO, "transport: ucp_config_read: %s", ucs_status_string(s));
+        return kvl__errorf(KVL_ERR_IO, "transport: ucp_config_read: %s", ucs_status_string(s));
     }
     ucp_params_t prm;
     memset(&prm, 0, sizeof prm);
@@ -420,7 +420,7 @@ kvl_status kvl_transport_ucx_create(kvl_transport **out) {
     if (s != UCS_OK) {
         u->ctx = NULL;
         ucx_free(&u->base);
-        return kvl_errorf(KVL_ERR_IO, "transport: ucp_init: %s", ucs_status_string(s));
+        return kvl__errorf(KVL_ERR_IO, "transport: ucp_init: %s", ucs_status_string(s));
     }
     ucp_worker_params_t wp;
     memset(&wp, 0, sizeof wp);
@@ -430,25 +430,25 @@ kvl_status kvl_transport_ucx_create(kvl_transport **out) {
     if (s != UCS_OK) {
         u->worker = NULL;
         ucx_free(&u->base);
-        return kvl_errorf(KVL_ERR_IO, "transport: ucp_worker_create: %s", ucs_status_string(s));
+        return kvl__errorf(KVL_ERR_IO, "transport: ucp_worker_create: %s", ucs_status_string(s));
     }
     s = ucp_worker_get_address(u->worker, &u->addr, &u->addr_len);
     if (s != UCS_OK) {
         u->addr = NULL;
         ucx_free(&u->base);
-        return kvl_errorf(KVL_ERR_IO, "transport: ucp_worker_get_address: %s",
+        return kvl__errorf(KVL_ERR_IO, "transport: ucp_worker_get_address: %s",
                           ucs_status_string(s));
     }
     if (pthread_create(&u->progress, NULL, progress_main, u) != 0) {
         ucx_free(&u->base);
-        return kvl_errorf(KVL_ERR_INTERNAL, "transport: cannot start the progress thread");
+        return kvl__errorf(KVL_ERR_INTERNAL, "transport: cannot start the progress thread");
     }
     u->progress_started = 1;
     *out = &u->base;
     return KVL_OK;
 }
 
-static void ucx_free(kvl_transport *t) {
+static void ucx_free(kvl__transport *t) {
     ucx_transport *u = (ucx_transport *)t;
     if (u->progress_started) {
         pthread_mutex_lock(&u->mu);

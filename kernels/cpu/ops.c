@@ -1,15 +1,15 @@
 /* kernels/cpu/ops.c: CPU forward kernels (see ops.h). */
-#include "cpu/ops.h"
+#include "ops.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
-void kvl_cpu_set_threads(int n_threads) {
+void kvl__cpu_set_threads(int n_threads) {
     if (n_threads > 0) openblas_set_num_threads(n_threads);
 }
 
-void kvl_cpu_matmul_forward(float *out, const float *in, const float *W, const float *bias,
+void kvl__cpu_matmul_forward(float *out, const float *in, const float *W, const float *bias,
                             int T, int K, int N) {
     if (T == 1) {
         /* decode: matrix-vector is cheaper through sgemv than a 1-row sgemm */
@@ -24,7 +24,7 @@ void kvl_cpu_matmul_forward(float *out, const float *in, const float *W, const f
                 bias ? 1.0f : 0.0f, out, N);
 }
 
-void kvl_cpu_rmsnorm_forward(float *out, const float *in, const float *w, int T, int C, float eps) {
+void kvl__cpu_rmsnorm_forward(float *out, const float *in, const float *w, int T, int C, float eps) {
     for (int t = 0; t < T; t++) {
         const float *x = in + (size_t)t * C;
         float *o = out + (size_t)t * C;
@@ -41,7 +41,7 @@ static void rope_inv_freq(float *inv_freq, int D, double theta) {
     for (int i = 0; i < D / 2; i++) inv_freq[i] = 1.0f / powf(base, (float)(2 * i) / (float)D);
 }
 
-void kvl_cpu_rope_angles(float *cos_out, float *sin_out, int pos, int D, double theta) {
+void kvl__cpu_rope_angles(float *cos_out, float *sin_out, int pos, int D, double theta) {
     float inv_freq[512];
     rope_inv_freq(inv_freq, D, theta);
     for (int i = 0; i < D / 2; i++) {
@@ -50,7 +50,7 @@ void kvl_cpu_rope_angles(float *cos_out, float *sin_out, int pos, int D, double 
     }
 }
 
-void kvl_cpu_rope_table(float *cos_tab, float *sin_tab, const int *pos, int T, int D, double theta) {
+void kvl__cpu_rope_table(float *cos_tab, float *sin_tab, const int *pos, int T, int D, double theta) {
     int half = D / 2;
     float inv_freq[512];   /* head_dim <= 1024 */
     rope_inv_freq(inv_freq, D, theta);
@@ -59,7 +59,7 @@ void kvl_cpu_rope_table(float *cos_tab, float *sin_tab, const int *pos, int T, i
             sincosf((float)pos[t] * inv_freq[i], &sin_tab[(size_t)t * half + i], &cos_tab[(size_t)t * half + i]);
 }
 
-void kvl_cpu_rope_apply(float *x, const float *cos_tab, const float *sin_tab, int T, int n_heads,
+void kvl__cpu_rope_apply(float *x, const float *cos_tab, const float *sin_tab, int T, int n_heads,
                         int D, int inverse) {
     int half = D / 2;
     float sgn = inverse ? -1.0f : 1.0f;
@@ -77,23 +77,23 @@ void kvl_cpu_rope_apply(float *x, const float *cos_tab, const float *sin_tab, in
     }
 }
 
-void kvl_cpu_rope_forward(float *x, const int *pos, int T, int n_heads, int D, double theta,
+void kvl__cpu_rope_forward(float *x, const int *pos, int T, int n_heads, int D, double theta,
                           int inverse) {
     float cs[512], sn[512];
     for (int t = 0; t < T; t++) {   /* one position at a time: no allocation */
-        kvl_cpu_rope_table(cs, sn, &pos[t], 1, D, theta);
-        kvl_cpu_rope_apply(x + (size_t)t * n_heads * D, cs, sn, 1, n_heads, D, inverse);
+        kvl__cpu_rope_table(cs, sn, &pos[t], 1, D, theta);
+        kvl__cpu_rope_apply(x + (size_t)t * n_heads * D, cs, sn, 1, n_heads, D, inverse);
     }
 }
 
-void kvl_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
+void kvl__cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
     for (size_t i = 0; i < n; i++) {
         float g = gate[i];
         out[i] = g / (1.0f + expf(-g)) * up[i];
     }
 }
 
-void kvl_cpu_softmax_rows(float *x, int rows, int n) {
+void kvl__cpu_softmax_rows(float *x, int rows, int n) {
     for (int r = 0; r < rows; r++) {
         float *row = x + (size_t)r * n;
         float m = -INFINITY;
@@ -108,12 +108,12 @@ void kvl_cpu_softmax_rows(float *x, int rows, int n) {
 /* Queries are processed in chunks so the score matrix stays bounded for long contexts. */
 #define KVL_ATTN_QCHUNK 256
 
-size_t kvl_cpu_attention_scratch(int Tq, int Tk) {
+size_t kvl__cpu_attention_scratch(int Tq, int Tk) {
     int qc = Tq < KVL_ATTN_QCHUNK ? Tq : KVL_ATTN_QCHUNK;
     return (size_t)qc * (size_t)Tk;
 }
 
-void kvl_cpu_attention_forward(float *out, float *probs, const float *q, const float *k,
+void kvl__cpu_attention_forward(float *out, float *probs, const float *q, const float *k,
                                const float *v, int Tq, int Tk, int q_pos0, int Hq, int Hkv, int D,
                                float *scratch) {
     const int group = Hq / Hkv;
@@ -140,7 +140,7 @@ void kvl_cpu_attention_forward(float *out, float *probs, const float *q, const f
                 float *row = S + (size_t)i * nk;
                 int last = q_pos0 + c0 + i;   /* keys 0..last visible */
                 int vis = last + 1 < nk ? last + 1 : nk;
-                kvl_cpu_softmax_rows(row, 1, vis);
+                kvl__cpu_softmax_rows(row, 1, vis);
                 for (int j = vis; j < nk; j++) row[j] = 0.0f;
                 if (probs) {
                     float *pr = probs + ((size_t)h * Tq + c0 + i) * Tk;
@@ -159,7 +159,7 @@ void kvl_cpu_attention_forward(float *out, float *probs, const float *q, const f
     }
 }
 
-void kvl_cpu_attention_decode_blocks(float *out, const float *q, const float *const *k_blk,
+void kvl__cpu_attention_decode_blocks(float *out, const float *q, const float *const *k_blk,
                                      const float *const *v_blk, int block_tokens, int Tk, int Hq,
                                      int Hkv, int D, float *scratch) {
     const int group = Hq / Hkv, row = Hkv * D;

@@ -11,45 +11,45 @@
 #include <stddef.h>
 
 /* out[T,N] = in[T,K] @ W[N,K]^T + bias[N] (bias may be NULL).  nn.Linear layout.  OpenBLAS sgemm. */
-void kvl_cpu_matmul_forward(float *out, const float *in, const float *W, const float *bias,
+void kvl__cpu_matmul_forward(float *out, const float *in, const float *W, const float *bias,
                             int T, int K, int N);
 
 /* out[T,C] = in[T,C] / sqrt(mean(in^2) + eps) * w[C]   (Qwen3RMSNorm; variance in float32).
  * out may alias in. */
-void kvl_cpu_rmsnorm_forward(float *out, const float *in, const float *w, int T, int C, float eps);
+void kvl__cpu_rmsnorm_forward(float *out, const float *in, const float *w, int T, int C, float eps);
 
 /* RoPE angles for one position: cos/sin[D/2] with inv_freq[i] = 1 / theta^(2i/D), computed in
  * float32 exactly as transformers' default rope init (`base ** (arange(0, D, 2).float() / D)`),
  * angle = float(pos) * inv_freq[i]. */
-void kvl_cpu_rope_angles(float *cos_out, float *sin_out, int pos, int D, double theta);
+void kvl__cpu_rope_angles(float *cos_out, float *sin_out, int pos, int D, double theta);
 
 /* In-place rotary embedding of x[T, n_heads, D] at positions pos[T] (rotate_half form: element i
  * pairs with i + D/2): x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin.  inverse != 0 applies the
  * inverse rotation (angle -> -angle), which recovers the pre-RoPE vector. */
-void kvl_cpu_rope_forward(float *x, const int *pos, int T, int n_heads, int D, double theta,
+void kvl__cpu_rope_forward(float *x, const int *pos, int T, int n_heads, int D, double theta,
                           int inverse);
 
 /* out[n] = silu(gate[n]) * up[n], silu(x) = x / (1 + exp(-x)).  out may alias gate. */
-void kvl_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+void kvl__cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
 
 /* Causal GQA attention of Tq queries over Tk cached keys/values.
  *   q   [Tq, Hq*D]   queries (after q_norm and RoPE), query i sits at absolute position q_pos0 + i
  *   k   [Tk, Hkv*D]  keys of positions 0..Tk-1 (Tk >= q_pos0 + Tq)
  *   v   [Tk, Hkv*D]
  *   out [Tq, Hq*D]   softmax(q k^T / sqrt(D) + causal mask) v; head h reads kv head h / (Hq/Hkv)
- *   scratch: at least kvl_cpu_attention_scratch(Tq, Tk) floats.
+ *   scratch: at least kvl__cpu_attention_scratch(Tq, Tk) floats.
  *   probs (optional, may be NULL): [Hq, Tq, Tk] receives the attention probabilities (zeros
  *   above the causal diagonal), for the backward pass. */
-size_t kvl_cpu_attention_scratch(int Tq, int Tk);
-void kvl_cpu_attention_forward(float *out, float *probs, const float *q, const float *k,
+size_t kvl__cpu_attention_scratch(int Tq, int Tk);
+void kvl__cpu_attention_forward(float *out, float *probs, const float *q, const float *k,
                                const float *v, int Tq, int Tk, int q_pos0, int Hq, int Hkv, int D,
                                float *scratch);
 
 /* In-place softmax over each row of x[rows, n]. */
-void kvl_cpu_softmax_rows(float *x, int rows, int n);
+void kvl__cpu_softmax_rows(float *x, int rows, int n);
 
 /* Highest OpenBLAS thread count to use (0 = library default). */
-void kvl_cpu_set_threads(int n_threads);
+void kvl__cpu_set_threads(int n_threads);
 
 #endif
 
@@ -58,17 +58,17 @@ void kvl_cpu_set_threads(int n_threads);
  *   k_blk   [n_blocks] pointers to each block's keys of this layer: [block_tokens, Hkv*D]
  *   v_blk   [n_blocks] likewise for values
  *   out     [Hq*D]
- *   scratch at least Tk floats.  Same math as kvl_cpu_attention_forward with Tq = 1. */
-void kvl_cpu_attention_decode_blocks(float *out, const float *q, const float *const *k_blk,
+ *   scratch at least Tk floats.  Same math as kvl__cpu_attention_forward with Tq = 1. */
+void kvl__cpu_attention_decode_blocks(float *out, const float *q, const float *const *k_blk,
                                      const float *const *v_blk, int block_tokens, int Tk, int Hq,
                                      int Hkv, int D, float *scratch);
 
 /* RoPE with precomputed angles, so a forward pass (or a translation) computes the cos/sin of each
  * position once for all layers instead of once per layer and per q/k.
- *   kvl_cpu_rope_table: cos_tab, sin_tab [T, D/2] for positions pos[T] (same float32 values as
- *                       kvl_cpu_rope_angles)
- *   kvl_cpu_rope_apply: x[T, n_heads, D] rotated in place with row t of the tables; inverse != 0
+ *   kvl__cpu_rope_table: cos_tab, sin_tab [T, D/2] for positions pos[T] (same float32 values as
+ *                       kvl__cpu_rope_angles)
+ *   kvl__cpu_rope_apply: x[T, n_heads, D] rotated in place with row t of the tables; inverse != 0
  *                       applies the inverse rotation. */
-void kvl_cpu_rope_table(float *cos_tab, float *sin_tab, const int *pos, int T, int D, double theta);
-void kvl_cpu_rope_apply(float *x, const float *cos_tab, const float *sin_tab, int T, int n_heads,
+void kvl__cpu_rope_table(float *cos_tab, float *sin_tab, const int *pos, int T, int D, double theta);
+void kvl__cpu_rope_apply(float *x, const float *cos_tab, const float *sin_tab, int T, int n_heads,
                         int D, int inverse);

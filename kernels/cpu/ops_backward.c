@@ -1,13 +1,13 @@
 /* kernels/cpu/ops_backward.c: backward kernels (and float64 forwards) of ops_backward.h.
  * The bodies are written once over a scalar type in ops_generic.inc and instantiated here for
  * float (production training) and double (gradient check). */
-#include "cpu/ops_backward.h"
+#include "ops_backward.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
-#include "cpu/ops.h"
+#include "ops.h"
 
 #define R float
 #define KFN(name) name
@@ -15,7 +15,7 @@
 #define GEMV cblas_sgemv
 #define RSQRT(x) (1.0f / sqrtf(x))
 #define REXP expf
-#include "cpu/ops_generic.inc"
+#include "ops_generic.inc"
 #undef R
 #undef KFN
 #undef GEMM
@@ -30,4 +30,4 @@
 #define GEMV cblas_dgemv
 #define RSQRT(x) (1.0 / sqrt(x))
 #define REXP exp
-#include "cpu/ops_generic.inc"
+#include "ops_generic.inc"

@@ -131,7 +131,7 @@ __global__ void attn_combine_kernel(T *out, const float *part, int Hq, int D, in
     }
 }
 
-size_t kvl_cu_attention_part_floats(int T, int Hq, int D, int nsplit) {
+size_t kvl__cu_attention_part_floats(int T, int Hq, int D, int nsplit) {
     return (size_t)T * Hq * nsplit * (D + 2);
 }
 
@@ -547,7 +547,7 @@ static int use_flash2(void) {
     return v;
 }
 
-extern "C" int kvl_cu_attention_prefill(cudaStream_t s, int dt, void *out, const void *q,
+extern "C" int kvl__cu_attention_prefill(cudaStream_t s, int dt, void *out, const void *q,
                                         const void *k, const void *v, float *part, int T, int p0,
                                         int Hq, int Hkv, int D) {
     if (Hq % Hkv) return -1;
@@ -570,7 +570,7 @@ extern "C" int kvl_cu_attention_prefill(cudaStream_t s, int dt, void *out, const
     return splitk_launch<float>(s, out, q, k, v, part, T, p0, NULL, 1, Hq, Hkv, D);
 }
 
-extern "C" int kvl_cu_attention_decode(cudaStream_t s, int dt, void *out, const void *q,
+extern "C" int kvl__cu_attention_decode(cudaStream_t s, int dt, void *out, const void *q,
                                        const void *k, const void *v, float *part,
                                        const int32_t *d_pos, int nsplit, int Hq, int Hkv, int D) {
     if (dt == 0) return splitk_launch<bf16>(s, out, q, k, v, part, 1, 0, d_pos, nsplit, Hq, Hkv, D);

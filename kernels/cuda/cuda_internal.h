@@ -21,17 +21,17 @@ extern "C" {
 #endif
 
 /* ---- error conversion: every CUDA / cuBLAS return code goes through these ---------------- */
-kvl_status kvl_cuda_status(cudaError_t e, const char *call, const char *file, int line);
-kvl_status kvl_cublas_status(cublasStatus_t e, const char *call, const char *file, int line);
-#define KVL_CU(call) kvl_cuda_status((call), #call, __FILE__, __LINE__)
-#define KVL_CUBLAS(call) kvl_cublas_status((call), #call, __FILE__, __LINE__)
+kvl_status kvl__cuda_status(cudaError_t e, const char *call, const char *file, int line);
+kvl_status kvl__cublas_status(cublasStatus_t e, const char *call, const char *file, int line);
+#define KVL_CU(call) kvl__cuda_status((call), #call, __FILE__, __LINE__)
+#define KVL_CUBLAS(call) kvl__cublas_status((call), #call, __FILE__, __LINE__)
 /* In functions returning kvl_status: evaluate, return on failure. */
 #define KVL_CU_TRY(call) do { kvl_status s_ = KVL_CU(call); if (s_ != KVL_OK) return s_; } while (0)
 #define KVL_CUBLAS_TRY(call) do { kvl_status s_ = KVL_CUBLAS(call); if (s_ != KVL_OK) return s_; } while (0)
 /* After kernel launches: the launch error (bad configuration), not the kernel's completion. */
 #define KVL_CU_LAUNCHED() KVL_CU_TRY(cudaGetLastError())
 
-typedef struct kvl_cu_layer {
+typedef struct kvl__cu_layer {
     void *wqkv;        /* [QD + 2KD, H] act   q_proj | k_proj | v_proj rows       */
     float *bqkv;       /* [QD + 2KD] f32, NULL without q/k/v bias                 */
     float *q_norm;     /* [D] f32 or NULL                                         */
@@ -42,10 +42,10 @@ typedef struct kvl_cu_layer {
     float *mlp_norm;   /* [H] f32                                                 */
     void *wgu;         /* [2F, H] act        gate_proj | up_proj rows             */
     void *wdown;       /* [H, F] act                                              */
-} kvl_cu_layer;
+} kvl__cu_layer;
 
 /* Activation buffers for up to cap_T tokens of one call. */
-typedef struct kvl_cu_acts {
+typedef struct kvl__cu_acts {
     int cap_T;
     void *base;
     float *x;          /* [T, H] f32 residual stream                              */
@@ -58,7 +58,7 @@ typedef struct kvl_cu_acts {
     float *part;       /* split-K attention partials [T][Hq][nsplit][D + 2] f32   */
     int part_splits;   /* nsplit the partial buffer was sized for                 */
     int32_t *tok;      /* [T] token ids                                           */
-} kvl_cu_acts;
+} kvl__cu_acts;
 
 struct kvl_cuda_model {
     kvl_model_config cfg;
@@ -75,9 +75,9 @@ struct kvl_cuda_model {
     void *embed;            /* [V, H] act                                                 */
     void *lm_head;          /* [V, H] act (== embed when tied)                            */
     float *final_norm;      /* [H] f32                                                    */
-    kvl_cu_layer *layers;   /* [L] host array of device pointers                          */
-    kvl_cu_acts pre;        /* prefill activations (grown on demand)                      */
-    kvl_cu_acts dec;        /* decode activations (T = 1, fixed: captured in graphs)      */
+    kvl__cu_layer *layers;   /* [L] host array of device pointers                          */
+    kvl__cu_acts pre;        /* prefill activations (grown on demand)                      */
+    kvl__cu_acts dec;        /* decode activations (T = 1, fixed: captured in graphs)      */
     float *logits;          /* [cap_logit_rows, V] f32 (prefill)                          */
     float *dec_logits;      /* [V] f32 (decode: fixed, captured in graphs)                */
     int cap_logit_rows;
@@ -101,22 +101,22 @@ struct kvl_cuda_cache {
 };
 
 /* Pointer to (layer, plane) of a cache: [capacity][KD]. */
-static inline void *kvl_cu_plane(const struct kvl_cuda_cache *c, int layer, int plane) {
+static inline void *kvl__cu_plane(const struct kvl_cuda_cache *c, int layer, int plane) {
     size_t esz = c->model->esz;
     return (char *)c->base + ((size_t)layer * c->planes + plane) * c->capacity * c->kd * esz;
 }
 
 /* Copy n host floats into device memory of the model's dtype (as_f32: keep float32);
  * bf16 rounds to nearest even.  (cuda_model.c) */
-kvl_status kvl_cu_upload(struct kvl_cuda_model *m, void *dst, const float *src, size_t n, int as_f32);
+kvl_status kvl__cu_upload(struct kvl_cuda_model *m, void *dst, const float *src, size_t n, int as_f32);
 
 /* ---- kernels (kernels.cu) --------------------------------------------------------------- */
 
 /* x[T,H] f32 = embed[tok[t], :] (act). */
-void kvl_cu_embed(cudaStream_t s, int dt, float *x, const void *embed, const int32_t *tok, int T, int H);
+void kvl__cu_embed(cudaStream_t s, int dt, float *x, const void *embed, const int32_t *tok, int T, int H);
 /* out[T,C] act = in[T,C] * rsqrt(mean(in^2) + eps) * w[C]  (Qwen3RMSNorm, f32 math);
  * in_stride: floats between rows of in. */
-void kvl_cu_rmsnorm(cudaStream_t s, int dt, void *out, const float *in, size_t in_stride,
+void kvl__cu_rmsnorm(cudaStream_t s, int dt, void *out, const float *in, size_t in_stride,
                     const float *w, int T, int C, float eps);
 /* After the fused qkv GEMM: add bias, q/k RMSNorm (when q_norm != NULL), RoPE at position
  * pos0 + t (inv_freq [D/2] f32 device table computed on the host exactly as the CPU path:
@@ -124,23 +124,23 @@ void kvl_cu_rmsnorm(cudaStream_t s, int dt, void *out, const float *in, size_t i
  * when d_pos0 != NULL.  Writes q [T, QD] act and the cache
  * rows K, V, Kpre (kpre NULL when the model has no k_norm) at token pos0 + t of
  * [capacity][KD] act planes. */
-void kvl_cu_qkv_post(cudaStream_t s, int dt, const float *qkv, const float *bias,
+void kvl__cu_qkv_post(cudaStream_t s, int dt, const float *qkv, const float *bias,
                      const float *q_norm, const float *k_norm, int pos0, const int32_t *d_pos0,
                      int T, int Hq, int Hkv, int D, const float *inv_freq, float eps, void *q_out,
                      void *k_cache, void *v_cache, void *kpre_cache);
 /* act[T,F] = silu(gu[t, f]) * gu[t, F + f]. */
-void kvl_cu_swiglu(cudaStream_t s, int dt, void *act, const float *gu, int T, int F);
+void kvl__cu_swiglu(cudaStream_t s, int dt, void *act, const float *gu, int T, int F);
 /* x[T,N] += b[N]. */
-void kvl_cu_add_bias(cudaStream_t s, float *x, const float *b, int T, int N);
+void kvl__cu_add_bias(cudaStream_t s, float *x, const float *b, int T, int N);
 /* *out = argmax(logits[V]) (first index wins ties); when next_tok != NULL also writes it
  * there and increments *pos (the device-side decode state). */
-void kvl_cu_argmax(cudaStream_t s, const float *logits, int V, int32_t *out, int32_t *next_tok,
+void kvl__cu_argmax(cudaStream_t s, const float *logits, int V, int32_t *out, int32_t *next_tok,
                    int32_t *pos);
 /* dst[n] act = uniform(-a, a) from a counter hash of (seed, index), a = std * sqrt(3). */
-void kvl_cu_fill_random(cudaStream_t s, int dt, void *dst, size_t n, uint64_t seed, float std);
-void kvl_cu_fill_f32(cudaStream_t s, float *dst, size_t n, float value);
+void kvl__cu_fill_random(cudaStream_t s, int dt, void *dst, size_t n, uint64_t seed, float std);
+void kvl__cu_fill_f32(cudaStream_t s, float *dst, size_t n, float value);
 /* dst[n] (act) = src[n] (f32) */
-void kvl_cu_convert(cudaStream_t s, int dt, void *dst, const float *src, size_t n);
+void kvl__cu_convert(cudaStream_t s, int dt, void *dst, const float *src, size_t n);
 
 /* ---- attention (attention.cu) ----------------------------------------------------------- */
 
@@ -148,20 +148,20 @@ void kvl_cu_convert(cudaStream_t s, int dt, void *dst, const float *src, size_t 
  * q [T, QD] act, k/v planes [capacity][KD] act, out [T, QD] act.  bf16 with D in {32,64,128}:
  * flash-style tiled kernel on tensor cores (wmma 16x16x16, online softmax, 64x64 tiles);
  * otherwise the split-K kernel below with one split.  part: scratch of
- * kvl_cu_attention_part_floats(T, Hq, D, 1) floats. */
-int kvl_cu_attention_prefill(cudaStream_t s, int dt, void *out, const void *q, const void *k,
+ * kvl__cu_attention_part_floats(T, Hq, D, 1) floats. */
+int kvl__cu_attention_prefill(cudaStream_t s, int dt, void *out, const void *q, const void *k,
                              const void *v, float *part, int T, int p0, int Hq, int Hkv, int D);
 /* Decode (T = 1) split-K attention: the query at position *d_pos reads keys [0, *d_pos]; the
  * key range is cut into nsplit chunks (one block per kv head and chunk, all query heads of
- * the group in the block), then combined.  part: kvl_cu_attention_part_floats(1, Hq, D, nsplit). */
-int kvl_cu_attention_decode(cudaStream_t s, int dt, void *out, const void *q, const void *k,
+ * the group in the block), then combined.  part: kvl__cu_attention_part_floats(1, Hq, D, nsplit). */
+int kvl__cu_attention_decode(cudaStream_t s, int dt, void *out, const void *q, const void *k,
                             const void *v, float *part, const int32_t *d_pos, int nsplit, int Hq,
                             int Hkv, int D);
-size_t kvl_cu_attention_part_floats(int T, int Hq, int D, int nsplit);
+size_t kvl__cu_attention_part_floats(int T, int Hq, int D, int nsplit);
 
 /* ---- translation (translate.cu) --------------------------------------------------------- */
 
-typedef struct kvl_cu_translate_args {
+typedef struct kvl__cu_translate_args {
     int dt;
     int side;                 /* 0 keys, 1 values                                        */
     int n, t0;                /* tokens [t0, t0+n)                                       */
@@ -179,10 +179,10 @@ typedef struct kvl_cu_translate_args {
     const float *k_norm;      /* [Lt][Dt] f32 or NULL                                    */
     float eps;
     const float *dst_inv_freq;/* [Dt/2] f32 device                                       */
-} kvl_cu_translate_args;
+} kvl__cu_translate_args;
 
 /* One launch for all target layers of one side; returns 0 or -1 (unsupported shape). */
-int kvl_cu_translate(cudaStream_t s, const kvl_cu_translate_args *a);
+int kvl__cu_translate(cudaStream_t s, const kvl__cu_translate_args *a);
 
 #ifdef __cplusplus
 }

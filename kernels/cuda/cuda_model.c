@@ -9,21 +9,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu/ops.h"
+#include "ops.h"
 #include "error.h"
 #include "model_internal.h"
 
 /* ---- status conversion ------------------------------------------------------------------- */
 
-kvl_status kvl_cuda_status(cudaError_t e, const char *call, const char *file, int line) {
+kvl_status kvl__cuda_status(cudaError_t e, const char *call, const char *file, int line) {
     if (e == cudaSuccess) return KVL_OK;
-    return kvl_errorf(e == cudaErrorMemoryAllocation ? KVL_ERR_NOMEM : KVL_ERR_DEVICE,
+    return kvl__errorf(e == cudaErrorMemoryAllocation ? KVL_ERR_NOMEM : KVL_ERR_DEVICE,
                       "%s:%d: %s: %s (%s)", file, line, call, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
-kvl_status kvl_cublas_status(cublasStatus_t e, const char *call, const char *file, int line) {
+kvl_status kvl__cublas_status(cublasStatus_t e, const char *call, const char *file, int line) {
     if (e == CUBLAS_STATUS_SUCCESS) return KVL_OK;
-    return kvl_errorf(e == CUBLAS_STATUS_ALLOC_FAILED ? KVL_ERR_NOMEM : KVL_ERR_DEVICE,
+    return kvl__errorf(e == CUBLAS_STATUS_ALLOC_FAILED ? KVL_ERR_NOMEM : KVL_ERR_DEVICE,
                       "%s:%d: %s: cuBLAS status %d (%s)", file, line, call, (int)e,
                       cublasGetStatusString(e));
 }
@@ -35,9 +35,9 @@ kvl_status kvl_cuda_probe(int *n_devices) {
     cudaError_t e = cudaGetDeviceCount(&n);
     if (n_devices) *n_devices = e == cudaSuccess ? n : 0;
     if (e != cudaSuccess)
-        return kvl_errorf(KVL_ERR_DEVICE, "no usable CUDA device: cudaGetDeviceCount: %s (%s)",
+        return kvl__errorf(KVL_ERR_DEVICE, "no usable CUDA device: cudaGetDeviceCount: %s (%s)",
                           cudaGetErrorString(e), cudaGetErrorName(e));
-    if (n < 1) return kvl_errorf(KVL_ERR_DEVICE, "no CUDA device found (cudaGetDeviceCount = 0)");
+    if (n < 1) return kvl__errorf(KVL_ERR_DEVICE, "no CUDA device found (cudaGetDeviceCount = 0)");
     return KVL_OK;
 }
 
@@ -75,14 +75,14 @@ static float bf16_to_f32(uint16_t h) {
 }
 
 /* Copy n host floats to device memory of the model's dtype (bf16: converted in chunks). */
-kvl_status kvl_cu_upload(kvl_cuda_model *m, void *dst, const float *src, size_t n, int as_f32) {
+kvl_status kvl__cu_upload(kvl_cuda_model *m, void *dst, const float *src, size_t n, int as_f32) {
     if (as_f32 || m->dt == 1) {
         KVL_CU_TRY(cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyHostToDevice));
         return KVL_OK;
     }
     enum { CHUNK = 1 << 20 };
     uint16_t *buf = malloc(sizeof(uint16_t) * CHUNK);
-    if (!buf) return kvl_errorf(KVL_ERR_NOMEM, "cuda: out of host memory converting weights");
+    if (!buf) return kvl__errorf(KVL_ERR_NOMEM, "cuda: out of host memory converting weights");
     kvl_status s = KVL_OK;
     for (size_t o = 0; o < n && s == KVL_OK; o += CHUNK) {
         size_t c = n - o < CHUNK ? n - o : CHUNK;
@@ -97,24 +97,24 @@ kvl_status kvl_cu_upload(kvl_cuda_model *m, void *dst, const float *src, size_t 
 
 static kvl_status check_geometry(const kvl_model_config *c) {
     if (c->head_dim != 32 && c->head_dim != 64 && c->head_dim != 128)
-        return kvl_errorf(KVL_ERR_UNSUPPORTED, "cuda: head_dim %d not supported (32, 64 or 128)", c->head_dim);
+        return kvl__errorf(KVL_ERR_UNSUPPORTED, "cuda: head_dim %d not supported (32, 64 or 128)", c->head_dim);
     if (c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > 8)
-        return kvl_errorf(KVL_ERR_UNSUPPORTED, "cuda: GQA group %d/%d not supported (at most 8 query "
+        return kvl__errorf(KVL_ERR_UNSUPPORTED, "cuda: GQA group %d/%d not supported (at most 8 query "
                           "heads per kv head)", c->n_heads, c->n_kv_heads);
     if (c->hidden_size < 1 || c->n_layers < 1 || c->vocab_size < 1 || c->intermediate_size < 1)
-        return kvl_errorf(KVL_ERR_INVALID_ARG, "cuda: bad model geometry");
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "cuda: bad model geometry");
     return KVL_OK;
 }
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-static kvl_status acts_alloc(kvl_cuda_model *m, kvl_cu_acts *a, int T, int nsplit) {
+static kvl_status acts_alloc(kvl_cuda_model *m, kvl__cu_acts *a, int T, int nsplit) {
     const kvl_model_config *c = &m->cfg;
     size_t H = c->hidden_size, D = c->head_dim, QD = (size_t)c->n_heads * D;
     size_t KD = (size_t)c->n_kv_heads * D, F = c->intermediate_size, e = m->esz;
     size_t sizes[] = {T * H * 4, T * H * e, T * (QD + 2 * KD) * 4, T * QD * e, T * QD * e,
                       T * 2 * F * 4, T * F * e,
-                      kvl_cu_attention_part_floats(T, c->n_heads, (int)D, nsplit) * 4, (size_t)T * 4};
+                      kvl__cu_attention_part_floats(T, c->n_heads, (int)D, nsplit) * 4, (size_t)T * 4};
     void **dst[] = {(void **)&a->x, &a->xn, (void **)&a->qkv, &a->q, &a->att, (void **)&a->gu,
                     &a->act, (void **)&a->part, (void **)&a->tok};
     size_t total = 0;
@@ -138,14 +138,14 @@ static kvl_status model_alloc(const kvl_model_config *cfg, const kvl_cuda_params
     if (s != KVL_OK) return s;
     if ((s = kvl_cuda_probe(NULL)) != KVL_OK) return s;
     kvl_cuda_model *m = calloc(1, sizeof *m);
-    if (!m) return kvl_errorf(KVL_ERR_NOMEM, "cuda: out of memory");
+    if (!m) return kvl__errorf(KVL_ERR_NOMEM, "cuda: out of memory");
     m->cfg = *cfg;
     m->prm = prm ? *prm : kvl_cuda_default_params();
     m->dt = m->prm.dtype == KVL_CUDA_F32 ? 1 : 0;
     m->esz = m->dt ? 4 : 2;
     *out = m;   /* the caller frees on error */
     m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
-    if (!m->layers) return kvl_errorf(KVL_ERR_NOMEM, "cuda: out of memory");
+    if (!m->layers) return kvl__errorf(KVL_ERR_NOMEM, "cuda: out of memory");
     KVL_CU_TRY(cudaSetDevice(m->prm.device));
     int sm = 0;
     KVL_CU_TRY(cudaDeviceGetAttribute(&sm, cudaDevAttrMultiProcessorCount, m->prm.device));
@@ -179,7 +179,7 @@ static kvl_status model_alloc(const kvl_model_config *cfg, const kvl_cuda_params
     m->final_norm = TAKE_F(H);
     m->inv_freq = TAKE_F(D / 2);
     for (int l = 0; l < c->n_layers; l++) {
-        kvl_cu_layer *L = &m->layers[l];
+        kvl__cu_layer *L = &m->layers[l];
         L->wqkv = TAKE_W((QD + 2 * KD) * H);
         L->wo = TAKE_W(H * QD);
         L->wgu = TAKE_W(2 * F * H);
@@ -192,7 +192,7 @@ static kvl_status model_alloc(const kvl_model_config *cfg, const kvl_cuda_params
     }
 #undef TAKE_W
 #undef TAKE_F
-    /* RoPE table exactly as the CPU path (kvl_cpu_rope_angles): float32 powf */
+    /* RoPE table exactly as the CPU path (kvl__cpu_rope_angles): float32 powf */
     float inv[512];
     for (size_t i = 0; i < D / 2; i++) inv[i] = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)D);
     KVL_CU_TRY(cudaMemcpy(m->inv_freq, inv, D / 2 * sizeof(float), cudaMemcpyHostToDevice));
@@ -228,39 +228,39 @@ void kvl_cuda_model_free(kvl_cuda_model *m) {
 
 kvl_status kvl_cuda_model_create(const kvl_model *host, const kvl_cuda_params *params,
                                  kvl_cuda_model **out) {
-    if (!host || !out) return kvl_errorf(KVL_ERR_INVALID_ARG, "kvl_cuda_model_create: NULL argument");
+    if (!host || !out) return kvl__errorf(KVL_ERR_INVALID_ARG, "kvl_cuda_model_create: NULL argument");
     *out = NULL;
     kvl_cuda_model *m = NULL;
     kvl_status s = model_alloc(&host->cfg, params, &m);
     const kvl_model_config *c = &host->cfg;
     size_t H = c->hidden_size, D = c->head_dim, QD = (size_t)c->n_heads * D;
     size_t KD = (size_t)c->n_kv_heads * D, F = c->intermediate_size, V = c->vocab_size;
-    if (s == KVL_OK) s = kvl_cu_upload(m, m->embed, host->embed, V * H, 0);
-    if (s == KVL_OK && !c->tie_word_embeddings) s = kvl_cu_upload(m, m->lm_head, host->lm_head, V * H, 0);
-    if (s == KVL_OK) s = kvl_cu_upload(m, m->final_norm, host->final_norm, H, 1);
+    if (s == KVL_OK) s = kvl__cu_upload(m, m->embed, host->embed, V * H, 0);
+    if (s == KVL_OK && !c->tie_word_embeddings) s = kvl__cu_upload(m, m->lm_head, host->lm_head, V * H, 0);
+    if (s == KVL_OK) s = kvl__cu_upload(m, m->final_norm, host->final_norm, H, 1);
     for (int l = 0; l < c->n_layers && s == KVL_OK; l++) {
-        const kvl_layer_weights *hw = &host->layers[l];
-        kvl_cu_layer *L = &m->layers[l];
+        const kvl__layer_weights *hw = &host->layers[l];
+        kvl__cu_layer *L = &m->layers[l];
         char *qkv = L->wqkv;
-        if ((s = kvl_cu_upload(m, qkv, hw->wq, QD * H, 0)) != KVL_OK) break;
-        if ((s = kvl_cu_upload(m, qkv + QD * H * m->esz, hw->wk, KD * H, 0)) != KVL_OK) break;
-        if ((s = kvl_cu_upload(m, qkv + (QD + KD) * H * m->esz, hw->wv, KD * H, 0)) != KVL_OK) break;
-        if ((s = kvl_cu_upload(m, L->wo, hw->wo, H * QD, 0)) != KVL_OK) break;
-        if ((s = kvl_cu_upload(m, L->wgu, hw->w_gate, F * H, 0)) != KVL_OK) break;
-        if ((s = kvl_cu_upload(m, (char *)L->wgu + F * H * m->esz, hw->w_up, F * H, 0)) != KVL_OK) break;
-        if ((s = kvl_cu_upload(m, L->wdown, hw->w_down, H * F, 0)) != KVL_OK) break;
-        if ((s = kvl_cu_upload(m, L->attn_norm, hw->attn_norm, H, 1)) != KVL_OK) break;
-        if ((s = kvl_cu_upload(m, L->mlp_norm, hw->mlp_norm, H, 1)) != KVL_OK) break;
+        if ((s = kvl__cu_upload(m, qkv, hw->wq, QD * H, 0)) != KVL_OK) break;
+        if ((s = kvl__cu_upload(m, qkv + QD * H * m->esz, hw->wk, KD * H, 0)) != KVL_OK) break;
+        if ((s = kvl__cu_upload(m, qkv + (QD + KD) * H * m->esz, hw->wv, KD * H, 0)) != KVL_OK) break;
+        if ((s = kvl__cu_upload(m, L->wo, hw->wo, H * QD, 0)) != KVL_OK) break;
+        if ((s = kvl__cu_upload(m, L->wgu, hw->w_gate, F * H, 0)) != KVL_OK) break;
+        if ((s = kvl__cu_upload(m, (char *)L->wgu + F * H * m->esz, hw->w_up, F * H, 0)) != KVL_OK) break;
+        if ((s = kvl__cu_upload(m, L->wdown, hw->w_down, H * F, 0)) != KVL_OK) break;
+        if ((s = kvl__cu_upload(m, L->attn_norm, hw->attn_norm, H, 1)) != KVL_OK) break;
+        if ((s = kvl__cu_upload(m, L->mlp_norm, hw->mlp_norm, H, 1)) != KVL_OK) break;
         if (c->qkv_bias) {
-            if ((s = kvl_cu_upload(m, L->bqkv, hw->bq, QD, 1)) != KVL_OK) break;
-            if ((s = kvl_cu_upload(m, L->bqkv + QD, hw->bk, KD, 1)) != KVL_OK) break;
-            if ((s = kvl_cu_upload(m, L->bqkv + QD + KD, hw->bv, KD, 1)) != KVL_OK) break;
+            if ((s = kvl__cu_upload(m, L->bqkv, hw->bq, QD, 1)) != KVL_OK) break;
+            if ((s = kvl__cu_upload(m, L->bqkv + QD, hw->bk, KD, 1)) != KVL_OK) break;
+            if ((s = kvl__cu_upload(m, L->bqkv + QD + KD, hw->bv, KD, 1)) != KVL_OK) break;
         }
         if (c->qk_norm) {
-            if ((s = kvl_cu_upload(m, L->q_norm, hw->q_norm, D, 1)) != KVL_OK) break;
-            if ((s = kvl_cu_upload(m, L->k_norm, hw->k_norm, D, 1)) != KVL_OK) break;
+            if ((s = kvl__cu_upload(m, L->q_norm, hw->q_norm, D, 1)) != KVL_OK) break;
+            if ((s = kvl__cu_upload(m, L->k_norm, hw->k_norm, D, 1)) != KVL_OK) break;
         }
-        if (c->o_bias && (s = kvl_cu_upload(m, L->bo, hw->bo, H, 1)) != KVL_OK) break;
+        if (c->o_bias && (s = kvl__cu_upload(m, L->bo, hw->bo, H, 1)) != KVL_OK) break;
     }
     /* cudaMemcpy from pageable memory may return before the DMA lands, and the legacy default
      * stream does not order the model's non-blocking stream: wait for the uploads here */
@@ -272,7 +272,7 @@ kvl_status kvl_cuda_model_create(const kvl_model *host, const kvl_cuda_params *p
 
 kvl_status kvl_cuda_model_create_random(const kvl_model_config *cfg, uint64_t seed,
                                         const kvl_cuda_params *params, kvl_cuda_model **out) {
-    if (!cfg || !out) return kvl_errorf(KVL_ERR_INVALID_ARG, "kvl_cuda_model_create_random: NULL argument");
+    if (!cfg || !out) return kvl__errorf(KVL_ERR_INVALID_ARG, "kvl_cuda_model_create_random: NULL argument");
     *out = NULL;
     kvl_cuda_model *m = NULL;
     kvl_status s = model_alloc(cfg, params, &m);
@@ -283,19 +283,19 @@ kvl_status kvl_cuda_model_create_random(const kvl_model_config *cfg, uint64_t se
         size_t KD = (size_t)c->n_kv_heads * D, F = c->intermediate_size, V = c->vocab_size;
         size_t n_w = V * H * (c->tie_word_embeddings ? 1 : 2) +
               ((QD + 2 * KD) * H + H * QD + 2 * F * H + H * F) * c->n_layers;
-        kvl_cu_fill_random(m->stream, m->dt, m->wbase, n_w, seed, 0.02f);
+        kvl__cu_fill_random(m->stream, m->dt, m->wbase, n_w, seed, 0.02f);
         s = KVL_CU(cudaGetLastError());
         for (int l = 0; l < c->n_layers && s == KVL_OK; l++) {
-            kvl_cu_layer *L = &m->layers[l];
-            kvl_cu_fill_f32(m->stream, L->attn_norm, H, 1.0f);
-            kvl_cu_fill_f32(m->stream, L->mlp_norm, H, 1.0f);
-            if (L->bqkv) kvl_cu_fill_f32(m->stream, L->bqkv, QD + 2 * KD, 0.0f);
-            if (L->q_norm) kvl_cu_fill_f32(m->stream, L->q_norm, D, 1.0f);
-            if (L->k_norm) kvl_cu_fill_f32(m->stream, L->k_norm, D, 1.0f);
-            if (L->bo) kvl_cu_fill_f32(m->stream, L->bo, H, 0.0f);
+            kvl__cu_layer *L = &m->layers[l];
+            kvl__cu_fill_f32(m->stream, L->attn_norm, H, 1.0f);
+            kvl__cu_fill_f32(m->stream, L->mlp_norm, H, 1.0f);
+            if (L->bqkv) kvl__cu_fill_f32(m->stream, L->bqkv, QD + 2 * KD, 0.0f);
+            if (L->q_norm) kvl__cu_fill_f32(m->stream, L->q_norm, D, 1.0f);
+            if (L->k_norm) kvl__cu_fill_f32(m->stream, L->k_norm, D, 1.0f);
+            if (L->bo) kvl__cu_fill_f32(m->stream, L->bo, H, 0.0f);
             s = KVL_CU(cudaGetLastError());
         }
-        if (s == KVL_OK) kvl_cu_fill_f32(m->stream, m->final_norm, H, 1.0f);
+        if (s == KVL_OK) kvl__cu_fill_f32(m->stream, m->final_norm, H, 1.0f);
         if (s == KVL_OK) s = KVL_CU(cudaGetLastError());
         if (s == KVL_OK) s = KVL_CU(cudaDeviceSynchronize());   /* and the RoPE table upload */
     }
@@ -316,21 +316,21 @@ kvl_status kvl_cuda_synchronize(kvl_cuda_model *m) {
 
 kvl_status kvl_cuda_cache_create(kvl_cuda_model *m, int max_tokens, kvl_cuda_cache **out) {
     if (!m || !out || max_tokens < 1)
-        return kvl_errorf(KVL_ERR_INVALID_ARG, "kvl_cuda_cache_create: NULL model or max_tokens %d < 1", max_tokens);
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "kvl_cuda_cache_create: NULL model or max_tokens %d < 1", max_tokens);
     *out = NULL;
     kvl_cuda_cache *c = calloc(1, sizeof *c);
-    if (!c) return kvl_errorf(KVL_ERR_NOMEM, "cuda: out of memory");
+    if (!c) return kvl__errorf(KVL_ERR_NOMEM, "cuda: out of memory");
     c->model = m;
     c->capacity = max_tokens;
     c->planes = m->cfg.qk_norm ? 3 : 2;
     c->kd = (size_t)m->cfg.n_kv_heads * m->cfg.head_dim;
     c->ids = malloc(sizeof(int32_t) * (size_t)max_tokens);
-    kvl_status s = c->ids ? KVL_OK : kvl_errorf(KVL_ERR_NOMEM, "cuda: out of memory for %d token ids", max_tokens);
+    kvl_status s = c->ids ? KVL_OK : kvl__errorf(KVL_ERR_NOMEM, "cuda: out of memory for %d token ids", max_tokens);
     size_t bytes = (size_t)m->cfg.n_layers * c->planes * (size_t)max_tokens * c->kd * m->esz;
     if (s == KVL_OK) s = KVL_CU(cudaMalloc(&c->base, bytes));
     if (s == KVL_OK) s = KVL_CU(cudaMalloc((void **)&c->d_pos, 2 * sizeof(int32_t)));
     if (s != KVL_OK) {
-        kvl_error_prefix(s, "cuda cache");
+        kvl__error_prefix(s, "cuda cache");
         kvl_cuda_cache_free(c);
         return s;
     }
@@ -353,7 +353,7 @@ int kvl_cuda_cache_capacity(const kvl_cuda_cache *c) { return c->capacity; }
 
 kvl_status kvl_cuda_cache_truncate(kvl_cuda_cache *c, int n) {
     if (n < 0 || n > c->n_tokens)
-        return kvl_errorf(KVL_ERR_RANGE, "cuda cache truncate: %d outside [0, %d]", n, c->n_tokens);
+        return kvl__errorf(KVL_ERR_RANGE, "cuda cache truncate: %d outside [0, %d]", n, c->n_tokens);
     c->n_tokens = n;
     return KVL_OK;
 }
@@ -372,35 +372,35 @@ static kvl_status gemm(kvl_cuda_model *m, const void *W, const void *X, float *Y
 
 /* All decoder layers for the T tokens in a->tok (prefill: positions p0 + t; decode: T = 1 at
  * position *d_pos, d_pos != NULL).  Leaves the final residual stream in a->x. */
-static kvl_status run_layers(kvl_cuda_model *m, kvl_cu_acts *a, kvl_cuda_cache *c, int T, int p0,
+static kvl_status run_layers(kvl_cuda_model *m, kvl__cu_acts *a, kvl_cuda_cache *c, int T, int p0,
                              const int32_t *d_tok, const int32_t *d_pos) {
     const kvl_model_config *cf = &m->cfg;
     const int H = cf->hidden_size, D = cf->head_dim, Hq = cf->n_heads, Hkv = cf->n_kv_heads;
     const int QD = Hq * D, KD = Hkv * D, F = cf->intermediate_size;
     kvl_status s;
     cudaStream_t st = m->stream;
-    kvl_cu_embed(st, m->dt, a->x, m->embed, d_tok, T, H);
+    kvl__cu_embed(st, m->dt, a->x, m->embed, d_tok, T, H);
     KVL_CU_LAUNCHED();
     for (int l = 0; l < cf->n_layers; l++) {
-        const kvl_cu_layer *L = &m->layers[l];
-        void *kp = kvl_cu_plane(c, l, 0), *vp = kvl_cu_plane(c, l, 1);
-        void *pp = c->planes > 2 ? kvl_cu_plane(c, l, 2) : NULL;
-        kvl_cu_rmsnorm(st, m->dt, a->xn, a->x, (size_t)H, L->attn_norm, T, H, cf->rms_norm_eps);
+        const kvl__cu_layer *L = &m->layers[l];
+        void *kp = kvl__cu_plane(c, l, 0), *vp = kvl__cu_plane(c, l, 1);
+        void *pp = c->planes > 2 ? kvl__cu_plane(c, l, 2) : NULL;
+        kvl__cu_rmsnorm(st, m->dt, a->xn, a->x, (size_t)H, L->attn_norm, T, H, cf->rms_norm_eps);
         if ((s = gemm(m, L->wqkv, a->xn, a->qkv, T, H, QD + 2 * KD, 0.0f)) != KVL_OK) return s;
-        kvl_cu_qkv_post(st, m->dt, a->qkv, L->bqkv, L->q_norm, L->k_norm, p0, d_pos, T, Hq, Hkv, D,
+        kvl__cu_qkv_post(st, m->dt, a->qkv, L->bqkv, L->q_norm, L->k_norm, p0, d_pos, T, Hq, Hkv, D,
                         m->inv_freq, cf->rms_norm_eps, a->q, kp, vp, pp);
-        int rc = d_pos ? kvl_cu_attention_decode(st, m->dt, a->att, a->q, kp, vp, a->part, d_pos,
+        int rc = d_pos ? kvl__cu_attention_decode(st, m->dt, a->att, a->q, kp, vp, a->part, d_pos,
                                                  a->part_splits, Hq, Hkv, D)
-                       : kvl_cu_attention_prefill(st, m->dt, a->att, a->q, kp, vp, a->part, T, p0,
+                       : kvl__cu_attention_prefill(st, m->dt, a->att, a->q, kp, vp, a->part, T, p0,
                                                   Hq, Hkv, D);
-        if (rc != 0) return kvl_errorf(KVL_ERR_UNSUPPORTED, "cuda attention: unsupported shape "
+        if (rc != 0) return kvl__errorf(KVL_ERR_UNSUPPORTED, "cuda attention: unsupported shape "
                                        "(Hq %d, Hkv %d, D %d) or shared-memory opt-in failed", Hq, Hkv, D);
         KVL_CU_LAUNCHED();
         if ((s = gemm(m, L->wo, a->att, a->x, T, QD, H, 1.0f)) != KVL_OK) return s;   /* x += o_proj */
-        if (L->bo) kvl_cu_add_bias(st, a->x, L->bo, T, H);
-        kvl_cu_rmsnorm(st, m->dt, a->xn, a->x, (size_t)H, L->mlp_norm, T, H, cf->rms_norm_eps);
+        if (L->bo) kvl__cu_add_bias(st, a->x, L->bo, T, H);
+        kvl__cu_rmsnorm(st, m->dt, a->xn, a->x, (size_t)H, L->mlp_norm, T, H, cf->rms_norm_eps);
         if ((s = gemm(m, L->wgu, a->xn, a->gu, T, H, 2 * F, 0.0f)) != KVL_OK) return s;
-        kvl_cu_swiglu(st, m->dt, a->act, a->gu, T, F);
+        kvl__cu_swiglu(st, m->dt, a->act, a->gu, T, F);
         if ((s = gemm(m, L->wdown, a->act, a->x, T, F, H, 1.0f)) != KVL_OK) return s;   /* x += mlp */
         KVL_CU_LAUNCHED();
     }
@@ -410,19 +410,19 @@ static kvl_status run_layers(kvl_cuda_model *m, kvl_cu_acts *a, kvl_cuda_cache *
 static kvl_status check_tokens(const kvl_cuda_model *m, const int32_t *tokens, int n) {
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= m->cfg.vocab_size)
-            return kvl_errorf(KVL_ERR_INVALID_ARG, "cuda: token %d has id %d outside the vocabulary "
+            return kvl__errorf(KVL_ERR_INVALID_ARG, "cuda: token %d has id %d outside the vocabulary "
                               "[0, %d)", i, tokens[i], m->cfg.vocab_size);
     return KVL_OK;
 }
 
 kvl_status kvl_cuda_prefill(kvl_cuda_model *m, kvl_cuda_cache *c, const int32_t *tokens, int n,
                             kvl_logits_mode mode, float *logits, int32_t *argmax_out) {
-    if (!m || !c || !tokens || n < 1) return kvl_errorf(KVL_ERR_INVALID_ARG, "cuda prefill: no tokens");
-    if (c->model != m) return kvl_errorf(KVL_ERR_MISMATCH, "cuda prefill: cache belongs to another model");
+    if (!m || !c || !tokens || n < 1) return kvl__errorf(KVL_ERR_INVALID_ARG, "cuda prefill: no tokens");
+    if (c->model != m) return kvl__errorf(KVL_ERR_MISMATCH, "cuda prefill: cache belongs to another model");
     if (mode != KVL_LOGITS_NONE && !logits)
-        return kvl_errorf(KVL_ERR_INVALID_ARG, "cuda prefill: logits asked for but no buffer");
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "cuda prefill: logits asked for but no buffer");
     if (c->n_tokens + n > c->capacity)
-        return kvl_errorf(KVL_ERR_RANGE, "cuda prefill: %d tokens exceed the cache capacity %d",
+        return kvl__errorf(KVL_ERR_RANGE, "cuda prefill: %d tokens exceed the cache capacity %d",
                           c->n_tokens + n, c->capacity);
     kvl_status s = check_tokens(m, tokens, n);
     if (s != KVL_OK) return s;
@@ -439,15 +439,15 @@ kvl_status kvl_cuda_prefill(kvl_cuda_model *m, kvl_cuda_cache *c, const int32_t 
         KVL_CU_TRY(cudaMalloc(&m->logit_x, (size_t)rows * H * m->esz));
         m->cap_logit_rows = rows;
     }
-    kvl_cu_acts *a = &m->pre;
+    kvl__cu_acts *a = &m->pre;
     KVL_CU_TRY(cudaMemcpyAsync(a->tok, tokens, sizeof(int32_t) * (size_t)n, cudaMemcpyHostToDevice, m->stream));
     const int p0 = c->n_tokens;
     if ((s = run_layers(m, a, c, n, p0, a->tok, NULL)) != KVL_OK) return s;
     int first = mode == KVL_LOGITS_ALL ? 0 : n - 1;
-    kvl_cu_rmsnorm(m->stream, m->dt, m->logit_x, a->x + (size_t)first * H, (size_t)H, m->final_norm,
+    kvl__cu_rmsnorm(m->stream, m->dt, m->logit_x, a->x + (size_t)first * H, (size_t)H, m->final_norm,
                    rows, H, m->cfg.rms_norm_eps);
     if ((s = gemm(m, m->lm_head, m->logit_x, m->logits, rows, H, V, 0.0f)) != KVL_OK) return s;
-    kvl_cu_argmax(m->stream, m->logits + (size_t)(rows - 1) * V, V, m->d_argmax, NULL, NULL);
+    kvl__cu_argmax(m->stream, m->logits + (size_t)(rows - 1) * V, V, m->d_argmax, NULL, NULL);
     KVL_CU_LAUNCHED();
     if (mode != KVL_LOGITS_NONE)
         KVL_CU_TRY(cudaMemcpyAsync(logits, m->logits, (size_t)rows * V * sizeof(float),
@@ -462,13 +462,13 @@ kvl_status kvl_cuda_prefill(kvl_cuda_model *m, kvl_cuda_cache *c, const int32_t 
 
 /* The decode step as queued work: reads token and position from c->d_pos[1], c->d_pos[0]. */
 static kvl_status decode_work(kvl_cuda_model *m, kvl_cuda_cache *c) {
-    kvl_cu_acts *a = &m->dec;
+    kvl__cu_acts *a = &m->dec;
     const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
     kvl_status s = run_layers(m, a, c, 1, 0, c->d_pos + 1, c->d_pos);
     if (s != KVL_OK) return s;
-    kvl_cu_rmsnorm(m->stream, m->dt, a->xn, a->x, (size_t)H, m->final_norm, 1, H, m->cfg.rms_norm_eps);
+    kvl__cu_rmsnorm(m->stream, m->dt, a->xn, a->x, (size_t)H, m->final_norm, 1, H, m->cfg.rms_norm_eps);
     if ((s = gemm(m, m->lm_head, a->xn, m->dec_logits, 1, H, V, 0.0f)) != KVL_OK) return s;
-    kvl_cu_argmax(m->stream, m->dec_logits, V, m->d_argmax, NULL, NULL);
+    kvl__cu_argmax(m->stream, m->dec_logits, V, m->d_argmax, NULL, NULL);
     KVL_CU_LAUNCHED();
     return KVL_OK;
 }
@@ -489,10 +489,10 @@ static kvl_status capture_decode(kvl_cuda_model *m, kvl_cuda_cache *c) {
 
 kvl_status kvl_cuda_decode(kvl_cuda_model *m, kvl_cuda_cache *c, int32_t token, float *logits,
                            int32_t *argmax_out) {
-    if (!m || !c) return kvl_errorf(KVL_ERR_INVALID_ARG, "cuda decode: NULL argument");
-    if (c->model != m) return kvl_errorf(KVL_ERR_MISMATCH, "cuda decode: cache belongs to another model");
+    if (!m || !c) return kvl__errorf(KVL_ERR_INVALID_ARG, "cuda decode: NULL argument");
+    if (c->model != m) return kvl__errorf(KVL_ERR_MISMATCH, "cuda decode: cache belongs to another model");
     if (c->n_tokens + 1 > c->capacity)
-        return kvl_errorf(KVL_ERR_RANGE, "cuda decode: cache full (%d tokens)", c->capacity);
+        return kvl__errorf(KVL_ERR_RANGE, "cuda decode: cache full (%d tokens)", c->capacity);
     kvl_status s = check_tokens(m, &token, 1);
     if (s != KVL_OK) return s;
     m->h_pinned[0] = c->n_tokens;
@@ -526,14 +526,14 @@ kvl_status kvl_cuda_decode(kvl_cuda_model *m, kvl_cuda_cache *c, int32_t token, 
 static kvl_status read_plane(const kvl_cuda_cache *c, int layer, int plane, int t0, int t1, float *out) {
     const kvl_cuda_model *m = c->model;
     size_t n = (size_t)(t1 - t0) * c->kd;
-    const char *src = (const char *)kvl_cu_plane(c, layer, plane) + (size_t)t0 * c->kd * m->esz;
+    const char *src = (const char *)kvl__cu_plane(c, layer, plane) + (size_t)t0 * c->kd * m->esz;
     KVL_CU_TRY(cudaStreamSynchronize(m->stream));   /* the rows may still be being written */
     if (m->dt == 1) {
         KVL_CU_TRY(cudaMemcpy(out, src, n * sizeof(float), cudaMemcpyDeviceToHost));
         return KVL_OK;
     }
     uint16_t *tmp = malloc(n * sizeof(uint16_t) + 1);
-    if (!tmp) return kvl_errorf(KVL_ERR_NOMEM, "cuda export: out of memory");
+    if (!tmp) return kvl__errorf(KVL_ERR_NOMEM, "cuda export: out of memory");
     kvl_status s = KVL_CU(cudaMemcpy(tmp, src, n * 2, cudaMemcpyDeviceToHost));
     if (s == KVL_OK)
         for (size_t i = 0; i < n; i++) out[i] = bf16_to_f32(tmp[i]);
@@ -543,7 +543,7 @@ static kvl_status read_plane(const kvl_cuda_cache *c, int layer, int plane, int 
 
 static kvl_status export_check(const kvl_cuda_cache *c, int layer, int t0, int t1) {
     if (!c || layer < 0 || layer >= c->model->cfg.n_layers || t0 < 0 || t1 < t0 || t1 > c->n_tokens)
-        return kvl_errorf(KVL_ERR_RANGE, "cuda export: layer %d tokens [%d, %d) outside the cache "
+        return kvl__errorf(KVL_ERR_RANGE, "cuda export: layer %d tokens [%d, %d) outside the cache "
                           "(%d tokens)", layer, t0, t1, c ? c->n_tokens : 0);
     return KVL_OK;
 }
@@ -567,9 +567,9 @@ kvl_status kvl_cuda_cache_read_prenorm(const kvl_cuda_cache *c, int layer, int t
             /* no k_norm: the pre-RoPE key is the cached key rotated back */
             int n = t1 - t0;
             int *pos = malloc(sizeof(int) * (size_t)(n ? n : 1));
-            if (!pos) return kvl_errorf(KVL_ERR_NOMEM, "cuda export: out of memory");
+            if (!pos) return kvl__errorf(KVL_ERR_NOMEM, "cuda export: out of memory");
             for (int i = 0; i < n; i++) pos[i] = t0 + i;
-            kvl_cpu_rope_forward(k_out, pos, n, c->model->cfg.n_kv_heads, c->model->cfg.head_dim,
+            kvl__cpu_rope_forward(k_out, pos, n, c->model->cfg.n_kv_heads, c->model->cfg.head_dim,
                                  c->model->cfg.rope_theta, 1);
             free(pos);
         }

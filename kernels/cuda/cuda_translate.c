@@ -31,32 +31,32 @@ void kvl_cuda_translator_free(kvl_cuda_translator *tr) {
 kvl_status kvl_cuda_translator_create(const kvl_kv_maps *mp, const kvl_model_config *src,
                                       kvl_cuda_model *dst, kvl_cuda_translator **out) {
     if (!mp || !src || !dst || !out || !mp->wk || !mp->wv || !mp->layer_map)
-        return kvl_errorf(KVL_ERR_INVALID_ARG, "kvl_cuda_translator_create: NULL argument");
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "kvl_cuda_translator_create: NULL argument");
     *out = NULL;
     const kvl_model_config *t = &dst->cfg;
     if (mp->src_layers != src->n_layers || mp->src_kv_heads != src->n_kv_heads ||
         mp->src_head_dim != src->head_dim || mp->dst_layers != t->n_layers ||
         mp->dst_kv_heads != t->n_kv_heads || mp->dst_head_dim != t->head_dim)
-        return kvl_errorf(KVL_ERR_MISMATCH, "cuda translator: maps are %d x %d x %d -> %d x %d x %d "
+        return kvl__errorf(KVL_ERR_MISMATCH, "cuda translator: maps are %d x %d x %d -> %d x %d x %d "
                           "(layers x kv heads x head_dim), models are %d x %d x %d -> %d x %d x %d",
                           mp->src_layers, mp->src_kv_heads, mp->src_head_dim, mp->dst_layers,
                           mp->dst_kv_heads, mp->dst_head_dim, src->n_layers, src->n_kv_heads,
                           src->head_dim, t->n_layers, t->n_kv_heads, t->head_dim);
     if (src->head_dim % 2 || src->head_dim > 1024)
-        return kvl_errorf(KVL_ERR_UNSUPPORTED, "cuda translator: source head_dim %d", src->head_dim);
+        return kvl__errorf(KVL_ERR_UNSUPPORTED, "cuda translator: source head_dim %d", src->head_dim);
     if (t->n_layers > 4096 || src->n_layers > 4096)
-        return kvl_errorf(KVL_ERR_UNSUPPORTED, "cuda translator: more than 4096 layers");
+        return kvl__errorf(KVL_ERR_UNSUPPORTED, "cuda translator: more than 4096 layers");
     unsigned char used[4096] = {0};
     int n_used = 0;
     for (int l = 0; l < t->n_layers; l++) {
         int sl = mp->layer_map[l];
         if (sl < 0 || sl >= src->n_layers || sl >= 4096)
-            return kvl_errorf(KVL_ERR_MISMATCH, "cuda translator: layer map sends target layer %d "
+            return kvl__errorf(KVL_ERR_MISMATCH, "cuda translator: layer map sends target layer %d "
                               "to source layer %d of %d", l, sl, src->n_layers);
         if (!used[sl]++) n_used++;
     }
     kvl_cuda_translator *tr = calloc(1, sizeof *tr);
-    if (!tr) return kvl_errorf(KVL_ERR_NOMEM, "cuda translator: out of memory");
+    if (!tr) return kvl__errorf(KVL_ERR_NOMEM, "cuda translator: out of memory");
     tr->dst = dst;
     tr->src_cfg = *src;
     tr->Ls = src->n_layers; tr->Hs = src->n_kv_heads; tr->Ds = src->head_dim;
@@ -64,8 +64,8 @@ kvl_status kvl_cuda_translator_create(const kvl_kv_maps *mp, const kvl_model_con
     tr->n_src_used = n_used;
     size_t per = (size_t)tr->Lt * tr->Ht * tr->Dt * (size_t)tr->Hs * tr->Ds;
     kvl_status s = KVL_CU(cudaMalloc(&tr->w, 2 * per * dst->esz));
-    if (s == KVL_OK) s = kvl_cu_upload(dst, tr->w, mp->wk, per, 0);
-    if (s == KVL_OK) s = kvl_cu_upload(dst, (char *)tr->w + per * dst->esz, mp->wv, per, 0);
+    if (s == KVL_OK) s = kvl__cu_upload(dst, tr->w, mp->wk, per, 0);
+    if (s == KVL_OK) s = kvl__cu_upload(dst, (char *)tr->w + per * dst->esz, mp->wv, per, 0);
     if (s == KVL_OK) s = KVL_CU(cudaMalloc((void **)&tr->layer_map, sizeof(int32_t) * tr->Lt));
     if (s == KVL_OK) {
         int32_t map[4096];
@@ -98,30 +98,30 @@ kvl_status kvl_cuda_translator_create(const kvl_kv_maps *mp, const kvl_model_con
 
 kvl_status kvl_cuda_translate(kvl_cuda_translator *tr, const kvl_cuda_cache *src, int t0, int t1,
                               kvl_cuda_cache *dst, size_t *bytes_out) {
-    if (!tr || !src || !dst) return kvl_errorf(KVL_ERR_INVALID_ARG, "cuda translate: NULL argument");
+    if (!tr || !src || !dst) return kvl__errorf(KVL_ERR_INVALID_ARG, "cuda translate: NULL argument");
     const kvl_model_config *sc = &src->model->cfg;
     if (sc->n_layers != tr->Ls || sc->n_kv_heads != tr->Hs || sc->head_dim != tr->Ds ||
         sc->qk_norm != tr->src_cfg.qk_norm)
-        return kvl_errorf(KVL_ERR_MISMATCH, "cuda translate: source cache geometry is not the translator's");
+        return kvl__errorf(KVL_ERR_MISMATCH, "cuda translate: source cache geometry is not the translator's");
     if (dst->model != tr->dst)
-        return kvl_errorf(KVL_ERR_MISMATCH, "cuda translate: target cache belongs to another model");
+        return kvl__errorf(KVL_ERR_MISMATCH, "cuda translate: target cache belongs to another model");
     if (src->model->dt != tr->dst->dt)
-        return kvl_errorf(KVL_ERR_UNSUPPORTED, "cuda translate: source and target dtypes differ");
+        return kvl__errorf(KVL_ERR_UNSUPPORTED, "cuda translate: source and target dtypes differ");
     if (t0 < 0 || t1 < t0 || t1 > src->n_tokens)
-        return kvl_errorf(KVL_ERR_RANGE, "cuda translate: span [%d, %d) outside the source's %d tokens",
+        return kvl__errorf(KVL_ERR_RANGE, "cuda translate: span [%d, %d) outside the source's %d tokens",
                           t0, t1, src->n_tokens);
     if (dst->n_tokens != t0)
-        return kvl_errorf(KVL_ERR_RANGE, "cuda translate: target holds %d tokens, span starts at %d",
+        return kvl__errorf(KVL_ERR_RANGE, "cuda translate: target holds %d tokens, span starts at %d",
                           dst->n_tokens, t0);
     if (t1 > dst->capacity)
-        return kvl_errorf(KVL_ERR_RANGE, "cuda translate: %d tokens exceed the target capacity %d",
+        return kvl__errorf(KVL_ERR_RANGE, "cuda translate: %d tokens exceed the target capacity %d",
                           t1, dst->capacity);
     kvl_cuda_model *m = tr->dst;
     /* the source rows were written on the source model's stream */
     if (src->model->stream != m->stream) KVL_CU_TRY(cudaStreamSynchronize(src->model->stream));
     const int n = t1 - t0;
     size_t per = (size_t)tr->Lt * tr->Ht * tr->Dt * (size_t)tr->Hs * tr->Ds;
-    kvl_cu_translate_args a = {
+    kvl__cu_translate_args a = {
         .dt = m->dt, .n = n, .t0 = t0,
         .src_base = src->base, .src_planes = src->planes, .src_cap = src->capacity,
         .Hs = tr->Hs, .Ds = tr->Ds, .src_unrope = !sc->qk_norm, .src_inv_freq = tr->src_inv_freq,
@@ -133,9 +133,9 @@ kvl_status kvl_cuda_translate(kvl_cuda_translator *tr, const kvl_cuda_cache *src
     for (int side = 0; side < 2 && n > 0; side++) {
         a.side = side;
         a.w = (const char *)tr->w + (side ? per * m->esz : 0);
-        int rc = kvl_cu_translate(m->stream, &a);
+        int rc = kvl__cu_translate(m->stream, &a);
         if (rc != 0)
-            return kvl_errorf(KVL_ERR_UNSUPPORTED, "cuda translate: unsupported shape (%d x %d -> %d x %d) "
+            return kvl__errorf(KVL_ERR_UNSUPPORTED, "cuda translate: unsupported shape (%d x %d -> %d x %d) "
                               "or shared-memory opt-in failed", tr->Hs, tr->Ds, tr->Ht, tr->Dt);
         KVL_CU_LAUNCHED();
     }

@@ -13,7 +13,7 @@ __global__ void embed_kernel(float *x, const T *embed, const int32_t *tok, int H
     for (int i = threadIdx.x; i < H; i += blockDim.x) x[(size_t)t * H + i] = ldf(row, i);
 }
 
-extern "C" void kvl_cu_embed(cudaStream_t s, int dt, float *x, const void *embed,
+extern "C" void kvl__cu_embed(cudaStream_t s, int dt, float *x, const void *embed,
                              const int32_t *tok, int T, int H) {
     if (dt == 0) embed_kernel<<<T, 256, 0, s>>>(x, (const bf16 *)embed, tok, H);
     else embed_kernel<<<T, 256, 0, s>>>(x, (const float *)embed, tok, H);
@@ -35,7 +35,7 @@ __global__ void rmsnorm_kernel(T *out, const float *in, size_t in_stride, const 
     for (int i = threadIdx.x; i < C; i += blockDim.x) stf(out, (size_t)t * C + i, w[i] * (x[i] * r));
 }
 
-extern "C" void kvl_cu_rmsnorm(cudaStream_t s, int dt, void *out, const float *in,
+extern "C" void kvl__cu_rmsnorm(cudaStream_t s, int dt, void *out, const float *in,
                                size_t in_stride, const float *w, int T, int C, float eps) {
     if (dt == 0) rmsnorm_kernel<<<T, 256, 0, s>>>((bf16 *)out, in, in_stride, w, C, eps);
     else rmsnorm_kernel<<<T, 256, 0, s>>>((float *)out, in, in_stride, w, C, eps);
@@ -94,7 +94,7 @@ __global__ void qkv_post_kernel(const float *qkv, const float *bias, const float
     }
 }
 
-extern "C" void kvl_cu_qkv_post(cudaStream_t s, int dt, const float *qkv, const float *bias,
+extern "C" void kvl__cu_qkv_post(cudaStream_t s, int dt, const float *qkv, const float *bias,
                                 const float *q_norm, const float *k_norm, int pos0,
                                 const int32_t *d_pos0, int T, int Hq, int Hkv, int D,
                                 const float *inv_freq, float eps, void *q_out, void *k_cache,
@@ -129,7 +129,7 @@ static int grid_for(size_t n, int block) {
     return (int)(g > 65535 * 16 ? 65535 * 16 : (g ? g : 1));
 }
 
-extern "C" void kvl_cu_swiglu(cudaStream_t s, int dt, void *act, const float *gu, int T, int F) {
+extern "C" void kvl__cu_swiglu(cudaStream_t s, int dt, void *act, const float *gu, int T, int F) {
     int g = grid_for((size_t)T * F, 256);
     if (dt == 0) swiglu_kernel<<<g, 256, 0, s>>>((bf16 *)act, gu, T, F);
     else swiglu_kernel<<<g, 256, 0, s>>>((float *)act, gu, T, F);
@@ -142,7 +142,7 @@ __global__ void add_bias_kernel(float *x, const float *b, int T_, int N) {
         x[i] += b[i % N];
 }
 
-extern "C" void kvl_cu_add_bias(cudaStream_t s, float *x, const float *b, int T, int N) {
+extern "C" void kvl__cu_add_bias(cudaStream_t s, float *x, const float *b, int T, int N) {
     add_bias_kernel<<<grid_for((size_t)T * N, 256), 256, 0, s>>>(x, b, T, N);
 }
 
@@ -187,7 +187,7 @@ __global__ void argmax_kernel(const float *logits, int V, int32_t *out, int32_t 
     }
 }
 
-extern "C" void kvl_cu_argmax(cudaStream_t s, const float *logits, int V, int32_t *out,
+extern "C" void kvl__cu_argmax(cudaStream_t s, const float *logits, int V, int32_t *out,
                               int32_t *next_tok, int32_t *pos) {
     argmax_kernel<<<1, ARGMAX_THREADS, 0, s>>>(logits, V, out, next_tok, pos);
 }
@@ -211,7 +211,7 @@ __global__ void fill_random_kernel(T *dst, size_t n, uint64_t seed, float a) {
     }
 }
 
-extern "C" void kvl_cu_fill_random(cudaStream_t s, int dt, void *dst, size_t n, uint64_t seed,
+extern "C" void kvl__cu_fill_random(cudaStream_t s, int dt, void *dst, size_t n, uint64_t seed,
                                    float std) {
     float a = std * 1.7320508f;   /* uniform(-a, a) has standard deviation a / sqrt(3) */
     int g = grid_for(n, 256);
@@ -225,7 +225,7 @@ __global__ void fill_f32_kernel(float *dst, size_t n, float v) {
         dst[i] = v;
 }
 
-extern "C" void kvl_cu_fill_f32(cudaStream_t s, float *dst, size_t n, float value) {
+extern "C" void kvl__cu_fill_f32(cudaStream_t s, float *dst, size_t n, float value) {
     fill_f32_kernel<<<grid_for(n, 256), 256, 0, s>>>(dst, n, value);
 }
 
@@ -236,7 +236,7 @@ __global__ void convert_kernel(T *dst, const float *src, size_t n) {
         stf(dst, i, src[i]);
 }
 
-extern "C" void kvl_cu_convert(cudaStream_t s, int dt, void *dst, const float *src, size_t n) {
+extern "C" void kvl__cu_convert(cudaStream_t s, int dt, void *dst, const float *src, size_t n) {
     int g = grid_for(n, 256);
     if (dt == 0) convert_kernel<<<g, 256, 0, s>>>((bf16 *)dst, src, n);
     else convert_kernel<<<g, 256, 0, s>>>((float *)dst, src, n);

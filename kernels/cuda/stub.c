@@ -6,7 +6,7 @@
 #include "kvlingo/cuda.h"
 
 #define KVL_NO_CUDA(fn) \
-    kvl_errorf(KVL_ERR_UNSUPPORTED, "%s: this kvlingo was built without CUDA (configure with -DKVL_CUDA=ON where nvcc is installed)", fn)
+    kvl__errorf(KVL_ERR_UNSUPPORTED, "%s: this kvlingo was built without CUDA (configure with -DKVL_CUDA=ON where nvcc is installed)", fn)
 
 int kvl_cuda_built(void) { return 0; }
 

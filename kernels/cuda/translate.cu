@@ -73,7 +73,7 @@ struct tr_smem {
 };
 
 template <int DT>
-__global__ void __launch_bounds__(TR_THREADS) translate_wmma_kernel(kvl_cu_translate_args a) {
+__global__ void __launch_bounds__(TR_THREADS) translate_wmma_kernel(kvl__cu_translate_args a) {
     typedef tr_smem<DT> L;
     extern __shared__ __align__(128) unsigned char smem[];
     bf16 *Xs = (bf16 *)(smem + L::X_OFF);
@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(TR_THREADS) translate_wmma_kernel(kvl_cu_trans
 /* ---- scalar kernel (f32 caches, any shape): block = (token, target head, layer) ----------- */
 
 template <typename T>
-__global__ void __launch_bounds__(TR_THREADS) translate_scalar_kernel(kvl_cu_translate_args a) {
+__global__ void __launch_bounds__(TR_THREADS) translate_scalar_kernel(kvl__cu_translate_args a) {
     extern __shared__ __align__(16) float fsm[];
     const int t = blockIdx.x, hd = blockIdx.y, l = blockIdx.z;
     const int KS = a.Hs * a.Ds, Dt = a.Dt, KDT = a.Ht * Dt;
@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(TR_THREADS) translate_scalar_kernel(kvl_cu_tra
 }
 
 template <int DT>
-static int wmma_launch(cudaStream_t s, const kvl_cu_translate_args *a) {
+static int wmma_launch(cudaStream_t s, const kvl__cu_translate_args *a) {
     static int attr_set = 0;
     if (!attr_set) {
         if (cudaFuncSetAttribute(translate_wmma_kernel<DT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -221,7 +221,7 @@ static int wmma_launch(cudaStream_t s, const kvl_cu_translate_args *a) {
     return 0;
 }
 
-extern "C" int kvl_cu_translate(cudaStream_t s, const kvl_cu_translate_args *a) {
+extern "C" int kvl__cu_translate(cudaStream_t s, const kvl__cu_translate_args *a) {
     if (a->n <= 0) return 0;
     const int KS = a->Hs * a->Ds;
     if (a->dt == 0 && KS % TR_KC == 0 && a->Ds % 16 == 0) {

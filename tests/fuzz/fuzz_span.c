@@ -23,9 +23,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t pl = size - 3 - hl;
     Kvlingo__V1__SpanHeader *h = kvlingo__v1__span_header__unpack(NULL, hl, hb);
     if (!h) return 0;
-    kvl_span_reject why = KVL_SPAN_OK;
+    kvl__span_reject why = KVL_SPAN_OK;
     /* the node's limit on what it will allocate for a payload */
-    kvl_status st = kvl_span_header_check(h, 1u << 20, &why);
+    kvl_status st = kvl__span_header_check(h, 1u << 20, &why);
     if (st != KVL_OK) {
         if (why == KVL_SPAN_OK || !kvl_last_error()[0]) abort();
         kvlingo__v1__span_header__free_unpacked(h, NULL);
@@ -36,9 +36,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!buf) abort();
     size_t got = pl < h->payload_bytes ? pl : (size_t)h->payload_bytes;
     memcpy(buf, pb, got);
-    if (flags & 1) h->checksum = kvl_span_checksum(buf, got);
-    kvl_span_view v;
-    st = kvl_span_payload_check(h, buf, got, 4096, &v, &why);
+    if (flags & 1) h->checksum = kvl__span_checksum(buf, got);
+    kvl__span_view v;
+    st = kvl__span_payload_check(h, buf, got, 4096, &v, &why);
     if (st != KVL_OK) {
         if (why == KVL_SPAN_OK || !kvl_last_error()[0]) abort();
     } else {

@@ -28,7 +28,7 @@ static char *fuzz_mini_tokenizer_json(void) {
         "\"post_processor\":null,\"decoder\":{\"type\":\"ByteLevel\"},"
         "\"model\":{\"type\":\"BPE\",\"dropout\":null,\"unk_token\":null,\"ignore_merges\":false,\"vocab\":{");
     for (int b = 0; b < 256; b++) {
-        unsigned cp = kvl_bytelevel_char[b];
+        unsigned cp = kvl__bytelevel_char[b];
         char u[8];
         if (cp == '"' || cp == '\\') snprintf(u, sizeof u, "\\%c", (char)cp);
         else if (cp < 0x80) snprintf(u, sizeof u, "%c", (char)cp);

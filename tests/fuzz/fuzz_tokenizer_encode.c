@@ -15,13 +15,13 @@ static kvl_tokenizer *g_tok;
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!g_tok) {
         char *json = fuzz_mini_tokenizer_json();
-        if (!json || kvl_tokenizer_load_json(json, strlen(json), "fuzz-mini", &g_tok) != KVL_OK) __builtin_trap();
+        if (!json || kvl__tokenizer_load_json(json, strlen(json), "fuzz-mini", &g_tok) != KVL_OK) __builtin_trap();
         free(json);
     }
     int32_t *ids = NULL;
     size_t n = 0;
     kvl_status st = kvl_tokenizer_encode(g_tok, (const char *)data, size, &ids, &n);
-    if (!kvl_utf8_valid((const char *)data, size)) {
+    if (!kvl__utf8_valid((const char *)data, size)) {
         if (st != KVL_ERR_INVALID_ARG) __builtin_trap();
         return 0;
     }
@@ -36,7 +36,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *buf = malloc(cap), *joined = malloc(dl + cap + 1);
     if (!buf || !joined) __builtin_trap();
     for (size_t i = 0; i < n; i++) {
-        if (kvl_detok_push(d, ids[i], buf, cap, &len) != KVL_OK || !kvl_utf8_valid(buf, len)) __builtin_trap();
+        if (kvl_detok_push(d, ids[i], buf, cap, &len) != KVL_OK || !kvl__utf8_valid(buf, len)) __builtin_trap();
         memcpy(joined + jl, buf, len);
         jl += len;
     }

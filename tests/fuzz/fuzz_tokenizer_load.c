@@ -9,7 +9,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     kvl_tokenizer *tok = NULL;
-    if (kvl_tokenizer_load_json((const char *)data, size, "fuzz.json", &tok) != KVL_OK) {
+    if (kvl__tokenizer_load_json((const char *)data, size, "fuzz.json", &tok) != KVL_OK) {
         if (tok) __builtin_trap();   /* no handle on error */
         return 0;
     }

@@ -31,30 +31,30 @@ static int die(const char *what) {
 /* ---- sink mode: an importer that dies mid-transfer -------------------------------------- */
 
 typedef struct sink {
-    kvl_transport *t;
+    kvl__transport *t;
 } sink;
 
-static void sink_info(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+static void sink_info(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     Kvlingo__V1__InfoResponse out = KVLINGO__V1__INFO_RESPONSE__INIT;
     Kvlingo__V1__ModelId mid = KVLINGO__V1__MODEL_ID__INIT;
     mid.name = "qwen3-b";
     mid.hash = "";
     out.model = &mid;
-    kvl_rpc_call_reply_pb(call, &out.base);
+    kvl__rpc_call_reply_pb(call, &out.base);
 }
 
 /* announce an endpoint (a live UCX worker that never posts the receive), then die */
-static void sink_import(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+static void sink_import(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     sink *sk = user;
     Kvlingo__V1__ImportSpanResponse ep = KVLINGO__V1__IMPORT_SPAN_RESPONSE__INIT;
     const uint8_t *a;
     size_t al;
-    kvl_transport_address(sk->t, &a, &al);
+    kvl__transport_address(sk->t, &a, &al);
     ep.transport = "ucx";
     ep.transport_address.data = (uint8_t *)a;
     ep.transport_address.len = al;
     ep.tag = 42;
-    kvl_rpc_call_send_pb(call, &ep.base);
+    kvl__rpc_call_send_pb(call, &ep.base);
     usleep(200 * 1000);   /* the exporter is sending by now */
     fprintf(stderr, "span_inject sink: dying mid-transfer\n");
     _exit(0);
@@ -62,16 +62,16 @@ static void sink_import(kvl_rpc_call *call, const uint8_t *req, size_t len, void
 
 static int run_sink(void) {
     sink sk;
-    if (kvl_transport_create("ucx", &sk.t)) return die("transport");
-    kvl_rpc_server_params p = kvl_rpc_server_default_params();
-    kvl_rpc_server *srv;
-    if (kvl_rpc_server_create(&p, &srv) ||
-        kvl_rpc_server_add_method(srv, "/kvlingo.v1.Node/Info", KVL_RPC_UNARY, sink_info, &sk) ||
-        kvl_rpc_server_add_method(srv, "/kvlingo.v1.Node/ImportSpan", KVL_RPC_SERVER_STREAM,
+    if (kvl__transport_create("ucx", &sk.t)) return die("transport");
+    kvl__rpc_server_params p = kvl__rpc_server_default_params();
+    kvl__rpc_server *srv;
+    if (kvl__rpc_server_create(&p, &srv) ||
+        kvl__rpc_server_add_method(srv, "/kvlingo.v1.Node/Info", KVL_RPC_UNARY, sink_info, &sk) ||
+        kvl__rpc_server_add_method(srv, "/kvlingo.v1.Node/ImportSpan", KVL_RPC_SERVER_STREAM,
                                   sink_import, &sk) ||
-        kvl_rpc_server_start(srv))
+        kvl__rpc_server_start(srv))
         return die("server");
-    printf("port=%d\n", kvl_rpc_server_port(srv));
+    printf("port=%d\n", kvl__rpc_server_port(srv));
     fflush(stdout);
     sleep(120);   /* killed by the test or dies in sink_import */
     return 0;
@@ -94,22 +94,22 @@ int main(int argc, char **argv) {
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
     for (int i = 0; i < n; i++) ids[i] = 200 + i;
     if (kvl_model_prefill(m, c, ids, n, KVL_LOGITS_NONE, NULL)) return die("prefill");
-    kvl_rpc_client *cli;
-    if (kvl_rpc_client_create(addr, 0, &cli)) return die("client");
+    kvl__rpc_client *cli;
+    if (kvl__rpc_client_create(addr, 0, &cli)) return die("client");
     /* target identity from the node itself */
     Kvlingo__V1__InfoRequest iq = KVLINGO__V1__INFO_REQUEST__INIT;
     ProtobufCMessage *ir;
-    kvl_rpc_result res;
-    if (kvl_rpc_client_unary_pb(cli, "/kvlingo.v1.Node/Info", &iq.base,
+    kvl__rpc_result res;
+    if (kvl__rpc_client_unary_pb(cli, "/kvlingo.v1.Node/Info", &iq.base,
                                 &kvlingo__v1__info_response__descriptor, 10000, &ir, &res) ||
         res.code != GRPC_STATUS_OK)
         return die("Info");
     Kvlingo__V1__InfoResponse *info = (Kvlingo__V1__InfoResponse *)ir;
     Kvlingo__V1__SpanHeader h = KVLINGO__V1__SPAN_HEADER__INIT;
-    kvl_span_ids sid;
+    kvl__span_ids sid;
     uint8_t *payload;
     size_t plen;
-    if (kvl_span_encode(m, c, 0, (uint32_t)n, info->model->name, info->model->hash, &sid, &h,
+    if (kvl__span_encode(m, c, 0, (uint32_t)n, info->model->name, info->model->hash, &sid, &h,
                         &payload, &plen))
         return die("encode");
     Kvlingo__V1__ImportSpanRequest rq = KVLINGO__V1__IMPORT_SPAN_REQUEST__INIT;
@@ -118,17 +118,17 @@ int main(int argc, char **argv) {
     size_t rl = kvlingo__v1__import_span_request__get_packed_size(&rq);
     uint8_t *rb = malloc(rl);
     kvlingo__v1__import_span_request__pack(&rq, rb);
-    kvl_rpc_stream *st;
-    if (kvl_rpc_client_stream_open(cli, "/kvlingo.v1.Node/ImportSpan", rb, rl, 20000, &st))
+    kvl__rpc_stream *st;
+    if (kvl__rpc_client_stream_open(cli, "/kvlingo.v1.Node/ImportSpan", rb, rl, 20000, &st))
         return die("ImportSpan");
     uint8_t *msg;
     size_t ml;
-    if (kvl_rpc_stream_read(st, &msg, &ml) == 1) {
+    if (kvl__rpc_stream_read(st, &msg, &ml) == 1) {
         Kvlingo__V1__ImportSpanResponse *ep = kvlingo__v1__import_span_response__unpack(NULL, ml, msg);
         if (!ep) return die("endpoint");
         if (!strcmp(mode, "vanish")) _exit(0);   /* no cleanup: like a crashed process */
-        kvl_transport *t;
-        if (kvl_transport_create("ucx", &t)) return die("transport");
+        kvl__transport *t;
+        if (kvl__transport_create("ucx", &t)) return die("transport");
         size_t send_len = plen;
         uint8_t *buf = malloc(plen + 64);
         memcpy(buf, payload, plen);
@@ -138,31 +138,31 @@ int main(int argc, char **argv) {
         if (!strcmp(mode, "corrupt")) buf[plen / 2] ^= 0x40;
         if (!strcmp(mode, "hang")) {
             usleep(300 * 1000);
-            kvl_rpc_stream_cancel(st);
-        } else if (kvl_transport_send(t, ep->transport_address.data, ep->transport_address.len,
+            kvl__rpc_stream_cancel(st);
+        } else if (kvl__transport_send(t, ep->transport_address.data, ep->transport_address.len,
                                       ep->tag, buf, send_len, 10000, NULL)) {
             fprintf(stderr, "span_inject: send: %s\n", kvl_last_error());
         }
-        kvl_rpc_result fin;
-        kvl_rpc_stream_finish(st, &fin);
-        printf("code=%s msg=%s\n", kvl_rpc_status_name(fin.code), fin.message);
-        kvl_rpc_result_clear(&fin);
-        kvl_transport_free(t);
+        kvl__rpc_result fin;
+        kvl__rpc_stream_finish(st, &fin);
+        printf("code=%s msg=%s\n", kvl__rpc_status_name(fin.code), fin.message);
+        kvl__rpc_result_clear(&fin);
+        kvl__transport_free(t);
         free(buf);
         kvlingo__v1__import_span_response__free_unpacked(ep, NULL);
         free(msg);
     } else {
-        kvl_rpc_result fin;
-        kvl_rpc_stream_finish(st, &fin);
-        printf("code=%s msg=%s\n", kvl_rpc_status_name(fin.code), fin.message);
-        kvl_rpc_result_clear(&fin);
+        kvl__rpc_result fin;
+        kvl__rpc_stream_finish(st, &fin);
+        printf("code=%s msg=%s\n", kvl__rpc_status_name(fin.code), fin.message);
+        kvl__rpc_result_clear(&fin);
     }
-    kvl_rpc_stream_free(st);
+    kvl__rpc_stream_free(st);
     free(rb);
     free(payload);
     protobuf_c_message_free_unpacked(ir, NULL);
-    kvl_rpc_result_clear(&res);
-    kvl_rpc_client_free(cli);
+    kvl__rpc_result_clear(&res);
+    kvl__rpc_client_free(cli);
     kvl_cache_free(c);
     free(ids);
     kvl_model_free(m);

@@ -16,28 +16,28 @@
 #include "grpc/health/v1/health.pb-c.h"
 
 typedef struct fixture {
-    kvl_rpc_server *srv;
-    kvl_rpc_client *cli;
+    kvl__rpc_server *srv;
+    kvl__rpc_client *cli;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int cancel_seen;
 } fixture;
 
-static void echo(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+static void echo(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     if (len > 0 && req[0] == 'E') {
-        kvl_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, "bad request: %d bytes", (int)len);
+        kvl__rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, "bad request: %d bytes", (int)len);
         return;
     }
-    kvl_rpc_call_reply(call, req, len);
+    kvl__rpc_call_reply(call, req, len);
 }
 
-static void count(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+static void count(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     int n = len > 0 ? req[0] : 0;
     for (int i = 0; i < n; i++) {
         uint8_t b = (uint8_t)i;
-        if (kvl_rpc_call_send(call, &b, 1) != KVL_OK) return;
+        if (kvl__rpc_call_send(call, &b, 1) != KVL_OK) return;
     }
-    kvl_rpc_call_finish(call, GRPC_STATUS_OK, NULL);
+    kvl__rpc_call_finish(call, GRPC_STATUS_OK, NULL);
 }
 
 static void on_cancel(void *arg) {
@@ -49,50 +49,50 @@ static void on_cancel(void *arg) {
 }
 
 /* streams one message then waits until the client goes away */
-static void hang(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
+static void hang(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     fixture *f = user;
     uint8_t b = 42;
-    kvl_rpc_call_send(call, &b, 1);
-    kvl_rpc_call_on_cancel(call, on_cancel, f);
+    kvl__rpc_call_send(call, &b, 1);
+    kvl__rpc_call_on_cancel(call, on_cancel, f);
     pthread_mutex_lock(&f->mu);
     while (!f->cancel_seen) pthread_cond_wait(&f->cv, &f->mu);
     pthread_mutex_unlock(&f->mu);
-    assert_true(kvl_rpc_call_cancelled(call));
+    assert_true(kvl__rpc_call_cancelled(call));
     /* sends after cancellation fail cleanly */
-    assert_int_equal(kvl_rpc_call_send(call, &b, 1), KVL_ERR_CANCELLED);
+    assert_int_equal(kvl__rpc_call_send(call, &b, 1), KVL_ERR_CANCELLED);
 }
 
-static void slow(kvl_rpc_call *call, const uint8_t *req, size_t len, void *user) {
-    while (!kvl_rpc_call_cancelled(call)) usleep(10000);
-    kvl_rpc_call_finish(call, GRPC_STATUS_ABORTED, "too late");
+static void slow(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    while (!kvl__rpc_call_cancelled(call)) usleep(10000);
+    kvl__rpc_call_finish(call, GRPC_STATUS_ABORTED, "too late");
 }
 
 static int setup(void **state) {
     fixture *f = calloc(1, sizeof *f);
     pthread_mutex_init(&f->mu, NULL);
     pthread_cond_init(&f->cv, NULL);
-    kvl_rpc_server_params p = kvl_rpc_server_default_params();
+    kvl__rpc_server_params p = kvl__rpc_server_default_params();
     p.listen = "127.0.0.1:0";
-    assert_int_equal(kvl_rpc_server_create(&p, &f->srv), KVL_OK);
-    assert_int_equal(kvl_rpc_server_add_method(f->srv, "/t.S/Echo", KVL_RPC_UNARY, echo, f), 0);
-    assert_int_equal(kvl_rpc_server_add_method(f->srv, "/t.S/Count", KVL_RPC_SERVER_STREAM,
+    assert_int_equal(kvl__rpc_server_create(&p, &f->srv), KVL_OK);
+    assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/Echo", KVL_RPC_UNARY, echo, f), 0);
+    assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/Count", KVL_RPC_SERVER_STREAM,
                                                count, f), 0);
-    assert_int_equal(kvl_rpc_server_add_method(f->srv, "/t.S/Hang", KVL_RPC_SERVER_STREAM,
+    assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/Hang", KVL_RPC_SERVER_STREAM,
                                                hang, f), 0);
-    assert_int_equal(kvl_rpc_server_add_method(f->srv, "/t.S/Slow", KVL_RPC_UNARY, slow, f), 0);
-    assert_int_not_equal(kvl_rpc_server_add_method(f->srv, "/t.S/Echo", KVL_RPC_UNARY, echo, f), 0);
-    assert_int_equal(kvl_rpc_server_start(f->srv), KVL_OK);
+    assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/Slow", KVL_RPC_UNARY, slow, f), 0);
+    assert_int_not_equal(kvl__rpc_server_add_method(f->srv, "/t.S/Echo", KVL_RPC_UNARY, echo, f), 0);
+    assert_int_equal(kvl__rpc_server_start(f->srv), KVL_OK);
     char target[64];
-    snprintf(target, sizeof target, "127.0.0.1:%d", kvl_rpc_server_port(f->srv));
-    assert_int_equal(kvl_rpc_client_create(target, 0, &f->cli), KVL_OK);
+    snprintf(target, sizeof target, "127.0.0.1:%d", kvl__rpc_server_port(f->srv));
+    assert_int_equal(kvl__rpc_client_create(target, 0, &f->cli), KVL_OK);
     *state = f;
     return 0;
 }
 
 static int teardown(void **state) {
     fixture *f = *state;
-    kvl_rpc_client_free(f->cli);
-    kvl_rpc_server_free(f->srv);
+    kvl__rpc_client_free(f->cli);
+    kvl__rpc_server_free(f->srv);
     pthread_mutex_destroy(&f->mu);
     pthread_cond_destroy(&f->cv);
     free(f);
@@ -101,94 +101,94 @@ static int teardown(void **state) {
 
 static void test_unary(void **state) {
     fixture *f = *state;
-    kvl_rpc_result r;
-    assert_int_equal(kvl_rpc_client_unary(f->cli, "/t.S/Echo", (const uint8_t *)"hello", 5, 5000,
+    kvl__rpc_result r;
+    assert_int_equal(kvl__rpc_client_unary(f->cli, "/t.S/Echo", (const uint8_t *)"hello", 5, 5000,
                                           &r), KVL_OK);
     assert_int_equal(r.code, GRPC_STATUS_OK);
     assert_int_equal(r.len, 5);
     assert_memory_equal(r.data, "hello", 5);
-    kvl_rpc_result_clear(&r);
+    kvl__rpc_result_clear(&r);
     /* empty message */
-    assert_int_equal(kvl_rpc_client_unary(f->cli, "/t.S/Echo", NULL, 0, 5000, &r), KVL_OK);
+    assert_int_equal(kvl__rpc_client_unary(f->cli, "/t.S/Echo", NULL, 0, 5000, &r), KVL_OK);
     assert_int_equal(r.code, GRPC_STATUS_OK);
     assert_int_equal(r.len, 0);
-    kvl_rpc_result_clear(&r);
+    kvl__rpc_result_clear(&r);
     /* error status with message */
-    assert_int_equal(kvl_rpc_client_unary(f->cli, "/t.S/Echo", (const uint8_t *)"Ex", 2, 5000,
+    assert_int_equal(kvl__rpc_client_unary(f->cli, "/t.S/Echo", (const uint8_t *)"Ex", 2, 5000,
                                           &r), KVL_OK);
     assert_int_equal(r.code, GRPC_STATUS_INVALID_ARGUMENT);
     assert_string_equal(r.message, "bad request: 2 bytes");
-    kvl_rpc_result_clear(&r);
+    kvl__rpc_result_clear(&r);
     /* unknown method */
-    assert_int_equal(kvl_rpc_client_unary(f->cli, "/t.S/Nope", NULL, 0, 5000, &r), KVL_OK);
+    assert_int_equal(kvl__rpc_client_unary(f->cli, "/t.S/Nope", NULL, 0, 5000, &r), KVL_OK);
     assert_int_equal(r.code, GRPC_STATUS_UNIMPLEMENTED);
     assert_non_null(strstr(r.message, "/t.S/Nope"));
-    kvl_rpc_result_clear(&r);
+    kvl__rpc_result_clear(&r);
 }
 
 static void test_deadline(void **state) {
     fixture *f = *state;
-    kvl_rpc_result r;
-    int64_t t0 = kvl_rpc_now_ms();
-    assert_int_equal(kvl_rpc_client_unary(f->cli, "/t.S/Slow", NULL, 0, 200, &r), KVL_OK);
+    kvl__rpc_result r;
+    int64_t t0 = kvl__rpc_now_ms();
+    assert_int_equal(kvl__rpc_client_unary(f->cli, "/t.S/Slow", NULL, 0, 200, &r), KVL_OK);
     /* Client and server both hold the deadline: usually the client's own timer fires first
      * (DEADLINE_EXCEEDED), but on a loaded machine the server can notice first, and the slow
      * handler's late ABORTED status then wins the race.  Either way the call ends near the
      * deadline and never hangs. */
     if (r.code != GRPC_STATUS_DEADLINE_EXCEEDED && r.code != GRPC_STATUS_ABORTED)
         fail_msg("Slow call ended with status %d (%s)", r.code, r.message ? r.message : "");
-    int64_t took = kvl_rpc_now_ms() - t0;
+    int64_t took = kvl__rpc_now_ms() - t0;
     assert_true(took >= 150 && took < 3000);
-    kvl_rpc_result_clear(&r);
+    kvl__rpc_result_clear(&r);
     /* the server keeps serving */
-    assert_int_equal(kvl_rpc_client_unary(f->cli, "/t.S/Echo", (const uint8_t *)"x", 1, 5000, &r),
+    assert_int_equal(kvl__rpc_client_unary(f->cli, "/t.S/Echo", (const uint8_t *)"x", 1, 5000, &r),
                      KVL_OK);
     assert_int_equal(r.code, GRPC_STATUS_OK);
-    kvl_rpc_result_clear(&r);
+    kvl__rpc_result_clear(&r);
 }
 
 static void test_stream(void **state) {
     fixture *f = *state;
     uint8_t n = 50;
-    kvl_rpc_stream *st;
-    assert_int_equal(kvl_rpc_client_stream_open(f->cli, "/t.S/Count", &n, 1, 5000, &st), KVL_OK);
+    kvl__rpc_stream *st;
+    assert_int_equal(kvl__rpc_client_stream_open(f->cli, "/t.S/Count", &n, 1, 5000, &st), KVL_OK);
     int got = 0;
     uint8_t *d;
     size_t len;
-    while (kvl_rpc_stream_read(st, &d, &len) == 1) {
+    while (kvl__rpc_stream_read(st, &d, &len) == 1) {
         assert_int_equal(len, 1);
         assert_int_equal(d[0], got);
         got++;
         free(d);
     }
     assert_int_equal(got, 50);
-    kvl_rpc_result r;
-    assert_int_equal(kvl_rpc_stream_finish(st, &r), KVL_OK);
+    kvl__rpc_result r;
+    assert_int_equal(kvl__rpc_stream_finish(st, &r), KVL_OK);
     assert_int_equal(r.code, GRPC_STATUS_OK);
-    kvl_rpc_result_clear(&r);
-    kvl_rpc_stream_free(st);
+    kvl__rpc_result_clear(&r);
+    kvl__rpc_stream_free(st);
 }
 
 static void test_cancel(void **state) {
     fixture *f = *state;
     f->cancel_seen = 0;
-    kvl_rpc_stream *st;
-    assert_int_equal(kvl_rpc_client_stream_open(f->cli, "/t.S/Hang", NULL, 0, 10000, &st), KVL_OK);
+    kvl__rpc_stream *st;
+    assert_int_equal(kvl__rpc_client_stream_open(f->cli, "/t.S/Hang", NULL, 0, 10000, &st), KVL_OK);
     uint8_t *d;
     size_t len;
-    assert_int_equal(kvl_rpc_stream_read(st, &d, &len), 1);
+    assert_int_equal(kvl__rpc_stream_read(st, &d, &len), 1);
     assert_int_equal(d[0], 42);
     free(d);
-    kvl_rpc_stream_cancel(st);
-    kvl_rpc_result r;
-    assert_int_equal(kvl_rpc_stream_finish(st, &r), KVL_OK);
+    kvl__rpc_stream_cancel(st);
+    kvl__rpc_result r;
+    assert_int_equal(kvl__rpc_stream_finish(st, &r), KVL_OK);
     assert_int_equal(r.code, GRPC_STATUS_CANCELLED);
-    kvl_rpc_result_clear(&r);
-    kvl_rpc_stream_free(st);
+    kvl__rpc_result_clear(&r);
+    kvl__rpc_stream_free(st);
     pthread_mutex_lock(&f->mu);
     while (!f->cancel_seen) pthread_cond_wait(&f->cv, &f->mu);
     pthread_mutex_unlock(&f->mu);
-    while (kvl_rpc_server_active_calls(f->srv) > 0) usleep(1000);
+    while (kvl__rpc_server_active_calls(f->srv) > 0) usleep(1000);
 }
 
 static void test_health(void **state) {
@@ -196,69 +196,69 @@ static void test_health(void **state) {
     Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
     req.service = "";
     ProtobufCMessage *resp;
-    kvl_rpc_result r;
-    assert_int_equal(kvl_rpc_client_unary_pb(f->cli, "/grpc.health.v1.Health/Check", &req.base,
+    kvl__rpc_result r;
+    assert_int_equal(kvl__rpc_client_unary_pb(f->cli, "/grpc.health.v1.Health/Check", &req.base,
                                              &grpc__health__v1__health_check_response__descriptor,
                                              5000, &resp, &r), KVL_OK);
     assert_int_equal(r.code, GRPC_STATUS_OK);
     assert_int_equal(((Grpc__Health__V1__HealthCheckResponse *)resp)->status,
                      GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING);
     protobuf_c_message_free_unpacked(resp, NULL);
-    kvl_rpc_result_clear(&r);
+    kvl__rpc_result_clear(&r);
     req.service = "kvlingo.v1.Nope";
-    assert_int_equal(kvl_rpc_client_unary_pb(f->cli, "/grpc.health.v1.Health/Check", &req.base,
+    assert_int_equal(kvl__rpc_client_unary_pb(f->cli, "/grpc.health.v1.Health/Check", &req.base,
                                              &grpc__health__v1__health_check_response__descriptor,
                                              5000, &resp, &r), KVL_OK);
     assert_int_equal(r.code, GRPC_STATUS_NOT_FOUND);
-    kvl_rpc_result_clear(&r);
+    kvl__rpc_result_clear(&r);
     /* malformed protobuf */
     uint8_t junk[] = {0xff, 0xff, 0xff};
-    assert_int_equal(kvl_rpc_client_unary(f->cli, "/grpc.health.v1.Health/Check", junk, 3, 5000,
+    assert_int_equal(kvl__rpc_client_unary(f->cli, "/grpc.health.v1.Health/Check", junk, 3, 5000,
                                           &r), KVL_OK);
     assert_int_equal(r.code, GRPC_STATUS_INVALID_ARGUMENT);
-    kvl_rpc_result_clear(&r);
+    kvl__rpc_result_clear(&r);
 }
 
 static void test_health_watch(void **state) {
     fixture *f = *state;
     Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
     req.service = "kvlingo.v1.Test";
-    assert_int_equal(kvl_rpc_server_set_health(f->srv, "kvlingo.v1.Test", 1), KVL_OK);
+    assert_int_equal(kvl__rpc_server_set_health(f->srv, "kvlingo.v1.Test", 1), KVL_OK);
     uint8_t buf[64];
     size_t len = grpc__health__v1__health_check_request__pack(&req, buf);
-    kvl_rpc_stream *st;
-    assert_int_equal(kvl_rpc_client_stream_open(f->cli, "/grpc.health.v1.Health/Watch", buf, len,
+    kvl__rpc_stream *st;
+    assert_int_equal(kvl__rpc_client_stream_open(f->cli, "/grpc.health.v1.Health/Watch", buf, len,
                                                 10000, &st), KVL_OK);
     int want[2] = {GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING,
                    GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING};
     for (int i = 0; i < 2; i++) {
         uint8_t *d;
         size_t n;
-        assert_int_equal(kvl_rpc_stream_read(st, &d, &n), 1);
+        assert_int_equal(kvl__rpc_stream_read(st, &d, &n), 1);
         Grpc__Health__V1__HealthCheckResponse *r =
             grpc__health__v1__health_check_response__unpack(NULL, n, d);
         assert_non_null(r);
         assert_int_equal(r->status, want[i]);
         grpc__health__v1__health_check_response__free_unpacked(r, NULL);
         free(d);
-        if (i == 0) kvl_rpc_server_set_health(f->srv, "kvlingo.v1.Test", 0);
+        if (i == 0) kvl__rpc_server_set_health(f->srv, "kvlingo.v1.Test", 0);
     }
-    kvl_rpc_stream_cancel(st);
-    kvl_rpc_result r;
-    assert_int_equal(kvl_rpc_stream_finish(st, &r), KVL_OK);
+    kvl__rpc_stream_cancel(st);
+    kvl__rpc_result r;
+    assert_int_equal(kvl__rpc_stream_finish(st, &r), KVL_OK);
     assert_int_equal(r.code, GRPC_STATUS_CANCELLED);
-    kvl_rpc_result_clear(&r);
-    kvl_rpc_stream_free(st);
+    kvl__rpc_result_clear(&r);
+    kvl__rpc_stream_free(st);
 }
 
 static void test_unreachable(void **state) {
-    kvl_rpc_client *cli;
-    assert_int_equal(kvl_rpc_client_create("127.0.0.1:1", 0, &cli), KVL_OK);
-    kvl_rpc_result r;
-    assert_int_equal(kvl_rpc_client_unary(cli, "/t.S/Echo", NULL, 0, 2000, &r), KVL_OK);
+    kvl__rpc_client *cli;
+    assert_int_equal(kvl__rpc_client_create("127.0.0.1:1", 0, &cli), KVL_OK);
+    kvl__rpc_result r;
+    assert_int_equal(kvl__rpc_client_unary(cli, "/t.S/Echo", NULL, 0, 2000, &r), KVL_OK);
     assert_true(r.code == GRPC_STATUS_UNAVAILABLE || r.code == GRPC_STATUS_DEADLINE_EXCEEDED);
-    kvl_rpc_result_clear(&r);
-    kvl_rpc_client_free(cli);
+    kvl__rpc_result_clear(&r);
+    kvl__rpc_client_free(cli);
 }
 
 int main(void) {

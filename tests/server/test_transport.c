@@ -17,83 +17,83 @@
 #include "transport.h"
 
 static void test_send_recv(void **state) {
-    kvl_transport *a, *b;
-    assert_int_equal(kvl_transport_create("ucx", &a), KVL_OK);
-    assert_int_equal(kvl_transport_create(NULL, &b), KVL_OK);
-    assert_string_equal(kvl_transport_kind(a), "ucx");
+    kvl__transport *a, *b;
+    assert_int_equal(kvl__transport_create("ucx", &a), KVL_OK);
+    assert_int_equal(kvl__transport_create(NULL, &b), KVL_OK);
+    assert_string_equal(kvl__transport_kind(a), "ucx");
     const uint8_t *addr;
     size_t alen;
-    kvl_transport_address(b, &addr, &alen);
+    kvl__transport_address(b, &addr, &alen);
     assert_true(alen > 0);
     size_t sizes[] = {1, 4096, 8u << 20};
     for (int i = 0; i < 3; i++) {
         size_t n = sizes[i];
         uint8_t *src = malloc(n), *dst = calloc(1, n);
         for (size_t j = 0; j < n; j++) src[j] = (uint8_t)(j * 7 + i);
-        uint64_t tag = kvl_transport_new_tag(b);
-        kvl_transport_recv *r;
-        assert_int_equal(kvl_transport_recv_post(b, tag, dst, n, &r), KVL_OK);
-        assert_int_equal(kvl_transport_send(a, addr, alen, tag, src, n, 10000, NULL), KVL_OK);
+        uint64_t tag = kvl__transport_new_tag(b);
+        kvl__transport_recv *r;
+        assert_int_equal(kvl__transport_recv_post(b, tag, dst, n, &r), KVL_OK);
+        assert_int_equal(kvl__transport_send(a, addr, alen, tag, src, n, 10000, NULL), KVL_OK);
         size_t got;
-        assert_int_equal(kvl_transport_recv_wait(b, r, 10000, NULL, &got), KVL_OK);
+        assert_int_equal(kvl__transport_recv_wait(b, r, 10000, NULL, &got), KVL_OK);
         assert_int_equal(got, n);
         assert_memory_equal(src, dst, n);
-        kvl_transport_recv_free(b, r);
+        kvl__transport_recv_free(b, r);
         free(src);
         free(dst);
     }
     /* shorter than announced: completes with fewer bytes */
     uint8_t buf[64], small[16] = {1};
-    uint64_t tag = kvl_transport_new_tag(b);
-    kvl_transport_recv *r;
+    uint64_t tag = kvl__transport_new_tag(b);
+    kvl__transport_recv *r;
     size_t got;
-    assert_int_equal(kvl_transport_recv_post(b, tag, buf, sizeof buf, &r), KVL_OK);
-    assert_int_equal(kvl_transport_send(a, addr, alen, tag, small, sizeof small, 10000, NULL), KVL_OK);
-    assert_int_equal(kvl_transport_recv_wait(b, r, 10000, NULL, &got), KVL_OK);
+    assert_int_equal(kvl__transport_recv_post(b, tag, buf, sizeof buf, &r), KVL_OK);
+    assert_int_equal(kvl__transport_send(a, addr, alen, tag, small, sizeof small, 10000, NULL), KVL_OK);
+    assert_int_equal(kvl__transport_recv_wait(b, r, 10000, NULL, &got), KVL_OK);
     assert_int_equal(got, sizeof small);
-    kvl_transport_recv_free(b, r);
+    kvl__transport_recv_free(b, r);
     /* longer than announced: the receive fails with RANGE */
     uint8_t big[256] = {0};
-    tag = kvl_transport_new_tag(b);
-    assert_int_equal(kvl_transport_recv_post(b, tag, buf, sizeof buf, &r), KVL_OK);
-    kvl_transport_send(a, addr, alen, tag, big, sizeof big, 10000, NULL);
-    assert_int_equal(kvl_transport_recv_wait(b, r, 10000, NULL, &got), KVL_ERR_RANGE);
-    kvl_transport_recv_free(b, r);
+    tag = kvl__transport_new_tag(b);
+    assert_int_equal(kvl__transport_recv_post(b, tag, buf, sizeof buf, &r), KVL_OK);
+    kvl__transport_send(a, addr, alen, tag, big, sizeof big, 10000, NULL);
+    assert_int_equal(kvl__transport_recv_wait(b, r, 10000, NULL, &got), KVL_ERR_RANGE);
+    kvl__transport_recv_free(b, r);
     /* nothing sent: timeout, then cancellation */
-    tag = kvl_transport_new_tag(b);
-    assert_int_equal(kvl_transport_recv_post(b, tag, buf, sizeof buf, &r), KVL_OK);
-    assert_int_equal(kvl_transport_recv_wait(b, r, 50, NULL, &got), KVL_ERR_IO);
-    kvl_transport_recv_free(b, r);
+    tag = kvl__transport_new_tag(b);
+    assert_int_equal(kvl__transport_recv_post(b, tag, buf, sizeof buf, &r), KVL_OK);
+    assert_int_equal(kvl__transport_recv_wait(b, r, 50, NULL, &got), KVL_ERR_IO);
+    kvl__transport_recv_free(b, r);
     volatile int cancel = 1;
-    tag = kvl_transport_new_tag(b);
-    assert_int_equal(kvl_transport_recv_post(b, tag, buf, sizeof buf, &r), KVL_OK);
-    assert_int_equal(kvl_transport_recv_wait(b, r, 5000, &cancel, &got), KVL_ERR_CANCELLED);
-    kvl_transport_recv_free(b, r);
+    tag = kvl__transport_new_tag(b);
+    assert_int_equal(kvl__transport_recv_post(b, tag, buf, sizeof buf, &r), KVL_OK);
+    assert_int_equal(kvl__transport_recv_wait(b, r, 5000, &cancel, &got), KVL_ERR_CANCELLED);
+    kvl__transport_recv_free(b, r);
     /* a peer that never takes the data: the send times out, the endpoint is dropped, and the
      * next transfer to the same peer works on a fresh endpoint */
     size_t big_n = 8u << 20;
     uint8_t *bigbuf = calloc(1, big_n);
-    int64_t t0 = kvl_rpc_now_ms();
-    assert_int_equal(kvl_transport_send(a, addr, alen, kvl_transport_new_tag(b), bigbuf, big_n,
+    int64_t t0 = kvl__rpc_now_ms();
+    assert_int_equal(kvl__transport_send(a, addr, alen, kvl__transport_new_tag(b), bigbuf, big_n,
                                         300, NULL), KVL_ERR_IO);
-    assert_true(kvl_rpc_now_ms() - t0 < 5000);
+    assert_true(kvl__rpc_now_ms() - t0 < 5000);
     volatile int stop = 1;
-    assert_int_equal(kvl_transport_send(a, addr, alen, kvl_transport_new_tag(b), bigbuf, big_n,
+    assert_int_equal(kvl__transport_send(a, addr, alen, kvl__transport_new_tag(b), bigbuf, big_n,
                                         5000, &stop), KVL_ERR_CANCELLED);
-    tag = kvl_transport_new_tag(b);
+    tag = kvl__transport_new_tag(b);
     uint8_t *dst2 = malloc(big_n);
-    assert_int_equal(kvl_transport_recv_post(b, tag, dst2, big_n, &r), KVL_OK);
-    assert_int_equal(kvl_transport_send(a, addr, alen, tag, bigbuf, big_n, 10000, NULL), KVL_OK);
-    assert_int_equal(kvl_transport_recv_wait(b, r, 10000, NULL, &got), KVL_OK);
+    assert_int_equal(kvl__transport_recv_post(b, tag, dst2, big_n, &r), KVL_OK);
+    assert_int_equal(kvl__transport_send(a, addr, alen, tag, bigbuf, big_n, 10000, NULL), KVL_OK);
+    assert_int_equal(kvl__transport_recv_wait(b, r, 10000, NULL, &got), KVL_OK);
     assert_int_equal(got, big_n);
-    kvl_transport_recv_free(b, r);
+    kvl__transport_recv_free(b, r);
     free(dst2);
     free(bigbuf);
     /* unknown kind */
-    kvl_transport *x;
-    assert_int_equal(kvl_transport_create("carrier-pigeon", &x), KVL_ERR_UNSUPPORTED);
-    kvl_transport_free(a);
-    kvl_transport_free(b);
+    kvl__transport *x;
+    assert_int_equal(kvl__transport_create("carrier-pigeon", &x), KVL_ERR_UNSUPPORTED);
+    kvl__transport_free(a);
+    kvl__transport_free(b);
 }
 
 static void test_span_codec(void **state) {
@@ -109,14 +109,14 @@ static void test_span_codec(void **state) {
     assert_int_equal(kvl_model_prefill(m, c, toks, 20, KVL_LOGITS_NONE, NULL), KVL_OK);
 
     Kvlingo__V1__SpanHeader h = KVLINGO__V1__SPAN_HEADER__INIT;
-    kvl_span_ids ids;
+    kvl__span_ids ids;
     uint8_t *p;
     size_t len;
-    assert_int_equal(kvl_span_encode(m, c, 5, 20, "qwen3-b", "", &ids, &h, &p, &len), KVL_OK);
-    assert_int_equal(len, kvl_span_payload_bytes(cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, 15));
-    kvl_span_reject why;
-    kvl_span_view v;
-    assert_int_equal(kvl_span_payload_check(&h, p, len, cfg->vocab_size, &v, &why), KVL_OK);
+    assert_int_equal(kvl__span_encode(m, c, 5, 20, "qwen3-b", "", &ids, &h, &p, &len), KVL_OK);
+    assert_int_equal(len, kvl__span_payload_bytes(cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, 15));
+    kvl__span_reject why;
+    kvl__span_view v;
+    assert_int_equal(kvl__span_payload_check(&h, p, len, cfg->vocab_size, &v, &why), KVL_OK);
     assert_int_equal(v.n, 15);
     assert_int_equal(v.ids[0], 105);
     /* the K of layer 1, token 5 equals what the cache reads back */
@@ -133,31 +133,31 @@ static void test_span_codec(void **state) {
     kvlingo__v1__span_header__pack(&h, hb);
     Kvlingo__V1__SpanHeader *h2 = kvlingo__v1__span_header__unpack(NULL, hl, hb);
     assert_non_null(h2);
-    assert_int_equal(kvl_span_payload_check(h2, p, len, cfg->vocab_size, NULL, &why), KVL_OK);
+    assert_int_equal(kvl__span_payload_check(h2, p, len, cfg->vocab_size, NULL, &why), KVL_OK);
     kvlingo__v1__span_header__free_unpacked(h2, NULL);
     free(hb);
     /* truncated */
-    assert_int_not_equal(kvl_span_payload_check(&h, p, len - 4, cfg->vocab_size, NULL, &why), 0);
+    assert_int_not_equal(kvl__span_payload_check(&h, p, len - 4, cfg->vocab_size, NULL, &why), 0);
     assert_int_equal(why, KVL_SPAN_TRUNCATED);
     /* checksum */
     p[17] ^= 1;
-    assert_int_not_equal(kvl_span_payload_check(&h, p, len, cfg->vocab_size, NULL, &why), 0);
+    assert_int_not_equal(kvl__span_payload_check(&h, p, len, cfg->vocab_size, NULL, &why), 0);
     assert_int_equal(why, KVL_SPAN_CHECKSUM);
     p[17] ^= 1;
     /* inconsistent geometry */
     h.n_layers += 1;
-    assert_int_not_equal(kvl_span_header_check(&h, 0, &why), 0);
+    assert_int_not_equal(kvl__span_header_check(&h, 0, &why), 0);
     assert_int_equal(why, KVL_SPAN_MALFORMED);
     h.n_layers -= 1;
     h.t1 = h.t0;
-    assert_int_not_equal(kvl_span_header_check(&h, 0, &why), 0);
+    assert_int_not_equal(kvl__span_header_check(&h, 0, &why), 0);
     assert_int_equal(why, KVL_SPAN_RANGE);
     h.t1 = 20;
-    assert_int_not_equal(kvl_span_header_check(&h, 1000, &why), 0);
+    assert_int_not_equal(kvl__span_header_check(&h, 1000, &why), 0);
     assert_int_equal(why, KVL_SPAN_RANGE);
     free(p);
     /* out-of-range range */
-    assert_int_not_equal(kvl_span_encode(m, c, 5, 21, "x", "", &ids, &h, &p, &len), 0);
+    assert_int_not_equal(kvl__span_encode(m, c, 5, 21, "x", "", &ids, &h, &p, &len), 0);
     assert_null(p);
     kvl_cache_free(c);
     kvl_model_free(m);

@@ -42,11 +42,11 @@ static void test_no_device(void) {
     CHECK(mp.device == KVL_DEVICE_CPU, "default device is not cpu");
     mp.device = KVL_DEVICE_CUDA;
     kvl_model *m = (kvl_model *)1;
-    kvl_status ls = kvl_model_load(kvl_test_path("models/qwen3-a"), &mp, &m);
+    kvl_status ls = kvl_model_load(kvl__test_path("models/qwen3-a"), &mp, &m);
     CHECK(ls == s && m == NULL, "load --device cuda gave %d (probe %d)", ls, s);
     CHECK(strstr(kvl_last_error(), "cuda") != NULL, "message '%s' does not name cuda", kvl_last_error());
     mp.device = KVL_DEVICE_CPU;
-    CHECK(kvl_model_load(kvl_test_path("models/qwen3-a"), &mp, &m) == KVL_OK, "cpu load failed");
+    CHECK(kvl_model_load(kvl__test_path("models/qwen3-a"), &mp, &m) == KVL_OK, "cpu load failed");
     kvl_cuda_model *cm = (kvl_cuda_model *)1;
     kvl_status cs = kvl_cuda_model_create(m, NULL, &cm);
     CHECK(cs == KVL_ERR_UNSUPPORTED || cs == KVL_ERR_DEVICE, "cuda model create gave %d", cs);
@@ -105,7 +105,7 @@ static void identity_translate(const char *name, int t0) {
     kvl_model *m = NULL;
     char dir[512];
     snprintf(dir, sizeof dir, "models/%s", name);
-    if (kvl_model_load(kvl_test_path(dir), NULL, &m) != KVL_OK) { CHECK(0, "load %s", name); return; }
+    if (kvl_model_load(kvl__test_path(dir), NULL, &m) != KVL_OK) { CHECK(0, "load %s", name); return; }
     const kvl_model_config *c = kvl_model_config_get(m);
     const int T = 24, L = c->n_layers;
     const size_t kd = (size_t)c->n_kv_heads * c->head_dim;

@@ -65,7 +65,7 @@ static kvl_model *load_host(const char *name) {
     char rel[256];
     snprintf(rel, sizeof rel, "models/%s", name);
     kvl_model *m = NULL;
-    if (kvl_model_load(kvl_test_path(rel), NULL, &m) != KVL_OK) printf("load %s: %s\n", name, kvl_last_error());
+    if (kvl_model_load(kvl__test_path(rel), NULL, &m) != KVL_OK) printf("load %s: %s\n", name, kvl_last_error());
     return m;
 }
 

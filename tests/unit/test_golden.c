@@ -62,7 +62,7 @@ static void assert_close(const char *what, const float *a, const float *b, size_
 
 static void load(golden *g, const char *name) {
     char dir[512], gpath[600];
-    snprintf(dir, sizeof dir, "%s", kvl_test_path("models"));
+    snprintf(dir, sizeof dir, "%s", kvl__test_path("models"));
     strncat(dir, "/", sizeof dir - strlen(dir) - 1);
     strncat(dir, name, sizeof dir - strlen(dir) - 1);
     snprintf(gpath, sizeof gpath, "%s/golden.safetensors", dir);

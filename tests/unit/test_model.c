@@ -27,13 +27,13 @@ static void expect_load_error(const char *dir, kvl_status want, const char *n1, 
 static void test_load_errors(void **st) {
     (void)st;
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s", kvl_test_tmpdir());
+    snprintf(dir, sizeof dir, "%s", kvl__test_tmpdir());
     /* missing tensor */
-    assert_int_equal(kvl_test_write_tiny_model(dir, "Qwen3ForCausalLM", 64, 32, 2, 4, 2, 8, 48, 1e4, 1,
+    assert_int_equal(kvl__test_write_tiny_model(dir, "Qwen3ForCausalLM", 64, 32, 2, 4, 2, 8, 48, 1e4, 1,
                                                "model.layers.1.self_attn.k_norm.weight", NULL), 0);
     expect_load_error(dir, KVL_ERR_NOT_FOUND, "model.layers.1.self_attn.k_norm.weight", "missing");
     /* wrong shape */
-    assert_int_equal(kvl_test_write_tiny_model(dir, "Qwen2ForCausalLM", 64, 32, 2, 4, 2, 8, 48, 1e4, 1,
+    assert_int_equal(kvl__test_write_tiny_model(dir, "Qwen2ForCausalLM", 64, 32, 2, 4, 2, 8, 48, 1e4, 1,
                                                NULL, "model.layers.0.mlp.up_proj.weight"), 0);
     expect_load_error(dir, KVL_ERR_MISMATCH, "model.layers.0.mlp.up_proj.weight", "[49, 32]");
     /* no weights at all */
@@ -46,7 +46,7 @@ static void test_load_errors(void **st) {
     remove(p);
     expect_load_error(dir, KVL_ERR_IO, "config.json", NULL);
     /* bad JSON */
-    assert_int_equal(kvl_test_write_file(p, "{\"architectures\": [", 19), 0);
+    assert_int_equal(kvl__test_write_file(p, "{\"architectures\": [", 19), 0);
     expect_load_error(dir, KVL_ERR_FORMAT, "config.json", "JSON");
     remove(p);
     rmdir(dir);
@@ -56,10 +56,10 @@ static void test_load_errors(void **st) {
 static void test_incremental_and_batched(void **st) {
     (void)st;
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s", kvl_test_tmpdir());
+    snprintf(dir, sizeof dir, "%s", kvl__test_tmpdir());
     const char *archs[] = {"Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM"};
     for (int a = 0; a < 3; a++) {
-        assert_int_equal(kvl_test_write_tiny_model(dir, archs[a], 64, 32, 2, 4, 2, 8, 48, 1e4, 7 + a, NULL, NULL), 0);
+        assert_int_equal(kvl__test_write_tiny_model(dir, archs[a], 64, 32, 2, 4, 2, 8, 48, 1e4, 7 + a, NULL, NULL), 0);
         kvl_model *m;
         assert_int_equal(kvl_model_load(dir, NULL, &m), KVL_OK);
         const kvl_model_config *c = kvl_model_config_get(m);

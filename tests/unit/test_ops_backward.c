@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu/ops.h"
-#include "cpu/ops_backward.h"
+#include "ops.h"
+#include "ops_backward.h"
 
 static uint64_t g_rng = 99;
 static double urand(void) {
@@ -72,7 +72,7 @@ static double max_rel_diff_f(const float *a, const double *b, size_t n) {
 typedef struct { int T, K, N; const double *W, *b, *in; int wrt; } mm_ctx;
 static void mm_fwd(void *c, const double *x, double *out) {
     mm_ctx *m = c;
-    kvl_cpu_matmul_forward_f64(out, m->wrt == 0 ? x : m->in, m->wrt == 1 ? x : m->W, m->b, m->T, m->K, m->N);
+    kvl__cpu_matmul_forward_f64(out, m->wrt == 0 ? x : m->in, m->wrt == 1 ? x : m->W, m->b, m->T, m->K, m->N);
 }
 static void test_matmul(void **state) {
     (void)state;
@@ -81,7 +81,7 @@ static void test_matmul(void **state) {
     double *G = rnd((size_t)T * N, 1, 0);
     double *din = calloc((size_t)T * K, sizeof(double)), *dW = calloc((size_t)N * K, sizeof(double));
     double *db = calloc(N, sizeof(double));
-    kvl_cpu_matmul_backward_f64(din, dW, db, G, in, W, T, K, N);
+    kvl__cpu_matmul_backward_f64(din, dW, db, G, in, W, T, K, N);
     mm_ctx c = {T, K, N, W, b, in, 0};
     fd_check("matmul d input", mm_fwd, &c, in, (size_t)T * K, (size_t)T * N, G, din);
     c.wrt = 1;
@@ -96,7 +96,7 @@ static void test_matmul(void **state) {
     /* float kernel agrees */
     float *fin = tof(in, (size_t)T * K), *fW = tof(W, (size_t)N * K), *fG = tof(G, (size_t)T * N);
     float *fdin = calloc((size_t)T * K, sizeof(float)), *fdW = calloc((size_t)N * K, sizeof(float));
-    kvl_cpu_matmul_backward(fdin, fdW, NULL, fG, fin, fW, T, K, N);
+    kvl__cpu_matmul_backward(fdin, fdW, NULL, fG, fin, fW, T, K, N);
     assert_true(max_rel_diff_f(fdin, din, (size_t)T * K) < 1e-5);
     assert_true(max_rel_diff_f(fdW, dW, (size_t)N * K) < 1e-5);
     free(in); free(W); free(b); free(G); free(din); free(dW); free(db);
@@ -107,21 +107,21 @@ static void test_matmul(void **state) {
 typedef struct { int T, C; const double *w, *in; int wrt; } rn_ctx;
 static void rn_fwd(void *c, const double *x, double *out) {
     rn_ctx *r = c;
-    kvl_cpu_rmsnorm_forward_f64(out, r->wrt ? r->in : x, r->wrt ? x : r->w, r->T, r->C, 1e-6);
+    kvl__cpu_rmsnorm_forward_f64(out, r->wrt ? r->in : x, r->wrt ? x : r->w, r->T, r->C, 1e-6);
 }
 static void test_rmsnorm(void **state) {
     (void)state;
     int T = 4, C = 9;
     double *in = rnd((size_t)T * C, 1, 0), *w = rnd(C, 0.3, 1), *G = rnd((size_t)T * C, 1, 0);
     double *din = calloc((size_t)T * C, sizeof(double)), *dw = calloc(C, sizeof(double));
-    kvl_cpu_rmsnorm_backward_f64(din, dw, G, in, w, T, C, 1e-6);
+    kvl__cpu_rmsnorm_backward_f64(din, dw, G, in, w, T, C, 1e-6);
     rn_ctx c = {T, C, w, in, 0};
     fd_check("rmsnorm d input", rn_fwd, &c, in, (size_t)T * C, (size_t)T * C, G, din);
     c.wrt = 1;
     fd_check("rmsnorm d weight", rn_fwd, &c, w, C, (size_t)T * C, G, dw);
     float *fin = tof(in, (size_t)T * C), *fw = tof(w, C), *fG = tof(G, (size_t)T * C);
     float *fdin = calloc((size_t)T * C, sizeof(float));
-    kvl_cpu_rmsnorm_backward(fdin, NULL, fG, fin, fw, T, C, 1e-6f);
+    kvl__cpu_rmsnorm_backward(fdin, NULL, fG, fin, fw, T, C, 1e-6f);
     assert_true(max_rel_diff_f(fdin, din, (size_t)T * C) < 1e-5);
     free(in); free(w); free(G); free(din); free(dw); free(fin); free(fw); free(fG); free(fdin);
 }
@@ -131,7 +131,7 @@ typedef struct { int T, Hh, D; const int *pos; } rp_ctx;
 static void rp_fwd(void *c, const double *x, double *out) {
     rp_ctx *r = c;
     memcpy(out, x, sizeof(double) * (size_t)r->T * r->Hh * r->D);
-    kvl_cpu_rope_forward_f64(out, r->pos, r->T, r->Hh, r->D, 10000.0, 0);
+    kvl__cpu_rope_forward_f64(out, r->pos, r->T, r->Hh, r->D, 10000.0, 0);
 }
 static void test_rope(void **state) {
     (void)state;
@@ -139,13 +139,13 @@ static void test_rope(void **state) {
     size_t n = (size_t)T * Hh * D;
     double *x = rnd(n, 1, 0), *G = rnd(n, 1, 0), *d = malloc(sizeof(double) * n);
     memcpy(d, G, sizeof(double) * n);
-    kvl_cpu_rope_backward_f64(d, pos, T, Hh, D, 10000.0);
+    kvl__cpu_rope_backward_f64(d, pos, T, Hh, D, 10000.0);
     rp_ctx c = {T, Hh, D, pos};
     fd_check("rope", rp_fwd, &c, x, n, n, G, d);
     /* float forward then backward is the identity */
     float *fx = tof(x, n), *f0 = tof(x, n);
-    kvl_cpu_rope_forward(fx, pos, T, Hh, D, 1e6, 0);
-    kvl_cpu_rope_backward(fx, pos, T, Hh, D, 1e6);
+    kvl__cpu_rope_forward(fx, pos, T, Hh, D, 1e6, 0);
+    kvl__cpu_rope_backward(fx, pos, T, Hh, D, 1e6);
     for (size_t i = 0; i < n; i++) assert_true(fabsf(fx[i] - f0[i]) < 1e-5f);
     free(x); free(G); free(d); free(fx); free(f0);
 }
@@ -154,21 +154,21 @@ static void test_rope(void **state) {
 typedef struct { size_t n; const double *g, *u; int wrt; } sw_ctx;
 static void sw_fwd(void *c, const double *x, double *out) {
     sw_ctx *s = c;
-    kvl_cpu_swiglu_forward_f64(out, s->wrt ? s->g : x, s->wrt ? x : s->u, s->n);
+    kvl__cpu_swiglu_forward_f64(out, s->wrt ? s->g : x, s->wrt ? x : s->u, s->n);
 }
 static void test_swiglu(void **state) {
     (void)state;
     size_t n = 17;
     double *g = rnd(n, 3, 0), *u = rnd(n, 1, 0), *G = rnd(n, 1, 0);
     double *dg = calloc(n, sizeof(double)), *du = calloc(n, sizeof(double));
-    kvl_cpu_swiglu_backward_f64(dg, du, G, g, u, n);
+    kvl__cpu_swiglu_backward_f64(dg, du, G, g, u, n);
     sw_ctx c = {n, g, u, 0};
     fd_check("swiglu d gate", sw_fwd, &c, g, n, n, G, dg);
     c.wrt = 1;
     fd_check("swiglu d up", sw_fwd, &c, u, n, n, G, du);
     float *fg = tof(g, n), *fu = tof(u, n), *fG = tof(G, n);
     float *fdg = calloc(n, sizeof(float)), *fdu = calloc(n, sizeof(float));
-    kvl_cpu_swiglu_backward(fdg, fdu, fG, fg, fu, n);
+    kvl__cpu_swiglu_backward(fdg, fdu, fG, fg, fu, n);
     assert_true(max_rel_diff_f(fdg, dg, n) < 1e-5);
     assert_true(max_rel_diff_f(fdu, du, n) < 1e-5);
     free(g); free(u); free(G); free(dg); free(du); free(fg); free(fu); free(fG); free(fdg); free(fdu);
@@ -178,7 +178,7 @@ static void test_swiglu(void **state) {
 typedef struct { int Tq, Tk, p0, Hq, Hkv, D; const double *q, *k, *v; int wrt; double *scr; } at_ctx;
 static void at_fwd(void *c, const double *x, double *out) {
     at_ctx *a = c;
-    kvl_cpu_attention_forward_f64(out, NULL, a->wrt == 0 ? x : a->q, a->wrt == 1 ? x : a->k,
+    kvl__cpu_attention_forward_f64(out, NULL, a->wrt == 0 ? x : a->q, a->wrt == 1 ? x : a->k,
                                   a->wrt == 2 ? x : a->v, a->Tq, a->Tk, a->p0, a->Hq, a->Hkv, a->D, a->scr);
 }
 static void test_attention(void **state) {
@@ -188,9 +188,9 @@ static void test_attention(void **state) {
     double *q = rnd(nq, 1, 0), *k = rnd(nk, 1, 0), *v = rnd(nk, 1, 0), *G = rnd(nq, 1, 0);
     double *out = malloc(sizeof(double) * nq), *probs = malloc(sizeof(double) * (size_t)Hq * Tq * Tk);
     double *scr = malloc(sizeof(double) * (size_t)Tq * Tk);
-    kvl_cpu_attention_forward_f64(out, probs, q, k, v, Tq, Tk, p0, Hq, Hkv, D, scr);
+    kvl__cpu_attention_forward_f64(out, probs, q, k, v, Tq, Tk, p0, Hq, Hkv, D, scr);
     double *dq = calloc(nq, sizeof(double)), *dk = calloc(nk, sizeof(double)), *dv = calloc(nk, sizeof(double));
-    kvl_cpu_attention_backward_f64(dq, dk, dv, G, probs, q, k, v, Tq, Tk, p0, Hq, Hkv, D, scr);
+    kvl__cpu_attention_backward_f64(dq, dk, dv, G, probs, q, k, v, Tq, Tk, p0, Hq, Hkv, D, scr);
     at_ctx c = {Tq, Tk, p0, Hq, Hkv, D, q, k, v, 0, scr};
     fd_check("attention d q", at_fwd, &c, q, nq, nq, G, dq);
     c.wrt = 1;
@@ -202,9 +202,9 @@ static void test_attention(void **state) {
     float *fout = malloc(sizeof(float) * nq), *fp = malloc(sizeof(float) * (size_t)Hq * Tq * Tk);
     float *fscr = malloc(sizeof(float) * (size_t)Tq * Tk);
     float *fdq = calloc(nq, sizeof(float)), *fdk = calloc(nk, sizeof(float)), *fdv = calloc(nk, sizeof(float));
-    kvl_cpu_attention_forward(fout, fp, fq, fk, fv, Tq, Tk, p0, Hq, Hkv, D, fscr);
+    kvl__cpu_attention_forward(fout, fp, fq, fk, fv, Tq, Tk, p0, Hq, Hkv, D, fscr);
     assert_true(max_rel_diff_f(fout, out, nq) < 1e-5);
-    kvl_cpu_attention_backward(fdq, fdk, fdv, fG, fp, fq, fk, fv, Tq, Tk, p0, Hq, Hkv, D, fscr);
+    kvl__cpu_attention_backward(fdq, fdk, fdv, fG, fp, fq, fk, fv, Tq, Tk, p0, Hq, Hkv, D, fscr);
     assert_true(max_rel_diff_f(fdq, dq, nq) < 1e-5);
     assert_true(max_rel_diff_f(fdk, dk, nk) < 1e-5);
     assert_true(max_rel_diff_f(fdv, dv, nk) < 1e-5);

@@ -56,7 +56,7 @@ static void expect_bad(const char *json, size_t data_len, kvl_status status, con
 
 static void check_model(const char *dir, kvl_dtype dtype, size_t n_tensors, const float *norm3) {
     char path[4096];
-    snprintf(path, sizeof path, "%s/model.safetensors", kvl_test_path(dir));
+    snprintf(path, sizeof path, "%s/model.safetensors", kvl__test_path(dir));
     kvl_safetensors *st = NULL;
     assert_int_equal(kvl_safetensors_open(path, &st), KVL_OK);
     assert_int_equal(kvl_safetensors_count(st), n_tensors);
@@ -95,7 +95,7 @@ static void check_model(const char *dir, kvl_dtype dtype, size_t n_tensors, cons
 
     /* the same folder as a set */
     kvl_st_set *set = NULL;
-    assert_int_equal(kvl_st_set_open_dir(kvl_test_path(dir), &set), KVL_OK);
+    assert_int_equal(kvl_st_set_open_dir(kvl__test_path(dir), &set), KVL_OK);
     assert_int_equal(kvl_st_set_num_files(set), 1);
     assert_int_equal(kvl_st_set_num_tensors(set), n_tensors);
     const char *file = NULL;
@@ -123,7 +123,7 @@ static void test_golden(void **state) {
     const size_t counts[3] = {25, 33, 29};
     for (int m = 0; m < 3; m++) {
         kvl_safetensors *st = NULL;
-        assert_int_equal(kvl_safetensors_open(kvl_test_path(names[m]), &st), KVL_OK);
+        assert_int_equal(kvl_safetensors_open(kvl__test_path(names[m]), &st), KVL_OK);
         assert_int_equal(kvl_safetensors_count(st), counts[m]);
         const kvl_st_tensor *k = kvl_safetensors_find(st, "prompt0.layer0.k_cache");
         assert_non_null(k);
@@ -349,20 +349,20 @@ static void test_parse_malformed(void **state) {
 
 static void test_open_errors(void **state) {
     (void)state;
-    const char *dir = kvl_test_tmpdir();
+    const char *dir = kvl__test_tmpdir();
     assert_non_null(dir);
     char path[4096];
     kvl_safetensors *st = NULL;
 
     snprintf(path, sizeof path, "%s/truncated.safetensors", dir);
-    assert_int_equal(kvl_test_write_file(path, "\x10\0\0", 3), 0);
+    assert_int_equal(kvl__test_write_file(path, "\x10\0\0", 3), 0);
     assert_int_equal(kvl_safetensors_open(path, &st), KVL_ERR_FORMAT);
     assert_error_has(path);
     assert_error_has("header length");
     remove(path);
 
     snprintf(path, sizeof path, "%s/empty.safetensors", dir);
-    assert_int_equal(kvl_test_write_file(path, "", 0), 0);
+    assert_int_equal(kvl__test_write_file(path, "", 0), 0);
     assert_int_equal(kvl_safetensors_open(path, &st), KVL_ERR_FORMAT);
     assert_error_has(path);
     remove(path);
@@ -390,7 +390,7 @@ static size_t count_dir_entries(const char *dir) {
 
 static void test_write_roundtrip(void **state) {
     (void)state;
-    const char *tmp = kvl_test_tmpdir();
+    const char *tmp = kvl__test_tmpdir();
     assert_non_null(tmp);
     char dir[4096], path[4200];
     snprintf(dir, sizeof dir, "%s", tmp);
@@ -417,7 +417,7 @@ static void test_write_roundtrip(void **state) {
     assert_int_equal(count_dir_entries(dir), 1); /* no temporary file left behind */
 
     size_t len;
-    char *raw = kvl_test_read_file(path, &len);
+    char *raw = kvl__test_read_file(path, &len);
     assert_non_null(raw);
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--)
@@ -483,12 +483,12 @@ static void test_write_roundtrip(void **state) {
 static void write_index(const char *dir, const char *json) {
     char p[4200];
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
-    assert_int_equal(kvl_test_write_file(p, json, strlen(json)), 0);
+    assert_int_equal(kvl__test_write_file(p, json, strlen(json)), 0);
 }
 
 static void test_sharded(void **state) {
     (void)state;
-    const char *tmp = kvl_test_tmpdir();
+    const char *tmp = kvl__test_tmpdir();
     assert_non_null(tmp);
     char dir[4096], p1[4200], p2[4200], p[4200];
     snprintf(dir, sizeof dir, "%s", tmp);

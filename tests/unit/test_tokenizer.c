@@ -30,7 +30,7 @@ static kvl_tokenizer *g_tok[3];
 static int setup(void **state) {
     (void)state;
     for (int i = 0; i < 3; i++) {
-        kvl_status st = kvl_tokenizer_load(kvl_test_path(TOK_PATHS[i]), &g_tok[i]);
+        kvl_status st = kvl_tokenizer_load(kvl__test_path(TOK_PATHS[i]), &g_tok[i]);
         if (st) {
             fprintf(stderr, "load %s: %s\n", TOK_PATHS[i], kvl_last_error());
             return -1;
@@ -47,7 +47,7 @@ static int teardown(void **state) {
 
 static cJSON *read_json(const char *rel) {
     size_t len;
-    char *text = kvl_test_read_file(kvl_test_path(rel), &len);
+    char *text = kvl__test_read_file(kvl__test_path(rel), &len);
     if (!text) return NULL;
     cJSON *j = cJSON_ParseWithLength(text, len);
     free(text);
@@ -129,7 +129,7 @@ static void test_component_options(void **state) {
         const char *name = cJSON_GetObjectItem(v, "name")->valuestring;
         char *json = patched_json(base, cJSON_GetObjectItem(v, "patch"));
         kvl_tokenizer *tok;
-        kvl_status st = kvl_tokenizer_load_json(json, strlen(json), name, &tok);
+        kvl_status st = kvl__tokenizer_load_json(json, strlen(json), name, &tok);
         free(json);
         if (st) fail_msg("%s: %s", name, kvl_last_error());
         const cJSON *c;
@@ -169,12 +169,12 @@ static void stream_check(const kvl_tokenizer *tok, const int32_t *ids, size_t n)
     size_t jl = 0, len;
     for (size_t i = 0; i < n; i++) {
         assert_int_equal(kvl_detok_push(d, ids[i], buf, cap, &len), KVL_OK);
-        assert_true(kvl_utf8_valid(buf, len));   /* never a broken character */
+        assert_true(kvl__utf8_valid(buf, len));   /* never a broken character */
         memcpy(joined + jl, buf, len);
         jl += len;
     }
     assert_int_equal(kvl_detok_flush(d, buf, cap, &len), KVL_OK);
-    assert_true(kvl_utf8_valid(buf, len));
+    assert_true(kvl__utf8_valid(buf, len));
     memcpy(joined + jl, buf, len);
     jl += len;
     assert_int_equal(jl, rl);
@@ -230,7 +230,7 @@ static void test_streaming_decode(void **state) {
 
 static char *render(const char *dir, const kvl_chat_message *m, size_t n, int gen, kvl_chat_format fmt) {
     kvl_tokenizer *tok;
-    kvl_status st = kvl_tokenizer_load_dir(kvl_test_path(dir), &tok);
+    kvl_status st = kvl_tokenizer_load_dir(kvl__test_path(dir), &tok);
     if (st) fail_msg("%s: %s", dir, kvl_last_error());
     assert_int_equal(kvl_tokenizer_chat_format(tok), fmt);
     char *out;
@@ -278,7 +278,7 @@ static void test_chat_templates(void **state) {
 
     /* the rendered ChatML text encodes with the markers as single special tokens */
     kvl_tokenizer *tok;
-    assert_int_equal(kvl_tokenizer_load_dir(kvl_test_path("models/qwen3-a"), &tok), KVL_OK);
+    assert_int_equal(kvl_tokenizer_load_dir(kvl__test_path("models/qwen3-a"), &tok), KVL_OK);
     assert_int_equal(kvl_tokenizer_eos_id(tok), 4093);
     assert_int_equal(kvl_tokenizer_chat_format(tok), KVL_CHAT_CHATML);
     assert_int_equal(kvl_tokenizer_apply_chat_template(tok, m1, 2, 1, &s), KVL_OK);
@@ -292,33 +292,33 @@ static void test_chat_templates(void **state) {
     kvl_tokenizer_free(tok);
 
     /* eos of the real vocabularies */
-    assert_int_equal(kvl_tokenizer_load_dir(kvl_test_path("testdata/tokenizers/qwen3"), &tok), KVL_OK);
+    assert_int_equal(kvl_tokenizer_load_dir(kvl__test_path("testdata/tokenizers/qwen3"), &tok), KVL_OK);
     assert_int_equal(kvl_tokenizer_eos_id(tok), 151645);
     kvl_tokenizer_free(tok);
-    assert_int_equal(kvl_tokenizer_load_dir(kvl_test_path("testdata/tokenizers/llama3"), &tok), KVL_OK);
+    assert_int_equal(kvl_tokenizer_load_dir(kvl__test_path("testdata/tokenizers/llama3"), &tok), KVL_OK);
     assert_int_equal(kvl_tokenizer_eos_id(tok), 128001);
     assert_int_equal(kvl_tokenizer_bos_id(tok), 128000);
     kvl_tokenizer_free(tok);
 
     /* unrecognised template: reported, not guessed; no template: NOT_FOUND */
-    const char *dir = kvl_test_tmpdir();
+    const char *dir = kvl__test_tmpdir();
     char p[1024];
     size_t len;
-    char *tj = kvl_test_read_file(kvl_test_path("models/qwen3-a/tokenizer.json"), &len);
+    char *tj = kvl__test_read_file(kvl__test_path("models/qwen3-a/tokenizer.json"), &len);
     assert_non_null(tj);
     snprintf(p, sizeof p, "%s/tokenizer.json", dir);
-    assert_int_equal(kvl_test_write_file(p, tj, len), 0);
+    assert_int_equal(kvl__test_write_file(p, tj, len), 0);
     free(tj);
     snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
     const char *cfg = "{\"eos_token\": {\"content\": \"<|im_end|>\"}, \"chat_template\": \"{{ messages }}\"}";
-    assert_int_equal(kvl_test_write_file(p, cfg, strlen(cfg)), 0);
+    assert_int_equal(kvl__test_write_file(p, cfg, strlen(cfg)), 0);
     assert_int_equal(kvl_tokenizer_load_dir(dir, &tok), KVL_OK);
     assert_int_equal(kvl_tokenizer_eos_id(tok), 4095);
     assert_int_equal(kvl_tokenizer_chat_format(tok), KVL_CHAT_UNKNOWN);
     assert_int_equal(kvl_tokenizer_apply_chat_template(tok, m1, 2, 1, &s), KVL_ERR_UNSUPPORTED);
     assert_non_null(strstr(kvl_last_error(), "not recognised"));
     kvl_tokenizer_free(tok);
-    assert_int_equal(kvl_tokenizer_load(kvl_test_path("models/qwen3-a/tokenizer.json"), &tok), KVL_OK);
+    assert_int_equal(kvl_tokenizer_load(kvl__test_path("models/qwen3-a/tokenizer.json"), &tok), KVL_OK);
     assert_int_equal(kvl_tokenizer_eos_id(tok), -1);
     assert_int_equal(kvl_tokenizer_apply_chat_template(tok, m1, 2, 1, &s), KVL_ERR_NOT_FOUND);
     kvl_tokenizer_free(tok);
@@ -333,7 +333,7 @@ static const char *MINI_PRE =
 
 static void expect_error(const char *json, kvl_status want, const char *needle) {
     kvl_tokenizer *tok = (kvl_tokenizer *)0x1;
-    kvl_status st = kvl_tokenizer_load_json(json, strlen(json), "bad.json", &tok);
+    kvl_status st = kvl__tokenizer_load_json(json, strlen(json), "bad.json", &tok);
     if (st != want || !strstr(kvl_last_error(), needle))
         fail_msg("status %d (want %d), message \"%s\" (want \"%s\")", st, want, kvl_last_error(), needle);
     assert_null(tok);
@@ -346,7 +346,7 @@ static void test_malformed(void **state) {
     /* sanity: the minimal file loads */
     snprintf(j, sizeof j, "%s%s\"added_tokens\":[],\"model\":{\"type\":\"BPE\",%s,\"merges\":[[\"a\",\"b\"]]}}", MINI_HEAD, MINI_PRE, vocab);
     kvl_tokenizer *tok;
-    assert_int_equal(kvl_tokenizer_load_json(j, strlen(j), "ok.json", &tok), KVL_OK);
+    assert_int_equal(kvl__tokenizer_load_json(j, strlen(j), "ok.json", &tok), KVL_OK);
     int32_t *ids;
     size_t n;
     assert_int_equal(kvl_tokenizer_encode(tok, "abba", 4, &ids, &n), KVL_OK);
@@ -457,12 +457,12 @@ static void *thr_main(void *p) {
 static void test_threads(void **state) {
     (void)state;
     size_t len;
-    char *text = kvl_test_read_file(kvl_test_path("testdata/corpus/valid.txt"), &len);
+    char *text = kvl__test_read_file(kvl__test_path("testdata/corpus/valid.txt"), &len);
     assert_non_null(text);
     if (len > 200000) len = 200000;
     while (len && ((unsigned char)text[len] & 0xc0) == 0x80) len--;   /* cut on a character boundary */
     kvl_tokenizer *tok;
-    assert_int_equal(kvl_tokenizer_load(kvl_test_path(TOK_PATHS[1]), &tok), KVL_OK);
+    assert_int_equal(kvl_tokenizer_load(kvl__test_path(TOK_PATHS[1]), &tok), KVL_OK);
     int32_t *ref;
     size_t n;
     assert_int_equal(kvl_tokenizer_encode(g_tok[1], text, len, &ref, &n), KVL_OK);

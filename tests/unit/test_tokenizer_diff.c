@@ -35,7 +35,7 @@ static void show(const char *label, const char *s) {
 static void test_diff(void **state) {
     (void)state;
     size_t len;
-    char *text = kvl_test_read_file(g_json, &len);
+    char *text = kvl__test_read_file(g_json, &len);
     assert_non_null(text);
     cJSON *root = cJSON_ParseWithLength(text, len);
     free(text);
@@ -48,7 +48,7 @@ static void test_diff(void **state) {
         const char *name = cJSON_GetObjectItem(v, "name")->valuestring;
         const char *path = cJSON_GetObjectItem(v, "path")->valuestring;
         kvl_tokenizer *tok = NULL;
-        kvl_status st = kvl_tokenizer_load(kvl_test_path(path), &tok);
+        kvl_status st = kvl_tokenizer_load(kvl__test_path(path), &tok);
         if (st) printf("%s: %s\n", path, kvl_last_error());
         assert_int_equal(st, KVL_OK);
         size_t n = 0, bad_ids = 0, bad_dec = 0, bad_rt = 0;

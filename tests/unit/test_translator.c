@@ -30,7 +30,7 @@ static kvl_model *load_tiny(const char *root, const char *name, const char *arch
     char d[4200];
     snprintf(d, sizeof d, "%s/%s", root, name);
     assert_int_equal(mkdir(d, 0755), 0);
-    assert_int_equal(kvl_test_write_tiny_model(d, arch, 64, H, L, Hq, Hkv, D, F, theta, seed, NULL, NULL), 0);
+    assert_int_equal(kvl__test_write_tiny_model(d, arch, 64, H, L, Hq, Hkv, D, F, theta, seed, NULL, NULL), 0);
     kvl_model *m = NULL;
     kvl_model_params p = kvl_model_default_params();
     p.n_threads = 1;
@@ -40,7 +40,7 @@ static kvl_model *load_tiny(const char *root, const char *name, const char *arch
 
 static int setup(void **state) {
     fixture *f = calloc(1, sizeof *f);
-    snprintf(f->dir, sizeof f->dir, "%s", kvl_test_tmpdir());
+    snprintf(f->dir, sizeof f->dir, "%s", kvl__test_tmpdir());
     f->a = load_tiny(f->dir, "a", "Qwen3ForCausalLM", 32, 2, 4, 2, 8, 48, 10000.0, 1);
     f->a2 = load_tiny(f->dir, "a2", "Qwen3ForCausalLM", 32, 2, 4, 2, 8, 48, 10000.0, 2);
     f->b = load_tiny(f->dir, "b", "Qwen3ForCausalLM", 48, 3, 4, 2, 16, 64, 1e6, 3);
@@ -180,14 +180,14 @@ static void test_corrupt(void **state) {
     const char *path = tmpfile_path(f, "good.safetensors");
     assert_int_equal(kvl_translator_save(tr, path, KVL_DTYPE_F32), KVL_OK);
     size_t len = 0;
-    char *bytes = kvl_test_read_file(path, &len);
+    char *bytes = kvl__test_read_file(path, &len);
     assert_non_null(bytes);
     const char *cut = tmpfile_path(f, "cut.safetensors");
-    assert_int_equal(kvl_test_write_file(cut, bytes, len / 2), 0);
+    assert_int_equal(kvl__test_write_file(cut, bytes, len / 2), 0);
     assert_int_equal(kvl_translator_load(cut, &back), KVL_ERR_FORMAT);
     /* garbage */
     memset(bytes, 0x5a, len);
-    assert_int_equal(kvl_test_write_file(cut, bytes, len), 0);
+    assert_int_equal(kvl__test_write_file(cut, bytes, len), 0);
     assert_int_equal(kvl_translator_load(cut, &back), KVL_ERR_FORMAT);
     free(bytes);
     /* missing file */

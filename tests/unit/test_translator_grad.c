@@ -28,8 +28,8 @@ static double *rnd(size_t n, double scale, double offset) {
 }
 
 typedef struct tiny {
-    kvl_tnet_f64 net;
-    kvl_tlayer_f64 layers[3];
+    kvl__tnet_f64 net;
+    kvl__tlayer_f64 layers[3];
     double *bufs[64];
     int nb;
 } tiny;
@@ -48,7 +48,7 @@ static void tiny_init(tiny *t, int qk_norm, int bias) {
     t->net.final_norm = keep(t, rnd(H, 0.2, 1.0));
     t->net.lm_head = keep(t, rnd((size_t)V * H, 1.0, 0));
     for (int l = 0; l < 2; l++) {
-        kvl_tlayer_f64 *w = &t->layers[l];
+        kvl__tlayer_f64 *w = &t->layers[l];
         w->attn_norm = keep(t, rnd(H, 0.2, 1.0));
         w->wq = keep(t, rnd((size_t)QD * H, 2 * s, 0));
         w->wk = keep(t, rnd((size_t)KD * H, 2 * s, 0));
@@ -85,14 +85,14 @@ static void check_case(int qk_norm, int bias) {
     double *xk = rnd((size_t)L * Pc * ds, 1.0, 0), *xv = rnd((size_t)L * Pc * ds, 1.0, 0);
     double *teacher = rnd((size_t)C * V, 3.0, 0);
     int32_t tokens[5] = {3, 17, 0, 39, 22};
-    kvl_tsample_f64 smp = {.n_ctx = Pc, .n_read = C, .tokens = tokens, .teacher_logits = teacher,
+    kvl__tsample_f64 smp = {.n_ctx = Pc, .n_read = C, .tokens = tokens, .teacher_logits = teacher,
                            .xk = xk, .xv = xv};
-    kvl_tws_f64 *ws = NULL;
-    assert_int_equal(kvl_tws_create_f64(&t.net.cfg, ds, Pc, C, &ws), KVL_OK);
+    kvl__tws_f64 *ws = NULL;
+    assert_int_equal(kvl__tws_create_f64(&t.net.cfg, ds, Pc, C, &ws), KVL_OK);
     double *gk = calloc(np, sizeof(double)), *gv = calloc(np, sizeof(double));
     assert_non_null(gk);
     assert_non_null(gv);
-    double loss = kvl_tr_step_f64(&t.net, ds, wk, wv, &smp, gk, gv, 1.0, ws, NULL);
+    double loss = kvl__tr_step_f64(&t.net, ds, wk, wv, &smp, gk, gv, 1.0, ws, NULL);
     assert_true(isfinite(loss) && loss > 0);
     double num = 0, den = 0, worst = 0;
     const double h = 1e-5;
@@ -101,9 +101,9 @@ static void check_case(int qk_norm, int bias) {
         for (size_t i = 0; i < np; i++) {
             double keepw = W[i];
             W[i] = keepw + h;
-            double lp = kvl_tr_step_f64(&t.net, ds, wk, wv, &smp, NULL, NULL, 1.0, ws, NULL);
+            double lp = kvl__tr_step_f64(&t.net, ds, wk, wv, &smp, NULL, NULL, 1.0, ws, NULL);
             W[i] = keepw - h;
-            double lm = kvl_tr_step_f64(&t.net, ds, wk, wv, &smp, NULL, NULL, 1.0, ws, NULL);
+            double lm = kvl__tr_step_f64(&t.net, ds, wk, wv, &smp, NULL, NULL, 1.0, ws, NULL);
             W[i] = keepw;
             double fd = (lp - lm) / (2 * h);
             double d = fabs(fd - G[i]);
@@ -119,7 +119,7 @@ static void check_case(int qk_norm, int bias) {
     assert_true(den > 0);
     assert_true(rel <= 1e-4);
     assert_true(worst <= 1e-4);
-    kvl_tws_free_f64(ws);
+    kvl__tws_free_f64(ws);
     free(gk); free(gv); free(wk); free(wv); free(xk); free(xv); free(teacher);
     tiny_free(&t);
 }

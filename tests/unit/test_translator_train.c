@@ -30,13 +30,13 @@ static int setup(void **state) {
     kvl_model_params mp = kvl_model_default_params();
     mp.n_threads = 1;
     /* qwen3-b -> qwen3-a: different depth, head_dim and RoPE theta; the cheap direction */
-    if (kvl_model_load(kvl_test_path("models/qwen3-b"), &mp, &f->src) ||
-        kvl_model_load(kvl_test_path("models/qwen3-a"), &mp, &f->dst))
+    if (kvl_model_load(kvl__test_path("models/qwen3-b"), &mp, &f->src) ||
+        kvl_model_load(kvl__test_path("models/qwen3-a"), &mp, &f->dst))
         return -1;
     kvl_tokenizer *tok = NULL;
-    if (kvl_tokenizer_load_dir(kvl_test_path("models/qwen3-a"), &tok)) return -1;
+    if (kvl_tokenizer_load_dir(kvl__test_path("models/qwen3-a"), &tok)) return -1;
     size_t len;
-    char *text = kvl_test_read_file(kvl_test_path("testdata/corpus/train_slice.txt"), &len);
+    char *text = kvl__test_read_file(kvl__test_path("testdata/corpus/train_slice.txt"), &len);
     if (!text) return -1;
     f->stream = malloc(sizeof(int32_t) * (len + 1000));
     int32_t eos = kvl_tokenizer_token_id(tok, "<|endoftext|>");
@@ -55,7 +55,7 @@ static int setup(void **state) {
     }
     free(text);
     kvl_tokenizer_free(tok);
-    snprintf(f->dir, sizeof f->dir, "%s", kvl_test_tmpdir());
+    snprintf(f->dir, sizeof f->dir, "%s", kvl__test_tmpdir());
     *state = f;
     return 0;
 }

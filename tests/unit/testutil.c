@@ -6,7 +6,7 @@
 #include <math.h>
 #include <string.h>
 
-const char *kvl_test_path(const char *rel) {
+const char *kvl__test_path(const char *rel) {
     static char bufs[8][4096];
     static int next;
     char *b = bufs[next];
@@ -15,7 +15,7 @@ const char *kvl_test_path(const char *rel) {
     return b;
 }
 
-const char *kvl_test_tmpdir(void) {
+const char *kvl__test_tmpdir(void) {
     static char buf[4096];
     const char *t = getenv("TMPDIR");
     snprintf(buf, sizeof buf, "%s/kvltest.XXXXXX", t && *t ? t : "/tmp");
@@ -23,7 +23,7 @@ const char *kvl_test_tmpdir(void) {
     return buf;
 }
 
-int kvl_test_write_file(const char *path, const void *data, size_t len) {
+int kvl__test_write_file(const char *path, const void *data, size_t len) {
     FILE *f = fopen(path, "wb");
     if (!f) return -1;
     size_t w = fwrite(data, 1, len, f);
@@ -31,7 +31,7 @@ int kvl_test_write_file(const char *path, const void *data, size_t len) {
     return (w == len && rc == 0) ? 0 : -1;
 }
 
-char *kvl_test_read_file(const char *path, size_t *len_out) {
+char *kvl__test_read_file(const char *path, size_t *len_out) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
     if (fseek(f, 0, SEEK_END) != 0) { fclose(f); return NULL; }
@@ -53,7 +53,7 @@ static float rnd(unsigned *s) {
     return ((*s >> 8) / 16777216.0f) * 2.0f - 1.0f;
 }
 
-int kvl_test_write_tiny_model(const char *dir, const char *arch, int V, int H, int L, int Hq, int Hkv,
+int kvl__test_write_tiny_model(const char *dir, const char *arch, int V, int H, int L, int Hq, int Hkv,
                               int D, int F, double rope_theta, unsigned seed,
                               const char *skip_tensor, const char *bad_shape_tensor) {
     int qwen2 = !strcmp(arch, "Qwen2ForCausalLM"), qwen3 = !strcmp(arch, "Qwen3ForCausalLM");
@@ -65,7 +65,7 @@ int kvl_test_write_tiny_model(const char *dir, const char *arch, int V, int H, i
              "\"tie_word_embeddings\": true, \"eos_token_id\": %d, \"max_position_embeddings\": 1024}",
              arch, V, H, L, Hq, Hkv, D, F, rope_theta, V - 1);
     snprintf(path, sizeof path, "%s/config.json", dir);
-    if (kvl_test_write_file(path, cfg, strlen(cfg))) return -1;
+    if (kvl__test_write_file(path, cfg, strlen(cfg))) return -1;
 
     enum { MAXT = 512 };
     kvl_st_write_tensor t[MAXT];

@@ -6,16 +6,16 @@
 
 /* Absolute path of `rel` under the source tree (KVL_SOURCE_DIR).  Returns a pointer into one
  * of 8 rotating static buffers: copy it if you need more than 8 at once. */
-const char *kvl_test_path(const char *rel);
+const char *kvl__test_path(const char *rel);
 
 /* Fresh temporary directory (mkdtemp under $TMPDIR or /tmp); static buffer. */
-const char *kvl_test_tmpdir(void);
+const char *kvl__test_tmpdir(void);
 
 /* Write `len` bytes to `path`; returns 0 on success. */
-int kvl_test_write_file(const char *path, const void *data, size_t len);
+int kvl__test_write_file(const char *path, const void *data, size_t len);
 
 /* Read a whole file (malloc'ed, NUL-terminated); NULL on failure. */
-char *kvl_test_read_file(const char *path, size_t *len_out);
+char *kvl__test_read_file(const char *path, size_t *len_out);
 
 #endif
 
@@ -25,6 +25,6 @@ char *kvl_test_read_file(const char *path, size_t *len_out);
  * Geometry: vocab V, hidden H, L layers, Hq heads, Hkv kv heads, head_dim D, MLP width F.
  * `skip_tensor` (may be NULL) names a tensor left out, `bad_shape_tensor` (may be NULL) one
  * written with a wrong first dimension — for error tests.  Returns 0 on success. */
-int kvl_test_write_tiny_model(const char *dir, const char *arch, int V, int H, int L, int Hq, int Hkv,
+int kvl__test_write_tiny_model(const char *dir, const char *arch, int V, int H, int L, int Hq, int Hkv,
                               int D, int F, double rope_theta, unsigned seed,
                               const char *skip_tensor, const char *bad_shape_tensor);

@@ -1,0 +1,133 @@
+/* engine/model/sampling.c: greedy / temperature / top-k / top-p sampling (see sampling.h). */
+#include "kvlingo/sampling.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+
+struct kvl_sampler {
+    kvl_sampler_params p;
+    uint64_t s[4];        /* xoshiro256** state */
+    int cap;
+    int *idx;             /* [cap] candidate ids   */
+    double *prob;         /* [cap] candidate probs */
+};
+
+kvl_sampler_params kvl_sampler_default_params(void) {
+    kvl_sampler_params p = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};
+    return p;
+}
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+/* xoshiro256** (Blackman & Vigna, https://prng.di.unimi.it/xoshiro256starstar.c) */
+static uint64_t next_u64(kvl_sampler *s) {
+    uint64_t *st = s->s;
+    uint64_t r = rotl(st[1] * 5, 7) * 9, t = st[1] << 17;
+    st[2] ^= st[0]; st[3] ^= st[1]; st[1] ^= st[2]; st[0] ^= st[3];
+    st[2] ^= t; st[3] = rotl(st[3], 45);
+    return r;
+}
+
+static double next_unit(kvl_sampler *s) { return (double)(next_u64(s) >> 11) * 0x1.0p-53; }
+
+kvl_status kvl_sampler_create(const kvl_sampler_params *params, kvl_sampler **out) {
+    kvl_sampler_params p = params ? *params : kvl_sampler_default_params();
+    if (!(p.temperature >= 0.0f))
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "sampler: temperature must be >= 0 (got %g)", p.temperature);
+    if (p.top_k < 0) return kvl__errorf(KVL_ERR_INVALID_ARG, "sampler: top_k must be >= 0 (got %d)", p.top_k);
+    if (!(p.top_p > 0.0f && p.top_p <= 1.0f))
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "sampler: top_p must be in (0, 1] (got %g)", p.top_p);
+    kvl_sampler *s = calloc(1, sizeof *s);
+    if (!s) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+    s->p = p;
+    uint64_t x = p.seed;
+    for (int i = 0; i < 4; i++) s->s[i] = splitmix64(&x);
+    *out = s;
+    return KVL_OK;
+}
+
+void kvl_sampler_free(kvl_sampler *s) {
+    if (!s) return;
+    free(s->idx);
+    free(s->prob);
+    free(s);
+}
+
+double kvl_logprob(const float *logits, int vocab, int32_t id) {
+    double m = -INFINITY;
+    for (int i = 0; i < vocab; i++) m = logits[i] > m ? logits[i] : m;
+    double sum = 0.0;
+    for (int i = 0; i < vocab; i++) sum += exp((double)logits[i] - m);
+    return (double)logits[id] - m - log(sum);
+}
+
+static _Thread_local const float *tl_sort_logits;
+
+static int cmp_desc(const void *a, const void *b) {
+    float x = tl_sort_logits[*(const int *)a], y = tl_sort_logits[*(const int *)b];
+    if (x > y) return -1;
+    if (x < y) return 1;
+    return *(const int *)a - *(const int *)b;   /* stable by id */
+}
+
+kvl_status kvl_sampler_sample(kvl_sampler *s, const float *logits, int vocab, int32_t *token_out,
+                              float *logprob_out) {
+    if (!s || !logits || vocab <= 0 || !token_out)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "sampler: bad arguments");
+    int best = 0;
+    for (int i = 0; i < vocab; i++) {
+        if (isnan(logits[i])) return kvl__errorf(KVL_ERR_NUMERIC, "sampler: logit %d is NaN", i);
+        if (logits[i] > logits[best]) best = i;
+    }
+    int32_t tok = best;
+    if (s->p.temperature > 0.0f) {
+        if (s->cap < vocab) {
+            int *idx = realloc(s->idx, sizeof(int) * (size_t)vocab);
+            if (idx) s->idx = idx;
+            double *pr = realloc(s->prob, sizeof(double) * (size_t)vocab);
+            if (pr) s->prob = pr;
+            if (!idx || !pr) return kvl__errorf(KVL_ERR_NOMEM, "sampler: out of memory");
+            s->cap = vocab;
+        }
+        for (int i = 0; i < vocab; i++) s->idx[i] = i;
+        tl_sort_logits = logits;
+        qsort(s->idx, (size_t)vocab, sizeof(int), cmp_desc);
+        int n = vocab;
+        if (s->p.top_k > 0 && s->p.top_k < n) n = s->p.top_k;
+        double inv_t = 1.0 / s->p.temperature, m = logits[s->idx[0]] * inv_t, sum = 0.0;
+        for (int i = 0; i < n; i++) { s->prob[i] = exp(logits[s->idx[i]] * inv_t - m); sum += s->prob[i]; }
+        for (int i = 0; i < n; i++) s->prob[i] /= sum;
+        if (s->p.top_p < 1.0f) {
+            /* smallest prefix whose mass reaches top_p (at least one token) */
+            double cum = 0.0;
+            int keep = n;
+            for (int i = 0; i < n; i++) {
+                cum += s->prob[i];
+                if (cum >= s->p.top_p) { keep = i + 1; break; }
+            }
+            n = keep;
+            sum = 0.0;
+            for (int i = 0; i < n; i++) sum += s->prob[i];
+            for (int i = 0; i < n; i++) s->prob[i] /= sum;
+        }
+        double u = next_unit(s), cum = 0.0;
+        tok = s->idx[n - 1];
+        for (int i = 0; i < n; i++) {
+            cum += s->prob[i];
+            if (u < cum) { tok = s->idx[i]; break; }
+        }
+    }
+    *token_out = tok;
+    if (logprob_out) *logprob_out = (float)kvl_logprob(logits, vocab, tok);
+    return KVL_OK;
+}

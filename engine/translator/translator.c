@@ -1,0 +1,479 @@
+/* engine/translator/translator.c: the translator file (load, validate, save), metadata, pair check, and
+ * apply (DESIGN.md "The method"; include/kvlingo/translator.h). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache_internal.h"
+#include "ops.h"
+#include "error.h"
+#include "kvlingo/safetensors.h"
+#include "kvlingo/translator_train.h"
+#include "model_internal.h"
+#include "translator_internal.h"
+
+#define KVL_TR_FORMAT "kvlingo-translator-1"
+
+int kvl__tr_default_source_layer(int l, int Ls, int Lt) {
+    if (Lt <= 1) return 0;
+    /* round half away from zero, as Python's round() differs only on exact .5 ties, which the
+     * shipped geometries avoid; the file records the map, so readers never recompute it */
+    double x = (double)l * (Ls - 1) / (Lt - 1);
+    int s = (int)floor(x + 0.5);
+    return s < 0 ? 0 : (s >= Ls ? Ls - 1 : s);
+}
+
+void kvl_translator_free(kvl_translator *tr) {
+    if (!tr) return;
+    for (int i = 0; i < tr->n_meta; i++) {
+        free(tr->meta_keys[i]);
+        free(tr->meta_vals[i]);
+    }
+    free(tr->meta_keys);
+    free(tr->meta_vals);
+    free(tr->layer_map);
+    free(tr->wk);
+    free(tr->wv);
+    free(tr->k_norm);
+    free(tr);
+}
+
+kvl_status kvl_translator_set_meta(kvl_translator *tr, const char *key, const char *value) {
+    for (int i = 0; i < tr->n_meta; i++) {
+        if (!strcmp(tr->meta_keys[i], key)) {
+            char *v = strdup(value);
+            if (!v) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+            free(tr->meta_vals[i]);
+            tr->meta_vals[i] = v;
+            return KVL_OK;
+        }
+    }
+    char **k = realloc(tr->meta_keys, sizeof(char *) * (size_t)(tr->n_meta + 1));
+    if (!k) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+    tr->meta_keys = k;
+    char **v = realloc(tr->meta_vals, sizeof(char *) * (size_t)(tr->n_meta + 1));
+    if (!v) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+    tr->meta_vals = v;
+    char *ks = strdup(key), *vs = strdup(value);
+    if (!ks || !vs) {
+        free(ks);
+        free(vs);
+        return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+    }
+    tr->meta_keys[tr->n_meta] = ks;
+    tr->meta_vals[tr->n_meta] = vs;
+    tr->n_meta++;
+    return KVL_OK;
+}
+
+const char *kvl_translator_metadata(const kvl_translator *tr, const char *key) {
+    if (!tr || !key) return NULL;
+    for (int i = 0; i < tr->n_meta; i++)
+        if (!strcmp(tr->meta_keys[i], key)) return tr->meta_vals[i];
+    return NULL;
+}
+int kvl_translator_metadata_count(const kvl_translator *tr) { return tr->n_meta; }
+const char *kvl_translator_metadata_key(const kvl_translator *tr, int i) {
+    return i >= 0 && i < tr->n_meta ? tr->meta_keys[i] : NULL;
+}
+const char *kvl_translator_metadata_value(const kvl_translator *tr, int i) {
+    return i >= 0 && i < tr->n_meta ? tr->meta_vals[i] : NULL;
+}
+const char *kvl_translator_source_name(const kvl_translator *tr) { return kvl_translator_metadata(tr, "source_name"); }
+const char *kvl_translator_target_name(const kvl_translator *tr) { return kvl_translator_metadata(tr, "target_name"); }
+const char *kvl_translator_source_hash(const kvl_translator *tr) { return kvl_translator_metadata(tr, "source_hash"); }
+const char *kvl_translator_target_hash(const kvl_translator *tr) { return kvl_translator_metadata(tr, "target_hash"); }
+
+void kvl_translator_get_geometry(const kvl_translator *tr, kvl_translator_geometry *g) {
+    *g = (kvl_translator_geometry){tr->src_layers, tr->src_kv_heads, tr->src_head_dim,
+                                   tr->dst_layers, tr->dst_kv_heads, tr->dst_head_dim,
+                                   tr->dst_qk_norm};
+}
+int kvl_translator_layer_map(const kvl_translator *tr, int l) {
+    return l >= 0 && l < tr->dst_layers ? tr->layer_map[l] : -1;
+}
+float *kvl_translator_wk(kvl_translator *tr, int l) {
+    return l >= 0 && l < tr->dst_layers ? tr->wk + (size_t)l * kvl__tr_dt(tr) * kvl__tr_ds(tr) : NULL;
+}
+float *kvl_translator_wv(kvl_translator *tr, int l) {
+    return l >= 0 && l < tr->dst_layers ? tr->wv + (size_t)l * kvl__tr_dt(tr) * kvl__tr_ds(tr) : NULL;
+}
+
+/* Allocate maps, layer map and k_norm for the geometry already set in tr. */
+static kvl_status alloc_arrays(kvl_translator *tr) {
+    size_t n = (size_t)tr->dst_layers * kvl__tr_dt(tr) * kvl__tr_ds(tr);
+    tr->layer_map = calloc((size_t)tr->dst_layers, sizeof(int));
+    tr->wk = calloc(n, sizeof(float));
+    tr->wv = calloc(n, sizeof(float));
+    if (tr->dst_qk_norm) tr->k_norm = calloc((size_t)tr->dst_layers * tr->dst_head_dim, sizeof(float));
+    if (!tr->layer_map || !tr->wk || !tr->wv || (tr->dst_qk_norm && !tr->k_norm))
+        return kvl__errorf(KVL_ERR_NOMEM, "out of memory for a translator (%zu floats per side)", n);
+    return KVL_OK;
+}
+
+static kvl_status set_int_meta(kvl_translator *tr, const char *key, long v) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%ld", v);
+    return kvl_translator_set_meta(tr, key, buf);
+}
+
+/* Write the identity and geometry keys from the struct into the metadata. */
+static kvl_status write_geometry_meta(kvl_translator *tr) {
+    kvl_status s;
+    if ((s = kvl_translator_set_meta(tr, "format", KVL_TR_FORMAT)) ||
+        (s = set_int_meta(tr, "source_layers", tr->src_layers)) ||
+        (s = set_int_meta(tr, "source_kv_heads", tr->src_kv_heads)) ||
+        (s = set_int_meta(tr, "source_head_dim", tr->src_head_dim)) ||
+        (s = set_int_meta(tr, "target_layers", tr->dst_layers)) ||
+        (s = set_int_meta(tr, "target_kv_heads", tr->dst_kv_heads)) ||
+        (s = set_int_meta(tr, "target_head_dim", tr->dst_head_dim)) ||
+        (s = set_int_meta(tr, "target_qk_norm", tr->dst_qk_norm)))
+        return s;
+    char buf[64];
+    snprintf(buf, sizeof buf, "%.9g", (double)tr->k_norm_eps);
+    if ((s = kvl_translator_set_meta(tr, "target_rms_norm_eps", buf))) return s;
+    size_t cap = (size_t)tr->dst_layers * 12 + 1, len = 0;
+    char *map = malloc(cap);
+    if (!map) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+    map[0] = 0;
+    for (int l = 0; l < tr->dst_layers; l++)
+        len += (size_t)snprintf(map + len, cap - len, l ? ",%d" : "%d", tr->layer_map[l]);
+    s = kvl_translator_set_meta(tr, "layer_map", map);
+    free(map);
+    if (s) return s;
+    return kvl_translator_set_meta(tr, "capture", "k_proj/v_proj outputs (pre-norm, pre-RoPE)");
+}
+
+kvl_status kvl_translator_create(const kvl_model *src, const kvl_model *dst,
+                                 const int *layer_map, kvl_translator **out) {
+    if (!src || !dst || !out) return kvl__errorf(KVL_ERR_INVALID_ARG, "translator create: NULL argument");
+    const kvl_model_config *a = &src->cfg, *b = &dst->cfg;
+    if (a->vocab_size != b->vocab_size)
+        return kvl__errorf(KVL_ERR_MISMATCH, "translator create: source '%s' (vocab %d) and target "
+                          "'%s' (vocab %d) do not share a tokenizer", src->name, a->vocab_size,
+                          dst->name, b->vocab_size);
+    kvl_translator *tr = calloc(1, sizeof *tr);
+    if (!tr) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+    tr->src_layers = a->n_layers;
+    tr->src_kv_heads = a->n_kv_heads;
+    tr->src_head_dim = a->head_dim;
+    tr->dst_layers = b->n_layers;
+    tr->dst_kv_heads = b->n_kv_heads;
+    tr->dst_head_dim = b->head_dim;
+    tr->dst_qk_norm = b->qk_norm;
+    tr->k_norm_eps = b->rms_norm_eps;
+    kvl_status s = alloc_arrays(tr);
+    for (int l = 0; s == KVL_OK && l < b->n_layers; l++) {
+        int m = layer_map ? layer_map[l] : kvl__tr_default_source_layer(l, a->n_layers, b->n_layers);
+        if (m < 0 || m >= a->n_layers)
+            s = kvl__errorf(KVL_ERR_INVALID_ARG, "translator create: layer map entry %d = %d is "
+                           "outside the source's %d layers", l, m, a->n_layers);
+        else
+            tr->layer_map[l] = m;
+        if (s == KVL_OK && b->qk_norm)
+            memcpy(tr->k_norm + (size_t)l * b->head_dim, dst->layers[l].k_norm, sizeof(float) * b->head_dim);
+    }
+    if (s == KVL_OK) s = write_geometry_meta(tr);
+    if (s == KVL_OK) s = kvl_translator_set_meta(tr, "source_name", src->name);
+    if (s == KVL_OK) s = kvl_translator_set_meta(tr, "source_hash", src->hash);
+    if (s == KVL_OK) s = kvl_translator_set_meta(tr, "target_name", dst->name);
+    if (s == KVL_OK) s = kvl_translator_set_meta(tr, "target_hash", dst->hash);
+    if (s != KVL_OK) {
+        kvl_translator_free(tr);
+        return s;
+    }
+    *out = tr;
+    return KVL_OK;
+}
+
+/* ---- load ---------------------------------------------------------------------------------- */
+
+static kvl_status meta_int(const kvl_safetensors *st, const char *path, const char *key, int lo,
+                           int hi, int *out) {
+    const char *v = kvl_safetensors_metadata(st, key);
+    if (!v) return kvl__errorf(KVL_ERR_FORMAT, "%s: metadata key '%s' is missing", path, key);
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (end == v || *end || x < lo || x > hi)
+        return kvl__errorf(KVL_ERR_FORMAT, "%s: metadata '%s' = \"%s\" is not an integer in [%d, %d]",
+                          path, key, v, lo, hi);
+    *out = (int)x;
+    return KVL_OK;
+}
+
+/* Load tensor `name` of shape [d0] or [d0, d1] (d1 = 0 for 1-D) into dst as float32, finite. */
+static kvl_status load_tensor(const kvl_safetensors *st, const char *path, const char *name,
+                              int64_t d0, int64_t d1, float *dst) {
+    const kvl_st_tensor *t = kvl_safetensors_find(st, name);
+    if (!t) return kvl__errorf(KVL_ERR_FORMAT, "%s: tensor '%s' is missing", path, name);
+    int nd = d1 ? 2 : 1;
+    if (t->n_dims != nd || t->shape[0] != d0 || (nd == 2 && t->shape[1] != d1))
+        return kvl__errorf(KVL_ERR_MISMATCH, "%s: tensor '%s' has shape [%lld%s%lld], expected "
+                          "[%lld%s%lld] from the geometry in the metadata", path, name,
+                          (long long)t->shape[0], t->n_dims > 1 ? ", " : "",
+                          t->n_dims > 1 ? (long long)t->shape[1] : 0LL, (long long)d0,
+                          nd == 2 ? ", " : "", nd == 2 ? (long long)d1 : 0LL);
+    if (t->dtype != KVL_DTYPE_F32 && t->dtype != KVL_DTYPE_BF16 && t->dtype != KVL_DTYPE_F16)
+        return kvl__errorf(KVL_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s (F32, BF16 or F16 expected)",
+                          path, name, kvl_dtype_name(t->dtype));
+    kvl_status s = kvl_st_tensor_to_f32(t, dst, (size_t)t->n_elements);
+    if (s != KVL_OK) return kvl__error_prefix(s, path);
+    for (int64_t i = 0; i < t->n_elements; i++)
+        if (!isfinite(dst[i]))
+            return kvl__errorf(KVL_ERR_NUMERIC, "%s: tensor '%s' element %lld is %s", path, name,
+                              (long long)i, isnan(dst[i]) ? "NaN" : "Inf");
+    return KVL_OK;
+}
+
+static kvl_status load_from(kvl_safetensors *st, const char *path, kvl_translator *tr) {
+    kvl_status s;
+    const char *fmt = kvl_safetensors_metadata(st, "format");
+    if (!fmt || strcmp(fmt, KVL_TR_FORMAT))
+        return kvl__errorf(KVL_ERR_FORMAT, "%s: not a kvlingo translator (metadata 'format' is %s%s%s, "
+                          "expected \"" KVL_TR_FORMAT "\")", path, fmt ? "\"" : "", fmt ? fmt : "missing",
+                          fmt ? "\"" : "");
+    if ((s = meta_int(st, path, "source_layers", 1, 4096, &tr->src_layers)) ||
+        (s = meta_int(st, path, "source_kv_heads", 1, 4096, &tr->src_kv_heads)) ||
+        (s = meta_int(st, path, "source_head_dim", 1, 4096, &tr->src_head_dim)) ||
+        (s = meta_int(st, path, "target_layers", 1, 4096, &tr->dst_layers)) ||
+        (s = meta_int(st, path, "target_kv_heads", 1, 4096, &tr->dst_kv_heads)) ||
+        (s = meta_int(st, path, "target_head_dim", 2, 4096, &tr->dst_head_dim)) ||
+        (s = meta_int(st, path, "target_qk_norm", 0, 1, &tr->dst_qk_norm)))
+        return s;
+    if (tr->dst_head_dim % 2)
+        return kvl__errorf(KVL_ERR_FORMAT, "%s: target_head_dim %d is odd (RoPE needs pairs)", path, tr->dst_head_dim);
+    const char *eps = kvl_safetensors_metadata(st, "target_rms_norm_eps");
+    tr->k_norm_eps = eps ? strtof(eps, NULL) : 1e-6f;
+    if (!(tr->k_norm_eps > 0 && tr->k_norm_eps < 1))
+        return kvl__errorf(KVL_ERR_FORMAT, "%s: metadata 'target_rms_norm_eps' = \"%s\" is not in (0, 1)", path, eps);
+    if ((s = alloc_arrays(tr))) return s;
+    const char *map = kvl_safetensors_metadata(st, "layer_map");
+    for (int l = 0; l < tr->dst_layers; l++) {
+        if (!map) {
+            tr->layer_map[l] = kvl__tr_default_source_layer(l, tr->src_layers, tr->dst_layers);
+            continue;
+        }
+        char *end;
+        long v = strtol(map, &end, 10);
+        if (end == map || v < 0 || v >= tr->src_layers || (*end != ',' && *end != 0) ||
+            (*end == 0 && l != tr->dst_layers - 1) || (*end == ',' && l == tr->dst_layers - 1))
+            return kvl__errorf(KVL_ERR_FORMAT, "%s: metadata 'layer_map' must list %d source layers in "
+                              "[0, %d) separated by commas; entry %d is bad", path, tr->dst_layers,
+                              tr->src_layers, l);
+        tr->layer_map[l] = (int)v;
+        map = *end ? end + 1 : end;
+    }
+    int64_t dt = kvl__tr_dt(tr), ds = kvl__tr_ds(tr);
+    char name[96];
+    for (int l = 0; l < tr->dst_layers; l++) {
+        snprintf(name, sizeof name, "layers.%d.k.weight", l);
+        if ((s = load_tensor(st, path, name, dt, ds, kvl_translator_wk(tr, l)))) return s;
+        snprintf(name, sizeof name, "layers.%d.v.weight", l);
+        if ((s = load_tensor(st, path, name, dt, ds, kvl_translator_wv(tr, l)))) return s;
+        if (tr->dst_qk_norm) {
+            snprintf(name, sizeof name, "layers.%d.k_norm.weight", l);
+            if ((s = load_tensor(st, path, name, tr->dst_head_dim, 0,
+                                 tr->k_norm + (size_t)l * tr->dst_head_dim)))
+                return s;
+        }
+    }
+    return KVL_OK;
+}
+
+/* Metadata keys copied from the file into the translator (the ones kvlingo writes). */
+static const char *const k_meta_keys[] = {
+    "format", "source_name", "source_hash", "target_name", "target_hash", "source_layers",
+    "source_kv_heads", "source_head_dim", "target_layers", "target_kv_heads", "target_head_dim",
+    "target_qk_norm", "target_rms_norm_eps", "layer_map", "capture", "stage1", "training",
+    "eval", "eval_stage1", "eval_multiturn", "corpus", "created_by"};
+
+kvl_status kvl_translator_load(const char *path, kvl_translator **out) {
+    if (!path || !out) return kvl__errorf(KVL_ERR_INVALID_ARG, "translator load: NULL argument");
+    kvl_safetensors *st = NULL;
+    kvl_status s = kvl_safetensors_open(path, &st);
+    if (s != KVL_OK) return s;
+    kvl_translator *tr = calloc(1, sizeof *tr);
+    if (!tr) {
+        kvl_safetensors_close(st);
+        return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+    }
+    s = load_from(st, path, tr);
+    for (size_t i = 0; s == KVL_OK && i < sizeof k_meta_keys / sizeof k_meta_keys[0]; i++) {
+        const char *v = kvl_safetensors_metadata(st, k_meta_keys[i]);
+        if (v) s = kvl_translator_set_meta(tr, k_meta_keys[i], v);
+    }
+    kvl_safetensors_close(st);
+    if (s != KVL_OK) {
+        kvl_translator_free(tr);
+        return s;
+    }
+    *out = tr;
+    return KVL_OK;
+}
+
+/* ---- save ---------------------------------------------------------------------------------- */
+
+kvl_status kvl_translator_save(const kvl_translator *tr, const char *path, int dtype) {
+    if (!tr || !path) return kvl__errorf(KVL_ERR_INVALID_ARG, "translator save: NULL argument");
+    if (dtype != KVL_DTYPE_F32 && dtype != KVL_DTYPE_BF16)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "translator save: dtype must be F32 or BF16");
+    int Lt = tr->dst_layers, per = tr->dst_qk_norm ? 3 : 2;
+    size_t n = (size_t)kvl__tr_dt(tr) * kvl__tr_ds(tr);
+    kvl_st_write_tensor *ts = calloc((size_t)Lt * per, sizeof *ts);
+    char *names = calloc((size_t)Lt * per, 64);
+    uint16_t *half = dtype == KVL_DTYPE_BF16 ? malloc(sizeof(uint16_t) * n * 2 * Lt) : NULL;
+    if (!ts || !names || (dtype == KVL_DTYPE_BF16 && !half)) {
+        free(ts); free(names); free(half);
+        return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+    }
+    size_t esz = dtype == KVL_DTYPE_BF16 ? 2 : 4;
+    int k = 0;
+    for (int l = 0; l < Lt; l++) {
+        for (int side = 0; side < 2; side++) {
+            const float *w = (side ? tr->wv : tr->wk) + (size_t)l * n;
+            const void *data = w;
+            if (half) {
+                uint16_t *h = half + ((size_t)l * 2 + side) * n;
+                for (size_t i = 0; i < n; i++) h[i] = kvl_f32_to_bf16(w[i]);
+                data = h;
+            }
+            char *nm = names + (size_t)k * 64;
+            snprintf(nm, 64, "layers.%d.%s.weight", l, side ? "v" : "k");
+            ts[k++] = (kvl_st_write_tensor){nm, (kvl_dtype)dtype, 2, {kvl__tr_dt(tr), kvl__tr_ds(tr)},
+                                            data, n * esz};
+        }
+        if (tr->dst_qk_norm) {
+            char *nm = names + (size_t)k * 64;
+            snprintf(nm, 64, "layers.%d.k_norm.weight", l);
+            ts[k++] = (kvl_st_write_tensor){nm, KVL_DTYPE_F32, 1, {tr->dst_head_dim},
+                                            tr->k_norm + (size_t)l * tr->dst_head_dim,
+                                            sizeof(float) * (size_t)tr->dst_head_dim};
+        }
+    }
+    kvl_status s = kvl_safetensors_write(path, ts, (size_t)k, (const char *const *)tr->meta_keys,
+                                         (const char *const *)tr->meta_vals, (size_t)tr->n_meta);
+    free(ts);
+    free(names);
+    free(half);
+    return s;
+}
+
+/* ---- pair check ------------------------------------------------------------------------------ */
+
+kvl_status kvl_translator_check(const kvl_translator *tr, const kvl_model *src, const kvl_model *dst) {
+    if (!tr || !src || !dst) return kvl__errorf(KVL_ERR_INVALID_ARG, "translator check: NULL argument");
+    const kvl_model_config *a = &src->cfg, *b = &dst->cfg;
+    const char *sn = kvl_translator_source_name(tr), *tn = kvl_translator_target_name(tr);
+    if (a->n_layers != tr->src_layers || a->n_kv_heads != tr->src_kv_heads || a->head_dim != tr->src_head_dim)
+        return kvl__errorf(KVL_ERR_MISMATCH, "translator %s -> %s: source geometry (layers %d, kv_heads %d, "
+                          "head_dim %d) does not match model '%s' (layers %d, kv_heads %d, head_dim %d)",
+                          sn ? sn : "?", tn ? tn : "?", tr->src_layers, tr->src_kv_heads, tr->src_head_dim,
+                          src->name, a->n_layers, a->n_kv_heads, a->head_dim);
+    if (b->n_layers != tr->dst_layers || b->n_kv_heads != tr->dst_kv_heads || b->head_dim != tr->dst_head_dim ||
+        b->qk_norm != tr->dst_qk_norm)
+        return kvl__errorf(KVL_ERR_MISMATCH, "translator %s -> %s: target geometry (layers %d, kv_heads %d, "
+                          "head_dim %d, k_norm %d) does not match model '%s' (layers %d, kv_heads %d, "
+                          "head_dim %d, k_norm %d)", sn ? sn : "?", tn ? tn : "?", tr->dst_layers,
+                          tr->dst_kv_heads, tr->dst_head_dim, tr->dst_qk_norm, dst->name, b->n_layers,
+                          b->n_kv_heads, b->head_dim, b->qk_norm);
+    const char *sh = kvl_translator_source_hash(tr), *th = kvl_translator_target_hash(tr);
+    if (sh && strcmp(sh, src->hash))
+        return kvl__errorf(KVL_ERR_MISMATCH, "translator was trained for source model '%s' (hash %s), "
+                          "not '%s' (hash %s)", sn ? sn : "?", sh, src->name, src->hash);
+    if (th && strcmp(th, dst->hash))
+        return kvl__errorf(KVL_ERR_MISMATCH, "translator was trained for target model '%s' (hash %s), "
+                          "not '%s' (hash %s)", tn ? tn : "?", th, dst->name, dst->hash);
+    if (b->qk_norm)   /* apply uses the file's k_norm copy: it must be the target's own */
+        for (int l = 0; l < b->n_layers; l++)
+            if (memcmp(tr->k_norm + (size_t)l * b->head_dim, dst->layers[l].k_norm, sizeof(float) * b->head_dim))
+                return kvl__errorf(KVL_ERR_MISMATCH, "translator's k_norm weights of layer %d differ from "
+                                  "target model '%s''s", l, dst->name);
+    return KVL_OK;
+}
+
+/* ---- apply ----------------------------------------------------------------------------------- */
+
+kvl_status kvl_translator_apply(const kvl_translator *tr, const float *k_src, const float *v_src,
+                                int t0, int n, const int32_t *ids, kvl_cache *dst) {
+    if (!tr || !dst || n < 0 || (n > 0 && (!k_src || !v_src)))
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "translator apply: bad arguments (n=%d)", n);
+    const kvl_model_config *c = &dst->cfg;
+    if (c->n_layers != tr->dst_layers || c->n_kv_heads != tr->dst_kv_heads ||
+        c->head_dim != tr->dst_head_dim || c->qk_norm != tr->dst_qk_norm)
+        return kvl__errorf(KVL_ERR_MISMATCH, "translator apply: the target cache's geometry (layers %d, "
+                          "kv_heads %d, head_dim %d) is not the translator's (layers %d, kv_heads %d, "
+                          "head_dim %d)", c->n_layers, c->n_kv_heads, c->head_dim, tr->dst_layers,
+                          tr->dst_kv_heads, tr->dst_head_dim);
+    if (t0 != dst->n_tokens)
+        return kvl__errorf(KVL_ERR_RANGE, "translator apply: span starts at token %d but the target "
+                          "cache holds %d tokens", t0, dst->n_tokens);
+    if (t0 + n > dst->capacity)
+        return kvl__errorf(KVL_ERR_RANGE, "translator apply: %d tokens exceed the target cache's capacity %d",
+                          t0 + n, dst->capacity);
+    if (n == 0) return KVL_OK;
+    const int Lt = tr->dst_layers, ds = kvl__tr_ds(tr), dt = kvl__tr_dt(tr), D = tr->dst_head_dim;
+    const size_t per = (size_t)n * dt;
+    float *kpost = malloc(sizeof(float) * per * Lt);
+    float *vout = malloc(sizeof(float) * per * Lt);
+    float *kpre = malloc(sizeof(float) * per * Lt);
+    int *pos = malloc(sizeof(int) * (size_t)n);
+    float *rcos = malloc(sizeof(float) * (size_t)n * (D / 2));
+    float *rsin = malloc(sizeof(float) * (size_t)n * (D / 2));
+    if (!kpost || !vout || !kpre || !pos || !rcos || !rsin) {
+        free(kpost); free(vout); free(kpre); free(pos); free(rcos); free(rsin);
+        return kvl__errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
+    }
+    for (int i = 0; i < n; i++) pos[i] = t0 + i;
+    /* the target's RoPE angles of the span, once for all layers */
+    kvl__cpu_rope_table(rcos, rsin, pos, n, D, c->rope_theta);
+    const size_t wsz = (size_t)dt * ds;
+    for (int l = 0; l < Lt; l++) {
+        const int sl = tr->layer_map[l];
+        const float *xk = k_src + (size_t)sl * n * ds, *xv = v_src + (size_t)sl * n * ds;
+        float *kp = kpre + (size_t)l * per, *ko = kpost + (size_t)l * per;
+        /* k_pre_t = W_K k_s ; k_t = RoPE(k_norm(k_pre_t)) ; v_t = W_V v_s  (DESIGN.md) */
+        kvl__cpu_matmul_forward(kp, xk, tr->wk + (size_t)l * wsz, NULL, n, ds, dt);
+        if (tr->dst_qk_norm)
+            kvl__cpu_rmsnorm_forward(ko, kp, tr->k_norm + (size_t)l * D, n * tr->dst_kv_heads, D, tr->k_norm_eps);
+        else
+            memcpy(ko, kp, sizeof(float) * per);
+        kvl__cpu_rope_apply(ko, rcos, rsin, n, tr->dst_kv_heads, D, 0);
+        kvl__cpu_matmul_forward(vout + (size_t)l * per, xv, tr->wv + (size_t)l * wsz, NULL, n, ds, dt);
+    }
+    kvl_status s = kvl_cache_append(dst, n, ids, kpost, vout, kpre);
+    free(kpost); free(vout); free(kpre); free(pos); free(rcos); free(rsin);
+    return s;
+}
+
+kvl_status kvl_translator_translate_span(const kvl_translator *tr, const kvl_cache *src, int t0,
+                                         int t1, kvl_cache *dst) {
+    if (!tr || !src || !dst) return kvl__errorf(KVL_ERR_INVALID_ARG, "translate span: NULL argument");
+    const kvl_model_config *c = &src->cfg;
+    if (c->n_layers != tr->src_layers || c->n_kv_heads != tr->src_kv_heads || c->head_dim != tr->src_head_dim)
+        return kvl__errorf(KVL_ERR_MISMATCH, "translate span: the source cache's geometry (layers %d, "
+                          "kv_heads %d, head_dim %d) is not the translator's (layers %d, kv_heads %d, "
+                          "head_dim %d)", c->n_layers, c->n_kv_heads, c->head_dim, tr->src_layers,
+                          tr->src_kv_heads, tr->src_head_dim);
+    if (t0 < 0 || t1 < t0 || t1 > src->n_tokens)
+        return kvl__errorf(KVL_ERR_RANGE, "translate span: [%d, %d) is outside the source cache's %d tokens",
+                          t0, t1, src->n_tokens);
+    int n = t1 - t0;
+    if (n == 0) return t0 == dst->n_tokens ? KVL_OK
+                     : kvl__errorf(KVL_ERR_RANGE, "translate span: target holds %d tokens, span starts at %d",
+                                  dst->n_tokens, t0);
+    size_t per = (size_t)n * kvl__tr_ds(tr);
+    float *k = malloc(sizeof(float) * per * tr->src_layers);
+    float *v = malloc(sizeof(float) * per * tr->src_layers);
+    if (!k || !v) {
+        free(k); free(v);
+        return kvl__errorf(KVL_ERR_NOMEM, "out of memory reading %d source tokens", n);
+    }
+    kvl_status s = KVL_OK;
+    for (int l = 0; s == KVL_OK && l < tr->src_layers; l++)
+        s = kvl_cache_read_prenorm(src, l, t0, t1, k + (size_t)l * per, v + (size_t)l * per);
+    if (s == KVL_OK) s = kvl_translator_apply(tr, k, v, t0, n, kvl_cache_tokens(src) + t0, dst);
+    free(k);
+    free(v);
+    return s;
+}

@@ -1,0 +1,78 @@
+/* engine/translator/translator_internal.h: the translator struct and the training core, shared by the
+ * engine's translator files (translator.c, translator_ridge.c, translator_train.c,
+ * translator_eval.c) and the unit tests.  Not a public header. */
+#ifndef KVL_ENGINE_TRANSLATOR_INTERNAL_H
+#define KVL_ENGINE_TRANSLATOR_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvlingo/model.h"
+#include "kvlingo/translator.h"
+
+struct kvl_translator {
+    int src_layers, src_kv_heads, src_head_dim;   /* Ls, Hs, Ds */
+    int dst_layers, dst_kv_heads, dst_head_dim;   /* Lt, Ht, Dt */
+    int dst_qk_norm;                              /* target applies k_norm               */
+    int *layer_map;                               /* [Lt] source layer of target layer l */
+    float *wk, *wv;                               /* [Lt][Ht*Dt][Hs*Ds] each             */
+    float *k_norm;                                /* [Lt][Dt] target k_norm weights, or NULL */
+    float k_norm_eps;
+    int n_meta;
+    char **meta_keys, **meta_vals;                /* [n_meta] owned strings              */
+};
+
+/* Source/target feature widths: Hs*Ds and Ht*Dt. */
+static inline int kvl__tr_ds(const kvl_translator *t) { return t->src_kv_heads * t->src_head_dim; }
+static inline int kvl__tr_dt(const kvl_translator *t) { return t->dst_kv_heads * t->dst_head_dim; }
+
+/* Default layer map s(l) = round(l (Ls-1) / (Lt-1)) (DESIGN.md, "The method"). */
+int kvl__tr_default_source_layer(int l, int Ls, int Lt);
+
+/* ---- training core, generic over the scalar type (float: training; double: grad check) ---- */
+
+/* A frozen target network as the training core reads it: the weights of kvl__model_internal.h
+ * (shapes documented there) in scalar type R.  The float view points into a kvl_model. */
+#define KVL_TR_DECLARE(R, SFX)                                                                    \
+    typedef struct kvl__tlayer_##SFX {                                                             \
+        const R *attn_norm, *wq, *wk, *wv, *bq, *bk, *bv, *q_norm, *k_norm, *wo, *bo, *mlp_norm,  \
+            *w_gate, *w_up, *w_down;                                                              \
+    } kvl__tlayer_##SFX;                                                                           \
+    typedef struct kvl__tnet_##SFX {                                                               \
+        kvl_model_config cfg;                                                                     \
+        const R *embed, *final_norm, *lm_head;                                                    \
+        const kvl__tlayer_##SFX *layers;                                                           \
+    } kvl__tnet_##SFX;                                                                             \
+    /* One distillation sample.  The translated cache holds n_ctx prefix tokens at positions    \
+     * 0..n_ctx-1; the target reads tokens[n_read] at positions n_ctx..n_ctx+n_read-1 and is    \
+     * scored against teacher_logits[n_read, V] (the target's own logits at those positions    \
+     * when it read the prefix natively).  xk, xv: [Lt][n_ctx][Hs*Ds] source pre-norm keys /    \
+     * values already routed through the layer map (row l holds source layer s(l)). */          \
+    typedef struct kvl__tsample_##SFX {                                                            \
+        int n_ctx, n_read;                                                                        \
+        const int32_t *tokens;                                                                    \
+        const R *teacher_logits;                                                                  \
+        const R *xk, *xv;                                                                         \
+    } kvl__tsample_##SFX;                                                                          \
+    typedef struct kvl__tws_##SFX kvl__tws_##SFX;                                                   \
+    /* Workspace for samples of at most max_ctx prefix and max_read read tokens. */              \
+    kvl_status kvl__tws_create_##SFX(const kvl_model_config *cfg, int ds, int max_ctx,             \
+                                    int max_read, kvl__tws_##SFX **out);                           \
+    void kvl__tws_free_##SFX(kvl__tws_##SFX *ws);                                                   \
+    size_t kvl__tws_bytes_##SFX(const kvl__tws_##SFX *ws);                                          \
+    /* Forward (and backward when dwk != NULL) of one sample.  wk, wv: [Lt][Dt][Ds] maps;        \
+     * dwk, dwv: same shape, gradients of the returned loss ACCUMULATED (scaled by grad_scale). \
+     * Returns the loss: mean over the n_read tokens of KL(teacher || student), in nats.        \
+     * *agree (may be NULL) receives the count of tokens whose argmax agrees with the teacher. */ \
+    double kvl__tr_step_##SFX(const kvl__tnet_##SFX *net, int ds, const R *wk, const R *wv,         \
+                             const kvl__tsample_##SFX *s, R *dwk, R *dwv, double grad_scale,       \
+                             kvl__tws_##SFX *ws, int *agree);
+
+KVL_TR_DECLARE(float, f32)
+KVL_TR_DECLARE(double, f64)
+
+/* Float view of a loaded model (layers array malloc'ed; free with kvl__tnet_free_f32). */
+kvl_status kvl__tnet_from_model_f32(const kvl_model *m, kvl__tnet_f32 *out);
+void kvl__tnet_free_f32(kvl__tnet_f32 *net);
+
+#endif

@@ -1,0 +1,356 @@
+/* engine/translator/translator_train.c: stage 2, distillation of W_K, W_V with the target frozen
+ * (DESIGN.md "The method"; issue 4 "Stage 2").  Sampling, teacher and student passes, AdamW
+ * with warm-up + cosine decay, gradient clipping, worker threads, checkpoints.  The per-sample
+ * forward/backward is translator_core.inc. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cache_internal.h"
+#include "ops.h"
+#include "error.h"
+#include "kvlingo/safetensors.h"
+#include "kvlingo/translator_train.h"
+#include "model_internal.h"
+#include "translator_internal.h"
+
+kvl_train_params kvl_train_default_params(void) {
+    kvl_train_params p = {.steps = 400, .batch = 16, .prefix_min = 32, .prefix_max = 256,
+                          .cont_len = 64, .lr = 1e-3, .min_lr_frac = 0.1, .warmup = -1,
+                          .weight_decay = 0.0, .beta1 = 0.9, .beta2 = 0.999, .adam_eps = 1e-8,
+                          .clip = 1.0, .seed = 1, .threads = 1, .checkpoint_every = 50,
+                          .per_window = 1};
+    return p;
+}
+
+/* splitmix64 (Steele, Lea, Flood 2014): a seedable generator whose state is one integer, so
+ * step s's samples depend only on (seed, s). */
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static uint64_t rand_below(uint64_t *st, uint64_t n) { return n ? splitmix64(st) % n : 0; }
+
+typedef struct sample_ref { size_t offset; int prefix; } sample_ref;
+
+typedef struct worker {
+    kvl_model *src, *dst;
+    int owns_models;
+    kvl_cache *cs, *cd;
+    kvl__tnet_f32 net;
+    kvl__tws_f32 *ws;
+    float *xk, *xv;          /* [Lt][Pmax][Ds] */
+    float *teacher;          /* [Pmax - Pmin + C, V] teacher logits of a window */
+    float *gk, *gv;          /* [Lt][Dt][Ds] gradient accumulators */
+    /* job of the current step */
+    const kvl_translator *tr;
+    const int32_t *stream;
+    const sample_ref *samples;
+    int n_samples, per_window, stride, first, cont;
+    double grad_scale;
+    double loss_sum;
+    long tokens;
+    kvl_status status;
+} worker;
+
+static void worker_free(worker *w) {
+    kvl_cache_free(w->cs);
+    kvl_cache_free(w->cd);
+    kvl__tnet_free_f32(&w->net);
+    kvl__tws_free_f32(w->ws);
+    free(w->xk); free(w->xv); free(w->teacher); free(w->gk); free(w->gv);
+    if (w->owns_models) {
+        kvl_model_free(w->src);
+        kvl_model_free(w->dst);
+    }
+}
+
+static kvl_status worker_init(worker *w, const kvl_translator *tr, kvl_model *src, kvl_model *dst,
+                              int copy, const kvl_train_params *p) {
+    memset(w, 0, sizeof *w);
+    kvl_status s;
+    if (copy) {
+        kvl_model_params mp = {.n_threads = 1};
+        w->owns_models = 1;
+        if ((s = kvl_model_load(kvl_model_dir(src), &mp, &w->src))) return s;
+        if ((s = kvl_model_load(kvl_model_dir(dst), &mp, &w->dst))) return s;
+    } else {
+        w->src = src;
+        w->dst = dst;
+    }
+    int Pmax = p->prefix_max, C = p->cont_len, Lt = tr->dst_layers, ds = kvl__tr_ds(tr);
+    kvl_cache_params cp = {.max_tokens = Pmax + C, .block_tokens = 16};
+    if ((s = kvl_cache_create(&w->src->cfg, &cp, &w->cs))) return s;
+    if ((s = kvl_cache_create(&w->dst->cfg, &cp, &w->cd))) return s;
+    if ((s = kvl__tnet_from_model_f32(w->dst, &w->net))) return s;
+    if ((s = kvl__tws_create_f32(&w->dst->cfg, ds, Pmax, C, &w->ws))) return s;
+    size_t np = (size_t)Lt * kvl__tr_dt(tr) * ds;
+    w->xk = malloc(sizeof(float) * (size_t)Lt * Pmax * ds);
+    w->xv = malloc(sizeof(float) * (size_t)Lt * Pmax * ds);
+    w->teacher = malloc(sizeof(float) * (size_t)(Pmax - p->prefix_min + C) * w->dst->cfg.vocab_size);
+    w->gk = malloc(sizeof(float) * np);
+    w->gv = malloc(sizeof(float) * np);
+    if (!w->xk || !w->xv || !w->teacher || !w->gk || !w->gv)
+        return kvl__errorf(KVL_ERR_NOMEM, "out of memory for a training worker");
+    return KVL_OK;
+}
+
+/* One window: samples r[0..k) share the stream offset (and differ in prefix length).  The
+ * models are causal, so one teacher pass over the window (logits from the shortest prefix on)
+ * and one source pass over the longest prefix serve every sample of the window; then each
+ * sample's student forward + backward (gradients into w->gk/gv). */
+static kvl_status run_window(worker *w, const sample_ref *r, int k) {
+    const kvl_translator *tr = w->tr;
+    const int C = w->cont, Lt = tr->dst_layers, ds = kvl__tr_ds(tr), V = w->dst->cfg.vocab_size;
+    const int32_t *ids = w->stream + r[0].offset;
+    int pmin = r[0].prefix, pmax = r[0].prefix;
+    for (int j = 1; j < k; j++) {
+        if (r[j].prefix < pmin) pmin = r[j].prefix;
+        if (r[j].prefix > pmax) pmax = r[j].prefix;
+    }
+    kvl_status s;
+    /* teacher: the target reads the window natively; logits at positions pmin..pmax+C-1 */
+    if ((s = kvl_cache_truncate(w->cd, 0))) return s;
+    if ((s = kvl_model_prefill(w->dst, w->cd, ids, pmin, KVL_LOGITS_NONE, NULL))) return s;
+    if ((s = kvl_model_prefill(w->dst, w->cd, ids + pmin, pmax - pmin + C, KVL_LOGITS_ALL, w->teacher)))
+        return s;
+    /* source: prefill of the longest prefix */
+    if ((s = kvl_cache_truncate(w->cs, 0))) return s;
+    if ((s = kvl_model_prefill(w->src, w->cs, ids, pmax, KVL_LOGITS_NONE, NULL))) return s;
+    w->tokens += 2L * pmax + C;
+    for (int j = 0; j < k; j++) {
+        const int P = r[j].prefix;
+        /* pre-norm K/V of source layer s(l) for every target layer l, tokens [0, P) */
+        for (int l = 0; l < Lt; l++)
+            if ((s = kvl_cache_read_prenorm(w->cs, tr->layer_map[l], 0, P, w->xk + (size_t)l * P * ds,
+                                            w->xv + (size_t)l * P * ds)))
+                return s;
+        kvl__tsample_f32 smp = {.n_ctx = P, .n_read = C, .tokens = ids + P,
+                               .teacher_logits = w->teacher + (size_t)(P - pmin) * V,
+                               .xk = w->xk, .xv = w->xv};
+        double loss = kvl__tr_step_f32(&w->net, ds, tr->wk, tr->wv, &smp, w->gk, w->gv, w->grad_scale,
+                                      w->ws, NULL);
+        if (!isfinite(loss))
+            return kvl__errorf(KVL_ERR_NUMERIC, "training: loss is %g at stream offset %zu (prefix %d)",
+                              loss, r[j].offset, P);
+        w->loss_sum += loss;
+        w->tokens += 2L * C;   /* student forward + backward */
+    }
+    return KVL_OK;
+}
+
+static void *worker_main(void *arg) {
+    worker *w = arg;
+    size_t np = (size_t)w->tr->dst_layers * kvl__tr_dt(w->tr) * kvl__tr_ds(w->tr);
+    memset(w->gk, 0, sizeof(float) * np);
+    memset(w->gv, 0, sizeof(float) * np);
+    w->loss_sum = 0;
+    w->tokens = 0;
+    w->status = KVL_OK;
+    /* windows g = first, first + stride, ... of per_window samples each */
+    int nwin = w->n_samples / w->per_window;
+    for (int g = w->first; g < nwin && w->status == KVL_OK; g += w->stride)
+        w->status = run_window(w, &w->samples[g * w->per_window], w->per_window);
+    return NULL;
+}
+
+/* ---- checkpoints: maps + AdamW moments + step, as safetensors ----------------------------- */
+
+static kvl_status save_checkpoint(const char *path, const kvl_translator *tr, const float *m,
+                                  const float *v, int step, uint64_t seed) {
+    size_t np = (size_t)tr->dst_layers * kvl__tr_dt(tr) * kvl__tr_ds(tr);
+    kvl_st_write_tensor ts[6] = {
+        {"wk", KVL_DTYPE_F32, 1, {(int64_t)np}, tr->wk, np * 4},
+        {"wv", KVL_DTYPE_F32, 1, {(int64_t)np}, tr->wv, np * 4},
+        {"adam_m.k", KVL_DTYPE_F32, 1, {(int64_t)np}, m, np * 4},
+        {"adam_m.v", KVL_DTYPE_F32, 1, {(int64_t)np}, m + np, np * 4},
+        {"adam_v.k", KVL_DTYPE_F32, 1, {(int64_t)np}, v, np * 4},
+        {"adam_v.v", KVL_DTYPE_F32, 1, {(int64_t)np}, v + np, np * 4},
+    };
+    char sstep[32], sseed[32];
+    snprintf(sstep, sizeof sstep, "%d", step);
+    snprintf(sseed, sizeof sseed, "%llu", (unsigned long long)seed);
+    const char *keys[] = {"format", "step", "seed"};
+    const char *vals[] = {"kvlingo-translator-checkpoint-1", sstep, sseed};
+    return kvl_safetensors_write(path, ts, 6, keys, vals, 3);
+}
+
+static kvl_status load_checkpoint(const char *path, kvl_translator *tr, float *m, float *v,
+                                  int *step, uint64_t seed) {
+    kvl_safetensors *st = NULL;
+    kvl_status s = kvl_safetensors_open(path, &st);
+    if (s) return s;
+    size_t np = (size_t)tr->dst_layers * kvl__tr_dt(tr) * kvl__tr_ds(tr);
+    const char *names[6] = {"wk", "wv", "adam_m.k", "adam_m.v", "adam_v.k", "adam_v.v"};
+    float *dst[6] = {tr->wk, tr->wv, m, m + np, v, v + np};
+    const char *fmt = kvl_safetensors_metadata(st, "format"), *sstep = kvl_safetensors_metadata(st, "step");
+    const char *sseed = kvl_safetensors_metadata(st, "seed");
+    if (!fmt || strcmp(fmt, "kvlingo-translator-checkpoint-1") || !sstep || !sseed)
+        s = kvl__errorf(KVL_ERR_FORMAT, "%s: not a translator training checkpoint", path);
+    else if (strtoull(sseed, NULL, 10) != seed)
+        s = kvl__errorf(KVL_ERR_MISMATCH, "%s: checkpoint was written with seed %s, this run uses %llu",
+                       path, sseed, (unsigned long long)seed);
+    for (int i = 0; s == KVL_OK && i < 6; i++) {
+        const kvl_st_tensor *t = kvl_safetensors_find(st, names[i]);
+        if (!t || t->dtype != KVL_DTYPE_F32 || (size_t)t->n_elements != np)
+            s = kvl__errorf(KVL_ERR_MISMATCH, "%s: tensor '%s' missing or not %zu float32 values "
+                           "(checkpoint of another pair?)", path, names[i], np);
+        else
+            s = kvl_st_tensor_to_f32(t, dst[i], np);
+    }
+    if (s == KVL_OK) *step = atoi(sstep);
+    kvl_safetensors_close(st);
+    return s;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+kvl_status kvl_translator_train(kvl_translator *tr, kvl_model *src, kvl_model *dst,
+                                const int32_t *stream, size_t n, const kvl_train_params *pp,
+                                double *final_loss) {
+    kvl_train_params p = pp ? *pp : kvl_train_default_params();
+    kvl_status s = kvl_translator_check(tr, src, dst);
+    if (s != KVL_OK) return s;
+    if (p.steps < 1 || p.batch < 1 || p.cont_len < 1 || p.prefix_min < 1 || p.prefix_max < p.prefix_min)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "training: bad parameters (steps %d, batch %d, prefix "
+                          "%d..%d, continuation %d)", p.steps, p.batch, p.prefix_min, p.prefix_max, p.cont_len);
+    if (n < (size_t)(p.prefix_max + p.cont_len) + 1)
+        return kvl__errorf(KVL_ERR_RANGE, "training: the token stream (%zu tokens) is shorter than one "
+                          "sample (%d)", n, p.prefix_max + p.cont_len);
+    if (p.per_window < 1 || p.batch % p.per_window)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "training: batch %d is not a multiple of per_window %d",
+                          p.batch, p.per_window);
+    if (p.threads < 1) p.threads = 1;
+    if (p.threads > 64) p.threads = 64;
+    if (p.warmup < 0) p.warmup = p.steps / 20;
+    const size_t np = (size_t)tr->dst_layers * kvl__tr_dt(tr) * kvl__tr_ds(tr);
+    worker *ws = calloc((size_t)p.threads, sizeof *ws);
+    float *m = calloc(np * 2, sizeof(float)), *v = calloc(np * 2, sizeof(float));
+    sample_ref *samples = malloc(sizeof *samples * (size_t)p.batch);
+    pthread_t *th = calloc((size_t)p.threads, sizeof *th);
+    double *hist = calloc((size_t)p.steps, sizeof(double));
+    if (!ws || !m || !v || !samples || !th || !hist) {
+        free(ws); free(m); free(v); free(samples); free(th); free(hist);
+        return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+    }
+    int saved_threads[2] = {src->n_threads, dst->n_threads};
+    if (p.threads > 1) {
+        /* parallel over samples; BLAS single-threaded inside each worker */
+        src->n_threads = dst->n_threads = 1;
+        kvl__cpu_set_threads(1);
+    }
+    int nw = 0;
+    for (; nw < p.threads && s == KVL_OK; nw++) s = worker_init(&ws[nw], tr, src, dst, nw > 0, &p);
+    int step0 = 0;
+    if (s == KVL_OK && p.resume) s = load_checkpoint(p.resume, tr, m, v, &step0, p.seed);
+    const double t_start = now_s();
+    const clock_t cpu_start = clock();   /* process CPU time, all threads */
+    long tokens_total = 0;
+    size_t mem = 0;
+    for (int i = 0; i < nw; i++) mem += kvl__tws_bytes_f32(ws[i].ws) + sizeof(float) * np * 2;
+    mem += sizeof(float) * np * 4;
+    for (int step = step0; s == KVL_OK && step < p.steps; step++) {
+        /* samples of this step from generator (seed, step) */
+        uint64_t rs = p.seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)step << 17) ^ 0x5851F42D4C957F2Dull;
+        for (int j = 0; j < p.batch; j += p.per_window) {
+            /* one offset per window, valid for the longest prefix of the range */
+            size_t off = (size_t)rand_below(&rs, (uint64_t)(n - (size_t)(p.prefix_max + p.cont_len) + 1));
+            for (int q = 0; q < p.per_window; q++) {
+                samples[j + q].prefix = p.prefix_min + (int)rand_below(&rs, (uint64_t)(p.prefix_max - p.prefix_min + 1));
+                samples[j + q].offset = off;
+            }
+        }
+        for (int i = 0; i < nw; i++) {
+            worker *w = &ws[i];
+            w->tr = tr; w->stream = stream; w->samples = samples; w->n_samples = p.batch;
+            w->per_window = p.per_window;
+            w->stride = nw; w->first = i; w->cont = p.cont_len; w->grad_scale = 1.0 / p.batch;
+        }
+        for (int i = 1; i < nw; i++)
+            if (pthread_create(&th[i], NULL, worker_main, &ws[i])) ws[i].status = KVL_ERR_INTERNAL;
+        worker_main(&ws[0]);
+        for (int i = 1; i < nw; i++) if (ws[i].status != KVL_ERR_INTERNAL) pthread_join(th[i], NULL);
+        double loss = 0;
+        for (int i = 0; i < nw && s == KVL_OK; i++) {
+            s = ws[i].status;
+            loss += ws[i].loss_sum;
+            tokens_total += ws[i].tokens;
+            if (i > 0)
+                for (size_t k = 0; k < np; k++) { ws[0].gk[k] += ws[i].gk[k]; ws[0].gv[k] += ws[i].gv[k]; }
+        }
+        if (s != KVL_OK) break;
+        loss /= p.batch;
+        hist[step] = loss;
+        /* global-norm clipping, then AdamW (Loshchilov & Hutter 2019, decoupled decay) */
+        double gn = 0;
+        for (size_t k = 0; k < np; k++) gn += (double)ws[0].gk[k] * ws[0].gk[k] + (double)ws[0].gv[k] * ws[0].gv[k];
+        gn = sqrt(gn);
+        double cs = p.clip > 0 && gn > p.clip ? p.clip / gn : 1.0;
+        double lr;
+        if (step < p.warmup) lr = p.lr * (step + 1) / p.warmup;
+        else {
+            double prog = p.steps > p.warmup ? (double)(step - p.warmup) / (p.steps - p.warmup) : 1.0;
+            lr = p.lr * (p.min_lr_frac + (1 - p.min_lr_frac) * 0.5 * (1 + cos(M_PI * prog)));
+        }
+        double bc1 = 1 - pow(p.beta1, step + 1), bc2 = 1 - pow(p.beta2, step + 1);
+        for (int side = 0; side < 2; side++) {
+            float *W = side ? tr->wv : tr->wk, *g = side ? ws[0].gv : ws[0].gk;
+            float *mm = m + side * np, *vv = v + side * np;
+            for (size_t k = 0; k < np; k++) {
+                double gk = g[k] * cs;
+                mm[k] = (float)(p.beta1 * mm[k] + (1 - p.beta1) * gk);
+                vv[k] = (float)(p.beta2 * vv[k] + (1 - p.beta2) * gk * gk);
+                double upd = (mm[k] / bc1) / (sqrt(vv[k] / bc2) + p.adam_eps);
+                W[k] = (float)(W[k] - lr * (upd + p.weight_decay * W[k]));
+            }
+        }
+        double el = now_s() - t_start;
+        if (p.checkpoint && ((step + 1) % p.checkpoint_every == 0 || step + 1 == p.steps))
+            s = save_checkpoint(p.checkpoint, tr, m, v, step + 1, p.seed);
+        if (s == KVL_OK && p.progress &&
+            p.progress(p.user, step + 1, p.steps, loss, el > 0 ? tokens_total / el : 0, el, mem))
+            s = kvl__errorf(KVL_ERR_CANCELLED, "training cancelled at step %d", step + 1);
+    }
+    if (s == KVL_OK) {
+        int from = p.steps - p.steps / 10 - 1;
+        if (from < step0) from = step0;
+        double fl = 0;
+        int cnt = 0;
+        for (int k = from; k < p.steps; k++, cnt++) fl += hist[k];
+        fl = cnt ? fl / cnt : 0;
+        if (final_loss) *final_loss = fl;
+        /* a run started from an already trained translator keeps the earlier run's record */
+        const char *prev = kvl_translator_metadata(tr, "training");
+        size_t cap = 640 + (prev ? strlen(prev) : 0);
+        char *json = malloc(cap);
+        if (!json) {
+            s = kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        int jl = snprintf(json, cap, "{\"steps\":%d,\"batch\":%d,\"prefix_min\":%d,\"prefix_max\":%d,"
+                 "\"cont_len\":%d,\"lr\":%g,\"min_lr_frac\":%g,\"warmup\":%d,\"weight_decay\":%g,"
+                 "\"clip\":%g,\"seed\":%llu,\"threads\":%d,\"per_window\":%d,\"final_kl\":%.5f,"
+                 "\"seconds\":%.1f,\"cpu_seconds\":%.1f}",
+                 p.steps, p.batch, p.prefix_min, p.prefix_max, p.cont_len, p.lr, p.min_lr_frac,
+                 p.warmup, p.weight_decay, p.clip, (unsigned long long)p.seed, p.threads, p.per_window, fl,
+                 now_s() - t_start, (double)(clock() - cpu_start) / CLOCKS_PER_SEC);
+        if (prev) snprintf(json + jl - 1, cap - (size_t)jl + 1, ",\"continued_from\":%s}", prev);
+        s = kvl_translator_set_meta(tr, "training", json);
+        free(json);
+    }
+out:
+    for (int i = 0; i < nw; i++) worker_free(&ws[i]);
+    src->n_threads = saved_threads[0];
+    dst->n_threads = saved_threads[1];
+    free(ws); free(m); free(v); free(samples); free(th); free(hist);
+    return s;
+}

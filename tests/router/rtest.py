@@ -1,0 +1,242 @@
+"""tests/router/rtest.py: shared helpers of the router's process-level tests, demo and bench:
+start kvld nodes and kvlingo-router on loopback, make stage-1 translators, talk to the router
+with the documented Python client (examples/python_client.py).
+
+Debian's /usr/bin/python3 with python3-grpcio and python3-grpc-tools.  Every process started
+here is stopped by Fleet.stop() (also at interpreter exit), by its own pid."""
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(SRC, "examples"))
+import python_client  # noqa: E402
+
+MODES = {0: "none", 1: "translate", 2: "re-prefill"}
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def wait_port(port, proc, timeout=30.0, what="process"):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError("%s exited with %s before listening" % (what, proc.returncode))
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("%s did not listen on %d within %.0f s" % (what, port, timeout))
+
+
+def translator_pair(path):
+    """(source_name, target_name) from a translator file's safetensors metadata, or None."""
+    import json
+    import struct
+    try:
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            meta = json.loads(f.read(n)).get("__metadata__", {})
+        return meta.get("source_name"), meta.get("target_name")
+    except (OSError, ValueError, struct.error):
+        return None
+
+
+def shipped_translators(root):
+    out = []
+    for dirpath, _, files in os.walk(root) if os.path.isdir(root) else []:
+        out += [os.path.join(dirpath, f) for f in sorted(files) if f.endswith(".safetensors")]
+    return out
+
+
+def ensure_translators(build, out_dir, pairs=(("qwen3-a", "qwen3-b"), ("qwen3-b", "qwen3-a")),
+                       tokens=8192):
+    """Translators for the pairs: the shipped trained ones (models/translators/) when present,
+    else stage-1 ridge fits made here (seconds).  Returns the directory."""
+    shipped = os.path.join(SRC, "models", "translators")
+    os.makedirs(out_dir, exist_ok=True)
+    for s, d in pairs:
+        name = "%s_to_%s.safetensors" % (s, d)
+        dst = os.path.join(out_dir, name)
+        if os.path.exists(dst):
+            continue
+        cand = [p for p in shipped_translators(shipped) if translator_pair(p) == (s, d)]
+        if cand:
+            os.symlink(cand[0], dst)
+            continue
+        subprocess.run([os.path.join(build, "tests", "router", "kvr_make_translator"),
+                        os.path.join(SRC, "models", s), os.path.join(SRC, "models", d),
+                        os.path.join(SRC, "testdata", "corpus", "valid.txt"), dst, str(tokens)],
+                       check=True, stdout=subprocess.DEVNULL,
+                       env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    return out_dir
+
+
+class Proc:
+    def __init__(self, args, log_path, env=None):
+        self.args = args
+        self.log_path = log_path
+        self.log = open(log_path, "a")
+        e = dict(os.environ)
+        e.setdefault("OPENBLAS_NUM_THREADS", "1")
+        if env:
+            e.update(env)
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=e)
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def kill9(self):
+        if self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self, sig=signal.SIGTERM, timeout=10):
+        if self.alive():
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+    def rss_kb(self):
+        with open("/proc/%d/status" % self.proc.pid) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return 0
+
+
+class Fleet:
+    """kvld for each model + kvlingo-router, on loopback."""
+
+    def __init__(self, build, work, models=("qwen3-a", "qwen3-b"), policy=None, guardrail=None,
+                 transfer=None, extra_top=None, translators=True, kvld_args=()):
+        self.build, self.work = build, work
+        os.makedirs(work, exist_ok=True)
+        self.nodes = {}
+        self.node_ports = {}
+        self.router = None
+        self.procs = []
+        atexit.register(self.stop)
+        trdir = ensure_translators(build, os.path.join(work, "translators")) if translators else None
+        for i, m in enumerate(models):
+            self.node_ports[m] = free_port()
+        for m in models:
+            self.start_node(m, trdir, kvld_args)
+        self.router_port = free_port()
+        self.metrics_port = free_port()
+        self.config = os.path.join(work, "fleet.yaml")
+        self.write_config(policy or {"name": "cascade", "models": list(models)}, guardrail,
+                          transfer, extra_top)
+        self.start_router()
+
+    def start_node(self, m, trdir=None, kvld_args=()):
+        if trdir is None:
+            trdir = os.path.join(self.work, "translators")
+        port = self.node_ports[m]
+        args = [os.path.join(self.build, "daemon", "kvld"), "--model",
+                os.path.join(SRC, "models", m), "--listen", "127.0.0.1:%d" % port]
+        if os.path.isdir(trdir):
+            args += ["--translators", trdir]
+        p = Proc(args + list(kvld_args), os.path.join(self.work, "kvld-%s.log" % m))
+        wait_port(port, p.proc, what="kvld " + m)
+        self.nodes[m] = p
+        self.procs.append(p)
+        return p
+
+    def write_config(self, policy, guardrail=None, transfer=None, extra_top=None):
+        def yv(v):
+            return "[" + ", ".join(v) + "]" if isinstance(v, (list, tuple)) else str(v).lower() \
+                if isinstance(v, bool) else str(v)
+        lines = ["listen: 127.0.0.1:%d" % self.router_port,
+                 "metrics: 127.0.0.1:%d" % self.metrics_port,
+                 "ledger: %s" % os.path.join(self.work, "ledger.db"),
+                 "tokenizer: %s" % os.path.join(SRC, "models", "qwen3-a")]
+        for k, v in (extra_top or {}).items():
+            lines.append("%s: %s" % (k, yv(v)))
+        lines.append("nodes:")
+        for m, port in self.node_ports.items():
+            lines.append("  - {name: %s, address: 127.0.0.1:%d, model: %s}" % (
+                m.replace("qwen3-", "") + "0", port, m))
+        for sect, d in (("policy", policy), ("guardrail", guardrail), ("transfer", transfer)):
+            if d:
+                lines.append(sect + ":")
+                for k, v in d.items():
+                    lines.append("  %s: %s" % (k, yv(v)))
+        with open(self.config, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+    def start_router(self):
+        p = Proc([os.path.join(self.build, "kvlingo-router"), "--config", self.config],
+                 os.path.join(self.work, "router.log"))
+        wait_port(self.router_port, p.proc, what="kvlingo-router")
+        self.router = p
+        self.procs.append(p)
+        self.addr = "127.0.0.1:%d" % self.router_port
+        return p
+
+    def client(self, timeout=120.0):
+        return python_client.RouterClient(self.addr, timeout=timeout,
+                                          stub_dir=os.path.join(self.work, "stubs"))
+
+    def metrics(self):
+        import urllib.request
+        return urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.metrics_port,
+                                      timeout=5).read().decode()
+
+    def stop(self):
+        """Stop what this fleet started; raise when the router's log shows a sanitizer report
+        (ASan/UBSan/LeakSanitizer builds) or it did not exit cleanly on SIGTERM."""
+        bad = []
+        for p in reversed(self.procs):
+            if p.alive():
+                rc = p.stop()
+                if p is self.router and rc != 0:
+                    bad.append("kvlingo-router exited with %s on SIGTERM" % rc)
+        self.procs = []
+        if self.router is not None:
+            with open(self.router.log_path, errors="replace") as f:
+                log = f.read()
+            for w in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
+                if w in log:
+                    bad.append("router log %s: %s" % (self.router.log_path, w))
+            self.router = None
+        if bad:
+            raise AssertionError("; ".join(bad))
+
+    def node_info(self, model):
+        """Info of a node, straight from its Node service (stubs generated with the client's)."""
+        import grpc
+        import importlib
+        self.client()
+        node_pb2 = importlib.import_module("kvlingo.v1.node_pb2")
+        node_grpc = importlib.import_module("kvlingo.v1.node_pb2_grpc")
+        ch = grpc.insecure_channel("127.0.0.1:%d" % self.node_ports[model])
+        return node_grpc.NodeStub(ch).Info(node_pb2.InfoRequest(), timeout=10)
+
+
+def corpus_text(start=0, chars=400):
+    with open(os.path.join(SRC, "testdata", "corpus", "valid.txt"), encoding="utf-8") as f:
+        t = f.read()
+    return t[start:start + chars]
+
+
+def check(cond, msg):
+    if not cond:
+        raise AssertionError(msg)

@@ -1,0 +1,218 @@
+/* tests/router/test_config_policy.c: fleet.yaml parsing (errors name file:line and key) and the
+ * four routing policies on synthetic node views. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "config.h"
+#include "policy.h"
+
+static const char *k_base =
+    "listen: 127.0.0.1:7000\n"
+    "tokenizer: tok.json\n"
+    "nodes:\n"
+    "  - {name: a0, address: 127.0.0.1:7100, model: small}\n"
+    "  - {name: a1, address: 127.0.0.1:7101, model: small}\n"
+    "  - {name: b0, address: 127.0.0.1:7200, model: large}\n";
+
+static kvl_status parse(const char *extra, kvr_config **c) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s%s", k_base, extra);
+    return kvr_config_parse(buf, strlen(buf), "/etc/fleet.yaml", c);
+}
+
+static void expect_err(const char *extra, const char *w1, const char *w2) {
+    kvr_config *c = NULL;
+    assert_int_not_equal(parse(extra, &c), KVL_OK);
+    assert_null(c);
+    const char *e = kvl_last_error();
+    if (!strstr(e, w1) || (w2 && !strstr(e, w2))) fail_msg("error '%s' lacks '%s' / '%s'", e, w1, w2 ? w2 : "");
+}
+
+static void test_config_ok(void **state) {
+    (void)state;
+    kvr_config *c = NULL;
+    assert_int_equal(parse("policy:\n  name: cascade\n  models: [small, large]\n  calm_turns: 3\n"
+                           "guardrail: {shadow_fraction: 0.25, kl_budget: 0.5}\n"
+                           "transfer: {retries: 2}\nsession_ttl_seconds: 60\n", &c), KVL_OK);
+    assert_string_equal(c->listen, "127.0.0.1:7000");
+    assert_string_equal(c->tokenizer, "/etc/tok.json");      /* relative to the file */
+    assert_string_equal(c->ledger, "/etc/router.db");
+    assert_int_equal(c->n_nodes, 3);
+    assert_string_equal(c->nodes[2].model, "large");
+    assert_string_equal(c->policy_name, "cascade");
+    assert_true(c->shadow_fraction == 0.25);
+    assert_int_equal(c->transfer_retries, 2);
+    assert_true(c->session_ttl_s == 60);
+    kvr_config_free(c);
+}
+
+static void test_config_errors(void **state) {
+    (void)state;
+    expect_err("policy:\n  name: fastest\n", "fleet.yaml:8", "unknown policy 'fastest'");
+    expect_err("policy:\n  name: cascade\n  models: [small, large]\n  entropy_treshold: 2\n",
+               "fleet.yaml:10", "policy.entropy_treshold");
+    expect_err("policy:\n  name: cascade\n  models: [small, huge]\n", "fleet.yaml:9", "'huge'");
+    expect_err("policy:\n  name: cascade\n", "policy.models", "required");
+    expect_err("policy:\n  name: pinned\nguardrail: {shadow_fraction: 2}\n", "fleet.yaml:9",
+               "guardrail.shadow_fraction");
+    expect_err("policy:\n  name: pinned\nlisten_typo: 1\n", "fleet.yaml:9", "listen_typo");
+    expect_err("policy:\n  name: pinned\ntransfer: {retries: many}\n", "transfer.retries",
+               "integer");
+    expect_err("nodes2: 1\n", "nodes2", NULL);
+    expect_err("policy: [1, 2\n", "YAML error", NULL);
+    kvr_config *c = NULL;
+    const char *no_nodes = "listen: 127.0.0.1:1\ntokenizer: t\npolicy: {name: pinned}\n";
+    assert_int_not_equal(kvr_config_parse(no_nodes, strlen(no_nodes), "f.yaml", &c), KVL_OK);
+    assert_non_null(strstr(kvl_last_error(), "'nodes' is required"));
+    const char *dup = "listen: 127.0.0.1:1\ntokenizer: t\nnodes:\n  - {name: a, address: h:1, model: m}\n"
+                      "  - {name: a, address: h:2, model: m}\npolicy: {name: pinned}\n";
+    assert_int_not_equal(kvr_config_parse(dup, strlen(dup), "f.yaml", &c), KVL_OK);
+    assert_non_null(strstr(kvl_last_error(), "f.yaml:5"));
+    const char *addr = "listen: nowhere\ntokenizer: t\nnodes: []\npolicy: {name: pinned}\n";
+    assert_int_not_equal(kvr_config_parse(addr, strlen(addr), "f.yaml", &c), KVL_OK);
+    assert_non_null(strstr(kvl_last_error(), "f.yaml:1"));
+}
+
+/* ---- policies ------------------------------------------------------------------------------ */
+
+static kvr_node_view g_views[3];
+
+static kvr_policy *make_policy(const char *yaml) {
+    kvr_config *c = NULL;
+    if (parse(yaml, &c)) fail_msg("config: %s", kvl_last_error());
+    kvr_policy *p = NULL;
+    assert_int_equal(kvr_policy_create(c, &p), KVL_OK);
+    kvr_config_free(c);
+    return p;
+}
+
+static kvr_policy_input input(int current, int ctx) {
+    static const char *names[] = {"a0", "a1", "b0"}, *models[] = {"small", "small", "large"};
+    for (int i = 0; i < 3; i++) {
+        g_views[i] = (kvr_node_view){.name = names[i], .model = models[i], .healthy = 1,
+                                     .prefill_tps = 5000, .decode_tps = 400, .translate_tps = 1e5};
+    }
+    return (kvr_policy_input){.nodes = g_views, .n_nodes = 3, .current = current, .n_context = ctx,
+                              .n_user = 8, .max_tokens = 16, .requested_model = "",
+                              .session_model = ""};
+}
+
+static void test_pinned(void **state) {
+    (void)state;
+    kvr_policy *p = make_policy("policy: {name: pinned, default_model: large}\n");
+    kvr_policy_input in = input(-1, 0);
+    kvr_policy_decision d;
+    assert_int_equal(kvr_policy_choose(p, &in, &d), KVL_OK);
+    assert_int_equal(d.node, 2);
+    in.requested_model = "small";
+    g_views[1].held = 100;   /* the node holding the session wins among equals */
+    assert_int_equal(kvr_policy_choose(p, &in, &d), KVL_OK);
+    assert_int_equal(d.node, 1);
+    in.requested_model = "medium";
+    assert_int_equal(kvr_policy_choose(p, &in, &d), KVL_ERR_NOT_FOUND);
+    in.requested_model = "large";
+    g_views[2].healthy = 0;
+    assert_int_equal(kvr_policy_choose(p, &in, &d), KVL_ERR_IO);
+    assert_non_null(strstr(kvl_last_error(), "large"));
+    kvr_policy_free(p);
+}
+
+static void test_least_loaded(void **state) {
+    (void)state;
+    kvr_policy *p = make_policy("policy: {name: least_loaded, default_model: small, rebalance_margin: 2}\n");
+    kvr_policy_input in = input(-1, 0);
+    kvr_policy_decision d;
+    g_views[0].load = 3;
+    assert_int_equal(kvr_policy_choose(p, &in, &d), KVL_OK);
+    assert_int_equal(d.node, 1);                /* new session: least loaded */
+    in = input(0, 50);
+    g_views[0].held = 50;
+    g_views[0].load = 2;
+    assert_int_equal(kvr_policy_choose(p, &in, &d), KVL_OK);
+    assert_int_equal(d.node, 0);                /* stays: within the margin */
+    g_views[0].load = 5;
+    assert_int_equal(kvr_policy_choose(p, &in, &d), KVL_OK);
+    assert_int_equal(d.node, 1);                /* moves: much busier */
+    kvr_policy_free(p);
+}
+
+static void test_cascade(void **state) {
+    (void)state;
+    kvr_policy *p = make_policy("policy: {name: cascade, models: [small, large], entropy_threshold: 3, calm_turns: 2}\n");
+    assert_int_equal(kvr_policy_needs_entropy(p), 1);
+    kvr_policy_input in = input(-1, 0);
+    kvr_policy_decision d;
+    assert_int_equal(kvr_policy_choose(p, &in, &d), KVL_OK);
+    assert_string_equal(g_views[d.node].model, "small");
+    /* an unsure turn on the small model: the next goes up */
+    kvr_turn_outcome o = {.node = d.node, .mean_entropy = 4.0, .entropy_valid = 1};
+    kvr_policy_state st = d.state;
+    kvr_policy_observe(p, &in, &o, &st);
+    assert_int_equal(st.level, 1);
+    in = input(d.node, 20);
+    in.state = st;
+    assert_int_equal(kvr_policy_choose(p, &in, &d), KVL_OK);
+    assert_string_equal(g_views[d.node].model, "large");
+    /* two calm turns on the large model: step down */
+    st = d.state;
+    o = (kvr_turn_outcome){.node = 2, .mean_entropy = 1.0, .entropy_valid = 1};
+    kvr_policy_observe(p, &in, &o, &st);
+    assert_int_equal(st.level, 1);
+    assert_int_equal(st.calm, 1);
+    kvr_policy_observe(p, &in, &o, &st);
+    assert_int_equal(st.level, 0);
+    /* the escalate flag answers this turn one rung up */
+    in = input(0, 40);
+    in.state = st;
+    in.escalate = 1;
+    assert_int_equal(kvr_policy_choose(p, &in, &d), KVL_OK);
+    assert_string_equal(g_views[d.node].model, "large");
+    assert_int_equal(d.state.level, 1);
+    /* at the top rung, escalate stays there */
+    in.state = d.state;
+    assert_int_equal(kvr_policy_choose(p, &in, &d), KVL_OK);
+    assert_int_equal(d.state.level, 1);
+    kvr_policy_free(p);
+}
+
+static void test_cost(void **state) {
+    (void)state;
+    kvr_policy *p = make_policy("policy: {name: cost}\n");
+    kvr_policy_input in = input(0, 2000);
+    kvr_policy_decision d;
+    g_views[0].held = 2000;
+    /* the holder has everything: cheapest */
+    assert_int_equal(kvr_policy_choose(p, &in, &d), KVL_OK);
+    assert_int_equal(d.node, 0);
+    /* the client asks for large: translation is cheaper than a 2000-token prefill, and both
+     * beat nothing; with the translator the expected TTFT is small */
+    in.requested_model = "large";
+    g_views[2].can_translate = 1;
+    assert_int_equal(kvr_policy_choose(p, &in, &d), KVL_OK);
+    assert_int_equal(d.node, 2);
+    assert_non_null(strstr(d.reason, "expected TTFT"));
+    /* among two small nodes the one holding the context wins even when busier */
+    in = input(1, 2000);
+    g_views[1].held = 2000;
+    g_views[1].load = 5;
+    in.requested_model = "small";
+    assert_int_equal(kvr_policy_choose(p, &in, &d), KVL_OK);
+    assert_int_equal(d.node, 1);
+    kvr_policy_free(p);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_config_ok),       cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_pinned),          cmocka_unit_test(test_least_loaded),
+        cmocka_unit_test(test_cascade),         cmocka_unit_test(test_cost),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""router/tests/test_e2e.py: kvld (qwen3-a, qwen3-b) + kvlingo-router on loopback.
+
+  1. a multi-turn session that switches both ways (cascade: escalate flag up, calm turns down):
+     every turn's tokens equal an in-process replay of the same steps (kvr_turn_ref, greedy);
+     switches translate; the switch back ships only the span the node lacks (retained span);
+     the ledger holds exactly the turns' tokens;
+  2. /metrics and ListNodes show the turns, switches, pairs, guardrail samples;
+  3. bad input: unknown session, empty text, oversize input, unknown model, token outside the
+     vocabulary, text and tokens together, closed session -> clear gRPC errors; the router keeps
+     serving;
+  4. SIGHUP reloads the policy without dropping the session.
+usage: test_e2e.py --build BUILD_DIR --work WORK_DIR
+"""
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rtest  # noqa: E402
+from rtest import check  # noqa: E402
+
+
+def expect_error(fn, code, words):
+    import grpc
+    try:
+        fn()
+    except grpc.RpcError as e:
+        check(e.code().name == code, "expected %s, got %s: %s" % (code, e.code().name, e.details()))
+        for w in words:
+            check(w in e.details(), "error %r should mention %r" % (e.details(), w))
+        print("  ok: %s: %s" % (code, e.details()))
+        return
+    raise AssertionError("expected %s, the call succeeded" % code)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--work", required=True)
+    a = ap.parse_args()
+    shutil.rmtree(a.work, ignore_errors=True)
+    fleet = rtest.Fleet(a.build, a.work,
+                        policy={"name": "cascade", "models": ["qwen3-a", "qwen3-b"],
+                                "entropy_threshold": 100, "calm_turns": 1},
+                        guardrail={"shadow_fraction": 1.0, "kl_budget": 100})
+    try:
+        c = fleet.client()
+        sid = c.create_session()
+        # 1. turns: a, b (escalate), a (calm step down), a, b (escalate), a
+        plan = [({}, "qwen3-a", "none"), ({"escalate": True}, "qwen3-b", "translate"),
+                ({}, "qwen3-a", "translate"), ({}, "qwen3-a", "none"),
+                ({"escalate": True}, "qwen3-b", "translate"), ({}, "qwen3-a", "translate")]
+        steps, outs, ledger = [], [], []
+        for i, (kw, want_model, want_mode) in enumerate(plan):
+            text = rtest.corpus_text(0, 300) if i == 0 else rtest.corpus_text(1000 + 97 * i, 60)
+            ids, out, s = c.send_all(sid, text, max_tokens=10, **kw)
+            mode = rtest.MODES[s.switch_mode]
+            print("turn %d: %s %s span=%d ttft=%.2fms tokens=%d fallback=%r" % (
+                i, s.model, mode, s.span_tokens, s.ttft_seconds * 1e3, s.n_generated,
+                s.fallback_reason))
+            check(s.model == want_model, "turn %d answered by %s, expected %s" % (i, s.model, want_model))
+            check(mode == want_mode.replace("reprefill", "re-prefill"),
+                  "turn %d switch mode %s, expected %s (%s)" % (i, mode, want_mode, s.fallback_reason))
+            check(len(ids) == 10 and s.n_generated == 10, "turn %d: %d tokens" % (i, len(ids)))
+            user = s.user_tokens
+            g = c.get_session(sid, include_tokens=True)
+            toks = list(g.tokens)
+            check(toks[:len(ledger)] == ledger, "ledger prefix changed at turn %d" % i)
+            check(toks[len(ledger) + user:] == ids, "ledger tail != streamed tokens at turn %d" % i)
+            steps.append((s.model, "translate" if mode == "translate" else "none",
+                          toks[len(ledger):len(ledger) + user]))
+            ledger = toks
+            outs.append(ids)
+            if i == 4:
+                # retained span: a holds the context up to turn 3, only what b added since ships
+                check(s.span_tokens < s.context_tokens - 30,
+                      "turn 4 shipped %d of %d tokens" % (s.span_tokens, s.context_tokens))
+        # in-process replay
+        ref_in = os.path.join(a.work, "steps.txt")
+        trdir = os.path.join(a.work, "translators")
+        with open(ref_in, "w") as f:
+            for m in ("qwen3-a", "qwen3-b"):
+                f.write("model %s %s\n" % (m, os.path.join(rtest.SRC, "models", m)))
+            f.write("translator qwen3-a qwen3-b %s\n" % os.path.join(trdir, "qwen3-a_to_qwen3-b.safetensors"))
+            f.write("translator qwen3-b qwen3-a %s\n" % os.path.join(trdir, "qwen3-b_to_qwen3-a.safetensors"))
+            for m, mode, user in steps:
+                f.write("turn %s %s 10 %s\n" % (m, mode, ",".join(map(str, user))))
+        ref = subprocess.run([os.path.join(a.build, "tests", "router", "kvr_turn_ref"), ref_in],
+                             capture_output=True, text=True, check=True,
+                             env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+        ref_outs = [list(map(int, l.split())) for l in ref.stdout.strip().split("\n")]
+        for i, (o, r) in enumerate(zip(outs, ref_outs)):
+            check(o == r, "turn %d: router %s != in-process %s" % (i, o, r))
+        print("  ok: %d turns identical to the in-process replay" % len(outs))
+
+        # 2. metrics and ListNodes
+        time.sleep(1.0)   # guardrail samples run off the critical path
+        m = fleet.metrics()
+        for name in ["kvlingo_router_turns_total", "kvlingo_router_switches_total",
+                     "kvlingo_router_switch_ttft_seconds_bucket", "kvlingo_router_shadow_kl_nats_bucket",
+                     "kvlingo_router_ledger_write_seconds_count", "kvlingo_router_sessions_open 1",
+                     "kvlingo_router_pairs_disabled 0"]:
+            check(name in m, "metric %s missing" % name)
+        ln = c.list_nodes()
+        check(ln.policy == "cascade" and len(ln.nodes) == 2 and all(n.healthy for n in ln.nodes),
+              "ListNodes: %s" % ln)
+        pairs = {(p.source_model, p.target_model): p for p in ln.pairs}
+        check(pairs[("qwen3-a", "qwen3-b")].shadow_samples >= 1 and pairs[("qwen3-a", "qwen3-b")].enabled,
+              "pair a->b: %s" % pairs.get(("qwen3-a", "qwen3-b")))
+        print("  ok: metrics and ListNodes (a->b moving KL %.4f)" % pairs[("qwen3-a", "qwen3-b")].moving_kl)
+
+        # grpc.health.v1 (raw bytes: HealthCheckResponse{status: SERVING} = 08 01)
+        check_fn = c.channel.unary_unary("/grpc.health.v1.Health/Check",
+                                         request_serializer=lambda b: b,
+                                         response_deserializer=lambda b: b)
+        svc = b"kvlingo.v1.Router"
+        check(check_fn(b"", timeout=5) == b"\x08\x01", "health ''")
+        check(check_fn(b"\x0a" + bytes([len(svc)]) + svc, timeout=5) == b"\x08\x01", "health Router")
+        print("  ok: grpc.health.v1 SERVING")
+
+        # 3. bad input
+        expect_error(lambda: c.send_all("nope", "hello"), "NOT_FOUND", ["unknown session", "nope"])
+        expect_error(lambda: c.send_all(sid, ""), "INVALID_ARGUMENT", ["empty input"])
+        expect_error(lambda: c.send_all(sid, "word " * 5000), "OUT_OF_RANGE", ["max_input_tokens"])
+        expect_error(lambda: c.send_all(sid, "hi", model="gpt-9"), "NOT_FOUND", ["unknown model", "gpt-9"])
+        expect_error(lambda: c.send_all(sid, tokens=[1, 999999]), "INVALID_ARGUMENT", ["vocabulary"])
+        expect_error(lambda: c.send_all(sid, "x", tokens=[1]), "INVALID_ARGUMENT", ["not both"])
+        expect_error(lambda: c.send_all(sid, "x", max_tokens=10 ** 6), "OUT_OF_RANGE", ["max_new_tokens"])
+        expect_error(lambda: c.create_session(model="nope"), "NOT_FOUND", ["unknown model"])
+        expect_error(lambda: c.create_session(session_id=sid), "ALREADY_EXISTS", ["exists"])
+        sid2 = c.create_session()
+        c.send_all(sid2, "One more", max_tokens=2)
+        check(c.close_session(sid2), "close")
+        expect_error(lambda: c.send_all(sid2, "again"), "FAILED_PRECONDITION", ["closed"])
+        check(c.get_session(sid2).state == "closed", "state closed")
+
+        # a client cancelling mid-stream: nothing committed, the next turn is consistent
+        n_before = c.get_session(sid).context_tokens
+        it = c.stub.Send(c.pb.SendRequest(session_id=sid, text=" cancel me", max_tokens=200), timeout=60)
+        next(it)
+        it.cancel()
+        time.sleep(0.3)
+        check(c.get_session(sid).context_tokens == n_before, "a cancelled turn must not be committed")
+        ids, _, s = c.send_all(sid, " after cancel", max_tokens=3)
+        check(s.context_tokens == n_before + s.user_tokens + 3, "turn after a cancel")
+        print("  ok: client cancel mid-stream: nothing committed, next turn consistent (%s)" % (
+            s.fallback_reason or rtest.MODES[s.switch_mode]))
+
+        # kvlingo chat (the C client)
+        kv = os.path.join(a.build, "kvlingo")
+        r = subprocess.run([kv, "chat", "--router", fleet.addr, "--session", sid, "--max-tokens", "5",
+                            " The end"], capture_output=True, text=True, timeout=60)
+        check(r.returncode == 0 and "[session %s turn" % sid in r.stdout and "TTFT" in r.stdout,
+              "kvlingo chat: rc %d %r %r" % (r.returncode, r.stdout, r.stderr))
+        r2 = subprocess.run([kv, "chat", "--router", fleet.addr, "--session", "nope", "hi"],
+                            capture_output=True, text=True, timeout=60)
+        check(r2.returncode == 1 and "NOT_FOUND" in r2.stderr and "unknown session" in r2.stderr,
+              "kvlingo chat bad session: %r" % r2.stderr)
+        print("  ok: kvlingo chat: %s" % r.stdout.strip().split("\n")[-1])
+        ledger = list(c.get_session(sid, include_tokens=True).tokens)
+
+        # 4. SIGHUP: switch the policy to pinned on qwen3-b; the session continues there
+        fleet.write_config({"name": "pinned", "default_model": "qwen3-b"},
+                           {"shadow_fraction": 1.0, "kl_budget": 100})
+        fleet.router.proc.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        check(c.list_nodes().policy == "pinned", "policy after SIGHUP")
+        ids, out, s = c.send_all(sid, " Then", max_tokens=4)
+        check(s.model == "qwen3-a" and rtest.MODES[s.switch_mode] == "none",
+              "pinned keeps the session's model: %s %s" % (s.model, rtest.MODES[s.switch_mode]))
+        ids, out, s = c.send_all(sid, " Then", max_tokens=4, model="qwen3-b")
+        check(s.model == "qwen3-b" and rtest.MODES[s.switch_mode] == "translate",
+              "after reload: %s %s" % (s.model, rtest.MODES[s.switch_mode]))
+        check(s.context_tokens > len(ledger), "session kept across reload")
+        # a broken config on SIGHUP keeps the old policy
+        with open(fleet.config, "a") as f:
+            f.write("bogus_key: 1\n")
+        fleet.router.proc.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        check(c.list_nodes().policy == "pinned" and fleet.router.alive(), "router after bad reload")
+        print("  ok: SIGHUP reloads the policy, sessions kept; a bad file keeps the old one")
+        check(fleet.router.alive(), "router died")
+    finally:
+        fleet.stop()
+    print("test_e2e: PASS")
+
+
+if __name__ == "__main__":
+    main()
