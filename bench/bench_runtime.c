@@ -10,14 +10,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "kvlingo/cache.h"
 #include "kvlingo/model.h"
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -37,9 +33,9 @@ static double sgemm_peak(int repeats) {
     double t[16];
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1, a, N, b, N, 0, c, N);   /* warm-up */
     for (int r = 0; r < repeats; r++) {
-        double t0 = now_s();
+        double t0 = kvl__now_s();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1, a, N, b, N, 0, c, N);
-        t[r] = now_s() - t0;
+        t[r] = kvl__now_s() - t0;
     }
     free(a); free(b); free(c);
     return 2.0 * N * N * N / median(t, repeats) / 1e9;
@@ -90,9 +86,9 @@ int main(int argc, char **argv) {
             double t[16];
             for (int r = 0; r < repeats; r++) {
                 kvl_cache_truncate(cache, 0);
-                double t0 = now_s();
+                double t0 = kvl__now_s();
                 if (kvl_model_prefill(m, cache, toks, T, KVL_LOGITS_LAST, logits) != KVL_OK) return 1;
-                t[r] = now_s() - t0;
+                t[r] = kvl__now_s() - t0;
             }
             double sec = median(t, repeats);
             double flops = ft * T + fp * (double)T * (T + 1) / 2 + fh;
@@ -105,10 +101,10 @@ int main(int argc, char **argv) {
             for (int r = 0; r < repeats; r++) {
                 kvl_cache_truncate(cache, 0);
                 if (kvl_model_prefill(m, cache, toks, P, KVL_LOGITS_LAST, logits) != KVL_OK) return 1;
-                double t0 = now_s();
+                double t0 = kvl__now_s();
                 for (int s = 0; s < S; s++)
                     if (kvl_model_decode(m, cache, toks[P + s], logits) != KVL_OK) return 1;
-                t[r] = now_s() - t0;
+                t[r] = kvl__now_s() - t0;
             }
             double sec = median(t, repeats);
             double flops = (ft + fh) * S + fp * ((double)S * P + (double)S * (S + 1) / 2);

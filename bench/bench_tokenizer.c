@@ -10,27 +10,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
+#include "file.h"
 #include "kvlingo/tokenizer.h"
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (!b || fread(b, 1, (size_t)n, f) != (size_t)n) { fclose(f); free(b); return NULL; }
-    fclose(f);
-    b[n] = 0;
-    *len = (size_t)n;
-    return b;
-}
 
 /* Encode every line; returns the token count or -1. */
 static long encode_lines(const kvl_tokenizer *tok, const char *text, size_t len) {
@@ -53,28 +37,29 @@ int main(int argc, char **argv) {
     const char *tj = argc > 1 ? argv[1] : "testdata/tokenizers/qwen3/tokenizer.json";
     const char *corpus = argc > 2 ? argv[2] : "testdata/corpus/valid.txt";
     size_t len;
-    char *text = read_all(corpus, &len);
+    char *text = NULL;
+    if (kvl__file_read(corpus, 0, 0, &text, &len) != KVL_OK) text = NULL;
     if (!text) { fprintf(stderr, "cannot read %s\n", corpus); return 1; }
 
     double best_load = 1e9;
     kvl_tokenizer *tok = NULL;
     for (int r = 0; r < 3; r++) {
-        double t0 = now();
+        double t0 = kvl__now_s();
         if (kvl_tokenizer_load(tj, &tok)) { fprintf(stderr, "%s\n", kvl_last_error()); return 1; }
-        double dt = now() - t0;
+        double dt = kvl__now_s() - t0;
         if (dt < best_load) best_load = dt;
         if (r < 2) kvl_tokenizer_free(tok);
     }
     /* cold: a fresh tokenizer (empty cache) */
-    double t0 = now();
+    double t0 = kvl__now_s();
     long ntok = encode_lines(tok, text, len);
-    double cold = now() - t0;
+    double cold = kvl__now_s() - t0;
     if (ntok < 0) { fprintf(stderr, "encode: %s\n", kvl_last_error()); return 1; }
     double warm = 1e9;
     for (int r = 0; r < 3; r++) {
-        t0 = now();
+        t0 = kvl__now_s();
         encode_lines(tok, text, len);
-        double dt = now() - t0;
+        double dt = kvl__now_s() - t0;
         if (dt < warm) warm = dt;
     }
     double mb = len / 1e6;

@@ -1,4 +1,4 @@
-/* bench/bench_transfer.c: two benches of issue 5 (run both with bench/bench_transfer.sh, which
+/* bench/bench_transfer.c: two benches (run both with bench/bench_transfer.sh, which
  * also runs ucx_perftest for comparison).
  *
  *   bench_transfer transfer [--sizes-mb 1,4,16,64,256] [--seconds 1]

@@ -1,5 +1,5 @@
 #!/bin/bash
-# bench/bench_transfer.sh: issue 5 benches in one run.
+# bench/bench_transfer.sh: the transfer and batching benches in one run.
 #   1. span transfer GB/s over kvlingo's UCX transport (bench_transfer transfer) beside
 #      ucx_perftest -t tag_bw (package ucx-utils) for 1-256 MB messages, interleaved size by
 #      size so both see the same machine load; ratio = kvlingo / ucx_perftest (goal >= 0.8).

@@ -1,5 +1,5 @@
 /* cli/cmd_bench.c: `kvlingo bench switch`: the cost of a model switch by KV-Lingo translation
- * against a re-prefill of the target (issue 8), on the CPU or one CUDA GPU.
+ * against a re-prefill of the target, on the CPU or one CUDA GPU.
  *
  * For each context length n: the source model prefills n random tokens (untimed); then on the
  * target, timed (median of --reps after one warm-up):
@@ -19,17 +19,13 @@
 #include <time.h>
 
 #include "cli.h"
+#include "clock.h"
 #include "kvlingo/cache.h"
 #include "kvlingo/cuda.h"
 #include "kvlingo/kv_maps.h"
 #include "kvlingo/model.h"
 #include "kvlingo/shapes.h"
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* One model on one backend. */
 typedef struct bmodel {
@@ -62,7 +58,7 @@ static kvl_status bmodel_open(bmodel *b, const char *spec, int cuda, kvl_cuda_dt
         if ((s = kvl_model_load(spec, &mp, &b->host)) != KVL_OK) return s;
         b->cfg = *kvl_model_config_get(b->host);
         if (cuda) {
-            s = kvl_cuda_model_create(b->host, &cp, &b->dev);
+            s = kvl_cuda_model_create(kvl_model_weights(b->host), &cp, &b->dev);
             kvl_model_free(b->host);   /* the weights now live on the device */
             b->host = NULL;
             if (s != KVL_OK) return s;
@@ -151,9 +147,9 @@ static double host_copy_gbps(void) {
     if (!a || !b) { free(a); free(b); return 0.0; }
     memset(a, 1, bytes);
     memcpy(b, a, bytes);
-    double t0 = now_s();
+    double t0 = kvl__now_s();
     for (int r = 0; r < 4; r++) memcpy(b, a, bytes);
-    double dt = now_s() - t0;
+    double dt = kvl__now_s() - t0;
     volatile char sink = b[bytes / 2];
     (void)sink;
     free(a);
@@ -251,18 +247,18 @@ static int bench_switch(int argc, char **argv) {
         if ((s = b_prefill(&src, &sc, prompt, n, &next)) != KVL_OK) goto done;
         for (long r = -1; r < reps; r++) {   /* r = -1: warm-up (graph capture, cuBLAS heuristics) */
             if ((s = bcache_reset(&dc)) != KVL_OK) goto done;
-            double t0 = now_s();
+            double t0 = kvl__now_s();
             if ((s = b_prefill(&dst, &dc, prompt, n, &next)) != KVL_OK) goto done;
-            double t1 = now_s();
+            double t1 = kvl__now_s();
             if ((s = bcache_reset(&dc)) != KVL_OK) goto done;
-            double t2 = now_s();
+            double t2 = kvl__now_s();
             if ((s = b_translate(&dst, &tr, &sc, &dc, n, &bytes)) != KVL_OK) goto done;
-            double t3 = now_s();
+            double t3 = kvl__now_s();
             if ((s = bcache_reset(&dc)) != KVL_OK) goto done;
-            double t4 = now_s();
+            double t4 = kvl__now_s();
             if ((s = b_translate(&dst, &tr, &sc, &dc, n - 1, &bytes)) != KVL_OK) goto done;
             if ((s = b_decode(&dst, &dc, prompt[n - 1], &next)) != KVL_OK) goto done;
-            double t5 = now_s();
+            double t5 = kvl__now_s();
             if (r >= 0) {
                 t_pre[r] = t1 - t0;
                 t_tr[r] = t3 - t2;

@@ -7,16 +7,12 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "clock.h"
 #include "kvlingo/cache.h"
 #include "kvlingo/model.h"
 #include "kvlingo/sampling.h"
 #include "kvlingo/tokenizer.h"
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static const char *dtype_word(kvl_dtype d) {
     return d == KVL_DTYPE_BF16 ? "bfloat16" : d == KVL_DTYPE_F16 ? "float16" : "float32";
@@ -164,10 +160,10 @@ int cmd_generate(int argc, char **argv) {
     if (!logits || !out || !piece) { fprintf(stderr, "kvlingo generate: out of memory\n"); goto done; }
     if (tok && !json && (s = kvl_detok_create(tok, &dt)) != KVL_OK) { rc = cli_fail("generate", s); goto done; }
 
-    double t0 = now_s();
+    double t0 = kvl__now_s();
     s = kvl_model_prefill(m, cache, ids, (int)n_ids, KVL_LOGITS_LAST, logits);
     if (s != KVL_OK) { rc = cli_fail("generate", s); goto done; }
-    double t_prefill = now_s() - t0;
+    double t_prefill = kvl__now_s() - t0;
     long n_out = 0;
     while (n_out < max_tokens) {
         int32_t next;
@@ -184,7 +180,7 @@ int cmd_generate(int argc, char **argv) {
         if ((s = kvl_model_decode(m, cache, next, logits)) != KVL_OK) break;
     }
     if (s != KVL_OK) { rc = cli_fail("generate", s); goto done; }
-    double t_total = now_s() - t0;
+    double t_total = kvl__now_s() - t0;
     if (json) {
         printf("{\"ids\": [");
         for (long i = 0; i < n_out; i++) printf("%s%d", i ? ", " : "", out[i]);

@@ -1,4 +1,4 @@
-/* cli/cmd_translator.c: `kvlingo translator train | eval | info` (issue 4). */
+/* cli/cmd_translator.c: `kvlingo translator train | eval | info`. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,13 +7,14 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "clock.h"
 #include "kvlingo/cache.h"
 #include "kvlingo/model.h"
 #include "kvlingo/tokenizer.h"
 #include "kvlingo/translator.h"
 #include "kvlingo/translator_train.h"
 
-/* Token stream of a text file under the evaluation protocol (issue 4): each line is a document,
+/* Token stream of a text file under the evaluation protocol: each line is a document,
  * encoded on its own and followed by <|endoftext|>; documents concatenated. */
 static int encode_corpus(const char *cmd, const char *model_dir, const char *path, int32_t **out,
                          size_t *n_out) {
@@ -122,16 +123,15 @@ static int cmd_train(int argc, char **argv) {
     size_t n = 0;
     int rc = 1;
     kvl_status s;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = kvl__now_s(), t1;
     if ((s = kvl_model_load(sdir, &mp, &src)) || (s = kvl_model_load(ddir, &mp, &dst))) {
         rc = cli_fail("translator train", s);
         goto done;
     }
     if (encode_corpus("translator train", ddir, corpus, &stream, &n)) goto done;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
+    t1 = kvl__now_s();
     fprintf(stderr, "corpus %s: %zu tokens (encoded in %.1fs)\n", corpus, n,
-            (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+            t1 - t0);
     if (init) {
         if ((s = kvl_translator_load(init, &tr)) || (s = kvl_translator_check(tr, src, dst))) {
             rc = cli_fail("translator train", s);
@@ -143,11 +143,11 @@ static int cmd_train(int argc, char **argv) {
         rp.train_tokens = ridge_tokens;
         rp.heldout_tokens = ridge_tokens / 4;
         rp.verbose = 1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
+        t0 = kvl__now_s();
         if ((s = kvl_translator_fit_ridge(tr, src, dst, stream, n, &rp))) { rc = cli_fail("translator train", s); goto done; }
-        clock_gettime(CLOCK_MONOTONIC, &t1);
+        t1 = kvl__now_s();
         fprintf(stderr, "stage 1: done in %.1fs\n",
-                (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+                t1 - t0);
         kvl_translator_set_meta(tr, "corpus", corpus);
         const char *s1 = stage1_only ? out : s1out;
         if (s1 && (s = kvl_translator_save(tr, s1, bf16 ? KVL_DTYPE_BF16 : KVL_DTYPE_F32))) {

@@ -21,6 +21,12 @@
 #include "node.h"
 #include "span.h"
 
+/* The span codec's reader of pre-norm K/V: the session cache's backend export. */
+static kvl_status read_cache_prenorm(const void *cache, int layer, int t0, int t1, float *k,
+                                     float *v) {
+    return kvl_cache_read_prenorm(cache, layer, t0, t1, k, v);
+}
+
 static void set_flag(void *arg) { *(volatile int *)arg = 1; }
 
 /* ---- import (node B) --------------------------------------------------------------------------- */
@@ -380,8 +386,12 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     if (st != KVL_OK) FAIL(GRPC_STATUS_UNAVAILABLE, "%s", kvl_last_error());
     Kvlingo__V1__SpanHeader h = KVLINGO__V1__SPAN_HEADER__INIT;
     kvl__span_ids ids;
-    st = kvl__span_encode(n->model, s->cache, in->from, to, peer_name, peer_hash, &ids, &h,
-                         &payload, &plen);
+    const kvl_model_config *mc = kvl_model_config_get(n->model);
+    kvl__span_source src = {kvl_model_name(n->model), kvl_model_hash(n->model),
+                            (uint32_t)mc->n_layers, (uint32_t)mc->n_kv_heads,
+                            (uint32_t)mc->head_dim, (uint32_t)kvl_cache_n_tokens(s->cache),
+                            kvl_cache_tokens(s->cache), read_cache_prenorm, s->cache};
+    st = kvl__span_encode(&src, in->from, to, peer_name, peer_hash, &ids, &h, &payload, &plen);
     if (st != KVL_OK) FAIL(kvl__rpc_status_from_kvl(st), "%s", kvl_last_error());
     Kvlingo__V1__ImportSpanRequest ir = KVLINGO__V1__IMPORT_SPAN_REQUEST__INIT;
     ir.session_id = in->peer_session_id && in->peer_session_id[0] ? in->peer_session_id : s->id;

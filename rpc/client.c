@@ -42,15 +42,9 @@ kvl_status kvl__rpc_client_create(const char *target, int max_message_bytes,
         return kvl__errorf(KVL_ERR_NOMEM, "rpc: client");
     }
     kvl__rpc_init();
-    int max_msg = max_message_bytes > 0 ? max_message_bytes : 64 << 20;
     grpc_arg args[2];
-    args[0].type = GRPC_ARG_INTEGER;
-    args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[0].value.integer = max_msg;
-    args[1].type = GRPC_ARG_INTEGER;
-    args[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
-    args[1].value.integer = max_msg;
-    grpc_channel_args cargs = {.num_args = 2, .args = args};
+    grpc_channel_args cargs;
+    kvl__rpc_message_limits(max_message_bytes, args, &cargs);
     grpc_channel_credentials *creds = grpc_insecure_credentials_create();
     cli->channel = grpc_channel_create(target, creds, &cargs);
     grpc_channel_credentials_release(creds);

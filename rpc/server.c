@@ -29,15 +29,9 @@ kvl_status kvl__rpc_server_create(const kvl__rpc_server_params *params, kvl__rpc
     pthread_mutex_init(&srv->mu, NULL);
     pthread_cond_init(&srv->cv, NULL);
     srv->max_calls = params->max_calls > 0 ? params->max_calls : 256;
-    int max_msg = params->max_message_bytes > 0 ? params->max_message_bytes : 64 << 20;
     grpc_arg args[2];
-    args[0].type = GRPC_ARG_INTEGER;
-    args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[0].value.integer = max_msg;
-    args[1].type = GRPC_ARG_INTEGER;
-    args[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
-    args[1].value.integer = max_msg;
-    grpc_channel_args cargs = {.num_args = 2, .args = args};
+    grpc_channel_args cargs;
+    kvl__rpc_message_limits(params->max_message_bytes, args, &cargs);
     srv->server = grpc_server_create(&cargs, NULL);
     srv->cq = grpc_completion_queue_create_for_next(NULL);
     if (!srv->server || !srv->cq) {

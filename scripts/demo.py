@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/demo.py: the main job's end-to-end run (issue 6).
+"""scripts/demo.py: the main job's end-to-end run.
 
 Starts kvld for models/qwen3-a and models/qwen3-b and kvlingo-router (cascade policy) on
 loopback, runs a scripted 6-turn conversation from testdata/corpus/valid.txt that moves between

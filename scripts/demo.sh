@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/demo.sh: the main job end to end (issue 6): build, start kvld for qwen3-a and qwen3-b
+# scripts/demo.sh: the main job end to end: build, start kvld for qwen3-a and qwen3-b
 # and kvlingo-router (cascade policy) on loopback, run a scripted 6-turn conversation from
 # testdata/corpus/valid.txt that switches models, print one line per turn and a comparison with
 # re-prefill TTFT, stop everything.  Usage: scripts/demo.sh [BUILD_DIR]   (default: build)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu_check.sh: the issue-8 GPU check in one run, on a machine with an NVIDIA GPU, the
+# scripts/gpu_check.sh: the GPU check in one run, on a machine with an NVIDIA GPU, the
 # CUDA toolkit and CMake, and no package registry (the device tool's H200).  Under 10 minutes.
 #
 #   here, once:   scripts/gpu_pack_deps.sh          (writes .gpu-deps/sysroot.tar.gz, ~0.6 MB)

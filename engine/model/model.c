@@ -2,7 +2,8 @@
  *
  * Parameters are carved from one allocation by a sizes table (llm.c style): the table lists
  * every tensor's name, expected shape and destination pointer; loading walks it once, checking
- * each shape against the safetensors header before widening to float32. */
+ * each shape against the safetensors header before widening to float32.  The weights then go to
+ * the chosen backend (kvlingo/backend.h), which computes every forward pass. */
 #include "model_internal.h"
 
 #include <errno.h>
@@ -12,18 +13,11 @@
 #include <xxhash.h>
 
 #include "error.h"
-#include "kvlingo/cuda.h"
+#include "file.h"
 #include "kvlingo/safetensors.h"
 
-typedef struct param_spec {
-    char name[128];
-    int n_dims;
-    int64_t shape[2];
-    float **dst;
-} param_spec;
-
 typedef struct spec_list {
-    param_spec *v;
+    kvl__param_spec *v;
     int n, cap;
 } spec_list;
 
@@ -31,12 +25,12 @@ static kvl_status spec_add(spec_list *l, float **dst, int n_dims, int64_t d0, in
                            const char *fmt, int layer) {
     if (l->n == l->cap) {
         int cap = l->cap ? l->cap * 2 : 64;
-        param_spec *v = realloc(l->v, sizeof *v * (size_t)cap);
+        kvl__param_spec *v = realloc(l->v, sizeof *v * (size_t)cap);
         if (!v) return kvl__errorf(KVL_ERR_NOMEM, "out of memory building the parameter table");
         l->v = v;
         l->cap = cap;
     }
-    param_spec *p = &l->v[l->n++];
+    kvl__param_spec *p = &l->v[l->n++];
     snprintf(p->name, sizeof p->name, fmt, layer);
     p->n_dims = n_dims;
     p->shape[0] = d0;
@@ -80,7 +74,7 @@ static kvl_status build_specs(kvl_model *m, spec_list *l) {
     return KVL_OK;
 }
 
-static size_t spec_numel(const param_spec *p) {
+static size_t spec_numel(const kvl__param_spec *p) {
     return (size_t)p->shape[0] * (size_t)(p->n_dims == 2 ? p->shape[1] : 1);
 }
 
@@ -92,29 +86,46 @@ static void shape_str(char *buf, size_t cap, int n_dims, const int64_t *shape) {
     if (o < cap) snprintf(buf + o, cap - o, "]");
 }
 
-static kvl_status read_text(const char *path, char **out, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return kvl__errorf(KVL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n + 4096 + 1 > cap) {
-            cap = cap ? cap * 2 : 8192;
-            char *nb = realloc(buf, cap);
-            if (!nb) { free(buf); fclose(f); return kvl__errorf(KVL_ERR_NOMEM, "%s: out of memory", path); }
-            buf = nb;
-        }
-        size_t got = fread(buf + n, 1, 4096, f);
-        n += got;
-        if (got < 4096) break;
+kvl_status kvl__model_alloc(const kvl_model_config *cfg, const kvl_model_params *params,
+                            kvl_model **out, kvl__param_spec **specs, int *n_specs, size_t *total) {
+    *out = NULL;
+    *specs = NULL;
+    kvl_model *m = calloc(1, sizeof *m);
+    if (!m) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+    m->cfg = *cfg;
+    m->n_threads = params ? params->n_threads : 0;
+    pthread_mutex_init(&m->lock, NULL);
+    m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
+    m->layer_views = calloc((size_t)cfg->n_layers, sizeof *m->layer_views);
+    spec_list l = {0};
+    kvl_status s = m->layers && m->layer_views ? build_specs(m, &l)
+                   : kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+    if (s != KVL_OK) {
+        free(l.v);
+        kvl_model_free(m);
+        return s;
     }
-    int err = ferror(f);
-    fclose(f);
-    if (err) { free(buf); return kvl__errorf(KVL_ERR_IO, "%s: read error", path); }
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
+    size_t t = 0;
+    for (int i = 0; i < l.n; i++) t += spec_numel(&l.v[i]);
+    *out = m;
+    *specs = l.v;
+    *n_specs = l.n;
+    *total = t;
     return KVL_OK;
+}
+
+kvl_status kvl__model_finish(kvl_model *m, const kvl_model_params *params) {
+    if (m->cfg.tie_word_embeddings) m->lm_head = m->embed;   /* a redundant lm_head.weight is ignored */
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const kvl__layer_weights *w = &m->layers[l];
+        m->layer_views[l] = (kvl_layer_view){w->attn_norm, w->wq, w->wk, w->wv, w->bq, w->bk,
+                                             w->bv, w->q_norm, w->k_norm, w->wo, w->bo,
+                                             w->mlp_norm, w->w_gate, w->w_up, w->w_down};
+    }
+    m->view = (kvl_weights_view){m->cfg, m->embed, m->final_norm, m->lm_head, m->layer_views};
+    kvl_status s = kvl_backend_for_device(params ? params->device : KVL_DEVICE_CPU, &m->ops);
+    if (s == KVL_OK) s = m->ops->model_create(&m->view, params, &m->be);
+    return s;
 }
 
 kvl_model_params kvl_model_default_params(void) {
@@ -126,21 +137,30 @@ kvl_status kvl_model_load(const char *dir, const kvl_model_params *params, kvl_m
     if (!dir || !out) return kvl__errorf(KVL_ERR_INVALID_ARG, "kvl_model_load: NULL argument");
     *out = NULL;
     kvl_model_params prm = params ? *params : kvl_model_default_params();
-    if (prm.device == KVL_DEVICE_CUDA) {   /* backend check first: fail before reading weights */
-        kvl_status ds = kvl_cuda_probe(NULL);
-        if (ds != KVL_OK) return kvl__error_prefix(ds, "kvl_model_load --device cuda");
+    {   /* backend check first: fail before reading weights */
+        const kvl_backend_ops *ops = NULL;
+        kvl_status ds = kvl_backend_for_device(prm.device, &ops);
+        if (ds != KVL_OK) return kvl__error_prefix(ds, "kvl_model_load");
     }
     char path[1200];
     snprintf(path, sizeof path, "%s/config.json", dir);
     char *cfg_text = NULL;
     size_t cfg_len = 0;
-    kvl_status s = read_text(path, &cfg_text, &cfg_len);
+    kvl_status s = kvl__file_read(path, 0, 0, &cfg_text, &cfg_len);
     if (s != KVL_OK) return s;
+    kvl_model_config cfg;
+    s = kvl_config_parse(cfg_text, cfg_len, path, &cfg);
+    if (s != KVL_OK) { free(cfg_text); return s; }
 
-    kvl_model *m = calloc(1, sizeof *m);
-    if (!m) { free(cfg_text); return kvl__errorf(KVL_ERR_NOMEM, "out of memory"); }
-    s = kvl_config_parse(cfg_text, cfg_len, path, &m->cfg);
-    if (s != KVL_OK) { free(cfg_text); free(m); return s; }
+    kvl_model *m = NULL;
+    kvl__param_spec *specs = NULL;
+    int n_specs = 0;
+    size_t total = 0;
+    kvl_st_set *set = NULL;
+    if ((s = kvl__model_alloc(&cfg, &prm, &m, &specs, &n_specs, &total)) != KVL_OK) {
+        free(cfg_text);
+        return s;
+    }
     snprintf(m->dir, sizeof m->dir, "%s", dir);
     {
         /* short name: last non-empty path component */
@@ -151,17 +171,7 @@ kvl_status kvl_model_load(const char *dir, const kvl_model_params *params, kvl_m
         const char *slash = strrchr(tmp, '/');
         snprintf(m->name, sizeof m->name, "%s", slash ? slash + 1 : tmp);
     }
-    m->n_threads = prm.n_threads;
-    pthread_mutex_init(&m->lock, NULL);
-    m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
-    spec_list specs = {0};
-    kvl_st_set *set = NULL;
-    if (!m->layers) { s = kvl__errorf(KVL_ERR_NOMEM, "out of memory"); goto fail; }
-    if ((s = build_specs(m, &specs)) != KVL_OK) goto fail;
     if ((s = kvl_st_set_open_dir(dir, &set)) != KVL_OK) goto fail;
-
-    size_t total = 0;
-    for (int i = 0; i < specs.n; i++) total += spec_numel(&specs.v[i]);
     m->weights_base = malloc(total * sizeof(float));
     if (!m->weights_base) {
         s = kvl__errorf(KVL_ERR_NOMEM, "%s: out of memory for %zu weights", dir, total);
@@ -169,8 +179,8 @@ kvl_status kvl_model_load(const char *dir, const kvl_model_params *params, kvl_m
     }
     m->weights_floats = total;
     float *cur = m->weights_base;
-    for (int i = 0; i < specs.n; i++) {
-        param_spec *p = &specs.v[i];
+    for (int i = 0; i < n_specs; i++) {
+        kvl__param_spec *p = &specs[i];
         const char *file = NULL;
         const kvl_st_tensor *t = kvl_st_set_find(set, p->name, &file);
         if (!t) {
@@ -195,7 +205,6 @@ kvl_status kvl_model_load(const char *dir, const kvl_model_params *params, kvl_m
         *p->dst = cur;
         cur += n;
     }
-    if (m->cfg.tie_word_embeddings) m->lm_head = m->embed;   /* a redundant lm_head.weight is ignored */
 
     /* identity hash: config text + widened weights */
     XXH3_state_t *hs = XXH3_createState();
@@ -205,15 +214,16 @@ kvl_status kvl_model_load(const char *dir, const kvl_model_params *params, kvl_m
     XXH3_64bits_update(hs, m->weights_base, total * sizeof(float));
     snprintf(m->hash, sizeof m->hash, "%016llx", (unsigned long long)XXH3_64bits_digest(hs));
     XXH3_freeState(hs);
+    if ((s = kvl__model_finish(m, &prm)) != KVL_OK) goto fail;
 
     kvl_st_set_free(set);
-    free(specs.v);
+    free(specs);
     free(cfg_text);
     *out = m;
     return KVL_OK;
 fail:
     kvl_st_set_free(set);
-    free(specs.v);
+    free(specs);
     free(cfg_text);
     kvl_model_free(m);
     return s;
@@ -221,9 +231,10 @@ fail:
 
 void kvl_model_free(kvl_model *m) {
     if (!m) return;
+    if (m->be) m->ops->model_free(m->be);
     free(m->weights_base);
     free(m->layers);
-    free(m->scratch.base);
+    free(m->layer_views);
     pthread_mutex_destroy(&m->lock);
     free(m);
 }
@@ -237,4 +248,14 @@ int kvl_model_is_eos(const kvl_model *m, int32_t id) {
     for (int i = 0; i < m->cfg.n_eos; i++)
         if (m->cfg.eos_token_ids[i] == id) return 1;
     return 0;
+}
+
+const kvl_weights_view *kvl_model_weights(const kvl_model *m) { return &m->view; }
+const kvl_backend_ops *kvl_model_backend(const kvl_model *m) { return m->ops; }
+
+int kvl__model_set_threads(kvl_model *m, int n_threads) {
+    int old = m->n_threads;
+    m->n_threads = n_threads;
+    if (m->be) m->ops->model_set_threads(m->be, n_threads);
+    return old;
 }

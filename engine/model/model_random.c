@@ -8,6 +8,7 @@
 #include "error.h"
 #include "kvlingo/shapes.h"
 #include "model_internal.h"
+#include "rng.h"
 
 typedef struct shape_def {
     const char *name;
@@ -59,22 +60,6 @@ kvl_status kvl_shape_config(const char *name, kvl_model_config *out) {
                       kvl_shape_names());
 }
 
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static void fill_uniform(float *p, size_t n, uint64_t *state, float std) {
-    float a = std * 1.7320508f;
-    for (size_t i = 0; i < n; i++) p[i] = (2.0f * (float)(splitmix64(state) >> 40) / 16777216.0f - 1.0f) * a;
-}
-
-static void fill_const(float *p, size_t n, float v) {
-    for (size_t i = 0; i < n; i++) p[i] = v;
-}
-
 kvl_status kvl_model_create_random(const kvl_model_config *cfg, uint64_t seed,
                                    const kvl_model_params *params, kvl_model **out) {
     if (!cfg || !out) return kvl__errorf(KVL_ERR_INVALID_ARG, "kvl_model_create_random: NULL argument");
@@ -84,56 +69,40 @@ kvl_status kvl_model_create_random(const kvl_model_config *cfg, uint64_t seed,
         c->n_heads % c->n_kv_heads || c->head_dim < 2 || c->head_dim % 2 || c->intermediate_size < 1 ||
         c->vocab_size < 1)
         return kvl__errorf(KVL_ERR_INVALID_ARG, "kvl_model_create_random: bad geometry");
-    kvl_model *m = calloc(1, sizeof *m);
-    if (!m) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
-    m->cfg = *c;
-    m->n_threads = params ? params->n_threads : 0;
-    pthread_mutex_init(&m->lock, NULL);
+    kvl_model *m = NULL;
+    kvl__param_spec *specs = NULL;
+    int n_specs = 0;
+    size_t total = 0;
+    kvl_status s = kvl__model_alloc(c, params, &m, &specs, &n_specs, &total);
+    if (s != KVL_OK) return s;
     snprintf(m->name, sizeof m->name, "random-%s", c->architecture);
     snprintf(m->dir, sizeof m->dir, "(random)");
     snprintf(m->hash, sizeof m->hash, "%016llx", (unsigned long long)(seed * 0x9E3779B97F4A7C15ull));
-    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
-    size_t H = c->hidden_size, D = c->head_dim, QD = (size_t)c->n_heads * D;
-    size_t KD = (size_t)c->n_kv_heads * D, F = c->intermediate_size, V = c->vocab_size;
-    size_t per = 2 * H + QD * H + 2 * KD * H + H * QD + 3 * F * H + (c->qkv_bias ? QD + 2 * KD : 0) +
-                 (c->qk_norm ? 2 * D : 0) + (c->o_bias ? H : 0);
-    size_t total = V * H * (c->tie_word_embeddings ? 1 : 2) + H + per * c->n_layers;
-    m->weights_base = m->layers ? malloc(total * sizeof(float)) : NULL;
+    m->weights_base = malloc(total * sizeof(float));
     if (!m->weights_base) {
+        free(specs);
         kvl_model_free(m);
         return kvl__errorf(KVL_ERR_NOMEM, "random model: out of memory for %zu weights", total);
     }
     m->weights_floats = total;
+    /* the loader's sizes table, filled as transformers initialises: matrices uniform with std
+     * 0.02 (initializer_range), norm weights 1, biases 0 */
     uint64_t st = seed;
     float *cur = m->weights_base;
-#define TAKE(ptr, n, init) do { (ptr) = cur; init; cur += (n); } while (0)
-    TAKE(m->embed, V * H, fill_uniform(cur, V * H, &st, 0.02f));
-    if (c->tie_word_embeddings) m->lm_head = m->embed;
-    else TAKE(m->lm_head, V * H, fill_uniform(cur, V * H, &st, 0.02f));
-    TAKE(m->final_norm, H, fill_const(cur, H, 1.0f));
-    for (int l = 0; l < c->n_layers; l++) {
-        kvl__layer_weights *w = &m->layers[l];
-        TAKE(w->attn_norm, H, fill_const(cur, H, 1.0f));
-        TAKE(w->wq, QD * H, fill_uniform(cur, QD * H, &st, 0.02f));
-        TAKE(w->wk, KD * H, fill_uniform(cur, KD * H, &st, 0.02f));
-        TAKE(w->wv, KD * H, fill_uniform(cur, KD * H, &st, 0.02f));
-        if (c->qkv_bias) {
-            TAKE(w->bq, QD, fill_const(cur, QD, 0.0f));
-            TAKE(w->bk, KD, fill_const(cur, KD, 0.0f));
-            TAKE(w->bv, KD, fill_const(cur, KD, 0.0f));
-        }
-        if (c->qk_norm) {
-            TAKE(w->q_norm, D, fill_const(cur, D, 1.0f));
-            TAKE(w->k_norm, D, fill_const(cur, D, 1.0f));
-        }
-        TAKE(w->wo, H * QD, fill_uniform(cur, H * QD, &st, 0.02f));
-        if (c->o_bias) TAKE(w->bo, H, fill_const(cur, H, 0.0f));
-        TAKE(w->mlp_norm, H, fill_const(cur, H, 1.0f));
-        TAKE(w->w_gate, F * H, fill_uniform(cur, F * H, &st, 0.02f));
-        TAKE(w->w_up, F * H, fill_uniform(cur, F * H, &st, 0.02f));
-        TAKE(w->w_down, H * F, fill_uniform(cur, H * F, &st, 0.02f));
+    for (int i = 0; i < n_specs; i++) {
+        const kvl__param_spec *p = &specs[i];
+        size_t n = (size_t)p->shape[0] * (size_t)(p->n_dims == 2 ? p->shape[1] : 1);
+        if (p->n_dims == 2) kvl__rng_fill_uniform(cur, n, &st, 0.02f * 1.7320508f);
+        else
+            for (size_t j = 0; j < n; j++) cur[j] = strstr(p->name, "norm") ? 1.0f : 0.0f;
+        *p->dst = cur;
+        cur += n;
     }
-#undef TAKE
+    free(specs);
+    if ((s = kvl__model_finish(m, params)) != KVL_OK) {
+        kvl_model_free(m);
+        return s;
+    }
     *out = m;
     return KVL_OK;
 }

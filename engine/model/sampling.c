@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "rng.h"
 
 struct kvl_sampler {
     kvl_sampler_params p;
@@ -20,12 +21,6 @@ kvl_sampler_params kvl_sampler_default_params(void) {
     return p;
 }
 
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
@@ -51,7 +46,7 @@ kvl_status kvl_sampler_create(const kvl_sampler_params *params, kvl_sampler **ou
     if (!s) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
     s->p = p;
     uint64_t x = p.seed;
-    for (int i = 0; i < 4; i++) s->s[i] = splitmix64(&x);
+    for (int i = 0; i < 4; i++) s->s[i] = kvl__splitmix64(&x);
     *out = s;
     return KVL_OK;
 }

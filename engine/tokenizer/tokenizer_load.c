@@ -9,32 +9,9 @@
 #include <cjson/cJSON.h>
 
 #include "error.h"
+#include "file.h"
 #include "tokenizer_internal.h"
 
-static kvl_status read_file(const char *path, char **out, size_t *len_out, int missing_ok) {
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (missing_ok) return KVL_ERR_NOT_FOUND;
-        return kvl__errorf(KVL_ERR_IO, "%s: cannot open", path);
-    }
-    kvl__buf b = {0};
-    char chunk[1 << 16];
-    size_t n;
-    kvl_status st = KVL_OK;
-    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
-        if ((st = kvl__buf_append(&b, chunk, n))) break;
-    if (!st && ferror(f)) st = kvl__errorf(KVL_ERR_IO, "%s: read error", path);
-    fclose(f);
-    if (!st && !b.p) {
-        b.p = calloc(1, 1);
-        if (!b.p) st = kvl__errorf(KVL_ERR_NOMEM, "%s: out of memory", path);
-    }
-    if (st) { free(b.p); return st; }
-    *out = b.p;
-    *len_out = b.n;
-    return KVL_OK;
-}
 
 static int is_null(const cJSON *j) { return !j || cJSON_IsNull(j); }
 
@@ -557,7 +534,7 @@ kvl_status kvl_tokenizer_load(const char *path, kvl_tokenizer **out) {
     if (!path || !out) return kvl__errorf(KVL_ERR_INVALID_ARG, "kvl_tokenizer_load: NULL argument");
     char *text;
     size_t len;
-    kvl_status st = read_file(path, &text, &len, 0);
+    kvl_status st = kvl__file_read(path, 0, 0, &text, &len);
     if (st) return st;
     st = kvl__tokenizer_load_json(text, len, path, out);
     free(text);
@@ -573,7 +550,7 @@ static const char *config_token(const cJSON *v) {
 static kvl_status load_config(kvl_tokenizer *t, const char *path) {
     char *text;
     size_t len;
-    kvl_status st = read_file(path, &text, &len, 1);
+    kvl_status st = kvl__file_read(path, 0, 1, &text, &len);
     if (st == KVL_ERR_NOT_FOUND) return KVL_OK;
     if (st) return st;
     cJSON *root = cJSON_ParseWithLength(text, len);
@@ -622,7 +599,7 @@ kvl_status kvl_tokenizer_load_dir(const char *dir, kvl_tokenizer **out) {
         snprintf(p, dl + 32, "%s/chat_template.jinja", dir);
         char *text;
         size_t len;
-        kvl_status r = read_file(p, &text, &len, 1);
+        kvl_status r = kvl__file_read(p, 0, 1, &text, &len);
         if (r == KVL_OK) { free(t->chat_template); t->chat_template = text; }
         else if (r != KVL_ERR_NOT_FOUND) st = r;
     }

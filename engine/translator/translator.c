@@ -1,16 +1,16 @@
 /* engine/translator/translator.c: the translator file (load, validate, save), metadata, pair check, and
- * apply (DESIGN.md "The method"; include/kvlingo/translator.h). */
+ * apply (the method: include/kvlingo/translator.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache_internal.h"
-#include "ops.h"
 #include "error.h"
 #include "kvlingo/safetensors.h"
 #include "kvlingo/translator_train.h"
-#include "model_internal.h"
+#include "kvlingo/backend.h"
+#include "model_iface.h"
+#include "rng.h"
 #include "translator_internal.h"
 
 #define KVL_TR_FORMAT "kvlingo-translator-1"
@@ -148,11 +148,11 @@ static kvl_status write_geometry_meta(kvl_translator *tr) {
 kvl_status kvl_translator_create(const kvl_model *src, const kvl_model *dst,
                                  const int *layer_map, kvl_translator **out) {
     if (!src || !dst || !out) return kvl__errorf(KVL_ERR_INVALID_ARG, "translator create: NULL argument");
-    const kvl_model_config *a = &src->cfg, *b = &dst->cfg;
+    const kvl_model_config *a = kvl_model_config_get(src), *b = kvl_model_config_get(dst);
     if (a->vocab_size != b->vocab_size)
         return kvl__errorf(KVL_ERR_MISMATCH, "translator create: source '%s' (vocab %d) and target "
-                          "'%s' (vocab %d) do not share a tokenizer", src->name, a->vocab_size,
-                          dst->name, b->vocab_size);
+                          "'%s' (vocab %d) do not share a tokenizer", kvl_model_name(src), a->vocab_size,
+                          kvl_model_name(dst), b->vocab_size);
     kvl_translator *tr = calloc(1, sizeof *tr);
     if (!tr) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
     tr->src_layers = a->n_layers;
@@ -172,13 +172,13 @@ kvl_status kvl_translator_create(const kvl_model *src, const kvl_model *dst,
         else
             tr->layer_map[l] = m;
         if (s == KVL_OK && b->qk_norm)
-            memcpy(tr->k_norm + (size_t)l * b->head_dim, dst->layers[l].k_norm, sizeof(float) * b->head_dim);
+            memcpy(tr->k_norm + (size_t)l * b->head_dim, kvl_model_weights(dst)->layers[l].k_norm, sizeof(float) * b->head_dim);
     }
     if (s == KVL_OK) s = write_geometry_meta(tr);
-    if (s == KVL_OK) s = kvl_translator_set_meta(tr, "source_name", src->name);
-    if (s == KVL_OK) s = kvl_translator_set_meta(tr, "source_hash", src->hash);
-    if (s == KVL_OK) s = kvl_translator_set_meta(tr, "target_name", dst->name);
-    if (s == KVL_OK) s = kvl_translator_set_meta(tr, "target_hash", dst->hash);
+    if (s == KVL_OK) s = kvl_translator_set_meta(tr, "source_name", kvl_model_name(src));
+    if (s == KVL_OK) s = kvl_translator_set_meta(tr, "source_hash", kvl_model_hash(src));
+    if (s == KVL_OK) s = kvl_translator_set_meta(tr, "target_name", kvl_model_name(dst));
+    if (s == KVL_OK) s = kvl_translator_set_meta(tr, "target_hash", kvl_model_hash(dst));
     if (s != KVL_OK) {
         kvl_translator_free(tr);
         return s;
@@ -363,117 +363,173 @@ kvl_status kvl_translator_save(const kvl_translator *tr, const char *path, int d
 
 kvl_status kvl_translator_check(const kvl_translator *tr, const kvl_model *src, const kvl_model *dst) {
     if (!tr || !src || !dst) return kvl__errorf(KVL_ERR_INVALID_ARG, "translator check: NULL argument");
-    const kvl_model_config *a = &src->cfg, *b = &dst->cfg;
+    const kvl_model_config *a = kvl_model_config_get(src), *b = kvl_model_config_get(dst);
     const char *sn = kvl_translator_source_name(tr), *tn = kvl_translator_target_name(tr);
     if (a->n_layers != tr->src_layers || a->n_kv_heads != tr->src_kv_heads || a->head_dim != tr->src_head_dim)
         return kvl__errorf(KVL_ERR_MISMATCH, "translator %s -> %s: source geometry (layers %d, kv_heads %d, "
                           "head_dim %d) does not match model '%s' (layers %d, kv_heads %d, head_dim %d)",
                           sn ? sn : "?", tn ? tn : "?", tr->src_layers, tr->src_kv_heads, tr->src_head_dim,
-                          src->name, a->n_layers, a->n_kv_heads, a->head_dim);
+                          kvl_model_name(src), a->n_layers, a->n_kv_heads, a->head_dim);
     if (b->n_layers != tr->dst_layers || b->n_kv_heads != tr->dst_kv_heads || b->head_dim != tr->dst_head_dim ||
         b->qk_norm != tr->dst_qk_norm)
         return kvl__errorf(KVL_ERR_MISMATCH, "translator %s -> %s: target geometry (layers %d, kv_heads %d, "
                           "head_dim %d, k_norm %d) does not match model '%s' (layers %d, kv_heads %d, "
                           "head_dim %d, k_norm %d)", sn ? sn : "?", tn ? tn : "?", tr->dst_layers,
-                          tr->dst_kv_heads, tr->dst_head_dim, tr->dst_qk_norm, dst->name, b->n_layers,
+                          tr->dst_kv_heads, tr->dst_head_dim, tr->dst_qk_norm, kvl_model_name(dst), b->n_layers,
                           b->n_kv_heads, b->head_dim, b->qk_norm);
     const char *sh = kvl_translator_source_hash(tr), *th = kvl_translator_target_hash(tr);
-    if (sh && strcmp(sh, src->hash))
+    if (sh && strcmp(sh, kvl_model_hash(src)))
         return kvl__errorf(KVL_ERR_MISMATCH, "translator was trained for source model '%s' (hash %s), "
-                          "not '%s' (hash %s)", sn ? sn : "?", sh, src->name, src->hash);
-    if (th && strcmp(th, dst->hash))
+                          "not '%s' (hash %s)", sn ? sn : "?", sh, kvl_model_name(src), kvl_model_hash(src));
+    if (th && strcmp(th, kvl_model_hash(dst)))
         return kvl__errorf(KVL_ERR_MISMATCH, "translator was trained for target model '%s' (hash %s), "
-                          "not '%s' (hash %s)", tn ? tn : "?", th, dst->name, dst->hash);
+                          "not '%s' (hash %s)", tn ? tn : "?", th, kvl_model_name(dst), kvl_model_hash(dst));
     if (b->qk_norm)   /* apply uses the file's k_norm copy: it must be the target's own */
         for (int l = 0; l < b->n_layers; l++)
-            if (memcmp(tr->k_norm + (size_t)l * b->head_dim, dst->layers[l].k_norm, sizeof(float) * b->head_dim))
+            if (memcmp(tr->k_norm + (size_t)l * b->head_dim, kvl_model_weights(dst)->layers[l].k_norm, sizeof(float) * b->head_dim))
                 return kvl__errorf(KVL_ERR_MISMATCH, "translator's k_norm weights of layer %d differ from "
-                                  "target model '%s''s", l, dst->name);
+                                  "target model '%s''s", l, kvl_model_name(dst));
     return KVL_OK;
 }
 
 /* ---- apply ----------------------------------------------------------------------------------- */
 
+static void maps_view(const kvl_translator *tr, kvl_kv_maps *m) {
+    *m = (kvl_kv_maps){tr->src_layers, tr->src_kv_heads, tr->src_head_dim, tr->dst_layers,
+                       tr->dst_kv_heads, tr->dst_head_dim, tr->layer_map, tr->wk, tr->wv, 0};
+}
+
 kvl_status kvl_translator_apply(const kvl_translator *tr, const float *k_src, const float *v_src,
                                 int t0, int n, const int32_t *ids, kvl_cache *dst) {
     if (!tr || !dst || n < 0 || (n > 0 && (!k_src || !v_src)))
         return kvl__errorf(KVL_ERR_INVALID_ARG, "translator apply: bad arguments (n=%d)", n);
-    const kvl_model_config *c = &dst->cfg;
+    const kvl_model_config *c = kvl_cache_config(dst);
     if (c->n_layers != tr->dst_layers || c->n_kv_heads != tr->dst_kv_heads ||
         c->head_dim != tr->dst_head_dim || c->qk_norm != tr->dst_qk_norm)
         return kvl__errorf(KVL_ERR_MISMATCH, "translator apply: the target cache's geometry (layers %d, "
                           "kv_heads %d, head_dim %d) is not the translator's (layers %d, kv_heads %d, "
                           "head_dim %d)", c->n_layers, c->n_kv_heads, c->head_dim, tr->dst_layers,
                           tr->dst_kv_heads, tr->dst_head_dim);
-    if (t0 != dst->n_tokens)
+    if (t0 != kvl_cache_n_tokens(dst))
         return kvl__errorf(KVL_ERR_RANGE, "translator apply: span starts at token %d but the target "
-                          "cache holds %d tokens", t0, dst->n_tokens);
-    if (t0 + n > dst->capacity)
+                          "cache holds %d tokens", t0, kvl_cache_n_tokens(dst));
+    if (t0 + n > kvl_cache_capacity(dst))
         return kvl__errorf(KVL_ERR_RANGE, "translator apply: %d tokens exceed the target cache's capacity %d",
-                          t0 + n, dst->capacity);
-    if (n == 0) return KVL_OK;
-    const int Lt = tr->dst_layers, ds = kvl__tr_ds(tr), dt = kvl__tr_dt(tr), D = tr->dst_head_dim;
-    const size_t per = (size_t)n * dt;
-    float *kpost = malloc(sizeof(float) * per * Lt);
-    float *vout = malloc(sizeof(float) * per * Lt);
-    float *kpre = malloc(sizeof(float) * per * Lt);
-    int *pos = malloc(sizeof(int) * (size_t)n);
-    float *rcos = malloc(sizeof(float) * (size_t)n * (D / 2));
-    float *rsin = malloc(sizeof(float) * (size_t)n * (D / 2));
-    if (!kpost || !vout || !kpre || !pos || !rcos || !rsin) {
-        free(kpost); free(vout); free(kpre); free(pos); free(rcos); free(rsin);
-        return kvl__errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
-    }
-    for (int i = 0; i < n; i++) pos[i] = t0 + i;
-    /* the target's RoPE angles of the span, once for all layers */
-    kvl__cpu_rope_table(rcos, rsin, pos, n, D, c->rope_theta);
-    const size_t wsz = (size_t)dt * ds;
-    for (int l = 0; l < Lt; l++) {
-        const int sl = tr->layer_map[l];
-        const float *xk = k_src + (size_t)sl * n * ds, *xv = v_src + (size_t)sl * n * ds;
-        float *kp = kpre + (size_t)l * per, *ko = kpost + (size_t)l * per;
-        /* k_pre_t = W_K k_s ; k_t = RoPE(k_norm(k_pre_t)) ; v_t = W_V v_s  (DESIGN.md) */
-        kvl__cpu_matmul_forward(kp, xk, tr->wk + (size_t)l * wsz, NULL, n, ds, dt);
-        if (tr->dst_qk_norm)
-            kvl__cpu_rmsnorm_forward(ko, kp, tr->k_norm + (size_t)l * D, n * tr->dst_kv_heads, D, tr->k_norm_eps);
-        else
-            memcpy(ko, kp, sizeof(float) * per);
-        kvl__cpu_rope_apply(ko, rcos, rsin, n, tr->dst_kv_heads, D, 0);
-        kvl__cpu_matmul_forward(vout + (size_t)l * per, xv, tr->wv + (size_t)l * wsz, NULL, n, ds, dt);
-    }
-    kvl_status s = kvl_cache_append(dst, n, ids, kpost, vout, kpre);
-    free(kpost); free(vout); free(kpre); free(pos); free(rcos); free(rsin);
+                          t0 + n, kvl_cache_capacity(dst));
+    kvl_kv_maps maps;
+    maps_view(tr, &maps);
+    kvl_translate_params p = {&maps, tr->dst_qk_norm ? tr->k_norm : NULL, tr->k_norm_eps, c->rope_theta};
+    return kvl__cache_translate(dst, &p, k_src, v_src, n, ids);
+}
+
+/* Source pre-norm K/V of tokens [t0, t1) of every layer, [Ls][n][Hs*Ds] each (malloc'ed). */
+static kvl_status read_span(const kvl_cache *src, int Ls, size_t per, int t0, int t1, float **k,
+                            float **v) {
+    *k = malloc(sizeof(float) * per * Ls);
+    *v = malloc(sizeof(float) * per * Ls);
+    kvl_status s = *k && *v ? KVL_OK
+                   : kvl__errorf(KVL_ERR_NOMEM, "out of memory reading %d source tokens", t1 - t0);
+    for (int l = 0; s == KVL_OK && l < Ls; l++)
+        s = kvl_cache_read_prenorm(src, l, t0, t1, *k + (size_t)l * per, *v + (size_t)l * per);
+    if (s != KVL_OK) { free(*k); free(*v); *k = *v = NULL; }
     return s;
 }
 
 kvl_status kvl_translator_translate_span(const kvl_translator *tr, const kvl_cache *src, int t0,
                                          int t1, kvl_cache *dst) {
     if (!tr || !src || !dst) return kvl__errorf(KVL_ERR_INVALID_ARG, "translate span: NULL argument");
-    const kvl_model_config *c = &src->cfg;
+    const kvl_model_config *c = kvl_cache_config(src);
     if (c->n_layers != tr->src_layers || c->n_kv_heads != tr->src_kv_heads || c->head_dim != tr->src_head_dim)
         return kvl__errorf(KVL_ERR_MISMATCH, "translate span: the source cache's geometry (layers %d, "
                           "kv_heads %d, head_dim %d) is not the translator's (layers %d, kv_heads %d, "
                           "head_dim %d)", c->n_layers, c->n_kv_heads, c->head_dim, tr->src_layers,
                           tr->src_kv_heads, tr->src_head_dim);
-    if (t0 < 0 || t1 < t0 || t1 > src->n_tokens)
+    if (t0 < 0 || t1 < t0 || t1 > kvl_cache_n_tokens(src))
         return kvl__errorf(KVL_ERR_RANGE, "translate span: [%d, %d) is outside the source cache's %d tokens",
-                          t0, t1, src->n_tokens);
+                          t0, t1, kvl_cache_n_tokens(src));
     int n = t1 - t0;
-    if (n == 0) return t0 == dst->n_tokens ? KVL_OK
+    if (n == 0) return t0 == kvl_cache_n_tokens(dst) ? KVL_OK
                      : kvl__errorf(KVL_ERR_RANGE, "translate span: target holds %d tokens, span starts at %d",
-                                  dst->n_tokens, t0);
-    size_t per = (size_t)n * kvl__tr_ds(tr);
-    float *k = malloc(sizeof(float) * per * tr->src_layers);
-    float *v = malloc(sizeof(float) * per * tr->src_layers);
-    if (!k || !v) {
-        free(k); free(v);
-        return kvl__errorf(KVL_ERR_NOMEM, "out of memory reading %d source tokens", n);
-    }
-    kvl_status s = KVL_OK;
-    for (int l = 0; s == KVL_OK && l < tr->src_layers; l++)
-        s = kvl_cache_read_prenorm(src, l, t0, t1, k + (size_t)l * per, v + (size_t)l * per);
+                                  kvl_cache_n_tokens(dst), t0);
+    float *k, *v;
+    kvl_status s = read_span(src, tr->src_layers, (size_t)n * kvl__tr_ds(tr), t0, t1, &k, &v);
     if (s == KVL_OK) s = kvl_translator_apply(tr, k, v, t0, n, kvl_cache_tokens(src) + t0, dst);
     free(k);
     free(v);
+    return s;
+}
+
+/* ---- plain maps (kvlingo/kv_maps.h): random maps of a pair's shape, applied like a file's ---- */
+
+kvl_status kvl_kv_maps_random(const kvl_model_config *src, const kvl_model_config *dst,
+                              uint64_t seed, kvl_kv_maps *out) {
+    if (!src || !dst || !out) return kvl__errorf(KVL_ERR_INVALID_ARG, "kvl_kv_maps_random: NULL argument");
+    memset(out, 0, sizeof *out);
+    out->src_layers = src->n_layers; out->src_kv_heads = src->n_kv_heads; out->src_head_dim = src->head_dim;
+    out->dst_layers = dst->n_layers; out->dst_kv_heads = dst->n_kv_heads; out->dst_head_dim = dst->head_dim;
+    size_t ks = (size_t)src->n_kv_heads * src->head_dim, kt = (size_t)dst->n_kv_heads * dst->head_dim;
+    size_t n = (size_t)dst->n_layers * kt * ks;
+    out->layer_map = malloc(sizeof(int) * (size_t)dst->n_layers);
+    out->wk = malloc(sizeof(float) * n);
+    out->wv = malloc(sizeof(float) * n);
+    out->owned = 1;
+    if (!out->layer_map || !out->wk || !out->wv) {
+        kvl_kv_maps_free(out);
+        return kvl__errorf(KVL_ERR_NOMEM, "random maps: out of memory for 2 x %zu weights", n);
+    }
+    for (int l = 0; l < dst->n_layers; l++)
+        out->layer_map[l] = kvl__tr_default_source_layer(l, src->n_layers, dst->n_layers);
+    /* uniform with std 1/sqrt(Hs*Ds): translated K/V stay at the scale of the source's */
+    float a = 1.7320508f / sqrtf((float)ks);
+    uint64_t st = seed;
+    kvl__rng_fill_uniform(out->wk, n, &st, a);
+    kvl__rng_fill_uniform(out->wv, n, &st, a);
+    return KVL_OK;
+}
+
+void kvl_kv_maps_free(kvl_kv_maps *m) {
+    if (!m || !m->owned) return;
+    free(m->layer_map);
+    free(m->wk);
+    free(m->wv);
+    memset(m, 0, sizeof *m);
+}
+
+kvl_status kvl_kv_maps_apply_host(const kvl_kv_maps *mp, const kvl_model *dst_model,
+                                  const kvl_cache *src, int t0, int t1, kvl_cache *dst) {
+    if (!mp || !dst_model || !src || !dst)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "kvl_kv_maps_apply_host: NULL argument");
+    const kvl_model_config *tc = kvl_model_config_get(dst_model), *sc = kvl_cache_config(src);
+    if (mp->dst_layers != tc->n_layers || mp->dst_kv_heads != tc->n_kv_heads ||
+        mp->dst_head_dim != tc->head_dim)
+        return kvl__errorf(KVL_ERR_MISMATCH, "kv maps: target geometry differs from model '%s'",
+                          kvl_model_name(dst_model));
+    if (sc->n_layers != mp->src_layers || sc->n_kv_heads != mp->src_kv_heads ||
+        sc->head_dim != mp->src_head_dim)
+        return kvl__errorf(KVL_ERR_MISMATCH, "kv maps: source cache geometry %d x %d x %d, maps expect "
+                          "%d x %d x %d", sc->n_layers, sc->n_kv_heads, sc->head_dim,
+                          mp->src_layers, mp->src_kv_heads, mp->src_head_dim);
+    if (t0 < 0 || t1 < t0 || t1 > kvl_cache_n_tokens(src))
+        return kvl__errorf(KVL_ERR_RANGE, "kv maps: span [%d, %d) outside the source's %d tokens", t0,
+                          t1, kvl_cache_n_tokens(src));
+    if (kvl_cache_n_tokens(dst) != t0)
+        return kvl__errorf(KVL_ERR_RANGE, "kv maps: target holds %d tokens, span starts at %d",
+                          kvl_cache_n_tokens(dst), t0);
+    const int n = t1 - t0, Dt = tc->head_dim;
+    if (n == 0) return KVL_OK;
+    float *k_norm = NULL;
+    if (tc->qk_norm) {   /* the target's own k_norm weights, [Lt][Dt] */
+        k_norm = malloc(sizeof(float) * (size_t)tc->n_layers * Dt);
+        if (!k_norm) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+        for (int l = 0; l < tc->n_layers; l++)
+            memcpy(k_norm + (size_t)l * Dt, kvl_model_weights(dst_model)->layers[l].k_norm,
+                   sizeof(float) * Dt);
+    }
+    float *k = NULL, *v = NULL;
+    kvl_status s = read_span(src, mp->src_layers, (size_t)n * mp->src_kv_heads * mp->src_head_dim,
+                             t0, t1, &k, &v);
+    kvl_translate_params p = {mp, k_norm, tc->rms_norm_eps, tc->rope_theta};
+    if (s == KVL_OK) s = kvl__cache_translate(dst, &p, k, v, n, kvl_cache_tokens(src) + t0);
+    free(k); free(v); free(k_norm);
     return s;
 }

@@ -1,14 +1,13 @@
 /* engine/translator/translator_eval.c: evaluation of a translator against re-prefill on the target, under
- * the fixed protocol of issue 4 (see kvl_translator_evaluate in kvlingo/translator_train.h). */
+ * the fixed evaluation protocol (see kvl_translator_evaluate in kvlingo/translator_train.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache_internal.h"
 #include "error.h"
 #include "kvlingo/translator_train.h"
-#include "model_internal.h"
+#include "model_iface.h"
 #include "translator_internal.h"
 
 kvl_eval_params kvl_eval_default_params(void) {
@@ -72,13 +71,13 @@ static kvl_status eval_turns(const kvl_translator *tr, kvl_model *src, kvl_model
     kvl_model *mod[2] = {src, dst};
     kvl_cache *ret[2] = {NULL, NULL}, *nat[2] = {NULL, NULL};
     kvl_cache_params cp = {.max_tokens = total + 1, .block_tokens = 16};
-    int V = dst->cfg.vocab_size;
+    int V = kvl_model_config_get(dst)->vocab_size;
     float *lg = malloc(sizeof(float) * (size_t)TL * V), *ln = malloc(sizeof(float) * (size_t)TL * V);
     double nll_t[KVL_EVAL_MAX_TURNS] = {0}, nll_r[KVL_EVAL_MAX_TURNS] = {0};
     kvl_status s = lg && ln ? KVL_OK : kvl__errorf(KVL_ERR_NOMEM, "out of memory");
     for (int m = 0; s == KVL_OK && m < 2; m++) {
-        if ((s = kvl_cache_create(&mod[m]->cfg, &cp, &ret[m]))) break;
-        s = kvl_cache_create(&mod[m]->cfg, &cp, &nat[m]);
+        if ((s = kvl_model_cache_create(mod[m], &cp, &ret[m]))) break;
+        s = kvl_model_cache_create(mod[m], &cp, &nat[m]);
     }
     for (int ss = 0; s == KVL_OK && ss < p->sessions; ss++) {
         size_t base = ((size_t)ss * total) % (n - (size_t)total);
@@ -131,7 +130,7 @@ kvl_status kvl_translator_evaluate(const kvl_translator *tr, kvl_model *src, kvl
     memset(r, 0, sizeof *r);
     kvl_status s = kvl_translator_check(tr, src, dst);
     if (s != KVL_OK) return s;
-    const int P = p.prefix_len, C = p.cont_len, V = dst->cfg.vocab_size, Lt = tr->dst_layers;
+    const int P = p.prefix_len, C = p.cont_len, V = kvl_model_config_get(dst)->vocab_size, Lt = tr->dst_layers;
     const int dt = kvl__tr_dt(tr);
     if (p.samples == 0 && p.turns > 0) {   /* multi-turn figures only */
         r->n_layers = 0;
@@ -147,8 +146,8 @@ kvl_status kvl_translator_evaluate(const kvl_translator *tr, kvl_model *src, kvl
         return kvl__errorf(KVL_ERR_RANGE, "eval: %zu tokens are too few for one sample of %zu", n, stride);
     eval_bufs b = {0};
     kvl_cache_params cp = {.max_tokens = (int)stride, .block_tokens = 16};
-    if ((s = kvl_cache_create(&src->cfg, &cp, &b.src)) || (s = kvl_cache_create(&dst->cfg, &cp, &b.nat)) ||
-        (s = kvl_cache_create(&dst->cfg, &cp, &b.trc)) || (s = kvl_cache_create(&dst->cfg, &cp, &b.none))) {
+    if ((s = kvl_model_cache_create(src, &cp, &b.src)) || (s = kvl_model_cache_create(dst, &cp, &b.nat)) ||
+        (s = kvl_model_cache_create(dst, &cp, &b.trc)) || (s = kvl_model_cache_create(dst, &cp, &b.none))) {
         bufs_free(&b);
         return s;
     }

@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "decoder.h"
+#include "kvlingo/backend.h"
 #include "kvlingo/model.h"
 #include "kvlingo/translator.h"
 
@@ -26,23 +28,24 @@ struct kvl_translator {
 static inline int kvl__tr_ds(const kvl_translator *t) { return t->src_kv_heads * t->src_head_dim; }
 static inline int kvl__tr_dt(const kvl_translator *t) { return t->dst_kv_heads * t->dst_head_dim; }
 
-/* Default layer map s(l) = round(l (Ls-1) / (Lt-1)) (DESIGN.md, "The method"). */
+/* Default layer map s(l) = round(l (Ls-1) / (Lt-1)) (kvlingo/translator.h). */
 int kvl__tr_default_source_layer(int l, int Ls, int Lt);
 
 /* ---- training core, generic over the scalar type (float: training; double: grad check) ---- */
 
-/* A frozen target network as the training core reads it: the weights of kvl__model_internal.h
- * (shapes documented there) in scalar type R.  The float view points into a kvl_model. */
+/* A frozen target network as the training core reads it: for float, the model's own host
+ * weights (kvlingo/backend.h kvl_weights_view); for double (the gradient check), the same
+ * members in double.  The decoder layer is the CPU backend's (kernels/cpu/decoder.h). */
+typedef kvl_layer_view kvl__tlayer_f32;
+typedef kvl_weights_view kvl__tnet_f32;
+typedef kvl__layer_view_f64 kvl__tlayer_f64;
+typedef struct kvl__tnet_f64 {
+    kvl_model_config cfg;
+    const double *embed, *final_norm, *lm_head;
+    const kvl__tlayer_f64 *layers;
+} kvl__tnet_f64;
+
 #define KVL_TR_DECLARE(R, SFX)                                                                    \
-    typedef struct kvl__tlayer_##SFX {                                                             \
-        const R *attn_norm, *wq, *wk, *wv, *bq, *bk, *bv, *q_norm, *k_norm, *wo, *bo, *mlp_norm,  \
-            *w_gate, *w_up, *w_down;                                                              \
-    } kvl__tlayer_##SFX;                                                                           \
-    typedef struct kvl__tnet_##SFX {                                                               \
-        kvl_model_config cfg;                                                                     \
-        const R *embed, *final_norm, *lm_head;                                                    \
-        const kvl__tlayer_##SFX *layers;                                                           \
-    } kvl__tnet_##SFX;                                                                             \
     /* One distillation sample.  The translated cache holds n_ctx prefix tokens at positions    \
      * 0..n_ctx-1; the target reads tokens[n_read] at positions n_ctx..n_ctx+n_read-1 and is    \
      * scored against teacher_logits[n_read, V] (the target's own logits at those positions    \
@@ -71,8 +74,5 @@ int kvl__tr_default_source_layer(int l, int Ls, int Lt);
 KVL_TR_DECLARE(float, f32)
 KVL_TR_DECLARE(double, f64)
 
-/* Float view of a loaded model (layers array malloc'ed; free with kvl__tnet_free_f32). */
-kvl_status kvl__tnet_from_model_f32(const kvl_model *m, kvl__tnet_f32 *out);
-void kvl__tnet_free_f32(kvl__tnet_f32 *net);
 
 #endif

@@ -1,5 +1,5 @@
 /* engine/translator/translator_ridge.c: stage 1, closed-form ridge regression per target layer and side
- * from the source's pre-norm K/V to the target's (DESIGN.md "The method", "Stage 1").
+ * from the source's pre-norm K/V to the target's (stage 1 of the KV-Lingo method, kvlingo/translator_train.h).
  *
  * With X [Ds, N] the source features and Y [Dt, N] the target features of the same N tokens,
  * W = Y X^T (X X^T + lambda I)^-1.  Only the Gram matrices G = X X^T [Ds, Ds] and
@@ -15,10 +15,9 @@
 
 #include <cblas.h>
 
-#include "cache_internal.h"
 #include "error.h"
 #include "kvlingo/translator_train.h"
-#include "model_internal.h"
+#include "model_iface.h"
 #include "translator_internal.h"
 
 kvl_ridge_params kvl_ridge_default_params(void) {
@@ -144,8 +143,8 @@ kvl_status kvl_translator_fit_ridge(kvl_translator *tr, kvl_model *src, kvl_mode
     if (!Y || !Xall || !tG || !tB) s = kvl__errorf(KVL_ERR_NOMEM, "out of memory");
     if (s == KVL_OK) s = gram_alloc(&g, Lt, ds, dt);
     if (s == KVL_OK) s = gram_alloc(&h, Lt, ds, dt);
-    if (s == KVL_OK) s = kvl_cache_create(&src->cfg, &cp, &cs);
-    if (s == KVL_OK) s = kvl_cache_create(&dst->cfg, &cp, &cd);
+    if (s == KVL_OK) s = kvl_model_cache_create(src, &cp, &cs);
+    if (s == KVL_OK) s = kvl_model_cache_create(dst, &cp, &cd);
     for (long i = 0; s == KVL_OK && i < n_train; i++) {
         s = accumulate(tr, src, dst, cs, cd, stream + (size_t)i * W, W, Y, tG, tB, Xall, &g);
         if (p.verbose && (i % 32 == 31 || i == n_train - 1))

@@ -1,5 +1,5 @@
 /* engine/translator/translator_train.c: stage 2, distillation of W_K, W_V with the target frozen
- * (DESIGN.md "The method"; issue 4 "Stage 2").  Sampling, teacher and student passes, AdamW
+ * (stage 2 of the KV-Lingo method, kvlingo/translator_train.h).  Sampling, teacher and student passes, AdamW
  * with warm-up + cosine decay, gradient clipping, worker threads, checkpoints.  The per-sample
  * forward/backward is translator_core.inc. */
 #include <math.h>
@@ -9,12 +9,13 @@
 #include <string.h>
 #include <time.h>
 
-#include "cache_internal.h"
 #include "ops.h"
+#include "clock.h"
 #include "error.h"
+#include "rng.h"
 #include "kvlingo/safetensors.h"
 #include "kvlingo/translator_train.h"
-#include "model_internal.h"
+#include "model_iface.h"
 #include "translator_internal.h"
 
 kvl_train_params kvl_train_default_params(void) {
@@ -26,15 +27,8 @@ kvl_train_params kvl_train_default_params(void) {
     return p;
 }
 
-/* splitmix64 (Steele, Lea, Flood 2014): a seedable generator whose state is one integer, so
- * step s's samples depend only on (seed, s). */
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static uint64_t rand_below(uint64_t *st, uint64_t n) { return n ? splitmix64(st) % n : 0; }
+/* Training samples come from splitmix64 (rng.h), whose state is one integer, so step s's
+ * samples depend only on (seed, s). */
 
 typedef struct sample_ref { size_t offset; int prefix; } sample_ref;
 
@@ -42,7 +36,7 @@ typedef struct worker {
     kvl_model *src, *dst;
     int owns_models;
     kvl_cache *cs, *cd;
-    kvl__tnet_f32 net;
+    const kvl__tnet_f32 *net;   /* the target model's own host weights */
     kvl__tws_f32 *ws;
     float *xk, *xv;          /* [Lt][Pmax][Ds] */
     float *teacher;          /* [Pmax - Pmin + C, V] teacher logits of a window */
@@ -61,7 +55,6 @@ typedef struct worker {
 static void worker_free(worker *w) {
     kvl_cache_free(w->cs);
     kvl_cache_free(w->cd);
-    kvl__tnet_free_f32(&w->net);
     kvl__tws_free_f32(w->ws);
     free(w->xk); free(w->xv); free(w->teacher); free(w->gk); free(w->gv);
     if (w->owns_models) {
@@ -85,14 +78,14 @@ static kvl_status worker_init(worker *w, const kvl_translator *tr, kvl_model *sr
     }
     int Pmax = p->prefix_max, C = p->cont_len, Lt = tr->dst_layers, ds = kvl__tr_ds(tr);
     kvl_cache_params cp = {.max_tokens = Pmax + C, .block_tokens = 16};
-    if ((s = kvl_cache_create(&w->src->cfg, &cp, &w->cs))) return s;
-    if ((s = kvl_cache_create(&w->dst->cfg, &cp, &w->cd))) return s;
-    if ((s = kvl__tnet_from_model_f32(w->dst, &w->net))) return s;
-    if ((s = kvl__tws_create_f32(&w->dst->cfg, ds, Pmax, C, &w->ws))) return s;
+    if ((s = kvl_model_cache_create(w->src, &cp, &w->cs))) return s;
+    if ((s = kvl_model_cache_create(w->dst, &cp, &w->cd))) return s;
+    w->net = kvl_model_weights(w->dst);
+    if ((s = kvl__tws_create_f32(kvl_model_config_get(w->dst), ds, Pmax, C, &w->ws))) return s;
     size_t np = (size_t)Lt * kvl__tr_dt(tr) * ds;
     w->xk = malloc(sizeof(float) * (size_t)Lt * Pmax * ds);
     w->xv = malloc(sizeof(float) * (size_t)Lt * Pmax * ds);
-    w->teacher = malloc(sizeof(float) * (size_t)(Pmax - p->prefix_min + C) * w->dst->cfg.vocab_size);
+    w->teacher = malloc(sizeof(float) * (size_t)(Pmax - p->prefix_min + C) * kvl_model_config_get(w->dst)->vocab_size);
     w->gk = malloc(sizeof(float) * np);
     w->gv = malloc(sizeof(float) * np);
     if (!w->xk || !w->xv || !w->teacher || !w->gk || !w->gv)
@@ -106,7 +99,7 @@ static kvl_status worker_init(worker *w, const kvl_translator *tr, kvl_model *sr
  * sample's student forward + backward (gradients into w->gk/gv). */
 static kvl_status run_window(worker *w, const sample_ref *r, int k) {
     const kvl_translator *tr = w->tr;
-    const int C = w->cont, Lt = tr->dst_layers, ds = kvl__tr_ds(tr), V = w->dst->cfg.vocab_size;
+    const int C = w->cont, Lt = tr->dst_layers, ds = kvl__tr_ds(tr), V = kvl_model_config_get(w->dst)->vocab_size;
     const int32_t *ids = w->stream + r[0].offset;
     int pmin = r[0].prefix, pmax = r[0].prefix;
     for (int j = 1; j < k; j++) {
@@ -133,7 +126,7 @@ static kvl_status run_window(worker *w, const sample_ref *r, int k) {
         kvl__tsample_f32 smp = {.n_ctx = P, .n_read = C, .tokens = ids + P,
                                .teacher_logits = w->teacher + (size_t)(P - pmin) * V,
                                .xk = w->xk, .xv = w->xv};
-        double loss = kvl__tr_step_f32(&w->net, ds, tr->wk, tr->wv, &smp, w->gk, w->gv, w->grad_scale,
+        double loss = kvl__tr_step_f32(w->net, ds, tr->wk, tr->wv, &smp, w->gk, w->gv, w->grad_scale,
                                       w->ws, NULL);
         if (!isfinite(loss))
             return kvl__errorf(KVL_ERR_NUMERIC, "training: loss is %g at stream offset %zu (prefix %d)",
@@ -208,11 +201,6 @@ static kvl_status load_checkpoint(const char *path, kvl_translator *tr, float *m
     return s;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 kvl_status kvl_translator_train(kvl_translator *tr, kvl_model *src, kvl_model *dst,
                                 const int32_t *stream, size_t n, const kvl_train_params *pp,
@@ -242,17 +230,18 @@ kvl_status kvl_translator_train(kvl_translator *tr, kvl_model *src, kvl_model *d
         free(ws); free(m); free(v); free(samples); free(th); free(hist);
         return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
     }
-    int saved_threads[2] = {src->n_threads, dst->n_threads};
+    int saved_threads[2] = {0, 0};
     if (p.threads > 1) {
         /* parallel over samples; BLAS single-threaded inside each worker */
-        src->n_threads = dst->n_threads = 1;
+        saved_threads[0] = kvl__model_set_threads(src, 1);
+        saved_threads[1] = kvl__model_set_threads(dst, 1);
         kvl__cpu_set_threads(1);
     }
     int nw = 0;
     for (; nw < p.threads && s == KVL_OK; nw++) s = worker_init(&ws[nw], tr, src, dst, nw > 0, &p);
     int step0 = 0;
     if (s == KVL_OK && p.resume) s = load_checkpoint(p.resume, tr, m, v, &step0, p.seed);
-    const double t_start = now_s();
+    const double t_start = kvl__now_s();
     const clock_t cpu_start = clock();   /* process CPU time, all threads */
     long tokens_total = 0;
     size_t mem = 0;
@@ -263,9 +252,9 @@ kvl_status kvl_translator_train(kvl_translator *tr, kvl_model *src, kvl_model *d
         uint64_t rs = p.seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)step << 17) ^ 0x5851F42D4C957F2Dull;
         for (int j = 0; j < p.batch; j += p.per_window) {
             /* one offset per window, valid for the longest prefix of the range */
-            size_t off = (size_t)rand_below(&rs, (uint64_t)(n - (size_t)(p.prefix_max + p.cont_len) + 1));
+            size_t off = (size_t)kvl__rng_below(&rs, (uint64_t)(n - (size_t)(p.prefix_max + p.cont_len) + 1));
             for (int q = 0; q < p.per_window; q++) {
-                samples[j + q].prefix = p.prefix_min + (int)rand_below(&rs, (uint64_t)(p.prefix_max - p.prefix_min + 1));
+                samples[j + q].prefix = p.prefix_min + (int)kvl__rng_below(&rs, (uint64_t)(p.prefix_max - p.prefix_min + 1));
                 samples[j + q].offset = off;
             }
         }
@@ -313,7 +302,7 @@ kvl_status kvl_translator_train(kvl_translator *tr, kvl_model *src, kvl_model *d
                 W[k] = (float)(W[k] - lr * (upd + p.weight_decay * W[k]));
             }
         }
-        double el = now_s() - t_start;
+        double el = kvl__now_s() - t_start;
         if (p.checkpoint && ((step + 1) % p.checkpoint_every == 0 || step + 1 == p.steps))
             s = save_checkpoint(p.checkpoint, tr, m, v, step + 1, p.seed);
         if (s == KVL_OK && p.progress &&
@@ -342,15 +331,17 @@ kvl_status kvl_translator_train(kvl_translator *tr, kvl_model *src, kvl_model *d
                  "\"seconds\":%.1f,\"cpu_seconds\":%.1f}",
                  p.steps, p.batch, p.prefix_min, p.prefix_max, p.cont_len, p.lr, p.min_lr_frac,
                  p.warmup, p.weight_decay, p.clip, (unsigned long long)p.seed, p.threads, p.per_window, fl,
-                 now_s() - t_start, (double)(clock() - cpu_start) / CLOCKS_PER_SEC);
+                 kvl__now_s() - t_start, (double)(clock() - cpu_start) / CLOCKS_PER_SEC);
         if (prev) snprintf(json + jl - 1, cap - (size_t)jl + 1, ",\"continued_from\":%s}", prev);
         s = kvl_translator_set_meta(tr, "training", json);
         free(json);
     }
 out:
     for (int i = 0; i < nw; i++) worker_free(&ws[i]);
-    src->n_threads = saved_threads[0];
-    dst->n_threads = saved_threads[1];
+    if (p.threads > 1) {
+        kvl__model_set_threads(src, saved_threads[0]);
+        kvl__model_set_threads(dst, saved_threads[1]);
+    }
     free(ws); free(m); free(v); free(samples); free(th); free(hist);
     return s;
 }

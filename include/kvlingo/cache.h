@@ -6,10 +6,10 @@
  * and, for models with k_norm (whose input cannot be recovered from K), the pre-normalisation
  * key Kpre[l][t] : [Hkv*D] float32 (the k_proj output), which translators read.
  * Token t always sits at absolute position t (RoPE position), tokens [0, n) are held.
- * Storage is a table of blocks of `block_tokens` tokens each (default 16); one block holds
- * every layer's K, V (and Kpre) for its tokens: [layer][K|V|Kpre][block_tokens][Hkv*D].
- * Blocks are allocated on demand as tokens are appended and freed on truncation, so spans can
- * be exported and appended block-wise by the transport.
+ * Token ids and counts are kept here; the K/V storage belongs to a backend (kvlingo/backend.h).
+ * The CPU backend stores a table of blocks of `block_tokens` tokens each (default 16); one
+ * block holds every layer's K, V (and Kpre) for its tokens: [layer][K|V|Kpre][block_tokens]
+ * [Hkv*D], allocated as tokens are appended and freed on truncation.
  */
 #ifndef KVLINGO_CACHE_H
 #define KVLINGO_CACHE_H
@@ -33,10 +33,18 @@ typedef struct kvl_cache_params {
 
 kvl_cache_params kvl_cache_default_params(void);
 
-/* Create an empty cache for a model of geometry `cfg` (copied).  Free with kvl_cache_free. */
+/* Create an empty cache for a model of geometry `cfg` (copied), stored by the CPU backend.
+ * Free with kvl_cache_free. */
 kvl_status kvl_cache_create(const kvl_model_config *cfg, const kvl_cache_params *params,
                             kvl_cache **out);
+/* Create an empty cache stored by `model`'s backend (kvlingo/backend.h: host blocks on the CPU,
+ * device memory on a GPU), the cache that model's forward pass needs. */
+kvl_status kvl_model_cache_create(const kvl_model *model, const kvl_cache_params *params,
+                                  kvl_cache **out);
 void kvl_cache_free(kvl_cache *cache);
+
+/* Geometry of the model the cache was made for (copied at creation). */
+const kvl_model_config *kvl_cache_config(const kvl_cache *cache);
 
 /* Tokens held, capacity, and bytes currently allocated for blocks. */
 int kvl_cache_n_tokens(const kvl_cache *cache);

@@ -1,4 +1,4 @@
-/* kvlingo/cuda.h: the CUDA backend (issue 8): a model with bf16 (or f32) weights on one GPU, KV
+/* kvlingo/cuda.h: the CUDA backend: a model with bf16 (or f32) weights on one GPU, KV
  * caches in GPU memory, prefill / decode (decode replayed from a CUDA graph), span export from GPU
  * memory, and the fused KV-Lingo translation kernel.
  *
@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvlingo/backend.h"
 #include "kvlingo/kv_maps.h"
 #include "kvlingo/model.h"
 #include "kvlingo/status.h"
@@ -56,12 +57,13 @@ typedef struct kvl_cuda_model kvl_cuda_model;
 typedef struct kvl_cuda_cache kvl_cuda_cache;
 typedef struct kvl_cuda_translator kvl_cuda_translator;
 
-/* Upload a loaded host model (float32 weights, engine/model_internal.h) to the GPU, converting
- * to params->dtype (bf16 rounds to nearest even).  The host model may be freed afterwards.
+/* Upload a model's host weights (float32, kvlingo/backend.h kvl_weights_view: e.g.
+ * kvl_model_weights(model)) to the GPU, converting to params->dtype (bf16 rounds to nearest
+ * even).  The host weights may be freed afterwards.
  * q/k/v weights are fused into one [Hq*D + 2*Hkv*D, H] matrix and gate/up into [2F, H].
  * Errors: KVL_ERR_UNSUPPORTED (no CUDA build; head_dim not in {32, 64, 128}; GQA group > 8),
  * KVL_ERR_DEVICE, KVL_ERR_NOMEM.  Free with kvl_cuda_model_free. */
-kvl_status kvl_cuda_model_create(const kvl_model *host, const kvl_cuda_params *params,
+kvl_status kvl_cuda_model_create(const kvl_weights_view *host, const kvl_cuda_params *params,
                                  kvl_cuda_model **out);
 
 /* A model of geometry `cfg` whose weights are generated on the GPU (uniform, std 0.02; norm

@@ -3,7 +3,7 @@
  *
  * This is the unowned "view" form of a translator (include/kvlingo/translator.h holds the file
  * format, metadata and training); the CUDA backend (include/kvlingo/cuda.h) uploads maps in this
- * form.  Math (../shared/DESIGN.md, "The method"), for target layer l, token at position p:
+ * form.  Math (kvlingo/translator.h), for target layer l, token at position p:
  *     k_pre_t = W_K[l] k_s(l)          k_t = RoPE_T(k_norm_T(k_pre_t), p)          v_t = W_V[l] v_s(l)
  */
 #ifndef KVLINGO_KV_MAPS_H

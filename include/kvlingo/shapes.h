@@ -1,5 +1,5 @@
 /* kvlingo/shapes.h: published model geometries by name, and random-weight models of them, so
- * benchmarks can run at real sizes without downloaded weights (issue 8, `kvlingo bench switch`). */
+ * benchmarks can run at real sizes without downloaded weights (`kvlingo bench switch`). */
 #ifndef KVLINGO_SHAPES_H
 #define KVLINGO_SHAPES_H
 

@@ -1,5 +1,5 @@
 /* kvlingo/translator.h: KV-Lingo translators, which turn a source model's keys and values into
- * cache entries a target model reads as its own (../shared/DESIGN.md, "The method").
+ * cache entries a target model reads as its own (the KV-Lingo method, below).
  *
  * A translator holds, per target layer l, two bias-free maps W_K[l], W_V[l] of shape
  * [Ht*Dt, Hs*Ds] (float32 in memory) and a layer map s(l) (default round(l*(Ls-1)/(Lt-1))).

@@ -1,5 +1,5 @@
 /* kvlingo/translator_train.h: building, saving, inspecting, training and evaluating KV-Lingo
- * translators (../shared/DESIGN.md "The method"; issue 4).  Extends kvlingo/translator.h.
+ * translators (the method: kvlingo/translator.h).  Extends kvlingo/translator.h.
  *
  * Token streams given to training and evaluation are int32 ids, e.g. a text file encoded under
  * the evaluation protocol (each line one document, encoded and followed by <|endoftext|>).
@@ -154,7 +154,7 @@ typedef struct kvl_eval_result {
     double turn_ppl_translated[KVL_EVAL_MAX_TURNS], turn_ppl_reprefill[KVL_EVAL_MAX_TURNS];
 } kvl_eval_result;
 
-/* Evaluate `tr` (src -> dst) under the fixed protocol of issue 4: sample i is
+/* Evaluate `tr` (src -> dst) under the fixed evaluation protocol: sample i is
  * stream[i(P+C), (i+1)(P+C)); the cache (native, translated, none) covers prefix[0, P-1) at
  * positions 0..P-2; the target reads prefix[P-1] and continuation[0, C-1) at P-1..P+C-2 (from
  * 0 without a cache) and is scored on the C continuation tokens.  KL is KL(native ||

@@ -68,6 +68,10 @@ void kvl__cpu_rmsnorm_forward_f64(double *out, const double *in, const double *w
                                  double eps);
 void kvl__cpu_rope_forward_f64(double *x, const int *pos, int T, int n_heads, int D, double theta,
                               int inverse);
+void kvl__cpu_rope_table_f64(double *cos_tab, double *sin_tab, const int *pos, int T, int D,
+                             double theta);
+void kvl__cpu_rope_apply_f64(double *x, const double *cos_tab, const double *sin_tab, int T,
+                             int n_heads, int D, int inverse);
 void kvl__cpu_swiglu_forward_f64(double *out, const double *gate, const double *up, size_t n);
 void kvl__cpu_attention_forward_f64(double *out, double *probs, const double *q, const double *k,
                                    const double *v, int Tq, int Tk, int q_pos0, int Hq, int Hkv,

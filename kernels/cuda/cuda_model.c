@@ -11,7 +11,7 @@
 
 #include "ops.h"
 #include "error.h"
-#include "model_internal.h"
+#include "kvlingo/backend.h"
 
 /* ---- status conversion ------------------------------------------------------------------- */
 
@@ -226,7 +226,7 @@ void kvl_cuda_model_free(kvl_cuda_model *m) {
     free(m);
 }
 
-kvl_status kvl_cuda_model_create(const kvl_model *host, const kvl_cuda_params *params,
+kvl_status kvl_cuda_model_create(const kvl_weights_view *host, const kvl_cuda_params *params,
                                  kvl_cuda_model **out) {
     if (!host || !out) return kvl__errorf(KVL_ERR_INVALID_ARG, "kvl_cuda_model_create: NULL argument");
     *out = NULL;
@@ -239,7 +239,7 @@ kvl_status kvl_cuda_model_create(const kvl_model *host, const kvl_cuda_params *p
     if (s == KVL_OK && !c->tie_word_embeddings) s = kvl__cu_upload(m, m->lm_head, host->lm_head, V * H, 0);
     if (s == KVL_OK) s = kvl__cu_upload(m, m->final_norm, host->final_norm, H, 1);
     for (int l = 0; l < c->n_layers && s == KVL_OK; l++) {
-        const kvl__layer_weights *hw = &host->layers[l];
+        const kvl_layer_view *hw = &host->layers[l];
         kvl__cu_layer *L = &m->layers[l];
         char *qkv = L->wqkv;
         if ((s = kvl__cu_upload(m, qkv, hw->wq, QD * H, 0)) != KVL_OK) break;

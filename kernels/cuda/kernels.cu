@@ -3,6 +3,7 @@
  * the CPU path (kernels/cpu/ops.c) so both backends agree to rounding. */
 #include "cu_common.cuh"
 #include "cuda_internal.h"
+#include "rng.h"
 
 /* ---- embedding ---------------------------------------------------------------------------- */
 
@@ -194,18 +195,11 @@ extern "C" void kvl__cu_argmax(cudaStream_t s, const float *logits, int V, int32
 
 /* ---- initialisation and conversion -------------------------------------------------------- */
 
-__device__ __forceinline__ uint64_t splitmix64(uint64_t z) {
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 template <typename T>
 __global__ void fill_random_kernel(T *dst, size_t n, uint64_t seed, float a) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        uint64_t z = splitmix64(seed ^ (i * 0xD1B54A32D192ED03ull));
+        uint64_t z = kvl__splitmix64_at(seed ^ (i * 0xD1B54A32D192ED03ull));
         float u = (float)(z >> 40) * (1.0f / 16777216.0f);   /* [0, 1) */
         stf(dst, i, (2.0f * u - 1.0f) * a);
     }

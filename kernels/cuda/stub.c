@@ -3,6 +3,7 @@
 #include <stddef.h>
 
 #include "error.h"
+#include "kvlingo/backend.h"
 #include "kvlingo/cuda.h"
 
 #define KVL_NO_CUDA(fn) \
@@ -26,7 +27,7 @@ kvl_cuda_params kvl_cuda_default_params(void) {
     return p;
 }
 
-kvl_status kvl_cuda_model_create(const kvl_model *host, const kvl_cuda_params *params,
+kvl_status kvl_cuda_model_create(const kvl_weights_view *host, const kvl_cuda_params *params,
                                  kvl_cuda_model **out) {
     if (out) *out = NULL;
     return KVL_NO_CUDA("kvl_cuda_model_create");
@@ -89,3 +90,6 @@ kvl_status kvl_cuda_translate(kvl_cuda_translator *tr, const kvl_cuda_cache *src
 kvl_status kvl_cuda_copy_bandwidth(size_t bytes, int reps, double *gbps_out) {
     return KVL_NO_CUDA("kvl_cuda_copy_bandwidth");
 }
+
+/* No CUDA backend in this build: kvl_backend_for_device answers KVL_ERR_UNSUPPORTED first. */
+const kvl_backend_ops *kvl_backend_cuda(void) { return NULL; }

@@ -1,4 +1,4 @@
-/* kernels/cuda/translate.cu: the fused KV-Lingo translation kernel (issue 8).
+/* kernels/cuda/translate.cu: the fused KV-Lingo translation kernel.
  *
  * One launch per side (keys, values) covers every target layer: block (token tile of 64, target
  * kv head, target layer l) gathers the source span's pre-norm rows of layer s(l) straight from

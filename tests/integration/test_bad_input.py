@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Bad-input integration tests (issue 5): every refusal is a gRPC status with a clear message,
+"""Bad-input integration tests: every refusal is a gRPC status with a clear message,
 and the daemons keep serving other sessions.  Nodes on loopback:
   A  qwen3-a with translators          B  qwen3-b with translators
   C  qwen3-a, max_context 64 from a YAML --config file, no translators

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Integration test (issue 5): two kvld processes on loopback, qwen3-a (node A) and qwen3-b
+"""Integration test: two kvld processes on loopback, qwen3-a (node A) and qwen3-b
 (node B), driven by an independent grpcio client.
   1. A prefills a session with text from valid.txt; ExportSpan ships [0, N) to B over UCX.
   2. B generates; its first next-token distribution equals (<= 1e-5) the in-process reference

@@ -8,23 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "file.h"
 #include "kvlingo/model.h"
 #include "kvlingo/safetensors.h"
 #include "kvlingo/tokenizer.h"
 #include "kvlingo/translator_train.h"
 
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) { free(buf); buf = NULL; }
-    fclose(f);
-    if (buf) { buf[n] = 0; *len = (size_t)n; }
-    return buf;
-}
 
 int main(int argc, char **argv) {
     if (argc < 5) {
@@ -38,7 +27,8 @@ int main(int argc, char **argv) {
     kvl_translator *tr = NULL;
     int32_t *ids = NULL;
     size_t n = 0, len = 0;
-    char *text = read_file(argv[3], &len);
+    char *text = NULL;
+    if (kvl__file_read(argv[3], 0, 0, &text, &len) != KVL_OK) text = NULL;
     kvl_status s = text ? KVL_OK : KVL_ERR_IO;
     if (!s) s = kvl_model_load(argv[1], &mp, &src);
     if (!s) s = kvl_model_load(argv[2], &mp, &dst);

@@ -21,6 +21,7 @@
 #include "kvlingo/v1/node.pb-c.h"
 #include "rpc.h"
 #include "span.h"
+#include "span_source.h"
 #include "transport.h"
 
 static int die(const char *what) {
@@ -109,7 +110,8 @@ int main(int argc, char **argv) {
     kvl__span_ids sid;
     uint8_t *payload;
     size_t plen;
-    if (kvl__span_encode(m, c, 0, (uint32_t)n, info->model->name, info->model->hash, &sid, &h,
+    kvl__span_source src = test_span_source(m, c);
+    if (kvl__span_encode(&src, 0, (uint32_t)n, info->model->name, info->model->hash, &sid, &h,
                         &payload, &plen))
         return die("encode");
     Kvlingo__V1__ImportSpanRequest rq = KVLINGO__V1__IMPORT_SPAN_REQUEST__INIT;

@@ -14,6 +14,7 @@
 #include "kvlingo/model.h"
 #include "rpc.h"
 #include "span.h"
+#include "span_source.h"
 #include "transport.h"
 
 static void test_send_recv(void **state) {
@@ -112,7 +113,8 @@ static void test_span_codec(void **state) {
     kvl__span_ids ids;
     uint8_t *p;
     size_t len;
-    assert_int_equal(kvl__span_encode(m, c, 5, 20, "qwen3-b", "", &ids, &h, &p, &len), KVL_OK);
+    kvl__span_source src = test_span_source(m, c);
+    assert_int_equal(kvl__span_encode(&src, 5, 20, "qwen3-b", "", &ids, &h, &p, &len), KVL_OK);
     assert_int_equal(len, kvl__span_payload_bytes(cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, 15));
     kvl__span_reject why;
     kvl__span_view v;
@@ -157,7 +159,7 @@ static void test_span_codec(void **state) {
     assert_int_equal(why, KVL_SPAN_RANGE);
     free(p);
     /* out-of-range range */
-    assert_int_not_equal(kvl__span_encode(m, c, 5, 21, "x", "", &ids, &h, &p, &len), 0);
+    assert_int_not_equal(kvl__span_encode(&src, 5, 21, "x", "", &ids, &h, &p, &len), 0);
     assert_null(p);
     kvl_cache_free(c);
     kvl_model_free(m);

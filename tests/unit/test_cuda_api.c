@@ -48,7 +48,7 @@ static void test_no_device(void) {
     mp.device = KVL_DEVICE_CPU;
     CHECK(kvl_model_load(kvl__test_path("models/qwen3-a"), &mp, &m) == KVL_OK, "cpu load failed");
     kvl_cuda_model *cm = (kvl_cuda_model *)1;
-    kvl_status cs = kvl_cuda_model_create(m, NULL, &cm);
+    kvl_status cs = kvl_cuda_model_create(kvl_model_weights(m), NULL, &cm);
     CHECK(cs == KVL_ERR_UNSUPPORTED || cs == KVL_ERR_DEVICE, "cuda model create gave %d", cs);
     CHECK(cm == NULL, "out not cleared");
     kvl_model_config cfg;

@@ -1,5 +1,5 @@
-/* tests/unit/test_cuda_parity.c: CUDA backend against the CPU path on the three shipped models
- * (issue 8).  Prints 'SKIPPED: no CUDA device' and passes where no GPU is usable.
+/* tests/unit/test_cuda_parity.c: CUDA backend against the CPU path on the three shipped models.
+ * Prints 'SKIPPED: no CUDA device' and passes where no GPU is usable.
  *
  * Per model and dtype (bf16 weights: tolerance 2e-2 x max|ref|; f32: 1e-4 x max|ref|):
  *   - prefill logits at every position of golden prompt0, and the K/V cache of every layer;
@@ -88,9 +88,9 @@ static void model_parity(const char *name, kvl_cuda_dtype dt) {
     OKS(kvl_safetensors_open(gpath, &st));
     kvl_cuda_params cp = kvl_cuda_default_params();
     cp.dtype = dt;
-    OKS(kvl_cuda_model_create(hm, &cp, &cm));
+    OKS(kvl_cuda_model_create(kvl_model_weights(hm), &cp, &cm));
     cp.use_graph = 0;
-    OKS(kvl_cuda_model_create(hm, &cp, &cm_nograph));
+    OKS(kvl_cuda_model_create(kvl_model_weights(hm), &cp, &cm_nograph));
     int T;
     ids = golden_ids(st, "prompt0.ids", &T);
     CHECK(ids != NULL, "prompt0.ids");
@@ -204,8 +204,8 @@ static void translate_parity(const char *sname, const char *tname, int t0, kvl_c
     for (int i = 0; i < T; i++) ids[i] = (i * 211 + 13) % sc->vocab_size;
     kvl_cuda_params cp = kvl_cuda_default_params();
     cp.dtype = dt;
-    OKS(kvl_cuda_model_create(hs, &cp, &cs));
-    OKS(kvl_cuda_model_create(ht, &cp, &ct));
+    OKS(kvl_cuda_model_create(kvl_model_weights(hs), &cp, &cs));
+    OKS(kvl_cuda_model_create(kvl_model_weights(ht), &cp, &ct));
     OKS(kvl_kv_maps_random(sc, tc, 11, &mp));
     OKS(kvl_cuda_translator_create(&mp, sc, ct, &tr));
     OKS(kvl_cache_create(sc, NULL, &hsc));

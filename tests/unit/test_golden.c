@@ -3,7 +3,7 @@
  * golden.safetensors (models/<m>/, computed by transformers 5.17 in float32) holds, for three
  * prompts: ids, logits at every position (prompt0) or the last one, the per-layer cache (k after
  * k_norm and RoPE, v) as [Hkv, T, D], the pre-norm k/v as [T, Hkv*D], and greedy continuations.
- * Tolerance: max |err| <= 1e-4 * max |reference| (issue 2). */
+ * Tolerance: max |err| <= 1e-4 * max |reference|. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>

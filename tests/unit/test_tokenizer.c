@@ -1,4 +1,4 @@
-/* tests/unit/test_tokenizer.c: tokenizer (issue 3).
+/* tests/unit/test_tokenizer.c: tokenizer.
  *   - golden ids: every case of testdata/tokenizers/golden_ids.json for the shipped models'
  *     tokenizer, Qwen3 and Llama 3, and decode(encode(s)) == s on them;
  *   - component options: tests/tokenizer/features_golden.json (ids from Hugging Face tokenizers for

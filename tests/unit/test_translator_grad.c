@@ -1,4 +1,4 @@
-/* tests/unit/test_translator_grad.c: gradient check of stage-2 training (issue 4, "Must show").
+/* tests/unit/test_translator_grad.c: gradient check of stage-2 training (relative error below 1e-4).
  * On tiny random target models in double precision (with q/k norm like Qwen3, and with biases
  * and no norm like Qwen2), the analytic gradients of the loss with respect to every entry of
  * W_K and W_V (backward through the whole frozen target, attention into the translated cache,

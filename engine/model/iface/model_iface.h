@@ -1,0 +1,19 @@
+/* engine/model/model_iface.h: what engine/model offers the engine's other folders (the
+ * translators) beyond the public API; reached through the INTERFACE target kvl_model_iface. */
+#ifndef KVL_ENGINE_MODEL_IFACE_H
+#define KVL_ENGINE_MODEL_IFACE_H
+
+#include "kvlingo/backend.h"
+#include "kvlingo/cache.h"
+
+/* Translate a source span into `dst` on dst's backend (prepare, apply straight into its storage,
+ * release) and commit its n token ids.  k_src, v_src: [Ls][n][Hs*Ds]; dst must hold t0 tokens,
+ * where the span starts (checked by the caller).  On error dst is unchanged. */
+kvl_status kvl__cache_translate(kvl_cache *dst, const kvl_translate_params *p, const float *k_src,
+                                const float *v_src, int n, const int32_t *ids);
+
+/* The BLAS thread count a model's forward uses (0 = library default); returns the old value.
+ * Training sets 1 while its own threads run forwards in parallel. */
+int kvl__model_set_threads(kvl_model *m, int n_threads);
+
+#endif

@@ -1,0 +1,331 @@
+/* kernels/cpu/backend_cpu.c: the CPU backend behind kvl_backend_ops (kvlingo/backend.h).
+ *
+ * Weights: computed on in place from the host view (float32, OpenBLAS sgemm).
+ * Cache: blocks of block_tokens tokens (kv_blocks.h), allocated as tokens arrive.
+ * Forward: all tokens of a batch go through the projections and the MLP as one GEMM; attention
+ * runs per sequence over that sequence's blocks (decode reads K/V in place; prefill gathers the
+ * context once per layer), so prefill and decode share one code path: the decoder layer of
+ * decoder.h, the same function translator training runs.
+ * Translate-apply: one sgemm per target layer and side, the target's k_norm and RoPE (angles
+ * once per span), written straight into the cache blocks. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "decoder.h"
+#include "error.h"
+#include "kv_blocks.h"
+#include "ops.h"
+
+/* ---- model: the view, the thread count, and the activation scratch ------------------------- */
+
+typedef struct cpu_scratch {
+    float *base;
+    int cap_tokens, cap_ctx;
+    float *x;           /* [T, H]      residual stream                          */
+    float *xn;          /* [T, H]      normed input / projection outputs        */
+    float *q;           /* [T, Hq*D]   queries (pre-norm, then normed + RoPE)   */
+    float *k;           /* [T, Hkv*D]  keys after k_norm + RoPE                 */
+    float *kpre;        /* [T, Hkv*D]  k_proj output                            */
+    float *v;           /* [T, Hkv*D]                                           */
+    float *att;         /* [T, Hq*D]   attention output                         */
+    float *gate, *up;   /* [T, F]                                               */
+    float *kctx, *vctx; /* [ctx, Hkv*D] one sequence's gathered keys / values   */
+    float *scores;      /* attention scratch                                    */
+    float *logit_x;     /* [T, H]      rows that need logits (normed)           */
+    int *pos;           /* [T]         absolute positions                       */
+    float **kblk, **vblk; /* [ctx blocks] block pointers for decode attention   */
+    float *rope_cos, *rope_sin; /* [T, D/2] RoPE angles of the batch's tokens   */
+} cpu_scratch;
+
+typedef struct cpu_model {
+    const kvl_weights_view *w;
+    int n_threads;
+    cpu_scratch s;
+} cpu_model;
+
+static kvl_status cpu_model_create(const kvl_weights_view *w, const kvl_model_params *p, void **out) {
+    cpu_model *m = calloc(1, sizeof *m);
+    if (!m) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+    m->w = w;
+    m->n_threads = p ? p->n_threads : 0;
+    *out = m;
+    return KVL_OK;
+}
+
+static void cpu_model_set_threads(void *pm, int n_threads) { ((cpu_model *)pm)->n_threads = n_threads; }
+
+static void cpu_model_free(void *pm) {
+    cpu_model *m = pm;
+    if (!m) return;
+    free(m->s.base);
+    free(m);
+}
+
+/* Carve the scratch for T tokens of a batch whose longest sequence reaches ctx tokens, from one
+ * allocation by a sizes table; grown geometrically so a growing decode context does not
+ * reallocate every step. */
+static kvl_status scratch_prepare(cpu_model *m, int T, int ctx) {
+    cpu_scratch *s = &m->s;
+    if (s->base && T <= s->cap_tokens && ctx <= s->cap_ctx) return KVL_OK;
+    int nt = T > s->cap_tokens ? T : s->cap_tokens;
+    int nc = ctx > s->cap_ctx ? ctx : s->cap_ctx;
+    if (ctx > s->cap_ctx && nc < 2 * s->cap_ctx) nc = 2 * s->cap_ctx;
+    if (nc < 64) nc = 64;
+    const kvl_model_config *c = &m->w->cfg;
+    size_t H = c->hidden_size, QD = (size_t)c->n_heads * c->head_dim;
+    size_t KD = (size_t)c->n_kv_heads * c->head_dim, F = c->intermediate_size;
+    size_t sizes[] = {
+        nt * H, nt * H, nt * QD, nt * KD, nt * KD, nt * KD, nt * QD, nt * F, nt * F,
+        (size_t)nc * KD, (size_t)nc * KD, kvl__cpu_attention_scratch(nt, nc), nt * H,
+        (size_t)nt /* pos (ints fit in floats' space) */,
+        (size_t)nc * 2 /* kblk: one pointer (<= 2 floats) per block, at most ctx blocks */,
+        (size_t)nc * 2 /* vblk */,
+        nt * (size_t)c->head_dim / 2, nt * (size_t)c->head_dim / 2,   /* RoPE cos/sin tables */
+    };
+    float **dst[] = {&s->x, &s->xn, &s->q, &s->k, &s->kpre, &s->v, &s->att, &s->gate, &s->up,
+                     &s->kctx, &s->vctx, &s->scores, &s->logit_x, (float **)&s->pos,
+                     (float **)&s->kblk, (float **)&s->vblk, &s->rope_cos, &s->rope_sin};
+    size_t n = sizeof sizes / sizeof sizes[0], total = 0;
+    for (size_t i = 0; i < n; i++) total += (sizes[i] + 15) & ~(size_t)15;   /* 64-byte steps */
+    float *base = aligned_alloc(64, total * sizeof(float));
+    if (!base) return kvl__errorf(KVL_ERR_NOMEM, "forward: out of memory for %zu activation floats", total);
+    free(s->base);
+    s->base = base;
+    s->cap_tokens = nt;
+    s->cap_ctx = nc;
+    float *cur = base;
+    for (size_t i = 0; i < n; i++) {
+        *dst[i] = cur;
+        cur += (sizes[i] + 15) & ~(size_t)15;
+    }
+    return KVL_OK;
+}
+
+/* ---- cache ----------------------------------------------------------------------------------- */
+
+static kvl_status cpu_cache_create(const kvl_model_config *cfg, void *model, int capacity,
+                                   int block_tokens, void **out) {
+    (void)model;
+    return kvl__kv_blocks_create(cfg, capacity, block_tokens, (kvl__kv_blocks **)out);
+}
+
+static void cpu_cache_free(void *c) { kvl__kv_blocks_free(c); }
+static size_t cpu_cache_bytes(const void *c) { return kvl__kv_blocks_bytes(c); }
+
+static kvl_status cpu_cache_truncate(void *c, int n_held, int n) {
+    (void)n_held;
+    kvl__kv_blocks_truncate(c, n);
+    return KVL_OK;
+}
+
+static kvl_status cpu_cache_write(void *pc, int t0, int n, const float *k_post, const float *v,
+                                  const float *k_pre) {
+    kvl__kv_blocks *c = pc;
+    kvl_status s = kvl__kv_blocks_reserve(c, t0 + n);
+    if (s != KVL_OK) return s;   /* blocks reserved beyond the held tokens are harmless */
+    for (int l = 0; l < c->cfg.n_layers; l++) {
+        size_t off = (size_t)l * n * c->row;
+        kvl__kv_blocks_scatter(c, l, KVL_PLANE_K, t0, t0 + n, k_post + off);
+        kvl__kv_blocks_scatter(c, l, KVL_PLANE_V, t0, t0 + n, v + off);
+        if (c->planes == 3) kvl__kv_blocks_scatter(c, l, KVL_PLANE_KPRE, t0, t0 + n, k_pre + off);
+    }
+    return KVL_OK;
+}
+
+static kvl_status cpu_cache_read(const void *pc, int layer, kvl_cache_plane plane, int t0, int t1,
+                                 float *out) {
+    const kvl__kv_blocks *c = pc;
+    if ((int)plane >= c->planes)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "cache: plane %d is not stored for this model", plane);
+    kvl__kv_blocks_gather(c, layer, plane, t0, t1, out);
+    return KVL_OK;
+}
+
+static kvl_status cpu_cache_export_prenorm(const void *pc, int layer, int t0, int t1, float *k_out,
+                                           float *v_out) {
+    const kvl__kv_blocks *c = pc;
+    if (v_out) kvl__kv_blocks_gather(c, layer, KVL_PLANE_V, t0, t1, v_out);
+    if (!k_out || t1 == t0) return KVL_OK;
+    if (c->planes == 3) {
+        kvl__kv_blocks_gather(c, layer, KVL_PLANE_KPRE, t0, t1, k_out);
+        return KVL_OK;
+    }
+    /* No k_norm: the cached key is RoPE(k_proj output); rotate back. */
+    kvl__kv_blocks_gather(c, layer, KVL_PLANE_K, t0, t1, k_out);
+    int n = t1 - t0;
+    int *pos = malloc(sizeof(int) * (size_t)n);
+    if (!pos) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) pos[i] = t0 + i;
+    kvl__cpu_rope_forward(k_out, pos, n, c->cfg.n_kv_heads, c->cfg.head_dim, c->cfg.rope_theta, 1);
+    free(pos);
+    return KVL_OK;
+}
+
+/* ---- forward ---------------------------------------------------------------------------------- */
+
+typedef struct attend_ctx {
+    cpu_model *m;
+    const kvl_backend_seq *seqs;
+    int n_seqs;
+} attend_ctx;
+
+/* Write each sequence's new K/V into its blocks, then attend over its whole context. */
+static void attend_blocks(void *pctx, int l, int T, const float *q, const float *k,
+                          const float *kpre, const float *v, float *att) {
+    (void)T;
+    attend_ctx *ac = pctx;
+    cpu_scratch *s = &ac->m->s;
+    const kvl_model_config *c = &ac->m->w->cfg;
+    const int D = c->head_dim, Hq = c->n_heads, Hkv = c->n_kv_heads, QD = Hq * D, KD = Hkv * D;
+    for (int i = 0, t0 = 0; i < ac->n_seqs; t0 += ac->seqs[i].n_tokens, i++) {
+        kvl__kv_blocks *kc = ac->seqs[i].cache;
+        int n = ac->seqs[i].n_tokens, p0 = ac->seqs[i].n_past;
+        kvl__kv_blocks_scatter(kc, l, KVL_PLANE_K, p0, p0 + n, k + (size_t)t0 * KD);
+        kvl__kv_blocks_scatter(kc, l, KVL_PLANE_V, p0, p0 + n, v + (size_t)t0 * KD);
+        if (c->qk_norm) kvl__kv_blocks_scatter(kc, l, KVL_PLANE_KPRE, p0, p0 + n, kpre + (size_t)t0 * KD);
+        if (n == 1) {
+            /* decode: read keys/values in place from the blocks (no gather copy) */
+            int nb = (p0 + 1 + kc->block_tokens - 1) / kc->block_tokens;
+            for (int b = 0; b < nb; b++) {
+                s->kblk[b] = kvl__kv_blocks_slot(kc, l, KVL_PLANE_K, b * kc->block_tokens);
+                s->vblk[b] = kvl__kv_blocks_slot(kc, l, KVL_PLANE_V, b * kc->block_tokens);
+            }
+            kvl__cpu_attention_decode_blocks(att + (size_t)t0 * QD, q + (size_t)t0 * QD,
+                                             (const float *const *)s->kblk,
+                                             (const float *const *)s->vblk, kc->block_tokens,
+                                             p0 + 1, Hq, Hkv, D, s->scores);
+            continue;
+        }
+        kvl__kv_blocks_gather(kc, l, KVL_PLANE_K, 0, p0 + n, s->kctx);
+        kvl__kv_blocks_gather(kc, l, KVL_PLANE_V, 0, p0 + n, s->vctx);
+        kvl__cpu_attention_forward(att + (size_t)t0 * QD, NULL, q + (size_t)t0 * QD, s->kctx,
+                                   s->vctx, n, p0 + n, p0, Hq, Hkv, D, s->scores);
+    }
+}
+
+static kvl_status cpu_forward(void *pm, const kvl_backend_seq *seqs, int n_seqs) {
+    cpu_model *m = pm;
+    const kvl_weights_view *w = m->w;
+    const kvl_model_config *c = &w->cfg;
+    int T = 0, ctx = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        T += seqs[i].n_tokens;
+        if (seqs[i].n_past + seqs[i].n_tokens > ctx) ctx = seqs[i].n_past + seqs[i].n_tokens;
+    }
+    kvl_status st = scratch_prepare(m, T, ctx);
+    if (st != KVL_OK) return st;
+    for (int i = 0; i < n_seqs; i++)
+        if ((st = kvl__kv_blocks_reserve(seqs[i].cache, seqs[i].n_past + seqs[i].n_tokens)) != KVL_OK)
+            return st;
+    if (m->n_threads > 0) kvl__cpu_set_threads(m->n_threads);
+    const int H = c->hidden_size, D = c->head_dim;
+    cpu_scratch *s = &m->s;
+
+    /* embeddings and absolute positions */
+    for (int i = 0, t = 0; i < n_seqs; i++)
+        for (int j = 0; j < seqs[i].n_tokens; j++, t++) {
+            memcpy(s->x + (size_t)t * H, w->embed + (size_t)seqs[i].tokens[j] * H, sizeof(float) * H);
+            s->pos[t] = seqs[i].n_past + j;
+        }
+    /* RoPE angles of every new token, once for all layers */
+    kvl__cpu_rope_table(s->rope_cos, s->rope_sin, s->pos, T, D, c->rope_theta);
+
+    /* in place: the residual stream stays in x; k aliases kpre only without k_norm */
+    kvl__decoder_acts_f32 a = {.x_in = s->x, .x_mid = s->x, .x_out = s->x, .xn = s->xn,
+                               .qpre = s->q, .q = s->q, .kpre = c->qk_norm ? s->kpre : s->k,
+                               .k = s->k, .v = s->v, .att = s->att, .gate = s->gate, .up = s->up,
+                               .h = s->gate};
+    attend_ctx ac = {m, seqs, n_seqs};
+    for (int l = 0; l < c->n_layers; l++)
+        kvl__cpu_decoder_layer_forward_f32(&w->layers[l], c, l, T, s->rope_cos, s->rope_sin, &a,
+                                           attend_blocks, &ac);
+
+    /* final norm + LM head, only for the rows whose logits were asked for */
+    for (int i = 0, t0 = 0; i < n_seqs; t0 += seqs[i].n_tokens, i++) {
+        const kvl_backend_seq *q = &seqs[i];
+        if (q->logits_mode == KVL_LOGITS_NONE) continue;
+        int first = q->logits_mode == KVL_LOGITS_ALL ? t0 : t0 + q->n_tokens - 1;
+        int rows = q->logits_mode == KVL_LOGITS_ALL ? q->n_tokens : 1;
+        kvl__cpu_rmsnorm_forward(s->logit_x, s->x + (size_t)first * H, w->final_norm, rows, H,
+                                 c->rms_norm_eps);
+        kvl__cpu_matmul_forward(q->logits, s->logit_x, w->lm_head, NULL, rows, H, c->vocab_size);
+    }
+    return KVL_OK;
+}
+
+/* ---- translate-apply ---------------------------------------------------------------------------- */
+
+static kvl_status cpu_translate_prepare(void *model, const kvl_translate_params *p, void **out) {
+    (void)model;
+    kvl_translate_params *c = malloc(sizeof *c);
+    if (!c) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+    *c = *p;   /* a view: the maps and k_norm arrays stay the caller's */
+    *out = c;
+    return KVL_OK;
+}
+
+static void cpu_translate_release(void *p) { free(p); }
+
+static kvl_status cpu_translate_apply(void *pp, const float *k_src, const float *v_src, int t0,
+                                      int n, void *pc) {
+    const kvl_translate_params *p = pp;
+    const kvl_kv_maps *mp = p->maps;
+    kvl__kv_blocks *c = pc;
+    if (n == 0) return KVL_OK;
+    const int Lt = mp->dst_layers, Ht = mp->dst_kv_heads, D = mp->dst_head_dim;
+    const int ds = mp->src_kv_heads * mp->src_head_dim, dt = Ht * D;
+    const size_t per = (size_t)n * dt, wsz = (size_t)dt * ds;
+    float *kpre = malloc(sizeof(float) * per), *kpost = malloc(sizeof(float) * per);
+    float *vout = malloc(sizeof(float) * per);
+    int *pos = malloc(sizeof(int) * (size_t)n);
+    float *rcos = malloc(sizeof(float) * (size_t)n * (D / 2));
+    float *rsin = malloc(sizeof(float) * (size_t)n * (D / 2));
+    kvl_status s = KVL_OK;
+    if (!kpre || !kpost || !vout || !pos || !rcos || !rsin)
+        s = kvl__errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
+    if (s == KVL_OK) s = kvl__kv_blocks_reserve(c, t0 + n);
+    if (s == KVL_OK) {
+        for (int i = 0; i < n; i++) pos[i] = t0 + i;
+        /* the target's RoPE angles of the span, once for all layers */
+        kvl__cpu_rope_table(rcos, rsin, pos, n, D, p->rope_theta);
+        for (int l = 0; l < Lt; l++) {
+            const int sl = mp->layer_map[l];
+            const float *xk = k_src + (size_t)sl * n * ds, *xv = v_src + (size_t)sl * n * ds;
+            /* k_pre_t = W_K k_s ; k_t = RoPE(k_norm(k_pre_t)) ; v_t = W_V v_s  (kvlingo/translator.h) */
+            kvl__cpu_matmul_forward(kpre, xk, mp->wk + (size_t)l * wsz, NULL, n, ds, dt);
+            if (p->k_norm)
+                kvl__cpu_rmsnorm_forward(kpost, kpre, p->k_norm + (size_t)l * D, n * Ht, D, p->k_norm_eps);
+            else
+                memcpy(kpost, kpre, sizeof(float) * per);
+            kvl__cpu_rope_apply(kpost, rcos, rsin, n, Ht, D, 0);
+            kvl__cpu_matmul_forward(vout, xv, mp->wv + (size_t)l * wsz, NULL, n, ds, dt);
+            kvl__kv_blocks_scatter(c, l, KVL_PLANE_K, t0, t0 + n, kpost);
+            kvl__kv_blocks_scatter(c, l, KVL_PLANE_V, t0, t0 + n, vout);
+            if (c->planes == 3) kvl__kv_blocks_scatter(c, l, KVL_PLANE_KPRE, t0, t0 + n, kpre);
+        }
+    }
+    free(kpre); free(kpost); free(vout); free(pos); free(rcos); free(rsin);
+    return s;
+}
+
+/* ---- the table ------------------------------------------------------------------------------------ */
+
+static const kvl_backend_ops cpu_ops = {
+    .name = "cpu",
+    .model_create = cpu_model_create,
+    .model_free = cpu_model_free,
+    .model_set_threads = cpu_model_set_threads,
+    .cache_create = cpu_cache_create,
+    .cache_free = cpu_cache_free,
+    .cache_bytes = cpu_cache_bytes,
+    .cache_truncate = cpu_cache_truncate,
+    .cache_write = cpu_cache_write,
+    .cache_read = cpu_cache_read,
+    .cache_export_prenorm = cpu_cache_export_prenorm,
+    .forward = cpu_forward,
+    .translate_prepare = cpu_translate_prepare,
+    .translate_release = cpu_translate_release,
+    .translate_apply = cpu_translate_apply,
+};
+
+const kvl_backend_ops *kvl_backend_cpu(void) { return &cpu_ops; }
