@@ -24,6 +24,7 @@ static kvl_status cache_new(const kvl_model_config *cfg, const kvl_backend_ops *
     if (!c) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
     c->cfg = *cfg;
     c->ops = ops;
+    c->bm = bm;
     c->capacity = p.max_tokens;
     c->ids = malloc(sizeof(int32_t) * (size_t)p.max_tokens);
     if (!c->ids) {
@@ -118,11 +119,24 @@ void kvl__cache_commit(kvl_cache *c, int n, const int32_t *ids) {
     c->n_tokens += n;
 }
 
+void kvl__cache_backend(const kvl_cache *c, const kvl_backend_ops **ops, void **bm) {
+    *ops = c->ops;
+    *bm = c->bm;
+}
+
+kvl_status kvl__cache_translate_prepared(kvl_cache *dst, void *prepared, const float *k_src,
+                                         const float *v_src, int n, const int32_t *ids) {
+    if (n == 0) return KVL_OK;
+    kvl_status s = dst->ops->translate_apply(prepared, k_src, v_src, dst->n_tokens, n, dst->be);
+    if (s == KVL_OK) kvl__cache_commit(dst, n, ids);
+    return s;
+}
+
 kvl_status kvl__cache_translate(kvl_cache *dst, const kvl_translate_params *p, const float *k_src,
                                 const float *v_src, int n, const int32_t *ids) {
     if (n == 0) return KVL_OK;
     void *prep = NULL;
-    kvl_status s = dst->ops->translate_prepare(NULL, p, &prep);
+    kvl_status s = dst->ops->translate_prepare(dst->bm, p, &prep);
     if (s != KVL_OK) return s;
     s = dst->ops->translate_apply(prep, k_src, v_src, dst->n_tokens, n, dst->be);
     dst->ops->translate_release(prep);

@@ -10,6 +10,8 @@ struct kvl_cache {
     kvl_model_config cfg;
     const kvl_backend_ops *ops;   /* the backend holding the K/V storage              */
     void *be;                     /* its cache object                                 */
+    void *bm;                     /* the backend model it serves (NULL: CPU caches made
+                                   * from a geometry alone)                           */
     int capacity;                 /* max tokens                                       */
     int n_tokens;                 /* tokens held: [0, n_tokens)                       */
     int32_t *ids;                 /* [capacity] token ids                             */

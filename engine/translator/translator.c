@@ -26,6 +26,8 @@ int kvl__tr_default_source_layer(int l, int Ls, int Lt) {
 
 void kvl_translator_free(kvl_translator *tr) {
     if (!tr) return;
+    if (tr->prep) tr->prep_ops->translate_release(tr->prep);
+    pthread_mutex_destroy(&tr->prep_lock);
     for (int i = 0; i < tr->n_meta; i++) {
         free(tr->meta_keys[i]);
         free(tr->meta_vals[i]);
@@ -155,6 +157,7 @@ kvl_status kvl_translator_create(const kvl_model *src, const kvl_model *dst,
                           kvl_model_name(dst), b->vocab_size);
     kvl_translator *tr = calloc(1, sizeof *tr);
     if (!tr) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&tr->prep_lock, NULL);
     tr->src_layers = a->n_layers;
     tr->src_kv_heads = a->n_kv_heads;
     tr->src_head_dim = a->head_dim;
@@ -294,6 +297,7 @@ kvl_status kvl_translator_load(const char *path, kvl_translator **out) {
     kvl_status s = kvl_safetensors_open(path, &st);
     if (s != KVL_OK) return s;
     kvl_translator *tr = calloc(1, sizeof *tr);
+    if (tr) pthread_mutex_init(&tr->prep_lock, NULL);
     if (!tr) {
         kvl_safetensors_close(st);
         return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
@@ -416,10 +420,33 @@ kvl_status kvl_translator_apply(const kvl_translator *tr, const float *k_src, co
     if (t0 + n > kvl_cache_capacity(dst))
         return kvl__errorf(KVL_ERR_RANGE, "translator apply: %d tokens exceed the target cache's capacity %d",
                           t0 + n, kvl_cache_capacity(dst));
+    if (n == 0) return KVL_OK;
     kvl_kv_maps maps;
     maps_view(tr, &maps);
-    kvl_translate_params p = {&maps, tr->dst_qk_norm ? tr->k_norm : NULL, tr->k_norm_eps, c->rope_theta};
-    return kvl__cache_translate(dst, &p, k_src, v_src, n, ids);
+    kvl_translate_params p = {&maps, tr->dst_qk_norm ? tr->k_norm : NULL, tr->k_norm_eps,
+                              c->rope_theta};
+    const kvl_backend_ops *ops;
+    void *bm;
+    kvl__cache_backend(dst, &ops, &bm);
+    /* the CPU prepares a view in no time: per call, so concurrent imports run in parallel */
+    if (ops == kvl_backend_cpu()) return kvl__cache_translate(dst, &p, k_src, v_src, n, ids);
+    /* a device uploads the maps: once per target model, reused while it stays the same */
+    kvl_translator *mt = (kvl_translator *)tr;   /* only the prepared-maps cache changes */
+    pthread_mutex_lock(&mt->prep_lock);
+    kvl_status s = KVL_OK;
+    if (!mt->prep || mt->prep_ops != ops || mt->prep_bm != bm) {
+        if (mt->prep) mt->prep_ops->translate_release(mt->prep);
+        mt->prep = NULL;
+        if ((s = ops->translate_prepare(bm, &p, &mt->prep)) == KVL_OK) {
+            mt->prep_ops = ops;
+            mt->prep_bm = bm;
+        } else {
+            mt->prep = NULL;
+        }
+    }
+    if (s == KVL_OK) s = kvl__cache_translate_prepared(dst, mt->prep, k_src, v_src, n, ids);
+    pthread_mutex_unlock(&mt->prep_lock);
+    return s;
 }
 
 /* Source pre-norm K/V of tokens [t0, t1) of every layer, [Ls][n][Hs*Ds] each (malloc'ed). */

@@ -4,6 +4,7 @@
 #ifndef KVL_ENGINE_TRANSLATOR_INTERNAL_H
 #define KVL_ENGINE_TRANSLATOR_INTERNAL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -22,6 +23,13 @@ struct kvl_translator {
     float k_norm_eps;
     int n_meta;
     char **meta_keys, **meta_vals;                /* [n_meta] owned strings              */
+    /* The maps prepared for the last device target model they were applied on (a GPU backend
+     * uploads them once, not per span; the device copies what it needs, so the view used to
+     * prepare may go); guarded by prep_lock, which is held while a device applies them. */
+    pthread_mutex_t prep_lock;
+    const kvl_backend_ops *prep_ops;
+    void *prep_bm;
+    void *prep;
 };
 
 /* Source/target feature widths: Hs*Ds and Ht*Dt. */

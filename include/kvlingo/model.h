@@ -80,12 +80,14 @@ typedef enum kvl_device { KVL_DEVICE_CPU = 0, KVL_DEVICE_CUDA = 1 } kvl_device;
 
 typedef struct kvl_model_params {
     int n_threads;              /* threads for BLAS and attention; 0 = all cores           */
-    kvl_device device;          /* KVL_DEVICE_CPU (default) or KVL_DEVICE_CUDA: with CUDA,
-                                 * kvl_model_load first checks the GPU (KVL_ERR_UNSUPPORTED in
-                                 * a build without CUDA, KVL_ERR_DEVICE without a usable GPU),
-                                 * then loads the host weights as usual; the caller runs it
-                                 * through kvl_cuda_model_create (include/kvlingo/cuda.h).
-                                 * kvl_model_forward itself always computes on the CPU.    */
+    kvl_device device;          /* KVL_DEVICE_CPU (default) or KVL_DEVICE_CUDA: the backend
+                                 * (kvlingo/backend.h) every forward pass, cache and
+                                 * translation of this model runs on.  kvl_model_load checks
+                                 * it first (KVL_ERR_UNSUPPORTED in a build without CUDA,
+                                 * KVL_ERR_DEVICE without a usable GPU), then uploads the
+                                 * weights (bf16 on a GPU).  Caches for it come from
+                                 * kvl_model_cache_create.                                 */
+    int device_index;           /* GPU ordinal with KVL_DEVICE_CUDA (`cuda:N`), default 0   */
 } kvl_model_params;
 
 kvl_model_params kvl_model_default_params(void);

@@ -5,11 +5,14 @@
  *   forward   each sequence as a prefill (cuBLAS + flash-style attention) or a decode step
  *             (replayed from a CUDA graph);
  *   export    pre-norm K/V of a range read back from device memory.
- * Not yet behind the table: writing host K/V into a device cache (span import) and
- * translate-apply from a host span; both answer KVL_ERR_UNSUPPORTED with a message, and
- * kvl_cuda_translate (cuda.h) translates device-resident spans directly. */
+ *   import    host K/V rows written into the device cache, converted to the model dtype;
+ *   translate the translator's maps uploaded once per (translator, target); a host span of
+ *             pre-norm K/V staged on the device and run through the fused kernel
+ *             (k_norm, RoPE at absolute positions) straight into the device cache.
+ * Host staging is used because the span arrives in host memory from the transport. */
 #include <stdlib.h>
 
+#include "cuda_internal.h"
 #include "error.h"
 #include "kvlingo/backend.h"
 #include "kvlingo/cuda.h"
@@ -26,10 +29,10 @@ typedef struct cuda_cache {
 } cuda_cache;
 
 static kvl_status cu_model_create(const kvl_weights_view *w, const kvl_model_params *p, void **out) {
-    (void)p;
     cuda_model *m = calloc(1, sizeof *m);
     if (!m) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
     kvl_cuda_params cp = kvl_cuda_default_params();
+    if (p) cp.device = p->device_index;
     kvl_status s = kvl_cuda_model_create(w, &cp, &m->dev);
     if (s != KVL_OK) { free(m); return s; }
     m->cfg = w->cfg;
@@ -79,9 +82,7 @@ static kvl_status cu_cache_truncate(void *pc, int n_held, int n) {
 
 static kvl_status cu_cache_write(void *pc, int t0, int n, const float *k_post, const float *v,
                                  const float *k_pre) {
-    (void)pc; (void)t0; (void)n; (void)k_post; (void)v; (void)k_pre;
-    return kvl__errorf(KVL_ERR_UNSUPPORTED, "cuda backend: writing host K/V into a device cache "
-                       "is not implemented yet");
+    return kvl__cuda_cache_write_host(((cuda_cache *)pc)->dev, t0, n, k_post, v, k_pre);
 }
 
 static kvl_status cu_cache_read(const void *pc, int layer, kvl_cache_plane plane, int t0, int t1,
@@ -124,17 +125,29 @@ static kvl_status cu_forward(void *pm, const kvl_backend_seq *seqs, int n_seqs) 
 }
 
 static kvl_status cu_translate_prepare(void *pm, const kvl_translate_params *p, void **out) {
-    (void)pm; (void)p; (void)out;
-    return kvl__errorf(KVL_ERR_UNSUPPORTED, "cuda backend: translate-apply from a host span is not "
-                       "implemented yet (kvl_cuda_translate translates device-resident spans)");
+    cuda_model *m = pm;
+    if (!m) return kvl__errorf(KVL_ERR_INVALID_ARG, "cuda translate: needs the target model "
+                               "(a cache made by kvl_model_cache_create)");
+    const kvl_kv_maps *mp = p->maps;
+    /* the source geometry is the maps'; its keys arrive pre-norm, so no source RoPE is read */
+    kvl_model_config src = {0};
+    src.n_layers = mp->src_layers;
+    src.n_kv_heads = mp->src_kv_heads;
+    src.head_dim = mp->src_head_dim;
+    src.rope_theta = 1e4;
+    src.qk_norm = 1;
+    kvl_cuda_translator *tr = NULL;
+    kvl_status s = kvl_cuda_translator_create(mp, &src, m->dev, &tr);
+    if (s != KVL_OK) return s;
+    *out = tr;
+    return KVL_OK;
 }
 
-static void cu_translate_release(void *p) { (void)p; }
+static void cu_translate_release(void *p) { kvl_cuda_translator_free(p); }
 
 static kvl_status cu_translate_apply(void *p, const float *k_src, const float *v_src, int t0, int n,
                                      void *pc) {
-    (void)p; (void)k_src; (void)v_src; (void)t0; (void)n; (void)pc;
-    return kvl__errorf(KVL_ERR_UNSUPPORTED, "cuda backend: translate-apply is not implemented yet");
+    return kvl__cuda_translate_host(p, k_src, v_src, t0, n, ((cuda_cache *)pc)->dev);
 }
 
 static const kvl_backend_ops cuda_ops = {

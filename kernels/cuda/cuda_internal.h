@@ -106,6 +106,18 @@ static inline void *kvl__cu_plane(const struct kvl_cuda_cache *c, int layer, int
     return (char *)c->base + ((size_t)layer * c->planes + plane) * c->capacity * c->kd * esz;
 }
 
+/* Write host rows [t0, t0+n) of every layer into a device cache: k_post, v, k_pre
+ * [L][n][KD] float32 (k_pre only for caches with a Kpre plane), converted to the model dtype;
+ * sets n_tokens = t0 + n (ids -1: the caller keeps the ids).  Errors: KVL_ERR_RANGE
+ * (t0 != n_tokens or past capacity), KVL_ERR_DEVICE.  (cuda_model.c) */
+kvl_status kvl__cuda_cache_write_host(struct kvl_cuda_cache *c, int t0, int n, const float *k_post,
+                                      const float *v, const float *k_pre);
+/* Translate a host span: k_src, v_src [Ls][n][Hs*Ds] float32 pre-norm K/V of positions
+ * [t0, t0+n) are staged on the device (grown once, reused) and run through the fused kernel
+ * into `dst` (which holds t0 tokens).  (cuda_translate.c) */
+kvl_status kvl__cuda_translate_host(kvl_cuda_translator *tr, const float *k_src, const float *v_src,
+                                    int t0, int n, struct kvl_cuda_cache *dst);
+
 /* Copy n host floats into device memory of the model's dtype (as_f32: keep float32);
  * bf16 rounds to nearest even.  (cuda_model.c) */
 kvl_status kvl__cu_upload(struct kvl_cuda_model *m, void *dst, const float *src, size_t n, int as_f32);
@@ -168,6 +180,8 @@ typedef struct kvl__cu_translate_args {
     /* source */
     const void *src_base;     /* source cache [Ls][src_planes][src_cap][Hs*Ds] act       */
     int src_planes, src_cap, Hs, Ds;
+    int src_row0;             /* source row of token position p is p - src_row0 (0 for a
+                               * cache; t0 for a staged span of rows [0, n))              */
     int src_unrope;           /* 1: keys come from plane K with inverse RoPE (no k_norm)  */
     const float *src_inv_freq;/* [Ds/2] f32 device, used when src_unrope                 */
     /* maps */

@@ -351,6 +351,30 @@ void kvl_cuda_cache_free(kvl_cuda_cache *c) {
 int kvl_cuda_cache_n_tokens(const kvl_cuda_cache *c) { return c->n_tokens; }
 int kvl_cuda_cache_capacity(const kvl_cuda_cache *c) { return c->capacity; }
 
+kvl_status kvl__cuda_cache_write_host(kvl_cuda_cache *c, int t0, int n, const float *k_post,
+                                      const float *v, const float *k_pre) {
+    if (!c || n < 0 || (n > 0 && (!k_post || !v || (c->planes == 3 && !k_pre))))
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "cuda cache write: bad arguments (n=%d)", n);
+    if (t0 != c->n_tokens || t0 + n > c->capacity)
+        return kvl__errorf(KVL_ERR_RANGE, "cuda cache write: rows [%d, %d) but the cache holds %d of "
+                           "%d tokens", t0, t0 + n, c->n_tokens, c->capacity);
+    const int L = c->model->cfg.n_layers;
+    const size_t esz = c->model->esz;
+    /* the new rows are not read by anything queued: synchronous uploads need no stream order */
+    for (int l = 0; l < L; l++) {
+        const float *src[3] = {k_post + (size_t)l * n * c->kd, v + (size_t)l * n * c->kd,
+                               k_pre ? k_pre + (size_t)l * n * c->kd : NULL};
+        for (int p = 0; p < c->planes; p++) {
+            char *dst = (char *)kvl__cu_plane(c, l, p) + (size_t)t0 * c->kd * esz;
+            kvl_status s = kvl__cu_upload(c->model, dst, src[p], (size_t)n * c->kd, 0);
+            if (s != KVL_OK) return s;
+        }
+    }
+    for (int i = 0; i < n; i++) c->ids[t0 + i] = -1;
+    c->n_tokens = t0 + n;
+    return KVL_OK;
+}
+
 kvl_status kvl_cuda_cache_truncate(kvl_cuda_cache *c, int n) {
     if (n < 0 || n > c->n_tokens)
         return kvl__errorf(KVL_ERR_RANGE, "cuda cache truncate: %d outside [0, %d]", n, c->n_tokens);

@@ -17,6 +17,8 @@ struct kvl_cuda_translator {
     float *k_norm;         /* [Lt][Dt] f32 device, NULL when the target has no k_norm      */
     float *src_inv_freq;   /* [Ds/2] f32 device                                            */
     int n_src_used;        /* distinct source layers the map reads                         */
+    void *stage;           /* [Ls][3][stage_cap][Hs*Ds] act: a host span staged for the kernel */
+    int stage_cap;         /* tokens `stage` holds                                          */
 };
 
 void kvl_cuda_translator_free(kvl_cuda_translator *tr) {
@@ -25,6 +27,7 @@ void kvl_cuda_translator_free(kvl_cuda_translator *tr) {
     cudaFree(tr->layer_map);
     cudaFree(tr->k_norm);
     cudaFree(tr->src_inv_freq);
+    cudaFree(tr->stage);
     free(tr);
 }
 
@@ -124,7 +127,7 @@ kvl_status kvl_cuda_translate(kvl_cuda_translator *tr, const kvl_cuda_cache *src
     kvl__cu_translate_args a = {
         .dt = m->dt, .n = n, .t0 = t0,
         .src_base = src->base, .src_planes = src->planes, .src_cap = src->capacity,
-        .Hs = tr->Hs, .Ds = tr->Ds, .src_unrope = !sc->qk_norm, .src_inv_freq = tr->src_inv_freq,
+        .src_row0 = 0, .Hs = tr->Hs, .Ds = tr->Ds, .src_unrope = !sc->qk_norm, .src_inv_freq = tr->src_inv_freq,
         .layer_map = tr->layer_map,
         .dst_base = dst->base, .dst_planes = dst->planes, .dst_cap = dst->capacity,
         .Lt = tr->Lt, .Ht = tr->Ht, .Dt = tr->Dt, .k_norm = tr->k_norm,
@@ -147,5 +150,65 @@ kvl_status kvl_cuda_translate(kvl_cuda_translator *tr, const kvl_cuda_cache *src
         size_t wr = (size_t)tr->Lt * n * kt * m->esz * (size_t)dst->planes;
         *bytes_out = rd + wr;
     }
+    return KVL_OK;
+}
+
+kvl_status kvl__cuda_translate_host(kvl_cuda_translator *tr, const float *k_src, const float *v_src,
+                                    int t0, int n, kvl_cuda_cache *dst) {
+    if (!tr || !dst || n < 0 || (n > 0 && (!k_src || !v_src)))
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "cuda translate (host span): bad arguments");
+    if (dst->model != tr->dst)
+        return kvl__errorf(KVL_ERR_MISMATCH, "cuda translate: target cache belongs to another model");
+    if (dst->n_tokens != t0)
+        return kvl__errorf(KVL_ERR_RANGE, "cuda translate: target holds %d tokens, span starts at %d",
+                           dst->n_tokens, t0);
+    if (t0 + n > dst->capacity)
+        return kvl__errorf(KVL_ERR_RANGE, "cuda translate: %d tokens exceed the target capacity %d",
+                           t0 + n, dst->capacity);
+    if (n == 0) return KVL_OK;
+    kvl_cuda_model *m = tr->dst;
+    const size_t ks = (size_t)tr->Hs * tr->Ds;
+    if (n > tr->stage_cap) {
+        /* the staging area is the kernel's source "cache" of 3 planes (K unused, V, Kpre) */
+        int cap = n > 2 * tr->stage_cap ? n : 2 * tr->stage_cap;
+        void *nb = NULL;
+        KVL_CU_TRY(cudaStreamSynchronize(m->stream));   /* no launch still reads the old one */
+        KVL_CU_TRY(cudaMalloc(&nb, (size_t)tr->Ls * 3 * (size_t)cap * ks * m->esz));
+        cudaFree(tr->stage);
+        tr->stage = nb;
+        tr->stage_cap = cap;
+    } else {
+        KVL_CU_TRY(cudaStreamSynchronize(m->stream));   /* the previous span may still be read */
+    }
+    for (int l = 0; l < tr->Ls; l++) {
+        char *layer = (char *)tr->stage + (size_t)l * 3 * tr->stage_cap * ks * m->esz;
+        kvl_status s = kvl__cu_upload(m, layer + (size_t)2 * tr->stage_cap * ks * m->esz,
+                                      k_src + (size_t)l * n * ks, (size_t)n * ks, 0);
+        if (s == KVL_OK)
+            s = kvl__cu_upload(m, layer + (size_t)tr->stage_cap * ks * m->esz,
+                               v_src + (size_t)l * n * ks, (size_t)n * ks, 0);
+        if (s != KVL_OK) return s;
+    }
+    size_t per = (size_t)tr->Lt * tr->Ht * tr->Dt * ks;
+    kvl__cu_translate_args a = {
+        .dt = m->dt, .n = n, .t0 = t0,
+        .src_base = tr->stage, .src_planes = 3, .src_cap = tr->stage_cap, .src_row0 = t0,
+        .Hs = tr->Hs, .Ds = tr->Ds, .src_unrope = 0, .src_inv_freq = tr->src_inv_freq,
+        .layer_map = tr->layer_map,
+        .dst_base = dst->base, .dst_planes = dst->planes, .dst_cap = dst->capacity,
+        .Lt = tr->Lt, .Ht = tr->Ht, .Dt = tr->Dt, .k_norm = tr->k_norm,
+        .eps = m->cfg.rms_norm_eps, .dst_inv_freq = m->inv_freq,
+    };
+    for (int side = 0; side < 2; side++) {
+        a.side = side;
+        a.w = (const char *)tr->w + (side ? per * m->esz : 0);
+        if (kvl__cu_translate(m->stream, &a) != 0)
+            return kvl__errorf(KVL_ERR_UNSUPPORTED, "cuda translate: unsupported shape (%d x %d -> %d x %d) "
+                               "or shared-memory opt-in failed", tr->Hs, tr->Ds, tr->Ht, tr->Dt);
+        KVL_CU_LAUNCHED();
+    }
+    KVL_CU_TRY(cudaStreamSynchronize(m->stream));   /* the import is complete when this returns */
+    for (int i = 0; i < n; i++) dst->ids[t0 + i] = -1;
+    dst->n_tokens = t0 + n;
     return KVL_OK;
 }

@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(TR_THREADS) translate_wmma_kernel(kvl__cu_tran
             uint4 val = make_uint4(0, 0, 0, 0);
             if (t < a.n) {
                 int pos = a.t0 + t, col = kc + c8;
-                const bf16 *row = src + (size_t)pos * KS;
+                const bf16 *row = src + (size_t)(pos - a.src_row0) * KS;
                 val = *(const uint4 *)(row + col);
                 if (unrope) {
                     /* inverse rotate_half RoPE: x1 = y1 c + y2 s, x2 = y2 c - y1 s */
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(TR_THREADS) translate_scalar_kernel(kvl__cu_tr
     const int splane = a.side == 0 ? (a.src_unrope ? 0 : 2) : 1;
     const int esz = (int)sizeof(T);
     const T *row = (const T *)tr_plane(a.src_base, sl, splane, a.src_planes, a.src_cap, KS, esz) +
-                   (size_t)(a.t0 + t) * KS;
+                   (size_t)(a.t0 + t - a.src_row0) * KS;
     const int pos = a.t0 + t, sdh = a.Ds / 2;
     for (int c = threadIdx.x; c < KS; c += blockDim.x) {
         float y = ldf(row, c);

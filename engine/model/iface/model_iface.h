@@ -12,6 +12,15 @@
 kvl_status kvl__cache_translate(kvl_cache *dst, const kvl_translate_params *p, const float *k_src,
                                 const float *v_src, int n, const int32_t *ids);
 
+/* The backend a cache lives on and the backend model it serves (NULL for CPU caches made
+ * from a geometry), to prepare a translation once for that target (ops->translate_prepare). */
+void kvl__cache_backend(const kvl_cache *c, const kvl_backend_ops **ops, void **bm);
+
+/* Apply a translation prepared for dst's backend (kvl__cache_backend) into dst and commit its
+ * n token ids; as kvl__cache_translate otherwise. */
+kvl_status kvl__cache_translate_prepared(kvl_cache *dst, void *prepared, const float *k_src,
+                                         const float *v_src, int n, const int32_t *ids);
+
 /* The BLAS thread count a model's forward uses (0 = library default); returns the old value.
  * Training sets 1 while its own threads run forwards in parallel. */
 int kvl__model_set_threads(kvl_model *m, int n_threads);
