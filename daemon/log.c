@@ -8,12 +8,6 @@
 #include <sys/time.h>
 #include <time.h>
 
-double kvld_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 void kvld_log(const char *level, const char *fmt, ...) {
     struct timeval tv;
     gettimeofday(&tv, NULL);

@@ -11,7 +11,4 @@ void kvld_log(const char *level, const char *fmt, ...) __attribute__((format(pri
 /* Quote `s` for a logfmt value into buf (escapes quotes/backslashes/newlines); returns buf. */
 const char *kvld_log_q(char *buf, size_t cap, const char *s);
 
-/* Seconds on the monotonic clock (timings). */
-double kvld_now(void);
-
 #endif

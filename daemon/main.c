@@ -8,6 +8,7 @@
 
 #include <uv.h>
 
+#include "clock.h"
 #include "error.h"
 #include "log.h"
 #include "node.h"
@@ -24,7 +25,7 @@ typedef struct kvld_main {
 static void begin_drain(kvld_main *m, const char *why) {
     if (m->node->draining) return;
     m->node->draining = 1;
-    m->drain_started = kvld_now();
+    m->drain_started = kvl__now_s();
     kvl__rpc_server_set_health(m->node->rpc, "", 0);
     kvl__rpc_server_set_health(m->node->rpc, "kvlingo.v1.Node", 0);
     kvld_metrics_set(m->node->metrics, KVLD_G_DRAINING, 1);
@@ -45,7 +46,7 @@ static void on_tick(uv_timer_t *t) {
     kvld_metrics_set(n->metrics, KVLD_G_CACHE_BYTES, (double)kvld_sessions_cache_bytes(n->sessions));
     if (!n->draining) return;
     int busy = __atomic_load_n(&n->work_in_flight, __ATOMIC_SEQ_CST) + kvld_sched_active(n->sched);
-    double waited = kvld_now() - m->drain_started;
+    double waited = kvl__now_s() - m->drain_started;
     if (busy == 0 || waited * 1000 > n->cfg.drain_timeout_ms) {
         kvld_log("info", "msg=drained busy=%d waited_s=%.3f", busy, waited);
         uv_stop(m->loop);

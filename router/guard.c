@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "error.h"
 #include "nodecall.h"
 
@@ -46,12 +47,6 @@ struct kvr_guard {
     pthread_t worker;
     unsigned long long counter;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 double kvr_kl_logprobs(const float *p, const float *q, int n) {
     double kl = 0;
@@ -213,7 +208,7 @@ kvl_status kvr_shadow_run(kvr_node *node, const char *sid, const int32_t *tokens
     if (logprobs) *logprobs = NULL;
     if (vocab) *vocab = 0;
     *ttft_s = 0;
-    double t0 = now_s();
+    double t0 = kvl__now_s();
     kvl_status s = kvr_node_open(node, ssid, timeout_ms, NULL);
     if (!s) s = kvr_node_append(node, ssid, tokens, n, timeout_ms, NULL, NULL);
     kvl__rpc_stream *st = NULL;
@@ -232,7 +227,7 @@ kvl_status kvr_shadow_run(kvr_node *node, const char *sid, const int32_t *tokens
         }
         if (!msg->done && !got) {
             got = 1;
-            *ttft_s = now_s() - t0;
+            *ttft_s = kvl__now_s() - t0;
             if (logprobs && msg->n_logprobs) {
                 *logprobs = malloc(msg->n_logprobs * sizeof(float));
                 if (!*logprobs) s = kvl__errorf(KVL_ERR_NOMEM, "shadow logprobs");

@@ -22,12 +22,6 @@ double kvr_wall_now(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-double kvr_mono_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void ledger_observer(void *arg, double seconds) {
     kvr_metrics_observe(arg, "kvlingo_router_ledger_write_seconds", "", seconds);
 }

@@ -61,7 +61,6 @@ void kvr_router_expire(kvr_router *r);
 
 /* Seconds since the Unix epoch. */
 double kvr_wall_now(void);
-double kvr_mono_now(void);
 
 /* ---- one turn (turn.c) --------------------------------------------------------------------- */
 

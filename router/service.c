@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "clock.h"
 #include "error.h"
 #include "nodecall.h"
 
@@ -69,7 +70,7 @@ static void h_create(kvl__rpc_call *call, const uint8_t *req, size_t len, void *
     } else {
         uint8_t rnd[8] = {0};
         if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
-            uint64_t x = (uint64_t)(kvr_mono_now() * 1e9);
+            uint64_t x = (uint64_t)(kvl__now_s() * 1e9);
             memcpy(rnd, &x, sizeof rnd);
         }
         snprintf(id, sizeof id, "s-%02x%02x%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1], rnd[2], rnd[3],

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "error.h"
 #include "nodecall.h"
 
@@ -127,10 +128,10 @@ static int try_translate(turn *t, int ti, int from, int tgt_tokens, int *to_out,
     int64_t timeout = (int64_t)(c->transfer_base_ms + bytes / c->transfer_bytes_per_s * 1000.0);
     kvr_export_result ex;
     for (int attempt = 0; attempt <= c->transfer_retries; attempt++) {
-        double t0 = kvr_mono_now();
+        double t0 = kvl__now_s();
         kvl_status st = kvr_node_export(src, dst, t->req->sid, (unsigned)from, (unsigned)to, 0,
                                         timeout, &ex, &code);
-        *xfer_s += kvr_mono_now() - t0;
+        *xfer_s += kvl__now_s() - t0;
         if (!st) {
             /* the imported range must be exactly what the ledger expects: an off-by-one span is
              * not decoded, it is thrown away and re-prefilled */
@@ -293,7 +294,7 @@ static kvl_status decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void *a
             protobuf_c_message_free_unpacked(&m->base, NULL);
             continue;
         }
-        double now = kvr_mono_now();
+        double now = kvl__now_s();
         if (o->n_generated == 0) { t_first = now; o->ttft_s = now - t_start; }
         t_last = now;
         if (m->n_logprobs) {
@@ -331,7 +332,7 @@ static kvl_status decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void *a
 
 kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit, void *arg,
                         kvr_turn_out *out) {
-    double t_start = kvr_mono_now();
+    double t_start = kvl__now_s();
     memset(out, 0, sizeof *out);
     turn t = {.r = r, .req = req, .out = out, .cur = -1, .node_ms = (int64_t)r->cfg->node_timeout_ms};
     kvl_status s = kvr_ledger_session_load(r->ledger, req->sid, 1, &t.s);
