@@ -30,7 +30,6 @@ int main(void) {
 
 #include "clock.h"
 #include "kvlingo/status.h"
-#include "log.h"
 #include "metrics.h"
 #include "scheduler.h"
 #include "session.h"

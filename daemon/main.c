@@ -29,7 +29,7 @@ static void begin_drain(kvld_main *m, const char *why) {
     kvl__rpc_server_set_health(m->node->rpc, "", 0);
     kvl__rpc_server_set_health(m->node->rpc, "kvlingo.v1.Node", 0);
     kvld_metrics_set(m->node->metrics, KVLD_G_DRAINING, 1);
-    kvld_log("info", "msg=draining signal=%s work_in_flight=%d", why,
+    kvl__svc_log("info", "msg=draining signal=%s work_in_flight=%d", why,
              __atomic_load_n(&m->node->work_in_flight, __ATOMIC_SEQ_CST));
 }
 
@@ -48,12 +48,13 @@ static void on_tick(uv_timer_t *t) {
     int busy = __atomic_load_n(&n->work_in_flight, __ATOMIC_SEQ_CST) + kvld_sched_active(n->sched);
     double waited = kvl__now_s() - m->drain_started;
     if (busy == 0 || waited * 1000 > n->cfg.drain_timeout_ms) {
-        kvld_log("info", "msg=drained busy=%d waited_s=%.3f", busy, waited);
+        kvl__svc_log("info", "msg=drained busy=%d waited_s=%.3f", busy, waited);
         uv_stop(m->loop);
     }
 }
 
 int main(int argc, char **argv) {
+    kvl__svc_log_init("kvld");
     kvld_config cfg;
     kvld_config_defaults(&cfg);
     int help = 0;
@@ -70,12 +71,12 @@ int main(int argc, char **argv) {
     kvld_main m = {0};
     kvl_status st = kvld_node_create(&cfg, &m.node);
     if (st != KVL_OK) {
-        kvld_log("error", "msg=startup_failed err=\"%s\"", kvl_last_error());
+        kvl__svc_log("error", "msg=startup_failed err=\"%s\"", kvl_last_error());
         return 1;
     }
     st = kvld_node_serve(m.node);
     if (st != KVL_OK) {
-        kvld_log("error", "msg=startup_failed err=\"%s\"", kvl_last_error());
+        kvl__svc_log("error", "msg=startup_failed err=\"%s\"", kvl_last_error());
         kvld_node_free(m.node);
         return 1;
     }
@@ -88,13 +89,13 @@ int main(int argc, char **argv) {
     if (!rc) rc = uv_signal_start(&m.sigint, on_signal, SIGINT);
     if (!rc) rc = uv_timer_start(&m.tick, on_tick, 200, 200);
     if (rc) {
-        kvld_log("error", "msg=libuv_failed err=\"%s\"", uv_strerror(rc));
+        kvl__svc_log("error", "msg=libuv_failed err=\"%s\"", uv_strerror(rc));
         kvld_node_free(m.node);
         return 1;
     }
     const kvl_model_config *mc = kvl_model_config_get(m.node->model);
     /* the port line is what scripts wait for (it says which port "HOST:0" got) */
-    kvld_log("info", "msg=serving model=%s hash=%s arch=%s listen=%s port=%d metrics=%s "
+    kvl__svc_log("info", "msg=serving model=%s hash=%s arch=%s listen=%s port=%d metrics=%s "
              "transport=%s translators=%d max_sessions=%d max_context=%d",
              kvl_model_name(m.node->model), kvl_model_hash(m.node->model), mc->architecture,
              cfg.listen, kvl__rpc_server_port(m.node->rpc), cfg.metrics[0] ? cfg.metrics : "-",
@@ -114,6 +115,6 @@ int main(int argc, char **argv) {
     uv_loop_close(m.loop);
     kvl__rpc_server_shutdown(m.node->rpc, 2000);
     kvld_node_free(m.node);
-    kvld_log("info", "msg=exit code=0");
+    kvl__svc_log("info", "msg=exit code=0");
     return 0;
 }

@@ -25,7 +25,7 @@ kvl_status kvld_node_create(const kvld_config *cfg, kvld_node **out) {
         goto fail;
     }
     if (kvl_tokenizer_load_dir(cfg->model, &n->tok) != KVL_OK) {
-        kvld_log("warn", "msg=no_tokenizer model=\"%s\" err=\"%s\" note=\"text requests refused\"",
+        kvl__svc_log("warn", "msg=no_tokenizer model=\"%s\" err=\"%s\" note=\"text requests refused\"",
                  cfg->model, kvl_last_error());
         n->tok = NULL;
     }
@@ -207,12 +207,12 @@ void kvld_req_end(kvld_req *r, grpc_status_code code, const char *msg, const cha
     }
     if (r->node->cfg.quiet) return;
     char q[600];
-    kvld_log(code == GRPC_STATUS_OK ? "info" : "warn",
+    kvl__svc_log(code == GRPC_STATUS_OK ? "info" : "warn",
              "msg=request method=%s session=%s code=%s ms=%.3f peer=%s%s%s%s", r->method,
              r->session[0] ? r->session : "-", kvl__rpc_status_name(code),
              (kvl__now_s() - r->t0) * 1e3, kvl__rpc_call_peer(r->call),
              code != GRPC_STATUS_OK ? " err=" : "",
-             code != GRPC_STATUS_OK ? kvld_log_q(q, sizeof q, msg ? msg : "") : "",
+             code != GRPC_STATUS_OK ? kvl__svc_log_q(q, sizeof q, msg ? msg : "") : "",
              extra ? extra : "");
 }
 

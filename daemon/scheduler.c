@@ -215,7 +215,7 @@ static void *sched_main(void *arg) {
         kvld_metrics_observe(s->metrics, KVLD_H_FORWARD_SECONDS, dt);
         kvld_metrics_observe(s->metrics, KVLD_H_DECODE_BATCH, n);
         if (st != KVL_OK) {
-            kvld_log("error", "msg=forward_failed seqs=%d err=\"%s\"", n, kvl_last_error());
+            kvl__svc_log("error", "msg=forward_failed seqs=%d err=\"%s\"", n, kvl_last_error());
             for (int i = 0; i < n; i++)
                 if (!s->seq_jobs[i]->finished) job_finish(s->seq_jobs[i], st, "error", err);
             continue;

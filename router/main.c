@@ -30,12 +30,12 @@ static void on_hup(uv_signal_t *h, int sig) {
     app *a = h->data;
     (void)sig;
     if (kvr_router_reload(a->r))
-        kvr_logf("warn", "reload failed, keeping the old policy: %s\n", kvl_last_error());
+        kvl__svc_log_text("warn", "reload failed, keeping the old policy: %s", kvl_last_error());
 }
 
 static void on_term(uv_signal_t *h, int sig) {
     app *a = h->data;
-    kvr_logf("info", "signal %d: stopping\n", sig);
+    kvl__svc_log_text("info", "signal %d: stopping", sig);
     uv_stop(&a->loop);
 }
 
@@ -57,6 +57,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    kvl__svc_log_init("router");
     const char *config = NULL;
     int check = 0;
     for (int i = 1; i < argc; i++) {
@@ -122,6 +123,6 @@ int main(int argc, char **argv) {
     signal(SIGINT, SIG_IGN);
     uv_loop_close(&a.loop);
     kvr_router_free(a.r);
-    kvr_logf("info", "stopped\n");
+    kvl__svc_log_text("info", "stopped");
     return exit_code;
 }

@@ -80,7 +80,7 @@ static kvl_status reconcile(turn *t, int i, int *h, int *cached, int *absent, gr
     }
     if (ns.found) {
         if (expect > 0 || ns.tokens > 0)
-            kvr_logf("warn", "session %s: node %s holds %u tokens (%s), ledger says %d: reset\n",
+            kvl__svc_log_text("warn", "session %s: node %s holds %u tokens (%s), ledger says %d: reset",
                     t->req->sid, n->name, ns.tokens, ns.idle ? "idle" : "busy", expect);
         if ((st = kvr_node_drop(n, t->req->sid, t->node_ms, code))) return st;
     }
@@ -148,7 +148,7 @@ static int try_translate(turn *t, int ti, int from, int tgt_tokens, int *to_out,
         code_label(code, label, sizeof label);
         char msg[200];
         snprintf(msg, sizeof msg, "%s", kvl_last_error());
-        kvr_logf("warn", "session %s: export %s->%s [%d,%d) attempt %d failed: %s\n",
+        kvl__svc_log_text("warn", "session %s: export %s->%s [%d,%d) attempt %d failed: %s",
                 t->req->sid, src->name, dst->name, from, to, attempt + 1, msg);
         if (!transient(code)) {
             char lab[64];
@@ -167,7 +167,7 @@ static int try_translate(turn *t, int ti, int from, int tgt_tokens, int *to_out,
          * target checked the checksum itself; when it holds exactly [0, to), keep it */
         if (di.found && di.idle && (int)di.tokens == to && (int)di.cached == to &&
             (int)di.imported >= to - from) {
-            kvr_logf("info", "session %s: %s imported [%d,%d) before the export failed: kept\n",
+            kvl__svc_log_text("info", "session %s: %s imported [%d,%d) before the export failed: kept",
                     t->req->sid, dst->name, from, to);
             t->fb_code[0] = 0;
             t->out->fallback[0] = 0;
@@ -426,7 +426,7 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
             kvr_node_session ns;
             int after = t.N + req->n_user + (int)out->n_generated;
             if (kvr_node_session_info(T, req->sid, t.node_ms, &ns, NULL) || !ns.found || (int)ns.tokens != after) {
-                kvr_logf("warn", "session %s: node %s holds %u tokens after the turn, expected %d\n",
+                kvl__svc_log_text("warn", "session %s: node %s holds %u tokens after the turn, expected %d",
                         req->sid, T->name, ns.tokens, after);
                 after = 0;
             }
@@ -476,7 +476,7 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
                             kvr_guard_record(r->guard, out->from_model, out->model, out->shadow_kl);
                         }
                     } else {
-                        kvr_logf("warn", "compare_reprefill failed: %s\n", kvl_last_error());
+                        kvl__svc_log_text("warn", "compare_reprefill failed: %s", kvl_last_error());
                     }
                 }
                 free(ctx);
@@ -496,7 +496,7 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
         if (started || code == GRPC_STATUS_CANCELLED || !transient(code)) break;
         /* the target failed before any token: mark it down and let the policy choose again */
         kvr_registry_mark(r->reg, ti, 0, kvl_last_error());
-        kvr_logf("warn", "session %s: node %s failed before the first token (%s); choosing again\n",
+        kvl__svc_log_text("warn", "session %s: node %s failed before the first token (%s); choosing again",
                 req->sid, T->name, kvl_last_error());
         free(first_lp);
         first_lp = NULL;
