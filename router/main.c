@@ -70,7 +70,12 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     kvr_config *cfg = NULL;
     kvl_status s = kvr_config_load(config, &cfg);
-    if (s) { fprintf(stderr, "kvlingo-router: %s\n", kvl_last_error()); return 1; }
+    if (!s) s = kvr_policy_check(cfg);
+    if (s) {
+        fprintf(stderr, "kvlingo-router: %s\n", kvl_last_error());
+        kvr_config_free(cfg);
+        return 1;
+    }
     if (check) { printf("%s: ok (policy %s, %d nodes)\n", config, cfg->policy_name, cfg->n_nodes); kvr_config_free(cfg); return 0; }
 
     app a;

@@ -96,7 +96,7 @@ kvl_status kvr_router_reload(kvr_router *r) {
     pthread_rwlock_wrlock(&r->policy_lock);
     kvr_policy *old = r->policy;
     r->policy = np;
-    kvr_kvlist tmp = r->cfg->policy;
+    kvl__svc_kvlist tmp = r->cfg->policy;
     r->cfg->policy = nc->policy;
     nc->policy = tmp;
     char *tn = r->cfg->policy_name;
