@@ -30,9 +30,7 @@ int main(void) {
 
 #include "clock.h"
 #include "kvlingo/status.h"
-#include "metrics.h"
-#include "scheduler.h"
-#include "session.h"
+#include "kvld.h"
 #include "transport.h"
 
 static int parse_list(const char *s, int *out, int cap) {
