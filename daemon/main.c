@@ -36,7 +36,8 @@ static int drain_check(void *arg, double waited_s, int timed_out) {
 static void on_tick(void *arg) {
     kvld_node *n = arg;
     kvld_metrics_set(n->metrics, KVLD_G_SESSIONS, kvld_sessions_count(n->sessions));
-    kvld_metrics_set(n->metrics, KVLD_G_CACHE_BYTES, (double)kvld_sessions_cache_bytes(n->sessions));
+    kvld_metrics_set(n->metrics, KVLD_G_CACHE_BYTES,
+                     (double)kvld_sessions_cache_bytes(n->sessions));
 }
 
 static void on_start(void *arg) {

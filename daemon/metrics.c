@@ -77,7 +77,8 @@ kvl_status kvld_metrics_create(kvld_metrics **out) {
                                                     KVL_SVC_GAUGE, NULL, 0};
     for (int i = 0; i < KVLD_H_N; i++)
         m->defs[F_HIST(i)] = (kvl__svc_metric_def){hist_defs[i].name, hist_defs[i].help,
-                                                   KVL_SVC_HISTOGRAM, hist_defs[i].le, hist_defs[i].n};
+                                                   KVL_SVC_HISTOGRAM, hist_defs[i].le,
+                                                   hist_defs[i].n};
     kvl_status st = kvl__svc_prom_create(m->defs, N_FAMILIES, MAX_SERIES, &m->prom);
     if (st != KVL_OK) {
         free(m);

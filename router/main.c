@@ -4,7 +4,8 @@
  *
  * The service loop (service/loop.h, libuv) runs the process: SIGHUP reloads the policy and
  * guardrail settings (sessions are kept), SIGTERM/SIGINT stop (running turns get a grace
- * period), timers re-probe nodes and expire idle sessions.  gRPC and the metrics endpoint run on their own threads. */
+ * period), timers re-probe nodes and expire idle sessions.  gRPC and the metrics endpoint run
+ * on their own threads. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>

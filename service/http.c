@@ -25,7 +25,8 @@ static enum MHD_Result reply(struct MHD_Connection *conn, unsigned code, const c
         free(b->data);
         return MHD_NO;
     }
-    struct MHD_Response *r = MHD_create_response_from_buffer(b->len, b->data, MHD_RESPMEM_MUST_FREE);
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(b->len, b->data, MHD_RESPMEM_MUST_FREE);
     if (!r) {
         free(b->data);
         return MHD_NO;

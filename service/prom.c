@@ -34,7 +34,8 @@ void kvl__svc_text_printf(kvl__svc_text *b, const char *fmt, ...) {
     for (;;) {
         va_list ap;
         va_start(ap, fmt);
-        int w = vsnprintf(b->data ? b->data + b->len : NULL, b->data ? b->cap - b->len : 0, fmt, ap);
+        int w = vsnprintf(b->data ? b->data + b->len : NULL, b->data ? b->cap - b->len : 0, fmt,
+                          ap);
         va_end(ap);
         if (w < 0) { b->oom = 1; return; }
         if (b->data && (size_t)w < b->cap - b->len) { b->len += (size_t)w; return; }
@@ -49,7 +50,8 @@ void kvl__svc_text_printf(kvl__svc_text *b, const char *fmt, ...) {
 kvl_status kvl__svc_prom_create(const kvl__svc_metric_def *defs, int n_defs, int max_series,
                                 kvl__svc_prom **out) {
     *out = NULL;
-    if (max_series < 1) return kvl__errorf(KVL_ERR_INVALID_ARG, "metrics: max_series %d", max_series);
+    if (max_series < 1)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "metrics: max_series %d", max_series);
     for (int i = 0; i < n_defs; i++)
         if (defs[i].n_bounds < 0 || defs[i].n_bounds > KVL_SVC_MAX_BUCKETS)
             return kvl__errorf(KVL_ERR_INVALID_ARG, "metrics: %s: %d buckets (at most %d)",
@@ -96,7 +98,9 @@ static series *get_locked(kvl__svc_prom *p, int family, const char *labels) {
     return s;
 }
 
-static int valid(const kvl__svc_prom *p, int family) { return p && family >= 0 && family < p->n_defs; }
+static int valid(const kvl__svc_prom *p, int family) {
+    return p && family >= 0 && family < p->n_defs;
+}
 
 void kvl__svc_prom_add(kvl__svc_prom *p, int family, const char *labels, double delta) {
     if (!valid(p, family)) return;

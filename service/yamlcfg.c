@@ -113,7 +113,8 @@ kvl_status kvl__svc_yaml_flat(kvl__svc_yaml *y, yaml_node_t *v, const char *key,
     return *out ? KVL_OK : kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
 }
 
-kvl_status kvl__svc_yaml_map_to_list(kvl__svc_yaml *y, yaml_node_t *m, const char *section, kvl__svc_kvlist *out) {
+kvl_status kvl__svc_yaml_map_to_list(kvl__svc_yaml *y, yaml_node_t *m, const char *section,
+                                     kvl__svc_kvlist *out) {
     memset(out, 0, sizeof *out);
     out->file = strdup(y->file);
     out->section = strdup(section);
@@ -170,8 +171,8 @@ int kvl__svc_kv_line(const kvl__svc_kvlist *l, const char *key) {
     return l->line;
 }
 
-kvl_status kvl__svc_kv_double(kvl__svc_kvlist *l, const char *key, double dflt, double lo, double hi,
-                         double *out) {
+kvl_status kvl__svc_kv_double(kvl__svc_kvlist *l, const char *key, double dflt, double lo,
+                              double hi, double *out) {
     char q[160];
     kvl__svc_kv *kv = kv_find(l, key);
     *out = dflt;
@@ -189,7 +190,8 @@ kvl_status kvl__svc_kv_double(kvl__svc_kvlist *l, const char *key, double dflt, 
     return KVL_OK;
 }
 
-kvl_status kvl__svc_kv_int(kvl__svc_kvlist *l, const char *key, long dflt, long lo, long hi, long *out) {
+kvl_status kvl__svc_kv_int(kvl__svc_kvlist *l, const char *key, long dflt, long lo, long hi,
+                           long *out) {
     char q[160];
     kvl__svc_kv *kv = kv_find(l, key);
     *out = dflt;
