@@ -28,11 +28,9 @@ int main(void) {
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "kvlingo/status.h"
-#include "log.h"
-#include "metrics.h"
-#include "scheduler.h"
-#include "session.h"
+#include "kvld.h"
 #include "transport.h"
 
 static int parse_list(const char *s, int *out, int cap) {
@@ -126,10 +124,10 @@ static int bench_transfer(int argc, char **argv) {
         size_t b = (size_t)sizes[i] << 20;
         int iters = iters_for(b, seconds);
         if (kvl__transport_send(t, addr, l, ++tag, buf, b, 60000, NULL) != KVL_OK) rc = 1;   /* warm-up */
-        double t0 = kvld_now();
+        double t0 = kvl__now_s();
         for (int k = 0; k < iters && !rc; k++)
             if (kvl__transport_send(t, addr, l, ++tag, buf, b, 60000, NULL) != KVL_OK) rc = 1;
-        double dt = kvld_now() - t0;
+        double dt = kvl__now_s() - t0;
         if (rc) fprintf(stderr, "send: %s\n", kvl_last_error());
         else printf("transfer size_mb=%d iters=%d gbps=%.3f\n", sizes[i], iters,
                     (double)b * iters / dt / 1e9);
@@ -211,7 +209,7 @@ static int bench_decode(int argc, char **argv) {
         kvld_gen_params gp = {.max_tokens = tokens, .stop_at_eos = 0,
                               .sampler = kvl_sampler_default_params()};
         gp.sampler.temperature = 0;
-        double t0 = kvld_now();
+        double t0 = kvl__now_s();
         for (int i = 0; i < ns; i++) {
             if (kvld_sched_generate(sch, ss[i], &gp, &rd[i].job) != KVL_OK) return 1;
             pthread_create(&th[i], NULL, read_tokens, &rd[i]);
@@ -221,7 +219,7 @@ static int bench_decode(int argc, char **argv) {
             pthread_join(th[i], NULL);
             total += rd[i].got;
         }
-        double dt = kvld_now() - t0;
+        double dt = kvl__now_s() - t0;
         size_t len;
         char *text = kvld_metrics_render(met, &len);
         double bsum = 0, bcnt = 0;

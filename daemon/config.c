@@ -1,5 +1,5 @@
-/* daemon/config.c: kvld flags and YAML config (libyaml).  Keys and flags share names:
- * --max-sessions N  <=>  max_sessions: N. */
+/* daemon/config.c: kvld flags and YAML config (read through service/yamlcfg.h).  Keys and
+ * flags share names: --max-sessions N  <=>  max_sessions: N. */
 #include "config.h"
 
 #include <errno.h>
@@ -7,9 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <yaml.h>
-
 #include "error.h"
+#include "yamlcfg.h"
 
 void kvld_config_defaults(kvld_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
@@ -75,57 +74,40 @@ static kvl_status set_key(kvld_config *cfg, const char *key_in, const char *v) {
     return kvl__errorf(KVL_ERR_INVALID_ARG, "config: unknown key '%s'", key_in);
 }
 
+typedef struct yaml_walk {
+    kvld_config *cfg;
+    const char *path;
+} yaml_walk;
+
+static kvl_status on_pair(void *arg, const char *key, yaml_node_t *v, int line) {
+    yaml_walk *w = arg;
+    if (v->type == YAML_MAPPING_NODE)
+        return kvl__errorf(KVL_ERR_FORMAT, "config: %s:%d: nested mappings are not supported",
+                          w->path, kvl__svc_yaml_line(v));
+    if (v->type == YAML_SEQUENCE_NODE)
+        return kvl__errorf(KVL_ERR_FORMAT, "config: %s:%d: lists are not supported", w->path,
+                          kvl__svc_yaml_line(v));
+    if (!key)
+        return kvl__errorf(KVL_ERR_FORMAT, "config: %s: expected a mapping of key: value", w->path);
+    kvl_status st = set_key(w->cfg, key, kvl__svc_yaml_scalar(v));
+    if (st != KVL_OK) kvl__error_prefix(st, w->path);
+    return st;
+}
+
 kvl_status kvld_config_load_yaml(kvld_config *cfg, const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return kvl__errorf(KVL_ERR_IO, "config: cannot open '%s': %s", path, strerror(errno));
-    yaml_parser_t p;
-    if (!yaml_parser_initialize(&p)) {
-        fclose(f);
-        return kvl__errorf(KVL_ERR_NOMEM, "config: yaml parser");
-    }
-    yaml_parser_set_input_file(&p, f);
-    kvl_status st = KVL_OK;
-    char key[128] = "";
-    int have_key = 0, depth = 0, done = 0;
-    while (!done && st == KVL_OK) {
-        yaml_event_t ev;
-        if (!yaml_parser_parse(&p, &ev)) {
-            st = kvl__errorf(KVL_ERR_FORMAT, "config: %s:%zu: %s", path,
-                            (size_t)p.problem_mark.line + 1, p.problem ? p.problem : "YAML error");
-            break;
-        }
-        switch (ev.type) {
-        case YAML_MAPPING_START_EVENT:
-            if (++depth > 1)
-                st = kvl__errorf(KVL_ERR_FORMAT, "config: %s:%zu: nested mappings are not supported",
-                                path, (size_t)ev.start_mark.line + 1);
-            break;
-        case YAML_SEQUENCE_START_EVENT:
-            st = kvl__errorf(KVL_ERR_FORMAT, "config: %s:%zu: lists are not supported", path,
-                            (size_t)ev.start_mark.line + 1);
-            break;
-        case YAML_MAPPING_END_EVENT: depth--; break;
-        case YAML_SCALAR_EVENT: {
-            const char *val = (const char *)ev.data.scalar.value;
-            if (depth != 1) {
-                st = kvl__errorf(KVL_ERR_FORMAT, "config: %s: expected a mapping of key: value", path);
-            } else if (!have_key) {
-                snprintf(key, sizeof key, "%s", val);
-                have_key = 1;
-            } else {
-                st = set_key(cfg, key, val);
-                if (st != KVL_OK) kvl__error_prefix(st, path);
-                have_key = 0;
-            }
-            break;
-        }
-        case YAML_STREAM_END_EVENT: done = 1; break;
-        default: break;
-        }
-        yaml_event_delete(&ev);
-    }
-    yaml_parser_delete(&p);
-    fclose(f);
+    kvl__svc_yaml y;
+    kvl_status st = kvl__svc_yaml_read(path, &y);
+    if (st != KVL_OK) return kvl__error_prefix(st, "config");
+    yaml_node_t *root = kvl__svc_yaml_root(&y);
+    yaml_walk w = {cfg, path};
+    if (root && root->type == YAML_SEQUENCE_NODE)
+        st = kvl__errorf(KVL_ERR_FORMAT, "config: %s:%d: lists are not supported", path,
+                        kvl__svc_yaml_line(root));
+    else if (root && root->type != YAML_MAPPING_NODE)
+        st = kvl__errorf(KVL_ERR_FORMAT, "config: %s: expected a mapping of key: value", path);
+    else
+        st = kvl__svc_yaml_each(&y, root, on_pair, &w);   /* an empty file sets nothing */
+    kvl__svc_yaml_free(&y);
     return st;
 }
 

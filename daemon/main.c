@@ -1,58 +1,59 @@
-/* daemon/main.c: kvld entry point.  The main thread runs a libuv loop that owns signals and
- * timers; gRPC handlers, the scheduler, the transport and the metrics endpoint run on their own
- * threads.  SIGTERM/SIGINT drain: new work is refused (UNAVAILABLE), health turns NOT_SERVING,
- * running streams finish, then the process exits 0 (or after --drain-timeout-ms). */
+/* daemon/main.c: kvld entry point.  The main thread runs the service loop (service/loop.h) that
+ * owns signals and timers; gRPC handlers, the scheduler, the transport and the metrics endpoint
+ * run on their own threads.  SIGTERM/SIGINT drain: new work is refused (UNAVAILABLE), health
+ * turns NOT_SERVING, running streams finish, then the process exits 0 (or after
+ * --drain-timeout-ms). */
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
-#include <uv.h>
-
 #include "error.h"
 #include "log.h"
+#include "loop.h"
 #include "node.h"
 
-typedef struct kvld_main {
-    kvld_node *node;
-    uv_loop_t *loop;
-    uv_signal_t sigterm, sigint;
-    uv_timer_t tick;
-    double drain_started;
-    int exit_code;
-} kvld_main;
-
-static void begin_drain(kvld_main *m, const char *why) {
-    if (m->node->draining) return;
-    m->node->draining = 1;
-    m->drain_started = kvld_now();
-    kvl__rpc_server_set_health(m->node->rpc, "", 0);
-    kvl__rpc_server_set_health(m->node->rpc, "kvlingo.v1.Node", 0);
-    kvld_metrics_set(m->node->metrics, KVLD_G_DRAINING, 1);
-    kvld_log("info", "msg=draining signal=%s work_in_flight=%d", why,
-             __atomic_load_n(&m->node->work_in_flight, __ATOMIC_SEQ_CST));
+static void begin_drain(void *arg, int signum) {
+    kvld_node *n = arg;
+    n->draining = 1;
+    kvl__rpc_server_set_health(n->rpc, "", 0);
+    kvl__rpc_server_set_health(n->rpc, "kvlingo.v1.Node", 0);
+    kvld_metrics_set(n->metrics, KVLD_G_DRAINING, 1);
+    kvl__svc_log("info", "msg=draining signal=%s work_in_flight=%d",
+                 signum == SIGTERM ? "SIGTERM" : "SIGINT",
+                 __atomic_load_n(&n->work_in_flight, __ATOMIC_SEQ_CST));
 }
 
-static void on_signal(uv_signal_t *h, int signum) {
-    kvld_main *m = h->data;
-    begin_drain(m, signum == SIGTERM ? "SIGTERM" : "SIGINT");
-}
-
-/* Every 200 ms: refresh gauges; while draining, stop the loop once no work is left. */
-static void on_tick(uv_timer_t *t) {
-    kvld_main *m = t->data;
-    kvld_node *n = m->node;
-    kvld_metrics_set(n->metrics, KVLD_G_SESSIONS, kvld_sessions_count(n->sessions));
-    kvld_metrics_set(n->metrics, KVLD_G_CACHE_BYTES, (double)kvld_sessions_cache_bytes(n->sessions));
-    if (!n->draining) return;
+/* While draining: done once no work is left (or the loop's timeout has passed). */
+static int drain_check(void *arg, double waited_s, int timed_out) {
+    kvld_node *n = arg;
     int busy = __atomic_load_n(&n->work_in_flight, __ATOMIC_SEQ_CST) + kvld_sched_active(n->sched);
-    double waited = kvld_now() - m->drain_started;
-    if (busy == 0 || waited * 1000 > n->cfg.drain_timeout_ms) {
-        kvld_log("info", "msg=drained busy=%d waited_s=%.3f", busy, waited);
-        uv_stop(m->loop);
-    }
+    if (busy && !timed_out) return 0;
+    kvl__svc_log("info", "msg=drained busy=%d waited_s=%.3f", busy, waited_s);
+    return 1;
+}
+
+/* Every 200 ms: refresh the gauges computed from the session table. */
+static void on_tick(void *arg) {
+    kvld_node *n = arg;
+    kvld_metrics_set(n->metrics, KVLD_G_SESSIONS, kvld_sessions_count(n->sessions));
+    kvld_metrics_set(n->metrics, KVLD_G_CACHE_BYTES,
+                     (double)kvld_sessions_cache_bytes(n->sessions));
+}
+
+static void on_start(void *arg) {
+    kvld_node *n = arg;
+    const kvld_config *cfg = &n->cfg;
+    const kvl_model_config *mc = kvl_model_config_get(n->model);
+    /* the port line is what scripts wait for (it says which port "HOST:0" got) */
+    kvl__svc_log("info", "msg=serving model=%s hash=%s arch=%s listen=%s port=%d metrics=%s "
+                 "transport=%s translators=%d max_sessions=%d max_context=%d",
+                 kvl_model_name(n->model), kvl_model_hash(n->model), mc->architecture,
+                 cfg->listen, kvl__rpc_server_port(n->rpc), cfg->metrics[0] ? cfg->metrics : "-",
+                 cfg->transport, n->translators.n, cfg->max_sessions, n->max_context);
 }
 
 int main(int argc, char **argv) {
+    kvl__svc_log_init("kvld");
     kvld_config cfg;
     kvld_config_defaults(&cfg);
     int help = 0;
@@ -66,53 +67,35 @@ int main(int argc, char **argv) {
     }
     /* a peer that closes a socket must not kill the node */
     signal(SIGPIPE, SIG_IGN);
-    kvld_main m = {0};
-    kvl_status st = kvld_node_create(&cfg, &m.node);
+    kvld_node *node = NULL;
+    kvl_status st = kvld_node_create(&cfg, &node);
     if (st != KVL_OK) {
-        kvld_log("error", "msg=startup_failed err=\"%s\"", kvl_last_error());
+        kvl__svc_log("error", "msg=startup_failed err=\"%s\"", kvl_last_error());
         return 1;
     }
-    st = kvld_node_serve(m.node);
+    st = kvld_node_serve(node);
     if (st != KVL_OK) {
-        kvld_log("error", "msg=startup_failed err=\"%s\"", kvl_last_error());
-        kvld_node_free(m.node);
+        kvl__svc_log("error", "msg=startup_failed err=\"%s\"", kvl_last_error());
+        kvld_node_free(node);
         return 1;
     }
-    m.loop = uv_default_loop();
-    int rc = uv_signal_init(m.loop, &m.sigterm);
-    if (!rc) rc = uv_signal_init(m.loop, &m.sigint);
-    if (!rc) rc = uv_timer_init(m.loop, &m.tick);
-    m.sigterm.data = m.sigint.data = m.tick.data = &m;
-    if (!rc) rc = uv_signal_start(&m.sigterm, on_signal, SIGTERM);
-    if (!rc) rc = uv_signal_start(&m.sigint, on_signal, SIGINT);
-    if (!rc) rc = uv_timer_start(&m.tick, on_tick, 200, 200);
-    if (rc) {
-        kvld_log("error", "msg=libuv_failed err=\"%s\"", uv_strerror(rc));
-        kvld_node_free(m.node);
+    kvl__svc_loop_cfg loop = {
+        .arg = node,
+        .on_start = on_start,
+        .on_drain = begin_drain,
+        .drain_check = drain_check,
+        .drain_poll_ms = 200,
+        .drain_timeout_ms = cfg.drain_timeout_ms,
+        .timers = {{200, on_tick}},
+    };
+    st = kvl__svc_loop_run(&loop);
+    if (st != KVL_OK) {
+        kvl__svc_log("error", "msg=libuv_failed err=\"%s\"", kvl_last_error());
+        kvld_node_free(node);
         return 1;
     }
-    const kvl_model_config *mc = kvl_model_config_get(m.node->model);
-    /* the port line is what scripts wait for (it says which port "HOST:0" got) */
-    kvld_log("info", "msg=serving model=%s hash=%s arch=%s listen=%s port=%d metrics=%s "
-             "transport=%s translators=%d max_sessions=%d max_context=%d",
-             kvl_model_name(m.node->model), kvl_model_hash(m.node->model), mc->architecture,
-             cfg.listen, kvl__rpc_server_port(m.node->rpc), cfg.metrics[0] ? cfg.metrics : "-",
-             cfg.transport, m.node->translators.n, cfg.max_sessions, m.node->max_context);
-    uv_run(m.loop, UV_RUN_DEFAULT);
-    uv_signal_stop(&m.sigterm);
-    uv_signal_stop(&m.sigint);
-    /* Drained: a repeated SIGTERM/SIGINT (an orchestrator's second kill, a test's stop) must not
-     * cut the teardown short now that libuv has restored the default disposition. */
-    signal(SIGTERM, SIG_IGN);
-    signal(SIGINT, SIG_IGN);
-    uv_timer_stop(&m.tick);
-    uv_close((uv_handle_t *)&m.sigterm, NULL);
-    uv_close((uv_handle_t *)&m.sigint, NULL);
-    uv_close((uv_handle_t *)&m.tick, NULL);
-    uv_run(m.loop, UV_RUN_DEFAULT);   /* let the close callbacks run */
-    uv_loop_close(m.loop);
-    kvl__rpc_server_shutdown(m.node->rpc, 2000);
-    kvld_node_free(m.node);
-    kvld_log("info", "msg=exit code=0");
+    kvl__rpc_server_shutdown(node->rpc, 2000);
+    kvld_node_free(node);
+    kvl__svc_log("info", "msg=exit code=0");
     return 0;
 }

@@ -1,24 +1,18 @@
-/* daemon/metrics.c: counters, gauges and fixed-bucket histograms behind one mutex (updates are
- * a few per request or per forward pass, so contention is negligible), rendered on scrape. */
+/* daemon/metrics.c: kvld's metric definitions (names, help, buckets) on the shared registry of
+ * service/prom.h; the endpoint is service/http.h. */
 #include "metrics.h"
 
-#include <arpa/inet.h>
-#include <microhttpd.h>
-#include <netinet/in.h>
-#include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "error.h"
-
-#define KVLD_MAX_BUCKETS 16
+#include "http.h"
+#include "prom.h"
 
 typedef struct hist_def {
     const char *name, *help;
     int n;
-    double le[KVLD_MAX_BUCKETS];
+    double le[KVL_SVC_MAX_BUCKETS];
 } hist_def;
 
 static const char *const counter_names[KVLD_C_N][2] = {
@@ -52,195 +46,100 @@ static const hist_def hist_defs[KVLD_H_N] = {
      {0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5}},
 };
 
-typedef struct hist {
-    uint64_t counts[KVLD_MAX_BUCKETS + 1];   /* last: +Inf */
-    double sum;
-    uint64_t n;
-} hist;
+/* Family layout of the registry, in exposition order: counters, spans_rejected_total, gauges,
+ * histograms (the order kvld has always rendered them in). */
+#define F_REJECTED KVLD_C_N
+#define F_GAUGE(g) (KVLD_C_N + 1 + (int)(g))
+#define F_HIST(h) (KVLD_C_N + 1 + KVLD_G_N + (int)(h))
+#define N_FAMILIES (KVLD_C_N + 1 + KVLD_G_N + KVLD_H_N)
+/* every series exists from the start (so scrapes show zeros), plus headroom */
+#define MAX_SERIES (N_FAMILIES + KVL_SPAN_N_REASONS + 8)
 
 struct kvld_metrics {
-    pthread_mutex_t mu;
-    uint64_t counters[KVLD_C_N];
-    double gauges[KVLD_G_N];
-    hist hists[KVLD_H_N];
-    uint64_t rejected[KVL_SPAN_N_REASONS];
-    struct MHD_Daemon *httpd;
+    kvl__svc_metric_def defs[N_FAMILIES];
+    kvl__svc_prom *prom;
+    kvl__svc_http *http;
     const volatile int *draining;
 };
 
 kvl_status kvld_metrics_create(kvld_metrics **out) {
+    *out = NULL;
     kvld_metrics *m = calloc(1, sizeof *m);
     if (!m) return kvl__errorf(KVL_ERR_NOMEM, "metrics");
-    pthread_mutex_init(&m->mu, NULL);
+    for (int i = 0; i < KVLD_C_N; i++)
+        m->defs[i] = (kvl__svc_metric_def){counter_names[i][0], counter_names[i][1],
+                                           KVL_SVC_COUNTER, NULL, 0};
+    m->defs[F_REJECTED] = (kvl__svc_metric_def){"kvlingo_spans_rejected_total",
+                                                "Spans refused by this node, by reason.",
+                                                KVL_SVC_COUNTER, NULL, 0};
+    for (int i = 0; i < KVLD_G_N; i++)
+        m->defs[F_GAUGE(i)] = (kvl__svc_metric_def){gauge_names[i][0], gauge_names[i][1],
+                                                    KVL_SVC_GAUGE, NULL, 0};
+    for (int i = 0; i < KVLD_H_N; i++)
+        m->defs[F_HIST(i)] = (kvl__svc_metric_def){hist_defs[i].name, hist_defs[i].help,
+                                                   KVL_SVC_HISTOGRAM, hist_defs[i].le,
+                                                   hist_defs[i].n};
+    kvl_status st = kvl__svc_prom_create(m->defs, N_FAMILIES, MAX_SERIES, &m->prom);
+    if (st != KVL_OK) {
+        free(m);
+        return st;
+    }
+    for (int i = 0; i < KVLD_C_N; i++) kvl__svc_prom_add(m->prom, i, NULL, 0);
+    char labels[64];
+    for (int r = 1; r < KVL_SPAN_N_REASONS; r++) {
+        snprintf(labels, sizeof labels, "reason=\"%s\"",
+                 kvl__span_reject_name((kvl__span_reject)r));
+        kvl__svc_prom_add(m->prom, F_REJECTED, labels, 0);
+    }
+    for (int i = 0; i < KVLD_G_N; i++) kvl__svc_prom_set(m->prom, F_GAUGE(i), NULL, 0);
+    for (int i = 0; i < KVLD_H_N; i++) kvl__svc_prom_add(m->prom, F_HIST(i), NULL, 0);
     *out = m;
     return KVL_OK;
 }
 
 void kvld_metrics_free(kvld_metrics *m) {
     if (!m) return;
-    if (m->httpd) MHD_stop_daemon(m->httpd);
-    pthread_mutex_destroy(&m->mu);
+    kvl__svc_http_stop(m->http);   /* before the registry it scrapes goes */
+    kvl__svc_prom_free(m->prom);
     free(m);
 }
 
 void kvld_metrics_add(kvld_metrics *m, kvld_counter c, uint64_t v) {
-    if (!m) return;
-    pthread_mutex_lock(&m->mu);
-    m->counters[c] += v;
-    pthread_mutex_unlock(&m->mu);
+    if (m) kvl__svc_prom_add(m->prom, (int)c, NULL, (double)v);
 }
 
 void kvld_metrics_set(kvld_metrics *m, kvld_gauge g, double v) {
-    if (!m) return;
-    pthread_mutex_lock(&m->mu);
-    m->gauges[g] = v;
-    pthread_mutex_unlock(&m->mu);
+    if (m) kvl__svc_prom_set(m->prom, F_GAUGE(g), NULL, v);
 }
 
 void kvld_metrics_observe(kvld_metrics *m, kvld_hist h, double v) {
-    if (!m) return;
-    const hist_def *d = &hist_defs[h];
-    int b = 0;
-    while (b < d->n && v > d->le[b]) b++;
-    pthread_mutex_lock(&m->mu);
-    m->hists[h].counts[b]++;
-    m->hists[h].sum += v;
-    m->hists[h].n++;
-    pthread_mutex_unlock(&m->mu);
+    if (m) kvl__svc_prom_observe(m->prom, F_HIST(h), NULL, v);
 }
 
 void kvld_metrics_reject(kvld_metrics *m, kvl__span_reject why) {
     if (!m || (int)why <= 0 || why >= KVL_SPAN_N_REASONS) return;
-    pthread_mutex_lock(&m->mu);
-    m->rejected[why]++;
-    pthread_mutex_unlock(&m->mu);
-}
-
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    int oom;
-} sbuf;
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-        if (n < 0) return;
-        if ((size_t)n < b->cap - b->len) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t cap = b->cap * 2 + (size_t)n;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
+    char labels[64];
+    snprintf(labels, sizeof labels, "reason=\"%s\"", kvl__span_reject_name(why));
+    kvl__svc_prom_add(m->prom, F_REJECTED, labels, 1);
 }
 
 char *kvld_metrics_render(kvld_metrics *m, size_t *len) {
-    sbuf b = {malloc(8192), 0, 8192, 0};
-    if (!b.p) return NULL;
-    b.p[0] = '\0';
-    pthread_mutex_lock(&m->mu);
-    for (int i = 0; i < KVLD_C_N; i++)
-        sb_printf(&b, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", counter_names[i][0],
-                  counter_names[i][1], counter_names[i][0], counter_names[i][0],
-                  (unsigned long long)m->counters[i]);
-    sb_printf(&b, "# HELP kvlingo_spans_rejected_total Spans refused by this node, by reason.\n"
-                  "# TYPE kvlingo_spans_rejected_total counter\n");
-    for (int r = 1; r < KVL_SPAN_N_REASONS; r++)
-        sb_printf(&b, "kvlingo_spans_rejected_total{reason=\"%s\"} %llu\n",
-                  kvl__span_reject_name((kvl__span_reject)r), (unsigned long long)m->rejected[r]);
-    for (int i = 0; i < KVLD_G_N; i++)
-        sb_printf(&b, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", gauge_names[i][0],
-                  gauge_names[i][1], gauge_names[i][0], gauge_names[i][0], m->gauges[i]);
-    for (int i = 0; i < KVLD_H_N; i++) {
-        const hist_def *d = &hist_defs[i];
-        const hist *h = &m->hists[i];
-        sb_printf(&b, "# HELP %s %s\n# TYPE %s histogram\n", d->name, d->help, d->name);
-        uint64_t cum = 0;
-        for (int k = 0; k < d->n; k++) {
-            cum += h->counts[k];
-            sb_printf(&b, "%s_bucket{le=\"%g\"} %llu\n", d->name, d->le[k],
-                      (unsigned long long)cum);
-        }
-        cum += h->counts[d->n];
-        sb_printf(&b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", d->name,
-                  (unsigned long long)cum, d->name, h->sum, d->name, (unsigned long long)h->n);
-    }
-    pthread_mutex_unlock(&m->mu);
-    if (b.oom) {
-        free(b.p);
+    kvl__svc_text b = {0};
+    kvl__svc_prom_render(m->prom, &b);
+    if (b.oom || !b.data) {
+        free(b.data);
         return NULL;
     }
     *len = b.len;
-    return b.p;
+    return b.data;
 }
 
-static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const char *url,
-                               const char *method, const char *version, const char *upload,
-                               size_t *upload_size, void **con_cls) {
-    kvld_metrics *m = cls;
-    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) return MHD_NO;
-    struct MHD_Response *resp;
-    unsigned code = MHD_HTTP_OK;
-    if (!strcmp(url, "/metrics")) {
-        size_t len = 0;
-        char *text = kvld_metrics_render(m, &len);
-        if (!text) return MHD_NO;
-        resp = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
-        if (!resp) {
-            free(text);
-            return MHD_NO;
-        }
-        MHD_add_response_header(resp, "Content-Type", "text/plain; version=0.0.4");
-    } else if (!strcmp(url, "/healthz")) {
-        int draining = m->draining && *m->draining;
-        const char *body = draining ? "draining\n" : "ok\n";
-        code = draining ? MHD_HTTP_SERVICE_UNAVAILABLE : MHD_HTTP_OK;
-        resp = MHD_create_response_from_buffer(strlen(body), (void *)body, MHD_RESPMEM_PERSISTENT);
-    } else {
-        static const char nf[] = "not found: try /metrics or /healthz\n";
-        code = MHD_HTTP_NOT_FOUND;
-        resp = MHD_create_response_from_buffer(sizeof nf - 1, (void *)nf, MHD_RESPMEM_PERSISTENT);
-    }
-    if (!resp) return MHD_NO;
-    enum MHD_Result r = MHD_queue_response(conn, code, resp);
-    MHD_destroy_response(resp);
-    return r;
+static int healthy(void *arg) {
+    const kvld_metrics *m = arg;
+    return !(m->draining && *m->draining);
 }
 
 kvl_status kvld_metrics_serve(kvld_metrics *m, const char *addr, const volatile int *draining) {
-    char host[256];
-    const char *colon = strrchr(addr, ':');
-    if (!colon || colon == addr || (size_t)(colon - addr) >= sizeof host)
-        return kvl__errorf(KVL_ERR_INVALID_ARG, "--metrics '%s': expected HOST:PORT", addr);
-    memcpy(host, addr, (size_t)(colon - addr));
-    host[colon - addr] = '\0';
-    int port = atoi(colon + 1);
-    if (port <= 0 || port > 65535)
-        return kvl__errorf(KVL_ERR_INVALID_ARG, "--metrics '%s': bad port", addr);
-    struct sockaddr_in sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons((uint16_t)port);
-    if (!strcmp(host, "localhost")) snprintf(host, sizeof host, "127.0.0.1");
-    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
-        return kvl__errorf(KVL_ERR_INVALID_ARG, "--metrics '%s': host must be an IPv4 address",
-                          addr);
     m->draining = draining;
-    m->httpd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)port, NULL, NULL,
-                                on_http, m, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                                MHD_OPTION_END);
-    if (!m->httpd) return kvl__errorf(KVL_ERR_IO, "metrics: cannot listen on %s", addr);
-    return KVL_OK;
+    return kvl__svc_http_start("--metrics", addr, 0, m->prom, healthy, m, &m->http);
 }

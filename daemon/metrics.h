@@ -1,5 +1,5 @@
 /* daemon/metrics.h: kvld's Prometheus metrics (text exposition format 0.0.4) and the HTTP
- * endpoint serving them (libmicrohttpd): GET /metrics, GET /healthz (200 "ok", 503 "draining").
+ * endpoint serving them (service/http.h): GET /metrics, GET /healthz (200 "ok", 503 "draining").
  * Counters are updated from any thread; names follow kvlingo_<what>_<unit>. */
 #ifndef KVLD_METRICS_H
 #define KVLD_METRICS_H

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "error.h"
 #include "kvlingo/v1/node.pb-c.h"
 #include "log.h"
@@ -24,7 +25,7 @@ kvl_status kvld_node_create(const kvld_config *cfg, kvld_node **out) {
         goto fail;
     }
     if (kvl_tokenizer_load_dir(cfg->model, &n->tok) != KVL_OK) {
-        kvld_log("warn", "msg=no_tokenizer model=\"%s\" err=\"%s\" note=\"text requests refused\"",
+        kvl__svc_log("warn", "msg=no_tokenizer model=\"%s\" err=\"%s\" note=\"text requests refused\"",
                  cfg->model, kvl_last_error());
         n->tok = NULL;
     }
@@ -179,7 +180,7 @@ void kvld_req_begin(kvld_req *r, kvld_node *node, kvl__rpc_call *call, const cha
     r->node = node;
     r->call = call;
     r->method = method;
-    r->t0 = kvld_now();
+    r->t0 = kvl__now_s();
     kvld_metrics_add(node->metrics, KVLD_C_REQUESTS, 1);
 }
 
@@ -206,12 +207,12 @@ void kvld_req_end(kvld_req *r, grpc_status_code code, const char *msg, const cha
     }
     if (r->node->cfg.quiet) return;
     char q[600];
-    kvld_log(code == GRPC_STATUS_OK ? "info" : "warn",
+    kvl__svc_log(code == GRPC_STATUS_OK ? "info" : "warn",
              "msg=request method=%s session=%s code=%s ms=%.3f peer=%s%s%s%s", r->method,
              r->session[0] ? r->session : "-", kvl__rpc_status_name(code),
-             (kvld_now() - r->t0) * 1e3, kvl__rpc_call_peer(r->call),
+             (kvl__now_s() - r->t0) * 1e3, kvl__rpc_call_peer(r->call),
              code != GRPC_STATUS_OK ? " err=" : "",
-             code != GRPC_STATUS_OK ? kvld_log_q(q, sizeof q, msg ? msg : "") : "",
+             code != GRPC_STATUS_OK ? kvl__svc_log_q(q, sizeof q, msg ? msg : "") : "",
              extra ? extra : "");
 }
 

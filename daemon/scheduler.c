@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "error.h"
 #include "log.h"
 
@@ -91,7 +92,7 @@ static void emit(kvld_sched *s, kvld_job *j) {
         for (int i = 0; i < s->vocab; i++) lps[i] = (float)((double)ss->logits[i] - lse);
     }
     j->out[j->n_out++] = (kvld_token){tok, lp, lps};
-    if (j->generated++ == 0) j->ttft = kvld_now() - j->t_start;
+    if (j->generated++ == 0) j->ttft = kvl__now_s() - j->t_start;
     ss->ledger[ss->n_ledger] = tok;
     __atomic_store_n(&ss->n_ledger, ss->n_ledger + 1, __ATOMIC_RELAXED);
     pthread_cond_broadcast(&j->cv);
@@ -204,9 +205,9 @@ static void *sched_main(void *arg) {
             continue;
         }
         pthread_mutex_unlock(&s->mu);
-        double t0 = kvld_now();
+        double t0 = kvl__now_s();
         kvl_status st = kvl_model_forward(s->model, s->seqs, n);
-        double dt = kvld_now() - t0;
+        double dt = kvl__now_s() - t0;
         char err[512] = "";
         if (st != KVL_OK) snprintf(err, sizeof err, "forward pass failed: %s", kvl_last_error());
         pthread_mutex_lock(&s->mu);
@@ -214,7 +215,7 @@ static void *sched_main(void *arg) {
         kvld_metrics_observe(s->metrics, KVLD_H_FORWARD_SECONDS, dt);
         kvld_metrics_observe(s->metrics, KVLD_H_DECODE_BATCH, n);
         if (st != KVL_OK) {
-            kvld_log("error", "msg=forward_failed seqs=%d err=\"%s\"", n, kvl_last_error());
+            kvl__svc_log("error", "msg=forward_failed seqs=%d err=\"%s\"", n, kvl_last_error());
             for (int i = 0; i < n; i++)
                 if (!s->seq_jobs[i]->finished) job_finish(s->seq_jobs[i], st, "error", err);
             continue;
@@ -309,7 +310,7 @@ static kvld_job *job_new(kvld_sched *s, kvld_session *sess, job_kind kind) {
     j->s = s;
     j->sess = sess;
     j->kind = kind;
-    j->t_start = kvld_now();
+    j->t_start = kvl__now_s();
     pthread_cond_init(&j->cv, NULL);
     return j;
 }

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "error.h"
 #include "kvlingo/v1/node.pb-c.h"
 #include "log.h"
@@ -164,9 +165,9 @@ void kvld_rpc_append(kvl__rpc_call *call, const uint8_t *req, size_t len, void *
         if (in->prefill && n_ids > 0) {
             volatile int cancelled = 0;
             kvl__rpc_call_on_cancel(call, set_flag, (void *)&cancelled);
-            double t0 = kvld_now();
+            double t0 = kvl__now_s();
             st = kvld_sched_prefill(n->sched, s, &cancelled);
-            prefill_s = kvld_now() - t0;
+            prefill_s = kvl__now_s() - t0;
             kvl__rpc_call_on_cancel(call, NULL, NULL);
             /* a failed prefill leaves the tokens in the ledger: Generate will prefill them */
         }
@@ -277,7 +278,7 @@ void kvld_rpc_generate(kvl__rpc_call *call, const uint8_t *req, size_t len, void
         fin.done = 1;
         fin.generated_count = (uint32_t)sent;
         fin.ttft_seconds = ttft;
-        fin.total_seconds = kvld_now() - r.t0;
+        fin.total_seconds = kvl__now_s() - r.t0;
         fin.finish_reason = (char *)reason;
         kvl__rpc_call_send_pb(call, &fin.base);
     }

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "error.h"
 #include "kvlingo/translator.h"
 #include "kvlingo/v1/node.pb-c.h"
@@ -214,12 +215,12 @@ void kvld_rpc_import_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
                       "exporter went away before the transfer");
         goto out;
     }
-    double t_recv = kvld_now();
+    double t_recv = kvl__now_s();
     size_t got = 0;
     int64_t left = kvl__rpc_call_deadline_left_ms(call);
     int64_t tmo = left < n->cfg.span_timeout_ms ? left : n->cfg.span_timeout_ms;
     st = kvl__transport_recv_wait(n->transport, rv, tmo > 0 ? tmo : 1, &cancelled, &got);
-    double recv_s = kvld_now() - t_recv;
+    double recv_s = kvl__now_s() - t_recv;
     if (st == KVL_ERR_CANCELLED) {
         import_reject(&x, KVL_SPAN_TRANSFER, GRPC_STATUS_CANCELLED,
                       "peer gone mid-transfer: the exporter cancelled or disconnected after "
@@ -245,7 +246,7 @@ void kvld_rpc_import_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
         import_reject(&x, why, reject_code(why), "%s", kvl_last_error());
         goto out;
     }
-    double t_tr = kvld_now();
+    double t_tr = kvl__now_s();
     kvl_cache *fresh = NULL;
     if ((int)h->t0 < held) {
         st = copy_prefix(n->model, s->cache, (int)h->t0, s->max_context, &fresh);
@@ -255,7 +256,7 @@ void kvld_rpc_import_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     } else {
         st = kvl_translator_apply(te->tr, v.k, v.v, (int)h->t0, (int)v.n, v.ids, s->cache);
     }
-    double tr_s = kvld_now() - t_tr;
+    double tr_s = kvl__now_s() - t_tr;
     if (st != KVL_OK) {
         import_reject(&x, KVL_SPAN_TRANSLATE, kvl__rpc_status_from_kvl(st), "translation failed: %s",
                       kvl_last_error());
@@ -358,7 +359,7 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     Kvlingo__V1__ExportSpanResponse out = KVLINGO__V1__EXPORT_SPAN_RESPONSE__INIT;
     grpc_status_code code = GRPC_STATUS_OK;
     char err[1024] = "";
-    double t_start = kvld_now(), xfer_s = 0;
+    double t_start = kvl__now_s(), xfer_s = 0;
     int64_t tmo = in->timeout_ms ? (int64_t)in->timeout_ms : n->cfg.span_timeout_ms;
     export_flags fl = {0};
     verdict_watch w = {.fl = &fl};
@@ -425,10 +426,10 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     if (fl.cancelled) FAIL(GRPC_STATUS_CANCELLED, "export cancelled by the client");
     w.stream = stream;
     watching = pthread_create(&watcher, NULL, watch_verdict, &w) == 0;
-    double t_x = kvld_now();
+    double t_x = kvl__now_s();
     st = kvl__transport_send(n->transport, ep->transport_address.data, ep->transport_address.len,
                             ep->tag, payload, plen, tmo, &fl.stop_send);
-    xfer_s = kvld_now() - t_x;
+    xfer_s = kvl__now_s() - t_x;
     if (st != KVL_OK) {
         char why[512];
         snprintf(why, sizeof why, "%s", kvl_last_error());
@@ -471,7 +472,7 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     out.payload_bytes = plen;
     out.transfer_seconds = xfer_s;
     out.translate_seconds = verdict->translate_seconds;
-    out.total_seconds = kvld_now() - t_start;
+    out.total_seconds = kvl__now_s() - t_start;
     out.peer_token_count = verdict->token_count;
 #undef FAIL
 out:

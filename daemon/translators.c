@@ -23,7 +23,7 @@ kvl_status kvld_translators_load(const char *dir, const kvl_model *self, kvld_tr
     if (!dir || !dir[0]) return KVL_OK;
     DIR *d = opendir(dir);
     if (!d) {
-        kvld_log("warn", "msg=translators_dir_unreadable dir=\"%s\"", dir);
+        kvl__svc_log("warn", "msg=translators_dir_unreadable dir=\"%s\"", dir);
         return KVL_OK;
     }
     char **names = NULL;
@@ -46,7 +46,7 @@ kvl_status kvld_translators_load(const char *dir, const kvl_model *self, kvld_tr
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
         kvl_translator *tr;
         if (kvl_translator_load(path, &tr) != KVL_OK) {
-            kvld_log("warn", "msg=translator_skipped path=\"%s\" err=\"%s\"", path, kvl_last_error());
+            kvl__svc_log("warn", "msg=translator_skipped path=\"%s\" err=\"%s\"", path, kvl_last_error());
             continue;
         }
         const char *tn = kvl_translator_target_name(tr), *th = kvl_translator_target_hash(tr);
@@ -54,7 +54,7 @@ kvl_status kvld_translators_load(const char *dir, const kvl_model *self, kvld_tr
                    (!th || !th[0] || strcmp(th, kvl_model_hash(self)) == 0);
         const char *sn = kvl_translator_source_name(tr);
         if (!mine || !sn) {
-            kvld_log("info", "msg=translator_other_target path=\"%s\" target=%s", path,
+            kvl__svc_log("info", "msg=translator_other_target path=\"%s\" target=%s", path,
                      tn ? tn : "?");
             kvl_translator_free(tr);
             continue;
@@ -77,7 +77,7 @@ kvl_status kvld_translators_load(const char *dir, const kvl_model *self, kvld_tr
         x->src_layers = meta_int(tr, "source_layers");
         x->src_kv_heads = meta_int(tr, "source_kv_heads");
         x->src_head_dim = meta_int(tr, "source_head_dim");
-        kvld_log("info", "msg=translator_loaded path=\"%s\" source=%s target=%s", path, sn, tn);
+        kvl__svc_log("info", "msg=translator_loaded path=\"%s\" source=%s target=%s", path, sn, tn);
     }
     for (int i = 0; i < n_names; i++) free(names[i]);
     free(names);

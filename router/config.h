@@ -28,7 +28,8 @@
  *     node_timeout_ms: 5000         # unary calls to nodes (Info, Append, ...)
  *
  * Every error names the file, the line and the key.  Unknown keys are errors (a typo must
- * not silently fall back to a default).
+ * not silently fall back to a default).  The key lists and typed getters come from
+ * service/yamlcfg.h (kvl__svc_kvlist, kvl__svc_kv_*).
  */
 #ifndef KVR_CONFIG_H
 #define KVR_CONFIG_H
@@ -36,38 +37,7 @@
 #include <stddef.h>
 
 #include "kvlingo/status.h"
-
-/* A flat list of `key: value` pairs of one YAML mapping (a sequence value is joined with
- * commas), with the line of each key, so that a consumer (a policy) can validate its own keys
- * and still report lines. */
-typedef struct kvr_kv {
-    char *key;
-    char *value;
-    int line;
-    int used;
-} kvr_kv;
-
-typedef struct kvr_kvlist {
-    kvr_kv *items;
-    int n;
-    char *file;       /* for messages */
-    char *section;    /* "policy", "guardrail", ... */
-    int line;         /* line of the section */
-} kvr_kvlist;
-
-/* Lookups: absent -> dflt, KVL_OK.  Malformed or out of [lo, hi] -> KVL_ERR_FORMAT naming
- * "file:line: key 'section.key': ...". */
-kvl_status kvr_kv_double(kvr_kvlist *l, const char *key, double dflt, double lo, double hi,
-                         double *out);
-kvl_status kvr_kv_int(kvr_kvlist *l, const char *key, long dflt, long lo, long hi, long *out);
-kvl_status kvr_kv_bool(kvr_kvlist *l, const char *key, int dflt, int *out);
-/* String value (owned by the list) or dflt. */
-const char *kvr_kv_str(kvr_kvlist *l, const char *key, const char *dflt);
-/* Line of a key (or of the section when absent), for messages. */
-int kvr_kv_line(const kvr_kvlist *l, const char *key);
-/* After all lookups: the first key never looked up is an error naming it and its line. */
-kvl_status kvr_kv_check_unused(const kvr_kvlist *l);
-void kvr_kvlist_clear(kvr_kvlist *l);
+#include "yamlcfg.h"
 
 typedef struct kvr_node_cfg {
     char *name;
@@ -90,7 +60,7 @@ typedef struct kvr_config {
     kvr_node_cfg *nodes;
     int n_nodes;
     char *policy_name;
-    kvr_kvlist policy;        /* the policy section minus `name` */
+    kvl__svc_kvlist policy;        /* the policy section minus `name` */
     double shadow_fraction;
     double kl_budget;
     double kl_alpha;
@@ -101,9 +71,11 @@ typedef struct kvr_config {
     double node_timeout_ms;
 } kvr_config;
 
-/* Parse `path`.  The policy name is checked against the known policies, and the policy's own
- * keys are validated by creating it (so `kvlingo-router --config` fails at start, and SIGHUP
- * keeps the old policy, on any error).  Free with kvr_config_free. */
+/* Parse `path`.  Checks every key of the file but the policy's own (`policy.name` must be
+ * present; whether it names a known policy, and the policy's keys, are checked by
+ * kvr_policy_check in policy.h, which the router runs at start, on --check and on SIGHUP).
+ * Errors: KVL_ERR_FORMAT naming file:line and the key, KVL_ERR_IO / KVL_ERR_RANGE for the file,
+ * KVL_ERR_NOMEM.  *out is owned by the caller: free with kvr_config_free. */
 kvl_status kvr_config_load(const char *path, kvr_config **out);
 /* Same, from a string (for tests); `name` is used in messages and to resolve relative paths. */
 kvl_status kvr_config_parse(const char *text, size_t len, const char *name, kvr_config **out);

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "error.h"
 #include "nodecall.h"
 
@@ -46,12 +47,6 @@ struct kvr_guard {
     pthread_t worker;
     unsigned long long counter;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 double kvr_kl_logprobs(const float *p, const float *q, int n) {
     double kl = 0;
@@ -136,7 +131,7 @@ void kvr_guard_configure(kvr_guard *g, const kvr_config *cfg) {
         if (!st->enabled && !strcmp(st->reason, "kl_budget") && st->moving_kl <= st->budget) {
             st->enabled = 1;
             st->reason[0] = 0;
-            kvr_logf("info", "guardrail: pair %s->%s re-enabled (moving KL %.4f <= budget %.4f)\n",
+            kvl__svc_log_text("info", "guardrail: pair %s->%s re-enabled (moving KL %.4f <= budget %.4f)",
                     st->source, st->target, st->moving_kl, st->budget);
         }
     }
@@ -175,13 +170,13 @@ void kvr_guard_record(kvr_guard *g, const char *src, const char *dst, double kl)
         kvr_pair_status *st = &p->st;
         st->moving_kl = st->samples ? (1 - g->alpha) * st->moving_kl + g->alpha * kl : kl;
         st->samples++;
-        kvr_logf("info", "guardrail: %s->%s KL(native||translated)=%.5f nats, moving %.5f "
-                "(budget %.4f, %u samples)\n", src, dst, kl, st->moving_kl, st->budget, st->samples);
+        kvl__svc_log_text("info", "guardrail: %s->%s KL(native||translated)=%.5f nats, moving %.5f "
+                "(budget %.4f, %u samples)", src, dst, kl, st->moving_kl, st->budget, st->samples);
         if (st->enabled && st->samples >= (unsigned)g->min_samples && st->moving_kl > st->budget) {
             st->enabled = 0;
             snprintf(st->reason, sizeof st->reason, "kl_budget");
-            kvr_logf("warn", "guardrail: pair %s->%s DISABLED: moving KL %.4f > budget %.4f; "
-                    "switches re-prefill instead\n", src, dst, st->moving_kl, st->budget);
+            kvl__svc_log_text("warn", "guardrail: pair %s->%s DISABLED: moving KL %.4f > budget %.4f; "
+                    "switches re-prefill instead", src, dst, st->moving_kl, st->budget);
         }
     }
     pthread_mutex_unlock(&g->mu);
@@ -213,7 +208,7 @@ kvl_status kvr_shadow_run(kvr_node *node, const char *sid, const int32_t *tokens
     if (logprobs) *logprobs = NULL;
     if (vocab) *vocab = 0;
     *ttft_s = 0;
-    double t0 = now_s();
+    double t0 = kvl__now_s();
     kvl_status s = kvr_node_open(node, ssid, timeout_ms, NULL);
     if (!s) s = kvr_node_append(node, ssid, tokens, n, timeout_ms, NULL, NULL);
     kvl__rpc_stream *st = NULL;
@@ -232,7 +227,7 @@ kvl_status kvr_shadow_run(kvr_node *node, const char *sid, const int32_t *tokens
         }
         if (!msg->done && !got) {
             got = 1;
-            *ttft_s = now_s() - t0;
+            *ttft_s = kvl__now_s() - t0;
             if (logprobs && msg->n_logprobs) {
                 *logprobs = malloc(msg->n_logprobs * sizeof(float));
                 if (!*logprobs) s = kvl__errorf(KVL_ERR_NOMEM, "shadow logprobs");
@@ -295,9 +290,9 @@ static void *worker_main(void *arg) {
         kvl_status s = kvr_shadow_run(&g->reg->nodes[j.node], j.sid, j.tokens, j.n,
                                       g->reg->node_timeout_ms * 4, &native, &vocab, &ttft);
         if (s)
-            kvr_logf("warn", "guardrail: sample %s->%s failed: %s\n", j.src, j.dst, kvl_last_error());
+            kvl__svc_log_text("warn", "guardrail: sample %s->%s failed: %s", j.src, j.dst, kvl_last_error());
         else if (vocab != j.vocab)
-            kvr_logf("warn", "guardrail: sample %s->%s: vocab %d vs %d, ignored\n", j.src,
+            kvl__svc_log_text("warn", "guardrail: sample %s->%s: vocab %d vs %d, ignored", j.src,
                     j.dst, vocab, j.vocab);
         else
             kvr_guard_record(g, j.src, j.dst, kvr_kl_logprobs(native, j.translated, vocab));

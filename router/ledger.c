@@ -12,6 +12,7 @@
 
 #include <sqlite3.h>
 
+#include "clock.h"
 #include "error.h"
 
 struct kvr_ledger {
@@ -39,12 +40,6 @@ static const char *k_schema =
     "  PRIMARY KEY(session, idx)) WITHOUT ROWID;"
     "CREATE TABLE IF NOT EXISTS holdings(session TEXT NOT NULL, node TEXT NOT NULL,"
     "  n_tokens INTEGER NOT NULL, PRIMARY KEY(session, node)) WITHOUT ROWID;";
-
-static double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static kvl_status db_err(kvr_ledger *l, const char *what) {
     return kvl__errorf(KVL_ERR_IO, "ledger: %s: %s", what, sqlite3_errmsg(l->db));
@@ -129,13 +124,13 @@ static int exec_bind(kvr_ledger *l, const char *sql, const char *fmt, ...) {
 }
 
 static void observe(kvr_ledger *l, double t0) {
-    if (l->observer) l->observer(l->observer_arg, mono_s() - t0);
+    if (l->observer) l->observer(l->observer_arg, kvl__now_s() - t0);
 }
 
 kvl_status kvr_ledger_session_create(kvr_ledger *l, const char *id, const char *model, double now) {
     if (!kvr_session_id_valid(id))
         return kvl__errorf(KVL_ERR_INVALID_ARG, "session id '%.80s' is invalid (1-64 of A-Za-z0-9._:-)", id ? id : "");
-    double t0 = mono_s();
+    double t0 = kvl__now_s();
     pthread_mutex_lock(&l->mu);
     int rc = exec_bind(l,
                        "INSERT INTO sessions(id,state,created,last_used,n_turns,n_tokens,"
@@ -247,7 +242,7 @@ kvl_status kvr_ledger_turn_commit(kvr_ledger *l, const char *id, const int32_t *
                                   int n, const kvr_turn_rec *t, const char *current_node,
                                   int pol_level, int pol_calm, const kvr_holding *holdings,
                                   int n_holdings, double now) {
-    double m0 = mono_s();
+    double m0 = kvl__now_s();
     pthread_mutex_lock(&l->mu);
     kvl_status s = KVL_OK;
     if (sqlite3_exec(l->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
@@ -306,7 +301,7 @@ kvl_status kvr_ledger_turn_commit(kvr_ledger *l, const char *id, const int32_t *
 }
 
 kvl_status kvr_ledger_holding_set(kvr_ledger *l, const char *id, const char *node, int n) {
-    double m0 = mono_s();
+    double m0 = kvl__now_s();
     pthread_mutex_lock(&l->mu);
     int rc = n > 0 ? exec_bind(l, "INSERT OR REPLACE INTO holdings(session,node,n_tokens) VALUES(?,?,?)",
                                "tti", id, node, (long long)n)
@@ -318,7 +313,7 @@ kvl_status kvr_ledger_holding_set(kvr_ledger *l, const char *id, const char *nod
 }
 
 kvl_status kvr_ledger_session_end(kvr_ledger *l, const char *id, kvr_session_state state, double now) {
-    double m0 = mono_s();
+    double m0 = kvl__now_s();
     pthread_mutex_lock(&l->mu);
     kvl_status s = KVL_OK;
     if (sqlite3_exec(l->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) s = db_err(l, "begin");
@@ -354,7 +349,7 @@ kvl_status kvr_ledger_idle(kvr_ledger *l, double before, char (*ids)[KVR_ID_MAX]
 }
 
 kvl_status kvr_ledger_purge(kvr_ledger *l, double before) {
-    double m0 = mono_s();
+    double m0 = kvl__now_s();
     pthread_mutex_lock(&l->mu);
     kvl_status s = KVL_OK;
     if (exec_bind(l, "DELETE FROM turns WHERE session IN (SELECT id FROM sessions WHERE state<>0 AND last_used<?)",

@@ -1,4 +1,5 @@
-/* router/metrics.h: Prometheus text exposition at /metrics (libmicrohttpd), plus /healthz.
+/* router/metrics.h: the router's Prometheus series (definitions in metrics.c, on the shared
+ * registry of service/prom.h) and the /metrics + /healthz endpoint (service/http.h).
  *
  * Series (names carry their unit):
  *   kvlingo_router_sessions_open                       gauge
@@ -14,6 +15,7 @@
  *   kvlingo_router_nodes_healthy                       gauge
  *   kvlingo_router_turns_in_flight                     gauge
  *   kvlingo_router_errors_total{code}                  counter (turns that ended in an error)
+ * The gauges are computed at scrape time (kvr_router_gauges in router.c).
  */
 #ifndef KVR_METRICS_H
 #define KVR_METRICS_H
@@ -21,31 +23,24 @@
 #include <stddef.h>
 
 #include "kvlingo/status.h"
+#include "prom.h"
 
 typedef struct kvr_metrics kvr_metrics;
-
-/* A growing text buffer the gauge callback appends to. */
-typedef struct kvr_textbuf {
-    char *data;
-    size_t len, cap;
-    int oom;
-} kvr_textbuf;
-void kvr_textbuf_printf(kvr_textbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 kvl_status kvr_metrics_create(kvr_metrics **out);
 void kvr_metrics_free(kvr_metrics *m);
 
 /* Gauges computed at scrape time (sessions open, pairs, ...), appended by `fn`. */
-void kvr_metrics_set_gauges(kvr_metrics *m, void (*fn)(void *arg, kvr_textbuf *b), void *arg);
+void kvr_metrics_set_gauges(kvr_metrics *m, void (*fn)(void *arg, kvl__svc_text *b), void *arg);
 
 /* counter `name`{labels} += delta.  `labels` is the inside of the braces, already escaped
- * ("source=\"a\",target=\"b\""), or "" for none. */
+ * ("source=\"a\",target=\"b\""), or "" for none.  A name metrics.c does not define is ignored. */
 void kvr_metrics_inc(kvr_metrics *m, const char *name, const char *labels, double delta);
-/* histogram `name`{labels} observes v (bucket layout chosen by name). */
+/* histogram `name`{labels} observes v (buckets as metrics.c defines them for the name). */
 void kvr_metrics_observe(kvr_metrics *m, const char *name, const char *labels, double v);
 
 /* Render everything (caller frees b->data). */
-void kvr_metrics_render(kvr_metrics *m, kvr_textbuf *b);
+void kvr_metrics_render(kvr_metrics *m, kvl__svc_text *b);
 
 /* Serve /metrics and /healthz on "host:port" (libmicrohttpd internal thread). */
 kvl_status kvr_metrics_serve(kvr_metrics *m, const char *listen);

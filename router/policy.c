@@ -28,7 +28,9 @@ kvl_status kvr_policy_create(kvr_config *c, kvr_policy **out) {
     *out = NULL;
     const kvr_policy_ops *ops = kvr_policy_find(c->policy_name);
     if (!ops)
-        return kvl__errorf(KVL_ERR_FORMAT, "%s: unknown policy '%s' (known: %s)", c->path,
+        return kvl__errorf(KVL_ERR_FORMAT,
+                          "%s:%d: key 'policy.name': unknown policy '%s' (known: %s)", c->path,
+                          kvl__svc_kv_line(&c->policy, "name"),
                           c->policy_name ? c->policy_name : "", kvr_policy_names());
     /* every key but `name` must be consumed by the policy */
     for (int i = 0; i < c->policy.n; i++) c->policy.items[i].used = !strcmp(c->policy.items[i].key, "name");
@@ -36,10 +38,17 @@ kvl_status kvr_policy_create(kvr_config *c, kvr_policy **out) {
     if (!p) return kvl__errorf(KVL_ERR_NOMEM, "policy: out of memory");
     p->ops = ops;
     kvl_status s = ops->create(&c->policy, c, &p->self);
-    if (!s) s = kvr_kv_check_unused(&c->policy);
+    if (!s) s = kvl__svc_kv_check_unused(&c->policy);
     if (s) { kvr_policy_free(p); return s; }
     *out = p;
     return KVL_OK;
+}
+
+kvl_status kvr_policy_check(kvr_config *c) {
+    kvr_policy *p = NULL;
+    kvl_status s = kvr_policy_create(c, &p);
+    kvr_policy_free(p);
+    return s;
 }
 
 void kvr_policy_free(kvr_policy *p) {
@@ -121,7 +130,7 @@ int kvr_policy_split(const char *list, char **out, int max) {
     return n;
 }
 
-kvl_status kvr_policy_check_models(const kvr_kvlist *keys, const char *key, const char *list,
+kvl_status kvr_policy_check_models(const kvl__svc_kvlist *keys, const char *key, const char *list,
                                    const kvr_config *c) {
     char *m[16];
     int n = kvr_policy_split(list, m, 16);
@@ -132,7 +141,7 @@ kvl_status kvr_policy_check_models(const kvr_kvlist *keys, const char *key, cons
         for (int j = 0; j < c->n_nodes; j++) found |= !strcmp(c->nodes[j].model, m[i]);
         if (!found && !s)
             s = kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key 'policy.%s': model '%s' is served by no node",
-                           keys->file, kvr_kv_line(keys, key), key, m[i]);
+                           keys->file, kvl__svc_kv_line(keys, key), key, m[i]);
     }
     for (int i = 0; i < n; i++) free(m[i]);
     return s;

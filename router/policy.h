@@ -62,7 +62,7 @@ typedef struct kvr_policy_ops {
     int needs_entropy;        /* the router asks nodes for distributions to measure entropy  */
     /* Validate and take the policy's keys (every key must be looked up: leftovers are
      * errors).  `c` gives the fleet (to check model names). */
-    kvl_status (*create)(kvr_kvlist *keys, const kvr_config *c, void **self);
+    kvl_status (*create)(kvl__svc_kvlist *keys, const kvr_config *c, void **self);
     void (*destroy)(void *self);
     /* KVL_ERR_NOT_FOUND for an unknown requested model, KVL_ERR_IO when no healthy node. */
     kvl_status (*choose)(void *self, const kvr_policy_input *in, kvr_policy_decision *out);
@@ -76,8 +76,15 @@ typedef struct kvr_policy kvr_policy;
 const kvr_policy_ops *kvr_policy_find(const char *name);
 const char *kvr_policy_names(void);   /* "pinned, least_loaded, cascade, cost" */
 
-/* Create the policy named in c->policy_name from c->policy.  Free with kvr_policy_free. */
+/* Create the policy named in c->policy_name from c->policy (every key but `name` must be taken
+ * by the policy).  Errors: KVL_ERR_FORMAT "FILE:LINE: key 'policy.name': unknown policy 'X'
+ * (known: ...)", or a policy key's own "FILE:LINE: key 'policy.KEY': ..." / "unknown key";
+ * KVL_ERR_NOMEM.  *out is owned by the caller: free with kvr_policy_free.  c->policy's `used`
+ * marks are reset and set again (the only change to c). */
 kvl_status kvr_policy_create(kvr_config *c, kvr_policy **out);
+/* Validate c's policy section as kvr_policy_create does, keeping nothing: what the router runs
+ * right after loading a configuration (start, --check, SIGHUP), before anything else opens. */
+kvl_status kvr_policy_check(kvr_config *c);
 void kvr_policy_free(kvr_policy *p);
 const char *kvr_policy_name(const kvr_policy *p);
 int kvr_policy_needs_entropy(const kvr_policy *p);
@@ -97,7 +104,7 @@ const char *kvr_policy_default_model(const kvr_policy_input *in, const char *dfl
  * Returns the index, or a negative kvl_status with the message set. */
 int kvr_policy_pick_of_model(const kvr_policy_input *in, const char *model);
 /* Check that every comma-separated model of `list` is served by a node of `c`. */
-kvl_status kvr_policy_check_models(const kvr_kvlist *keys, const char *key, const char *list,
+kvl_status kvr_policy_check_models(const kvl__svc_kvlist *keys, const char *key, const char *list,
                                    const kvr_config *c);
 /* Split "a,b,c" into at most `max` malloc'ed strings; returns the count (negative on OOM). */
 int kvr_policy_split(const char *list, char **out, int max);

@@ -37,8 +37,8 @@ static void cascade_destroy(void *self) {
     free(p);
 }
 
-static kvl_status cascade_create(kvr_kvlist *keys, const kvr_config *c, void **self) {
-    const char *models = kvr_kv_str(keys, "models", NULL);
+static kvl_status cascade_create(kvl__svc_kvlist *keys, const kvr_config *c, void **self) {
+    const char *models = kvl__svc_kv_str(keys, "models", NULL);
     if (!models)
         return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key 'policy.models' is required for cascade",
                           keys->file, keys->line);
@@ -51,11 +51,11 @@ static kvl_status cascade_create(kvr_kvlist *keys, const kvr_config *c, void **s
     if (p->n < 1) {
         cascade_destroy(p);
         return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key 'policy.models': at least one model",
-                          keys->file, kvr_kv_line(keys, "models"));
+                          keys->file, kvl__svc_kv_line(keys, "models"));
     }
-    if (!s) s = kvr_kv_double(keys, "entropy_threshold", 3.0, 0, 1e3, &p->threshold);
-    if (!s) s = kvr_kv_int(keys, "calm_turns", 2, 1, 1 << 20, &p->calm_turns);
-    if (!s) s = kvr_kv_bool(keys, "escalate_on_flag", 1, &p->on_flag);
+    if (!s) s = kvl__svc_kv_double(keys, "entropy_threshold", 3.0, 0, 1e3, &p->threshold);
+    if (!s) s = kvl__svc_kv_int(keys, "calm_turns", 2, 1, 1 << 20, &p->calm_turns);
+    if (!s) s = kvl__svc_kv_bool(keys, "escalate_on_flag", 1, &p->on_flag);
     if (s) { cascade_destroy(p); return s; }
     *self = p;
     return KVL_OK;

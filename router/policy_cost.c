@@ -38,10 +38,10 @@ static void cost_destroy(void *self) {
     free(p);
 }
 
-static kvl_status cost_create(kvr_kvlist *keys, const kvr_config *c, void **self) {
+static kvl_status cost_create(kvl__svc_kvlist *keys, const kvr_config *c, void **self) {
     cost *p = calloc(1, sizeof *p);
     if (!p) return kvl__errorf(KVL_ERR_NOMEM, "policy cost: out of memory");
-    const char *models = kvr_kv_str(keys, "models", NULL);
+    const char *models = kvl__svc_kv_str(keys, "models", NULL);
     kvl_status s = KVL_OK;
     if (models) {
         s = kvr_policy_check_models(keys, "models", models, c);
@@ -51,8 +51,8 @@ static kvl_status cost_create(kvr_kvlist *keys, const kvr_config *c, void **self
         }
     }
     double ms = 2;
-    if (!s) s = kvr_kv_double(keys, "switch_overhead_ms", 2, 0, 1e6, &ms);
-    if (!s) s = kvr_kv_double(keys, "decode_weight", 0, 0, 1e6, &p->decode_weight);
+    if (!s) s = kvl__svc_kv_double(keys, "switch_overhead_ms", 2, 0, 1e6, &ms);
+    if (!s) s = kvl__svc_kv_double(keys, "decode_weight", 0, 0, 1e6, &p->decode_weight);
     p->overhead_s = ms / 1000.0;
     if (s) { cost_destroy(p); return s; }
     *self = p;

@@ -23,11 +23,11 @@ typedef struct least_loaded {
     long margin;
 } least_loaded;
 
-static kvl_status ll_create(kvr_kvlist *keys, const kvr_config *c, void **self) {
+static kvl_status ll_create(kvl__svc_kvlist *keys, const kvr_config *c, void **self) {
     long margin = 0;
-    kvl_status s = kvr_kv_int(keys, "rebalance_margin", 4, 0, 1 << 20, &margin);
+    kvl_status s = kvl__svc_kv_int(keys, "rebalance_margin", 4, 0, 1 << 20, &margin);
     if (s) return s;
-    const char *dm = kvr_kv_str(keys, "default_model", "");
+    const char *dm = kvl__svc_kv_str(keys, "default_model", "");
     if (dm[0] && (s = kvr_policy_check_models(keys, "default_model", dm, c))) return s;
     least_loaded *p = calloc(1, sizeof *p);
     if (!p || !(p->default_model = strdup(dm))) {

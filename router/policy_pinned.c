@@ -20,8 +20,8 @@ typedef struct pinned {
     char *default_model;
 } pinned;
 
-static kvl_status pinned_create(kvr_kvlist *keys, const kvr_config *c, void **self) {
-    const char *dm = kvr_kv_str(keys, "default_model", "");
+static kvl_status pinned_create(kvl__svc_kvlist *keys, const kvr_config *c, void **self) {
+    const char *dm = kvl__svc_kv_str(keys, "default_model", "");
     if (dm[0]) {
         kvl_status s = kvr_policy_check_models(keys, "default_model", dm, c);
         if (s) return s;

@@ -137,7 +137,7 @@ int kvr_registry_refresh(kvr_registry *r, int only_unhealthy, int64_t timeout_ms
             snprintf(msg, sizeof msg, "%s", kvl_last_error());
             pthread_mutex_lock(&r->mu);
             if (!n->down_logged)
-                kvr_logf("warn", "node %s (%s) does not answer: %s\n", n->name, n->address, msg);
+                kvl__svc_log_text("warn", "node %s (%s) does not answer: %s", n->name, n->address, msg);
             n->down_logged = 1;
             n->healthy = 0;
             snprintf(n->error, sizeof n->error, "%s", msg);
@@ -148,13 +148,13 @@ int kvr_registry_refresh(kvr_registry *r, int only_unhealthy, int64_t timeout_ms
         pthread_mutex_lock(&r->mu);
         if (strcmp(name, n->model)) {
             snprintf(n->error, sizeof n->error, "serves model '%s', config says '%s'", name, n->model);
-            if (n->healthy || !n->probed) kvr_logf("warn", "node %s: %s\n", n->name, n->error);
+            if (n->healthy || !n->probed) kvl__svc_log_text("warn", "node %s: %s", n->name, n->error);
             n->healthy = 0;
             n->probed = 1;
             pthread_mutex_unlock(&r->mu);
             continue;
         }
-        if (!n->healthy) kvr_logf("info", "node %s (%s) serving %s\n", n->name, n->address, name);
+        if (!n->healthy) kvl__svc_log_text("info", "node %s (%s) serving %s", n->name, n->address, name);
         n->healthy = 1;
         n->down_logged = 0;
         n->probed = 1;
@@ -184,7 +184,7 @@ void kvr_registry_mark(kvr_registry *r, int i, int healthy, const char *err) {
     pthread_mutex_lock(&r->mu);
     kvr_node *n = &r->nodes[i];
     if (!healthy && n->healthy) {
-        kvr_logf("warn", "node %s marked unhealthy: %s\n", n->name, err ? err : "");
+        kvl__svc_log_text("warn", "node %s marked unhealthy: %s", n->name, err ? err : "");
         n->down_logged = 1;
     }
     n->healthy = healthy;

@@ -22,12 +22,6 @@ double kvr_wall_now(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-double kvr_mono_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void ledger_observer(void *arg, double seconds) {
     kvr_metrics_observe(arg, "kvlingo_router_ledger_write_seconds", "", seconds);
 }
@@ -57,7 +51,7 @@ kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
     if (s) { kvr_router_free(r); return s; }
     int healthy = kvr_registry_refresh(r->reg, 0, 2000);
     kvr_router_sync_pairs(r);
-    kvr_logf("info", "%d of %d nodes answer; policy %s; ledger %s\n", healthy, r->reg->n,
+    kvl__svc_log_text("info", "%d of %d nodes answer; policy %s; ledger %s", healthy, r->reg->n,
             kvr_policy_name(r->policy), cfg->ledger);
     kvr_metrics_set_gauges(r->metrics, kvr_router_gauges, r);
     *out = r;
@@ -102,7 +96,7 @@ kvl_status kvr_router_reload(kvr_router *r) {
     pthread_rwlock_wrlock(&r->policy_lock);
     kvr_policy *old = r->policy;
     r->policy = np;
-    kvr_kvlist tmp = r->cfg->policy;
+    kvl__svc_kvlist tmp = r->cfg->policy;
     r->cfg->policy = nc->policy;
     nc->policy = tmp;
     char *tn = r->cfg->policy_name;
@@ -116,7 +110,7 @@ kvl_status kvr_router_reload(kvr_router *r) {
     kvr_guard_configure(r->guard, r->cfg);
     kvr_policy_free(old);
     kvr_config_free(nc);
-    kvr_logf("info", "reloaded %s: policy %s\n", r->cfg->path, r->cfg->policy_name);
+    kvl__svc_log_text("info", "reloaded %s: policy %s", r->cfg->path, r->cfg->policy_name);
     return KVL_OK;
 }
 
@@ -135,7 +129,7 @@ void kvr_router_expire(kvr_router *r) {
     if (!ids) return;
     int n = 0;
     if (kvr_ledger_idle(r->ledger, now - r->cfg->session_ttl_s, ids, EXPIRE_BATCH, &n)) {
-        kvr_logf("warn", "expiry: %s\n", kvl_last_error());
+        kvl__svc_log_text("warn", "expiry: %s", kvl_last_error());
         n = 0;
     }
     for (int i = 0; i < n; i++) {
@@ -149,50 +143,50 @@ void kvr_router_expire(kvr_router *r) {
             /* a node that is down lost or will lose the session anyway; waiting on it here would
              * stall the loop (signals, probes) for a timeout per session */
             if (ni >= 0 && nc.healthy && kvr_node_drop(&r->reg->nodes[ni], ids[i], 1000, NULL))
-                kvr_logf("warn", "expiry: %s\n", kvl_last_error());
+                kvl__svc_log_text("warn", "expiry: %s", kvl_last_error());
         }
         if (!kvr_ledger_session_end(r->ledger, ids[i], KVR_SESSION_EXPIRED, now))
-            kvr_logf("info", "session %s expired after %.0f s idle\n", ids[i], now - s.last_used);
+            kvl__svc_log_text("info", "session %s expired after %.0f s idle", ids[i], now - s.last_used);
         kvr_session_clear(&s);
     }
     free(ids);
     kvr_ledger_purge(r->ledger, now - ENDED_KEEP_S);
 }
 
-void kvr_router_gauges(void *arg, kvr_textbuf *b) {
+void kvr_router_gauges(void *arg, kvl__svc_text *b) {
     kvr_router *r = arg;
     long open = 0;
     kvr_ledger_count_open(r->ledger, &open);
-    kvr_textbuf_printf(b, "# HELP kvlingo_router_sessions_open Sessions open in the ledger.\n"
+    kvl__svc_text_printf(b, "# HELP kvlingo_router_sessions_open Sessions open in the ledger.\n"
                           "# TYPE kvlingo_router_sessions_open gauge\nkvlingo_router_sessions_open %ld\n", open);
-    kvr_textbuf_printf(b, "# HELP kvlingo_router_pairs_disabled Translator pairs disabled by the guardrail.\n"
+    kvl__svc_text_printf(b, "# HELP kvlingo_router_pairs_disabled Translator pairs disabled by the guardrail.\n"
                           "# TYPE kvlingo_router_pairs_disabled gauge\nkvlingo_router_pairs_disabled %d\n",
                        kvr_guard_disabled_count(r->guard));
     kvr_pair_status ps[64];
     int np = kvr_guard_pairs(r->guard, ps, 64);
-    kvr_textbuf_printf(b, "# HELP kvlingo_router_pair_moving_kl_nats Moving KL(native||translated) per pair.\n"
+    kvl__svc_text_printf(b, "# HELP kvlingo_router_pair_moving_kl_nats Moving KL(native||translated) per pair.\n"
                           "# TYPE kvlingo_router_pair_moving_kl_nats gauge\n");
     for (int i = 0; i < np; i++)
-        kvr_textbuf_printf(b, "kvlingo_router_pair_moving_kl_nats{source=\"%s\",target=\"%s\"} %.6g\n",
+        kvl__svc_text_printf(b, "kvlingo_router_pair_moving_kl_nats{source=\"%s\",target=\"%s\"} %.6g\n",
                            ps[i].source, ps[i].target, ps[i].moving_kl);
-    kvr_textbuf_printf(b, "# HELP kvlingo_router_pair_enabled 1 when the router translates for the pair.\n"
+    kvl__svc_text_printf(b, "# HELP kvlingo_router_pair_enabled 1 when the router translates for the pair.\n"
                           "# TYPE kvlingo_router_pair_enabled gauge\n");
     for (int i = 0; i < np; i++)
-        kvr_textbuf_printf(b, "kvlingo_router_pair_enabled{source=\"%s\",target=\"%s\"} %d\n",
+        kvl__svc_text_printf(b, "kvlingo_router_pair_enabled{source=\"%s\",target=\"%s\"} %d\n",
                            ps[i].source, ps[i].target, ps[i].enabled);
     int healthy = 0, inflight = 0;
-    kvr_textbuf_printf(b, "# HELP kvlingo_router_node_healthy 1 when the node answers.\n"
+    kvl__svc_text_printf(b, "# HELP kvlingo_router_node_healthy 1 when the node answers.\n"
                           "# TYPE kvlingo_router_node_healthy gauge\n");
     for (int i = 0; i < r->reg->n; i++) {
         kvr_node n;
         kvr_registry_copy(r->reg, i, &n);
         healthy += n.healthy;
         inflight += n.active;
-        kvr_textbuf_printf(b, "kvlingo_router_node_healthy{node=\"%s\",model=\"%s\"} %d\n", n.name,
+        kvl__svc_text_printf(b, "kvlingo_router_node_healthy{node=\"%s\",model=\"%s\"} %d\n", n.name,
                            n.model, n.healthy);
     }
-    kvr_textbuf_printf(b, "# HELP kvlingo_router_nodes_healthy Nodes that answer.\n"
+    kvl__svc_text_printf(b, "# HELP kvlingo_router_nodes_healthy Nodes that answer.\n"
                           "# TYPE kvlingo_router_nodes_healthy gauge\nkvlingo_router_nodes_healthy %d\n", healthy);
-    kvr_textbuf_printf(b, "# HELP kvlingo_router_turns_in_flight Turns running now.\n"
+    kvl__svc_text_printf(b, "# HELP kvlingo_router_turns_in_flight Turns running now.\n"
                           "# TYPE kvlingo_router_turns_in_flight gauge\nkvlingo_router_turns_in_flight %d\n", inflight);
 }

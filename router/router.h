@@ -61,7 +61,6 @@ void kvr_router_expire(kvr_router *r);
 
 /* Seconds since the Unix epoch. */
 double kvr_wall_now(void);
-double kvr_mono_now(void);
 
 /* ---- one turn (turn.c) --------------------------------------------------------------------- */
 
@@ -100,6 +99,6 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
                         kvr_turn_out *out);
 
 /* Gauges callback for metrics (sessions open, pairs disabled, nodes healthy, ...). */
-void kvr_router_gauges(void *arg, kvr_textbuf *b);
+void kvr_router_gauges(void *arg, kvl__svc_text *b);
 
 #endif

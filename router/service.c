@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "clock.h"
 #include "error.h"
 #include "nodecall.h"
 
@@ -42,7 +43,7 @@ static void busy_release(kvr_router *r, const char *id) {
 }
 
 static void fail(kvl__rpc_call *call, const char *method, grpc_status_code code, const char *msg) {
-    kvr_logf("warn", "%s -> %s: %s\n", method, kvl__rpc_status_name(code), msg);
+    kvl__svc_log_text("warn", "%s -> %s: %s", method, kvl__rpc_status_name(code), msg);
     kvl__rpc_call_finish(call, code, "%s", msg);
 }
 
@@ -69,7 +70,7 @@ static void h_create(kvl__rpc_call *call, const uint8_t *req, size_t len, void *
     } else {
         uint8_t rnd[8] = {0};
         if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
-            uint64_t x = (uint64_t)(kvr_mono_now() * 1e9);
+            uint64_t x = (uint64_t)(kvl__now_s() * 1e9);
             memcpy(rnd, &x, sizeof rnd);
         }
         snprintf(id, sizeof id, "s-%02x%02x%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1], rnd[2], rnd[3],
@@ -94,7 +95,7 @@ static void h_create(kvl__rpc_call *call, const uint8_t *req, size_t len, void *
     Kvlingo__V1__CreateSessionResponse resp = KVLINGO__V1__CREATE_SESSION_RESPONSE__INIT;
     resp.session_id = id;
     kvl__rpc_call_reply_pb(call, &resp.base);
-    kvr_logf("info", "CreateSession %s\n", id);
+    kvl__svc_log_text("info", "CreateSession %s", id);
 }
 
 /* ---- Send ---------------------------------------------------------------------------------- */
@@ -210,13 +211,16 @@ static void h_send(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
         sum.policy_reason = o.policy_reason;
         /* logged before the summary goes out: a client that saw the summary finds the line */
         static const char *modes[] = {"none", "translate", "reprefill"};
-        kvr_logf("info",
-                "turn session=%s turn=%u node=%s model=%s mode=%s from=%s span=%u user=%u "
-                "ttft_ms=%.2f switch_ms=%.2f tokens=%u tok_s=%.1f entropy=%.3f ctx=%u fallback=\"%s\" "
-                "policy=\"%s\"\n",
-                tr.sid, o.turn, o.node, o.model, modes[o.mode % 3], o.from_model[0] ? o.from_model : "-",
-                o.span_tokens, o.user_tokens, o.ttft_s * 1e3, o.switch_s * 1e3, o.n_generated, o.tps,
-                o.mean_entropy, o.context_tokens, o.fallback, o.policy_reason);
+        char qfb[330], qpol[330];   /* room for every character escaped */
+        kvl__svc_log("info",
+                     "msg=turn session=%s turn=%u node=%s model=%s mode=%s from=%s span=%u "
+                     "user=%u ttft_ms=%.2f switch_ms=%.2f tokens=%u tok_s=%.1f entropy=%.3f "
+                     "ctx=%u fallback=%s policy=%s",
+                     tr.sid, o.turn, o.node, o.model, modes[o.mode % 3],
+                     o.from_model[0] ? o.from_model : "-", o.span_tokens, o.user_tokens,
+                     o.ttft_s * 1e3, o.switch_s * 1e3, o.n_generated, o.tps, o.mean_entropy,
+                     o.context_tokens, kvl__svc_log_q(qfb, sizeof qfb, o.fallback),
+                     kvl__svc_log_q(qpol, sizeof qpol, o.policy_reason));
         Kvlingo__V1__SendResponse m = KVLINGO__V1__SEND_RESPONSE__INIT;
         m.summary = &sum;
         kvl__rpc_call_send_pb(call, &m.base);
@@ -280,7 +284,7 @@ static void h_close(kvl__rpc_call *call, const uint8_t *req, size_t len, void *u
         for (int i = 0; i < s.n_holdings; i++) {
             int ni = kvr_registry_find(r->reg, s.holdings[i].node);
             if (ni >= 0 && kvr_node_drop(&r->reg->nodes[ni], id, 2000, NULL))
-                kvr_logf("warn", "CloseSession %s: %s\n", id, kvl_last_error());
+                kvl__svc_log_text("warn", "CloseSession %s: %s", id, kvl_last_error());
         }
         st = kvr_ledger_session_end(r->ledger, id, KVR_SESSION_CLOSED, kvr_wall_now());
         closed = !st;
@@ -291,7 +295,7 @@ static void h_close(kvl__rpc_call *call, const uint8_t *req, size_t len, void *u
     Kvlingo__V1__CloseSessionResponse resp = KVLINGO__V1__CLOSE_SESSION_RESPONSE__INIT;
     resp.closed = closed;
     kvl__rpc_call_reply_pb(call, &resp.base);
-    kvr_logf("info", "CloseSession %s closed=%d\n", id, closed);
+    kvl__svc_log_text("info", "CloseSession %s closed=%d", id, closed);
 }
 
 /* ---- ListNodes ----------------------------------------------------------------------------- */

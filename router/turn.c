@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "error.h"
 #include "nodecall.h"
 
@@ -79,7 +80,7 @@ static kvl_status reconcile(turn *t, int i, int *h, int *cached, int *absent, gr
     }
     if (ns.found) {
         if (expect > 0 || ns.tokens > 0)
-            kvr_logf("warn", "session %s: node %s holds %u tokens (%s), ledger says %d: reset\n",
+            kvl__svc_log_text("warn", "session %s: node %s holds %u tokens (%s), ledger says %d: reset",
                     t->req->sid, n->name, ns.tokens, ns.idle ? "idle" : "busy", expect);
         if ((st = kvr_node_drop(n, t->req->sid, t->node_ms, code))) return st;
     }
@@ -127,10 +128,10 @@ static int try_translate(turn *t, int ti, int from, int tgt_tokens, int *to_out,
     int64_t timeout = (int64_t)(c->transfer_base_ms + bytes / c->transfer_bytes_per_s * 1000.0);
     kvr_export_result ex;
     for (int attempt = 0; attempt <= c->transfer_retries; attempt++) {
-        double t0 = kvr_mono_now();
+        double t0 = kvl__now_s();
         kvl_status st = kvr_node_export(src, dst, t->req->sid, (unsigned)from, (unsigned)to, 0,
                                         timeout, &ex, &code);
-        *xfer_s += kvr_mono_now() - t0;
+        *xfer_s += kvl__now_s() - t0;
         if (!st) {
             /* the imported range must be exactly what the ledger expects: an off-by-one span is
              * not decoded, it is thrown away and re-prefilled */
@@ -147,7 +148,7 @@ static int try_translate(turn *t, int ti, int from, int tgt_tokens, int *to_out,
         code_label(code, label, sizeof label);
         char msg[200];
         snprintf(msg, sizeof msg, "%s", kvl_last_error());
-        kvr_logf("warn", "session %s: export %s->%s [%d,%d) attempt %d failed: %s\n",
+        kvl__svc_log_text("warn", "session %s: export %s->%s [%d,%d) attempt %d failed: %s",
                 t->req->sid, src->name, dst->name, from, to, attempt + 1, msg);
         if (!transient(code)) {
             char lab[64];
@@ -166,7 +167,7 @@ static int try_translate(turn *t, int ti, int from, int tgt_tokens, int *to_out,
          * target checked the checksum itself; when it holds exactly [0, to), keep it */
         if (di.found && di.idle && (int)di.tokens == to && (int)di.cached == to &&
             (int)di.imported >= to - from) {
-            kvr_logf("info", "session %s: %s imported [%d,%d) before the export failed: kept\n",
+            kvl__svc_log_text("info", "session %s: %s imported [%d,%d) before the export failed: kept",
                     t->req->sid, dst->name, from, to);
             t->fb_code[0] = 0;
             t->out->fallback[0] = 0;
@@ -293,7 +294,7 @@ static kvl_status decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void *a
             protobuf_c_message_free_unpacked(&m->base, NULL);
             continue;
         }
-        double now = kvr_mono_now();
+        double now = kvl__now_s();
         if (o->n_generated == 0) { t_first = now; o->ttft_s = now - t_start; }
         t_last = now;
         if (m->n_logprobs) {
@@ -331,7 +332,7 @@ static kvl_status decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void *a
 
 kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit, void *arg,
                         kvr_turn_out *out) {
-    double t_start = kvr_mono_now();
+    double t_start = kvl__now_s();
     memset(out, 0, sizeof *out);
     turn t = {.r = r, .req = req, .out = out, .cur = -1, .node_ms = (int64_t)r->cfg->node_timeout_ms};
     kvl_status s = kvr_ledger_session_load(r->ledger, req->sid, 1, &t.s);
@@ -425,7 +426,7 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
             kvr_node_session ns;
             int after = t.N + req->n_user + (int)out->n_generated;
             if (kvr_node_session_info(T, req->sid, t.node_ms, &ns, NULL) || !ns.found || (int)ns.tokens != after) {
-                kvr_logf("warn", "session %s: node %s holds %u tokens after the turn, expected %d\n",
+                kvl__svc_log_text("warn", "session %s: node %s holds %u tokens after the turn, expected %d",
                         req->sid, T->name, ns.tokens, after);
                 after = 0;
             }
@@ -475,7 +476,7 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
                             kvr_guard_record(r->guard, out->from_model, out->model, out->shadow_kl);
                         }
                     } else {
-                        kvr_logf("warn", "compare_reprefill failed: %s\n", kvl_last_error());
+                        kvl__svc_log_text("warn", "compare_reprefill failed: %s", kvl_last_error());
                     }
                 }
                 free(ctx);
@@ -495,7 +496,7 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
         if (started || code == GRPC_STATUS_CANCELLED || !transient(code)) break;
         /* the target failed before any token: mark it down and let the policy choose again */
         kvr_registry_mark(r->reg, ti, 0, kvl_last_error());
-        kvr_logf("warn", "session %s: node %s failed before the first token (%s); choosing again\n",
+        kvl__svc_log_text("warn", "session %s: node %s failed before the first token (%s); choosing again",
                 req->sid, T->name, kvl_last_error());
         free(first_lp);
         first_lp = NULL;

@@ -3,7 +3,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/slice.h>
@@ -51,12 +50,6 @@ const char *kvl__rpc_status_name(grpc_status_code code) {
         "UNAUTHENTICATED"};
     if ((int)code >= 0 && (size_t)code < sizeof names / sizeof names[0]) return names[code];
     return "UNKNOWN";
-}
-
-int64_t kvl__rpc_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 void kvl__rpc_init(void) { grpc_init(); }

@@ -63,8 +63,6 @@ kvl_status kvl__rpc_status_to_kvl(grpc_status_code code);
 /* Static name, e.g. "NOT_FOUND". */
 const char *kvl__rpc_status_name(grpc_status_code code);
 
-/* Milliseconds since an arbitrary monotonic origin (CLOCK_MONOTONIC), for deadlines/timings. */
-int64_t kvl__rpc_now_ms(void);
 
 /* ---- server -------------------------------------------------------------------------------- */
 

@@ -8,6 +8,7 @@
 
 #include <grpc/grpc_security.h>
 
+#include "clock.h"
 #include "error.h"
 
 /* Accept this many calls concurrently at the gRPC level (outstanding request_call slots). */
@@ -327,9 +328,9 @@ void kvl__rpc_server_shutdown(kvl__rpc_server *srv, int64_t grace_ms) {
     if (!srv->started) return;
     grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->t_shutdown);
     /* grace period: let running handlers answer */
-    int64_t until = kvl__rpc_now_ms() + (grace_ms > 0 ? grace_ms : 0);
+    int64_t until = kvl__now_ms() + (grace_ms > 0 ? grace_ms : 0);
     pthread_mutex_lock(&srv->mu);
-    while (srv->active > 0 && kvl__rpc_now_ms() < until) {
+    while (srv->active > 0 && kvl__now_ms() < until) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 20 * 1000000;

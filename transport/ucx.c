@@ -22,6 +22,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include "clock.h"
 #include "error.h"
 
 typedef struct ucx_op {
@@ -69,12 +70,6 @@ static void cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, int ms) {
         ts.tv_nsec -= 1000000000L;
     }
     pthread_cond_timedwait(cv, mu, &ts);
-}
-
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* Progress: spin while requests are in flight (UCX needs both sides progressing for
@@ -158,7 +153,7 @@ static void ucx_address(const kvl__transport *t, const uint8_t **addr, size_t *l
  * out so `op` and its buffer are free to reuse when this returns. */
 static kvl_status wait_op(ucx_transport *u, ucx_op *op, int64_t timeout_ms,
                           const volatile int *cancel, const char *what, int is_recv) {
-    int64_t until = timeout_ms > 0 ? now_ms() + timeout_ms : INT64_MAX;
+    int64_t until = timeout_ms > 0 ? kvl__now_ms() + timeout_ms : INT64_MAX;
     kvl_status st = KVL_OK;
     unsigned idle = 0;
     while (!op->done) {
@@ -166,7 +161,7 @@ static kvl_status wait_op(ucx_transport *u, ucx_op *op, int64_t timeout_ms,
             st = kvl__errorf(KVL_ERR_CANCELLED, "transport: %s cancelled", what);
             break;
         }
-        if ((idle & 255) == 0 && now_ms() >= until) {
+        if ((idle & 255) == 0 && kvl__now_ms() >= until) {
             st = kvl__errorf(KVL_ERR_IO, "transport: %s timed out after %lld ms", what,
                             (long long)timeout_ms);
             break;
@@ -266,8 +261,8 @@ static void close_ep(ucx_transport *u, ucp_ep_h ep, int force) {
     prm.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &prm);
     if (r == NULL || UCS_PTR_IS_ERR(r)) return;
-    int64_t until = now_ms() + 1000;
-    while (ucp_request_check_status(r) == UCS_INPROGRESS && now_ms() < until)
+    int64_t until = kvl__now_ms() + 1000;
+    while (ucp_request_check_status(r) == UCS_INPROGRESS && kvl__now_ms() < until)
         ucp_worker_progress(u->worker);
     ucp_request_free(r);
 }

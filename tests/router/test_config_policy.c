@@ -27,9 +27,19 @@ static kvl_status parse(const char *extra, kvr_config **c) {
     return kvr_config_parse(buf, strlen(buf), "/etc/fleet.yaml", c);
 }
 
+/* What the router does with a file: parse it, then let the policy check its section. */
+static kvl_status load(const char *extra, kvr_config **c) {
+    kvl_status s = parse(extra, c);
+    if (!s && (s = kvr_policy_check(*c))) {
+        kvr_config_free(*c);
+        *c = NULL;
+    }
+    return s;
+}
+
 static void expect_err(const char *extra, const char *w1, const char *w2) {
     kvr_config *c = NULL;
-    assert_int_not_equal(parse(extra, &c), KVL_OK);
+    assert_int_not_equal(load(extra, &c), KVL_OK);
     assert_null(c);
     const char *e = kvl_last_error();
     if (!strstr(e, w1) || (w2 && !strstr(e, w2))) fail_msg("error '%s' lacks '%s' / '%s'", e, w1, w2 ? w2 : "");
@@ -67,7 +77,12 @@ static void test_config_errors(void **state) {
                "integer");
     expect_err("nodes2: 1\n", "nodes2", NULL);
     expect_err("policy: [1, 2\n", "YAML error", NULL);
+    /* parsing alone does not know policies: the name is the policy's to check */
     kvr_config *c = NULL;
+    assert_int_equal(parse("policy:\n  name: fastest\n", &c), KVL_OK);
+    assert_string_equal(c->policy_name, "fastest");
+    kvr_config_free(c);
+    c = NULL;
     const char *no_nodes = "listen: 127.0.0.1:1\ntokenizer: t\npolicy: {name: pinned}\n";
     assert_int_not_equal(kvr_config_parse(no_nodes, strlen(no_nodes), "f.yaml", &c), KVL_OK);
     assert_non_null(strstr(kvl_last_error(), "'nodes' is required"));

@@ -13,9 +13,7 @@
 
 #include <cmocka.h>
 
-#include "metrics.h"
-#include "scheduler.h"
-#include "session.h"
+#include "kvld.h"
 
 typedef struct fx {
     kvl_model *m;

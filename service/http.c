@@ -1,0 +1,109 @@
+/* service/http.c: /metrics and /healthz over libmicrohttpd (http.h). */
+#include "http.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <microhttpd.h>
+
+#include "error.h"
+
+struct kvl__svc_http {
+    struct MHD_Daemon *mhd;
+    kvl__svc_prom *prom;
+    kvl__svc_health_fn health;
+    void *arg;
+    int port;
+};
+
+static enum MHD_Result reply(struct MHD_Connection *conn, unsigned code, const char *type,
+                             kvl__svc_text *b) {
+    if (b->oom || !b->data) {
+        free(b->data);
+        return MHD_NO;
+    }
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(b->len, b->data, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(b->data);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", type);
+    enum MHD_Result ret = MHD_queue_response(conn, code, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version, const char *upload,
+                                  size_t *upload_size, void **con_cls) {
+    kvl__svc_http *h = cls;
+    kvl__svc_text b = {0};
+    if (strcmp(method, "GET") && strcmp(method, "HEAD")) {
+        kvl__svc_text_printf(&b, "method not allowed\n");
+        return reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain", &b);
+    }
+    if (!strcmp(url, "/metrics")) {
+        kvl__svc_prom_render(h->prom, &b);
+        if (!b.data) kvl__svc_text_printf(&b, "%s", "");   /* an empty registry is a valid body */
+        return reply(conn, MHD_HTTP_OK, "text/plain; version=0.0.4", &b);
+    }
+    if (!strcmp(url, "/healthz")) {
+        int ok = !h->health || h->health(h->arg);
+        kvl__svc_text_printf(&b, ok ? "ok\n" : "draining\n");
+        return reply(conn, ok ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, "text/plain", &b);
+    }
+    kvl__svc_text_printf(&b, "not found: try /metrics or /healthz\n");
+    return reply(conn, MHD_HTTP_NOT_FOUND, "text/plain", &b);
+}
+
+kvl_status kvl__svc_http_start(const char *what, const char *addr, int allow_port0,
+                               kvl__svc_prom *prom, kvl__svc_health_fn health, void *arg,
+                               kvl__svc_http **out) {
+    *out = NULL;
+    char host[256];
+    const char *colon = strrchr(addr, ':');
+    if (!colon || colon == addr || (size_t)(colon - addr) >= sizeof host)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "%s '%s': expected HOST:PORT", what, addr);
+    memcpy(host, addr, (size_t)(colon - addr));
+    host[colon - addr] = '\0';
+    char *end = NULL;
+    long port = strtol(colon + 1, &end, 10);
+    if (end == colon + 1 || *end || port < (allow_port0 ? 0 : 1) || port > 65535)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "%s '%s': bad port", what, addr);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    if (!strcmp(host, "localhost")) snprintf(host, sizeof host, "127.0.0.1");
+    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "%s '%s': host must be an IPv4 address", what,
+                          addr);
+    kvl__svc_http *h = calloc(1, sizeof *h);
+    if (!h) return kvl__errorf(KVL_ERR_NOMEM, "metrics");
+    h->prom = prom;
+    h->health = health;
+    h->arg = arg;
+    h->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL,
+                              on_request, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
+    if (!h->mhd) {
+        free(h);
+        return kvl__errorf(KVL_ERR_IO, "metrics: cannot listen on %s", addr);
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    h->port = info && info->port ? info->port : (int)port;
+    *out = h;
+    return KVL_OK;
+}
+
+int kvl__svc_http_port(const kvl__svc_http *h) { return h ? h->port : 0; }
+
+void kvl__svc_http_stop(kvl__svc_http *h) {
+    if (!h) return;
+    if (h->mhd) MHD_stop_daemon(h->mhd);
+    free(h);
+}

@@ -1,0 +1,32 @@
+/* service/http.h: the HTTP endpoint of a server (libmicrohttpd, its own polling thread):
+ *   GET /metrics   the registry's exposition text (Content-Type text/plain; version=0.0.4)
+ *   GET /healthz   200 "ok", or 503 "draining" while the health callback says so
+ * anything else is 404; methods other than GET and HEAD get 405. */
+#ifndef KVL_SVC_HTTP_H
+#define KVL_SVC_HTTP_H
+
+#include "kvlingo/status.h"
+#include "prom.h"
+
+typedef struct kvl__svc_http kvl__svc_http;
+
+/* 1 while the server takes work, 0 while it drains.  Runs on the HTTP thread. */
+typedef int (*kvl__svc_health_fn)(void *arg);
+
+/* Listen on `addr` ("HOST:PORT", HOST an IPv4 address or "localhost"; PORT 0 picks a free
+ * port when allow_port0 is set) and serve `prom` (borrowed: it must outlive the endpoint).
+ * `health` may be NULL (always "ok"); `arg` is borrowed likewise.  Errors name `what` (the
+ * flag or key the address came from): KVL_ERR_INVALID_ARG "WHAT 'ADDR': expected HOST:PORT" /
+ * "bad port" / "host must be an IPv4 address"; KVL_ERR_IO "metrics: cannot listen on ADDR";
+ * KVL_ERR_NOMEM.  Stop with kvl__svc_http_stop. */
+kvl_status kvl__svc_http_start(const char *what, const char *addr, int allow_port0,
+                               kvl__svc_prom *prom, kvl__svc_health_fn health, void *arg,
+                               kvl__svc_http **out);
+
+/* The port listened on (the one picked for PORT 0). */
+int kvl__svc_http_port(const kvl__svc_http *h);
+
+/* Stop the thread (waits for a running request) and free.  NULL is a no-op. */
+void kvl__svc_http_stop(kvl__svc_http *h);
+
+#endif
