@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "cli.h"
+
+#include "kvlingo/backend.h"
 #include "kvlingo/tokenizer.h"
 
 int cli_args_init(cli_args *a, int argc, char **argv, int first) {
@@ -55,6 +57,15 @@ long cli_opt_long(cli_args *a, const char *name, long dflt, long lo, long hi, in
         return dflt;
     }
     return x;
+}
+
+void cli_opt_device(cli_args *a, kvl_model_params *params, int *err) {
+    const char *v = cli_opt(a, "--device", err);
+    if (!v) return;
+    if (kvl_device_parse(v, &params->device, &params->device_index) != KVL_OK) {
+        fprintf(stderr, "kvlingo: option --device: %s\n", kvl_last_error());
+        *err = 1;
+    }
 }
 
 double cli_opt_double(cli_args *a, const char *name, double dflt, double lo, double hi, int *err) {

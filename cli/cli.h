@@ -23,6 +23,10 @@ int cli_flag(cli_args *a, const char *name);
 /* Parse numeric options; absent -> dflt.  Bad number -> message on stderr, *err = 1. */
 long cli_opt_long(cli_args *a, const char *name, long dflt, long lo, long hi, int *err);
 double cli_opt_double(cli_args *a, const char *name, double dflt, double lo, double hi, int *err);
+/* --device cpu|cuda|cuda:N into params->device / device_index (absent: cpu).  A bad name ->
+ * message on stderr, *err = 1. */
+struct kvl_model_params;
+void cli_opt_device(cli_args *a, struct kvl_model_params *params, int *err);
 /* Reports any argument not consumed; returns non-zero if there is one. */
 int cli_args_leftover(cli_args *a, const char *cmd);
 

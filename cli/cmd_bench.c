@@ -53,8 +53,8 @@ static kvl_status bmodel_open(bmodel *b, const char *spec, int cuda, kvl_cuda_dt
     cp.dtype = dt;
     kvl_status s;
     if (is_dir(spec)) {
+        /* host weights; the CUDA side uploads them itself below (one device copy) */
         kvl_model_params mp = kvl_model_default_params();
-        mp.device = cuda ? KVL_DEVICE_CUDA : KVL_DEVICE_CPU;
         if ((s = kvl_model_load(spec, &mp, &b->host)) != KVL_OK) return s;
         b->cfg = *kvl_model_config_get(b->host);
         if (cuda) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "kvlingo/backend.h"
 #include "kvlingo/cache.h"
 #include "kvlingo/model.h"
 #include "kvlingo/sampling.h"
@@ -17,7 +18,7 @@ int cmd_eval_ppl(int argc, char **argv) {
     int err = 0;
     if (cli_flag(&a, "--help")) {
         puts("usage: kvlingo eval-ppl --model DIR --text-file FILE [--window 256] [--max-windows 200]\n"
-             "         [--threads N] [--json]\n"
+             "         [--threads N] [--device cpu|cuda|cuda:N] [--json]\n"
              "Perplexity over windows starting at tokens 0, W, 2W, ...: each window reads tokens\n"
              "[s, s+W) from an empty cache and is scored on predicting [s+1, s+W+1).  The file is one\n"
              "document per line, each followed by <|endoftext|>.");
@@ -29,12 +30,14 @@ int cmd_eval_ppl(int argc, char **argv) {
     long W = cli_opt_long(&a, "--window", 256, 1, 1 << 20, &err);
     long max_windows = cli_opt_long(&a, "--max-windows", 200, 1, 1L << 30, &err);
     int threads = (int)cli_opt_long(&a, "--threads", 0, 0, 1024, &err);
+    kvl_model_params dev = kvl_model_default_params();
+    cli_opt_device(&a, &dev, &err);
     int json = cli_flag(&a, "--json");
     if (err || cli_args_leftover(&a, "eval-ppl")) { cli_args_free(&a); return 2; }
     cli_args_free(&a);
     if (!dir || !file) { fprintf(stderr, "kvlingo eval-ppl: --model DIR and --text-file FILE are required\n"); return 2; }
 
-    kvl_model_params mp = kvl_model_default_params();
+    kvl_model_params mp = dev;
     mp.n_threads = threads;
     kvl_model *m = NULL;
     kvl_tokenizer *tok = NULL;
@@ -54,7 +57,7 @@ int cmd_eval_ppl(int argc, char **argv) {
     if (cli_encode_documents("eval-ppl", tok, eos, file, &stream, &n)) goto done;
     kvl_cache_params cp = kvl_cache_default_params();
     cp.max_tokens = (int)W;
-    if ((s = kvl_cache_create(c, &cp, &cache)) != KVL_OK) { rc = cli_fail("eval-ppl", s); goto done; }
+    if ((s = kvl_model_cache_create(m, &cp, &cache)) != KVL_OK) { rc = cli_fail("eval-ppl", s); goto done; }
     logits = malloc(sizeof(float) * (size_t)W * c->vocab_size);
     if (!logits) { fprintf(stderr, "kvlingo eval-ppl: out of memory\n"); goto done; }
     double nll = 0.0;

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "kvlingo/backend.h"
 #include "clock.h"
 #include "kvlingo/cache.h"
 #include "kvlingo/model.h"
@@ -88,7 +89,8 @@ int cmd_generate(int argc, char **argv) {
     int err = 0;
     if (cli_flag(&a, "--help")) {
         puts("usage: kvlingo generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N (32)]\n"
-             "         [--temperature T] [--top-k K] [--top-p P] [--seed S] [--threads N] [--json]\n"
+             "         [--temperature T] [--top-k K] [--top-p P] [--seed S] [--threads N]\n"
+             "         [--device cpu|cuda|cuda:N] [--json]\n"
              "Greedy when --temperature is 0 (default).  --json prints {\"ids\": [...], \"text\": \"...\"}\n"
              "with the generated ids only, ending with EOS when generation stopped on it.");
         cli_args_free(&a);
@@ -104,6 +106,8 @@ int cmd_generate(int argc, char **argv) {
     sp.top_p = (float)cli_opt_double(&a, "--top-p", 1.0, 1e-9, 1.0, &err);
     sp.seed = (uint64_t)cli_opt_long(&a, "--seed", 0, 0, 0x7fffffffffffffffL, &err);
     int threads = (int)cli_opt_long(&a, "--threads", 0, 0, 1024, &err);
+    kvl_model_params dev = kvl_model_default_params();
+    cli_opt_device(&a, &dev, &err);
     int json = cli_flag(&a, "--json");
     if (err || cli_args_leftover(&a, "generate")) { cli_args_free(&a); return 2; }
     cli_args_free(&a);
@@ -113,7 +117,7 @@ int cmd_generate(int argc, char **argv) {
         return 2;
     }
 
-    kvl_model_params mp = kvl_model_default_params();
+    kvl_model_params mp = dev;
     mp.n_threads = threads;
     kvl_model *m = NULL;
     kvl_tokenizer *tok = NULL;
@@ -151,7 +155,7 @@ int cmd_generate(int argc, char **argv) {
     kvl_cache_params cp = kvl_cache_default_params();
     cp.max_tokens = (int)(n_ids + (size_t)max_tokens + 1);
     if (cp.max_tokens > c->max_position_embeddings) cp.max_tokens = c->max_position_embeddings;
-    if ((s = kvl_cache_create(c, &cp, &cache)) != KVL_OK ||
+    if ((s = kvl_model_cache_create(m, &cp, &cache)) != KVL_OK ||
         (s = kvl_sampler_create(&sp, &smp)) != KVL_OK) { rc = cli_fail("generate", s); goto done; }
     logits = malloc(sizeof(float) * c->vocab_size);
     out = malloc(sizeof(int32_t) * ((size_t)max_tokens + 1));

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "kvlingo/backend.h"
 #include "clock.h"
 #include "kvlingo/cache.h"
 #include "kvlingo/model.h"
@@ -187,6 +188,7 @@ static int cmd_eval(int argc, char **argv) {
     if (cli_flag(&a, "--help")) {
         puts("usage: kvlingo translator eval --translator FILE --source DIR --target DIR --text-file FILE\n"
              "         [--prefix-len 256] [--cont-len 64] [--samples 200] [--json] [--threads N]\n"
+             "         [--device cpu|cuda|cuda:N]\n"
              "         [--turns K [--turn-len 64] [--sessions 20] [--reverse FILE]]\n"
              "         [--store KEY [--store-file FILE]]\n"
              "Token stream = each line encoded + <|endoftext|>; sample i = stream[i(P+C), (i+1)(P+C)); the\n"
@@ -212,6 +214,8 @@ static int cmd_eval(int argc, char **argv) {
     ep.turn_len = (int)cli_opt_long(&a, "--turn-len", ep.turn_len, 2, 1 << 20, &err);
     ep.sessions = (int)cli_opt_long(&a, "--sessions", ep.sessions, 1, 1 << 20, &err);
     int threads = (int)cli_opt_long(&a, "--threads", 0, 0, 1024, &err);
+    kvl_model_params dev = kvl_model_default_params();
+    cli_opt_device(&a, &dev, &err);
     int json = cli_flag(&a, "--json");
     if (err || cli_args_leftover(&a, "translator eval")) { cli_args_free(&a); return 2; }
     cli_args_free(&a);
@@ -219,7 +223,7 @@ static int cmd_eval(int argc, char **argv) {
         fprintf(stderr, "kvlingo translator eval: --translator, --source, --target and --text-file are required\n");
         return 2;
     }
-    kvl_model_params mp = kvl_model_default_params();
+    kvl_model_params mp = dev;
     mp.n_threads = threads;
     kvl_model *src = NULL, *dst = NULL;
     kvl_translator *tr = NULL, *rtr = NULL;

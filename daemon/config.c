@@ -8,12 +8,14 @@
 #include <string.h>
 
 #include "error.h"
+#include "kvlingo/backend.h"
 #include "yamlcfg.h"
 
 void kvld_config_defaults(kvld_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     snprintf(cfg->listen, sizeof cfg->listen, "127.0.0.1:7070");
     snprintf(cfg->transport, sizeof cfg->transport, "ucx");
+    snprintf(cfg->device, sizeof cfg->device, "cpu");
     cfg->max_sessions = 64;
     cfg->max_batch = 32;
     cfg->prefill_chunk = 256;
@@ -23,7 +25,8 @@ void kvld_config_defaults(kvld_config *cfg) {
 
 const char *kvld_config_usage(void) {
     return "usage: kvld --model DIR --listen HOST:PORT [--translators DIR] [--transport ucx|none]\n"
-           "            [--metrics HOST:PORT] [--max-sessions N] [--max-context N]\n"
+           "            [--metrics HOST:PORT] [--device cpu|cuda|cuda:N]\n"
+           "            [--max-sessions N] [--max-context N]\n"
            "            [--max-batch N] [--prefill-chunk N] [--threads N]\n"
            "            [--drain-timeout-ms N] [--span-timeout-ms N] [--quiet]\n"
            "       kvld --config FILE.yaml   (same keys, with '_' for '-'; flags override)\n";
@@ -61,6 +64,14 @@ static kvl_status set_key(kvld_config *cfg, const char *key_in, const char *v) {
     STR(translators);
     STR(transport);
     STR(metrics);
+    if (!strcmp(key, "device")) {   /* checked here so a typo fails at start, naming the key */
+        kvl_device d;
+        int idx;
+        if (kvl_device_parse(v, &d, &idx) != KVL_OK)
+            return kvl__errorf(KVL_ERR_INVALID_ARG, "config: device = '%s': expected cpu, cuda or "
+                               "cuda:N", v);
+        return set_str(cfg->device, sizeof cfg->device, key, v);
+    }
     INT(max_sessions, 1, 1000000);
     INT(max_context, 0, 1 << 24);
     INT(max_batch, 1, 4096);

@@ -51,7 +51,8 @@ static const hist_def hist_defs[KVLD_H_N] = {
 #define F_REJECTED KVLD_C_N
 #define F_GAUGE(g) (KVLD_C_N + 1 + (int)(g))
 #define F_HIST(h) (KVLD_C_N + 1 + KVLD_G_N + (int)(h))
-#define N_FAMILIES (KVLD_C_N + 1 + KVLD_G_N + KVLD_H_N)
+#define F_INFO (KVLD_C_N + 1 + KVLD_G_N + KVLD_H_N)
+#define N_FAMILIES (F_INFO + 1)
 /* every series exists from the start (so scrapes show zeros), plus headroom */
 #define MAX_SERIES (N_FAMILIES + KVL_SPAN_N_REASONS + 8)
 
@@ -79,6 +80,10 @@ kvl_status kvld_metrics_create(kvld_metrics **out) {
         m->defs[F_HIST(i)] = (kvl__svc_metric_def){hist_defs[i].name, hist_defs[i].help,
                                                    KVL_SVC_HISTOGRAM, hist_defs[i].le,
                                                    hist_defs[i].n};
+    m->defs[F_INFO] = (kvl__svc_metric_def){"kvlingo_node_info",
+                                            "1, labelled with the model this node serves and "
+                                            "the device and backend it computes on.",
+                                            KVL_SVC_GAUGE, NULL, 0};
     kvl_status st = kvl__svc_prom_create(m->defs, N_FAMILIES, MAX_SERIES, &m->prom);
     if (st != KVL_OK) {
         free(m);
@@ -132,6 +137,28 @@ char *kvld_metrics_render(kvld_metrics *m, size_t *len) {
     }
     *len = b.len;
     return b.data;
+}
+
+/* A Prometheus label value: backslash, quote and newline escaped (exposition format 0.0.4). */
+static void label_value(char *dst, size_t cap, const char *v) {
+    size_t o = 0;
+    for (; *v && o + 3 < cap; v++) {
+        if (*v == '\\' || *v == '"') dst[o++] = '\\';
+        if (*v == '\n') { dst[o++] = '\\'; dst[o++] = 'n'; continue; }
+        dst[o++] = *v;
+    }
+    dst[o] = '\0';
+}
+
+void kvld_metrics_node_info(kvld_metrics *m, const char *model, const char *device,
+                            const char *backend) {
+    if (!m) return;
+    char mv[300], dv[80], bv[80], labels[512];
+    label_value(mv, sizeof mv, model ? model : "");
+    label_value(dv, sizeof dv, device ? device : "");
+    label_value(bv, sizeof bv, backend ? backend : "");
+    snprintf(labels, sizeof labels, "model=\"%s\",device=\"%s\",backend=\"%s\"", mv, dv, bv);
+    kvl__svc_prom_set(m->prom, F_INFO, labels, 1);
 }
 
 static int healthy(void *arg) {

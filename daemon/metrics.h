@@ -56,4 +56,9 @@ void kvld_metrics_reject(kvld_metrics *m, kvl__span_reject why);   /* spans_reje
 /* Render the exposition text (malloc'ed, caller frees). */
 char *kvld_metrics_render(kvld_metrics *m, size_t *len);
 
+/* kvlingo_node_info{model, device, backend} = 1: what this node serves and computes on
+ * (device as configured, e.g. "cuda:0"; backend the table's name).  Call once after load. */
+void kvld_metrics_node_info(kvld_metrics *m, const char *model, const char *device,
+                            const char *backend);
+
 #endif

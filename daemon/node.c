@@ -8,6 +8,7 @@
 
 #include "clock.h"
 #include "error.h"
+#include "kvlingo/backend.h"
 #include "kvlingo/v1/node.pb-c.h"
 #include "log.h"
 
@@ -19,7 +20,8 @@ kvl_status kvld_node_create(const kvld_config *cfg, kvld_node **out) {
     pthread_mutex_init(&n->peers_mu, NULL);
     kvl_model_params mp = kvl_model_default_params();
     mp.n_threads = cfg->threads;
-    kvl_status st = kvl_model_load(cfg->model, &mp, &n->model);
+    kvl_status st = kvl_device_parse(cfg->device, &mp.device, &mp.device_index);
+    if (st == KVL_OK) st = kvl_model_load(cfg->model, &mp, &n->model);
     if (st != KVL_OK) {
         kvl__error_prefix(st, "loading the model");
         goto fail;
@@ -33,6 +35,8 @@ kvl_status kvld_node_create(const kvld_config *cfg, kvld_node **out) {
     n->max_context = cfg->max_context > 0 ? cfg->max_context : mc->max_position_embeddings;
     if (n->max_context <= 0) n->max_context = 4096;
     if ((st = kvld_metrics_create(&n->metrics)) != KVL_OK) goto fail;
+    kvld_metrics_node_info(n->metrics, kvl_model_name(n->model), cfg->device,
+                           kvl_model_backend(n->model)->name);
     if ((st = kvld_translators_load(cfg->translators, n->model, &n->translators)) != KVL_OK)
         goto fail;
     if ((st = kvld_sessions_create(n->model, cfg->max_sessions, n->max_context, &n->sessions)))

@@ -105,7 +105,7 @@ static kvl_status open_locked(kvld_sessions *t, const char *id, int max_context,
     kvl_cache_params cp = kvl_cache_default_params();
     cp.max_tokens = ctx;
     kvl_status st = (!s->ledger || !s->logits) ? kvl__errorf(KVL_ERR_NOMEM, "session buffers")
-                                               : kvl_cache_create(cfg, &cp, &s->cache);
+                                               : kvl_model_cache_create(t->model, &cp, &s->cache);
     if (st != KVL_OK) {
         session_free(s);
         return st;

@@ -77,7 +77,7 @@ static kvl_status copy_prefix(const kvl_model *m, const kvl_cache *src, int t0, 
     const kvl_model_config *c = kvl_model_config_get(m);
     kvl_cache_params cp = kvl_cache_default_params();
     cp.max_tokens = capacity;
-    kvl_status st = kvl_cache_create(c, &cp, out);
+    kvl_status st = kvl_model_cache_create(m, &cp, out);
     if (st != KVL_OK || t0 == 0) return st;
     size_t row = (size_t)c->n_kv_heads * c->head_dim, per = (size_t)t0 * row;
     float *kpost = malloc(sizeof(float) * per * c->n_layers);

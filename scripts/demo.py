@@ -29,6 +29,7 @@ def main():
     ap.add_argument("--build", required=True)
     ap.add_argument("--work", default=None)
     ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--device", default="cpu", help="kvld compute backend: cpu, cuda or cuda:N")
     a = ap.parse_args()
     work = a.work or tempfile.mkdtemp(prefix="kvlingo-demo-")
     if a.work and os.path.isdir(a.work) and os.listdir(a.work):
@@ -44,12 +45,13 @@ def main():
     turns = [" ".join(sents[0:3])] + sents[3:8]
     escalate = [False, True, False, False, False, True]
 
-    print("kvlingo demo: kvld qwen3-a + kvld qwen3-b + kvlingo-router (cascade) on loopback; "
-          "work dir %s" % work)
+    print("kvlingo demo: kvld qwen3-a + kvld qwen3-b (device %s) + kvlingo-router (cascade) on "
+          "loopback; work dir %s" % (a.device, work))
     fleet = rtest.Fleet(a.build, work,
                         policy={"name": "cascade", "models": ["qwen3-a", "qwen3-b"],
                                 "entropy_threshold": 6.0, "calm_turns": 2},
-                        guardrail={"shadow_fraction": 0.0, "kl_budget": 1.0})
+                        guardrail={"shadow_fraction": 0.0, "kl_budget": 1.0},
+                        kvld_args=("--device", a.device))
     try:
         c = fleet.client()
         ln = c.list_nodes()

@@ -150,6 +150,14 @@ const kvl_backend_ops *kvl_backend_cuda(void);
  * it) or KVL_ERR_DEVICE (built, but no usable device here). */
 kvl_status kvl_backend_for_device(kvl_device device, const kvl_backend_ops **out);
 
+/* Parse a device name as the programs spell it: "cpu", "cuda" or "cuda:N" (N a GPU ordinal,
+ * 0..1023).  *device and *index receive the parts (index 0 for "cpu" and "cuda").
+ * KVL_ERR_INVALID_ARG with a message quoting the text otherwise.  Whether the device exists is
+ * checked by kvl_backend_for_device, not here. */
+kvl_status kvl_device_parse(const char *text, kvl_device *device, int *index);
+/* "cpu" or "cuda" (static string). */
+const char *kvl_device_name(kvl_device device);
+
 /* The backend a model computes on. */
 const kvl_backend_ops *kvl_model_backend(const kvl_model *model);
 

@@ -49,4 +49,11 @@ expect id-out-of-range "vocabulary" -- "$KVL" generate --model "$SRC/models/qwen
 expect bad-option "--temperature" -- "$KVL" generate --model "$SRC/models/qwen3-a" --prompt-ids 1 --temperature -3
 expect unknown-arg "unexpected argument" -- "$KVL" info --model "$SRC/models/qwen3-a" --bogus
 expect missing-text-file "nope.txt" -- "$KVL" eval-ppl --model "$SRC/models/qwen3-a" --text-file "$T/nope.txt"
+# devices: a bad name is refused by the parser; CUDA where no GPU is usable (or a build without
+# it) is refused by the backend check, before any weight is read
+expect device-name "device 'gpu'" -- "$KVL" generate --model "$SRC/models/qwen3-a" --prompt-ids 1,2 --device gpu
+expect device-index "device 'cuda:-1'" -- "$KVL" eval-ppl --model "$SRC/models/qwen3-a" --text-file "$SRC/testdata/corpus/valid.txt" --device cuda:-1
+if ! "$KVL" generate --model "$SRC/models/qwen3-a" --prompt-ids 1,2 --max-tokens 1 --device cuda >/dev/null 2>&1; then
+  expect device-cuda "--device cuda" -- "$KVL" generate --model "$SRC/models/qwen3-a" --prompt-ids 1,2 --device cuda
+fi
 exit $fail

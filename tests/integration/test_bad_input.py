@@ -5,7 +5,8 @@ and the daemons keep serving other sessions.  Nodes on loopback:
   C  qwen3-a, max_context 64 from a YAML --config file, no translators
 Cases: malformed protobuf, unknown session, text too long for --max-context, header naming
 another model, unknown source model (no translator), truncated / oversized payload, checksum
-mismatch, peer gone mid-transfer, exporter cancelling, client cancelling a Generate stream."""
+mismatch, peer gone mid-transfer, exporter cancelling, client cancelling a Generate stream,
+devices that do not exist (a bad name; CUDA where no GPU is usable) refused at start."""
 import os
 import re
 import subprocess
@@ -225,6 +226,18 @@ def main():
         t.check(len(g) == 4, "B still generates")
         for node, name in zip(nodes, "ABC"):
             t.check(node.alive(), "node %s still running" % name)
+
+        # 11. what a node computes on: kvlingo_node_info, and devices refused at start
+        t.check(re.search(r'^kvlingo_node_info\{model="qwen3-a",device="cpu",backend="cpu"\} 1$',
+                          A.metrics(), re.M) is not None, "A exports kvlingo_node_info{device=cpu}")
+        for dev, want in [("gpu", "device = 'gpu'"), ("cuda:x", "device = 'cuda:x'"),
+                          ("cuda", "cuda")]:
+            r = subprocess.run([args.kvld, "--model", qa, "--listen", "127.0.0.1:0",
+                                "--transport", "none", "--device", dev],
+                               capture_output=True, text=True, timeout=120)
+            t.check(r.returncode != 0 and want in r.stderr,
+                    "kvld --device %s refused at start with a message (%s)" %
+                    (dev, r.stderr.strip().splitlines()[-1:] if r.stderr else r.returncode))
     finally:
         codes = [node.stop() for node in nodes]
     t.check(codes == [0, 0, 0], "all nodes exit 0 on SIGTERM (%s)" % codes)
