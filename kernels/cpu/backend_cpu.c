@@ -8,6 +8,7 @@
  * decoder.h, the same function translator training runs.
  * Translate-apply: one sgemm per target layer and side, the target's k_norm and RoPE (angles
  * once per span), written straight into the cache blocks. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,13 +42,21 @@ typedef struct cpu_model {
     const kvl_weights_view *w;
     int n_threads;
     cpu_scratch s;
+    kvl__block_pool *pool;   /* idle KV blocks shared by this model's caches */
 } cpu_model;
+
+/* Idle KV blocks a model keeps for reuse (beyond what its sessions hold). */
+#define CPU_POOL_IDLE_BYTES ((size_t)256 << 20)
+#define CPU_DEFAULT_BLOCK_TOKENS 16
 
 static kvl_status cpu_model_create(const kvl_weights_view *w, const kvl_model_params *p, void **out) {
     cpu_model *m = calloc(1, sizeof *m);
     if (!m) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
     m->w = w;
     m->n_threads = p ? p->n_threads : 0;
+    kvl_status s = kvl__block_pool_create(kvl__kv_blocks_block_floats(&w->cfg, CPU_DEFAULT_BLOCK_TOKENS),
+                                          CPU_POOL_IDLE_BYTES, &m->pool);
+    if (s != KVL_OK) { free(m); return s; }
     *out = m;
     return KVL_OK;
 }
@@ -57,6 +66,7 @@ static void cpu_model_set_threads(void *pm, int n_threads) { ((cpu_model *)pm)->
 static void cpu_model_free(void *pm) {
     cpu_model *m = pm;
     if (!m) return;
+    kvl__block_pool_unref(m->pool);   /* caches still alive keep it until they go */
     free(m->s.base);
     free(m);
 }
@@ -105,8 +115,9 @@ static kvl_status scratch_prepare(cpu_model *m, int T, int ctx) {
 
 static kvl_status cpu_cache_create(const kvl_model_config *cfg, void *model, int capacity,
                                    int block_tokens, void **out) {
-    (void)model;
-    return kvl__kv_blocks_create(cfg, capacity, block_tokens, (kvl__kv_blocks **)out);
+    cpu_model *m = model;
+    return kvl__kv_blocks_create(cfg, capacity, block_tokens, m ? m->pool : NULL,
+                                 (kvl__kv_blocks **)out);
 }
 
 static void cpu_cache_free(void *c) { kvl__kv_blocks_free(c); }
@@ -266,46 +277,70 @@ static kvl_status cpu_translate_prepare(void *model, const kvl_translate_params 
 
 static void cpu_translate_release(void *p) { free(p); }
 
+/* One token row of one layer after the maps: k_norm over each head (when the target has one),
+ * RoPE at the token's position, written straight into the block slots (K, V, Kpre): one pass
+ * over the row instead of a norm pass, a rotation pass and three scatter copies. */
+static void fused_rows(const kvl_translate_params *p, kvl__kv_blocks *c, int l, int t0, int n,
+                       const float *kpre, const float *vout, const float *rcos, const float *rsin) {
+    const int Ht = p->maps->dst_kv_heads, D = p->maps->dst_head_dim, half = D / 2;
+    const size_t dt = (size_t)Ht * D;
+    const float *kn = p->k_norm ? p->k_norm + (size_t)l * D : NULL;
+    for (int t = 0; t < n; t++) {
+        const float *x = kpre + (size_t)t * dt;
+        const float *cs = rcos + (size_t)t * half, *sn = rsin + (size_t)t * half;
+        float *ko = kvl__kv_blocks_slot(c, l, KVL_PLANE_K, t0 + t);
+        memcpy(kvl__kv_blocks_slot(c, l, KVL_PLANE_V, t0 + t), vout + (size_t)t * dt,
+               sizeof(float) * dt);
+        if (c->planes == 3) memcpy(kvl__kv_blocks_slot(c, l, KVL_PLANE_KPRE, t0 + t), x, sizeof(float) * dt);
+        for (int h = 0; h < Ht; h++) {
+            const float *xh = x + (size_t)h * D;
+            float *yh = ko + (size_t)h * D;
+            float r = 1.0f;
+            if (kn) {   /* Qwen3RMSNorm: variance in float32 over head_dim */
+                float ss = 0.0f;
+                for (int i = 0; i < D; i++) ss += xh[i] * xh[i];
+                r = 1.0f / sqrtf(ss / (float)D + p->k_norm_eps);
+            }
+            for (int i = 0; i < half; i++) {   /* rotate_half RoPE of the normed key */
+                float x1 = kn ? kn[i] * (xh[i] * r) : xh[i];
+                float x2 = kn ? kn[i + half] * (xh[i + half] * r) : xh[i + half];
+                yh[i] = x1 * cs[i] - x2 * sn[i];
+                yh[i + half] = x2 * cs[i] + x1 * sn[i];
+            }
+        }
+    }
+}
+
 static kvl_status cpu_translate_apply(void *pp, const float *k_src, const float *v_src, int t0,
                                       int n, void *pc) {
     const kvl_translate_params *p = pp;
     const kvl_kv_maps *mp = p->maps;
     kvl__kv_blocks *c = pc;
     if (n == 0) return KVL_OK;
-    const int Lt = mp->dst_layers, Ht = mp->dst_kv_heads, D = mp->dst_head_dim;
-    const int ds = mp->src_kv_heads * mp->src_head_dim, dt = Ht * D;
-    const size_t per = (size_t)n * dt, wsz = (size_t)dt * ds;
-    float *kpre = malloc(sizeof(float) * per), *kpost = malloc(sizeof(float) * per);
-    float *vout = malloc(sizeof(float) * per);
-    int *pos = malloc(sizeof(int) * (size_t)n);
-    float *rcos = malloc(sizeof(float) * (size_t)n * (D / 2));
-    float *rsin = malloc(sizeof(float) * (size_t)n * (D / 2));
-    kvl_status s = KVL_OK;
-    if (!kpre || !kpost || !vout || !pos || !rcos || !rsin)
-        s = kvl__errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
-    if (s == KVL_OK) s = kvl__kv_blocks_reserve(c, t0 + n);
-    if (s == KVL_OK) {
-        for (int i = 0; i < n; i++) pos[i] = t0 + i;
-        /* the target's RoPE angles of the span, once for all layers */
-        kvl__cpu_rope_table(rcos, rsin, pos, n, D, p->rope_theta);
-        for (int l = 0; l < Lt; l++) {
-            const int sl = mp->layer_map[l];
-            const float *xk = k_src + (size_t)sl * n * ds, *xv = v_src + (size_t)sl * n * ds;
-            /* k_pre_t = W_K k_s ; k_t = RoPE(k_norm(k_pre_t)) ; v_t = W_V v_s  (kvlingo/translator.h) */
-            kvl__cpu_matmul_forward(kpre, xk, mp->wk + (size_t)l * wsz, NULL, n, ds, dt);
-            if (p->k_norm)
-                kvl__cpu_rmsnorm_forward(kpost, kpre, p->k_norm + (size_t)l * D, n * Ht, D, p->k_norm_eps);
-            else
-                memcpy(kpost, kpre, sizeof(float) * per);
-            kvl__cpu_rope_apply(kpost, rcos, rsin, n, Ht, D, 0);
-            kvl__cpu_matmul_forward(vout, xv, mp->wv + (size_t)l * wsz, NULL, n, ds, dt);
-            kvl__kv_blocks_scatter(c, l, KVL_PLANE_K, t0, t0 + n, kpost);
-            kvl__kv_blocks_scatter(c, l, KVL_PLANE_V, t0, t0 + n, vout);
-            if (c->planes == 3) kvl__kv_blocks_scatter(c, l, KVL_PLANE_KPRE, t0, t0 + n, kpre);
-        }
+    const int Lt = mp->dst_layers, D = mp->dst_head_dim;
+    const int ds = mp->src_kv_heads * mp->src_head_dim, dt = mp->dst_kv_heads * D;
+    const size_t per = (size_t)n * dt, wsz = (size_t)dt * ds, tab = (size_t)n * (D / 2);
+    /* working memory reused across spans: kpre [n, dt], v [n, dt], RoPE cos/sin [n, D/2],
+     * positions [n] (ints in floats' room) */
+    float *kpre = kvl__kv_blocks_scratch(c, 2 * per + 2 * tab + (size_t)n);
+    if (!kpre) return kvl__errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
+    float *vout = kpre + per, *rcos = vout + per, *rsin = rcos + tab;
+    int *pos = (int *)(rsin + tab);
+    kvl_status s = kvl__kv_blocks_reserve(c, t0 + n);
+    if (s != KVL_OK) return s;
+    for (int i = 0; i < n; i++) pos[i] = t0 + i;
+    /* the target's RoPE angles of the span, once for all layers */
+    kvl__cpu_rope_table(rcos, rsin, pos, n, D, p->rope_theta);
+    for (int l = 0; l < Lt; l++) {
+        const int sl = mp->layer_map[l];
+        const float *xk = k_src + (size_t)sl * n * ds, *xv = v_src + (size_t)sl * n * ds;
+        /* k_pre_t = W_K k_s ; v_t = W_V v_s (the method, kvlingo/translator.h) */
+        kvl__cpu_matmul_forward(kpre, xk, mp->wk + (size_t)l * wsz, NULL, n, ds, dt);
+        kvl__cpu_matmul_forward(vout, xv, mp->wv + (size_t)l * wsz, NULL, n, ds, dt);
+        /* k_t = RoPE(k_norm(k_pre_t)), all three rows into the blocks */
+        fused_rows(p, c, l, t0, n, kpre, vout, rcos, rsin);
     }
-    free(kpre); free(kpost); free(vout); free(pos); free(rcos); free(rsin);
-    return s;
+    return KVL_OK;
 }
 
 /* ---- the table ------------------------------------------------------------------------------------ */

@@ -1,13 +1,85 @@
 /* kernels/cpu/kv_blocks.c: block storage of the CPU backend's KV cache (kv_blocks.h). */
 #include "kv_blocks.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "error.h"
 
+struct kvl__block_pool {
+    pthread_mutex_t mu;
+    size_t block_floats;
+    int max_idle, n_idle, refs;
+    float **idle;          /* [max_idle] */
+};
+
+kvl_status kvl__block_pool_create(size_t block_floats, size_t max_idle_bytes, kvl__block_pool **out) {
+    kvl__block_pool *p = calloc(1, sizeof *p);
+    size_t n = block_floats ? max_idle_bytes / (block_floats * sizeof(float)) : 0;
+    if (n > (1u << 20)) n = 1u << 20;
+    if (p) p->idle = calloc(n ? n : 1, sizeof *p->idle);
+    if (!p || !p->idle) {
+        free(p);
+        return kvl__errorf(KVL_ERR_NOMEM, "out of memory for a block pool");
+    }
+    pthread_mutex_init(&p->mu, NULL);
+    p->block_floats = block_floats;
+    p->max_idle = (int)n;
+    p->refs = 1;
+    *out = p;
+    return KVL_OK;
+}
+
+void kvl__block_pool_ref(kvl__block_pool *p) {
+    pthread_mutex_lock(&p->mu);
+    p->refs++;
+    pthread_mutex_unlock(&p->mu);
+}
+
+void kvl__block_pool_unref(kvl__block_pool *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    int last = --p->refs == 0;
+    pthread_mutex_unlock(&p->mu);
+    if (!last) return;
+    for (int i = 0; i < p->n_idle; i++) free(p->idle[i]);
+    free(p->idle);
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+}
+
+static float *block_take(kvl__kv_blocks *c, size_t bf) {
+    kvl__block_pool *p = c->pool;
+    if (p) {
+        float *b = NULL;
+        pthread_mutex_lock(&p->mu);
+        if (p->n_idle > 0) b = p->idle[--p->n_idle];
+        pthread_mutex_unlock(&p->mu);
+        if (b) return b;
+    }
+    return malloc(bf * sizeof(float));
+}
+
+static void block_give(kvl__kv_blocks *c, float *b) {
+    kvl__block_pool *p = c->pool;
+    if (p) {
+        pthread_mutex_lock(&p->mu);
+        int kept = p->n_idle < p->max_idle;
+        if (kept) p->idle[p->n_idle++] = b;
+        pthread_mutex_unlock(&p->mu);
+        if (kept) return;
+    }
+    free(b);
+}
+
+size_t kvl__kv_blocks_block_floats(const kvl_model_config *cfg, int block_tokens) {
+    return (size_t)cfg->n_layers * (cfg->qk_norm ? 3 : 2) * (size_t)block_tokens *
+           (size_t)cfg->n_kv_heads * cfg->head_dim;
+}
+
 kvl_status kvl__kv_blocks_create(const kvl_model_config *cfg, int capacity, int block_tokens,
-                                 kvl__kv_blocks **out) {
+                                 kvl__block_pool *pool, kvl__kv_blocks **out) {
     if (capacity < 1 || block_tokens < 1)
         return kvl__errorf(KVL_ERR_INVALID_ARG, "cache: capacity %d and block_tokens %d must be > 0",
                            capacity, block_tokens);
@@ -24,19 +96,37 @@ kvl_status kvl__kv_blocks_create(const kvl_model_config *cfg, int capacity, int 
         free(c);
         return kvl__errorf(KVL_ERR_NOMEM, "out of memory for a cache of %d tokens", capacity);
     }
+    if (pool && pool->block_floats == kvl__kv_blocks_block_floats(cfg, block_tokens)) {
+        kvl__block_pool_ref(pool);
+        c->pool = pool;
+    }
     *out = c;
     return KVL_OK;
 }
 
 void kvl__kv_blocks_free(kvl__kv_blocks *c) {
     if (!c) return;
-    for (int b = 0; b < c->n_blocks_max; b++) free(c->blocks[b]);
+    for (int b = 0; b < c->n_blocks_max; b++)
+        if (c->blocks[b]) block_give(c, c->blocks[b]);
+    kvl__block_pool_unref(c->pool);
     free(c->blocks);
+    free(c->scratch);
     free(c);
 }
 
+float *kvl__kv_blocks_scratch(kvl__kv_blocks *c, size_t n) {
+    if (n > c->scratch_floats) {
+        float *s = malloc(n * sizeof(float));
+        if (!s) return NULL;
+        free(c->scratch);
+        c->scratch = s;
+        c->scratch_floats = n;
+    }
+    return c->scratch;
+}
+
 static size_t block_floats(const kvl__kv_blocks *c) {
-    return (size_t)c->cfg.n_layers * c->planes * c->block_tokens * c->row;
+    return kvl__kv_blocks_block_floats(&c->cfg, c->block_tokens);
 }
 
 size_t kvl__kv_blocks_bytes(const kvl__kv_blocks *c) {
@@ -56,7 +146,7 @@ kvl_status kvl__kv_blocks_reserve(kvl__kv_blocks *c, int n_total) {
     size_t bf = block_floats(c);
     for (int b = 0; b < need; b++) {
         if (c->blocks[b]) continue;
-        c->blocks[b] = malloc(bf * sizeof(float));
+        c->blocks[b] = block_take(c, bf);
         if (!c->blocks[b])
             return kvl__errorf(KVL_ERR_NOMEM, "cache: out of memory for block %d (%zu bytes)", b,
                                bf * sizeof(float));
@@ -68,7 +158,7 @@ kvl_status kvl__kv_blocks_reserve(kvl__kv_blocks *c, int n_total) {
 void kvl__kv_blocks_truncate(kvl__kv_blocks *c, int n) {
     int keep = (n + c->block_tokens - 1) / c->block_tokens;
     for (int b = keep; b < c->n_blocks_max; b++) {
-        if (c->blocks[b]) { free(c->blocks[b]); c->blocks[b] = NULL; c->n_blocks_alloc--; }
+        if (c->blocks[b]) { block_give(c, c->blocks[b]); c->blocks[b] = NULL; c->n_blocks_alloc--; }
     }
 }
 

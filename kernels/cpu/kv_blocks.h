@@ -1,13 +1,23 @@
 /* kernels/cpu/kv_blocks.h: the CPU backend's KV cache storage: a table of fixed-size blocks.
  * One block holds every layer's planes for `block_tokens` consecutive tokens:
  *   block = [L][planes][block_tokens][Hkv*D] float32, planes K, V (and Kpre for k_norm models)
- * Blocks are allocated as tokens arrive and freed on truncation.  Private to kernels/cpu. */
+ * Blocks are taken as tokens arrive and given back on truncation.  They come from a block pool
+ * shared by the caches of one model: a switch or a new session then reuses memory that is
+ * already mapped and faulted in instead of mapping fresh pages (a 2048-token span of a small
+ * model otherwise costs ~10k page faults).  Private to kernels/cpu. */
 #ifndef KVL_KERNELS_CPU_KV_BLOCKS_H
 #define KVL_KERNELS_CPU_KV_BLOCKS_H
 
 #include <stddef.h>
 
 #include "kvlingo/backend.h"
+
+/* Idle blocks of one size, shared by the caches of one model; reference-counted, so caches
+ * and the model may be freed in any order.  Thread-safe.  At most max_idle_bytes are kept. */
+typedef struct kvl__block_pool kvl__block_pool;
+kvl_status kvl__block_pool_create(size_t block_floats, size_t max_idle_bytes, kvl__block_pool **out);
+void kvl__block_pool_ref(kvl__block_pool *p);
+void kvl__block_pool_unref(kvl__block_pool *p);   /* the last reference frees it */
 
 typedef struct kvl__kv_blocks {
     kvl_model_config cfg;
@@ -18,10 +28,19 @@ typedef struct kvl__kv_blocks {
     int n_blocks_max;
     int n_blocks_alloc;
     float **blocks;        /* [n_blocks_max], NULL when not allocated          */
+    kvl__block_pool *pool; /* where blocks come from and go back; NULL: malloc   */
+    float *scratch;        /* reused working memory of translate-apply          */
+    size_t scratch_floats;
 } kvl__kv_blocks;
 
+/* pool may be NULL (blocks are then malloc'ed and freed); a pool of another block size is
+ * not used. */
 kvl_status kvl__kv_blocks_create(const kvl_model_config *cfg, int capacity, int block_tokens,
-                                 kvl__kv_blocks **out);
+                                 kvl__block_pool *pool, kvl__kv_blocks **out);
+/* Floats in one block of this geometry. */
+size_t kvl__kv_blocks_block_floats(const kvl_model_config *cfg, int block_tokens);
+/* At least n floats of the cache's translate scratch (grown, never shrunk until free). */
+float *kvl__kv_blocks_scratch(kvl__kv_blocks *c, size_t n);
 void kvl__kv_blocks_free(kvl__kv_blocks *c);
 size_t kvl__kv_blocks_bytes(const kvl__kv_blocks *c);
 /* Pointer to token t's row of (layer, plane); t's block must be allocated. */
