@@ -228,8 +228,11 @@ static kvl_status cpu_forward(void *pm, const kvl_backend_seq *seqs, int n_seqs)
             memcpy(s->x + (size_t)t * H, w->embed + (size_t)seqs[i].tokens[j] * H, sizeof(float) * H);
             s->pos[t] = seqs[i].n_past + j;
         }
-    /* RoPE angles of every new token, once for all layers */
-    kvl__cpu_rope_table(s->rope_cos, s->rope_sin, s->pos, T, D, &c->rope);
+    /* RoPE angles of every new token, once for all layers; per sequence, as each sequence is a
+     * call of its own for RoPE whose frequencies depend on the sequence length (dynamic) */
+    for (int i = 0, t0 = 0; i < n_seqs; t0 += seqs[i].n_tokens, i++)
+        kvl__cpu_rope_table(s->rope_cos + (size_t)t0 * (D / 2), s->rope_sin + (size_t)t0 * (D / 2),
+                            s->pos + t0, seqs[i].n_tokens, D, &c->rope);
 
     /* in place: the residual stream stays in x; k aliases kpre only without k_norm */
     kvl__decoder_acts_f32 a = {.x_in = s->x, .x_mid = s->x, .x_out = s->x, .xn = s->xn,
