@@ -4,7 +4,8 @@
  * _compute_yarn_parameters, _compute_llama3_parameters), written out here again in double
  * precision straight from those functions; plus anchor values for published configurations
  * (Llama 3.1's llama3 scaling, Qwen2.5's YaRN) computed by Python from the same formulas, and the
- * rotation angles the CPU kernels build at positions past the original context. */
+ * rotation angles the CPU kernels build at positions past the original context; and `dynamic`
+ * through a whole (tiny random) model, below and past max_position_embeddings. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,9 +14,14 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "kvlingo/cache.h"
 #include "kvlingo/model.h"
 #include "kvlingo/rope.h"
 #include "ops.h"
+#include "testutil.h"
 
 #define PI 3.14159265358979323846
 
@@ -220,11 +226,91 @@ static void test_shipped_configs(void **st) {
     assert_true(c.rope.truncate == 1 && c.rope.beta_fast == 0 && c.rope.attention_factor == 0);
 }
 
+/* A tiny random Llama in a fresh directory; `scaling` (may be NULL) is put into its config as
+ * "rope_scaling", theta overrides the base. */
+static kvl_model *tiny_llama(char *dir, size_t cap, double theta, const char *scaling) {
+    snprintf(dir, cap, "%s", kvl__test_tmpdir());
+    assert_int_equal(kvl__test_write_tiny_model(dir, "LlamaForCausalLM", 64, 32, 2, 4, 2, 8, 48, theta, 5,
+                                                NULL, NULL), 0);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t len;
+    char *cfg = kvl__test_read_file(path, &len);
+    assert_non_null(cfg);
+    if (scaling) {
+        char *end = strrchr(cfg, '}');
+        assert_non_null(end);
+        *end = '\0';
+        char out[4096];
+        snprintf(out, sizeof out, "%s, \"rope_scaling\": %s}", cfg, scaling);
+        assert_int_equal(kvl__test_write_file(path, out, strlen(out)), 0);
+    }
+    free(cfg);
+    kvl_model *m;
+    if (kvl_model_load(dir, NULL, &m) != KVL_OK) fail_msg("load %s: %s", dir, kvl_last_error());
+    return m;
+}
+
+static void rm_model(const char *dir) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/config.json", dir); unlink(p);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir); unlink(p);
+    rmdir(dir);
+}
+
+static void prefill_last(kvl_model *m, const int32_t *ids, int n, float *logits) {
+    kvl_cache *c;
+    kvl_cache_params cp = kvl_cache_default_params();
+    cp.max_tokens = 2048;   /* past max_position_embeddings, as the scaling is for */
+    assert_int_equal(kvl_model_cache_create(m, &cp, &c), KVL_OK);
+    if (kvl_model_prefill(m, c, ids, n, KVL_LOGITS_LAST, logits) != KVL_OK)
+        fail_msg("prefill %d: %s", n, kvl_last_error());
+    kvl_cache_free(c);
+}
+
+/* dynamic at the model level: a prefill within max_position_embeddings (1024) is the default
+ * RoPE's; a prefill of S > 1024 tokens is the default RoPE with the base transformers'
+ * _compute_dynamic_ntk_parameters derives for seq_len S. */
+static void test_dynamic_model(void **st) {
+    (void)st;
+    char da[4200], dd[4200], dt[4200];
+    const double theta = 1e4, f = 2;
+    const int S = 1100, M = 1024, D = 8;
+    kvl_model *a = tiny_llama(da, sizeof da, theta, NULL);
+    kvl_model *d = tiny_llama(dd, sizeof dd, theta, "{\"type\": \"dynamic\", \"factor\": 2.0}");
+    double base = theta * pow(f * S / M - (f - 1), (double)D / (D - 2));
+    kvl_model *t = tiny_llama(dt, sizeof dt, base, NULL);
+    int32_t *ids = malloc(sizeof(int32_t) * S);
+    float la[64], ld[64], lt[64];
+    assert_non_null(ids);
+    for (int i = 0; i < S; i++) ids[i] = (int32_t)((i * 7 + 3) % 63);
+    prefill_last(a, ids, 600, la);
+    prefill_last(d, ids, 600, ld);
+    assert_memory_equal(la, ld, sizeof la);
+    prefill_last(d, ids, S, ld);
+    prefill_last(t, ids, S, lt);
+    prefill_last(a, ids, S, la);
+    double err = 0, ref = 0, moved = 0;
+    for (int i = 0; i < 64; i++) {
+        err = fmax(err, fabs(ld[i] - lt[i]));
+        ref = fmax(ref, fabs(lt[i]));
+        moved = fmax(moved, fabs(ld[i] - la[i]));
+    }
+    print_message("dynamic S=%d: max |logit - default(base %.6g)| / max = %.2g (default theta: %.2g)\n",
+                  S, base, err / ref, moved / ref);
+    assert_true(err <= 1e-4 * ref);
+    assert_true(moved > 10 * err);   /* the scaling did change the logits */
+    free(ids);
+    kvl_model_free(a); kvl_model_free(d); kvl_model_free(t);
+    rm_model(da); rm_model(dd); rm_model(dt);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_default_bit_exact), cmocka_unit_test(test_linear),
         cmocka_unit_test(test_dynamic),           cmocka_unit_test(test_yarn),
         cmocka_unit_test(test_llama3),            cmocka_unit_test(test_shipped_configs),
+        cmocka_unit_test(test_dynamic_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
