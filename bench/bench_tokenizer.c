@@ -1,7 +1,8 @@
 /* bench/bench_tokenizer.c: tokenizer load time and single-thread encode throughput.
  *
- * usage: bench_tokenizer [TOKENIZER_JSON [CORPUS]]   (run from the source root; defaults:
- *        testdata/tokenizers/qwen3/tokenizer.json, testdata/corpus/valid.txt)
+ * usage: bench_tokenizer [TOKENIZER_JSON [CORPUS]]   (run from the source root; defaults: the
+ *        real Qwen3 tokenizer.json the build unpacks into BUILD/testdata/tokenizers/qwen3/, and
+ *        testdata/corpus/valid.txt)
  * Encodes the corpus line by line (documents as the perplexity evaluation does) with a cold and a
  * warm pre-token cache, best of 3 runs.  When python3 can import Hugging Face `tokenizers`, runs
  * bench/bench_tokenizer_hf.py on the same inputs and prints both in one table. */
@@ -34,7 +35,7 @@ static long encode_lines(const kvl_tokenizer *tok, const char *text, size_t len)
 }
 
 int main(int argc, char **argv) {
-    const char *tj = argc > 1 ? argv[1] : "testdata/tokenizers/qwen3/tokenizer.json";
+    const char *tj = argc > 1 ? argv[1] : KVL_DEFAULT_TOKENIZER;
     const char *corpus = argc > 2 ? argv[2] : "testdata/corpus/valid.txt";
     size_t len;
     char *text = NULL;

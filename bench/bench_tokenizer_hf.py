@@ -22,7 +22,7 @@ except ImportError:
 def main():
     args = [a for a in sys.argv[1:] if a != "--table-row"]
     row = "--table-row" in sys.argv
-    tj = args[0] if args else "testdata/tokenizers/qwen3/tokenizer.json"
+    tj = args[0] if args else "build/testdata/tokenizers/qwen3/tokenizer.json"  # unpacked by the build
     corpus = args[1] if len(args) > 1 else "testdata/corpus/valid.txt"
     raw = open(corpus, "rb").read()
     lines = raw.decode("utf-8").splitlines(keepends=True)

@@ -42,12 +42,12 @@ int cmd_info(int argc, char **argv) {
     if (json) {
         printf("{\"name\": \"%s\", \"architecture\": \"%s\", \"layers\": %d, \"hidden_size\": %d, "
                "\"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"intermediate_size\": %d, "
-               "\"vocab_size\": %d, \"rope_theta\": %g, \"qk_norm\": %s, \"qkv_bias\": %s, "
+               "\"vocab_size\": %d, \"rope_theta\": %g, \"rope_type\": \"%s\", \"rope_factor\": %g, \"qk_norm\": %s, \"qkv_bias\": %s, "
                "\"tie_word_embeddings\": %s, \"dtype\": \"%s\", \"parameters\": %lld, "
                "\"kv_bytes_per_token\": %zu, \"hash\": \"%s\"}\n",
                kvl_model_name(m), c->architecture, c->n_layers, c->hidden_size, c->n_heads,
                c->n_kv_heads, c->head_dim, c->intermediate_size, c->vocab_size, c->rope_theta,
-               c->qk_norm ? "true" : "false", c->qkv_bias ? "true" : "false",
+               kvl_rope_type_name(c->rope.type), c->rope.factor, c->qk_norm ? "true" : "false", c->qkv_bias ? "true" : "false",
                c->tie_word_embeddings ? "true" : "false", dtype_word(c->weight_dtype), params, kvb,
                kvl_model_hash(m));
     } else {
@@ -58,6 +58,9 @@ int cmd_info(int argc, char **argv) {
         printf("heads          %d query / %d kv, head_dim %d\n", c->n_heads, c->n_kv_heads, c->head_dim);
         printf("vocab          %d\n", c->vocab_size);
         printf("rope theta     %g\n", c->rope_theta);
+        if (c->rope.type != KVL_ROPE_DEFAULT)
+            printf("rope scaling   %s, factor %g (original context %d)\n", kvl_rope_type_name(c->rope.type),
+                   c->rope.factor, c->rope.original_max_position_embeddings);
         printf("q/k norm       %s, q/k/v bias %s, tied embeddings %s\n", c->qk_norm ? "yes" : "no",
                c->qkv_bias ? "yes" : "no", c->tie_word_embeddings ? "yes" : "no");
         printf("weights dtype  %s (computed in float32)\n", dtype_word(c->weight_dtype));

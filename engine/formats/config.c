@@ -2,8 +2,9 @@
  *
  * Two layouts exist in the wild: older checkpoints put `rope_theta` and `torch_dtype` at top
  * level; transformers >= 5 writes `rope_parameters: {rope_theta, rope_type}` and `dtype`.
- * Both are read.  Features we do not implement yet are refused by name rather than silently
- * computed wrong (rope scaling, sliding-window attention). */
+ * Both are read, with RoPE scaling in either (`rope_scaling` or `rope_parameters`).  Features we
+ * do not implement are refused by name rather than silently computed wrong (other RoPE scaling
+ * types, partial rotary embeddings, sliding-window attention). */
 #include "kvlingo/model.h"
 
 #include <cjson/cJSON.h>
@@ -14,6 +15,8 @@
 #include <string.h>
 
 #include "error.h"
+
+#define TRY0(x) do { kvl_status s0_ = (x); if (s0_ != KVL_OK) return s0_; } while (0)
 
 /* Reads an integer field; `required` makes absence an error.  JSON numbers that are not whole
  * or out of int range are errors. */
@@ -65,43 +68,133 @@ static kvl_status parse_dtype(const cJSON *root, const char *label, kvl_dtype *o
     return KVL_OK;
 }
 
-/* rope: `rope_theta` at top level (older layout) or `rope_parameters.rope_theta` (newer).
- * Any scaling type other than "default" changes the angles; refused until implemented. */
-static kvl_status parse_rope(const cJSON *root, const char *label, double *theta) {
+/* A number inside the rope object `obj` (named `where` in errors): absent or null leaves *out.
+ * `positive` requires > 0. */
+static kvl_status rope_num(const cJSON *obj, const char *label, const char *where, const char *key,
+                           int positive, double *out) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!it || cJSON_IsNull(it)) return KVL_OK;
+    if (!cJSON_IsNumber(it) || (positive && !(it->valuedouble > 0)))
+        return kvl__errorf(KVL_ERR_FORMAT, "%s: field '%s.%s' must be a %snumber", label, where, key,
+                          positive ? "positive " : "");
+    *out = it->valuedouble;
+    return KVL_OK;
+}
+
+static kvl_status rope_need(const cJSON *obj, const char *label, const char *where, const char *key,
+                            const char *type, double *out) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!it || cJSON_IsNull(it))
+        return kvl__errorf(KVL_ERR_FORMAT, "%s: field '%s.%s' is missing (required by '%s' RoPE)",
+                          label, where, key, type);
+    return rope_num(obj, label, where, key, 1, out);
+}
+
+/* The scaling type string of a rope object: "rope_type", else the older "type" (NULL: none). */
+static kvl_status rope_type_of(const cJSON *obj, const char *label, const char *where,
+                               const char **type, const char **key) {
+    *type = NULL;
+    *key = "rope_type";
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(obj, "rope_type");
+    if (!t || cJSON_IsNull(t)) { *key = "type"; t = cJSON_GetObjectItemCaseSensitive(obj, "type"); }
+    if (!t || cJSON_IsNull(t)) return KVL_OK;
+    if (!cJSON_IsString(t))
+        return kvl__errorf(KVL_ERR_FORMAT, "%s: field '%s.%s' must be a string", label, where, *key);
+    *type = t->valuestring;
+    return KVL_OK;
+}
+
+/* rope: `rope_theta` at top level plus `rope_scaling` {type | rope_type, ...} (older layout, as
+ * most published checkpoints), or `rope_parameters` {rope_theta, rope_type, ...} (transformers
+ * >= 5).  Scaling types default, linear, dynamic, yarn, llama3 (kvlingo/rope.h), with the
+ * fields their transformers functions read; any other type is refused by name. */
+static kvl_status parse_rope(const cJSON *root, const char *label, const kvl_model_config *c,
+                             kvl_rope_params *r) {
     const cJSON *params = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
     const cJSON *scaling = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
     const cJSON *top = cJSON_GetObjectItemCaseSensitive(root, "rope_theta");
-    *theta = 10000.0;  /* transformers' default for these architectures */
-    if (params && !cJSON_IsNull(params)) {
-        if (!cJSON_IsObject(params))
-            return kvl__errorf(KVL_ERR_FORMAT, "%s: field 'rope_parameters' must be an object", label);
-        const cJSON *type = cJSON_GetObjectItemCaseSensitive(params, "rope_type");
-        if (type && !cJSON_IsNull(type)) {
-            if (!cJSON_IsString(type))
-                return kvl__errorf(KVL_ERR_FORMAT, "%s: field 'rope_parameters.rope_type' must be a string", label);
-            if (strcmp(type->valuestring, "default") != 0)
-                return kvl__errorf(KVL_ERR_UNSUPPORTED, "%s: field 'rope_parameters.rope_type': "
-                                  "'%s' RoPE scaling is not supported (only 'default')", label,
-                                  type->valuestring);
-        }
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(params, "rope_theta");
-        if (t && !cJSON_IsNull(t)) {
-            if (!cJSON_IsNumber(t) || !(t->valuedouble > 0))
-                return kvl__errorf(KVL_ERR_FORMAT, "%s: field 'rope_parameters.rope_theta' must be a positive number", label);
-            *theta = t->valuedouble;
-        }
-    }
-    if (scaling && !cJSON_IsNull(scaling)) {
-        const cJSON *type = cJSON_IsObject(scaling) ? cJSON_GetObjectItemCaseSensitive(scaling, "rope_type") : NULL;
-        if (!type) type = cJSON_IsObject(scaling) ? cJSON_GetObjectItemCaseSensitive(scaling, "type") : NULL;
-        if (!(type && cJSON_IsString(type) && !strcmp(type->valuestring, "default")))
-            return kvl__errorf(KVL_ERR_UNSUPPORTED, "%s: field 'rope_scaling': RoPE scaling (%s) is not supported",
-                              label, type && cJSON_IsString(type) ? type->valuestring : "non-default");
-    }
+    memset(r, 0, sizeof *r);
+    r->type = KVL_ROPE_DEFAULT;
+    r->theta = 10000.0;  /* transformers' default for these architectures */
+    r->dim = c->head_dim;
+    r->max_position_embeddings = c->max_position_embeddings;
+    r->truncate = 1;
+    if (params && cJSON_IsNull(params)) params = NULL;
+    if (scaling && cJSON_IsNull(scaling)) scaling = NULL;
+    if (params && !cJSON_IsObject(params))
+        return kvl__errorf(KVL_ERR_FORMAT, "%s: field 'rope_parameters' must be an object", label);
+    if (scaling && !cJSON_IsObject(scaling))
+        return kvl__errorf(KVL_ERR_FORMAT, "%s: field 'rope_scaling' must be an object", label);
+    if (params) TRY0(rope_num(params, label, "rope_parameters", "rope_theta", 1, &r->theta));
     if (top && !cJSON_IsNull(top)) {
         if (!cJSON_IsNumber(top) || !(top->valuedouble > 0))
             return kvl__errorf(KVL_ERR_FORMAT, "%s: field 'rope_theta' must be a positive number", label);
-        *theta = top->valuedouble;
+        r->theta = top->valuedouble;
+    }
+    /* the object that names the scaling type carries its fields */
+    const cJSON *obj = NULL;
+    const char *where = NULL, *type = NULL, *tkey = NULL;
+    if (params) {
+        TRY0(rope_type_of(params, label, "rope_parameters", &type, &tkey));
+        if (type && strcmp(type, "default") != 0) { obj = params; where = "rope_parameters"; }
+    }
+    if (!obj && scaling) {
+        TRY0(rope_type_of(scaling, label, "rope_scaling", &type, &tkey));
+        if (!type)
+            return kvl__errorf(KVL_ERR_FORMAT, "%s: field 'rope_scaling' names no 'rope_type' or 'type'", label);
+        obj = scaling;
+        where = "rope_scaling";
+    }
+    if (!obj || !strcmp(type, "default")) return KVL_OK;
+
+    if (!strcmp(type, "linear")) r->type = KVL_ROPE_LINEAR;
+    else if (!strcmp(type, "dynamic")) r->type = KVL_ROPE_DYNAMIC;
+    else if (!strcmp(type, "yarn")) r->type = KVL_ROPE_YARN;
+    else if (!strcmp(type, "llama3")) r->type = KVL_ROPE_LLAMA3;
+    else
+        return kvl__errorf(KVL_ERR_UNSUPPORTED, "%s: field '%s.%s': '%s' RoPE scaling is not supported "
+                          "(default, linear, dynamic, yarn, llama3)", label, where, tkey, type);
+    double prf = 1.0;
+    TRY0(rope_num(obj, label, where, "partial_rotary_factor", 1, &prf));
+    if (prf != 1.0)
+        return kvl__errorf(KVL_ERR_UNSUPPORTED, "%s: field '%s.partial_rotary_factor': partial rotary "
+                          "embeddings are not supported (got %g)", label, where, prf);
+    TRY0(rope_need(obj, label, where, "factor", type, &r->factor));
+    if (r->type == KVL_ROPE_DYNAMIC && r->dim <= 2)
+        return kvl__errorf(KVL_ERR_FORMAT, "%s: field 'head_dim' must be > 2 for 'dynamic' RoPE", label);
+    double orig = 0;
+    if (r->type == KVL_ROPE_LLAMA3) {
+        TRY0(rope_need(obj, label, where, "low_freq_factor", type, &r->low_freq_factor));
+        TRY0(rope_need(obj, label, where, "high_freq_factor", type, &r->high_freq_factor));
+        TRY0(rope_need(obj, label, where, "original_max_position_embeddings", type, &orig));
+        if (!(r->high_freq_factor > r->low_freq_factor))
+            return kvl__errorf(KVL_ERR_FORMAT, "%s: field '%s.high_freq_factor' (%g) must be greater than "
+                              "'low_freq_factor' (%g)", label, where, r->high_freq_factor, r->low_freq_factor);
+    }
+    if (r->type == KVL_ROPE_YARN) {
+        orig = c->max_position_embeddings;   /* transformers' standardize_rope_params default */
+        TRY0(rope_num(obj, label, where, "original_max_position_embeddings", 1, &orig));
+        TRY0(rope_num(obj, label, where, "beta_fast", 1, &r->beta_fast));
+        TRY0(rope_num(obj, label, where, "beta_slow", 1, &r->beta_slow));
+        TRY0(rope_num(obj, label, where, "attention_factor", 1, &r->attention_factor));
+        TRY0(rope_num(obj, label, where, "mscale", 0, &r->mscale));
+        TRY0(rope_num(obj, label, where, "mscale_all_dim", 0, &r->mscale_all_dim));
+        const cJSON *tr = cJSON_GetObjectItemCaseSensitive(obj, "truncate");
+        if (tr && !cJSON_IsNull(tr)) {
+            if (!cJSON_IsBool(tr))
+                return kvl__errorf(KVL_ERR_FORMAT, "%s: field '%s.truncate' must be true or false", label, where);
+            r->truncate = cJSON_IsTrue(tr) ? 1 : 0;
+        }
+        double bf = r->beta_fast > 0 ? r->beta_fast : 32, bs = r->beta_slow > 0 ? r->beta_slow : 1;
+        if (!(bf > bs))
+            return kvl__errorf(KVL_ERR_FORMAT, "%s: field '%s.beta_fast' (%g) must be greater than "
+                              "'beta_slow' (%g)", label, where, bf, bs);
+    }
+    if (orig != 0) {
+        if (orig != floor(orig) || orig > 2147483647.0)
+            return kvl__errorf(KVL_ERR_FORMAT, "%s: field '%s.original_max_position_embeddings' must be a "
+                              "positive integer (got %g)", label, where, orig);
+        r->original_max_position_embeddings = (int)orig;
     }
     return KVL_OK;
 }
@@ -247,7 +340,13 @@ kvl_status kvl_config_parse(const char *json, size_t len, const char *label, kvl
         return kvl__errorf(KVL_ERR_UNSUPPORTED, "%s: field 'mlp_bias': MLP bias is not supported", label);
     }
 
-    TRY(parse_rope(root, label, &c.rope_theta));
+    if (c.head_dim > 1024) {
+        cJSON_Delete(root);
+        return kvl__errorf(KVL_ERR_UNSUPPORTED, "%s: field 'head_dim': at most 1024 is supported (got %d)",
+                          label, c.head_dim);
+    }
+    TRY(parse_rope(root, label, &c, &c.rope));
+    c.rope_theta = c.rope.theta;
     TRY(parse_eos(root, label, &c));
     TRY(parse_dtype(root, label, &c.weight_dtype));
     cJSON_Delete(root);

@@ -10,7 +10,8 @@
 
 static int same_geometry(const kvl_model_config *a, const kvl_model_config *b) {
     return a->n_layers == b->n_layers && a->n_kv_heads == b->n_kv_heads &&
-           a->head_dim == b->head_dim && a->qk_norm == b->qk_norm && a->rope_theta == b->rope_theta;
+           a->head_dim == b->head_dim && a->qk_norm == b->qk_norm && a->rope_theta == b->rope_theta &&
+           !memcmp(&a->rope, &b->rope, sizeof a->rope);
 }
 
 static kvl_status validate(const kvl_model *m, const kvl_batch_seq *seqs, int n_seqs) {

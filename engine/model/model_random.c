@@ -45,6 +45,7 @@ kvl_status kvl_shape_config(const char *name, kvl_model_config *out) {
         out->intermediate_size = d->ffn;
         out->rms_norm_eps = 1e-6f;
         out->rope_theta = d->theta;
+        out->rope = kvl_rope_default_params(d->theta, d->head_dim, d->max_pos);
         out->qkv_bias = d->qkv_bias;
         out->o_bias = 0;
         out->qk_norm = d->arch == KVL_ARCH_QWEN3;

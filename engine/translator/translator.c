@@ -424,7 +424,7 @@ kvl_status kvl_translator_apply(const kvl_translator *tr, const float *k_src, co
     kvl_kv_maps maps;
     maps_view(tr, &maps);
     kvl_translate_params p = {&maps, tr->dst_qk_norm ? tr->k_norm : NULL, tr->k_norm_eps,
-                              c->rope_theta};
+                              c->rope};
     const kvl_backend_ops *ops;
     void *bm;
     kvl__cache_backend(dst, &ops, &bm);
@@ -555,7 +555,7 @@ kvl_status kvl_kv_maps_apply_host(const kvl_kv_maps *mp, const kvl_model *dst_mo
     float *k = NULL, *v = NULL;
     kvl_status s = read_span(src, mp->src_layers, (size_t)n * mp->src_kv_heads * mp->src_head_dim,
                              t0, t1, &k, &v);
-    kvl_translate_params p = {mp, k_norm, tc->rms_norm_eps, tc->rope_theta};
+    kvl_translate_params p = {mp, k_norm, tc->rms_norm_eps, tc->rope};
     if (s == KVL_OK) s = kvl__cache_translate(dst, &p, k, v, n, kvl_cache_tokens(src) + t0);
     free(k); free(v); free(k_norm);
     return s;

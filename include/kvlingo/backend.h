@@ -87,7 +87,7 @@ typedef struct kvl_translate_params {
     const kvl_kv_maps *maps;      /* geometry + W_K, W_V [Lt][Ht*Dt][Hs*Ds], layer map    */
     const float *k_norm;          /* [Lt][Dt] target k_norm weights, NULL without k_norm  */
     float k_norm_eps;
-    double rope_theta;            /* the target's RoPE base                               */
+    kvl_rope_params rope;         /* the target's RoPE (kvl_model_config.rope)            */
 } kvl_translate_params;
 
 typedef struct kvl_backend_ops {

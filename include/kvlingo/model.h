@@ -6,7 +6,8 @@
  *   LlamaForCausalLM  (attention_bias optional, no q/k norm)
  * Forward pass as in transformers' modeling_qwen2/qwen3/llama.py: embeddings, per layer
  * RMSNorm -> q/k/v projections (+bias) -> q/k norm (Qwen3) -> RoPE (rotate_half: the two halves of
- * head_dim are the pair, inv_freq[i] = theta^(-2i/head_dim), float32) -> causal GQA attention
+ * head_dim are the pair, inv_freq from kvl_rope_inv_freq: theta^(-2i/head_dim) in float32 for the
+ * default type, or a scaling type of kvlingo/rope.h) -> causal GQA attention
  * (query head h reads kv head h / (n_heads / n_kv_heads), scale 1/sqrt(head_dim)) -> o_proj ->
  * residual -> RMSNorm -> SwiGLU MLP (down(silu(gate(x)) * up(x))) -> residual; final RMSNorm; LM head.
  * All compute is float32 whatever the weight dtype on disk (F32/BF16/F16 are widened at load).
@@ -17,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvlingo/rope.h"
 #include "kvlingo/safetensors.h"
 #include "kvlingo/status.h"
 
@@ -45,6 +47,8 @@ typedef struct kvl_model_config {
     int intermediate_size;      /* F, MLP width                                            */
     float rms_norm_eps;
     double rope_theta;          /* "rope_theta" (top level) or "rope_parameters.rope_theta" */
+    kvl_rope_params rope;       /* RoPE type and parameters (kvlingo/rope.h); rope.theta ==
+                                 * rope_theta, rope.dim == head_dim                         */
     int qkv_bias;               /* 1 when q/k/v projections have a bias                    */
     int o_bias;                 /* 1 when o_proj has a bias (Llama attention_bias)         */
     int qk_norm;                /* 1 for Qwen3 (q_norm, k_norm)                             */
@@ -57,9 +61,12 @@ typedef struct kvl_model_config {
 } kvl_model_config;
 
 /* Parse config.json text.  `label` (e.g. the file path) prefixes every error message, which
- * names the field at fault.  Refuses (KVL_ERR_UNSUPPORTED) an unknown architecture, a
- * rope_scaling / rope_type other than "default", and sliding-window attention switched on
- * (`use_sliding_window: true`); KVL_ERR_FORMAT for invalid JSON or a missing/ill-typed field. */
+ * names the field at fault.  RoPE scaling (`rope_scaling` with `type` or `rope_type`, or
+ * `rope_parameters`): default, linear, dynamic, yarn, llama3 with the fields transformers reads
+ * (kvlingo/rope.h).  Refuses (KVL_ERR_UNSUPPORTED) an unknown architecture, any other RoPE type
+ * (by name), partial rotary embeddings, head_dim > 1024, and sliding-window attention switched on
+ * (`use_sliding_window: true`); KVL_ERR_FORMAT for invalid JSON or a missing/ill-typed field
+ * (e.g. `rope_scaling.factor` missing for a type that needs it). */
 kvl_status kvl_config_parse(const char *json, size_t len, const char *label,
                             kvl_model_config *out);
 

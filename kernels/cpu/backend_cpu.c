@@ -167,7 +167,8 @@ static kvl_status cpu_cache_export_prenorm(const void *pc, int layer, int t0, in
     int *pos = malloc(sizeof(int) * (size_t)n);
     if (!pos) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) pos[i] = t0 + i;
-    kvl__cpu_rope_forward(k_out, pos, n, c->cfg.n_kv_heads, c->cfg.head_dim, c->cfg.rope_theta, 1);
+    kvl__cpu_rope_forward(k_out, pos, n, c->cfg.n_kv_heads, c->cfg.head_dim, &c->cfg.rope,
+                          KVL_ROPE_INVERSE);
     free(pos);
     return KVL_OK;
 }
@@ -238,8 +239,11 @@ static kvl_status cpu_forward(void *pm, const kvl_backend_seq *seqs, int n_seqs)
             memcpy(s->x + (size_t)t * H, w->embed + (size_t)seqs[i].tokens[j] * H, sizeof(float) * H);
             s->pos[t] = seqs[i].n_past + j;
         }
-    /* RoPE angles of every new token, once for all layers */
-    kvl__cpu_rope_table(s->rope_cos, s->rope_sin, s->pos, T, D, c->rope_theta);
+    /* RoPE angles of every new token, once for all layers; per sequence, as each sequence is a
+     * call of its own for RoPE whose frequencies depend on the sequence length (dynamic) */
+    for (int i = 0, t0 = 0; i < n_seqs; t0 += seqs[i].n_tokens, i++)
+        kvl__cpu_rope_table(s->rope_cos + (size_t)t0 * (D / 2), s->rope_sin + (size_t)t0 * (D / 2),
+                            s->pos + t0, seqs[i].n_tokens, D, &c->rope);
 
     /* in place: the residual stream stays in x; k aliases kpre only without k_norm */
     kvl__decoder_acts_f32 a = {.x_in = s->x, .x_mid = s->x, .x_out = s->x, .xn = s->xn,
@@ -330,7 +334,7 @@ static kvl_status cpu_translate_apply(void *pp, const float *k_src, const float 
     if (s != KVL_OK) return s;
     for (int i = 0; i < n; i++) pos[i] = t0 + i;
     /* the target's RoPE angles of the span, once for all layers */
-    kvl__cpu_rope_table(rcos, rsin, pos, n, D, p->rope_theta);
+    kvl__cpu_rope_table(rcos, rsin, pos, n, D, &p->rope);
     for (int l = 0; l < Lt; l++) {
         const int sl = mp->layer_map[l];
         const float *xk = k_src + (size_t)sl * n * ds, *xv = v_src + (size_t)sl * n * ds;

@@ -1,6 +1,8 @@
 /* kernels/cpu/ops.c: CPU forward kernels (see ops.h). */
 #include "ops.h"
 
+#include "kvlingo/rope.h"
+
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
@@ -35,28 +37,34 @@ void kvl__cpu_rmsnorm_forward(float *out, const float *in, const float *w, int T
     }
 }
 
-/* inv_freq[i] = 1 / theta^(2i/D) in float32, as transformers' default rope init. */
-static void rope_inv_freq(float *inv_freq, int D, double theta) {
-    float base = (float)theta;
-    for (int i = 0; i < D / 2; i++) inv_freq[i] = 1.0f / powf(base, (float)(2 * i) / (float)D);
+/* seq_len of a call: the largest position + 1 (only `dynamic` RoPE reads it) */
+static int rope_seq_len(const int *pos, int T) {
+    int m = 0;
+    for (int t = 0; t < T; t++) m = pos[t] + 1 > m ? pos[t] + 1 : m;
+    return m;
 }
 
-void kvl__cpu_rope_angles(float *cos_out, float *sin_out, int pos, int D, double theta) {
-    float inv_freq[512];
-    rope_inv_freq(inv_freq, D, theta);
-    for (int i = 0; i < D / 2; i++) {
-        float ang = (float)pos * inv_freq[i];
-        sincosf(ang, &sin_out[i], &cos_out[i]);
-    }
-}
-
-void kvl__cpu_rope_table(float *cos_tab, float *sin_tab, const int *pos, int T, int D, double theta) {
-    int half = D / 2;
-    float inv_freq[512];   /* head_dim <= 1024 */
-    rope_inv_freq(inv_freq, D, theta);
+/* cos/sin[T, D/2] of angle float(pos) * inv_freq[i], times `scale` (1.0f leaves them exact) */
+static void rope_fill(float *cos_tab, float *sin_tab, const int *pos, int T, int half,
+                      const float *inv_freq, float scale) {
     for (int t = 0; t < T; t++)
-        for (int i = 0; i < half; i++)
-            sincosf((float)pos[t] * inv_freq[i], &sin_tab[(size_t)t * half + i], &cos_tab[(size_t)t * half + i]);
+        for (int i = 0; i < half; i++) {
+            float *c = &cos_tab[(size_t)t * half + i], *s = &sin_tab[(size_t)t * half + i];
+            sincosf((float)pos[t] * inv_freq[i], s, c);
+            if (scale != 1.0f) { *c = *c * scale; *s = *s * scale; }
+        }
+}
+
+void kvl__cpu_rope_angles(float *cos_out, float *sin_out, int pos, int D,
+                          const kvl_rope_params *rope) {
+    kvl__cpu_rope_table(cos_out, sin_out, &pos, 1, D, rope);
+}
+
+void kvl__cpu_rope_table(float *cos_tab, float *sin_tab, const int *pos, int T, int D,
+                         const kvl_rope_params *rope) {
+    float inv_freq[512], attn;   /* head_dim <= 1024 (kvl_config_parse) */
+    kvl_rope_inv_freq(rope, rope_seq_len(pos, T), inv_freq, &attn);
+    rope_fill(cos_tab, sin_tab, pos, T, D / 2, inv_freq, attn);
 }
 
 void kvl__cpu_rope_apply(float *x, const float *cos_tab, const float *sin_tab, int T, int n_heads,
@@ -77,12 +85,14 @@ void kvl__cpu_rope_apply(float *x, const float *cos_tab, const float *sin_tab, i
     }
 }
 
-void kvl__cpu_rope_forward(float *x, const int *pos, int T, int n_heads, int D, double theta,
-                          int inverse) {
-    float cs[512], sn[512];
+void kvl__cpu_rope_forward(float *x, const int *pos, int T, int n_heads, int D,
+                          const kvl_rope_params *rope, int mode) {
+    float inv_freq[512], attn, cs[512], sn[512];
+    kvl_rope_inv_freq(rope, rope_seq_len(pos, T), inv_freq, &attn);
+    float scale = mode == KVL_ROPE_INVERSE ? 1.0f / attn : attn;
     for (int t = 0; t < T; t++) {   /* one position at a time: no allocation */
-        kvl__cpu_rope_table(cs, sn, &pos[t], 1, D, theta);
-        kvl__cpu_rope_apply(x + (size_t)t * n_heads * D, cs, sn, 1, n_heads, D, inverse);
+        rope_fill(cs, sn, &pos[t], 1, D / 2, inv_freq, scale);
+        kvl__cpu_rope_apply(x + (size_t)t * n_heads * D, cs, sn, 1, n_heads, D, mode != KVL_ROPE_FORWARD);
     }
 }
 

@@ -10,6 +10,8 @@
 
 #include <stddef.h>
 
+#include "kvlingo/rope.h"
+
 /* out[T,N] = in[T,K] @ W[N,K]^T + bias[N] (bias may be NULL).  nn.Linear layout.  OpenBLAS sgemm. */
 void kvl__cpu_matmul_forward(float *out, const float *in, const float *W, const float *bias,
                             int T, int K, int N);
@@ -18,16 +20,22 @@ void kvl__cpu_matmul_forward(float *out, const float *in, const float *W, const 
  * out may alias in. */
 void kvl__cpu_rmsnorm_forward(float *out, const float *in, const float *w, int T, int C, float eps);
 
-/* RoPE angles for one position: cos/sin[D/2] with inv_freq[i] = 1 / theta^(2i/D), computed in
- * float32 exactly as transformers' default rope init (`base ** (arange(0, D, 2).float() / D)`),
- * angle = float(pos) * inv_freq[i]. */
-void kvl__cpu_rope_angles(float *cos_out, float *sin_out, int pos, int D, double theta);
+/* RoPE angles for one position: cos/sin[D/2] = a * cos/sin(float(pos) * inv_freq[i]), with
+ * inv_freq and the attention factor a from kvl_rope_inv_freq (kvlingo/rope.h: transformers'
+ * ROPE_INIT_FUNCTIONS in float32; `cos = cos * attention_scaling`), seq_len = pos + 1. */
+void kvl__cpu_rope_angles(float *cos_out, float *sin_out, int pos, int D,
+                          const kvl_rope_params *rope);
+
+/* Modes of kvl__cpu_rope_forward. */
+#define KVL_ROPE_FORWARD 0     /* x' = a R(angle) x: what attention reads                   */
+#define KVL_ROPE_INVERSE 1     /* x' = R(-angle) x / a: recovers the pre-RoPE vector        */
+#define KVL_ROPE_TRANSPOSE 2   /* x' = a R(-angle) x: the gradient of FORWARD               */
 
 /* In-place rotary embedding of x[T, n_heads, D] at positions pos[T] (rotate_half form: element i
- * pairs with i + D/2): x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin.  inverse != 0 applies the
- * inverse rotation (angle -> -angle), which recovers the pre-RoPE vector. */
-void kvl__cpu_rope_forward(float *x, const int *pos, int T, int n_heads, int D, double theta,
-                          int inverse);
+ * pairs with i + D/2): x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin, cos/sin as
+ * kvl__cpu_rope_angles, all positions with the inv_freq of seq_len = max(pos) + 1 (one call). */
+void kvl__cpu_rope_forward(float *x, const int *pos, int T, int n_heads, int D,
+                          const kvl_rope_params *rope, int mode);
 
 /* out[n] = silu(gate[n]) * up[n], silu(x) = x / (1 + exp(-x)).  out may alias gate. */
 void kvl__cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
@@ -65,10 +73,12 @@ void kvl__cpu_attention_decode_blocks(float *out, const float *q, const float *c
 
 /* RoPE with precomputed angles, so a forward pass (or a translation) computes the cos/sin of each
  * position once for all layers instead of once per layer and per q/k.
- *   kvl__cpu_rope_table: cos_tab, sin_tab [T, D/2] for positions pos[T] (same float32 values as
- *                       kvl__cpu_rope_angles)
+ *   kvl__cpu_rope_table: cos_tab, sin_tab [T, D/2] for positions pos[T] (the float32 values of
+ *                       kvl__cpu_rope_angles, with the inv_freq of seq_len = max(pos) + 1)
  *   kvl__cpu_rope_apply: x[T, n_heads, D] rotated in place with row t of the tables; inverse != 0
- *                       applies the inverse rotation. */
-void kvl__cpu_rope_table(float *cos_tab, float *sin_tab, const int *pos, int T, int D, double theta);
+ *                       negates the sines (the transposed rotation: the inverse when the
+ *                       attention factor is 1). */
+void kvl__cpu_rope_table(float *cos_tab, float *sin_tab, const int *pos, int T, int D,
+                         const kvl_rope_params *rope);
 void kvl__cpu_rope_apply(float *x, const float *cos_tab, const float *sin_tab, int T, int n_heads,
                         int D, int inverse);

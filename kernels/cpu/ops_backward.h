@@ -15,6 +15,8 @@
 
 #include <stddef.h>
 
+#include "kvlingo/rope.h"
+
 /* Forward: out[T,N] = in[T,K] @ W[N,K]^T + bias[N].
  * Backward: dinp[T,K] += dout[T,N] @ W[N,K];  dweight[N,K] += dout^T @ in (if dweight);
  * dbias[N] += sum_t dout (if dbias).  dinp may be NULL. */
@@ -31,10 +33,12 @@ void kvl__cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, c
 void kvl__cpu_rmsnorm_backward_f64(double *dinp, double *dweight, const double *dout,
                                   const double *inp, const double *w, int T, int C, double eps);
 
-/* RoPE is a rotation per pair (i, i+D/2), so its gradient is the inverse rotation of dout.
- * In place on dx[T, n_heads, D] at positions pos[T] (rotate_half form, ops.h). */
-void kvl__cpu_rope_backward(float *dx, const int *pos, int T, int n_heads, int D, double theta);
-void kvl__cpu_rope_backward_f64(double *dx, const int *pos, int T, int n_heads, int D, double theta);
+/* RoPE is a rotation per pair (i, i+D/2) times the attention factor a, so its gradient is the
+ * transposed rotation of dout: a R(-angle) dout (KVL_ROPE_TRANSPOSE, ops.h).  In place on dx[T, n_heads, D] at positions pos[T] (rotate_half form, ops.h). */
+void kvl__cpu_rope_backward(float *dx, const int *pos, int T, int n_heads, int D,
+                            const kvl_rope_params *rope);
+void kvl__cpu_rope_backward_f64(double *dx, const int *pos, int T, int n_heads, int D,
+                                const kvl_rope_params *rope);
 
 /* Forward: out = silu(gate) * up.  Backward: dgate += dout * up * s (1 + g (1 - s)),
  * s = sigmoid(g);  dup += dout * silu(g). */
@@ -66,10 +70,10 @@ void kvl__cpu_matmul_forward_f64(double *out, const double *in, const double *W,
                                 const double *bias, int T, int K, int N);
 void kvl__cpu_rmsnorm_forward_f64(double *out, const double *in, const double *w, int T, int C,
                                  double eps);
-void kvl__cpu_rope_forward_f64(double *x, const int *pos, int T, int n_heads, int D, double theta,
-                              int inverse);
+void kvl__cpu_rope_forward_f64(double *x, const int *pos, int T, int n_heads, int D,
+                               const kvl_rope_params *rope, int mode);
 void kvl__cpu_rope_table_f64(double *cos_tab, double *sin_tab, const int *pos, int T, int D,
-                             double theta);
+                             const kvl_rope_params *rope);
 void kvl__cpu_rope_apply_f64(double *x, const double *cos_tab, const double *sin_tab, int T,
                              int n_heads, int D, int inverse);
 void kvl__cpu_swiglu_forward_f64(double *out, const double *gate, const double *up, size_t n);

@@ -134,7 +134,8 @@ static kvl_status cu_translate_prepare(void *pm, const kvl_translate_params *p, 
     src.n_layers = mp->src_layers;
     src.n_kv_heads = mp->src_kv_heads;
     src.head_dim = mp->src_head_dim;
-    src.rope_theta = 1e4;
+    src.rope_theta = 1e4;   /* unused: the staged keys are pre-norm and pre-RoPE already */
+    src.rope = kvl_rope_default_params(src.rope_theta, src.head_dim, 0);
     src.qk_norm = 1;
     kvl_cuda_translator *tr = NULL;
     kvl_status s = kvl_cuda_translator_create(mp, &src, m->dev, &tr);

@@ -84,7 +84,8 @@ struct kvl_cuda_model {
     void *logit_x;          /* [cap_logit_rows, H] act                                    */
     int32_t *d_argmax;      /* [1] device                                                 */
     int32_t *h_pinned;      /* [4] pinned host: token in, argmax out                      */
-    float *inv_freq;        /* [D/2] f32 device RoPE table                                */
+    float *inv_freq;        /* [D/2] f32 device RoPE table (kvl_rope_inv_freq)            */
+    float rope_scale;       /* RoPE attention factor on cos and sin (1 but for yarn)      */
     int dec_splits;         /* split-K factor of the decode attention                     */
 };
 
@@ -131,14 +132,15 @@ void kvl__cu_embed(cudaStream_t s, int dt, float *x, const void *embed, const in
 void kvl__cu_rmsnorm(cudaStream_t s, int dt, void *out, const float *in, size_t in_stride,
                     const float *w, int T, int C, float eps);
 /* After the fused qkv GEMM: add bias, q/k RMSNorm (when q_norm != NULL), RoPE at position
- * pos0 + t (inv_freq [D/2] f32 device table computed on the host exactly as the CPU path:
- * 1 / powf((float)theta, 2i/D); angle = (float)pos * inv_freq[i]); pos0 is read from *d_pos0
+ * pos0 + t (inv_freq [D/2] f32 device table computed on the host by kvl_rope_inv_freq as the
+ * CPU path; angle = (float)pos * inv_freq[i]; cos and sin times rope_scale, the attention
+ * factor); pos0 is read from *d_pos0
  * when d_pos0 != NULL.  Writes q [T, QD] act and the cache
  * rows K, V, Kpre (kpre NULL when the model has no k_norm) at token pos0 + t of
  * [capacity][KD] act planes. */
 void kvl__cu_qkv_post(cudaStream_t s, int dt, const float *qkv, const float *bias,
                      const float *q_norm, const float *k_norm, int pos0, const int32_t *d_pos0,
-                     int T, int Hq, int Hkv, int D, const float *inv_freq, float eps, void *q_out,
+                     int T, int Hq, int Hkv, int D, const float *inv_freq, float rope_scale, float eps, void *q_out,
                      void *k_cache, void *v_cache, void *kpre_cache);
 /* act[T,F] = silu(gu[t, f]) * gu[t, F + f]. */
 void kvl__cu_swiglu(cudaStream_t s, int dt, void *act, const float *gu, int T, int F);
@@ -184,6 +186,7 @@ typedef struct kvl__cu_translate_args {
                                * cache; t0 for a staged span of rows [0, n))              */
     int src_unrope;           /* 1: keys come from plane K with inverse RoPE (no k_norm)  */
     const float *src_inv_freq;/* [Ds/2] f32 device, used when src_unrope                 */
+    float src_rope_unscale;   /* 1 / the source's RoPE attention factor (src_unrope)      */
     /* maps */
     const void *w;            /* [Lt][Ht*Dt][Hs*Ds] act                                  */
     const int32_t *layer_map; /* [Lt] device                                             */
@@ -193,6 +196,7 @@ typedef struct kvl__cu_translate_args {
     const float *k_norm;      /* [Lt][Dt] f32 or NULL                                    */
     float eps;
     const float *dst_inv_freq;/* [Dt/2] f32 device                                       */
+    float dst_rope_scale;     /* the target's RoPE attention factor                      */
 } kvl__cu_translate_args;
 
 /* One launch for all target layers of one side; returns 0 or -1 (unsupported shape). */

@@ -98,6 +98,9 @@ kvl_status kvl__cu_upload(kvl_cuda_model *m, void *dst, const float *src, size_t
 static kvl_status check_geometry(const kvl_model_config *c) {
     if (c->head_dim != 32 && c->head_dim != 64 && c->head_dim != 128)
         return kvl__errorf(KVL_ERR_UNSUPPORTED, "cuda: head_dim %d not supported (32, 64 or 128)", c->head_dim);
+    if (c->rope.type == KVL_ROPE_DYNAMIC)   /* one inv_freq table per model, uploaded once */
+        return kvl__errorf(KVL_ERR_UNSUPPORTED, "cuda: 'dynamic' RoPE scaling is not supported (its "
+                          "frequencies depend on the sequence length; use the CPU backend)");
     if (c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > 8)
         return kvl__errorf(KVL_ERR_UNSUPPORTED, "cuda: GQA group %d/%d not supported (at most 8 query "
                           "heads per kv head)", c->n_heads, c->n_kv_heads);
@@ -192,9 +195,9 @@ static kvl_status model_alloc(const kvl_model_config *cfg, const kvl_cuda_params
     }
 #undef TAKE_W
 #undef TAKE_F
-    /* RoPE table exactly as the CPU path (kvl__cpu_rope_angles): float32 powf */
+    /* RoPE table exactly as the CPU path (kvl__cpu_rope_angles): kvl_rope_inv_freq in float32 */
     float inv[512];
-    for (size_t i = 0; i < D / 2; i++) inv[i] = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)D);
+    kvl_rope_inv_freq(&c->rope, 0, inv, &m->rope_scale);
     KVL_CU_TRY(cudaMemcpy(m->inv_freq, inv, D / 2 * sizeof(float), cudaMemcpyHostToDevice));
 
     m->dec_splits = 2 * m->sm_count / c->n_kv_heads;
@@ -412,7 +415,7 @@ static kvl_status run_layers(kvl_cuda_model *m, kvl__cu_acts *a, kvl_cuda_cache 
         kvl__cu_rmsnorm(st, m->dt, a->xn, a->x, (size_t)H, L->attn_norm, T, H, cf->rms_norm_eps);
         if ((s = gemm(m, L->wqkv, a->xn, a->qkv, T, H, QD + 2 * KD, 0.0f)) != KVL_OK) return s;
         kvl__cu_qkv_post(st, m->dt, a->qkv, L->bqkv, L->q_norm, L->k_norm, p0, d_pos, T, Hq, Hkv, D,
-                        m->inv_freq, cf->rms_norm_eps, a->q, kp, vp, pp);
+                        m->inv_freq, m->rope_scale, cf->rms_norm_eps, a->q, kp, vp, pp);
         int rc = d_pos ? kvl__cu_attention_decode(st, m->dt, a->att, a->q, kp, vp, a->part, d_pos,
                                                  a->part_splits, Hq, Hkv, D)
                        : kvl__cu_attention_prefill(st, m->dt, a->att, a->q, kp, vp, a->part, T, p0,
@@ -594,7 +597,7 @@ kvl_status kvl_cuda_cache_read_prenorm(const kvl_cuda_cache *c, int layer, int t
             if (!pos) return kvl__errorf(KVL_ERR_NOMEM, "cuda export: out of memory");
             for (int i = 0; i < n; i++) pos[i] = t0 + i;
             kvl__cpu_rope_forward(k_out, pos, n, c->model->cfg.n_kv_heads, c->model->cfg.head_dim,
-                                 c->model->cfg.rope_theta, 1);
+                                 &c->model->cfg.rope, KVL_ROPE_INVERSE);
             free(pos);
         }
     }

@@ -16,6 +16,7 @@ struct kvl_cuda_translator {
     int32_t *layer_map;    /* [Lt] device                                                  */
     float *k_norm;         /* [Lt][Dt] f32 device, NULL when the target has no k_norm      */
     float *src_inv_freq;   /* [Ds/2] f32 device                                            */
+    float src_rope_unscale;/* 1 / the source's RoPE attention factor                       */
     int n_src_used;        /* distinct source layers the map reads                         */
     void *stage;           /* [Ls][3][stage_cap][Hs*Ds] act: a host span staged for the kernel */
     int stage_cap;         /* tokens `stage` holds                                          */
@@ -83,11 +84,14 @@ kvl_status kvl_cuda_translator_create(const kvl_kv_maps *mp, const kvl_model_con
     }
     if (s == KVL_OK) {
         /* the source's RoPE table, float32 as the CPU path, for the inverse rotation */
-        float inv[512];
+        float inv[512], attn;
+        if (src->rope.type == KVL_ROPE_DYNAMIC)
+            s = kvl__errorf(KVL_ERR_UNSUPPORTED, "cuda translator: 'dynamic' RoPE scaling of the "
+                           "source is not supported (use the CPU backend)");
         int half = tr->Ds / 2;
-        for (int i = 0; i < half; i++)
-            inv[i] = 1.0f / powf((float)src->rope_theta, (float)(2 * i) / (float)tr->Ds);
-        s = KVL_CU(cudaMalloc((void **)&tr->src_inv_freq, sizeof(float) * half));
+        kvl_rope_inv_freq(&src->rope, 0, inv, &attn);
+        tr->src_rope_unscale = 1.0f / attn;
+        if (s == KVL_OK) s = KVL_CU(cudaMalloc((void **)&tr->src_inv_freq, sizeof(float) * half));
         if (s == KVL_OK)
             s = KVL_CU(cudaMemcpy(tr->src_inv_freq, inv, sizeof(float) * half, cudaMemcpyHostToDevice));
     }
@@ -128,10 +132,12 @@ kvl_status kvl_cuda_translate(kvl_cuda_translator *tr, const kvl_cuda_cache *src
         .dt = m->dt, .n = n, .t0 = t0,
         .src_base = src->base, .src_planes = src->planes, .src_cap = src->capacity,
         .src_row0 = 0, .Hs = tr->Hs, .Ds = tr->Ds, .src_unrope = !sc->qk_norm, .src_inv_freq = tr->src_inv_freq,
+        .src_rope_unscale = tr->src_rope_unscale,
         .layer_map = tr->layer_map,
         .dst_base = dst->base, .dst_planes = dst->planes, .dst_cap = dst->capacity,
         .Lt = tr->Lt, .Ht = tr->Ht, .Dt = tr->Dt, .k_norm = tr->k_norm,
         .eps = m->cfg.rms_norm_eps, .dst_inv_freq = m->inv_freq,
+        .dst_rope_scale = m->rope_scale,
     };
     for (int side = 0; side < 2 && n > 0; side++) {
         a.side = side;
@@ -194,10 +200,11 @@ kvl_status kvl__cuda_translate_host(kvl_cuda_translator *tr, const float *k_src,
         .dt = m->dt, .n = n, .t0 = t0,
         .src_base = tr->stage, .src_planes = 3, .src_cap = tr->stage_cap, .src_row0 = t0,
         .Hs = tr->Hs, .Ds = tr->Ds, .src_unrope = 0, .src_inv_freq = tr->src_inv_freq,
+        .src_rope_unscale = 1.0f,
         .layer_map = tr->layer_map,
         .dst_base = dst->base, .dst_planes = dst->planes, .dst_cap = dst->capacity,
         .Lt = tr->Lt, .Ht = tr->Ht, .Dt = tr->Dt, .k_norm = tr->k_norm,
-        .eps = m->cfg.rms_norm_eps, .dst_inv_freq = m->inv_freq,
+        .eps = m->cfg.rms_norm_eps, .dst_inv_freq = m->inv_freq, .dst_rope_scale = m->rope_scale,
     };
     for (int side = 0; side < 2; side++) {
         a.side = side;

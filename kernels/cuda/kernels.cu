@@ -50,7 +50,7 @@ extern "C" void kvl__cu_rmsnorm(cudaStream_t s, int dt, void *out, const float *
 template <typename T>
 __global__ void qkv_post_kernel(const float *qkv, const float *bias, const float *q_norm,
                                 const float *k_norm, int pos0, const int32_t *d_pos0, int Hq,
-                                int Hkv, int D, const float *inv_freq, float eps, T *q_out,
+                                int Hkv, int D, const float *inv_freq, float rope_scale, float eps, T *q_out,
                                 T *kc, T *vc, T *kpre) {
     __shared__ float buf[QKV_WARPS][QKV_MAXD];
     const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -86,7 +86,7 @@ __global__ void qkv_post_kernel(const float *qkv, const float *bias, const float
         T *dst = is_k ? kc + (size_t)pos * KD + g * D : q_out + (size_t)t * QD + g * D;
         for (int i = lane; i < half; i += 32) {
             float ang = (float)pos * inv_freq[i];
-            float c = cosf(ang), sn = sinf(ang);
+            float c = cosf(ang) * rope_scale, sn = sinf(ang) * rope_scale;
             float x1 = b[i], x2 = b[i + half];
             stf(dst, i, x1 * c - x2 * sn);
             stf(dst, i + half, x2 * c + x1 * sn);
@@ -98,16 +98,16 @@ __global__ void qkv_post_kernel(const float *qkv, const float *bias, const float
 extern "C" void kvl__cu_qkv_post(cudaStream_t s, int dt, const float *qkv, const float *bias,
                                 const float *q_norm, const float *k_norm, int pos0,
                                 const int32_t *d_pos0, int T, int Hq, int Hkv, int D,
-                                const float *inv_freq, float eps, void *q_out, void *k_cache,
+                                const float *inv_freq, float rope_scale, float eps, void *q_out, void *k_cache,
                                 void *v_cache, void *kpre_cache) {
     if (dt == 0)
         qkv_post_kernel<<<T, QKV_WARPS * 32, 0, s>>>(qkv, bias, q_norm, k_norm, pos0, d_pos0, Hq,
-                                                     Hkv, D, inv_freq, eps, (bf16 *)q_out,
+                                                     Hkv, D, inv_freq, rope_scale, eps, (bf16 *)q_out,
                                                      (bf16 *)k_cache, (bf16 *)v_cache,
                                                      (bf16 *)kpre_cache);
     else
         qkv_post_kernel<<<T, QKV_WARPS * 32, 0, s>>>(qkv, bias, q_norm, k_norm, pos0, d_pos0, Hq,
-                                                     Hkv, D, inv_freq, eps, (float *)q_out,
+                                                     Hkv, D, inv_freq, rope_scale, eps, (float *)q_out,
                                                      (float *)k_cache, (float *)v_cache,
                                                      (float *)kpre_cache);
 }

@@ -30,7 +30,8 @@ template <typename T>
 __device__ __forceinline__ void tr_epilogue_warp(float *y, int Dt, int side, int pos, int hd,
                                                  T *kplane, T *vplane, T *kpreplane,
                                                  const float *knorm, float eps,
-                                                 const float *inv_freq, size_t kdt) {
+                                                 const float *inv_freq, float rope_scale,
+                                                 size_t kdt) {
     const int lane = threadIdx.x & 31;
     T *rowv = (side ? vplane : kplane) + (size_t)pos * kdt + (size_t)hd * Dt;
     if (side) {
@@ -52,7 +53,7 @@ __device__ __forceinline__ void tr_epilogue_warp(float *y, int Dt, int side, int
     const int half = Dt / 2;
     for (int i = lane; i < half; i += 32) {
         float ang = (float)pos * inv_freq[i];
-        float c = cosf(ang), sn = sinf(ang);
+        float c = cosf(ang) * rope_scale, sn = sinf(ang) * rope_scale;
         float x1 = y[i], x2 = y[i + half];
         stf(rowv, i, x1 * c - x2 * sn);
         stf(rowv, i + half, x2 * c + x1 * sn);
@@ -117,7 +118,7 @@ __global__ void __launch_bounds__(TR_THREADS) translate_wmma_kernel(kvl__cu_tran
                     for (int e = 0; e < 8; e++) {
                         int fi = (first ? i : i - sdh) + e;
                         float ang = (float)pos * a.src_inv_freq[fi];
-                        float cs = cosf(ang), sn = sinf(ang);
+                        float cs = cosf(ang) * a.src_rope_unscale, sn = sinf(ang) * a.src_rope_unscale;
                         float y = __bfloat162float(yv[e]), yp = __bfloat162float(pp[e]);
                         ov[e] = __float2bfloat16(first ? y * cs + yp * sn : y * cs - yp * sn);
                     }
@@ -158,7 +159,7 @@ __global__ void __launch_bounds__(TR_THREADS) translate_wmma_kernel(kvl__cu_tran
         int t = tok0 + warp * 16 + r;
         if (t >= a.n) break;
         tr_epilogue_warp<bf16>(Ys + (warp * 16 + r) * L::LDY, DT, a.side, a.t0 + t, hd, kpl, vpl,
-                               ppl, kn, a.eps, a.dst_inv_freq, (size_t)KDT);
+                               ppl, kn, a.eps, a.dst_inv_freq, a.dst_rope_scale, (size_t)KDT);
     }
 }
 
@@ -184,7 +185,7 @@ __global__ void __launch_bounds__(TR_THREADS) translate_scalar_kernel(kvl__cu_tr
             int i = c % a.Ds, first = i < sdh, fi = first ? i : i - sdh;
             float yp = ldf(row, first ? c + sdh : c - sdh);
             float ang = (float)pos * a.src_inv_freq[fi];
-            float cs = cosf(ang), sn = sinf(ang);
+            float cs = cosf(ang) * a.src_rope_unscale, sn = sinf(ang) * a.src_rope_unscale;
             y = first ? y * cs + yp * sn : y * cs - yp * sn;
         }
         xs[c] = y;
@@ -203,7 +204,7 @@ __global__ void __launch_bounds__(TR_THREADS) translate_scalar_kernel(kvl__cu_tr
     T *vpl = (T *)tr_plane(a.dst_base, l, 1, a.dst_planes, a.dst_cap, KDT, esz);
     T *ppl = a.dst_planes > 2 ? (T *)tr_plane(a.dst_base, l, 2, a.dst_planes, a.dst_cap, KDT, esz) : NULL;
     tr_epilogue_warp<T>(ys, Dt, a.side, pos, hd, kpl, vpl, ppl,
-                        a.k_norm ? a.k_norm + (size_t)l * Dt : NULL, a.eps, a.dst_inv_freq,
+                        a.k_norm ? a.k_norm + (size_t)l * Dt : NULL, a.eps, a.dst_inv_freq, a.dst_rope_scale,
                         (size_t)KDT);
 }
 

@@ -5,7 +5,7 @@ set -euo pipefail
 KVL=$1; SRC=$2
 PY=${PYTHON:-python3}
 fail=0
-for m in qwen3-a qwen3-b qwen2-c; do
+for m in qwen3-a qwen3-b qwen2-c llama3-d qwen2-yarn; do
   out=$("$KVL" eval-ppl --model "$SRC/models/$m" --text-file "$SRC/testdata/corpus/valid.txt" --window 256 --max-windows 200 --json)
   $PY - "$SRC/models/$m/golden.json" "$out" "$m" <<'PYEOF' || fail=1
 import json, sys

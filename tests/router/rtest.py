@@ -126,7 +126,7 @@ class Fleet:
     """kvld for each model + kvlingo-router, on loopback."""
 
     def __init__(self, build, work, models=("qwen3-a", "qwen3-b"), policy=None, guardrail=None,
-                 transfer=None, extra_top=None, translators=True, kvld_args=()):
+                 transfer=None, extra_top=None, translators=True, kvld_args=(), pairs=None):
         self.build, self.work = build, work
         os.makedirs(work, exist_ok=True)
         self.nodes = {}
@@ -134,7 +134,11 @@ class Fleet:
         self.router = None
         self.procs = []
         atexit.register(self.stop)
-        trdir = ensure_translators(build, os.path.join(work, "translators")) if translators else None
+        if pairs is None:   # both directions between the first two models (qwen3-a <-> qwen3-b)
+            pairs = ((models[0], models[1]), (models[1], models[0])) if len(models) > 1 else \
+                (("qwen3-a", "qwen3-b"), ("qwen3-b", "qwen3-a"))
+        trdir = ensure_translators(build, os.path.join(work, "translators"), pairs) \
+            if translators else None
         for i, m in enumerate(models):
             self.node_ports[m] = free_port()
         for m in models:

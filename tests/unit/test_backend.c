@@ -11,7 +11,9 @@
  *               backend or geometry is refused;
  *   write/read  cache_write then cache_read returns the rows exactly, every plane;
  *   translate   translate-apply of random maps == a float64 reference of the method
- *               (K = RoPE(k_norm(W_K k_s)), V = W_V v_s, Kpre = W_K k_s) computed here.
+ *               (K = RoPE(k_norm(W_K k_s)), V = W_V v_s, Kpre = W_K k_s) computed here, for
+ *               qwen2-c -> qwen3-b and for llama3-d (llama3 RoPE, rotated back at export) ->
+ *               qwen2-yarn (YaRN frequencies and attention factor in the target's RoPE).
  * The CPU backend runs everywhere; the CUDA backend where a GPU is present (skipped with the
  * reason otherwise), with bf16 tolerances and the ops it does not implement yet reported. */
 #include <math.h>
@@ -271,9 +273,9 @@ static void check_write_read(const backend_case *bc) {
 
 /* ---- translate-apply against a float64 reference of the method -------------------------------- */
 
-static void check_translate(const backend_case *bc) {
+static void check_translate(const backend_case *bc, const char *src_name, const char *dst_name) {
     backend_or_skip(bc);
-    kvl_model *ms = load_on("qwen2-c", bc), *mt = load_on("qwen3-b", bc);
+    kvl_model *ms = load_on(src_name, bc), *mt = load_on(dst_name, bc);
     const kvl_model_config *sc = kvl_model_config_get(ms), *tc = kvl_model_config_get(mt);
     kvl_kv_maps maps;
     OK(kvl_kv_maps_random(sc, tc, 7, &maps));
@@ -304,6 +306,8 @@ static void check_translate(const backend_case *bc) {
             OK(kvl_cache_read_prenorm(src, sl, 0, n, xk, xv));
             const float *wk = maps.wk + (size_t)l * dt * ds, *wv = maps.wv + (size_t)l * dt * ds;
             const float *kn = kvl_model_weights(mt)->layers[l].k_norm;
+            double inv[512], attn;   /* the target's RoPE (kvlingo/rope.h), one call of n */
+            kvl_rope_inv_freq_f64(&tc->rope, n, inv, &attn);
             for (int t = 0; t < n; t++) {
                 for (int o = 0; o < dt; o++) {
                     double a = 0, b = 0;
@@ -314,18 +318,18 @@ static void check_translate(const backend_case *bc) {
                     rp[(size_t)t * dt + o] = (float)a;
                     rv[(size_t)t * dt + o] = (float)b;
                 }
-                for (int h = 0; h < Ht; h++) {   /* k_norm (RMSNorm over D), then RoPE at t */
+                for (int h = 0; h < Ht; h++) {   /* k_norm (RMSNorm over D) if any, then RoPE at t */
                     const float *x = rp + (size_t)t * dt + (size_t)h * D;
                     float *y = rk + (size_t)t * dt + (size_t)h * D;
                     double ss = 0;
                     for (int i = 0; i < D; i++) ss += (double)x[i] * x[i];
                     double r = 1.0 / sqrt(ss / D + tc->rms_norm_eps);
                     double nx[256];
-                    for (int i = 0; i < D; i++) nx[i] = kn[i] * (x[i] * r);
+                    for (int i = 0; i < D; i++) nx[i] = kn ? kn[i] * (x[i] * r) : x[i];
                     for (int i = 0; i < D / 2; i++) {
-                        double ang = t / pow(tc->rope_theta, 2.0 * i / D);
-                        y[i] = (float)(nx[i] * cos(ang) - nx[i + D / 2] * sin(ang));
-                        y[i + D / 2] = (float)(nx[i + D / 2] * cos(ang) + nx[i] * sin(ang));
+                        double ang = t * inv[i], c = attn * cos(ang), sn = attn * sin(ang);
+                        y[i] = (float)(nx[i] * c - nx[i + D / 2] * sn);
+                        y[i + D / 2] = (float)(nx[i + D / 2] * c + nx[i] * sn);
                     }
                 }
             }
@@ -335,7 +339,7 @@ static void check_translate(const backend_case *bc) {
             close_to(what, gk, rk, (size_t)n * dt, bc->tol);
             snprintf(what, sizeof what, "[%s] translated V, layer %d", bc->name, l);
             close_to(what, gv, rv, (size_t)n * dt, bc->tol);
-            OK(kvl_cache_read_prenorm(dst, l, 0, n, gk, NULL));
+            OK(kvl_cache_read_prenorm(dst, l, 0, n, gk, NULL));   /* Kpre, or K rotated back */
             snprintf(what, sizeof what, "[%s] translated Kpre, layer %d", bc->name, l);
             close_to(what, gk, rp, (size_t)n * dt, bc->tol);
         }
@@ -358,7 +362,9 @@ static void check_translate(const backend_case *bc) {
     static void forward_qwen2_c_##i(void **st) { (void)st; check_forward_golden(&CASES[i], "qwen2-c"); } \
     static void contract_##i(void **st) { (void)st; check_forward_contract(&CASES[i]); }          \
     static void write_read_##i(void **st) { (void)st; check_write_read(&CASES[i]); }              \
-    static void translate_##i(void **st) { (void)st; check_translate(&CASES[i]); }
+    static void translate_##i(void **st) { (void)st; check_translate(&CASES[i], "qwen2-c", "qwen3-b"); } \
+    static void translate_scaled_##i(void **st) {                                                \
+        (void)st; check_translate(&CASES[i], "llama3-d", "qwen2-yarn"); }
 PER_BACKEND(0)
 PER_BACKEND(1)
 
@@ -366,10 +372,10 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(forward_qwen3_a_0), cmocka_unit_test(forward_qwen2_c_0),
         cmocka_unit_test(contract_0),        cmocka_unit_test(write_read_0),
-        cmocka_unit_test(translate_0),
+        cmocka_unit_test(translate_0),       cmocka_unit_test(translate_scaled_0),
         cmocka_unit_test(forward_qwen3_a_1), cmocka_unit_test(forward_qwen2_c_1),
         cmocka_unit_test(contract_1),        cmocka_unit_test(write_read_1),
-        cmocka_unit_test(translate_1),
+        cmocka_unit_test(translate_1),       cmocka_unit_test(translate_scaled_1),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -77,14 +77,82 @@ static void test_llama_and_defaults(void **st) {
 static void test_refusals(void **st) {
     (void)st;
     expect_error("{\"architectures\": [\"GPT2LMHeadModel\"], " BASE_FIELDS "}", KVL_ERR_UNSUPPORTED, "architectures");
+    /* RoPE types other than default, linear, dynamic, yarn, llama3: refused by name */
     expect_error("{\"architectures\": [\"LlamaForCausalLM\"], " BASE_FIELDS
-                 ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}}", KVL_ERR_UNSUPPORTED, "rope_scaling");
+                 ", \"rope_scaling\": {\"rope_type\": \"longrope\", \"factor\": 8.0}}", KVL_ERR_UNSUPPORTED,
+                 "field 'rope_scaling.rope_type': 'longrope'");
+    expect_error("{\"architectures\": [\"LlamaForCausalLM\"], " BASE_FIELDS
+                 ", \"rope_scaling\": {\"type\": \"su\", \"factor\": 8.0}}", KVL_ERR_UNSUPPORTED,
+                 "field 'rope_scaling.type': 'su'");
     expect_error("{\"architectures\": [\"Qwen3ForCausalLM\"], " BASE_FIELDS
-                 ", \"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 1e6}}", KVL_ERR_UNSUPPORTED, "rope_type");
+                 ", \"rope_parameters\": {\"rope_type\": \"proportional\", \"rope_theta\": 1e6}}",
+                 KVL_ERR_UNSUPPORTED, "field 'rope_parameters.rope_type': 'proportional'");
+    expect_error("{\"architectures\": [\"Qwen3ForCausalLM\"], " BASE_FIELDS
+                 ", \"rope_parameters\": {\"rope_type\": \"linear\", \"factor\": 2, "
+                 "\"partial_rotary_factor\": 0.5}}", KVL_ERR_UNSUPPORTED, "rope_parameters.partial_rotary_factor");
     expect_error("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE_FIELDS
                  ", \"use_sliding_window\": true, \"sliding_window\": 64}", KVL_ERR_UNSUPPORTED, "sliding");
     expect_error("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE_FIELDS
                  ", \"hidden_act\": \"gelu\"}", KVL_ERR_UNSUPPORTED, "hidden_act");
+}
+
+static void test_rope_scaling(void **st) {
+    (void)st;
+    kvl_model_config c;
+    /* older layout: rope_theta + rope_scaling with rope_type (Llama 3.x) */
+    assert_int_equal(parse("{\"architectures\": [\"LlamaForCausalLM\"], " BASE_FIELDS ", \"rope_theta\": 5e5, "
+                           "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                           "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}}", &c), KVL_OK);
+    assert_int_equal(c.rope.type, KVL_ROPE_LLAMA3);
+    assert_true(c.rope.theta == 5e5 && c.rope_theta == 5e5 && c.rope.factor == 8);
+    assert_int_equal(c.rope.original_max_position_embeddings, 8192);
+    assert_int_equal(c.rope.dim, 32);
+    /* older layout with "type" (Qwen2.5 long context); original defaults to max_position */
+    assert_int_equal(parse("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE_FIELDS ", \"max_position_embeddings\": 8192, "
+                           "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0, \"beta_fast\": 16, "
+                           "\"truncate\": false}}", &c), KVL_OK);
+    assert_int_equal(c.rope.type, KVL_ROPE_YARN);
+    assert_int_equal(c.rope.original_max_position_embeddings, 8192);
+    assert_true(c.rope.beta_fast == 16 && c.rope.truncate == 0);
+    /* newer layout: rope_parameters */
+    assert_int_equal(parse("{\"architectures\": [\"Qwen3ForCausalLM\"], " BASE_FIELDS ", \"rope_parameters\": "
+                           "{\"rope_type\": \"yarn\", \"rope_theta\": 1e6, \"factor\": 4, "
+                           "\"original_max_position_embeddings\": 1024, \"attention_factor\": 1.5}}", &c), KVL_OK);
+    assert_int_equal(c.rope.type, KVL_ROPE_YARN);
+    assert_true(c.rope.theta == 1e6 && c.rope.attention_factor == 1.5);
+    assert_int_equal(parse("{\"architectures\": [\"Qwen3ForCausalLM\"], " BASE_FIELDS ", \"rope_parameters\": "
+                           "{\"rope_type\": \"linear\", \"rope_theta\": 1e4, \"factor\": 2}}", &c), KVL_OK);
+    assert_int_equal(c.rope.type, KVL_ROPE_LINEAR);
+    assert_int_equal(parse("{\"architectures\": [\"LlamaForCausalLM\"], " BASE_FIELDS
+                           ", \"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2}}", &c), KVL_OK);
+    assert_int_equal(c.rope.type, KVL_ROPE_DYNAMIC);
+    assert_int_equal(c.rope.max_position_embeddings, 4096);
+    /* default type in either object */
+    assert_int_equal(parse("{\"architectures\": [\"LlamaForCausalLM\"], " BASE_FIELDS
+                           ", \"rope_scaling\": {\"rope_type\": \"default\"}}", &c), KVL_OK);
+    assert_int_equal(c.rope.type, KVL_ROPE_DEFAULT);
+    /* errors name the file and the field */
+    expect_error("{\"architectures\": [\"LlamaForCausalLM\"], " BASE_FIELDS
+                 ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}}", KVL_ERR_FORMAT,
+                 "field 'rope_scaling.low_freq_factor' is missing");
+    expect_error("{\"architectures\": [\"LlamaForCausalLM\"], " BASE_FIELDS
+                 ", \"rope_scaling\": {\"rope_type\": \"linear\"}}", KVL_ERR_FORMAT, "field 'rope_scaling.factor'");
+    expect_error("{\"architectures\": [\"LlamaForCausalLM\"], " BASE_FIELDS
+                 ", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": -2}}", KVL_ERR_FORMAT,
+                 "field 'rope_scaling.factor' must be a positive number");
+    expect_error("{\"architectures\": [\"LlamaForCausalLM\"], " BASE_FIELDS
+                 ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 4, "
+                 "\"high_freq_factor\": 1, \"original_max_position_embeddings\": 8192}}", KVL_ERR_FORMAT,
+                 "rope_scaling.high_freq_factor");
+    expect_error("{\"architectures\": [\"LlamaForCausalLM\"], " BASE_FIELDS
+                 ", \"rope_scaling\": {\"factor\": 8}}", KVL_ERR_FORMAT, "rope_scaling");
+    expect_error("{\"architectures\": [\"LlamaForCausalLM\"], " BASE_FIELDS
+                 ", \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4, \"truncate\": 1}}", KVL_ERR_FORMAT,
+                 "field 'rope_scaling.truncate'");
+    expect_error("{\"architectures\": [\"LlamaForCausalLM\"], " BASE_FIELDS
+                 ", \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4, "
+                 "\"original_max_position_embeddings\": 1000.5}}", KVL_ERR_FORMAT,
+                 "rope_scaling.original_max_position_embeddings");
 }
 
 static void test_malformed(void **st) {
@@ -107,7 +175,7 @@ static void test_malformed(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_shipped_layouts),
+        cmocka_unit_test(test_shipped_layouts), cmocka_unit_test(test_rope_scaling),
         cmocka_unit_test(test_llama_and_defaults),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_malformed),

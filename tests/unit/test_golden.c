@@ -3,6 +3,9 @@
  * golden.safetensors (models/<m>/, computed by transformers 5.17 in float32) holds, for three
  * prompts: ids, logits at every position (prompt0) or the last one, the per-layer cache (k after
  * k_norm and RoPE, v) as [Hkv, T, D], the pre-norm k/v as [T, Hkv*D], and greedy continuations.
+ * The models with RoPE scaling (llama3-d: llama3, qwen2-yarn: yarn; transformers 5.23) add a
+ * long prompt3 (6,000 / 3,000 tokens, where the scaling moves the logits): last_logits and
+ * greedy32 are checked too.
  * Tolerance: max |err| <= 1e-4 * max |reference|. */
 #include <math.h>
 #include <setjmp.h>
@@ -18,7 +21,7 @@
 #include "kvlingo/safetensors.h"
 #include "testutil.h"
 
-static const char *MODELS[] = {"qwen3-a", "qwen3-b", "qwen2-c"};
+static const char *MODELS[] = {"qwen3-a", "qwen3-b", "qwen2-c", "llama3-d", "qwen2-yarn"};
 
 typedef struct golden {
     kvl_model *model;
@@ -55,6 +58,7 @@ static void assert_close(const char *what, const float *a, const float *b, size_
         if (e > maxerr) { maxerr = e; at = i; }
         if (fabs(b[i]) > maxref) maxref = fabs(b[i]);
     }
+    print_message("%s: max |err| / max |ref| = %.2g\n", what, maxref > 0 ? maxerr / maxref : maxerr);
     if (!(maxerr <= tol * maxref))
         fail_msg("%s: max |err| %.3g at %zu (got %g want %g) > %.1g * max|ref| %.3g", what, maxerr, at,
                  a[at], b[at], tol, maxref);
@@ -139,7 +143,8 @@ static void check_greedy(const char *name) {
     const kvl_model_config *c = kvl_model_config_get(g.model);
     float *logits = malloc(sizeof(float) * c->vocab_size);
     assert_non_null(logits);
-    for (int p = 0; p < 3; p++) {
+    int n_prompts = kvl_safetensors_find(g.st, "prompt3.ids") ? 4 : 3;
+    for (int p = 0; p < n_prompts; p++) {
         char nm[64];
         int T, n_ref;
         snprintf(nm, sizeof nm, "prompt%d.ids", p);
@@ -183,12 +188,18 @@ static void test_prompt0_qwen2_c(void **st) { (void)st; check_prompt0(MODELS[2])
 static void test_greedy_qwen3_a(void **st) { (void)st; check_greedy(MODELS[0]); }
 static void test_greedy_qwen3_b(void **st) { (void)st; check_greedy(MODELS[1]); }
 static void test_greedy_qwen2_c(void **st) { (void)st; check_greedy(MODELS[2]); }
+static void test_prompt0_llama3_d(void **st) { (void)st; check_prompt0(MODELS[3]); }
+static void test_prompt0_qwen2_yarn(void **st) { (void)st; check_prompt0(MODELS[4]); }
+static void test_greedy_llama3_d(void **st) { (void)st; check_greedy(MODELS[3]); }
+static void test_greedy_qwen2_yarn(void **st) { (void)st; check_greedy(MODELS[4]); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prompt0_qwen3_a), cmocka_unit_test(test_prompt0_qwen3_b),
         cmocka_unit_test(test_prompt0_qwen2_c), cmocka_unit_test(test_greedy_qwen3_a),
         cmocka_unit_test(test_greedy_qwen3_b),  cmocka_unit_test(test_greedy_qwen2_c),
+        cmocka_unit_test(test_prompt0_llama3_d), cmocka_unit_test(test_prompt0_qwen2_yarn),
+        cmocka_unit_test(test_greedy_llama3_d),  cmocka_unit_test(test_greedy_qwen2_yarn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

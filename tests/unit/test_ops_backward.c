@@ -127,27 +127,33 @@ static void test_rmsnorm(void **state) {
 }
 
 /* ---- RoPE ---- */
-typedef struct { int T, Hh, D; const int *pos; } rp_ctx;
+typedef struct { int T, Hh, D; const int *pos; const kvl_rope_params *rp; } rp_ctx;
 static void rp_fwd(void *c, const double *x, double *out) {
     rp_ctx *r = c;
     memcpy(out, x, sizeof(double) * (size_t)r->T * r->Hh * r->D);
-    kvl__cpu_rope_forward_f64(out, r->pos, r->T, r->Hh, r->D, 10000.0, 0);
+    kvl__cpu_rope_forward_f64(out, r->pos, r->T, r->Hh, r->D, r->rp, KVL_ROPE_FORWARD);
 }
 static void test_rope(void **state) {
     (void)state;
     int T = 3, Hh = 2, D = 8, pos[3] = {0, 5, 77};
     size_t n = (size_t)T * Hh * D;
-    double *x = rnd(n, 1, 0), *G = rnd(n, 1, 0), *d = malloc(sizeof(double) * n);
-    memcpy(d, G, sizeof(double) * n);
-    kvl__cpu_rope_backward_f64(d, pos, T, Hh, D, 10000.0);
-    rp_ctx c = {T, Hh, D, pos};
-    fd_check("rope", rp_fwd, &c, x, n, n, G, d);
-    /* float forward then backward is the identity */
-    float *fx = tof(x, n), *f0 = tof(x, n);
-    kvl__cpu_rope_forward(fx, pos, T, Hh, D, 1e6, 0);
-    kvl__cpu_rope_backward(fx, pos, T, Hh, D, 1e6);
-    for (size_t i = 0; i < n; i++) assert_true(fabsf(fx[i] - f0[i]) < 1e-5f);
-    free(x); free(G); free(d); free(fx); free(f0);
+    /* default, and YaRN (its attention factor makes the gradient the transposed rotation) */
+    kvl_rope_params rps[2] = {kvl_rope_default_params(10000.0, D, 4096),
+                              kvl_rope_default_params(1e6, D, 64)};
+    rps[1].type = KVL_ROPE_YARN; rps[1].factor = 4; rps[1].original_max_position_embeddings = 16;
+    for (int k = 0; k < 2; k++) {
+        double *x = rnd(n, 1, 0), *G = rnd(n, 1, 0), *d = malloc(sizeof(double) * n);
+        memcpy(d, G, sizeof(double) * n);
+        kvl__cpu_rope_backward_f64(d, pos, T, Hh, D, &rps[k]);
+        rp_ctx c = {T, Hh, D, pos, &rps[k]};
+        fd_check("rope", rp_fwd, &c, x, n, n, G, d);
+        /* float forward then inverse is the identity */
+        float *fx = tof(x, n), *f0 = tof(x, n);
+        kvl__cpu_rope_forward(fx, pos, T, Hh, D, &rps[k], KVL_ROPE_FORWARD);
+        kvl__cpu_rope_forward(fx, pos, T, Hh, D, &rps[k], KVL_ROPE_INVERSE);
+        for (size_t i = 0; i < n; i++) assert_true(fabsf(fx[i] - f0[i]) < 1e-5f);
+        free(x); free(G); free(d); free(fx); free(f0);
+    }
 }
 
 /* ---- SwiGLU ---- */

@@ -27,10 +27,15 @@ static const char *TOK_PATHS[3] = {"models/qwen3-a/tokenizer.json", "testdata/to
 static const char *TOK_NAMES[3] = {"fixture", "qwen3", "llama3"};
 static kvl_tokenizer *g_tok[3];
 
+/* the fixture ships with the model; the real tokenizers are unpacked into the build tree */
+static const char *tok_path(int i) {
+    return i == 0 ? kvl__test_path(TOK_PATHS[i]) : kvl__test_build_path(TOK_PATHS[i]);
+}
+
 static int setup(void **state) {
     (void)state;
     for (int i = 0; i < 3; i++) {
-        kvl_status st = kvl_tokenizer_load(kvl__test_path(TOK_PATHS[i]), &g_tok[i]);
+        kvl_status st = kvl_tokenizer_load(tok_path(i), &g_tok[i]);
         if (st) {
             fprintf(stderr, "load %s: %s\n", TOK_PATHS[i], kvl_last_error());
             return -1;
@@ -230,7 +235,8 @@ static void test_streaming_decode(void **state) {
 
 static char *render(const char *dir, const kvl_chat_message *m, size_t n, int gen, kvl_chat_format fmt) {
     kvl_tokenizer *tok;
-    kvl_status st = kvl_tokenizer_load_dir(kvl__test_path(dir), &tok);
+    const char *path = strncmp(dir, "testdata/", 9) ? kvl__test_path(dir) : kvl__test_build_path(dir);
+    kvl_status st = kvl_tokenizer_load_dir(path, &tok);
     if (st) fail_msg("%s: %s", dir, kvl_last_error());
     assert_int_equal(kvl_tokenizer_chat_format(tok), fmt);
     char *out;
@@ -292,10 +298,10 @@ static void test_chat_templates(void **state) {
     kvl_tokenizer_free(tok);
 
     /* eos of the real vocabularies */
-    assert_int_equal(kvl_tokenizer_load_dir(kvl__test_path("testdata/tokenizers/qwen3"), &tok), KVL_OK);
+    assert_int_equal(kvl_tokenizer_load_dir(kvl__test_build_path("testdata/tokenizers/qwen3"), &tok), KVL_OK);
     assert_int_equal(kvl_tokenizer_eos_id(tok), 151645);
     kvl_tokenizer_free(tok);
-    assert_int_equal(kvl_tokenizer_load_dir(kvl__test_path("testdata/tokenizers/llama3"), &tok), KVL_OK);
+    assert_int_equal(kvl_tokenizer_load_dir(kvl__test_build_path("testdata/tokenizers/llama3"), &tok), KVL_OK);
     assert_int_equal(kvl_tokenizer_eos_id(tok), 128001);
     assert_int_equal(kvl_tokenizer_bos_id(tok), 128000);
     kvl_tokenizer_free(tok);
@@ -462,7 +468,7 @@ static void test_threads(void **state) {
     if (len > 200000) len = 200000;
     while (len && ((unsigned char)text[len] & 0xc0) == 0x80) len--;   /* cut on a character boundary */
     kvl_tokenizer *tok;
-    assert_int_equal(kvl_tokenizer_load(kvl__test_path(TOK_PATHS[1]), &tok), KVL_OK);
+    assert_int_equal(kvl_tokenizer_load(tok_path(1), &tok), KVL_OK);
     int32_t *ref;
     size_t n;
     assert_int_equal(kvl_tokenizer_encode(g_tok[1], text, len, &ref, &n), KVL_OK);

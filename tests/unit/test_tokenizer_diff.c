@@ -111,9 +111,9 @@ int main(void) {
     char cmd[8192];
     snprintf(cmd, sizeof cmd,
              "cd '%s' && '%s' tests/tokenizer/hf_reference.py --out '%s' --n %s "
-             "fixture=models/qwen3-a/tokenizer.json qwen3=testdata/tokenizers/qwen3/tokenizer.json "
-             "llama3=testdata/tokenizers/llama3/tokenizer.json",
-             KVL_SOURCE_DIR, py, g_json, n && *n ? n : "5000");
+             "fixture=models/qwen3-a/tokenizer.json qwen3='%s/testdata/tokenizers/qwen3/tokenizer.json' "
+             "llama3='%s/testdata/tokenizers/llama3/tokenizer.json'",
+             KVL_SOURCE_DIR, py, g_json, n && *n ? n : "5000", KVL_BINARY_DIR, KVL_BINARY_DIR);
     fflush(stdout);
     int rc = system(cmd);
     if (rc == -1 || !WIFEXITED(rc)) {

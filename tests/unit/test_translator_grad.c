@@ -41,6 +41,7 @@ static void tiny_init(tiny *t, int qk_norm, int bias) {
     kvl_model_config *c = &t->net.cfg;
     c->n_layers = 2; c->hidden_size = 16; c->n_heads = 4; c->n_kv_heads = 2; c->head_dim = 8;
     c->intermediate_size = 24; c->vocab_size = 40; c->rms_norm_eps = 1e-6; c->rope_theta = 10000.0;
+    c->rope = kvl_rope_default_params(10000.0, 8, 4096);
     c->qk_norm = qk_norm;
     const int H = 16, QD = 32, KD = 16, F = 24, V = 40, D = 8;
     double s = 1.0 / sqrt((double)H);

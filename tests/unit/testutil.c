@@ -15,6 +15,15 @@ const char *kvl__test_path(const char *rel) {
     return b;
 }
 
+const char *kvl__test_build_path(const char *rel) {
+    static char bufs[8][4096];
+    static int next;
+    char *b = bufs[next];
+    next = (next + 1) % 8;
+    snprintf(b, sizeof bufs[0], "%s/%s", KVL_BINARY_DIR, rel);
+    return b;
+}
+
 const char *kvl__test_tmpdir(void) {
     static char buf[4096];
     const char *t = getenv("TMPDIR");

@@ -7,6 +7,9 @@
 /* Absolute path of `rel` under the source tree (KVL_SOURCE_DIR).  Returns a pointer into one
  * of 8 rotating static buffers: copy it if you need more than 8 at once. */
 const char *kvl__test_path(const char *rel);
+/* KVL_BINARY_DIR "/" rel: test data the build unpacks (testdata/CMakeLists.txt), e.g. the
+ * real Qwen3 and Llama 3 tokenizers under testdata/tokenizers/{qwen3,llama3}/. */
+const char *kvl__test_build_path(const char *rel);
 
 /* Fresh temporary directory (mkdtemp under $TMPDIR or /tmp); static buffer. */
 const char *kvl__test_tmpdir(void);
