@@ -88,7 +88,7 @@ void kvl__bf16_to_f32_n(float *dst, const uint16_t *src, size_t n) {
 static int pad32(int K) { return (K + 31) & ~31; }
 
 size_t kvl__bf16_xsplit_elems(int T, int K) {
-    int t = T < KVL__BF16_SMALL_T ? T : KVL__BF16_SMALL_T;
+    int t = T < KVL__BF16_TCHUNK ? T : KVL__BF16_TCHUNK;
     return (size_t)2 * (size_t)t * (size_t)pad32(K);
 }
 
@@ -250,12 +250,18 @@ void kvl__cpu_matmul_bf16(const kvl__bf16_exec *ex, float *out, const float *in,
                           const float *bias, int T, int K, int N) {
     mm_job j = {.out = out, .in = in, .W = W, .bias = bias, .xs = ex->xsplit, .panel = ex->panel,
                 .T = T, .K = K, .N = N, .kernel = kvl__bf16_kernel_active()};
-    if (T <= KVL__BF16_SMALL_T) {
-        split_rows(ex->xsplit, in, T, K);
-        run_parts(ex, small_part, &j);
+    if (T <= KVL__BF16_SMALL_T || j.kernel == KVL__BF16_KERNEL_AVX512) {
+        /* chunks of input rows: the vdpbf16ps tiles out-run a widened sgemm at any T (they
+         * read bf16 once per chunk and reuse each 4-row weight block from L2) */
+        for (int t0 = 0; t0 < T; t0 += KVL__BF16_TCHUNK) {
+            j.T = T - t0 < KVL__BF16_TCHUNK ? T - t0 : KVL__BF16_TCHUNK;
+            j.out = out + (size_t)t0 * N;
+            split_rows(ex->xsplit, in + (size_t)t0 * K, j.T, K);
+            run_parts(ex, small_part, &j);
+        }
         return;
     }
-    /* prefill: compute-bound, so widen panels that stay in cache and let sgemm do the work */
+    /* portable prefill: compute-bound, so widen panels that stay in cache and let sgemm work */
     if (bias)
         for (int t = 0; t < T; t++) memcpy(out + (size_t)t * N, bias, sizeof(float) * (size_t)N);
     int nb = (int)(KVL__BF16_PANEL_FLOATS / (size_t)K);
