@@ -139,6 +139,9 @@ static void small_rows_portable(float *out, const uint16_t *xs, const uint16_t *
 }
 
 #ifdef KVL_HAVE_AVX512_KERNEL
+#ifndef KVL_PF_BYTES
+#define KVL_PF_BYTES 8192   /* measured: 2-8 KB ahead, 8 KB best on this machine */
+#endif
 /* 4 weight rows x TT input rows; rows past n1 / T are clamped copies whose results are dropped. */
 #define KVL_TILE(TT)                                                                                \
     KVL_AVX512 static void tile_4x##TT(float *out, const uint16_t *xs, const uint16_t *W,            \
@@ -152,8 +155,15 @@ static void small_rows_portable(float *out, const uint16_t *xs, const uint16_t *
         __m512 acc[4][TT];                                                                           \
         _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                                          \
             _Pragma("GCC unroll 4") for (int t = 0; t < TT; t++) acc[r][t] = _mm512_setzero_ps();    \
+        /* the 4 rows are one contiguous block: prefetch it linearly, KVL_PF_BYTES ahead, at the  \
+         * rate the tile consumes it (4 lines a step), so the next block is in flight too       \
+         * (rows of 1-3 KB are too short for the hardware streamer to ramp up on its own)       */ \
+        const char *pf = (const char *)w[0] + KVL_PF_BYTES;                                          \
+        const char *pf_end = (const char *)(W + (size_t)N * K);                                      \
         for (int k = 0; k < Kp; k += 32) {                                                           \
             __m512bh wv[4];                                                                          \
+            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++, pf += 64)                            \
+                if (pf < pf_end) _mm_prefetch(pf, _MM_HINT_T0);                                      \
             if (k < Kf) {                                                                            \
                 _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                                  \
                     wv[r] = (__m512bh)_mm512_loadu_si512((const void *)(w[r] + k));                  \
