@@ -251,8 +251,12 @@ static void widen_part(void *pj, int part, int n_parts) {
                            (size_t)(b - a) * j->K);
 }
 
-static void run_parts(const kvl__bf16_exec *ex, kvl__pool_fn fn, mm_job *j) {
-    if (ex->pool) kvl__pool_run(ex->pool, fn, j);
+/* Below this many multiply-adds a matmul runs on the caller alone: waking a worker (and, on a
+ * loaded machine, waiting for it to be scheduled) costs more than the product of a small model. */
+#define KVL_PARALLEL_MIN_MACS ((size_t)1 << 18)
+
+static void run_parts(const kvl__bf16_exec *ex, kvl__pool_fn fn, mm_job *j, size_t macs) {
+    if (ex->pool && macs >= KVL_PARALLEL_MIN_MACS) kvl__pool_run(ex->pool, fn, j);
     else fn(j, 0, 1);
 }
 
@@ -260,15 +264,11 @@ void kvl__cpu_matmul_bf16(const kvl__bf16_exec *ex, float *out, const float *in,
                           const float *bias, int T, int K, int N) {
     mm_job j = {.out = out, .in = in, .W = W, .bias = bias, .xs = ex->xsplit, .panel = ex->panel,
                 .T = T, .K = K, .N = N, .kernel = kvl__bf16_kernel_active()};
-    if (T <= KVL__BF16_SMALL_T || j.kernel == KVL__BF16_KERNEL_AVX512) {
-        /* chunks of input rows: the vdpbf16ps tiles out-run a widened sgemm at any T (they
-         * read bf16 once per chunk and reuse each 4-row weight block from L2) */
-        for (int t0 = 0; t0 < T; t0 += KVL__BF16_TCHUNK) {
-            j.T = T - t0 < KVL__BF16_TCHUNK ? T - t0 : KVL__BF16_TCHUNK;
-            j.out = out + (size_t)t0 * N;
-            split_rows(ex->xsplit, in + (size_t)t0 * K, j.T, K);
-            run_parts(ex, small_part, &j);
-        }
+    if (T <= KVL__BF16_SMALL_T || (T <= KVL__BF16_TCHUNK && j.kernel == KVL__BF16_KERNEL_AVX512)) {
+        /* the vdpbf16ps tiles read the bf16 weights once and reuse each 4-row block from L2;
+         * up to a chunk of rows they out-run widening the weights for sgemm */
+        split_rows(ex->xsplit, in, T, K);
+        run_parts(ex, small_part, &j, (size_t)T * K * N);
         return;
     }
     /* portable prefill: compute-bound, so widen panels that stay in cache and let sgemm work */
@@ -279,7 +279,7 @@ void kvl__cpu_matmul_bf16(const kvl__bf16_exec *ex, float *out, const float *in,
     for (int n0 = 0; n0 < N; n0 += nb) {
         j.n0 = n0;
         j.nb = N - n0 < nb ? N - n0 : nb;
-        run_parts(ex, widen_part, &j);
+        run_parts(ex, widen_part, &j, (size_t)j.nb * K * 16);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, j.nb, K, 1.0f, in, K, j.panel, K,
                     bias ? 1.0f : 0.0f, out + n0, N);
     }

@@ -9,10 +9,10 @@
  * float32).  The rows of W are split over the pool's threads and streamed once.  Two kernels do
  * that arithmetic, chosen once at run time: AVX-512 BF16 (vdpbf16ps) where the CPU has it, a
  * portable C loop otherwise; they agree within float32 summation-order rounding.
- * Larger T (prefill): the AVX-512 kernel runs the same tiles over chunks of KVL__BF16_TCHUNK
- * input rows (it out-runs OpenBLAS sgemm on the widened weights); the portable path widens
- * panels of W to float32 (exact) for OpenBLAS sgemm with the float32 input instead, so the two
- * paths differ there by the split's 2^-17 relative input rounding.  (Debian's OpenBLAS 0.3.21
+ * The AVX-512 kernel also serves T <= KVL__BF16_TCHUNK (short prefill chunks), where it
+ * out-runs widening.  Larger T (prefill): panels of W are widened to float32 (exact) and
+ * multiplied by OpenBLAS sgemm with the float32 input; for 17 <= T <= 64 the portable path
+ * does that too, so the two kernels differ there by the split's 2^-17 input rounding.  (Debian's OpenBLAS 0.3.21
  * declares cblas_sbgemm in cblas.h but its library does not export it.)
  * Private to kernels/cpu (and its tests, through kvl_cpu_kernels_iface). */
 #ifndef KVL_KERNELS_CPU_MATMUL_BF16_H
@@ -24,7 +24,7 @@
 #include "pool.h"
 
 #define KVL__BF16_SMALL_T 16
-#define KVL__BF16_TCHUNK 64   /* input rows split at a time */
+#define KVL__BF16_TCHUNK 64   /* most input rows the AVX-512 tiles take */
 
 /* float32 -> bf16, round to nearest even (NaN stays NaN), and back (exact). */
 static inline uint16_t kvl__f32_to_bf16(float f) {
