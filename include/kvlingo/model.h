@@ -9,7 +9,9 @@
  * head_dim are the pair, inv_freq[i] = theta^(-2i/head_dim), float32) -> causal GQA attention
  * (query head h reads kv head h / (n_heads / n_kv_heads), scale 1/sqrt(head_dim)) -> o_proj ->
  * residual -> RMSNorm -> SwiGLU MLP (down(silu(gate(x)) * up(x))) -> residual; final RMSNorm; LM head.
- * All compute is float32 whatever the weight dtype on disk (F32/BF16/F16 are widened at load).
+ * Activations and accumulation are float32 whatever the weight dtype on disk (F32/BF16/F16 are
+ * widened at load into the host view); the CPU backend streams the matrices in float32 or in
+ * bf16 (kvl_weights_dtype below).
  */
 #ifndef KVLINGO_MODEL_H
 #define KVLINGO_MODEL_H

@@ -140,7 +140,7 @@ static void small_rows_portable(float *out, const uint16_t *xs, const uint16_t *
 
 #ifdef KVL_HAVE_AVX512_KERNEL
 #ifndef KVL_PF_BYTES
-#define KVL_PF_BYTES 8192   /* measured: 2-8 KB ahead, 8 KB best on this machine */
+#define KVL_PF_BYTES 32768   /* measured 2-32 KB ahead on this machine: farther was faster */
 #endif
 /* 4 weight rows x TT input rows; rows past n1 / T are clamped copies whose results are dropped. */
 #define KVL_TILE(TT)                                                                                \
@@ -255,6 +255,10 @@ static void widen_part(void *pj, int part, int n_parts) {
  * loaded machine, waiting for it to be scheduled) costs more than the product of a small model. */
 #define KVL_PARALLEL_MIN_MACS ((size_t)1 << 18)
 
+/* Past the decode sizes the tiles pay a horizontal sum per output; with short rows (small
+ * models) that outweighs what they save over widening for sgemm. */
+#define KVL_TILE_MIN_K 512
+
 static void run_parts(const kvl__bf16_exec *ex, kvl__pool_fn fn, mm_job *j, size_t macs) {
     if (ex->pool && macs >= KVL_PARALLEL_MIN_MACS) kvl__pool_run(ex->pool, fn, j);
     else fn(j, 0, 1);
@@ -264,7 +268,8 @@ void kvl__cpu_matmul_bf16(const kvl__bf16_exec *ex, float *out, const float *in,
                           const float *bias, int T, int K, int N) {
     mm_job j = {.out = out, .in = in, .W = W, .bias = bias, .xs = ex->xsplit, .panel = ex->panel,
                 .T = T, .K = K, .N = N, .kernel = kvl__bf16_kernel_active()};
-    if (T <= KVL__BF16_SMALL_T || (T <= KVL__BF16_TCHUNK && j.kernel == KVL__BF16_KERNEL_AVX512)) {
+    if (T <= KVL__BF16_SMALL_T ||
+        (T <= KVL__BF16_TCHUNK && K >= KVL_TILE_MIN_K && j.kernel == KVL__BF16_KERNEL_AVX512)) {
         /* the vdpbf16ps tiles read the bf16 weights once and reuse each 4-row block from L2;
          * up to a chunk of rows they out-run widening the weights for sgemm */
         split_rows(ex->xsplit, in, T, K);

@@ -9,8 +9,8 @@
  * float32).  The rows of W are split over the pool's threads and streamed once.  Two kernels do
  * that arithmetic, chosen once at run time: AVX-512 BF16 (vdpbf16ps) where the CPU has it, a
  * portable C loop otherwise; they agree within float32 summation-order rounding.
- * The AVX-512 kernel also serves T <= KVL__BF16_TCHUNK (short prefill chunks), where it
- * out-runs widening.  Larger T (prefill): panels of W are widened to float32 (exact) and
+ * The AVX-512 kernel also serves T <= KVL__BF16_TCHUNK (short prefill chunks) when K >= 512,
+ * where it out-runs widening.  Larger T (prefill): panels of W are widened to float32 (exact) and
  * multiplied by OpenBLAS sgemm with the float32 input; for 17 <= T <= 64 the portable path
  * does that too, so the two kernels differ there by the split's 2^-17 input rounding.  (Debian's OpenBLAS 0.3.21
  * declares cblas_sbgemm in cblas.h but its library does not export it.)
@@ -59,7 +59,7 @@ const char *kvl__bf16_kernel_name(kvl__bf16_kernel k);
  *   xsplit  >= kvl__bf16_xsplit_elems(T, K) uint16 (the hi/lo pairs, rows padded to 32)
  *   panel   >= kvl__bf16_panel_elems(K) floats (the widened weight panel for T > SMALL_T)
  * Both sized for the largest K the caller will pass. */
-#define KVL__BF16_PANEL_FLOATS ((size_t)1 << 20)   /* 4 MB: a panel stays in L2/L3 for sgemm */
+#define KVL__BF16_PANEL_FLOATS ((size_t)1 << 22)   /* 16 MB: panels wide enough for sgemm to run at its rate */
 size_t kvl__bf16_xsplit_elems(int T, int K);
 size_t kvl__bf16_panel_elems(int K);
 

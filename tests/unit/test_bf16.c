@@ -65,7 +65,7 @@ static void run_case(kvl__bf16_kernel kern, kvl__pool *pool, int T, int K, int N
     for (int i = 0; i < N; i++) bias[i] = urand();
     kvl__bf16_exec ex = {pool, xs, panel};
     kvl__cpu_matmul_bf16(&ex, out, in, W, with_bias ? bias : NULL, T, K, N);
-    int split = T <= KVL__BF16_SMALL_T || (T <= KVL__BF16_TCHUNK && kern == KVL__BF16_KERNEL_AVX512);
+    int split = T <= KVL__BF16_SMALL_T || (T <= KVL__BF16_TCHUNK && K >= 512 && kern == KVL__BF16_KERNEL_AVX512);
     reference(ref, in, W, with_bias ? bias : NULL, T, K, N, split);
     double maxerr = 0, maxref = 0;
     for (size_t i = 0; i < (size_t)T * N; i++) {
@@ -85,7 +85,7 @@ static void test_kernels(void **st) {
     kvl__pool *pool = NULL;
     OK(kvl__pool_create(2, &pool));
     const int shapes[][3] = {{1, 64, 16}, {1, 37, 13}, {1, 1536, 67}, {3, 100, 33}, {4, 128, 4},
-                             {5, 257, 21}, {16, 96, 50}, {17, 64, 40}, {70, 200, 35}, {130, 33, 9}};
+                             {5, 257, 21}, {16, 96, 50}, {17, 64, 40}, {40, 600, 20}, {70, 200, 35}, {130, 33, 9}};
     kvl__bf16_kernel kernels[] = {KVL__BF16_KERNEL_PORTABLE, KVL__BF16_KERNEL_AVX512};
     int saved = (int)kvl__bf16_kernel_active();
     for (int k = 0; k < 2; k++) {
