@@ -282,7 +282,10 @@ int main(int argc, char **argv) {
     }
     char buf[512];
     snprintf(buf, sizeof buf, "%s", shapes);
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+    for (char *tok = buf, *next; tok && *tok; tok = next) {
+        next = strchr(tok, ',');
+        if (next) *next++ = '\0';
         if (bench_one(tok, NULL, tok, threads, repeats, &env)) return 1;
+    }
     return 0;
 }
