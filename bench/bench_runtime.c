@@ -1,19 +1,27 @@
-/* bench/bench_runtime.c: CPU runtime throughput on the shipped models.
+/* bench/bench_runtime.c: CPU runtime throughput, float32 against bf16 weights side by side.
  *
- * Prints, per model: prefill tokens/s at 64, 512 and 2048 tokens and decode tokens/s (128 steps
- * after a 64-token prompt), each with its achieved GFLOP/s and that figure as a fraction of this
- * machine's OpenBLAS sgemm peak measured in the same run (1024^3 product).  Median of repeats.
- *   bench_runtime [--models-dir DIR] [--repeats N] */
+ * In one run: this machine's memory bandwidth (a STREAM-like copy on the same thread count),
+ * the OpenBLAS sgemm peak (1024^3) and the bf16 kernel's peak (16 rows against a cache-resident
+ * 1024x1024 bf16 matrix); then per model, once with --weights-dtype f32 and once with bf16:
+ * prefill tokens/s and GFLOP/s, decode tokens/s after a 64-token prompt, the weight bytes a
+ * decode step streams per second (parameters x dtype size x tokens/s; the LM head is read
+ * once per token, the embedding one row) and that as a fraction of the measured read bandwidth
+ * (a read-only pass beside the copy: weight streaming reads and writes nothing back).
+ * Models: the shipped ones (models/), and random-weight published shapes (kvlingo/shapes.h).
+ * Medians of repeats.
+ *   bench_runtime [--models-dir DIR] [--repeats N] [--threads N (2)] [--shapes a,b (qwen2.5-1.5b)]
+ *                 [--no-shipped] */
 #include <cblas.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "clock.h"
 #include "kvlingo/cache.h"
 #include "kvlingo/model.h"
-
+#include "kvlingo/shapes.h"
+#include "matmul_bf16.h"
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -23,6 +31,74 @@ static int cmp_d(const void *a, const void *b) {
 static double median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_d);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static double best(const double *v, int n) {
+    double b = v[0];
+    for (int i = 1; i < n; i++) b = v[i] < b ? v[i] : b;
+    return b;
+}
+
+/* ---- machine figures ------------------------------------------------------------------------ */
+
+typedef struct copy_arg { char *dst; const char *src; size_t n; uint64_t sum; } copy_arg;
+static void *copy_main(void *p) { copy_arg *a = p; memcpy(a->dst, a->src, a->n); return NULL; }
+/* read-only pass (what weight streaming does): independent sums keep the loads in flight; with
+ * AVX2 where the CPU has it, so the figure is the memory's, not the loop's */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+__attribute__((target("avx2"))) static uint64_t read_avx2(const char *p, size_t n) {
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i + 128 <= n; i += 128) {
+        s0 = _mm256_add_epi64(s0, _mm256_loadu_si256((const __m256i *)(p + i)));
+        s1 = _mm256_add_epi64(s1, _mm256_loadu_si256((const __m256i *)(p + i + 32)));
+        s2 = _mm256_add_epi64(s2, _mm256_loadu_si256((const __m256i *)(p + i + 64)));
+        s3 = _mm256_add_epi64(s3, _mm256_loadu_si256((const __m256i *)(p + i + 96)));
+    }
+    __m256i s = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
+    return (uint64_t)_mm256_extract_epi64(s, 0) ^ (uint64_t)_mm256_extract_epi64(s, 3);
+}
+#define KVL_BENCH_AVX2 1
+#endif
+static void *read_main(void *p) {
+    copy_arg *a = p;
+#ifdef KVL_BENCH_AVX2
+    if (__builtin_cpu_supports("avx2")) {
+        a->sum = read_avx2(a->src, a->n);
+        return NULL;
+    }
+#endif
+    const uint64_t *v = (const uint64_t *)a->src;
+    uint64_t s[8] = {0};
+    for (size_t i = 0; i + 8 <= a->n / 8; i += 8)
+        for (int k = 0; k < 8; k++) s[k] += v[i + k];
+    a->sum = s[0] ^ s[1] ^ s[2] ^ s[3] ^ s[4] ^ s[5] ^ s[6] ^ s[7];
+    return NULL;
+}
+
+/* Over 512 MiB on n_threads threads, best of repeats (the machine's figure; the models' are
+ * medians): STREAM "copy" (bytes read + written per second, GB/s) if !read_only, else the
+ * bytes read per second of a read-only pass. */
+static double bandwidth(int n_threads, int repeats, int read_only) {
+    const size_t N = (size_t)512 << 20;
+    char *a = malloc(N), *b = malloc(N);
+    if (!a || !b) { free(a); free(b); return 0; }
+    memset(a, 1, N);
+    memset(b, 2, N);
+    double t[16];
+    for (int r = 0; r <= repeats; r++) {
+        pthread_t th[16];
+        copy_arg args[16];
+        double t0 = kvl__now_s();
+        for (int i = 0; i < n_threads; i++) {
+            args[i] = (copy_arg){b + N / n_threads * i, a + N / n_threads * i, N / n_threads, 0};
+            pthread_create(&th[i], NULL, read_only ? read_main : copy_main, &args[i]);
+        }
+        for (int i = 0; i < n_threads; i++) pthread_join(th[i], NULL);
+        if (r) t[r - 1] = kvl__now_s() - t0;   /* the first pass warms the pages */
+    }
+    free(a); free(b);
+    return (read_only ? 1.0 : 2.0) * (double)N / best(t, repeats) / 1e9;
 }
 
 static double sgemm_peak(int repeats) {
@@ -38,8 +114,33 @@ static double sgemm_peak(int repeats) {
         t[r] = kvl__now_s() - t0;
     }
     free(a); free(b); free(c);
-    return 2.0 * N * N * N / median(t, repeats) / 1e9;
+    return 2.0 * N * N * N / best(t, repeats) / 1e9;
 }
+
+/* The bf16 small-batch kernel's compute peak: 16 input rows, a 1024x1024 bf16 matrix (2 MB,
+ * cache-resident), 50 products per repeat, on the bench's pool size. */
+static double bf16_peak(int n_threads, int repeats) {
+    const int T = KVL__BF16_SMALL_T, K = 1024, N = 1024, reps = 50;
+    uint16_t *W = malloc(sizeof(uint16_t) * (size_t)N * K);
+    float *in = malloc(sizeof(float) * (size_t)T * K), *out = malloc(sizeof(float) * (size_t)T * N);
+    uint16_t *xs = malloc(sizeof(uint16_t) * kvl__bf16_xsplit_elems(T, K));
+    kvl__bf16_exec ex = {0};
+    if (!W || !in || !out || !xs || kvl__pool_create(n_threads, &ex.pool) != KVL_OK) return 0;
+    ex.xsplit = xs;
+    for (size_t i = 0; i < (size_t)N * K; i++) W[i] = kvl__f32_to_bf16((float)(i % 17) * 0.01f);
+    for (int i = 0; i < T * K; i++) in[i] = (float)(i % 5) * 0.1f;
+    double t[16];
+    for (int r = 0; r <= repeats; r++) {
+        double t0 = kvl__now_s();
+        for (int i = 0; i < reps; i++) kvl__cpu_matmul_bf16(&ex, out, in, W, NULL, T, K, N);
+        if (r) t[r - 1] = kvl__now_s() - t0;
+    }
+    kvl__pool_free(ex.pool);
+    free(W); free(in); free(out); free(xs);
+    return 2.0 * T * K * N * reps / best(t, repeats) / 1e9;
+}
+
+/* ---- models --------------------------------------------------------------------------------- */
 
 /* FLOPs of the transformer body per token (projections + MLP), attention per (query, key) pair,
  * and the LM head per logits row. */
@@ -50,71 +151,141 @@ static void flop_model(const kvl_model_config *c, double *per_token, double *per
     *head = 2.0 * c->vocab_size * H;
 }
 
+#define MAX_LENS 3
+typedef struct run_result {
+    int n_lens, lens[MAX_LENS];
+    double prefill_s[MAX_LENS];   /* median seconds of one prefill of lens[i] tokens */
+    int steps;
+    double decode_s;              /* median seconds of `steps` decode steps            */
+} run_result;
+
+static int run_model(kvl_model *m, const int *lens, int n_lens, int steps, int repeats, run_result *r) {
+    const kvl_model_config *c = kvl_model_config_get(m);
+    const int P = 64, maxlen = 2048 + 256;
+    int32_t *toks = malloc(sizeof(int32_t) * maxlen);
+    float *logits = malloc(sizeof(float) * c->vocab_size);
+    kvl_cache *cache = NULL;
+    kvl_cache_params cp = kvl_cache_default_params();
+    cp.max_tokens = maxlen;
+    if (!toks || !logits || kvl_model_cache_create(m, &cp, &cache) != KVL_OK) return 1;
+    for (int i = 0; i < maxlen; i++) toks[i] = (i * 7919 + 13) % c->vocab_size;
+    r->n_lens = n_lens;
+    r->steps = steps;
+    for (int li = 0; li < n_lens; li++) {
+        double t[16];
+        r->lens[li] = lens[li];
+        for (int k = 0; k < repeats; k++) {
+            kvl_cache_truncate(cache, 0);
+            double t0 = kvl__now_s();
+            if (kvl_model_prefill(m, cache, toks, lens[li], KVL_LOGITS_LAST, logits) != KVL_OK) return 1;
+            t[k] = kvl__now_s() - t0;
+        }
+        r->prefill_s[li] = median(t, repeats);
+    }
+    double t[16];
+    for (int k = 0; k < repeats; k++) {
+        kvl_cache_truncate(cache, 0);
+        if (kvl_model_prefill(m, cache, toks, P, KVL_LOGITS_LAST, logits) != KVL_OK) return 1;
+        double t0 = kvl__now_s();
+        for (int s = 0; s < steps; s++)
+            if (kvl_model_decode(m, cache, toks[P + s], logits) != KVL_OK) return 1;
+        t[k] = kvl__now_s() - t0;
+    }
+    r->decode_s = median(t, repeats);
+    kvl_cache_free(cache);
+    free(toks);
+    free(logits);
+    return 0;
+}
+
+typedef struct bench_env {
+    double copy_gbs, read_gbs, sgemm_gflops, bf16_gflops;
+} bench_env;
+
+/* One model in both dtypes: `dir` a model directory, or NULL and `shape` a shape name. */
+static int bench_one(const char *label, const char *dir, const char *shape, int threads, int repeats,
+                     const bench_env *env) {
+    static const int shipped_lens[] = {64, 512, 2048}, big_lens[] = {64, 512};
+    run_result res[2];
+    kvl_model_config cfg;
+    for (int d = 0; d < 2; d++) {
+        kvl_model_params p = kvl_model_default_params();
+        p.n_threads = threads;
+        p.weights_dtype = d ? KVL_WEIGHTS_BF16 : KVL_WEIGHTS_F32;
+        kvl_model *m = NULL;
+        kvl_status s;
+        if (dir) s = kvl_model_load(dir, &p, &m);
+        else if ((s = kvl_shape_config(shape, &cfg)) == KVL_OK) s = kvl_model_create_random(&cfg, 42, &p, &m);
+        if (s != KVL_OK) { fprintf(stderr, "%s: %s\n", label, kvl_last_error()); return 1; }
+        cfg = *kvl_model_config_get(m);
+        int big = cfg.hidden_size >= 1024;
+        if (run_model(m, big ? big_lens : shipped_lens, big ? 2 : 3, big ? 16 : 128,
+                      big && repeats > 3 ? 3 : repeats, &res[d])) {
+            fprintf(stderr, "%s: %s\n", label, kvl_last_error());
+            return 1;
+        }
+        kvl_model_free(m);
+    }
+    double ft, fp, fh;
+    flop_model(&cfg, &ft, &fp, &fh);
+    for (int li = 0; li < res[0].n_lens; li++) {
+        int T = res[0].lens[li];
+        double flops = ft * T + fp * (double)T * (T + 1) / 2 + fh, a = res[0].prefill_s[li], b = res[1].prefill_s[li];
+        printf("| %-13s | prefill %4d  | %9.1f | %9.1f | %5.2fx | %6.1f (%3.0f%%) | %6.1f (%3.0f%%) |           |           |\n",
+               label, T, T / a, T / b, a / b, flops / a / 1e9, 100 * flops / a / 1e9 / env->sgemm_gflops,
+               flops / b / 1e9, 100 * flops / b / 1e9 / env->sgemm_gflops);
+    }
+    const int P = 64, S = res[0].steps;
+    double flops = (ft + fh) * S + fp * ((double)S * P + (double)S * (S + 1) / 2);
+    double a = res[0].decode_s, b = res[1].decode_s, params = (double)kvl_config_param_count(&cfg);
+    double gba = params * 4 * S / a / 1e9, gbb = params * 2 * S / b / 1e9;
+    printf("| %-13s | decode ctx 64 | %9.1f | %9.1f | %5.2fx | %6.1f (%3.0f%%) | %6.1f (%3.0f%%) | %5.1f %2.0f%% | %5.1f %2.0f%% |\n",
+           label, S / a, S / b, a / b, flops / a / 1e9, 100 * flops / a / 1e9 / env->sgemm_gflops,
+           flops / b / 1e9, 100 * flops / b / 1e9 / env->bf16_gflops, gba, 100 * gba / env->read_gbs, gbb,
+           100 * gbb / env->read_gbs);
+    fflush(stdout);
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    const char *models_dir = "models";
-    int repeats = 5;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--models-dir")) models_dir = argv[i + 1];
-        else if (!strcmp(argv[i], "--repeats")) repeats = atoi(argv[i + 1]);
+    const char *models_dir = "models", *shapes = "qwen2.5-1.5b";
+    int repeats = 5, threads = 2, shipped = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--no-shipped")) { shipped = 0; continue; }
+        if (i + 1 >= argc) break;
+        if (!strcmp(argv[i], "--models-dir")) models_dir = argv[++i];
+        else if (!strcmp(argv[i], "--repeats")) repeats = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--shapes")) shapes = argv[++i];
     }
     if (repeats < 1 || repeats > 16) repeats = 5;
-    const char *names[] = {"qwen3-a", "qwen3-b", "qwen2-c"};
-    const int lens[] = {64, 512, 2048};
-    double peak = sgemm_peak(repeats);
+    if (threads < 1 || threads > 16) threads = 2;
+    openblas_set_num_threads(threads);
+    bench_env env = {bandwidth(threads, repeats, 0), bandwidth(threads, repeats, 1), sgemm_peak(repeats),
+                     bf16_peak(threads, repeats)};
     const char *ct = getenv("OPENBLAS_CORETYPE");
-    printf("OpenBLAS sgemm peak (1024^3, median of %d): %.1f GFLOP/s  [OPENBLAS_CORETYPE=%s, %d threads]\n\n",
-           repeats, peak, ct ? ct : "unset", openblas_get_num_threads());
-    printf("| model   | phase            | tokens/s | GFLOP/s | of sgemm peak |\n");
-    printf("|---------|------------------|---------:|--------:|--------------:|\n");
-    for (size_t mi = 0; mi < sizeof names / sizeof names[0]; mi++) {
-        char dir[4096];
-        snprintf(dir, sizeof dir, "%s/%s", models_dir, names[mi]);
-        kvl_model *m;
-        if (kvl_model_load(dir, NULL, &m) != KVL_OK) { fprintf(stderr, "%s: %s\n", dir, kvl_last_error()); return 1; }
-        const kvl_model_config *c = kvl_model_config_get(m);
-        double ft, fp, fh;
-        flop_model(c, &ft, &fp, &fh);
-        int32_t *toks = malloc(sizeof(int32_t) * 2048 + 4 * 256);
-        float *logits = malloc(sizeof(float) * c->vocab_size);
-        kvl_cache *cache;
-        kvl_cache_params cp = kvl_cache_default_params();
-        cp.max_tokens = 2048 + 256;
-        if (!toks || !logits || kvl_cache_create(c, &cp, &cache) != KVL_OK) { fprintf(stderr, "out of memory\n"); return 1; }
-        for (int i = 0; i < 2048 + 256; i++) toks[i] = (i * 7919 + 13) % c->vocab_size;
-        for (int li = 0; li < 3; li++) {
-            int T = lens[li];
-            double t[16];
-            for (int r = 0; r < repeats; r++) {
-                kvl_cache_truncate(cache, 0);
-                double t0 = kvl__now_s();
-                if (kvl_model_prefill(m, cache, toks, T, KVL_LOGITS_LAST, logits) != KVL_OK) return 1;
-                t[r] = kvl__now_s() - t0;
-            }
-            double sec = median(t, repeats);
-            double flops = ft * T + fp * (double)T * (T + 1) / 2 + fh;
-            printf("| %-7s | prefill %5d    | %8.0f | %7.1f | %12.0f%% |\n", names[mi], T, T / sec,
-                   flops / sec / 1e9, 100.0 * flops / sec / 1e9 / peak);
+    printf("%d threads; memory (512 MiB, best of %d): STREAM-like copy %.1f GB/s (read+write), read %.1f GB/s; "
+           "OpenBLAS sgemm peak (1024^3): %.1f GFLOP/s [OPENBLAS_CORETYPE=%s]; bf16 kernel peak (%s, "
+           "16x1024x1024): %.1f GFLOP/s; model figures are medians of %d repeats (3 for hidden >= 1024); "
+           "decode GB/s are %% of the read bandwidth\n\n",
+           threads, repeats, env.copy_gbs, env.read_gbs, env.sgemm_gflops, ct ? ct : "unset",
+           kvl__bf16_kernel_name(kvl__bf16_kernel_active()), env.bf16_gflops, repeats);
+    printf("| model         | phase         | f32 tok/s | bf16 tok/s | speedup | f32 GFLOP/s (peak) | bf16 GFLOP/s (peak) | f32 GB/s (of read) | bf16 GB/s (of read) |\n");
+    printf("|---------------|---------------|----------:|-----------:|--------:|----------------:|-----------------:|----------:|----------:|\n");
+    if (shipped) {
+        const char *names[] = {"qwen3-a", "qwen3-b", "qwen2-c"};
+        for (size_t mi = 0; mi < 3; mi++) {
+            char dir[4096];
+            snprintf(dir, sizeof dir, "%s/%s", models_dir, names[mi]);
+            if (bench_one(names[mi], dir, NULL, threads, repeats, &env)) return 1;
         }
-        {
-            const int P = 64, S = 128;
-            double t[16];
-            for (int r = 0; r < repeats; r++) {
-                kvl_cache_truncate(cache, 0);
-                if (kvl_model_prefill(m, cache, toks, P, KVL_LOGITS_LAST, logits) != KVL_OK) return 1;
-                double t0 = kvl__now_s();
-                for (int s = 0; s < S; s++)
-                    if (kvl_model_decode(m, cache, toks[P + s], logits) != KVL_OK) return 1;
-                t[r] = kvl__now_s() - t0;
-            }
-            double sec = median(t, repeats);
-            double flops = (ft + fh) * S + fp * ((double)S * P + (double)S * (S + 1) / 2);
-            printf("| %-7s | decode, ctx 64+  | %8.0f | %7.1f | %12.0f%% |\n", names[mi], S / sec,
-                   flops / sec / 1e9, 100.0 * flops / sec / 1e9 / peak);
-        }
-        kvl_cache_free(cache);
-        free(toks);
-        free(logits);
-        kvl_model_free(m);
+    }
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", shapes);
+    for (char *tok = buf, *next; tok && *tok; tok = next) {
+        next = strchr(tok, ',');
+        if (next) *next++ = '\0';
+        if (bench_one(tok, NULL, tok, threads, repeats, &env)) return 1;
     }
     return 0;
 }

@@ -68,6 +68,15 @@ void cli_opt_device(cli_args *a, kvl_model_params *params, int *err) {
     }
 }
 
+void cli_opt_weights_dtype(cli_args *a, kvl_model_params *params, int *err) {
+    const char *v = cli_opt(a, "--weights-dtype", err);
+    if (!v) return;
+    if (kvl_weights_dtype_parse(v, &params->weights_dtype) != KVL_OK) {
+        fprintf(stderr, "kvlingo: option --weights-dtype: %s\n", kvl_last_error());
+        *err = 1;
+    }
+}
+
 double cli_opt_double(cli_args *a, const char *name, double dflt, double lo, double hi, int *err) {
     const char *v = cli_opt(a, name, err);
     if (!v) return dflt;

@@ -27,6 +27,8 @@ double cli_opt_double(cli_args *a, const char *name, double dflt, double lo, dou
  * message on stderr, *err = 1. */
 struct kvl_model_params;
 void cli_opt_device(cli_args *a, struct kvl_model_params *params, int *err);
+/* --weights-dtype auto|f32|bf16 into params->weights_dtype (kvlingo/model.h). */
+void cli_opt_weights_dtype(cli_args *a, struct kvl_model_params *params, int *err);
 /* Reports any argument not consumed; returns non-zero if there is one. */
 int cli_args_leftover(cli_args *a, const char *cmd);
 

@@ -93,7 +93,7 @@ int cmd_generate(int argc, char **argv) {
     if (cli_flag(&a, "--help")) {
         puts("usage: kvlingo generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N (32)]\n"
              "         [--temperature T] [--top-k K] [--top-p P] [--seed S] [--threads N]\n"
-             "         [--device cpu|cuda|cuda:N] [--json]\n"
+             "         [--device cpu|cuda|cuda:N] [--weights-dtype auto|f32|bf16] [--json]\n"
              "Greedy when --temperature is 0 (default).  --json prints {\"ids\": [...], \"text\": \"...\"}\n"
              "with the generated ids only, ending with EOS when generation stopped on it.");
         cli_args_free(&a);
@@ -111,6 +111,7 @@ int cmd_generate(int argc, char **argv) {
     int threads = (int)cli_opt_long(&a, "--threads", 0, 0, 1024, &err);
     kvl_model_params dev = kvl_model_default_params();
     cli_opt_device(&a, &dev, &err);
+    cli_opt_weights_dtype(&a, &dev, &err);
     int json = cli_flag(&a, "--json");
     if (err || cli_args_leftover(&a, "generate")) { cli_args_free(&a); return 2; }
     cli_args_free(&a);

@@ -16,6 +16,7 @@ void kvld_config_defaults(kvld_config *cfg) {
     snprintf(cfg->listen, sizeof cfg->listen, "127.0.0.1:7070");
     snprintf(cfg->transport, sizeof cfg->transport, "ucx");
     snprintf(cfg->device, sizeof cfg->device, "cpu");
+    snprintf(cfg->weights_dtype, sizeof cfg->weights_dtype, "auto");
     cfg->max_sessions = 64;
     cfg->max_batch = 32;
     cfg->prefill_chunk = 256;
@@ -26,6 +27,7 @@ void kvld_config_defaults(kvld_config *cfg) {
 const char *kvld_config_usage(void) {
     return "usage: kvld --model DIR --listen HOST:PORT [--translators DIR] [--transport ucx|none]\n"
            "            [--metrics HOST:PORT] [--device cpu|cuda|cuda:N]\n"
+           "            [--weights-dtype auto|f32|bf16]\n"
            "            [--max-sessions N] [--max-context N]\n"
            "            [--max-batch N] [--prefill-chunk N] [--threads N]\n"
            "            [--drain-timeout-ms N] [--span-timeout-ms N] [--quiet]\n"
@@ -71,6 +73,13 @@ static kvl_status set_key(kvld_config *cfg, const char *key_in, const char *v) {
             return kvl__errorf(KVL_ERR_INVALID_ARG, "config: device = '%s': expected cpu, cuda or "
                                "cuda:N", v);
         return set_str(cfg->device, sizeof cfg->device, key, v);
+    }
+    if (!strcmp(key, "weights_dtype")) {
+        kvl_weights_dtype d;
+        if (kvl_weights_dtype_parse(v, &d) != KVL_OK)
+            return kvl__errorf(KVL_ERR_INVALID_ARG, "config: weights_dtype = '%s': expected auto, f32 "
+                               "or bf16", v);
+        return set_str(cfg->weights_dtype, sizeof cfg->weights_dtype, key, v);
     }
     INT(max_sessions, 1, 1000000);
     INT(max_context, 0, 1 << 24);

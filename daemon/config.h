@@ -13,6 +13,7 @@ typedef struct kvld_config {
     char transport[64];              /* "ucx" (default) or "none"                               */
     char metrics[KVLD_STR_MAX];      /* "host:port" for /metrics and /healthz; "" = off         */
     char device[32];                 /* compute backend: "cpu" (default), "cuda" or "cuda:N"    */
+    char weights_dtype[8];           /* CPU weights: "auto" (default: the checkpoint's), "f32", "bf16" */
     int max_sessions;                /* default 64                                              */
     int max_context;                 /* tokens per session; 0 = model max_position_embeddings   */
     int max_batch;                   /* sequences per forward pass; default 32                  */

@@ -46,10 +46,12 @@ static void on_start(void *arg) {
     const kvl_model_config *mc = kvl_model_config_get(n->model);
     /* the port line is what scripts wait for (it says which port "HOST:0" got) */
     kvl__svc_log("info", "msg=serving model=%s hash=%s arch=%s listen=%s port=%d metrics=%s "
-                 "transport=%s translators=%d max_sessions=%d max_context=%d device=%s",
+                 "transport=%s translators=%d max_sessions=%d max_context=%d device=%s "
+                 "weights_dtype=%s",
                  kvl_model_name(n->model), kvl_model_hash(n->model), mc->architecture,
                  cfg->listen, kvl__rpc_server_port(n->rpc), cfg->metrics[0] ? cfg->metrics : "-",
-                 cfg->transport, n->translators.n, cfg->max_sessions, n->max_context, cfg->device);
+                 cfg->transport, n->translators.n, cfg->max_sessions, n->max_context, cfg->device,
+                 kvl_weights_dtype_name(kvl_model_weights_dtype(n->model)));
 }
 
 int main(int argc, char **argv) {

@@ -114,7 +114,15 @@ kvl_status kvl__model_alloc(const kvl_model_config *cfg, const kvl_model_params 
     return KVL_OK;
 }
 
-kvl_status kvl__model_finish(kvl_model *m, const kvl_model_params *params) {
+kvl_status kvl__model_finish(kvl_model *m, const kvl_model_params *params,
+                             kvl_weights_dtype auto_dtype) {
+    kvl_model_params prm = params ? *params : kvl_model_default_params();
+    if (prm.weights_dtype != KVL_WEIGHTS_AUTO && prm.weights_dtype != KVL_WEIGHTS_F32 &&
+        prm.weights_dtype != KVL_WEIGHTS_BF16)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "model params: weights_dtype %d is not auto, f32 or bf16",
+                           (int)prm.weights_dtype);
+    if (prm.weights_dtype == KVL_WEIGHTS_AUTO) prm.weights_dtype = auto_dtype;
+    m->weights_dtype = prm.weights_dtype;
     if (m->cfg.tie_word_embeddings) m->lm_head = m->embed;   /* a redundant lm_head.weight is ignored */
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const kvl__layer_weights *w = &m->layers[l];
@@ -123,15 +131,32 @@ kvl_status kvl__model_finish(kvl_model *m, const kvl_model_params *params) {
                                              w->mlp_norm, w->w_gate, w->w_up, w->w_down};
     }
     m->view = (kvl_weights_view){m->cfg, m->embed, m->final_norm, m->lm_head, m->layer_views};
-    kvl_status s = kvl_backend_for_device(params ? params->device : KVL_DEVICE_CPU, &m->ops);
-    if (s == KVL_OK) s = m->ops->model_create(&m->view, params, &m->be);
+    kvl_status s = kvl_backend_for_device(prm.device, &m->ops);
+    if (s == KVL_OK) s = m->ops->model_create(&m->view, &prm, &m->be);
     return s;
 }
 
 kvl_model_params kvl_model_default_params(void) {
-    kvl_model_params p = {.n_threads = 0};
+    kvl_model_params p = {.n_threads = 0, .weights_dtype = KVL_WEIGHTS_AUTO};
     return p;
 }
+
+kvl_status kvl_weights_dtype_parse(const char *text, kvl_weights_dtype *out) {
+    static const char *names[] = {"auto", "f32", "bf16"};
+    for (int i = 0; text && i < 3; i++)
+        if (!strcmp(text, names[i])) {
+            *out = (kvl_weights_dtype)i;
+            return KVL_OK;
+        }
+    return kvl__errorf(KVL_ERR_INVALID_ARG, "weights dtype '%s': expected auto, f32 or bf16",
+                       text ? text : "(null)");
+}
+
+const char *kvl_weights_dtype_name(kvl_weights_dtype d) {
+    return d == KVL_WEIGHTS_F32 ? "f32" : d == KVL_WEIGHTS_BF16 ? "bf16" : "auto";
+}
+
+kvl_weights_dtype kvl_model_weights_dtype(const kvl_model *m) { return m->weights_dtype; }
 
 kvl_status kvl_model_load(const char *dir, const kvl_model_params *params, kvl_model **out) {
     if (!dir || !out) return kvl__errorf(KVL_ERR_INVALID_ARG, "kvl_model_load: NULL argument");
@@ -179,6 +204,7 @@ kvl_status kvl_model_load(const char *dir, const kvl_model_params *params, kvl_m
     }
     m->weights_floats = total;
     float *cur = m->weights_base;
+    int all_bf16 = 1;   /* every matrix stored as bfloat16: AUTO keeps bf16 copies */
     for (int i = 0; i < n_specs; i++) {
         kvl__param_spec *p = &specs[i];
         const char *file = NULL;
@@ -197,6 +223,7 @@ kvl_status kvl_model_load(const char *dir, const kvl_model_params *params, kvl_m
                            "(expected %s)", file, p->name, got, want);
             goto fail;
         }
+        if (p->n_dims == 2 && t->dtype != KVL_DTYPE_BF16) all_bf16 = 0;
         size_t n = spec_numel(p);
         if ((s = kvl_st_tensor_to_f32(t, cur, n)) != KVL_OK) {
             kvl__error_prefix(s, file);
@@ -214,7 +241,8 @@ kvl_status kvl_model_load(const char *dir, const kvl_model_params *params, kvl_m
     XXH3_64bits_update(hs, m->weights_base, total * sizeof(float));
     snprintf(m->hash, sizeof m->hash, "%016llx", (unsigned long long)XXH3_64bits_digest(hs));
     XXH3_freeState(hs);
-    if ((s = kvl__model_finish(m, &prm)) != KVL_OK) goto fail;
+    if ((s = kvl__model_finish(m, &prm, all_bf16 ? KVL_WEIGHTS_BF16 : KVL_WEIGHTS_F32)) != KVL_OK)
+        goto fail;
 
     kvl_st_set_free(set);
     free(specs);

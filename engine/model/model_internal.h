@@ -22,6 +22,7 @@ struct kvl_model {
     char name[256];
     char hash[17];
     int n_threads;
+    kvl_weights_dtype weights_dtype; /* F32 or BF16 (AUTO resolved at load)             */
     float *embed;                 /* [V, H] model.embed_tokens.weight                  */
     float *final_norm;            /* [H]    model.norm.weight                          */
     float *lm_head;               /* [V, H] lm_head.weight, or == embed when tied      */
@@ -48,8 +49,10 @@ typedef struct kvl__param_spec {
  * malloc'ed (caller frees), *total the number of floats they need. */
 kvl_status kvl__model_alloc(const kvl_model_config *cfg, const kvl_model_params *params,
                             kvl_model **out, kvl__param_spec **specs, int *n_specs, size_t *total);
-/* After the weights are in place: build the views and hand them to the chosen backend. */
-kvl_status kvl__model_finish(kvl_model *m, const kvl_model_params *params);
+/* After the weights are in place: build the views and hand them to the chosen backend.
+ * `params->weights_dtype` AUTO becomes `auto_dtype` (F32 or BF16) for the backend. */
+kvl_status kvl__model_finish(kvl_model *m, const kvl_model_params *params,
+                             kvl_weights_dtype auto_dtype);
 
 /* Append n committed tokens (ids may be NULL: -1) to the neutral half of the cache. */
 void kvl__cache_commit(kvl_cache *c, int n, const int32_t *ids);

@@ -100,7 +100,8 @@ kvl_status kvl_model_create_random(const kvl_model_config *cfg, uint64_t seed,
         cur += n;
     }
     free(specs);
-    if ((s = kvl__model_finish(m, params)) != KVL_OK) {
+    /* the weights are generated in float32: AUTO computes on them as they are */
+    if ((s = kvl__model_finish(m, params, KVL_WEIGHTS_F32)) != KVL_OK) {
         kvl_model_free(m);
         return s;
     }

@@ -94,7 +94,9 @@ typedef struct kvl_backend_ops {
     const char *name;             /* "cpu", "cuda" */
 
     /* Weights: make the backend's model from the host view (which must outlive it: the CPU
-     * backend computes on it in place; a GPU backend copies).  params: threads, device. */
+     * backend computes on it in place, or with params->weights_dtype KVL_WEIGHTS_BF16 on bf16
+     * copies of the matrices it makes here; a GPU backend copies).  params: threads, device,
+     * weights_dtype (F32 or BF16 as kvl_model resolves it; NULL params: float32). */
     kvl_status (*model_create)(const kvl_weights_view *w, const kvl_model_params *params,
                                void **out);
     void (*model_free)(void *model);

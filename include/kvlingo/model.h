@@ -10,7 +10,9 @@
  * default type, or a scaling type of kvlingo/rope.h) -> causal GQA attention
  * (query head h reads kv head h / (n_heads / n_kv_heads), scale 1/sqrt(head_dim)) -> o_proj ->
  * residual -> RMSNorm -> SwiGLU MLP (down(silu(gate(x)) * up(x))) -> residual; final RMSNorm; LM head.
- * All compute is float32 whatever the weight dtype on disk (F32/BF16/F16 are widened at load).
+ * Activations and accumulation are float32 whatever the weight dtype on disk (F32/BF16/F16 are
+ * widened at load into the host view); the CPU backend streams the matrices in float32 or in
+ * bf16 (kvl_weights_dtype below).
  */
 #ifndef KVLINGO_MODEL_H
 #define KVLINGO_MODEL_H
@@ -85,6 +87,28 @@ typedef struct kvl_model kvl_model;
 /* Backend chosen at model load (`--device cpu|cuda`). */
 typedef enum kvl_device { KVL_DEVICE_CPU = 0, KVL_DEVICE_CUDA = 1 } kvl_device;
 
+/* Dtype the CPU backend streams the big matrices in (q/k/v/o, gate/up/down, embedding and LM
+ * head; norms and biases stay float32), `--weights-dtype f32|bf16`:
+ *   KVL_WEIGHTS_AUTO  the checkpoint's dtype: bf16 when every matrix is stored in bfloat16 on
+ *                     disk, float32 otherwise (float32 and float16 checkpoints, random models)
+ *   KVL_WEIGHTS_F32   float32 (OpenBLAS sgemm/sgemv), bit-for-bit the pre-existing path
+ *   KVL_WEIGHTS_BF16  bfloat16 copies (float32 weights rounded to nearest even at load) with
+ *                     float32 accumulation: half the bytes per decode step.  Decode and small
+ *                     batches (<= 16 tokens) carry activations as a pair of bf16 (hi + lo, 16
+ *                     significant bits); larger batches widen weight panels to float32 for sgemm.
+ * The host view (kvl_model_weights) stays float32 in every mode: translator training reads it.
+ * Backends without a bf16 path (CUDA keeps its own bf16 copy) ignore the setting. */
+typedef enum kvl_weights_dtype {
+    KVL_WEIGHTS_AUTO = 0,
+    KVL_WEIGHTS_F32 = 1,
+    KVL_WEIGHTS_BF16 = 2,
+} kvl_weights_dtype;
+
+/* Parse "auto", "f32" or "bf16"; KVL_ERR_INVALID_ARG with a message quoting the text otherwise. */
+kvl_status kvl_weights_dtype_parse(const char *text, kvl_weights_dtype *out);
+/* "auto", "f32" or "bf16" (static string). */
+const char *kvl_weights_dtype_name(kvl_weights_dtype dtype);
+
 typedef struct kvl_model_params {
     int n_threads;              /* threads for BLAS and attention; 0 = all cores           */
     kvl_device device;          /* KVL_DEVICE_CPU (default) or KVL_DEVICE_CUDA: the backend
@@ -95,7 +119,13 @@ typedef struct kvl_model_params {
                                  * weights (bf16 on a GPU).  Caches for it come from
                                  * kvl_model_cache_create.                                 */
     int device_index;           /* GPU ordinal with KVL_DEVICE_CUDA (`cuda:N`), default 0   */
+    kvl_weights_dtype weights_dtype; /* CPU weight streaming dtype, default AUTO (above);
+                                 * kvl_model_load and kvl_model_create_random resolve AUTO, so
+                                 * a backend sees F32 or BF16 only                         */
 } kvl_model_params;
+
+/* The weights dtype a loaded model computes with on the CPU (F32 or BF16, AUTO resolved). */
+kvl_weights_dtype kvl_model_weights_dtype(const kvl_model *model);
 
 kvl_model_params kvl_model_default_params(void);
 

@@ -1,6 +1,8 @@
 /* kernels/cpu/backend_cpu.c: the CPU backend behind kvl_backend_ops (kvlingo/backend.h).
  *
- * Weights: computed on in place from the host view (float32, OpenBLAS sgemm).
+ * Weights: computed on in place from the host view (float32, OpenBLAS sgemm), or, with
+ * KVL_WEIGHTS_BF16, from bf16 copies of the big matrices made at model_create (matmul_bf16.h:
+ * decode streams half the bytes; the host view stays float32 for translator training).
  * Cache: blocks of block_tokens tokens (kv_blocks.h), allocated as tokens arrive.
  * Forward: all tokens of a batch go through the projections and the MLP as one GEMM; attention
  * runs per sequence over that sequence's blocks (decode reads K/V in place; prefill gathers the
@@ -11,6 +13,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "decoder.h"
 #include "error.h"
@@ -36,18 +39,126 @@ typedef struct cpu_scratch {
     int *pos;           /* [T]         absolute positions                       */
     float **kblk, **vblk; /* [ctx blocks] block pointers for decode attention   */
     float *rope_cos, *rope_sin; /* [T, D/2] RoPE angles of the batch's tokens   */
+    uint16_t *xsplit;   /* bf16 mode: hi/lo split of a matmul's input rows       */
 } cpu_scratch;
+
+/* KVL_WEIGHTS_BF16: the big matrices in bf16, carved from one allocation in the host view's
+ * order; norms and biases are read from the host view. */
+typedef struct cpu_bf16 {
+    uint16_t *base;
+    const uint16_t *embed, *lm_head;   /* [V, H]; lm_head == embed when tied */
+    kvl__layer_view_bf16 *layers;      /* [L] */
+    kvl__bf16_exec exec;               /* pool, panel; xsplit set per forward */
+    int k_max;                         /* largest K of any matmul: max(H, Hq*D, F) */
+} cpu_bf16;
 
 typedef struct cpu_model {
     const kvl_weights_view *w;
     int n_threads;
     cpu_scratch s;
     kvl__block_pool *pool;   /* idle KV blocks shared by this model's caches */
+    cpu_bf16 *bf;            /* NULL in float32 mode */
 } cpu_model;
 
 /* Idle KV blocks a model keeps for reuse (beyond what its sessions hold). */
 #define CPU_POOL_IDLE_BYTES ((size_t)256 << 20)
 #define CPU_DEFAULT_BLOCK_TOKENS 16
+
+static int pool_threads_for(int n_threads) {
+    if (n_threads > 0) return n_threads;
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+/* The pool matches the model's thread count (created again when model_set_threads changed it). */
+static kvl_status bf16_pool_sync(cpu_model *m) {
+    cpu_bf16 *b = m->bf;
+    int want = pool_threads_for(m->n_threads);
+    if (b->exec.pool && kvl__pool_threads(b->exec.pool) == want) return KVL_OK;
+    kvl__pool_free(b->exec.pool);
+    b->exec.pool = NULL;
+    return kvl__pool_create(want, &b->exec.pool);
+}
+
+static void bf16_free(cpu_bf16 *b) {
+    if (!b) return;
+    kvl__pool_free(b->exec.pool);
+    free(b->exec.panel);
+    free(b->layers);
+    free(b->base);
+    free(b);
+}
+
+typedef struct convert_job {
+    uint16_t *dst;
+    const float *src;
+    size_t n;
+} convert_job;
+
+static void convert_part(void *pj, int part, int n_parts) {
+    const convert_job *j = pj;
+    size_t a = j->n * (size_t)part / (size_t)n_parts, b = j->n * (size_t)(part + 1) / (size_t)n_parts;
+    kvl__bf16_from_f32(j->dst + a, j->src + a, b - a);
+}
+
+/* Round one host matrix to bf16 into *cur (split over the pool) and advance *cur. */
+static const uint16_t *bf16_take(cpu_bf16 *b, uint16_t **cur, const float *src, size_t n) {
+    convert_job j = {*cur, src, n};
+    kvl__pool_run(b->exec.pool, convert_part, &j);
+    *cur += n;
+    return j.dst;
+}
+
+static kvl_status bf16_create(cpu_model *m) {
+    const kvl_weights_view *w = m->w;
+    const kvl_model_config *c = &w->cfg;
+    const size_t H = c->hidden_size, QD = (size_t)c->n_heads * c->head_dim;
+    const size_t KD = (size_t)c->n_kv_heads * c->head_dim, F = c->intermediate_size, V = c->vocab_size;
+    const int tied = w->lm_head == w->embed;
+    cpu_bf16 *b = calloc(1, sizeof *b);
+    if (!b) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+    m->bf = b;
+    size_t per_layer = QD * H + 2 * KD * H + H * QD + 3 * F * H;
+    size_t total = V * H * (tied ? 1 : 2) + per_layer * (size_t)c->n_layers;
+    b->k_max = (int)(H > QD ? H : QD);
+    if ((int)F > b->k_max) b->k_max = (int)F;
+    b->base = malloc(total * sizeof(uint16_t));
+    b->layers = calloc((size_t)c->n_layers, sizeof *b->layers);
+    b->exec.panel = malloc(kvl__bf16_panel_elems(b->k_max) * sizeof(float));
+    if (!b->base || !b->layers || !b->exec.panel)
+        return kvl__errorf(KVL_ERR_NOMEM, "cpu backend: out of memory for %zu bf16 weights", total);
+    kvl_status st = bf16_pool_sync(m);
+    if (st != KVL_OK) return st;
+    uint16_t *cur = b->base;
+    b->embed = bf16_take(b, &cur, w->embed, V * H);
+    b->lm_head = tied ? b->embed : bf16_take(b, &cur, w->lm_head, V * H);
+    for (int l = 0; l < c->n_layers; l++) {
+        const kvl_layer_view *f = &w->layers[l];
+        kvl__layer_view_bf16 *o = &b->layers[l];
+        o->attn_norm = f->attn_norm;
+        o->bq = f->bq; o->bk = f->bk; o->bv = f->bv;
+        o->q_norm = f->q_norm; o->k_norm = f->k_norm;
+        o->bo = f->bo; o->mlp_norm = f->mlp_norm;
+        o->wq = bf16_take(b, &cur, f->wq, QD * H);
+        o->wk = bf16_take(b, &cur, f->wk, KD * H);
+        o->wv = bf16_take(b, &cur, f->wv, KD * H);
+        o->wo = bf16_take(b, &cur, f->wo, H * QD);
+        o->w_gate = bf16_take(b, &cur, f->w_gate, F * H);
+        o->w_up = bf16_take(b, &cur, f->w_up, F * H);
+        o->w_down = bf16_take(b, &cur, f->w_down, H * F);
+        o->exec = &b->exec;
+    }
+    return KVL_OK;
+}
+
+static void cpu_model_free(void *pm) {
+    cpu_model *m = pm;
+    if (!m) return;
+    bf16_free(m->bf);
+    kvl__block_pool_unref(m->pool);   /* caches still alive keep it until they go */
+    free(m->s.base);
+    free(m);
+}
 
 static kvl_status cpu_model_create(const kvl_weights_view *w, const kvl_model_params *p, void **out) {
     cpu_model *m = calloc(1, sizeof *m);
@@ -57,19 +168,18 @@ static kvl_status cpu_model_create(const kvl_weights_view *w, const kvl_model_pa
     kvl_status s = kvl__block_pool_create(kvl__kv_blocks_block_floats(&w->cfg, CPU_DEFAULT_BLOCK_TOKENS),
                                           CPU_POOL_IDLE_BYTES, &m->pool);
     if (s != KVL_OK) { free(m); return s; }
+    if (p && p->weights_dtype == KVL_WEIGHTS_BF16) {
+        s = bf16_create(m);
+        if (s != KVL_OK) {
+            cpu_model_free(m);
+            return s;
+        }
+    }
     *out = m;
     return KVL_OK;
 }
 
 static void cpu_model_set_threads(void *pm, int n_threads) { ((cpu_model *)pm)->n_threads = n_threads; }
-
-static void cpu_model_free(void *pm) {
-    cpu_model *m = pm;
-    if (!m) return;
-    kvl__block_pool_unref(m->pool);   /* caches still alive keep it until they go */
-    free(m->s.base);
-    free(m);
-}
 
 /* Carve the scratch for T tokens of a batch whose longest sequence reaches ctx tokens, from one
  * allocation by a sizes table; grown geometrically so a growing decode context does not
@@ -91,10 +201,12 @@ static kvl_status scratch_prepare(cpu_model *m, int T, int ctx) {
         (size_t)nc * 2 /* kblk: one pointer (<= 2 floats) per block, at most ctx blocks */,
         (size_t)nc * 2 /* vblk */,
         nt * (size_t)c->head_dim / 2, nt * (size_t)c->head_dim / 2,   /* RoPE cos/sin tables */
+        m->bf ? (kvl__bf16_xsplit_elems(nt, m->bf->k_max) + 1) / 2 : 0,  /* two bf16 per float */
     };
     float **dst[] = {&s->x, &s->xn, &s->q, &s->k, &s->kpre, &s->v, &s->att, &s->gate, &s->up,
                      &s->kctx, &s->vctx, &s->scores, &s->logit_x, (float **)&s->pos,
-                     (float **)&s->kblk, (float **)&s->vblk, &s->rope_cos, &s->rope_sin};
+                     (float **)&s->kblk, (float **)&s->vblk, &s->rope_cos, &s->rope_sin,
+                     (float **)&s->xsplit};
     size_t n = sizeof sizes / sizeof sizes[0], total = 0;
     for (size_t i = 0; i < n; i++) total += (sizes[i] + 15) & ~(size_t)15;   /* 64-byte steps */
     float *base = aligned_alloc(64, total * sizeof(float));
@@ -230,13 +342,20 @@ static kvl_status cpu_forward(void *pm, const kvl_backend_seq *seqs, int n_seqs)
         if ((st = kvl__kv_blocks_reserve(seqs[i].cache, seqs[i].n_past + seqs[i].n_tokens)) != KVL_OK)
             return st;
     if (m->n_threads > 0) kvl__cpu_set_threads(m->n_threads);
+    cpu_bf16 *bf = m->bf;
+    if (bf) {
+        if ((st = bf16_pool_sync(m)) != KVL_OK) return st;
+        bf->exec.xsplit = m->s.xsplit;
+    }
     const int H = c->hidden_size, D = c->head_dim;
     cpu_scratch *s = &m->s;
 
     /* embeddings and absolute positions */
     for (int i = 0, t = 0; i < n_seqs; i++)
         for (int j = 0; j < seqs[i].n_tokens; j++, t++) {
-            memcpy(s->x + (size_t)t * H, w->embed + (size_t)seqs[i].tokens[j] * H, sizeof(float) * H);
+            size_t row = (size_t)seqs[i].tokens[j] * H;
+            if (bf) kvl__bf16_to_f32_n(s->x + (size_t)t * H, bf->embed + row, (size_t)H);
+            else memcpy(s->x + (size_t)t * H, w->embed + row, sizeof(float) * H);
             s->pos[t] = seqs[i].n_past + j;
         }
     /* RoPE angles of every new token, once for all layers; per sequence, as each sequence is a
@@ -251,9 +370,19 @@ static kvl_status cpu_forward(void *pm, const kvl_backend_seq *seqs, int n_seqs)
                                .k = s->k, .v = s->v, .att = s->att, .gate = s->gate, .up = s->up,
                                .h = s->gate};
     attend_ctx ac = {m, seqs, n_seqs};
-    for (int l = 0; l < c->n_layers; l++)
-        kvl__cpu_decoder_layer_forward_f32(&w->layers[l], c, l, T, s->rope_cos, s->rope_sin, &a,
-                                           attend_blocks, &ac);
+    if (bf) {
+        /* the same layer over bf16 weights (same activation buffers and attention) */
+        kvl__decoder_acts_bf16 ab = {.x_in = a.x_in, .x_mid = a.x_mid, .x_out = a.x_out, .xn = a.xn,
+                                     .qpre = a.qpre, .q = a.q, .kpre = a.kpre, .k = a.k, .v = a.v,
+                                     .att = a.att, .gate = a.gate, .up = a.up, .h = a.h};
+        for (int l = 0; l < c->n_layers; l++)
+            kvl__cpu_decoder_layer_forward_bf16(&bf->layers[l], c, l, T, s->rope_cos, s->rope_sin,
+                                                &ab, attend_blocks, &ac);
+    } else {
+        for (int l = 0; l < c->n_layers; l++)
+            kvl__cpu_decoder_layer_forward_f32(&w->layers[l], c, l, T, s->rope_cos, s->rope_sin, &a,
+                                               attend_blocks, &ac);
+    }
 
     /* final norm + LM head, only for the rows whose logits were asked for */
     for (int i = 0, t0 = 0; i < n_seqs; t0 += seqs[i].n_tokens, i++) {
@@ -263,7 +392,8 @@ static kvl_status cpu_forward(void *pm, const kvl_backend_seq *seqs, int n_seqs)
         int rows = q->logits_mode == KVL_LOGITS_ALL ? q->n_tokens : 1;
         kvl__cpu_rmsnorm_forward(s->logit_x, s->x + (size_t)first * H, w->final_norm, rows, H,
                                  c->rms_norm_eps);
-        kvl__cpu_matmul_forward(q->logits, s->logit_x, w->lm_head, NULL, rows, H, c->vocab_size);
+        if (bf) kvl__cpu_matmul_bf16(&bf->exec, q->logits, s->logit_x, bf->lm_head, NULL, rows, H, c->vocab_size);
+        else kvl__cpu_matmul_forward(q->logits, s->logit_x, w->lm_head, NULL, rows, H, c->vocab_size);
     }
     return KVL_OK;
 }

@@ -1,4 +1,5 @@
-/* kernels/cpu/decoder.c: instantiates the decoder layer (decoder.inc) for float and double. */
+/* kernels/cpu/decoder.c: instantiates the decoder layer (decoder.inc) for float, double, and
+ * float activations over bf16 weights. */
 #include "decoder.h"
 
 #include <string.h>
@@ -10,14 +11,34 @@
 #define SFX f32
 #define LAYER kvl_layer_view
 #define FWD(name) name
+#define MATMUL(out, in, W, b, T, K, N) kvl__cpu_matmul_forward(out, in, W, b, T, K, N)
 #include "decoder.inc"
 #undef R
 #undef SFX
 #undef LAYER
 #undef FWD
+#undef MATMUL
 
 #define R double
 #define SFX f64
 #define LAYER kvl__layer_view_f64
 #define FWD(name) name##_f64
+#define MATMUL(out, in, W, b, T, K, N) kvl__cpu_matmul_forward_f64(out, in, W, b, T, K, N)
 #include "decoder.inc"
+#undef R
+#undef SFX
+#undef LAYER
+#undef FWD
+#undef MATMUL
+
+#define R float
+#define SFX bf16
+#define LAYER kvl__layer_view_bf16
+#define FWD(name) name
+#define MATMUL(out, in, W, b, T, K, N) kvl__cpu_matmul_bf16(w->exec, out, in, W, b, T, K, N)
+#include "decoder.inc"
+#undef R
+#undef SFX
+#undef LAYER
+#undef FWD
+#undef MATMUL

@@ -2,7 +2,8 @@
  * backend's forward pass) and translator training (the stage-2 core runs the frozen target
  * through the same function, saving activations for its backward pass), as llm.c shares one
  * gpt2_forward.  Written once over a scalar type (decoder.inc): float for inference and
- * training, double for the gradient check.
+ * training, double for the gradient check, and float activations over bf16 weights for
+ * inference with KVL_WEIGHTS_BF16 (same body; only the projections' matmul differs).
  *
  * Math (transformers' Qwen3DecoderLayer / Qwen2DecoderLayer / LlamaDecoderLayer), T tokens:
  *   xn   = RMSNorm(x_in; attn_norm)
@@ -15,13 +16,29 @@
 #ifndef KVL_KERNELS_CPU_DECODER_H
 #define KVL_KERNELS_CPU_DECODER_H
 
+#include <stdint.h>
+
 #include "kvlingo/backend.h"
+#include "matmul_bf16.h"
 
 /* The float64 twin of kvl_layer_view (same members), for the gradient check. */
 typedef struct kvl__layer_view_f64 {
     const double *attn_norm, *wq, *wk, *wv, *bq, *bk, *bv, *q_norm, *k_norm, *wo, *bo,
         *mlp_norm, *w_gate, *w_up, *w_down;
 } kvl__layer_view_f64;
+
+/* The bf16-weight view of a layer (the CPU backend's KVL_WEIGHTS_BF16 inference path): the
+ * big matrices as bf16 bits, norms and biases float32 (same members as kvl_layer_view), and
+ * the execution context of its matmuls (kvl__cpu_matmul_bf16: thread pool and scratch). */
+typedef struct kvl__layer_view_bf16 {
+    const float *attn_norm;
+    const uint16_t *wq, *wk, *wv;
+    const float *bq, *bk, *bv, *q_norm, *k_norm;
+    const uint16_t *wo;
+    const float *bo, *mlp_norm;
+    const uint16_t *w_gate, *w_up, *w_down;
+    const kvl__bf16_exec *exec;
+} kvl__layer_view_bf16;
 
 /* Activation buffers of one layer over T tokens.  Aliasing allowed where noted:
  *   x_in [T,H]; x_mid [T,H] (may alias x_in); x_out [T,H] (may alias x_mid); xn [T,H] scratch;
@@ -45,5 +62,6 @@ typedef struct kvl__layer_view_f64 {
 
 KVL__DECODER_DECLARE(float, f32, kvl_layer_view)
 KVL__DECODER_DECLARE(double, f64, kvl__layer_view_f64)
+KVL__DECODER_DECLARE(float, bf16, kvl__layer_view_bf16)
 
 #endif

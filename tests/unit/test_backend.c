@@ -14,7 +14,8 @@
  *               (K = RoPE(k_norm(W_K k_s)), V = W_V v_s, Kpre = W_K k_s) computed here, for
  *               qwen2-c -> qwen3-b and for llama3-d (llama3 RoPE, rotated back at export) ->
  *               qwen2-yarn (YaRN frequencies and attention factor in the target's RoPE).
- * The CPU backend runs everywhere; the CUDA backend where a GPU is present (skipped with the
+ * The CPU backend runs everywhere, in float32 and with bf16 weights; the CUDA backend where a
+ * GPU is present (skipped with the
  * reason otherwise), with bf16 tolerances and the ops it does not implement yet reported. */
 #include <math.h>
 #include <setjmp.h>
@@ -39,11 +40,15 @@ typedef struct backend_case {
     const char *name;
     double tol;          /* max |err| <= tol * max |ref| */
     int partial;         /* UNSUPPORTED is an accepted answer for write / translate */
+    kvl_weights_dtype weights_dtype;
 } backend_case;
 
+/* cpu-bf16: the CPU backend streaming bf16 copies of the float32 models' weights, so against
+ * the golden files it carries the bf16 rounding of the weights (as the CUDA case does). */
 static const backend_case CASES[] = {
-    {KVL_DEVICE_CPU, "cpu", 1e-4, 0},
-    {KVL_DEVICE_CUDA, "cuda", 3e-2, 1},
+    {KVL_DEVICE_CPU, "cpu", 1e-4, 0, KVL_WEIGHTS_F32},
+    {KVL_DEVICE_CUDA, "cuda", 3e-2, 1, KVL_WEIGHTS_AUTO},
+    {KVL_DEVICE_CPU, "cpu-bf16", 3e-2, 0, KVL_WEIGHTS_BF16},
 };
 
 #define OK(x) do { kvl_status s_ = (x); if (s_ != KVL_OK) fail_msg("%s: %s", #x, kvl_last_error()); } while (0)
@@ -76,6 +81,7 @@ static kvl_model *load_on(const char *name, const backend_case *bc) {
     snprintf(rel, sizeof rel, "models/%s", name);
     kvl_model_params p = kvl_model_default_params();
     p.device = bc->device;
+    p.weights_dtype = bc->weights_dtype;
     kvl_model *m = NULL;
     OK(kvl_model_load(kvl__test_path(rel), &p, &m));
     return m;
@@ -367,6 +373,7 @@ static void check_translate(const backend_case *bc, const char *src_name, const 
         (void)st; check_translate(&CASES[i], "llama3-d", "qwen2-yarn"); }
 PER_BACKEND(0)
 PER_BACKEND(1)
+PER_BACKEND(2)
 
 int main(void) {
     const struct CMUnitTest tests[] = {
@@ -376,6 +383,9 @@ int main(void) {
         cmocka_unit_test(forward_qwen3_a_1), cmocka_unit_test(forward_qwen2_c_1),
         cmocka_unit_test(contract_1),        cmocka_unit_test(write_read_1),
         cmocka_unit_test(translate_1),       cmocka_unit_test(translate_scaled_1),
+        cmocka_unit_test(forward_qwen3_a_2), cmocka_unit_test(forward_qwen2_c_2),
+        cmocka_unit_test(contract_2),        cmocka_unit_test(write_read_2),
+        cmocka_unit_test(translate_2),       cmocka_unit_test(translate_scaled_2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

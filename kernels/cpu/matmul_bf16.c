@@ -1,0 +1,291 @@
+/* kernels/cpu/matmul_bf16.c: bf16-weight matmuls with float32 accumulation (see matmul_bf16.h).
+ *
+ * Small T: a register tile of 4 weight rows x up to 4 input rows; each weight vector is loaded
+ * once per tile and multiplied by every input row of the tile, so a decode step (T = 1) reads
+ * each weight byte exactly once and T <= 16 re-reads a 4-row block (<= 80 KB) from L2, not
+ * memory.  The AVX-512 kernel is compiled with function-level target attributes so the rest of
+ * the build stays baseline x86-64. */
+#include "matmul_bf16.h"
+
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KVL_HAVE_AVX512_KERNEL 1
+#include <cpuid.h>
+#include <immintrin.h>
+#define KVL_AVX512 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#endif
+
+void kvl__bf16_from_f32(uint16_t *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = kvl__f32_to_bf16(src[i]);
+}
+
+/* ---- kernel choice ------------------------------------------------------------------------ */
+
+static int cpu_has_avx512bf16(void) {
+#ifdef KVL_HAVE_AVX512_KERNEL
+    __builtin_cpu_init();
+    /* avx512f / avx512bw also check that the OS saves the zmm state (XCR0) */
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw")) return 0;
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
+    return (a >> 5) & 1;   /* CPUID.(EAX=7,ECX=1):EAX[5] = AVX512_BF16 */
+#else
+    return 0;
+#endif
+}
+
+static kvl__bf16_kernel g_kernel = KVL__BF16_KERNEL_AUTO;
+
+kvl__bf16_kernel kvl__bf16_kernel_active(void) {
+    if (g_kernel == KVL__BF16_KERNEL_AUTO) {
+        /* a benign race: every thread computes the same answer */
+        const char *env = getenv("KVL_CPU_BF16_KERNEL");
+        int portable = env && !strcmp(env, "portable");
+        g_kernel = !portable && cpu_has_avx512bf16() ? KVL__BF16_KERNEL_AVX512 : KVL__BF16_KERNEL_PORTABLE;
+    }
+    return g_kernel;
+}
+
+int kvl__bf16_set_kernel(kvl__bf16_kernel k) {
+    kvl__bf16_kernel old = kvl__bf16_kernel_active();
+    if (k == KVL__BF16_KERNEL_AVX512 && !cpu_has_avx512bf16()) return -1;
+    g_kernel = k;
+    return (int)old;
+}
+
+const char *kvl__bf16_kernel_name(kvl__bf16_kernel k) {
+    return k == KVL__BF16_KERNEL_AVX512 ? "avx512bf16" : k == KVL__BF16_KERNEL_PORTABLE ? "portable" : "auto";
+}
+
+/* ---- widening (exact) --------------------------------------------------------------------- */
+
+#ifdef KVL_HAVE_AVX512_KERNEL
+KVL_AVX512 static void widen_avx512(float *dst, const uint16_t *src, size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i)));
+        _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+    }
+    for (; i < n; i++) dst[i] = kvl__bf16_to_f32(src[i]);
+}
+#endif
+
+void kvl__bf16_to_f32_n(float *dst, const uint16_t *src, size_t n) {
+#ifdef KVL_HAVE_AVX512_KERNEL
+    if (kvl__bf16_kernel_active() == KVL__BF16_KERNEL_AVX512) {
+        widen_avx512(dst, src, n);
+        return;
+    }
+#endif
+    for (size_t i = 0; i < n; i++) dst[i] = kvl__bf16_to_f32(src[i]);
+}
+
+/* ---- small T: the hi/lo split and the two kernels ----------------------------------------- */
+
+static int pad32(int K) { return (K + 31) & ~31; }
+
+size_t kvl__bf16_xsplit_elems(int T, int K) {
+    int t = T < KVL__BF16_TCHUNK ? T : KVL__BF16_TCHUNK;
+    return (size_t)2 * (size_t)t * (size_t)pad32(K);
+}
+
+size_t kvl__bf16_panel_elems(int K) {
+    return (size_t)K > KVL__BF16_PANEL_FLOATS ? (size_t)K : KVL__BF16_PANEL_FLOATS;
+}
+
+/* Row t of the split: hi at xs + 2*t*Kp, lo right after it; padding zero. */
+static void split_rows(uint16_t *xs, const float *in, int T, int K) {
+    const int Kp = pad32(K);
+    for (int t = 0; t < T; t++) {
+        uint16_t *hi = xs + (size_t)2 * t * Kp, *lo = hi + Kp;
+        const float *x = in + (size_t)t * K;
+        for (int k = 0; k < K; k++) {
+            uint16_t h = kvl__f32_to_bf16(x[k]);
+            hi[k] = h;
+            lo[k] = kvl__f32_to_bf16(x[k] - kvl__bf16_to_f32(h));
+        }
+        for (int k = K; k < Kp; k++) hi[k] = lo[k] = 0;
+    }
+}
+
+static void small_rows_portable(float *out, const uint16_t *xs, const uint16_t *W, const float *bias,
+                                int T, int K, int N, int n0, int n1) {
+    const int Kp = pad32(K);
+    for (int n = n0; n < n1; n++) {
+        const uint16_t *w = W + (size_t)n * K;
+        for (int t = 0; t < T; t++) {
+            const uint16_t *hi = xs + (size_t)2 * t * Kp, *lo = hi + Kp;
+            float lanes[16] = {0};
+            int k = 0;
+            for (; k + 16 <= K; k += 16)
+                for (int l = 0; l < 16; l++) {
+                    float wk = kvl__bf16_to_f32(w[k + l]);
+                    lanes[l] += wk * kvl__bf16_to_f32(hi[k + l]);
+                    lanes[l] += wk * kvl__bf16_to_f32(lo[k + l]);
+                }
+            for (; k < K; k++) {
+                float wk = kvl__bf16_to_f32(w[k]);
+                lanes[k & 15] += wk * kvl__bf16_to_f32(hi[k]);
+                lanes[k & 15] += wk * kvl__bf16_to_f32(lo[k]);
+            }
+            float s = 0.0f;
+            for (int l = 0; l < 16; l++) s += lanes[l];
+            out[(size_t)t * N + n] = s + (bias ? bias[n] : 0.0f);
+        }
+    }
+}
+
+#ifdef KVL_HAVE_AVX512_KERNEL
+#ifndef KVL_PF_BYTES
+#define KVL_PF_BYTES 32768   /* measured 2-32 KB ahead on this machine: farther was faster */
+#endif
+/* 4 weight rows x TT input rows; rows past n1 / T are clamped copies whose results are dropped. */
+#define KVL_TILE(TT)                                                                                \
+    KVL_AVX512 static void tile_4x##TT(float *out, const uint16_t *xs, const uint16_t *W,            \
+                                        const float *bias, int t0, int K, int N, int n, int nr) {    \
+        const int Kp = pad32(K), Kf = K & ~31;                                                       \
+        const __mmask32 tail = (__mmask32)((1ull << (K & 31)) - 1);                                  \
+        const uint16_t *w[4];                                                                        \
+        for (int r = 0; r < 4; r++) w[r] = W + (size_t)(n + (r < nr ? r : nr - 1)) * K;              \
+        const uint16_t *x[TT];                                                                       \
+        for (int t = 0; t < TT; t++) x[t] = xs + (size_t)2 * (t0 + t) * Kp;                          \
+        __m512 acc[4][TT];                                                                           \
+        _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                                          \
+            _Pragma("GCC unroll 4") for (int t = 0; t < TT; t++) acc[r][t] = _mm512_setzero_ps();    \
+        /* the 4 rows are one contiguous block: prefetch it linearly, KVL_PF_BYTES ahead, at the  \
+         * rate the tile consumes it (4 lines a step), so the next block is in flight too       \
+         * (rows of 1-3 KB are too short for the hardware streamer to ramp up on its own)       */ \
+        const char *pf = (const char *)w[0] + KVL_PF_BYTES;                                          \
+        const char *pf_end = (const char *)(W + (size_t)N * K);                                      \
+        for (int k = 0; k < Kp; k += 32) {                                                           \
+            __m512bh wv[4];                                                                          \
+            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++, pf += 64)                            \
+                if (pf < pf_end) _mm_prefetch(pf, _MM_HINT_T0);                                      \
+            if (k < Kf) {                                                                            \
+                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                                  \
+                    wv[r] = (__m512bh)_mm512_loadu_si512((const void *)(w[r] + k));                  \
+            } else {                                                                                 \
+                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                                  \
+                    wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(tail, w[r] + k);                      \
+            }                                                                                        \
+            _Pragma("GCC unroll 4") for (int t = 0; t < TT; t++) {                                   \
+                __m512bh h = (__m512bh)_mm512_loadu_si512((const void *)(x[t] + k));                 \
+                __m512bh l = (__m512bh)_mm512_loadu_si512((const void *)(x[t] + Kp + k));            \
+                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {                                \
+                    acc[r][t] = _mm512_dpbf16_ps(acc[r][t], h, wv[r]);                               \
+                    acc[r][t] = _mm512_dpbf16_ps(acc[r][t], l, wv[r]);                               \
+                }                                                                                    \
+            }                                                                                        \
+        }                                                                                            \
+        for (int r = 0; r < nr; r++)                                                                 \
+            for (int t = 0; t < TT; t++)                                                             \
+                out[(size_t)(t0 + t) * N + n + r] =                                                  \
+                    _mm512_reduce_add_ps(acc[r][t]) + (bias ? bias[n + r] : 0.0f);                   \
+    }
+KVL_TILE(1)
+KVL_TILE(2)
+KVL_TILE(3)
+KVL_TILE(4)
+#undef KVL_TILE
+
+static void small_rows_avx512(float *out, const uint16_t *xs, const uint16_t *W, const float *bias,
+                              int T, int K, int N, int n0, int n1) {
+    for (int n = n0; n < n1; n += 4) {
+        int nr = n1 - n < 4 ? n1 - n : 4;
+        for (int t0 = 0; t0 < T; t0 += 4) {
+            switch (T - t0 < 4 ? T - t0 : 4) {
+            case 1: tile_4x1(out, xs, W, bias, t0, K, N, n, nr); break;
+            case 2: tile_4x2(out, xs, W, bias, t0, K, N, n, nr); break;
+            case 3: tile_4x3(out, xs, W, bias, t0, K, N, n, nr); break;
+            default: tile_4x4(out, xs, W, bias, t0, K, N, n, nr); break;
+            }
+        }
+    }
+}
+#endif
+
+/* ---- the parallel parts ------------------------------------------------------------------- */
+
+typedef struct mm_job {
+    float *out;
+    const float *in;
+    const uint16_t *W;
+    const float *bias;
+    const uint16_t *xs;
+    float *panel;
+    int T, K, N, n0, nb;   /* panel jobs: rows [n0, n0+nb) of W */
+    kvl__bf16_kernel kernel;
+} mm_job;
+
+/* Rows [*a, *b) of part `part` of n_parts over N rows, in multiples of 16 (a cache line of
+ * output floats per part boundary). */
+static void part_rows(int N, int part, int n_parts, int *a, int *b) {
+    int per = ((N + n_parts - 1) / n_parts + 15) & ~15;
+    *a = part * per < N ? part * per : N;
+    *b = (part + 1) * per < N ? (part + 1) * per : N;
+}
+
+static void small_part(void *pj, int part, int n_parts) {
+    const mm_job *j = pj;
+    int a, b;
+    part_rows(j->N, part, n_parts, &a, &b);
+    if (a >= b) return;
+#ifdef KVL_HAVE_AVX512_KERNEL
+    if (j->kernel == KVL__BF16_KERNEL_AVX512) {
+        small_rows_avx512(j->out, j->xs, j->W, j->bias, j->T, j->K, j->N, a, b);
+        return;
+    }
+#endif
+    small_rows_portable(j->out, j->xs, j->W, j->bias, j->T, j->K, j->N, a, b);
+}
+
+static void widen_part(void *pj, int part, int n_parts) {
+    const mm_job *j = pj;
+    int a, b;
+    part_rows(j->nb, part, n_parts, &a, &b);
+    if (a < b)
+        kvl__bf16_to_f32_n(j->panel + (size_t)a * j->K, j->W + (size_t)(j->n0 + a) * j->K,
+                           (size_t)(b - a) * j->K);
+}
+
+/* Below this many multiply-adds a matmul runs on the caller alone: waking a worker (and, on a
+ * loaded machine, waiting for it to be scheduled) costs more than the product of a small model. */
+#define KVL_PARALLEL_MIN_MACS ((size_t)1 << 18)
+
+/* Past the decode sizes the tiles pay a horizontal sum per output; with short rows (small
+ * models) that outweighs what they save over widening for sgemm. */
+#define KVL_TILE_MIN_K 512
+
+static void run_parts(const kvl__bf16_exec *ex, kvl__pool_fn fn, mm_job *j, size_t macs) {
+    if (ex->pool && macs >= KVL_PARALLEL_MIN_MACS) kvl__pool_run(ex->pool, fn, j);
+    else fn(j, 0, 1);
+}
+
+void kvl__cpu_matmul_bf16(const kvl__bf16_exec *ex, float *out, const float *in, const uint16_t *W,
+                          const float *bias, int T, int K, int N) {
+    mm_job j = {.out = out, .in = in, .W = W, .bias = bias, .xs = ex->xsplit, .panel = ex->panel,
+                .T = T, .K = K, .N = N, .kernel = kvl__bf16_kernel_active()};
+    if (T <= KVL__BF16_SMALL_T ||
+        (T <= KVL__BF16_TCHUNK && K >= KVL_TILE_MIN_K && j.kernel == KVL__BF16_KERNEL_AVX512)) {
+        /* the vdpbf16ps tiles read the bf16 weights once and reuse each 4-row block from L2;
+         * up to a chunk of rows they out-run widening the weights for sgemm */
+        split_rows(ex->xsplit, in, T, K);
+        run_parts(ex, small_part, &j, (size_t)T * K * N);
+        return;
+    }
+    /* portable prefill: compute-bound, so widen panels that stay in cache and let sgemm work */
+    if (bias)
+        for (int t = 0; t < T; t++) memcpy(out + (size_t)t * N, bias, sizeof(float) * (size_t)N);
+    int nb = (int)(KVL__BF16_PANEL_FLOATS / (size_t)K);
+    if (nb < 1) nb = 1;   /* K > 2^20: one row per panel (kvl__bf16_panel_elems sized for it) */
+    for (int n0 = 0; n0 < N; n0 += nb) {
+        j.n0 = n0;
+        j.nb = N - n0 < nb ? N - n0 : nb;
+        run_parts(ex, widen_part, &j, (size_t)j.nb * K * 16);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, j.nb, K, 1.0f, in, K, j.panel, K,
+                    bias ? 1.0f : 0.0f, out + n0, N);
+    }
+}

@@ -1,0 +1,137 @@
+/* kernels/cpu/pool.c: the CPU backend's thread pool (see pool.h).
+ *
+ * Hand-off: the caller publishes (fn, ctx), bumps `gen` and wakes sleepers; each worker runs its
+ * part and decrements `pending`; the caller runs part 0 and waits for pending == 0.  gen and
+ * sleepers are sequentially consistent atomics, so either the caller sees a worker about to
+ * sleep (and broadcasts) or that worker sees the new generation (and does not sleep). */
+#include "pool.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "error.h"
+
+/* Spin iterations before a worker sleeps / the caller yields: about 0.1 ms of pause
+ * instructions, longer than the gap between two matmuls of a decode step. */
+#define KVL_POOL_SPIN 4096
+
+struct kvl__pool {
+    int n_threads;
+    pthread_t *threads;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    kvl__pool_fn fn;
+    void *ctx;
+    atomic_uint gen;
+    atomic_int pending;
+    atomic_int sleepers;
+    atomic_int stop;
+    int n_started;
+};
+
+typedef struct worker_arg {
+    kvl__pool *pool;
+    int part;
+} worker_arg;
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static void *worker_main(void *pa) {
+    worker_arg *wa = pa;
+    kvl__pool *p = wa->pool;
+    const int part = wa->part;
+    free(wa);
+    unsigned seen = 0;   /* the generation at creation: a job posted before this thread ran is not missed */
+    for (;;) {
+        int spins = 0;
+        while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop) && spins < KVL_POOL_SPIN) {
+            cpu_relax();
+            spins++;
+        }
+        if (atomic_load(&p->gen) == seen && !atomic_load(&p->stop)) {
+            pthread_mutex_lock(&p->mu);
+            atomic_fetch_add(&p->sleepers, 1);
+            while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->cv, &p->mu);
+            atomic_fetch_sub(&p->sleepers, 1);
+            pthread_mutex_unlock(&p->mu);
+        }
+        if (atomic_load(&p->stop)) return NULL;
+        seen = atomic_load(&p->gen);
+        p->fn(p->ctx, part, p->n_threads);
+        atomic_fetch_sub(&p->pending, 1);
+    }
+}
+
+kvl_status kvl__pool_create(int n_threads, kvl__pool **out) {
+    *out = NULL;
+    if (n_threads < 1) n_threads = 1;
+    kvl__pool *p = calloc(1, sizeof *p);
+    if (!p) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+    p->n_threads = n_threads;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    atomic_init(&p->gen, 0);
+    atomic_init(&p->pending, 0);
+    atomic_init(&p->sleepers, 0);
+    atomic_init(&p->stop, 0);
+    if (n_threads > 1 && !(p->threads = calloc((size_t)n_threads - 1, sizeof *p->threads))) {
+        kvl__pool_free(p);
+        return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 1; i < n_threads; i++) {
+        worker_arg *wa = malloc(sizeof *wa);
+        if (!wa) { kvl__pool_free(p); return kvl__errorf(KVL_ERR_NOMEM, "out of memory"); }
+        *wa = (worker_arg){p, i};
+        if (pthread_create(&p->threads[i - 1], NULL, worker_main, wa) != 0) {
+            free(wa);
+            kvl__pool_free(p);
+            return kvl__errorf(KVL_ERR_IO, "thread pool: cannot start thread %d of %d", i, n_threads);
+        }
+        p->n_started++;
+    }
+    *out = p;
+    return KVL_OK;
+}
+
+void kvl__pool_free(kvl__pool *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    atomic_store(&p->stop, 1);
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->n_started; i++) pthread_join(p->threads[i], NULL);
+    pthread_cond_destroy(&p->cv);
+    pthread_mutex_destroy(&p->mu);
+    free(p->threads);
+    free(p);
+}
+
+int kvl__pool_threads(const kvl__pool *p) { return p->n_threads; }
+
+void kvl__pool_run(kvl__pool *p, kvl__pool_fn fn, void *ctx) {
+    if (p->n_threads == 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    p->fn = fn;
+    p->ctx = ctx;
+    atomic_store(&p->pending, p->n_threads - 1);
+    atomic_fetch_add(&p->gen, 1);
+    if (atomic_load(&p->sleepers) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+    }
+    fn(ctx, 0, p->n_threads);
+    /* a worker may be descheduled on a loaded machine: yield rather than burn its core */
+    for (int spins = 0; atomic_load(&p->pending) > 0; spins++) {
+        if (spins < KVL_POOL_SPIN) cpu_relax();
+        else sched_yield();
+    }
+}

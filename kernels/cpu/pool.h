@@ -1,0 +1,28 @@
+/* kernels/cpu/pool.h: a small persistent thread pool for the CPU backend's own kernels (the bf16
+ * matmuls).  OpenBLAS threads its GEMMs itself; kernels of ours that stream weights split their
+ * rows over this pool instead, so one decode step does not pay a thread start per matmul (a
+ * 1.5B-parameter model runs ~200 matmuls of 0.1-1 ms per token).
+ *
+ * Workers spin briefly after each job (matmuls of one forward pass come back to back), then
+ * sleep on a condition variable, so an idle model costs no CPU.  Private to kernels/cpu. */
+#ifndef KVL_KERNELS_CPU_POOL_H
+#define KVL_KERNELS_CPU_POOL_H
+
+#include "kvlingo/status.h"
+
+typedef struct kvl__pool kvl__pool;
+
+/* fn(ctx, part, n_parts) is called once for every part in [0, n_parts). */
+typedef void (*kvl__pool_fn)(void *ctx, int part, int n_parts);
+
+/* A pool running jobs on n_threads threads in all: the caller and n_threads - 1 workers
+ * (n_threads >= 1; 1 runs everything in the caller).  KVL_ERR_NOMEM / KVL_ERR_IO (thread start). */
+kvl_status kvl__pool_create(int n_threads, kvl__pool **out);
+void kvl__pool_free(kvl__pool *pool);
+int kvl__pool_threads(const kvl__pool *pool);
+
+/* Run fn over n_threads parts (part 0 on the caller) and return when all are done.  Calls on
+ * one pool must not overlap (the backend serialises forward calls per model). */
+void kvl__pool_run(kvl__pool *pool, kvl__pool_fn fn, void *ctx);
+
+#endif

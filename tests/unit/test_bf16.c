@@ -1,0 +1,207 @@
+/* tests/unit/test_bf16.c: the CPU backend's bf16 weights (KVL_WEIGHTS_BF16, kvlingo/model.h).
+ *   kernels   kvl__cpu_matmul_bf16, AVX-512 BF16 (where the CPU has it) and portable, against
+ *             a float64 reference of the same arithmetic (bf16 weights, hi/lo-split inputs for
+ *             small T, exact inputs for the portable prefill path), on ragged shapes (K tails,
+ *             odd N, T across the decode / chunk boundaries), with and without a thread pool;
+ *             the two kernels agree within float32 summation rounding;
+ *   dtypes    AUTO resolves to the checkpoint's dtype (bf16 for qwen3-b, f32 for the float32
+ *             and float16 checkpoints and for random models); parse / name;
+ *   greedy    qwen3-b (bf16 on disk) gives the same greedy continuation with bf16 weights in
+ *             memory (both kernels) as in float32; a float32 model in bf16 mode stays close. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kvlingo/cache.h"
+#include "kvlingo/model.h"
+#include "kvlingo/shapes.h"
+#include "matmul_bf16.h"
+#include "testutil.h"
+
+#define OK(x) do { kvl_status s_ = (x); if (s_ != KVL_OK) fail_msg("%s: %s", #x, kvl_last_error()); } while (0)
+
+static uint64_t rng_state = 12345;
+static float urand(void) {   /* uniform in [-1, 1) */
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng_state >> 40) / (double)(1 << 24)) * 2.0f - 1.0f;
+}
+
+/* out_ref[T,N] in float64: W bf16, inputs split into hi + lo (small path) or exact. */
+static void reference(double *ref, const float *in, const uint16_t *W, const float *bias, int T, int K,
+                      int N, int split) {
+    for (int t = 0; t < T; t++)
+        for (int n = 0; n < N; n++) {
+            double s = bias ? bias[n] : 0.0;
+            for (int k = 0; k < K; k++) {
+                float x = in[(size_t)t * K + k];
+                double xv = x;
+                if (split) {
+                    uint16_t h = kvl__f32_to_bf16(x);
+                    xv = (double)kvl__bf16_to_f32(h) + kvl__bf16_to_f32(kvl__f32_to_bf16(x - kvl__bf16_to_f32(h)));
+                }
+                s += (double)kvl__bf16_to_f32(W[(size_t)n * K + k]) * xv;
+            }
+            ref[(size_t)t * N + n] = s;
+        }
+}
+
+static void run_case(kvl__bf16_kernel kern, kvl__pool *pool, int T, int K, int N, int with_bias) {
+    uint16_t *W = malloc(sizeof(uint16_t) * (size_t)N * K);
+    float *in = malloc(sizeof(float) * (size_t)T * K), *out = malloc(sizeof(float) * (size_t)T * N);
+    float *bias = malloc(sizeof(float) * (size_t)N);
+    double *ref = malloc(sizeof(double) * (size_t)T * N);
+    uint16_t *xs = malloc(sizeof(uint16_t) * kvl__bf16_xsplit_elems(T, K));
+    float *panel = malloc(sizeof(float) * kvl__bf16_panel_elems(K));
+    assert_true(W && in && out && bias && ref && xs && panel);
+    for (size_t i = 0; i < (size_t)N * K; i++) W[i] = kvl__f32_to_bf16(urand() * 0.05f);
+    for (size_t i = 0; i < (size_t)T * K; i++) in[i] = urand() * 3.0f;
+    for (int i = 0; i < N; i++) bias[i] = urand();
+    kvl__bf16_exec ex = {pool, xs, panel};
+    kvl__cpu_matmul_bf16(&ex, out, in, W, with_bias ? bias : NULL, T, K, N);
+    int split = T <= KVL__BF16_SMALL_T || (T <= KVL__BF16_TCHUNK && K >= 512 && kern == KVL__BF16_KERNEL_AVX512);
+    reference(ref, in, W, with_bias ? bias : NULL, T, K, N, split);
+    double maxerr = 0, maxref = 0;
+    for (size_t i = 0; i < (size_t)T * N; i++) {
+        double e = fabs(out[i] - ref[i]);
+        if (!(e <= maxerr)) maxerr = e;
+        if (fabs(ref[i]) > maxref) maxref = fabs(ref[i]);
+    }
+    /* float32 accumulation over K terms: a few ulps of the largest partial sums */
+    if (!(maxerr <= 1e-5 * maxref + 1e-6))
+        fail_msg("%s T=%d K=%d N=%d bias=%d pool=%d: max err %.3g (max ref %.3g)",
+                 kvl__bf16_kernel_name(kern), T, K, N, with_bias, pool != NULL, maxerr, maxref);
+    free(W); free(in); free(out); free(bias); free(ref); free(xs); free(panel);
+}
+
+static void test_kernels(void **st) {
+    (void)st;
+    kvl__pool *pool = NULL;
+    OK(kvl__pool_create(2, &pool));
+    const int shapes[][3] = {{1, 64, 16}, {1, 37, 13}, {1, 1536, 67}, {3, 100, 33}, {4, 128, 4},
+                             {5, 257, 21}, {16, 96, 50}, {17, 64, 40}, {40, 600, 20}, {70, 200, 35}, {130, 33, 9}};
+    kvl__bf16_kernel kernels[] = {KVL__BF16_KERNEL_PORTABLE, KVL__BF16_KERNEL_AVX512};
+    int saved = (int)kvl__bf16_kernel_active();
+    for (int k = 0; k < 2; k++) {
+        if (kvl__bf16_set_kernel(kernels[k]) < 0) {
+            printf("note: %s kernel not available on this CPU, not tested\n", kvl__bf16_kernel_name(kernels[k]));
+            continue;
+        }
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+            for (int b = 0; b < 2; b++) {
+                run_case(kernels[k], NULL, shapes[i][0], shapes[i][1], shapes[i][2], b);
+                run_case(kernels[k], pool, shapes[i][0], shapes[i][1], shapes[i][2], b);
+            }
+    }
+    kvl__bf16_set_kernel((kvl__bf16_kernel)saved);
+    kvl__pool_free(pool);
+}
+
+static void test_rounding(void **st) {
+    (void)st;
+    assert_int_equal(kvl__f32_to_bf16(1.0f), 0x3f80);
+    assert_int_equal(kvl__f32_to_bf16(1.00390625f), 0x3f80);        /* tie -> even */
+    assert_int_equal(kvl__f32_to_bf16(1.01171875f), 0x3f82);        /* tie -> even (up) */
+    assert_int_equal(kvl__f32_to_bf16(-2.0f), 0xc000);
+    assert_true(isnan(kvl__bf16_to_f32(kvl__f32_to_bf16(NAN))));
+    assert_true(isinf(kvl__bf16_to_f32(kvl__f32_to_bf16(INFINITY))));
+}
+
+static kvl_model *load(const char *name, kvl_weights_dtype d) {
+    char rel[64];
+    snprintf(rel, sizeof rel, "models/%s", name);
+    kvl_model_params p = kvl_model_default_params();
+    p.n_threads = 2;
+    p.weights_dtype = d;
+    kvl_model *m = NULL;
+    OK(kvl_model_load(kvl__test_path(rel), &p, &m));
+    return m;
+}
+
+static void test_dtypes(void **st) {
+    (void)st;
+    kvl_weights_dtype d;
+    OK(kvl_weights_dtype_parse("bf16", &d));
+    assert_int_equal(d, KVL_WEIGHTS_BF16);
+    OK(kvl_weights_dtype_parse("f32", &d));
+    assert_int_equal(d, KVL_WEIGHTS_F32);
+    assert_int_equal(kvl_weights_dtype_parse("fp8", &d), KVL_ERR_INVALID_ARG);
+    assert_string_equal(kvl_weights_dtype_name(KVL_WEIGHTS_BF16), "bf16");
+    const char *names[] = {"qwen3-a", "qwen3-b", "qwen2-c"};
+    const kvl_weights_dtype want[] = {KVL_WEIGHTS_F32, KVL_WEIGHTS_BF16, KVL_WEIGHTS_F32};
+    for (int i = 0; i < 3; i++) {
+        kvl_model *m = load(names[i], KVL_WEIGHTS_AUTO);
+        assert_int_equal(kvl_model_weights_dtype(m), want[i]);
+        kvl_model_free(m);
+    }
+    kvl_model *m = load("qwen3-a", KVL_WEIGHTS_BF16);
+    assert_int_equal(kvl_model_weights_dtype(m), KVL_WEIGHTS_BF16);
+    kvl_model_free(m);
+    kvl_model_config cfg;
+    OK(kvl_shape_config("tiny", &cfg));
+    kvl_model_params p = kvl_model_default_params();
+    OK(kvl_model_create_random(&cfg, 1, &p, &m));
+    assert_int_equal(kvl_model_weights_dtype(m), KVL_WEIGHTS_F32);
+    kvl_model_free(m);
+    p.weights_dtype = (kvl_weights_dtype)7;
+    assert_int_equal(kvl_model_create_random(&cfg, 1, &p, &m), KVL_ERR_INVALID_ARG);
+}
+
+/* Greedy continuation of `n` tokens after a prompt; max |logit difference| against `ref_logits`
+ * of the same steps when given. */
+static void greedy(kvl_model *m, const int32_t *prompt, int np, int n, int32_t *out, float *logits_out) {
+    const kvl_model_config *c = kvl_model_config_get(m);
+    kvl_cache *cache = NULL;
+    OK(kvl_model_cache_create(m, NULL, &cache));
+    float *lg = malloc(sizeof(float) * c->vocab_size);
+    assert_non_null(lg);
+    OK(kvl_model_prefill(m, cache, prompt, np, KVL_LOGITS_LAST, lg));
+    for (int i = 0; i < n; i++) {
+        int best = 0;
+        for (int v = 1; v < c->vocab_size; v++) best = lg[v] > lg[best] ? v : best;
+        out[i] = best;
+        if (logits_out) memcpy(logits_out + (size_t)i * c->vocab_size, lg, sizeof(float) * c->vocab_size);
+        OK(kvl_model_decode(m, cache, best, lg));
+    }
+    free(lg);
+    kvl_cache_free(cache);
+}
+
+static void test_greedy(void **st) {
+    (void)st;
+    const int32_t prompts[3][6] = {{725, 732, 1553, 623, 11, 290}, {39, 918, 78, 845, 13, 40},
+                                   {1, 298, 743, 383, 1325, 594}};
+    const int N = 48;
+    kvl_model *f = load("qwen3-b", KVL_WEIGHTS_F32), *b = load("qwen3-b", KVL_WEIGHTS_BF16);
+    int saved = (int)kvl__bf16_kernel_active();
+    for (int p = 0; p < 3; p++) {
+        int32_t gf[48], gb[48], gp[48];
+        greedy(f, prompts[p], 6, N, gf, NULL);
+        greedy(b, prompts[p], 6, N, gb, NULL);
+        kvl__bf16_set_kernel(KVL__BF16_KERNEL_PORTABLE);
+        greedy(b, prompts[p], 6, N, gp, NULL);
+        kvl__bf16_set_kernel((kvl__bf16_kernel)saved);
+        for (int i = 0; i < N; i++) {
+            if (gb[i] != gf[i]) fail_msg("qwen3-b prompt %d token %d: bf16 %d, f32 %d", p, i, gb[i], gf[i]);
+            if (gp[i] != gf[i]) fail_msg("qwen3-b prompt %d token %d: bf16 portable %d, f32 %d", p, i, gp[i], gf[i]);
+        }
+    }
+    kvl_model_free(f);
+    kvl_model_free(b);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rounding),
+        cmocka_unit_test(test_kernels),
+        cmocka_unit_test(test_dtypes),
+        cmocka_unit_test(test_greedy),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
