@@ -11,7 +11,9 @@ static void usage(FILE *f) {
           "  info        --model DIR [--json]                      architecture, geometry, parameters\n"
           "  generate    --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]\n"
           "              [--temperature T] [--top-k K] [--top-p P] [--seed S] [--threads N] [--json]\n"
+          "              [--device cpu|cuda|cuda:N] [--weights-dtype auto|f32|bf16]\n"
           "  eval-ppl    --model DIR --text-file FILE [--window 256] [--max-windows 200] [--json]\n"
+          "              [--device cpu|cuda|cuda:N] [--weights-dtype auto|f32|bf16]\n"
           "  tokenize    (--model DIR | --tokenizer FILE) (--text STR | --text-file FILE) [--json]\n"
           "  detokenize  (--model DIR | --tokenizer FILE) --ids 1,2,3\n"
 #ifdef KVL_HAVE_SERVER
@@ -21,6 +23,7 @@ static void usage(FILE *f) {
           "              [--stage1-only] [--seed S] [--threads N] [--resume CKPT]   KV-Lingo training\n"
           "  translator  eval --translator FILE --source DIR --target DIR --text-file FILE\n"
           "              [--prefix-len P] [--cont-len C] [--samples N] [--turns K] [--json]\n"
+          "              [--device cpu|cuda|cuda:N]\n"
           "  translator  info FILE [--json]                          pair, geometry, figures\n"
           "  bench switch --source DIR|SHAPE --target DIR|SHAPE [--device cpu|cuda] [--lengths 64,1024]\n"
           "\n"

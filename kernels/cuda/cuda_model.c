@@ -34,6 +34,12 @@ kvl_status kvl_cuda_probe(int *n_devices) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (n_devices) *n_devices = e == cudaSuccess ? n : 0;
+    if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice)
+        /* the runtime says "insufficient driver" also where no NVIDIA driver is loaded at all */
+        return kvl__errorf(KVL_ERR_DEVICE, "no usable CUDA device: this machine has no NVIDIA GPU, or "
+                           "no NVIDIA driver for this CUDA %d.%d runtime is loaded (%s: %s)",
+                           CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10, cudaGetErrorName(e),
+                           cudaGetErrorString(e));
     if (e != cudaSuccess)
         return kvl__errorf(KVL_ERR_DEVICE, "no usable CUDA device: cudaGetDeviceCount: %s (%s)",
                           cudaGetErrorString(e), cudaGetErrorName(e));
