@@ -159,22 +159,53 @@ char *cli_read_file(const char *path, size_t *len_out) {
     return buf;
 }
 
-void cli_print_json_string(const char *t, size_t len) {
-    putchar('"');
-    for (size_t i = 0; i < len; i++) {
-        unsigned char ch = (unsigned char)t[i];
-        switch (ch) {
-        case '"': fputs("\\\"", stdout); break;
-        case '\\': fputs("\\\\", stdout); break;
-        case '\n': fputs("\\n", stdout); break;
-        case '\r': fputs("\\r", stdout); break;
-        case '\t': fputs("\\t", stdout); break;
-        default:
-            if (ch < 0x20) printf("\\u%04x", ch);
-            else putchar(ch);
+/* Copy of text[len] as valid UTF-8 (each byte of an invalid or truncated sequence becomes
+ * U+FFFD, as Hugging Face's decode does), NUL-terminated; NULL when out of memory. */
+static char *utf8_clean(const char *t, size_t len) {
+    char *o = malloc(len * 3 + 1);
+    if (!o) return NULL;
+    size_t n = 0;
+    const unsigned char *u = (const unsigned char *)t;
+    for (size_t i = 0; i < len;) {
+        unsigned c = u[i];
+        size_t k = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3
+                 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
+        int ok = k > 0 && i + k <= len;
+        for (size_t j = 1; ok && j < k; j++) ok = (u[i + j] & 0xC0) == 0x80;
+        if (ok && k == 3) ok = !(c == 0xE0 && u[i + 1] < 0xA0) && !(c == 0xED && u[i + 1] > 0x9F);
+        if (ok && k == 4) ok = !(c == 0xF0 && u[i + 1] < 0x90) && !(c == 0xF4 && u[i + 1] > 0x8F);
+        if (ok && c == 0) ok = 0;   /* a NUL would end the C string: U+FFFD instead */
+        if (ok) {
+            memcpy(o + n, t + i, k);
+            n += k;
+            i += k;
+        } else {
+            memcpy(o + n, "\xEF\xBF\xBD", 3);
+            n += 3;
+            i++;
         }
     }
-    putchar('"');
+    o[n] = 0;
+    return o;
+}
+
+cJSON *cli_json_add_text(cJSON *obj, const char *key, const char *t, size_t len) {
+    char *c = utf8_clean(t, len);
+    cJSON *item = c ? cJSON_AddStringToObject(obj, key, c) : NULL;
+    free(c);
+    return item;
+}
+
+int cli_print_json(cJSON *j) {
+    char *s = j ? cJSON_PrintUnformatted(j) : NULL;
+    cJSON_Delete(j);
+    if (!s) {
+        fprintf(stderr, "kvlingo: out of memory writing JSON\n");
+        return 1;
+    }
+    puts(s);
+    cJSON_free(s);
+    return 0;
 }
 
 /* Token stream of a text file under the evaluation protocol of models/PROVENANCE.md: each line

@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
 #include "kvlingo/status.h"
 
 /* Simple --key value / --flag parser over argv[first..argc). */
@@ -39,8 +41,12 @@ int cli_fail(const char *cmd, kvl_status s);
 /* Read a whole file (malloc'ed, NUL-terminated). Prints the error and returns NULL on failure. */
 char *cli_read_file(const char *path, size_t *len_out);
 
-/* Print a JSON string literal (escaped) of text[len] to stdout. */
-void cli_print_json_string(const char *text, size_t len);
+/* JSON output goes through cJSON.  cli_json_add_text adds text[len] under key as a string,
+ * made valid UTF-8 first (invalid bytes become U+FFFD); NULL when out of memory.
+ * cli_print_json prints j on one line to stdout and frees it; non-zero (message on stderr)
+ * when j is NULL or printing runs out of memory. */
+cJSON *cli_json_add_text(cJSON *obj, const char *key, const char *text, size_t len);
+int cli_print_json(cJSON *j);
 
 /* Token stream of a text file under the evaluation protocol: each line is a document, encoded
  * on its own and followed by `eos`; documents concatenated.  *out is malloc'ed.  Prints the

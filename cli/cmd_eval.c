@@ -79,8 +79,18 @@ int cmd_eval_ppl(int argc, char **argv) {
         goto done;
     }
     double ppl = exp(nll / preds);
-    if (json) printf("{\"ppl\": %.6f, \"predictions\": %ld, \"windows\": %ld, \"tokens\": %zu}\n", ppl, preds, windows, n);
-    else printf("perplexity %.4f over %ld predictions (%ld windows of %ld; %zu tokens in %s)\n", ppl, preds,
+    if (json) {
+        cJSON *j = cJSON_CreateObject();
+        if (j) {
+            cJSON_AddNumberToObject(j, "ppl", ppl);
+            cJSON_AddNumberToObject(j, "predictions", (double)preds);
+            cJSON_AddNumberToObject(j, "windows", (double)windows);
+            cJSON_AddNumberToObject(j, "tokens", (double)n);
+            cJSON_AddStringToObject(j, "model", kvl_model_name(m));
+            cJSON_AddStringToObject(j, "text_file", file);
+        }
+        if (cli_print_json(j)) goto done;
+    } else printf("perplexity %.4f over %ld predictions (%ld windows of %ld; %zu tokens in %s)\n", ppl, preds,
                 windows, W, n, file);
     rc = 0;
 done:
@@ -135,12 +145,18 @@ int cmd_tokenize(int argc, char **argv) {
     kvl_status s = kvl_tokenizer_encode(tok, text, len, &ids, &n);
     free(buf);
     if (s != KVL_OK) { kvl_tokenizer_free(tok); return cli_fail("tokenize", s); }
-    if (json) printf("{\"ids\": [");
-    for (size_t i = 0; i < n; i++) printf("%s%d", i ? (json ? ", " : ",") : "", ids[i]);
-    printf(json ? "]}\n" : "\n");
+    int rc = 0;
+    if (json) {
+        cJSON *j = cJSON_CreateObject(), *arr = j ? cJSON_AddArrayToObject(j, "ids") : NULL;
+        for (size_t i = 0; arr && i < n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+        rc = cli_print_json(j);
+    } else {
+        for (size_t i = 0; i < n; i++) printf("%s%d", i ? "," : "", ids[i]);
+        printf("\n");
+    }
     free(ids);
     kvl_tokenizer_free(tok);
-    return 0;
+    return rc;
 }
 
 int cmd_detokenize(int argc, char **argv) {
@@ -171,9 +187,9 @@ int cmd_detokenize(int argc, char **argv) {
     kvl_tokenizer_free(tok);
     if (s != KVL_OK) return cli_fail("detokenize", s);
     if (json) {
-        printf("{\"text\": ");
-        cli_print_json_string(text, len);
-        printf("}\n");
+        cJSON *j = cJSON_CreateObject();
+        if (j && !cli_json_add_text(j, "text", text, len)) { cJSON_Delete(j); j = NULL; }
+        if (cli_print_json(j)) { free(text); return 1; }
     } else {
         fwrite(text, 1, len, stdout);
         putchar('\n');

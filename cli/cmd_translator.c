@@ -291,57 +291,126 @@ done:
     return rc;
 }
 
+static double jnum(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
+/* The evaluation record under metadata `key` as one table row; nothing when absent. */
+static void print_eval_row(const kvl_translator *tr, const char *key, const char *label) {
+    cJSON *e = cJSON_Parse(kvl_translator_metadata(tr, key) ? kvl_translator_metadata(tr, key) : "");
+    if (e && cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(e, "kl")))
+        printf("  %-10s %8.4f %8.3f %8.2f %10.2f %10.2f %8.3f %8.0f\n", label, jnum(e, "kl"),
+               jnum(e, "top1_agreement"), jnum(e, "ppl_native"), jnum(e, "ppl_translated"),
+               jnum(e, "ppl_no_context"), jnum(e, "context_gain_recovered"), jnum(e, "samples"));
+    cJSON_Delete(e);
+}
+
+static int print_info_json(const kvl_translator *tr, const char *file) {
+    cJSON *j = cJSON_CreateObject();
+    if (j) cJSON_AddStringToObject(j, "file", file);
+    for (int i = 0; j && i < kvl_translator_metadata_count(tr); i++) {
+        const char *k = kvl_translator_metadata_key(tr, i), *v = kvl_translator_metadata_value(tr, i);
+        cJSON *val = (v[0] == '{' || v[0] == '[') ? cJSON_Parse(v) : NULL;   /* JSON stays JSON */
+        if (!val) val = cJSON_CreateString(v);
+        if (val) cJSON_AddItemToObject(j, k, val);
+    }
+    return cli_print_json(j);
+}
+
+static void print_info_table(const kvl_translator *tr, const char *file) {
+    kvl_translator_geometry g;
+    kvl_translator_get_geometry(tr, &g);
+    const char *sn = kvl_translator_source_name(tr), *tn = kvl_translator_target_name(tr);
+    printf("translator %s\n", file);
+    printf("  %-7s %-10s %-18s %6s %8s %8s\n", "side", "model", "hash", "layers", "kv heads", "head_dim");
+    printf("  %-7s %-10s %-18s %6d %8d %8d\n", "source", sn ? sn : "?",
+           kvl_translator_source_hash(tr) ? kvl_translator_source_hash(tr) : "-", g.src_layers,
+           g.src_kv_heads, g.src_head_dim);
+    printf("  %-7s %-10s %-18s %6d %8d %8d%s\n", "target", tn ? tn : "?",
+           kvl_translator_target_hash(tr) ? kvl_translator_target_hash(tr) : "-", g.dst_layers,
+           g.dst_kv_heads, g.dst_head_dim, g.dst_qk_norm ? "  (k_norm)" : "");
+    printf("  maps: %d x 2 of [%d, %d]; layer map (target <- source):", g.dst_layers,
+           g.dst_kv_heads * g.dst_head_dim, g.src_kv_heads * g.src_head_dim);
+    for (int l = 0; l < g.dst_layers; l++) printf(" %d<-%d", l, kvl_translator_layer_map(tr, l));
+    printf("\n");
+    const char *corpus = kvl_translator_metadata(tr, "corpus");
+    if (corpus) printf("  corpus: %s\n", corpus);
+    if (kvl_translator_metadata(tr, "imported_from"))
+        printf("  imported from: %s\n", kvl_translator_metadata(tr, "imported_from"));
+    cJSON *s1 = cJSON_Parse(kvl_translator_metadata(tr, "stage1") ? kvl_translator_metadata(tr, "stage1") : "");
+    if (s1)
+        printf("  stage 1 (ridge): %.0f train tokens, %.0f held-out tokens\n", jnum(s1, "train_tokens"),
+               jnum(s1, "heldout_tokens"));
+    cJSON_Delete(s1);
+    /* training runs, oldest first: the record nests each earlier run under continued_from */
+    cJSON *t = cJSON_Parse(kvl_translator_metadata(tr, "training") ? kvl_translator_metadata(tr, "training") : "");
+    const cJSON *runs[64];
+    int nr = 0;
+    for (const cJSON *r = t; r && cJSON_IsObject(r) && nr < 64;
+         r = cJSON_GetObjectItemCaseSensitive(r, "continued_from"))
+        runs[nr++] = r;
+    if (nr) {
+        printf("  stage 2 runs:\n  %3s %6s %5s %4s %8s %6s %4s %9s %8s\n", "run", "steps", "batch", "win",
+               "lr", "warmup", "seed", "final KL", "seconds");
+        for (int i = nr - 1, k = 1; i >= 0; i--, k++)
+            printf("  %3d %6.0f %5.0f %4.0f %8.2g %6.0f %4.0f %9.5f %8.1f\n", k, jnum(runs[i], "steps"),
+                   jnum(runs[i], "batch"), jnum(runs[i], "per_window"), jnum(runs[i], "lr"),
+                   jnum(runs[i], "warmup"), jnum(runs[i], "seed"), jnum(runs[i], "final_kl"),
+                   jnum(runs[i], "seconds"));
+    }
+    cJSON_Delete(t);
+    if (kvl_translator_metadata(tr, "eval") || kvl_translator_metadata(tr, "eval_stage1")) {
+        printf("  evaluation:\n  %-10s %8s %8s %8s %10s %10s %8s %8s\n", "", "KL", "top-1", "ppl nat",
+               "ppl transl", "ppl no ctx", "gain", "samples");
+        print_eval_row(tr, "eval_stage1", "stage 1");
+        print_eval_row(tr, "eval", "final");
+    }
+    cJSON *mt = cJSON_Parse(kvl_translator_metadata(tr, "eval_multiturn") ? kvl_translator_metadata(tr, "eval_multiturn") : "");
+    const cJSON *turns = cJSON_GetObjectItemCaseSensitive(mt, "turns"), *x;
+    if (cJSON_IsArray(turns)) {
+        double worst = 0;
+        printf("  multi-turn (%.0f sessions, %.0f tokens a turn): ratio translated / re-prefill per turn\n   ",
+               jnum(mt, "sessions"), jnum(mt, "turn_len"));
+        cJSON_ArrayForEach(x, turns) {
+            double r = jnum(x, "ratio");
+            printf(" %.3f", r);
+            if (r > worst) worst = r;
+        }
+        printf("\n    worst %.3f\n", worst);
+    }
+    cJSON_Delete(mt);
+    static const char *const shown[] = {"format", "source_name", "source_hash", "target_name",
+        "target_hash", "source_layers", "source_kv_heads", "source_head_dim", "target_layers",
+        "target_kv_heads", "target_head_dim", "target_qk_norm", "layer_map", "stage1", "training",
+        "eval", "eval_stage1", "eval_multiturn", "corpus", "imported_from"};
+    for (int i = 0; i < kvl_translator_metadata_count(tr); i++) {
+        const char *k = kvl_translator_metadata_key(tr, i);
+        int sk = 0;
+        for (size_t j = 0; j < sizeof shown / sizeof shown[0]; j++) sk |= !strcmp(shown[j], k);
+        if (!sk) printf("  %s: %s\n", k, kvl_translator_metadata_value(tr, i));
+    }
+    printf("  (--json prints the full record)\n");
+}
+
 static int cmd_tr_info(int argc, char **argv) {
     if (argc >= 4 && (!strcmp(argv[3], "--help") || !strcmp(argv[3], "-h"))) {
-        puts("usage: kvlingo translator info FILE [--json]\nPair, geometry, layer map, metadata (training, evaluation figures).");
+        puts("usage: kvlingo translator info FILE [--json]\n"
+             "A table of the pair, geometry, layer map, training runs (oldest first) and evaluation\n"
+             "figures; --json prints the whole metadata record as one JSON object.");
         return 0;
     }
     if (argc < 4) { fprintf(stderr, "usage: kvlingo translator info FILE [--json]\n"); return 2; }
     int json = argc >= 5 && !strcmp(argv[4], "--json");
-    if (argc > 5 || (argc == 5 && !json)) { fprintf(stderr, "kvlingo translator info: unexpected argument\n"); return 2; }
+    if (argc > 5 || (argc == 5 && !json)) { fprintf(stderr, "kvlingo translator info: unexpected argument '%s'\n", argv[argc - 1]); return 2; }
     kvl_translator *tr = NULL;
     kvl_status s = kvl_translator_load(argv[3], &tr);
     if (s) return cli_fail("translator info", s);
-    kvl_translator_geometry g;
-    kvl_translator_get_geometry(tr, &g);
-    if (json) {
-        printf("{\"file\": ");
-        cli_print_json_string(argv[3], strlen(argv[3]));
-        for (int i = 0; i < kvl_translator_metadata_count(tr); i++) {
-            const char *k = kvl_translator_metadata_key(tr, i), *v = kvl_translator_metadata_value(tr, i);
-            printf(", ");
-            cli_print_json_string(k, strlen(k));
-            printf(": ");
-            if (v[0] == '{' || v[0] == '[') fputs(v, stdout);   /* JSON values stay JSON */
-            else cli_print_json_string(v, strlen(v));
-        }
-        printf("}\n");
-    } else {
-        printf("translator %s\n", argv[3]);
-        printf("  source %s (hash %s): %d layers, %d kv heads, head_dim %d\n",
-               kvl_translator_source_name(tr) ? kvl_translator_source_name(tr) : "?",
-               kvl_translator_source_hash(tr) ? kvl_translator_source_hash(tr) : "-", g.src_layers,
-               g.src_kv_heads, g.src_head_dim);
-        printf("  target %s (hash %s): %d layers, %d kv heads, head_dim %d%s\n",
-               kvl_translator_target_name(tr) ? kvl_translator_target_name(tr) : "?",
-               kvl_translator_target_hash(tr) ? kvl_translator_target_hash(tr) : "-", g.dst_layers,
-               g.dst_kv_heads, g.dst_head_dim, g.dst_qk_norm ? ", k_norm" : "");
-        printf("  maps: %d x 2 of [%d, %d]; layer map (target <- source):", g.dst_layers,
-               g.dst_kv_heads * g.dst_head_dim, g.src_kv_heads * g.src_head_dim);
-        for (int l = 0; l < g.dst_layers; l++) printf(" %d<-%d", l, kvl_translator_layer_map(tr, l));
-        printf("\n");
-        static const char *const skip[] = {"format", "source_name", "source_hash", "target_name",
-            "target_hash", "source_layers", "source_kv_heads", "source_head_dim", "target_layers",
-            "target_kv_heads", "target_head_dim", "target_qk_norm", "layer_map"};
-        for (int i = 0; i < kvl_translator_metadata_count(tr); i++) {
-            const char *k = kvl_translator_metadata_key(tr, i);
-            int sk = 0;
-            for (size_t j = 0; j < sizeof skip / sizeof skip[0]; j++) sk |= !strcmp(skip[j], k);
-            if (!sk) printf("  %s: %s\n", k, kvl_translator_metadata_value(tr, i));
-        }
-    }
+    int rc = 0;
+    if (json) rc = print_info_json(tr, argv[3]);
+    else print_info_table(tr, argv[3]);
     kvl_translator_free(tr);
-    return 0;
+    return rc;
 }
 
 int cmd_translator(int argc, char **argv) {
