@@ -413,12 +413,60 @@ static int cmd_tr_info(int argc, char **argv) {
     return rc;
 }
 
+static int cmd_import(int argc, char **argv) {
+    cli_args a;
+    if (cli_args_init(&a, argc, argv, 3)) return 1;
+    int err = 0;
+    if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
+        puts("usage: kvlingo translator import --layout plain --in FILE --source DIR --target DIR --out FILE\n"
+             "         [--bf16]\n"
+             "Turns a translator in the plain layout (tensors layers.{l}.k.weight / layers.{l}.v.weight of\n"
+             "shape [Ht*Dt, Hs*Ds], metadata layer_map, no kvlingo format key) into a kvlingo translator\n"
+             "file: geometry checked against both models, the target's k_norm taken from the target\n"
+             "model, both models' names and hashes recorded.  --bf16 stores the maps in bfloat16\n"
+             "(default float32).");
+        cli_args_free(&a);
+        return 0;
+    }
+    const char *layout = cli_opt(&a, "--layout", &err), *in = cli_opt(&a, "--in", &err);
+    const char *sdir = cli_opt(&a, "--source", &err), *ddir = cli_opt(&a, "--target", &err);
+    const char *out = cli_opt(&a, "--out", &err);
+    int bf16 = cli_flag(&a, "--bf16");
+    if (err || cli_args_leftover(&a, "translator import")) { cli_args_free(&a); return 2; }
+    cli_args_free(&a);
+    if (!layout || !in || !sdir || !ddir || !out) {
+        fprintf(stderr, "kvlingo translator import: --layout, --in, --source, --target and --out are required\n");
+        return 2;
+    }
+    if (strcmp(layout, "plain")) {
+        fprintf(stderr, "kvlingo translator import: --layout '%s' is not known (plain is)\n", layout);
+        return 2;
+    }
+    kvl_model_params mp = kvl_model_default_params();
+    kvl_model *src = NULL, *dst = NULL;
+    kvl_translator *tr = NULL;
+    kvl_status s;
+    int rc = 0;
+    if ((s = kvl_model_load(sdir, &mp, &src)) || (s = kvl_model_load(ddir, &mp, &dst)) ||
+        (s = kvl_translator_import_plain(in, src, dst, &tr)) ||
+        (s = kvl_translator_save(tr, out, bf16 ? KVL_DTYPE_BF16 : KVL_DTYPE_F32)))
+        rc = cli_fail("translator import", s);
+    else
+        fprintf(stderr, "translator import: %s (%s -> %s) -> %s\n", in, kvl_model_name(src),
+                kvl_model_name(dst), out);
+    kvl_translator_free(tr);
+    kvl_model_free(src);
+    kvl_model_free(dst);
+    return rc;
+}
+
 int cmd_translator(int argc, char **argv) {
     const char *sub = argc >= 3 ? argv[2] : NULL;
     if (sub && !strcmp(sub, "train")) return cmd_train(argc, argv);
     if (sub && !strcmp(sub, "eval")) return cmd_eval(argc, argv);
     if (sub && !strcmp(sub, "info")) return cmd_tr_info(argc, argv);
+    if (sub && !strcmp(sub, "import")) return cmd_import(argc, argv);
     int help = sub && (!strcmp(sub, "--help") || !strcmp(sub, "-h"));
-    fprintf(help ? stdout : stderr, "usage: kvlingo translator (train | eval | info) [options]   (--help for each)\n");
+    fprintf(help ? stdout : stderr, "usage: kvlingo translator (train | eval | info | import | plot) [options]   (--help for each)\n");
     return help ? 0 : 2;
 }

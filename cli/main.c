@@ -22,6 +22,7 @@ static void usage(FILE *f) {
           "  translator  eval --translator FILE --source DIR --target DIR --text-file FILE\n"
           "              [--prefix-len P] [--cont-len C] [--samples N] [--turns K] [--json]\n"
           "  translator  info FILE [--json]                          pair, geometry, figures\n"
+          "  translator  import --layout plain --in FILE --source DIR --target DIR --out FILE\n"
           "  bench switch --source DIR|SHAPE --target DIR|SHAPE [--device cpu|cuda] [--lengths 64,1024]\n"
           "\n"
           "Run `kvlingo <command> --help` for a command's details.\n", f);
