@@ -9,15 +9,42 @@
 #include "kvlingo/backend.h"
 #include "kvlingo/tokenizer.h"
 
+/* "--key=value" becomes "--key" "value", so both spellings parse alike. */
 int cli_args_init(cli_args *a, int argc, char **argv, int first) {
-    a->argc = argc;
-    a->argv = argv;
+    memset(a, 0, sizeof *a);
+    int n = argc;
+    for (int i = first; i < argc; i++)
+        if (!strncmp(argv[i], "--", 2) && strchr(argv[i], '=')) n++;
+    a->argv = calloc((size_t)n + 1, sizeof(char *));
+    a->split = calloc((size_t)n + 1, 1);
+    a->used = calloc((size_t)n + 1, 1);
+    if (!a->argv || !a->split || !a->used) {
+        cli_args_free(a);
+        fprintf(stderr, "kvlingo: out of memory\n");
+        return -1;
+    }
+    int k = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *eq = i >= first && !strncmp(argv[i], "--", 2) ? strchr(argv[i], '=') : NULL;
+        if (!eq) { a->argv[k++] = argv[i]; continue; }
+        a->argv[k] = strndup(argv[i], (size_t)(eq - argv[i]));
+        if (!a->argv[k]) { cli_args_free(a); return -1; }
+        a->split[k++] = 1;
+        a->argv[k++] = (char *)eq + 1;
+    }
+    a->argc = k;
     a->first = first;
-    a->used = calloc((size_t)argc + 1, 1);
-    return a->used ? 0 : -1;
+    return 0;
 }
 
-void cli_args_free(cli_args *a) { free(a->used); }
+void cli_args_free(cli_args *a) {
+    for (int i = 0; a->argv && i < a->argc; i++)
+        if (a->split[i]) free(a->argv[i]);
+    free(a->argv);
+    free(a->split);
+    free(a->used);
+    memset(a, 0, sizeof *a);
+}
 
 static int find(cli_args *a, const char *name) {
     for (int i = a->first; i < a->argc; i++)
@@ -40,6 +67,7 @@ const char *cli_opt(cli_args *a, const char *name, int *err) {
 
 int cli_flag(cli_args *a, const char *name) {
     int i = find(a, name);
+    if (i < 0 && !strcmp(name, "--help")) i = find(a, "-h");
     if (i < 0) return 0;
     a->used[i] = 1;
     return 1;

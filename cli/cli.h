@@ -9,12 +9,13 @@
 
 #include "kvlingo/status.h"
 
-/* Simple --key value / --flag parser over argv[first..argc). */
+/* --key value / --key=value / --flag parser over argv[first..argc); --help also answers -h. */
 typedef struct cli_args {
     int argc;
-    char **argv;
+    char **argv;           /* argv with each "--key=value" split in two (own array) */
     int first;
     unsigned char *used;   /* [argc] marks consumed arguments */
+    unsigned char *split;  /* [argc] 1: argv[i] is an owned copy of a split key */
 } cli_args;
 
 int cli_args_init(cli_args *a, int argc, char **argv, int first);
