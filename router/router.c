@@ -37,6 +37,17 @@ kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
     r->busy = calloc((size_t)r->max_busy, sizeof *r->busy);
     kvl_status s = r->busy ? KVL_OK : kvl__errorf(KVL_ERR_NOMEM, "router busy table");
     if (!s) s = kvr_metrics_create(&r->metrics);
+    if (!s) {   /* every series at zero from the start, for each model of the fleet */
+        const char **models = calloc((size_t)cfg->n_nodes + 1, sizeof *models);
+        int nm = 0;
+        for (int i = 0; models && i < cfg->n_nodes; i++) {
+            int seen = 0;
+            for (int j = 0; j < nm && !seen; j++) seen = !strcmp(models[j], cfg->nodes[i].model);
+            if (!seen) models[nm++] = cfg->nodes[i].model;
+        }
+        kvr_metrics_declare(r->metrics, models, nm);
+        free(models);
+    }
     if (!s) s = kvr_ledger_open(cfg->ledger, &r->ledger);
     if (!s) kvr_ledger_set_observer(r->ledger, ledger_observer, r->metrics);
     if (!s) {

@@ -331,8 +331,13 @@ static void h_list(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
         for (int t = 0; t < n->n_tr_from; t++) from[i * KVR_MAX_TR + t] = n->tr_from[t];
         ns[i].n_translators_from = (size_t)n->n_tr_from;
         ns[i].translators_from = &from[i * KVR_MAX_TR];
-        ns[i].prefill_tokens_per_second = n->prefill_tps;
-        ns[i].decode_tokens_per_second = n->decode_tps;
+        ns[i].prefill_tokens_per_second = n->n_prefill_samples ? n->prefill_tps : 0;
+        ns[i].decode_tokens_per_second = n->n_decode_samples ? n->decode_tps : 0;
+        ns[i].prefill_rate_samples = n->n_prefill_samples;
+        ns[i].decode_rate_samples = n->n_decode_samples;
+        ns[i].rate_status = (char *)(n->n_prefill_samples && n->n_decode_samples ? "measured"
+                                     : n->n_prefill_samples ? "prefill measured"
+                                     : n->n_decode_samples ? "decode measured" : "unmeasured");
         nsp[i] = &ns[i];
     }
     int np = kvr_guard_pairs(r->guard, ps, 64);
