@@ -101,7 +101,13 @@ int main(int argc, char **argv) {
         kvr_config_free(cfg);
         return 1;
     }
-    if (check) { printf("%s: ok (policy %s, %d nodes)\n", config, cfg->policy_name, cfg->n_nodes); kvr_config_free(cfg); return 0; }
+    if (check) {
+        s = kvr_router_check(cfg, stdout);
+        if (s) fprintf(stderr, "kvlingo-router: --check: %s\n", kvl_last_error());
+        else printf("%s: ok (policy %s, %d nodes)\n", config, cfg->policy_name, cfg->n_nodes);
+        kvr_config_free(cfg);
+        return s ? 1 : 0;
+    }
 
     app a;
     memset(&a, 0, sizeof a);
