@@ -93,7 +93,8 @@ typedef struct kvr_turn_out {
     char fallback[160];
     char finish_reason[32];
     float mean_entropy, shadow_kl;
-    char policy_reason[160];
+    char policy_reason[320];
+    char failover_from[KVR_NAME_MAX];   /* the model chosen but served by no healthy node, or "" */
 } kvr_turn_out;
 
 /* Called for every generated token; return non-zero to stop (client gone). */

@@ -209,6 +209,7 @@ static void h_send(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
         sum.shadow_kl = o.shadow_kl;
         sum.user_tokens = o.user_tokens;
         sum.policy_reason = o.policy_reason;
+        sum.failover_from = o.failover_from;
         /* logged before the summary goes out: a client that saw the summary finds the line */
         static const char *modes[] = {"none", "translate", "reprefill"};
         char qfb[330], qpol[330];   /* room for every character escaped */

@@ -386,6 +386,12 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
             break;
         }
         snprintf(out->policy_reason, sizeof out->policy_reason, "%s", d.reason);
+        out->failover_from[0] = 0;
+        if (d.failover) {
+            snprintf(out->failover_from, sizeof out->failover_from, "%s", d.wanted);
+            kvl__svc_log_text("warn", "session %s: model failover from %s to %s on %s: %s", req->sid,
+                              d.wanted[0] ? d.wanted : "?", T->model, T->name, d.reason);
+        }
         snprintf(out->node, sizeof out->node, "%s", T->name);
         snprintf(out->model, sizeof out->model, "%s", T->model);
         out->fallback[0] = 0;
@@ -518,6 +524,11 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
         kvr_metrics_inc(r->metrics, "kvlingo_router_switches_total", labels, 1);
         snprintf(labels, sizeof labels, "mode=\"%s\"", mode);
         kvr_metrics_observe(r->metrics, "kvlingo_router_switch_ttft_seconds", labels, out->ttft_s);
+    }
+    if (out->failover_from[0]) {
+        snprintf(labels, sizeof labels, "from=\"%s\",to=\"%s\",mode=\"%s\"", out->failover_from,
+                 out->model, mode);
+        kvr_metrics_inc(r->metrics, "kvlingo_router_model_failovers_total", labels, 1);
     }
     if (t.fb_code[0]) {
         snprintf(labels, sizeof labels, "reason=\"%s\"", t.fb_code);
