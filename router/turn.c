@@ -260,6 +260,32 @@ static const char *mode_name(int m) {
          : m == KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_REPREFILL ? "reprefill" : "none";
 }
 
+/* The client cancelled the turn: its input stays in the ledger (the next turn continues after
+ * it), the output is discarded.  The answering node now holds more than the ledger (the tokens
+ * generated before the cancel), so its holding is dropped and the next turn there resets it. */
+static void keep_cancelled_input(turn *t, int ti, const kvr_policy_decision *d, kvr_turn_out *out) {
+    kvr_router *r = t->r;
+    const kvr_turn_req *req = t->req;
+    kvr_node *T = &r->reg->nodes[ti];
+    kvr_holding hs[KVR_MAX_HOLDINGS];
+    int nh = 0;
+    holdings_after(t, ti, 0, hs, &nh);
+    kvr_turn_rec tr = {.idx = t->s.n_turns, .node = T->name, .model = T->model,
+                       .mode = mode_name(out->mode), .fallback = "cancelled by the client", .t0 = t->N,
+                       .n_user = req->n_user, .n_gen = 0, .span = (int)out->span_tokens,
+                       .ttft_s = out->ttft_s, .tps = 0, .entropy = 0};
+    kvl_status cs = kvr_ledger_turn_commit(r->ledger, req->sid, req->user, t->N, req->n_user, &tr,
+                                           T->name, d->state.level, d->state.calm, hs, nh, kvr_wall_now());
+    if (cs)
+        kvl__svc_log_text("warn", "session %s: cancelled turn: keeping its input failed: %s", req->sid,
+                          kvl_last_error());
+    else
+        kvl__svc_log_text("info", "session %s: turn cancelled by the client on %s: its %d input tokens "
+                          "stay in the ledger (%d tokens), the output (%u tokens) is discarded", req->sid,
+                          T->name, req->n_user, t->N + req->n_user, out->n_generated);
+    out->context_tokens = (unsigned)(t->N + req->n_user);
+}
+
 /* Decode on node ti after prepare; fills out, the generated ids and (when asked) the first
  * token's log-distribution.  *started = 1 once a token reached the client. */
 static kvl_status decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void *arg, double t_start,
@@ -427,6 +453,10 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
             s = decode(&t, ti, want_lp, emit, arg, t_start, gen, &first_lp, &vocab, &started, &code);
         }
         kvr_registry_turn_end(r->reg, ti);
+        if (s == KVL_ERR_CANCELLED && code == GRPC_STATUS_CANCELLED) {
+            keep_cancelled_input(&t, ti, &d, out);
+            break;
+        }
         if (!s) {
             /* success: commit */
             kvr_node_session ns;
