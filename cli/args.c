@@ -3,8 +3,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
+#include "clock.h"
 
 #include "kvlingo/backend.h"
 #include "kvlingo/tokenizer.h"
@@ -273,4 +275,29 @@ int cli_encode_documents(const char *cmd, kvl_tokenizer *tok, int32_t eos, const
     *out = stream;
     *n_out = n;
     return 0;
+}
+
+void cli_progress_init(cli_progress *p, const char *what, int quiet) {
+    memset(p, 0, sizeof *p);
+    p->what = what;
+    p->quiet = quiet;
+    p->tty = isatty(2);
+    p->t0 = p->last = kvl__now_s();
+    p->last_frac = -1;
+}
+
+void cli_progress_step(cli_progress *p, const char *unit, long done, long total) {
+    if (p->quiet || total <= 0) return;
+    double now = kvl__now_s(), el = now - p->t0, frac = (double)done / (double)total;
+    int end = done >= total;
+    /* a terminal gets one updating line (at most every 0.5 s); a log a line every 10% or 5 s */
+    if (!end && (p->tty ? now - p->last < 0.5 : (frac - p->last_frac < 0.1 && now - p->last < 5))) return;
+    double eta = done > 0 ? el / (double)done * (double)(total - done) : 0;
+    fprintf(stderr, "%s%s: %s %ld/%ld (%.0f%%), %.1f s elapsed%s", p->tty ? "\r" : "", p->what, unit,
+            done, total, 100.0 * frac, el, end ? "" : ", ETA ");
+    if (!end) fprintf(stderr, "%.0f s", eta);
+    fputs(p->tty ? (end ? "   \n" : "   ") : "\n", stderr);
+    fflush(stderr);
+    p->last = now;
+    p->last_frac = frac;
 }

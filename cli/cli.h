@@ -56,6 +56,16 @@ struct kvl_tokenizer;
 int cli_encode_documents(const char *cmd, struct kvl_tokenizer *tok, int32_t eos, const char *path,
                          int32_t **out, size_t *n_out);
 
+/* Progress lines on stderr for long commands: an updating line on a terminal, a line every
+ * 10% (or 5 s) otherwise, always the last; nothing when quiet. */
+typedef struct cli_progress {
+    const char *what;
+    int quiet, tty;
+    double t0, last, last_frac;
+} cli_progress;
+void cli_progress_init(cli_progress *p, const char *what, int quiet);
+void cli_progress_step(cli_progress *p, const char *unit, long done, long total);
+
 /* Commands */
 int cmd_info(int argc, char **argv);
 int cmd_generate(int argc, char **argv);

@@ -18,10 +18,11 @@ int cmd_eval_ppl(int argc, char **argv) {
     int err = 0;
     if (cli_flag(&a, "--help")) {
         puts("usage: kvlingo eval-ppl --model DIR --text-file FILE [--window 256] [--max-windows 200]\n"
-             "         [--threads N] [--device cpu|cuda|cuda:N] [--json]\n"
+             "         [--threads N] [--device cpu|cuda|cuda:N] [--json] [--quiet]\n"
              "Perplexity over windows starting at tokens 0, W, 2W, ...: each window reads tokens\n"
              "[s, s+W) from an empty cache and is scored on predicting [s+1, s+W+1).  The file is one\n"
-             "document per line, each followed by <|endoftext|>.");
+             "document per line, each followed by <|endoftext|>.  Progress lines go to stderr\n"
+             "(--quiet: none).");
         cli_args_free(&a);
         return 0;
     }
@@ -32,7 +33,7 @@ int cmd_eval_ppl(int argc, char **argv) {
     int threads = (int)cli_opt_long(&a, "--threads", 0, 0, 1024, &err);
     kvl_model_params dev = kvl_model_default_params();
     cli_opt_device(&a, &dev, &err);
-    int json = cli_flag(&a, "--json");
+    int json = cli_flag(&a, "--json"), quiet = cli_flag(&a, "--quiet");
     if (err || cli_args_leftover(&a, "eval-ppl")) { cli_args_free(&a); return 2; }
     cli_args_free(&a);
     if (!dir || !file) { fprintf(stderr, "kvlingo eval-ppl: --model DIR and --text-file FILE are required\n"); return 2; }
@@ -62,6 +63,10 @@ int cmd_eval_ppl(int argc, char **argv) {
     if (!logits) { fprintf(stderr, "kvlingo eval-ppl: out of memory\n"); goto done; }
     double nll = 0.0;
     long windows = 0, preds = 0;
+    long avail = (long)((n > 0 ? n - 1 : 0) / (size_t)W);
+    long todo = avail < max_windows ? avail : max_windows;
+    cli_progress pr;
+    cli_progress_init(&pr, "eval-ppl", quiet);
     for (long i = 0; i < max_windows; i++) {
         size_t st = (size_t)i * (size_t)W;
         if (st + (size_t)W + 1 > n) break;
@@ -73,6 +78,7 @@ int cmd_eval_ppl(int argc, char **argv) {
             preds++;
         }
         windows++;
+        cli_progress_step(&pr, "windows", windows, todo);
     }
     if (preds == 0) {
         fprintf(stderr, "kvlingo eval-ppl: %s: %zu tokens are too few for one window of %ld\n", file, n, W);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -45,15 +46,24 @@ static double rss_mib(void) {
 }
 
 typedef struct progress_state {
-    int tty;
+    int tty, quiet;
     int log_every;
     double loss_ema;
+    FILE *csv;                     /* loss curve, one row per step (NULL: none) */
+    const kvl_train_params *tp;
+    int step0;                     /* steps done before this run (a resume) */
 } progress_state;
 
 static int on_progress(void *user, int step, int steps, double loss, double tok_s, double el,
                        size_t mem) {
     progress_state *ps = user;
     ps->loss_ema = ps->loss_ema < 0 ? loss : 0.9 * ps->loss_ema + 0.1 * loss;
+    if (ps->csv) {
+        fprintf(ps->csv, "%d,%.6f,%.6f,%.6g,%.1f\n", step, loss, ps->loss_ema,
+                kvl_train_lr_at(ps->tp, step - 1), tok_s);
+        fflush(ps->csv);
+    }
+    if (ps->quiet) return 0;
     double eta = step > 0 ? el / step * (steps - step) : 0;
     if (ps->tty) {
         fprintf(stderr, "\rstage 2: step %d/%d  KL %.4f (avg %.4f)  %.0f tok/s  %.0fs elapsed, ETA %.0fs  "
@@ -79,12 +89,16 @@ static int cmd_train(int argc, char **argv) {
              "         [--per-window 1]\n"
              "         [--stage1-only] [--stage1-out FILE] [--ridge-tokens 65536] [--init FILE]\n"
              "         [--checkpoint FILE] [--checkpoint-every 50] [--resume CKPT] [--bf16]\n"
+             "         [--loss-csv FILE (default: OUT with .csv for .safetensors)] [--quiet]\n"
              "Stage 1 (ridge regression from streamed Gram matrices, lambda chosen on held-out tokens of\n"
              "the corpus's end), then stage 2 (distillation: mean KL(teacher || student) over the\n"
              "continuation, target frozen, AdamW + warm-up + cosine decay).  The corpus is one document\n"
              "per line.  --init FILE starts stage 2 from a saved translator instead of stage 1.\n"
              "--per-window K: K samples of a step share one text window (different prefix lengths), so\n"
-             "one teacher and one source pass serve K samples.");
+             "one teacher and one source pass serve K samples.\n"
+             "The loss curve goes to a CSV (step, loss = the step's mean KL(teacher || student),\n"
+             "kl_ema = its moving average, lr, tokens_per_s; `kvlingo translator plot` draws it);\n"
+             "progress lines go to stderr (--quiet: none).");
         cli_args_free(&a);
         return 0;
     }
@@ -109,6 +123,8 @@ static int cmd_train(int argc, char **argv) {
     tp.resume = cli_opt(&a, "--resume", &err);
     long ridge_tokens = cli_opt_long(&a, "--ridge-tokens", 65536, 256, 1L << 40, &err);
     int stage1_only = cli_flag(&a, "--stage1-only"), bf16 = cli_flag(&a, "--bf16");
+    int quiet = cli_flag(&a, "--quiet");
+    const char *csv_opt = cli_opt(&a, "--loss-csv", &err);
     if (err || cli_args_leftover(&a, "translator train")) { cli_args_free(&a); return 2; }
     cli_args_free(&a);
     if (!sdir || !ddir || !corpus || !out) {
@@ -125,6 +141,7 @@ static int cmd_train(int argc, char **argv) {
     int rc = 1;
     kvl_status s;
     double t0 = kvl__now_s(), t1;
+    FILE *ps_csv_close = NULL;
     if ((s = kvl_model_load(sdir, &mp, &src)) || (s = kvl_model_load(ddir, &mp, &dst))) {
         rc = cli_fail("translator train", s);
         goto done;
@@ -158,7 +175,25 @@ static int cmd_train(int argc, char **argv) {
         if (s1) fprintf(stderr, "stage 1: wrote %s\n", s1);
         if (stage1_only) { rc = 0; goto done; }
     }
-    progress_state ps = {.tty = isatty(2), .log_every = tp.steps >= 100 ? tp.steps / 50 : 1, .loss_ema = -1};
+    progress_state ps = {.tty = isatty(2), .quiet = quiet, .log_every = tp.steps >= 100 ? tp.steps / 50 : 1,
+                         .loss_ema = -1, .tp = &tp};
+    char csv_path[4096];
+    if (csv_opt) snprintf(csv_path, sizeof csv_path, "%s", csv_opt);
+    else {
+        size_t ol = strlen(out);
+        const char *ext = ".safetensors";
+        size_t el = strlen(ext);
+        int cut = ol > el && !strcmp(out + ol - el, ext);
+        snprintf(csv_path, sizeof csv_path, "%.*s.csv", (int)(cut ? ol - el : ol), out);
+    }
+    /* a resumed run appends to the curve it continues */
+    int append = tp.resume && access(csv_path, F_OK) == 0;
+    ps.csv = ps_csv_close = fopen(csv_path, append ? "a" : "w");
+    if (!ps.csv) {
+        fprintf(stderr, "kvlingo translator train: --loss-csv %s: cannot write\n", csv_path);
+        goto done;
+    }
+    if (!append) fputs("step,loss,kl_ema,lr,tokens_per_s\n", ps.csv);
     tp.progress = on_progress;
     tp.user = &ps;
     double fl = 0;
@@ -171,14 +206,20 @@ static int cmd_train(int argc, char **argv) {
         rc = cli_fail("translator train", s);
         goto done;
     }
-    fprintf(stderr, "stage 2: final KL (mean of the last 10%% of steps) %.4f; wrote %s\n", fl, out);
+    fprintf(stderr, "stage 2: final KL (mean of the last 10%% of steps) %.4f; wrote %s (loss curve %s)\n",
+            fl, out, csv_path);
     rc = 0;
 done:
+    if (ps_csv_close) fclose(ps_csv_close);
     kvl_translator_free(tr);
     free(stream);
     kvl_model_free(src);
     kvl_model_free(dst);
     return rc;
+}
+
+static void on_eval_progress(void *user, const char *phase, int done, int total) {
+    cli_progress_step(user, phase, done, total);
 }
 
 static int cmd_eval(int argc, char **argv) {
@@ -190,7 +231,7 @@ static int cmd_eval(int argc, char **argv) {
              "         [--prefix-len 256] [--cont-len 64] [--samples 200] [--json] [--threads N]\n"
              "         [--device cpu|cuda|cuda:N]\n"
              "         [--turns K [--turn-len 64] [--sessions 20] [--reverse FILE]]\n"
-             "         [--store KEY [--store-file FILE]]\n"
+             "         [--store KEY [--store-file FILE]] [--quiet]\n"
              "Token stream = each line encoded + <|endoftext|>; sample i = stream[i(P+C), (i+1)(P+C)); the\n"
              "cache (native, translated, none) covers prefix[0, P-1) at positions 0..P-2, the target reads\n"
              "prefix[P-1] and continuation[0, C-1) and is scored on the C continuation tokens.\n"
@@ -198,7 +239,8 @@ static int cmd_eval(int argc, char **argv) {
              "span is translated; --reverse gives the target->source translator, else the source re-prefills\n"
              "its missing span); per-turn perplexity against re-prefill.  --store KEY writes the JSON figures\n"
              "into the metadata of the evaluated translator file (or of --store-file FILE, a translator of\n"
-             "the same pair) under KEY (e.g. eval, eval_stage1, eval_multiturn).");
+             "the same pair) under KEY (e.g. eval, eval_stage1, eval_multiturn).  Progress lines go\n"
+             "to stderr (--quiet: none).");
         cli_args_free(&a);
         return 0;
     }
@@ -216,7 +258,7 @@ static int cmd_eval(int argc, char **argv) {
     int threads = (int)cli_opt_long(&a, "--threads", 0, 0, 1024, &err);
     kvl_model_params dev = kvl_model_default_params();
     cli_opt_device(&a, &dev, &err);
-    int json = cli_flag(&a, "--json");
+    int json = cli_flag(&a, "--json"), quiet = cli_flag(&a, "--quiet");
     if (err || cli_args_leftover(&a, "translator eval")) { cli_args_free(&a); return 2; }
     cli_args_free(&a);
     if (!file || !sdir || !ddir || !text) {
@@ -239,6 +281,10 @@ static int cmd_eval(int argc, char **argv) {
         goto done;
     }
     ep.reverse = rtr;
+    cli_progress pr;
+    cli_progress_init(&pr, "translator eval", quiet);
+    ep.progress = on_eval_progress;
+    ep.user = &pr;
     if (encode_corpus("translator eval", ddir, text, &stream, &n)) goto done;
     kvl_eval_result r;
     if ((s = kvl_translator_evaluate(tr, src, dst, stream, n, &ep, &r))) { rc = cli_fail("translator eval", s); goto done; }
@@ -460,12 +506,116 @@ static int cmd_import(int argc, char **argv) {
     return rc;
 }
 
+/* Quote s for a gnuplot string literal (single quotes; a quote is doubled). */
+static void gp_quote(FILE *f, const char *s) {
+    fputc('\'', f);
+    for (; *s; s++) {
+        if (*s == '\'') fputc('\'', f);
+        fputc(*s, f);
+    }
+    fputc('\'', f);
+}
+
+static int cmd_plot(int argc, char **argv) {
+    cli_args a;
+    if (cli_args_init(&a, argc, argv, 3)) return 1;
+    int err = 0;
+    if (cli_flag(&a, "--help")) {
+        puts("usage: kvlingo translator plot --csv FILE --out FILE.png [--title TEXT] [--gnuplot PROGRAM]\n"
+             "Renders the loss curve `translator train` writes (step, loss, kl_ema, lr, tokens_per_s) as a\n"
+             "PNG with gnuplot (Debian package gnuplot-nox): KL per step and its moving average on a log\n"
+             "scale, the learning rate below, tokens/s on the right.  Several CSVs of consecutive runs\n"
+             "may be given as --csv A,B,C: their steps are laid end to end.");
+        cli_args_free(&a);
+        return 0;
+    }
+    const char *csv = cli_opt(&a, "--csv", &err), *out = cli_opt(&a, "--out", &err);
+    const char *title = cli_opt(&a, "--title", &err), *prog = cli_opt(&a, "--gnuplot", &err);
+    if (err || cli_args_leftover(&a, "translator plot")) { cli_args_free(&a); return 2; }
+    cli_args_free(&a);
+    if (!csv || !out) {
+        fprintf(stderr, "kvlingo translator plot: --csv and --out are required\n");
+        return 2;
+    }
+    /* lay the runs end to end into one data file gnuplot reads */
+    char tmp[] = "/tmp/kvlingo-plot-XXXXXX";
+    int fd = mkstemp(tmp);
+    FILE *d = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!d) { fprintf(stderr, "kvlingo translator plot: cannot create a temporary file\n"); return 1; }
+    char *list = strdup(csv);
+    long offset = 0, rows = 0;
+    int rc = 0, runs = 0;
+    for (char *save = NULL, *f = strtok_r(list, ",", &save); f && !rc; f = strtok_r(NULL, ",", &save)) {
+        FILE *in = fopen(f, "r");
+        if (!in) { fprintf(stderr, "kvlingo translator plot: %s: cannot open\n", f); rc = 1; break; }
+        char line[512];
+        long last = 0, ln = 0;
+        while (fgets(line, sizeof line, in)) {
+            ln++;
+            if (ln == 1) {
+                if (strncmp(line, "step,loss,kl_ema,lr,tokens_per_s", 32)) {
+                    fprintf(stderr, "kvlingo translator plot: %s:1: not a loss curve of `translator train` "
+                            "(header step,loss,kl_ema,lr,tokens_per_s expected)\n", f);
+                    rc = 1;
+                }
+                continue;
+            }
+            long step;
+            double loss, ema, lr, tps;
+            if (sscanf(line, "%ld,%lf,%lf,%lf,%lf", &step, &loss, &ema, &lr, &tps) != 5) {
+                fprintf(stderr, "kvlingo translator plot: %s:%ld: expected 5 numbers\n", f, ln);
+                rc = 1;
+                break;
+            }
+            fprintf(d, "%ld %.9g %.9g %.9g %.9g %d\n", offset + step, loss, ema, lr, tps, runs);
+            last = step;
+            rows++;
+        }
+        fclose(in);
+        offset += last;
+        runs++;
+    }
+    free(list);
+    fclose(d);
+    if (!rc && rows == 0) { fprintf(stderr, "kvlingo translator plot: %s: no rows\n", csv); rc = 1; }
+    if (rc) { unlink(tmp); return rc; }
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s", prog ? prog : "gnuplot");
+    FILE *g = popen(cmd, "w");
+    if (!g) { fprintf(stderr, "kvlingo translator plot: cannot run %s\n", cmd); unlink(tmp); return 1; }
+    fputs("set terminal pngcairo size 1100,800 font ',10'\nset output ", g);
+    gp_quote(g, out);
+    fputs("\nset multiplot layout 2,1 title ", g);
+    gp_quote(g, title ? title : csv);
+    fputs("\nset grid\nset key top right\nset logscale y\nset ylabel 'KL(teacher || student), nats'\n"
+          "set y2label 'tokens/s'\nset y2tics\nset ytics nomirror\nunset xlabel\n", g);
+    fputs("plot ", g);
+    gp_quote(g, tmp);
+    fputs(" using 1:2 with points pt 7 ps 0.3 lc rgb '#9ecae1' title 'loss (step KL)', '' using 1:3 "
+          "with lines lw 2 lc rgb '#08519c' title 'KL moving average', '' using 1:5 axes x1y2 with "
+          "lines lc rgb '#bbbbbb' title 'tokens/s'\n", g);
+    fputs("unset logscale y\nunset y2tics\nunset y2label\nset ytics mirror\nset xlabel 'step'\n"
+          "set ylabel 'learning rate'\nplot ", g);
+    gp_quote(g, tmp);
+    fputs(" using 1:4 with lines lw 2 lc rgb '#d94801' title 'lr'\nunset multiplot\n", g);
+    int st = pclose(g);
+    unlink(tmp);
+    if (st != 0) {
+        fprintf(stderr, "kvlingo translator plot: %s failed (exit status %d); is gnuplot installed "
+                "(Debian: apt-get install gnuplot-nox)?\n", cmd, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+        return 1;
+    }
+    fprintf(stderr, "translator plot: %ld steps of %d run(s) -> %s\n", rows, runs, out);
+    return 0;
+}
+
 int cmd_translator(int argc, char **argv) {
     const char *sub = argc >= 3 ? argv[2] : NULL;
     if (sub && !strcmp(sub, "train")) return cmd_train(argc, argv);
     if (sub && !strcmp(sub, "eval")) return cmd_eval(argc, argv);
     if (sub && !strcmp(sub, "info")) return cmd_tr_info(argc, argv);
     if (sub && !strcmp(sub, "import")) return cmd_import(argc, argv);
+    if (sub && !strcmp(sub, "plot")) return cmd_plot(argc, argv);
     int help = sub && (!strcmp(sub, "--help") || !strcmp(sub, "-h"));
     fprintf(help ? stdout : stderr, "usage: kvlingo translator (train | eval | info | import | plot) [options]   (--help for each)\n");
     return help ? 0 : 2;

@@ -24,6 +24,7 @@ static void usage(FILE *f) {
           "              [--prefix-len P] [--cont-len C] [--samples N] [--turns K] [--json]\n"
           "  translator  info FILE [--json]                          pair, geometry, figures\n"
           "  translator  import --layout plain --in FILE --source DIR --target DIR --out FILE\n"
+          "  translator  plot --csv FILE[,FILE...] --out FILE.png       loss curve of training (gnuplot)\n"
           "  bench switch --source DIR|SHAPE --target DIR|SHAPE [--device cpu|cuda] [--lengths 64,1024]\n"
           "\n"
           "\n"
