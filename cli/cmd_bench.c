@@ -289,7 +289,7 @@ static int bench_switch(int argc, char **argv) {
                 cJSON_AddNumberToObject(j, "translate_gbps", gbps);
                 cJSON_AddNumberToObject(j, "copy_gbps", copy_gbps);
             }
-            if (cli_print_json(j)) { rc = 1; goto done; }
+            if (cli_print_json(j)) { rc = 2; goto done; }   /* reported by cli_print_json */
         }
         else
             printf("%8d %14.3f %13.3f %12.3f %7.1fx %15.1f %6.1f%%\n", n, pre * 1e3, trn * 1e3, sw * 1e3,
@@ -298,7 +298,8 @@ static int bench_switch(int argc, char **argv) {
     }
     rc = 0;
 done:
-    if (rc) cli_fail("bench switch", s);
+    if (rc == 1) cli_fail("bench switch", s);
+    if (rc) rc = 1;
     free(prompt);
     bcache_close(&sc);
     bcache_close(&dc);
