@@ -291,7 +291,14 @@ static int cmd_eval(int argc, char **argv) {
     js = kvl_eval_result_json(&r, &ep);
     if (!js) { fprintf(stderr, "kvlingo translator eval: out of memory\n"); goto done; }
     if (json) {
-        puts(js);
+        cJSON *j = cJSON_Parse(js);   /* the figures, plus what was evaluated */
+        if (j) {
+            cJSON_AddStringToObject(j, "translator", file);
+            cJSON_AddStringToObject(j, "source", kvl_model_name(src));
+            cJSON_AddStringToObject(j, "target", kvl_model_name(dst));
+            cJSON_AddStringToObject(j, "text_file", text);
+        }
+        if (cli_print_json(j)) goto done;
     } else {
         printf("%s -> %s on %s: %d samples, prefix %d, continuation %d\n", kvl_model_name(src),
                kvl_model_name(dst), text, r.samples, ep.prefix_len, ep.cont_len);

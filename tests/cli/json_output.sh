@@ -32,6 +32,10 @@ check "generate --json" 'len(d["ids"]) == 4 and isinstance(d["text"], str)' \
 head -c 20000 "$SRC/testdata/corpus/valid.txt" > "$T/v\"al.txt"
 check "eval-ppl --json, hostile text-file name" 'd["text_file"].endswith("v\"al.txt") and d["ppl"] > 1' \
   -- "$KVL" eval-ppl --model "$M" --text-file "$T/v\"al.txt" --window 32 --max-windows 4 --json
+cp "$SRC/models/translators/qwen3-a_to_qwen3-b.safetensors" "$T/t\"r.safetensors"
+check "translator eval --json, hostile names" 'd["translator"].endswith("t\"r.safetensors") and d["text_file"].endswith("v\"al.txt") and d["samples"] == 2 and d["kl"] >= 0' \
+  -- "$KVL" translator eval --translator "$T/t\"r.safetensors" --source "$SRC/models/qwen3-a" --target "$SRC/models/qwen3-b" \
+     --text-file "$T/v\"al.txt" --prefix-len 32 --cont-len 8 --samples 2 --json --quiet
 for f in "$SRC"/models/translators/*.safetensors; do
   cp "$f" "$T/t\"r.safetensors"
   check "translator info --json $(basename "$f")" 'd["file"].endswith("t\"r.safetensors") and isinstance(d["eval"], dict) and "continued_from" in d["training"]' \

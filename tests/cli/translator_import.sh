@@ -29,7 +29,8 @@ hb = json.dumps(hdr).encode(); hb += b" " * ((8 - len(hb) % 8) % 8)
 open(dst, "wb").write(struct.pack("<Q", len(hb)) + hb + b"".join(blobs))
 PYEOF
 }
-EV=(--text-file "$SRC/testdata/corpus/valid.txt" --prefix-len 64 --cont-len 16 --samples 6 --json)
+EV=(--text-file "$SRC/testdata/corpus/valid.txt" --prefix-len 64 --cont-len 16 --samples 6 --json --quiet)
+figures() { python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d.pop("translator"); print(json.dumps(d, sort_keys=True))' "$1"; }
 for pair in qwen3-a_to_qwen3-b qwen3-a_to_qwen2-c; do
   S=${pair%%_to_*}; D=${pair##*_to_}; F="$SRC/models/translators/$pair.safetensors"
   plain "$F" "$T/$pair.plain.safetensors"
@@ -39,6 +40,7 @@ for pair in qwen3-a_to_qwen3-b qwen3-a_to_qwen2-c; do
       --target "$SRC/models/$D" --out "$T/$pair.kvl.safetensors" 2>"$T/log" && ok "$pair: import" || { cat "$T/log"; bad "$pair import"; continue; }
   a=$("$KVL" translator eval --translator "$F" --source "$SRC/models/$S" --target "$SRC/models/$D" "${EV[@]}")
   b=$("$KVL" translator eval --translator "$T/$pair.kvl.safetensors" --source "$SRC/models/$S" --target "$SRC/models/$D" "${EV[@]}")
+  a=$(figures "$a"); b=$(figures "$b")
   [ -n "$a" ] && [ "$a" = "$b" ] && ok "$pair: imported translator gives the same eval figures" || bad "$pair eval differs: $a vs $b"
   "$KVL" translator info "$T/$pair.kvl.safetensors" --json | python3 -c '
 import json, sys; d = json.load(sys.stdin)
