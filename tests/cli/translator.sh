@@ -49,4 +49,17 @@ for f in "$SRC"/models/translators/*.safetensors; do
   grep -qE '^  final +[0-9.]+ ' <<<"$info" && grep -q 'worst ' <<<"$info" && ! grep -q '{' <<<"$info" \
     && ok "info $(basename "$f")" || bad "info $f: $info"
 done
+# every ordered pair of the shipped models has a shipped translator with its stored figures
+for s in qwen3-a qwen3-b qwen2-c; do
+  for d in qwen3-a qwen3-b qwen2-c; do
+    [ "$s" = "$d" ] && continue
+    f="$SRC/models/translators/${s}_to_${d}.safetensors"
+    "$KVL" translator info "$f" --json 2>/dev/null | python3 -c '
+import json, sys; d = json.load(sys.stdin); s, t = sys.argv[1:3]
+assert d["source_name"] == s and d["target_name"] == t
+assert d["eval"]["samples"] == 200 and d["eval"]["prefix_len"] == 256 and d["eval"]["cont_len"] == 64
+assert max(x["ratio"] for x in d["eval_multiturn"]["turns"]) <= 1.05' "$s" "$d" \
+      && ok "shipped $s -> $d: 200-sample eval, multi-turn within 5%" || bad "shipped translator $f"
+  done
+done
 exit $fail
