@@ -3,21 +3,50 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
+#include "clock.h"
 
 #include "kvlingo/backend.h"
 #include "kvlingo/tokenizer.h"
 
+/* "--key=value" becomes "--key" "value", so both spellings parse alike. */
 int cli_args_init(cli_args *a, int argc, char **argv, int first) {
-    a->argc = argc;
-    a->argv = argv;
+    memset(a, 0, sizeof *a);
+    int n = argc;
+    for (int i = first; i < argc; i++)
+        if (!strncmp(argv[i], "--", 2) && strchr(argv[i], '=')) n++;
+    a->argv = calloc((size_t)n + 1, sizeof(char *));
+    a->split = calloc((size_t)n + 1, 1);
+    a->used = calloc((size_t)n + 1, 1);
+    if (!a->argv || !a->split || !a->used) {
+        cli_args_free(a);
+        fprintf(stderr, "kvlingo: out of memory\n");
+        return -1;
+    }
+    int k = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *eq = i >= first && !strncmp(argv[i], "--", 2) ? strchr(argv[i], '=') : NULL;
+        if (!eq) { a->argv[k++] = argv[i]; continue; }
+        a->argv[k] = strndup(argv[i], (size_t)(eq - argv[i]));
+        if (!a->argv[k]) { cli_args_free(a); return -1; }
+        a->split[k++] = 1;
+        a->argv[k++] = (char *)eq + 1;
+    }
+    a->argc = k;
     a->first = first;
-    a->used = calloc((size_t)argc + 1, 1);
-    return a->used ? 0 : -1;
+    return 0;
 }
 
-void cli_args_free(cli_args *a) { free(a->used); }
+void cli_args_free(cli_args *a) {
+    for (int i = 0; a->argv && i < a->argc; i++)
+        if (a->split[i]) free(a->argv[i]);
+    free(a->argv);
+    free(a->split);
+    free(a->used);
+    memset(a, 0, sizeof *a);
+}
 
 static int find(cli_args *a, const char *name) {
     for (int i = a->first; i < a->argc; i++)
@@ -40,6 +69,7 @@ const char *cli_opt(cli_args *a, const char *name, int *err) {
 
 int cli_flag(cli_args *a, const char *name) {
     int i = find(a, name);
+    if (i < 0 && !strcmp(name, "--help")) i = find(a, "-h");
     if (i < 0) return 0;
     a->used[i] = 1;
     return 1;
@@ -168,22 +198,53 @@ char *cli_read_file(const char *path, size_t *len_out) {
     return buf;
 }
 
-void cli_print_json_string(const char *t, size_t len) {
-    putchar('"');
-    for (size_t i = 0; i < len; i++) {
-        unsigned char ch = (unsigned char)t[i];
-        switch (ch) {
-        case '"': fputs("\\\"", stdout); break;
-        case '\\': fputs("\\\\", stdout); break;
-        case '\n': fputs("\\n", stdout); break;
-        case '\r': fputs("\\r", stdout); break;
-        case '\t': fputs("\\t", stdout); break;
-        default:
-            if (ch < 0x20) printf("\\u%04x", ch);
-            else putchar(ch);
+/* Copy of text[len] as valid UTF-8 (each byte of an invalid or truncated sequence becomes
+ * U+FFFD, as Hugging Face's decode does), NUL-terminated; NULL when out of memory. */
+static char *utf8_clean(const char *t, size_t len) {
+    char *o = malloc(len * 3 + 1);
+    if (!o) return NULL;
+    size_t n = 0;
+    const unsigned char *u = (const unsigned char *)t;
+    for (size_t i = 0; i < len;) {
+        unsigned c = u[i];
+        size_t k = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3
+                 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
+        int ok = k > 0 && i + k <= len;
+        for (size_t j = 1; ok && j < k; j++) ok = (u[i + j] & 0xC0) == 0x80;
+        if (ok && k == 3) ok = !(c == 0xE0 && u[i + 1] < 0xA0) && !(c == 0xED && u[i + 1] > 0x9F);
+        if (ok && k == 4) ok = !(c == 0xF0 && u[i + 1] < 0x90) && !(c == 0xF4 && u[i + 1] > 0x8F);
+        if (ok && c == 0) ok = 0;   /* a NUL would end the C string: U+FFFD instead */
+        if (ok) {
+            memcpy(o + n, t + i, k);
+            n += k;
+            i += k;
+        } else {
+            memcpy(o + n, "\xEF\xBF\xBD", 3);
+            n += 3;
+            i++;
         }
     }
-    putchar('"');
+    o[n] = 0;
+    return o;
+}
+
+cJSON *cli_json_add_text(cJSON *obj, const char *key, const char *t, size_t len) {
+    char *c = utf8_clean(t, len);
+    cJSON *item = c ? cJSON_AddStringToObject(obj, key, c) : NULL;
+    free(c);
+    return item;
+}
+
+int cli_print_json(cJSON *j) {
+    char *s = j ? cJSON_PrintUnformatted(j) : NULL;
+    cJSON_Delete(j);
+    if (!s) {
+        fprintf(stderr, "kvlingo: out of memory writing JSON\n");
+        return 1;
+    }
+    puts(s);
+    cJSON_free(s);
+    return 0;
 }
 
 /* Token stream of a text file under the evaluation protocol of models/PROVENANCE.md: each line
@@ -223,4 +284,29 @@ int cli_encode_documents(const char *cmd, kvl_tokenizer *tok, int32_t eos, const
     *out = stream;
     *n_out = n;
     return 0;
+}
+
+void cli_progress_init(cli_progress *p, const char *what, int quiet) {
+    memset(p, 0, sizeof *p);
+    p->what = what;
+    p->quiet = quiet;
+    p->tty = isatty(2);
+    p->t0 = p->last = kvl__now_s();
+    p->last_frac = -1;
+}
+
+void cli_progress_step(cli_progress *p, const char *unit, long done, long total) {
+    if (p->quiet || total <= 0) return;
+    double now = kvl__now_s(), el = now - p->t0, frac = (double)done / (double)total;
+    int end = done >= total;
+    /* a terminal gets one updating line (at most every 0.5 s); a log a line every 10% or 5 s */
+    if (!end && (p->tty ? now - p->last < 0.5 : (frac - p->last_frac < 0.1 && now - p->last < 5))) return;
+    double eta = done > 0 ? el / (double)done * (double)(total - done) : 0;
+    fprintf(stderr, "%s%s: %s %ld/%ld (%.0f%%), %.1f s elapsed%s", p->tty ? "\r" : "", p->what, unit,
+            done, total, 100.0 * frac, el, end ? "" : ", ETA ");
+    if (!end) fprintf(stderr, "%.0f s", eta);
+    fputs(p->tty ? (end ? "   \n" : "   ") : "\n", stderr);
+    fflush(stderr);
+    p->last = now;
+    p->last_frac = frac;
 }

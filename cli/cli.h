@@ -5,14 +5,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
 #include "kvlingo/status.h"
 
-/* Simple --key value / --flag parser over argv[first..argc). */
+/* --key value / --key=value / --flag parser over argv[first..argc); --help also answers -h. */
 typedef struct cli_args {
     int argc;
-    char **argv;
+    char **argv;           /* argv with each "--key=value" split in two (own array) */
     int first;
     unsigned char *used;   /* [argc] marks consumed arguments */
+    unsigned char *split;  /* [argc] 1: argv[i] is an owned copy of a split key */
 } cli_args;
 
 int cli_args_init(cli_args *a, int argc, char **argv, int first);
@@ -41,8 +44,12 @@ int cli_fail(const char *cmd, kvl_status s);
 /* Read a whole file (malloc'ed, NUL-terminated). Prints the error and returns NULL on failure. */
 char *cli_read_file(const char *path, size_t *len_out);
 
-/* Print a JSON string literal (escaped) of text[len] to stdout. */
-void cli_print_json_string(const char *text, size_t len);
+/* JSON output goes through cJSON.  cli_json_add_text adds text[len] under key as a string,
+ * made valid UTF-8 first (invalid bytes become U+FFFD); NULL when out of memory.
+ * cli_print_json prints j on one line to stdout and frees it; non-zero (message on stderr)
+ * when j is NULL or printing runs out of memory. */
+cJSON *cli_json_add_text(cJSON *obj, const char *key, const char *text, size_t len);
+int cli_print_json(cJSON *j);
 
 /* Token stream of a text file under the evaluation protocol: each line is a document, encoded
  * on its own and followed by `eos`; documents concatenated.  *out is malloc'ed.  Prints the
@@ -50,6 +57,16 @@ void cli_print_json_string(const char *text, size_t len);
 struct kvl_tokenizer;
 int cli_encode_documents(const char *cmd, struct kvl_tokenizer *tok, int32_t eos, const char *path,
                          int32_t **out, size_t *n_out);
+
+/* Progress lines on stderr for long commands: an updating line on a terminal, a line every
+ * 10% (or 5 s) otherwise, always the last; nothing when quiet. */
+typedef struct cli_progress {
+    const char *what;
+    int quiet, tty;
+    double t0, last, last_frac;
+} cli_progress;
+void cli_progress_init(cli_progress *p, const char *what, int quiet);
+void cli_progress_step(cli_progress *p, const char *unit, long done, long total);
 
 /* Commands */
 int cmd_info(int argc, char **argv);

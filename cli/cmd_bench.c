@@ -274,12 +274,23 @@ static int bench_switch(int argc, char **argv) {
         double pre = median(t_pre, (int)reps), trn = median(t_tr, (int)reps), sw = median(t_sw, (int)reps);
         double gbps = trn > 0 ? (double)bytes / trn / 1e9 : 0.0;
         double pct = copy_gbps > 0 ? 100.0 * gbps / copy_gbps : 0.0;
-        if (json)
-            printf("{\"source\": \"%s\", \"target\": \"%s\", \"device\": \"%s\", \"tokens\": %d, "
-                   "\"reprefill_ttft_ms\": %.4f, \"translate_ms\": %.4f, \"switch_ttft_ms\": %.4f, "
-                   "\"ratio\": %.3f, \"translate_bytes\": %zu, \"translate_gbps\": %.2f, "
-                   "\"copy_gbps\": %.2f}\n", src_spec, dst_spec, devname, n, pre * 1e3, trn * 1e3,
-                   sw * 1e3, sw > 0 ? pre / sw : 0.0, bytes, gbps, copy_gbps);
+        if (json) {
+            cJSON *j = cJSON_CreateObject();
+            if (j) {
+                cJSON_AddStringToObject(j, "source", src_spec);
+                cJSON_AddStringToObject(j, "target", dst_spec);
+                cJSON_AddStringToObject(j, "device", devname);
+                cJSON_AddNumberToObject(j, "tokens", n);
+                cJSON_AddNumberToObject(j, "reprefill_ttft_ms", pre * 1e3);
+                cJSON_AddNumberToObject(j, "translate_ms", trn * 1e3);
+                cJSON_AddNumberToObject(j, "switch_ttft_ms", sw * 1e3);
+                cJSON_AddNumberToObject(j, "ratio", sw > 0 ? pre / sw : 0.0);
+                cJSON_AddNumberToObject(j, "translate_bytes", (double)bytes);
+                cJSON_AddNumberToObject(j, "translate_gbps", gbps);
+                cJSON_AddNumberToObject(j, "copy_gbps", copy_gbps);
+            }
+            if (cli_print_json(j)) { rc = 2; goto done; }   /* reported by cli_print_json */
+        }
         else
             printf("%8d %14.3f %13.3f %12.3f %7.1fx %15.1f %6.1f%%\n", n, pre * 1e3, trn * 1e3, sw * 1e3,
                    sw > 0 ? pre / sw : 0.0, gbps, pct);
@@ -287,7 +298,8 @@ static int bench_switch(int argc, char **argv) {
     }
     rc = 0;
 done:
-    if (rc) cli_fail("bench switch", s);
+    if (rc == 1) cli_fail("bench switch", s);
+    if (rc) rc = 1;
     free(prompt);
     bcache_close(&sc);
     bcache_close(&dc);

@@ -72,6 +72,7 @@ int cmd_chat(int argc, char **argv) {
     if (s) return cli_fail("chat", s);
     int rc = 0;
     char *sid = NULL;
+    int summary = 0;
     kvl__rpc_result res = {0};
     if (session && session[0]) {
         sid = strdup(session);
@@ -125,7 +126,10 @@ int cmd_chat(int argc, char **argv) {
             printf(" (%u span tokens), TTFT %.2f ms, %u tokens, %.1f tok/s", x->span_tokens,
                    x->ttft_seconds * 1e3, x->n_generated, x->tokens_per_second);
             if (x->fallback_reason && x->fallback_reason[0]) printf(", fallback: %s", x->fallback_reason);
+            if (x->failover_from && x->failover_from[0])
+                printf(", failover from %s (%s)", x->failover_from, x->policy_reason);
             printf("]\n");
+            summary = 1;
         } else {
             fputs(m->text ? m->text : "", stdout);
             fflush(stdout);
@@ -137,6 +141,9 @@ int cmd_chat(int argc, char **argv) {
     if (s) rc = cli_fail("chat", s);
     else if (res.code != GRPC_STATUS_OK) rc = rpc_fail("Send", &res);
 out:
+    /* the session exists (given or created) even when the turn failed: say which, so the
+     * conversation can be continued with --session */
+    if (sid && !summary) fprintf(stderr, "kvlingo chat: session %s (continue with --session %s)\n", sid, sid);
     kvl__rpc_result_clear(&res);
     free(sid);
     kvl__rpc_client_free(cli);

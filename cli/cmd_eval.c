@@ -19,9 +19,11 @@ int cmd_eval_ppl(int argc, char **argv) {
     if (cli_flag(&a, "--help")) {
         puts("usage: kvlingo eval-ppl --model DIR --text-file FILE [--window 256] [--max-windows 200]\n"
              "         [--threads N] [--device cpu|cuda|cuda:N] [--weights-dtype auto|f32|bf16] [--json]\n"
+             "         [--quiet]\n"
              "Perplexity over windows starting at tokens 0, W, 2W, ...: each window reads tokens\n"
              "[s, s+W) from an empty cache and is scored on predicting [s+1, s+W+1).  The file is one\n"
-             "document per line, each followed by <|endoftext|>.");
+             "document per line, each followed by <|endoftext|>.  Progress lines go to stderr\n"
+             "(--quiet: none).");
         cli_args_free(&a);
         return 0;
     }
@@ -33,7 +35,7 @@ int cmd_eval_ppl(int argc, char **argv) {
     kvl_model_params dev = kvl_model_default_params();
     cli_opt_device(&a, &dev, &err);
     cli_opt_weights_dtype(&a, &dev, &err);
-    int json = cli_flag(&a, "--json");
+    int json = cli_flag(&a, "--json"), quiet = cli_flag(&a, "--quiet");
     if (err || cli_args_leftover(&a, "eval-ppl")) { cli_args_free(&a); return 2; }
     cli_args_free(&a);
     if (!dir || !file) { fprintf(stderr, "kvlingo eval-ppl: --model DIR and --text-file FILE are required\n"); return 2; }
@@ -63,6 +65,10 @@ int cmd_eval_ppl(int argc, char **argv) {
     if (!logits) { fprintf(stderr, "kvlingo eval-ppl: out of memory\n"); goto done; }
     double nll = 0.0;
     long windows = 0, preds = 0;
+    long avail = (long)((n > 0 ? n - 1 : 0) / (size_t)W);
+    long todo = avail < max_windows ? avail : max_windows;
+    cli_progress pr;
+    cli_progress_init(&pr, "eval-ppl", quiet);
     for (long i = 0; i < max_windows; i++) {
         size_t st = (size_t)i * (size_t)W;
         if (st + (size_t)W + 1 > n) break;
@@ -74,14 +80,25 @@ int cmd_eval_ppl(int argc, char **argv) {
             preds++;
         }
         windows++;
+        cli_progress_step(&pr, "windows", windows, todo);
     }
     if (preds == 0) {
         fprintf(stderr, "kvlingo eval-ppl: %s: %zu tokens are too few for one window of %ld\n", file, n, W);
         goto done;
     }
     double ppl = exp(nll / preds);
-    if (json) printf("{\"ppl\": %.6f, \"predictions\": %ld, \"windows\": %ld, \"tokens\": %zu}\n", ppl, preds, windows, n);
-    else printf("perplexity %.4f over %ld predictions (%ld windows of %ld; %zu tokens in %s)\n", ppl, preds,
+    if (json) {
+        cJSON *j = cJSON_CreateObject();
+        if (j) {
+            cJSON_AddNumberToObject(j, "ppl", ppl);
+            cJSON_AddNumberToObject(j, "predictions", (double)preds);
+            cJSON_AddNumberToObject(j, "windows", (double)windows);
+            cJSON_AddNumberToObject(j, "tokens", (double)n);
+            cJSON_AddStringToObject(j, "model", kvl_model_name(m));
+            cJSON_AddStringToObject(j, "text_file", file);
+        }
+        if (cli_print_json(j)) goto done;
+    } else printf("perplexity %.4f over %ld predictions (%ld windows of %ld; %zu tokens in %s)\n", ppl, preds,
                 windows, W, n, file);
     rc = 0;
 done:
@@ -136,12 +153,18 @@ int cmd_tokenize(int argc, char **argv) {
     kvl_status s = kvl_tokenizer_encode(tok, text, len, &ids, &n);
     free(buf);
     if (s != KVL_OK) { kvl_tokenizer_free(tok); return cli_fail("tokenize", s); }
-    if (json) printf("{\"ids\": [");
-    for (size_t i = 0; i < n; i++) printf("%s%d", i ? (json ? ", " : ",") : "", ids[i]);
-    printf(json ? "]}\n" : "\n");
+    int rc = 0;
+    if (json) {
+        cJSON *j = cJSON_CreateObject(), *arr = j ? cJSON_AddArrayToObject(j, "ids") : NULL;
+        for (size_t i = 0; arr && i < n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+        rc = cli_print_json(j);
+    } else {
+        for (size_t i = 0; i < n; i++) printf("%s%d", i ? "," : "", ids[i]);
+        printf("\n");
+    }
     free(ids);
     kvl_tokenizer_free(tok);
-    return 0;
+    return rc;
 }
 
 int cmd_detokenize(int argc, char **argv) {
@@ -172,9 +195,9 @@ int cmd_detokenize(int argc, char **argv) {
     kvl_tokenizer_free(tok);
     if (s != KVL_OK) return cli_fail("detokenize", s);
     if (json) {
-        printf("{\"text\": ");
-        cli_print_json_string(text, len);
-        printf("}\n");
+        cJSON *j = cJSON_CreateObject();
+        if (j && !cli_json_add_text(j, "text", text, len)) { cJSON_Delete(j); j = NULL; }
+        if (cli_print_json(j)) { free(text); return 1; }
     } else {
         fwrite(text, 1, len, stdout);
         putchar('\n');

@@ -40,16 +40,30 @@ int cmd_info(int argc, char **argv) {
     long long params = (long long)kvl_config_param_count(c);
     size_t kvb = kvl_config_kv_bytes_per_token(c);
     if (json) {
-        printf("{\"name\": \"%s\", \"architecture\": \"%s\", \"layers\": %d, \"hidden_size\": %d, "
-               "\"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"intermediate_size\": %d, "
-               "\"vocab_size\": %d, \"rope_theta\": %g, \"rope_type\": \"%s\", \"rope_factor\": %g, \"qk_norm\": %s, \"qkv_bias\": %s, "
-               "\"tie_word_embeddings\": %s, \"dtype\": \"%s\", \"parameters\": %lld, "
-               "\"kv_bytes_per_token\": %zu, \"hash\": \"%s\"}\n",
-               kvl_model_name(m), c->architecture, c->n_layers, c->hidden_size, c->n_heads,
-               c->n_kv_heads, c->head_dim, c->intermediate_size, c->vocab_size, c->rope_theta,
-               kvl_rope_type_name(c->rope.type), c->rope.factor, c->qk_norm ? "true" : "false", c->qkv_bias ? "true" : "false",
-               c->tie_word_embeddings ? "true" : "false", dtype_word(c->weight_dtype), params, kvb,
-               kvl_model_hash(m));
+        cJSON *j = cJSON_CreateObject();
+        if (j) {
+            cJSON_AddStringToObject(j, "name", kvl_model_name(m));
+            cJSON_AddStringToObject(j, "architecture", c->architecture);
+            cJSON_AddNumberToObject(j, "layers", c->n_layers);
+            cJSON_AddNumberToObject(j, "hidden_size", c->hidden_size);
+            cJSON_AddNumberToObject(j, "heads", c->n_heads);
+            cJSON_AddNumberToObject(j, "kv_heads", c->n_kv_heads);
+            cJSON_AddNumberToObject(j, "head_dim", c->head_dim);
+            cJSON_AddNumberToObject(j, "intermediate_size", c->intermediate_size);
+            cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
+            cJSON_AddNumberToObject(j, "rope_theta", c->rope_theta);
+            cJSON_AddStringToObject(j, "rope_type", kvl_rope_type_name(c->rope.type));
+            cJSON_AddNumberToObject(j, "rope_factor", c->rope.factor);
+            cJSON_AddBoolToObject(j, "qk_norm", c->qk_norm);
+            cJSON_AddBoolToObject(j, "qkv_bias", c->qkv_bias);
+            cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tie_word_embeddings);
+            cJSON_AddStringToObject(j, "dtype", dtype_word(c->weight_dtype));
+            cJSON_AddNumberToObject(j, "parameters", (double)params);
+            cJSON_AddNumberToObject(j, "kv_bytes_per_token", (double)kvb);
+            cJSON_AddStringToObject(j, "hash", kvl_model_hash(m));
+            cJSON_AddStringToObject(j, "dir", kvl_model_dir(m));
+        }
+        if (cli_print_json(j)) { kvl_model_free(m); return 1; }
     } else {
         printf("model          %s (%s)\n", kvl_model_name(m), kvl_model_dir(m));
         printf("architecture   %s\n", c->architecture);
@@ -190,18 +204,20 @@ int cmd_generate(int argc, char **argv) {
     if (s != KVL_OK) { rc = cli_fail("generate", s); goto done; }
     double t_total = kvl__now_s() - t0;
     if (json) {
-        printf("{\"ids\": [");
-        for (long i = 0; i < n_out; i++) printf("%s%d", i ? ", " : "", out[i]);
-        printf("]");
+        cJSON *j = cJSON_CreateObject(), *arr = j ? cJSON_AddArrayToObject(j, "ids") : NULL;
+        for (long i = 0; arr && i < n_out; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(out[i]));
         if (tok) {
             char *text = NULL;
             size_t len = 0;
-            if ((s = kvl_tokenizer_decode(tok, out, (size_t)n_out, &text, &len)) != KVL_OK) { rc = cli_fail("generate", s); goto done; }
-            printf(", \"text\": ");
-            cli_print_json_string(text, len);
+            if ((s = kvl_tokenizer_decode(tok, out, (size_t)n_out, &text, &len)) != KVL_OK) {
+                cJSON_Delete(j);
+                rc = cli_fail("generate", s);
+                goto done;
+            }
+            if (j) cli_json_add_text(j, "text", text, len);
             free(text);
         }
-        printf("}\n");
+        if (cli_print_json(j)) goto done;
     } else {
         if (dt) {
             size_t len;

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -45,15 +46,24 @@ static double rss_mib(void) {
 }
 
 typedef struct progress_state {
-    int tty;
+    int tty, quiet;
     int log_every;
     double loss_ema;
+    FILE *csv;                     /* loss curve, one row per step (NULL: none) */
+    const kvl_train_params *tp;
+    int step0;                     /* steps done before this run (a resume) */
 } progress_state;
 
 static int on_progress(void *user, int step, int steps, double loss, double tok_s, double el,
                        size_t mem) {
     progress_state *ps = user;
     ps->loss_ema = ps->loss_ema < 0 ? loss : 0.9 * ps->loss_ema + 0.1 * loss;
+    if (ps->csv) {
+        fprintf(ps->csv, "%d,%.6f,%.6f,%.6g,%.1f\n", step, loss, ps->loss_ema,
+                kvl_train_lr_at(ps->tp, step - 1), tok_s);
+        fflush(ps->csv);
+    }
+    if (ps->quiet) return 0;
     double eta = step > 0 ? el / step * (steps - step) : 0;
     if (ps->tty) {
         fprintf(stderr, "\rstage 2: step %d/%d  KL %.4f (avg %.4f)  %.0f tok/s  %.0fs elapsed, ETA %.0fs  "
@@ -79,12 +89,16 @@ static int cmd_train(int argc, char **argv) {
              "         [--per-window 1]\n"
              "         [--stage1-only] [--stage1-out FILE] [--ridge-tokens 65536] [--init FILE]\n"
              "         [--checkpoint FILE] [--checkpoint-every 50] [--resume CKPT] [--bf16]\n"
+             "         [--loss-csv FILE (default: OUT with .csv for .safetensors)] [--quiet]\n"
              "Stage 1 (ridge regression from streamed Gram matrices, lambda chosen on held-out tokens of\n"
              "the corpus's end), then stage 2 (distillation: mean KL(teacher || student) over the\n"
              "continuation, target frozen, AdamW + warm-up + cosine decay).  The corpus is one document\n"
              "per line.  --init FILE starts stage 2 from a saved translator instead of stage 1.\n"
              "--per-window K: K samples of a step share one text window (different prefix lengths), so\n"
-             "one teacher and one source pass serve K samples.");
+             "one teacher and one source pass serve K samples.\n"
+             "The loss curve goes to a CSV (step, loss = the step's mean KL(teacher || student),\n"
+             "kl_ema = its moving average, lr, tokens_per_s; `kvlingo translator plot` draws it);\n"
+             "progress lines go to stderr (--quiet: none).");
         cli_args_free(&a);
         return 0;
     }
@@ -109,6 +123,8 @@ static int cmd_train(int argc, char **argv) {
     tp.resume = cli_opt(&a, "--resume", &err);
     long ridge_tokens = cli_opt_long(&a, "--ridge-tokens", 65536, 256, 1L << 40, &err);
     int stage1_only = cli_flag(&a, "--stage1-only"), bf16 = cli_flag(&a, "--bf16");
+    int quiet = cli_flag(&a, "--quiet");
+    const char *csv_opt = cli_opt(&a, "--loss-csv", &err);
     if (err || cli_args_leftover(&a, "translator train")) { cli_args_free(&a); return 2; }
     cli_args_free(&a);
     if (!sdir || !ddir || !corpus || !out) {
@@ -125,6 +141,7 @@ static int cmd_train(int argc, char **argv) {
     int rc = 1;
     kvl_status s;
     double t0 = kvl__now_s(), t1;
+    FILE *ps_csv_close = NULL;
     if ((s = kvl_model_load(sdir, &mp, &src)) || (s = kvl_model_load(ddir, &mp, &dst))) {
         rc = cli_fail("translator train", s);
         goto done;
@@ -158,7 +175,25 @@ static int cmd_train(int argc, char **argv) {
         if (s1) fprintf(stderr, "stage 1: wrote %s\n", s1);
         if (stage1_only) { rc = 0; goto done; }
     }
-    progress_state ps = {.tty = isatty(2), .log_every = tp.steps >= 100 ? tp.steps / 50 : 1, .loss_ema = -1};
+    progress_state ps = {.tty = isatty(2), .quiet = quiet, .log_every = tp.steps >= 100 ? tp.steps / 50 : 1,
+                         .loss_ema = -1, .tp = &tp};
+    char csv_path[4096];
+    if (csv_opt) snprintf(csv_path, sizeof csv_path, "%s", csv_opt);
+    else {
+        size_t ol = strlen(out);
+        const char *ext = ".safetensors";
+        size_t el = strlen(ext);
+        int cut = ol > el && !strcmp(out + ol - el, ext);
+        snprintf(csv_path, sizeof csv_path, "%.*s.csv", (int)(cut ? ol - el : ol), out);
+    }
+    /* a resumed run appends to the curve it continues */
+    int append = tp.resume && access(csv_path, F_OK) == 0;
+    ps.csv = ps_csv_close = fopen(csv_path, append ? "a" : "w");
+    if (!ps.csv) {
+        fprintf(stderr, "kvlingo translator train: --loss-csv %s: cannot write\n", csv_path);
+        goto done;
+    }
+    if (!append) fputs("step,loss,kl_ema,lr,tokens_per_s\n", ps.csv);
     tp.progress = on_progress;
     tp.user = &ps;
     double fl = 0;
@@ -171,14 +206,20 @@ static int cmd_train(int argc, char **argv) {
         rc = cli_fail("translator train", s);
         goto done;
     }
-    fprintf(stderr, "stage 2: final KL (mean of the last 10%% of steps) %.4f; wrote %s\n", fl, out);
+    fprintf(stderr, "stage 2: final KL (mean of the last 10%% of steps) %.4f; wrote %s (loss curve %s)\n",
+            fl, out, csv_path);
     rc = 0;
 done:
+    if (ps_csv_close) fclose(ps_csv_close);
     kvl_translator_free(tr);
     free(stream);
     kvl_model_free(src);
     kvl_model_free(dst);
     return rc;
+}
+
+static void on_eval_progress(void *user, const char *phase, int done, int total) {
+    cli_progress_step(user, phase, done, total);
 }
 
 static int cmd_eval(int argc, char **argv) {
@@ -190,7 +231,7 @@ static int cmd_eval(int argc, char **argv) {
              "         [--prefix-len 256] [--cont-len 64] [--samples 200] [--json] [--threads N]\n"
              "         [--device cpu|cuda|cuda:N]\n"
              "         [--turns K [--turn-len 64] [--sessions 20] [--reverse FILE]]\n"
-             "         [--store KEY [--store-file FILE]]\n"
+             "         [--store KEY [--store-file FILE]] [--quiet]\n"
              "Token stream = each line encoded + <|endoftext|>; sample i = stream[i(P+C), (i+1)(P+C)); the\n"
              "cache (native, translated, none) covers prefix[0, P-1) at positions 0..P-2, the target reads\n"
              "prefix[P-1] and continuation[0, C-1) and is scored on the C continuation tokens.\n"
@@ -198,7 +239,8 @@ static int cmd_eval(int argc, char **argv) {
              "span is translated; --reverse gives the target->source translator, else the source re-prefills\n"
              "its missing span); per-turn perplexity against re-prefill.  --store KEY writes the JSON figures\n"
              "into the metadata of the evaluated translator file (or of --store-file FILE, a translator of\n"
-             "the same pair) under KEY (e.g. eval, eval_stage1, eval_multiturn).");
+             "the same pair) under KEY (e.g. eval, eval_stage1, eval_multiturn).  Progress lines go\n"
+             "to stderr (--quiet: none).");
         cli_args_free(&a);
         return 0;
     }
@@ -216,7 +258,7 @@ static int cmd_eval(int argc, char **argv) {
     int threads = (int)cli_opt_long(&a, "--threads", 0, 0, 1024, &err);
     kvl_model_params dev = kvl_model_default_params();
     cli_opt_device(&a, &dev, &err);
-    int json = cli_flag(&a, "--json");
+    int json = cli_flag(&a, "--json"), quiet = cli_flag(&a, "--quiet");
     if (err || cli_args_leftover(&a, "translator eval")) { cli_args_free(&a); return 2; }
     cli_args_free(&a);
     if (!file || !sdir || !ddir || !text) {
@@ -239,13 +281,24 @@ static int cmd_eval(int argc, char **argv) {
         goto done;
     }
     ep.reverse = rtr;
+    cli_progress pr;
+    cli_progress_init(&pr, "translator eval", quiet);
+    ep.progress = on_eval_progress;
+    ep.user = &pr;
     if (encode_corpus("translator eval", ddir, text, &stream, &n)) goto done;
     kvl_eval_result r;
     if ((s = kvl_translator_evaluate(tr, src, dst, stream, n, &ep, &r))) { rc = cli_fail("translator eval", s); goto done; }
     js = kvl_eval_result_json(&r, &ep);
     if (!js) { fprintf(stderr, "kvlingo translator eval: out of memory\n"); goto done; }
     if (json) {
-        puts(js);
+        cJSON *j = cJSON_Parse(js);   /* the figures, plus what was evaluated */
+        if (j) {
+            cJSON_AddStringToObject(j, "translator", file);
+            cJSON_AddStringToObject(j, "source", kvl_model_name(src));
+            cJSON_AddStringToObject(j, "target", kvl_model_name(dst));
+            cJSON_AddStringToObject(j, "text_file", text);
+        }
+        if (cli_print_json(j)) goto done;
     } else {
         printf("%s -> %s on %s: %d samples, prefix %d, continuation %d\n", kvl_model_name(src),
                kvl_model_name(dst), text, r.samples, ep.prefix_len, ep.cont_len);
@@ -291,56 +344,275 @@ done:
     return rc;
 }
 
+static double jnum(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
+/* The evaluation record under metadata `key` as one table row; nothing when absent. */
+static void print_eval_row(const kvl_translator *tr, const char *key, const char *label) {
+    cJSON *e = cJSON_Parse(kvl_translator_metadata(tr, key) ? kvl_translator_metadata(tr, key) : "");
+    if (e && cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(e, "kl")))
+        printf("  %-10s %8.4f %8.3f %8.2f %10.2f %10.2f %8.3f %8.0f\n", label, jnum(e, "kl"),
+               jnum(e, "top1_agreement"), jnum(e, "ppl_native"), jnum(e, "ppl_translated"),
+               jnum(e, "ppl_no_context"), jnum(e, "context_gain_recovered"), jnum(e, "samples"));
+    cJSON_Delete(e);
+}
+
+static int print_info_json(const kvl_translator *tr, const char *file) {
+    cJSON *j = cJSON_CreateObject();
+    if (j) cJSON_AddStringToObject(j, "file", file);
+    for (int i = 0; j && i < kvl_translator_metadata_count(tr); i++) {
+        const char *k = kvl_translator_metadata_key(tr, i), *v = kvl_translator_metadata_value(tr, i);
+        cJSON *val = (v[0] == '{' || v[0] == '[') ? cJSON_Parse(v) : NULL;   /* JSON stays JSON */
+        if (!val) val = cJSON_CreateString(v);
+        if (val) cJSON_AddItemToObject(j, k, val);
+    }
+    return cli_print_json(j);
+}
+
+static void print_info_table(const kvl_translator *tr, const char *file) {
+    kvl_translator_geometry g;
+    kvl_translator_get_geometry(tr, &g);
+    const char *sn = kvl_translator_source_name(tr), *tn = kvl_translator_target_name(tr);
+    printf("translator %s\n", file);
+    printf("  %-7s %-10s %-18s %6s %8s %8s\n", "side", "model", "hash", "layers", "kv heads", "head_dim");
+    printf("  %-7s %-10s %-18s %6d %8d %8d\n", "source", sn ? sn : "?",
+           kvl_translator_source_hash(tr) ? kvl_translator_source_hash(tr) : "-", g.src_layers,
+           g.src_kv_heads, g.src_head_dim);
+    printf("  %-7s %-10s %-18s %6d %8d %8d%s\n", "target", tn ? tn : "?",
+           kvl_translator_target_hash(tr) ? kvl_translator_target_hash(tr) : "-", g.dst_layers,
+           g.dst_kv_heads, g.dst_head_dim, g.dst_qk_norm ? "  (k_norm)" : "");
+    printf("  maps: %d x 2 of [%d, %d]; layer map (target <- source):", g.dst_layers,
+           g.dst_kv_heads * g.dst_head_dim, g.src_kv_heads * g.src_head_dim);
+    for (int l = 0; l < g.dst_layers; l++) printf(" %d<-%d", l, kvl_translator_layer_map(tr, l));
+    printf("\n");
+    const char *corpus = kvl_translator_metadata(tr, "corpus");
+    if (corpus) printf("  corpus: %s\n", corpus);
+    if (kvl_translator_metadata(tr, "imported_from"))
+        printf("  imported from: %s\n", kvl_translator_metadata(tr, "imported_from"));
+    cJSON *s1 = cJSON_Parse(kvl_translator_metadata(tr, "stage1") ? kvl_translator_metadata(tr, "stage1") : "");
+    if (s1)
+        printf("  stage 1 (ridge): %.0f train tokens, %.0f held-out tokens\n", jnum(s1, "train_tokens"),
+               jnum(s1, "heldout_tokens"));
+    cJSON_Delete(s1);
+    /* training runs, oldest first: the record nests each earlier run under continued_from */
+    cJSON *t = cJSON_Parse(kvl_translator_metadata(tr, "training") ? kvl_translator_metadata(tr, "training") : "");
+    const cJSON *runs[64];
+    int nr = 0;
+    for (const cJSON *r = t; r && cJSON_IsObject(r) && nr < 64;
+         r = cJSON_GetObjectItemCaseSensitive(r, "continued_from"))
+        runs[nr++] = r;
+    if (nr) {
+        printf("  stage 2 runs:\n  %3s %6s %5s %4s %8s %6s %4s %9s %8s\n", "run", "steps", "batch", "win",
+               "lr", "warmup", "seed", "final KL", "seconds");
+        for (int i = nr - 1, k = 1; i >= 0; i--, k++)
+            printf("  %3d %6.0f %5.0f %4.0f %8.2g %6.0f %4.0f %9.5f %8.1f\n", k, jnum(runs[i], "steps"),
+                   jnum(runs[i], "batch"), jnum(runs[i], "per_window"), jnum(runs[i], "lr"),
+                   jnum(runs[i], "warmup"), jnum(runs[i], "seed"), jnum(runs[i], "final_kl"),
+                   jnum(runs[i], "seconds"));
+    }
+    cJSON_Delete(t);
+    if (kvl_translator_metadata(tr, "eval") || kvl_translator_metadata(tr, "eval_stage1")) {
+        printf("  evaluation:\n  %-10s %8s %8s %8s %10s %10s %8s %8s\n", "", "KL", "top-1", "ppl nat",
+               "ppl transl", "ppl no ctx", "gain", "samples");
+        print_eval_row(tr, "eval_stage1", "stage 1");
+        print_eval_row(tr, "eval", "final");
+    }
+    cJSON *mt = cJSON_Parse(kvl_translator_metadata(tr, "eval_multiturn") ? kvl_translator_metadata(tr, "eval_multiturn") : "");
+    const cJSON *turns = cJSON_GetObjectItemCaseSensitive(mt, "turns"), *x;
+    if (cJSON_IsArray(turns)) {
+        double worst = 0;
+        printf("  multi-turn (%.0f sessions, %.0f tokens a turn): ratio translated / re-prefill per turn\n   ",
+               jnum(mt, "sessions"), jnum(mt, "turn_len"));
+        cJSON_ArrayForEach(x, turns) {
+            double r = jnum(x, "ratio");
+            printf(" %.3f", r);
+            if (r > worst) worst = r;
+        }
+        printf("\n    worst %.3f\n", worst);
+    }
+    cJSON_Delete(mt);
+    static const char *const shown[] = {"format", "source_name", "source_hash", "target_name",
+        "target_hash", "source_layers", "source_kv_heads", "source_head_dim", "target_layers",
+        "target_kv_heads", "target_head_dim", "target_qk_norm", "layer_map", "stage1", "training",
+        "eval", "eval_stage1", "eval_multiturn", "corpus", "imported_from"};
+    for (int i = 0; i < kvl_translator_metadata_count(tr); i++) {
+        const char *k = kvl_translator_metadata_key(tr, i);
+        int sk = 0;
+        for (size_t j = 0; j < sizeof shown / sizeof shown[0]; j++) sk |= !strcmp(shown[j], k);
+        if (!sk) printf("  %s: %s\n", k, kvl_translator_metadata_value(tr, i));
+    }
+    printf("  (--json prints the full record)\n");
+}
+
 static int cmd_tr_info(int argc, char **argv) {
     if (argc >= 4 && (!strcmp(argv[3], "--help") || !strcmp(argv[3], "-h"))) {
-        puts("usage: kvlingo translator info FILE [--json]\nPair, geometry, layer map, metadata (training, evaluation figures).");
+        puts("usage: kvlingo translator info FILE [--json]\n"
+             "A table of the pair, geometry, layer map, training runs (oldest first) and evaluation\n"
+             "figures; --json prints the whole metadata record as one JSON object.");
         return 0;
     }
     if (argc < 4) { fprintf(stderr, "usage: kvlingo translator info FILE [--json]\n"); return 2; }
     int json = argc >= 5 && !strcmp(argv[4], "--json");
-    if (argc > 5 || (argc == 5 && !json)) { fprintf(stderr, "kvlingo translator info: unexpected argument\n"); return 2; }
+    if (argc > 5 || (argc == 5 && !json)) { fprintf(stderr, "kvlingo translator info: unexpected argument '%s'\n", argv[argc - 1]); return 2; }
     kvl_translator *tr = NULL;
     kvl_status s = kvl_translator_load(argv[3], &tr);
     if (s) return cli_fail("translator info", s);
-    kvl_translator_geometry g;
-    kvl_translator_get_geometry(tr, &g);
-    if (json) {
-        printf("{\"file\": ");
-        cli_print_json_string(argv[3], strlen(argv[3]));
-        for (int i = 0; i < kvl_translator_metadata_count(tr); i++) {
-            const char *k = kvl_translator_metadata_key(tr, i), *v = kvl_translator_metadata_value(tr, i);
-            printf(", ");
-            cli_print_json_string(k, strlen(k));
-            printf(": ");
-            if (v[0] == '{' || v[0] == '[') fputs(v, stdout);   /* JSON values stay JSON */
-            else cli_print_json_string(v, strlen(v));
-        }
-        printf("}\n");
-    } else {
-        printf("translator %s\n", argv[3]);
-        printf("  source %s (hash %s): %d layers, %d kv heads, head_dim %d\n",
-               kvl_translator_source_name(tr) ? kvl_translator_source_name(tr) : "?",
-               kvl_translator_source_hash(tr) ? kvl_translator_source_hash(tr) : "-", g.src_layers,
-               g.src_kv_heads, g.src_head_dim);
-        printf("  target %s (hash %s): %d layers, %d kv heads, head_dim %d%s\n",
-               kvl_translator_target_name(tr) ? kvl_translator_target_name(tr) : "?",
-               kvl_translator_target_hash(tr) ? kvl_translator_target_hash(tr) : "-", g.dst_layers,
-               g.dst_kv_heads, g.dst_head_dim, g.dst_qk_norm ? ", k_norm" : "");
-        printf("  maps: %d x 2 of [%d, %d]; layer map (target <- source):", g.dst_layers,
-               g.dst_kv_heads * g.dst_head_dim, g.src_kv_heads * g.src_head_dim);
-        for (int l = 0; l < g.dst_layers; l++) printf(" %d<-%d", l, kvl_translator_layer_map(tr, l));
-        printf("\n");
-        static const char *const skip[] = {"format", "source_name", "source_hash", "target_name",
-            "target_hash", "source_layers", "source_kv_heads", "source_head_dim", "target_layers",
-            "target_kv_heads", "target_head_dim", "target_qk_norm", "layer_map"};
-        for (int i = 0; i < kvl_translator_metadata_count(tr); i++) {
-            const char *k = kvl_translator_metadata_key(tr, i);
-            int sk = 0;
-            for (size_t j = 0; j < sizeof skip / sizeof skip[0]; j++) sk |= !strcmp(skip[j], k);
-            if (!sk) printf("  %s: %s\n", k, kvl_translator_metadata_value(tr, i));
-        }
-    }
+    int rc = 0;
+    if (json) rc = print_info_json(tr, argv[3]);
+    else print_info_table(tr, argv[3]);
     kvl_translator_free(tr);
+    return rc;
+}
+
+static int cmd_import(int argc, char **argv) {
+    cli_args a;
+    if (cli_args_init(&a, argc, argv, 3)) return 1;
+    int err = 0;
+    if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
+        puts("usage: kvlingo translator import --layout plain --in FILE --source DIR --target DIR --out FILE\n"
+             "         [--bf16]\n"
+             "Turns a translator in the plain layout (tensors layers.{l}.k.weight / layers.{l}.v.weight of\n"
+             "shape [Ht*Dt, Hs*Ds], metadata layer_map, no kvlingo format key) into a kvlingo translator\n"
+             "file: geometry checked against both models, the target's k_norm taken from the target\n"
+             "model, both models' names and hashes recorded.  --bf16 stores the maps in bfloat16\n"
+             "(default float32).");
+        cli_args_free(&a);
+        return 0;
+    }
+    const char *layout = cli_opt(&a, "--layout", &err), *in = cli_opt(&a, "--in", &err);
+    const char *sdir = cli_opt(&a, "--source", &err), *ddir = cli_opt(&a, "--target", &err);
+    const char *out = cli_opt(&a, "--out", &err);
+    int bf16 = cli_flag(&a, "--bf16");
+    if (err || cli_args_leftover(&a, "translator import")) { cli_args_free(&a); return 2; }
+    cli_args_free(&a);
+    if (!layout || !in || !sdir || !ddir || !out) {
+        fprintf(stderr, "kvlingo translator import: --layout, --in, --source, --target and --out are required\n");
+        return 2;
+    }
+    if (strcmp(layout, "plain")) {
+        fprintf(stderr, "kvlingo translator import: --layout '%s' is not known (plain is)\n", layout);
+        return 2;
+    }
+    kvl_model_params mp = kvl_model_default_params();
+    kvl_model *src = NULL, *dst = NULL;
+    kvl_translator *tr = NULL;
+    kvl_status s;
+    int rc = 0;
+    if ((s = kvl_model_load(sdir, &mp, &src)) || (s = kvl_model_load(ddir, &mp, &dst)) ||
+        (s = kvl_translator_import_plain(in, src, dst, &tr)) ||
+        (s = kvl_translator_save(tr, out, bf16 ? KVL_DTYPE_BF16 : KVL_DTYPE_F32)))
+        rc = cli_fail("translator import", s);
+    else
+        fprintf(stderr, "translator import: %s (%s -> %s) -> %s\n", in, kvl_model_name(src),
+                kvl_model_name(dst), out);
+    kvl_translator_free(tr);
+    kvl_model_free(src);
+    kvl_model_free(dst);
+    return rc;
+}
+
+/* Quote s for a gnuplot string literal (single quotes; a quote is doubled). */
+static void gp_quote(FILE *f, const char *s) {
+    fputc('\'', f);
+    for (; *s; s++) {
+        if (*s == '\'') fputc('\'', f);
+        fputc(*s, f);
+    }
+    fputc('\'', f);
+}
+
+static int cmd_plot(int argc, char **argv) {
+    cli_args a;
+    if (cli_args_init(&a, argc, argv, 3)) return 1;
+    int err = 0;
+    if (cli_flag(&a, "--help")) {
+        puts("usage: kvlingo translator plot --csv FILE --out FILE.png [--title TEXT] [--gnuplot PROGRAM]\n"
+             "Renders the loss curve `translator train` writes (step, loss, kl_ema, lr, tokens_per_s) as a\n"
+             "PNG with gnuplot (Debian package gnuplot-nox): KL per step and its moving average on a log\n"
+             "scale, the learning rate below, tokens/s on the right.  Several CSVs of consecutive runs\n"
+             "may be given as --csv A,B,C: their steps are laid end to end.");
+        cli_args_free(&a);
+        return 0;
+    }
+    const char *csv = cli_opt(&a, "--csv", &err), *out = cli_opt(&a, "--out", &err);
+    const char *title = cli_opt(&a, "--title", &err), *prog = cli_opt(&a, "--gnuplot", &err);
+    if (err || cli_args_leftover(&a, "translator plot")) { cli_args_free(&a); return 2; }
+    cli_args_free(&a);
+    if (!csv || !out) {
+        fprintf(stderr, "kvlingo translator plot: --csv and --out are required\n");
+        return 2;
+    }
+    /* lay the runs end to end into one data file gnuplot reads */
+    char tmp[] = "/tmp/kvlingo-plot-XXXXXX";
+    int fd = mkstemp(tmp);
+    FILE *d = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!d) { fprintf(stderr, "kvlingo translator plot: cannot create a temporary file\n"); return 1; }
+    char *list = strdup(csv);
+    long offset = 0, rows = 0;
+    int rc = 0, runs = 0;
+    for (char *save = NULL, *f = strtok_r(list, ",", &save); f && !rc; f = strtok_r(NULL, ",", &save)) {
+        FILE *in = fopen(f, "r");
+        if (!in) { fprintf(stderr, "kvlingo translator plot: %s: cannot open\n", f); rc = 1; break; }
+        char line[512];
+        long last = 0, ln = 0;
+        while (fgets(line, sizeof line, in)) {
+            ln++;
+            if (ln == 1) {
+                if (strncmp(line, "step,loss,kl_ema,lr,tokens_per_s", 32)) {
+                    fprintf(stderr, "kvlingo translator plot: %s:1: not a loss curve of `translator train` "
+                            "(header step,loss,kl_ema,lr,tokens_per_s expected)\n", f);
+                    rc = 1;
+                }
+                continue;
+            }
+            long step;
+            double loss, ema, lr, tps;
+            if (sscanf(line, "%ld,%lf,%lf,%lf,%lf", &step, &loss, &ema, &lr, &tps) != 5) {
+                fprintf(stderr, "kvlingo translator plot: %s:%ld: expected 5 numbers\n", f, ln);
+                rc = 1;
+                break;
+            }
+            fprintf(d, "%ld %.9g %.9g %.9g %.9g %d\n", offset + step, loss, ema, lr, tps, runs);
+            last = step;
+            rows++;
+        }
+        fclose(in);
+        offset += last;
+        runs++;
+    }
+    free(list);
+    fclose(d);
+    if (!rc && rows == 0) { fprintf(stderr, "kvlingo translator plot: %s: no rows\n", csv); rc = 1; }
+    if (rc) { unlink(tmp); return rc; }
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s", prog ? prog : "gnuplot");
+    FILE *g = popen(cmd, "w");
+    if (!g) { fprintf(stderr, "kvlingo translator plot: cannot run %s\n", cmd); unlink(tmp); return 1; }
+    fputs("set terminal pngcairo size 1100,800 font ',10'\nset output ", g);
+    gp_quote(g, out);
+    fputs("\nset multiplot layout 2,1 title ", g);
+    gp_quote(g, title ? title : csv);
+    fputs("\nset grid\nset key top right\nset logscale y\nset ylabel 'KL(teacher || student), nats'\n"
+          "set y2label 'tokens/s'\nset y2tics\nset ytics nomirror\nunset xlabel\n", g);
+    fputs("plot ", g);
+    gp_quote(g, tmp);
+    fputs(" using 1:2 with points pt 7 ps 0.3 lc rgb '#9ecae1' title 'loss (step KL)', '' using 1:3 "
+          "with lines lw 2 lc rgb '#08519c' title 'KL moving average', '' using 1:5 axes x1y2 with "
+          "lines lc rgb '#bbbbbb' title 'tokens/s'\n", g);
+    fputs("unset logscale y\nunset y2tics\nunset y2label\nset ytics mirror\nset xlabel 'step'\n"
+          "set ylabel 'learning rate'\nplot ", g);
+    gp_quote(g, tmp);
+    fputs(" using 1:4 with lines lw 2 lc rgb '#d94801' title 'lr'\nunset multiplot\n", g);
+    int st = pclose(g);
+    unlink(tmp);
+    if (st != 0) {
+        fprintf(stderr, "kvlingo translator plot: %s failed (exit status %d); is gnuplot installed "
+                "(Debian: apt-get install gnuplot-nox)?\n", cmd, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+        return 1;
+    }
+    fprintf(stderr, "translator plot: %ld steps of %d run(s) -> %s\n", rows, runs, out);
     return 0;
 }
 
@@ -349,7 +621,9 @@ int cmd_translator(int argc, char **argv) {
     if (sub && !strcmp(sub, "train")) return cmd_train(argc, argv);
     if (sub && !strcmp(sub, "eval")) return cmd_eval(argc, argv);
     if (sub && !strcmp(sub, "info")) return cmd_tr_info(argc, argv);
+    if (sub && !strcmp(sub, "import")) return cmd_import(argc, argv);
+    if (sub && !strcmp(sub, "plot")) return cmd_plot(argc, argv);
     int help = sub && (!strcmp(sub, "--help") || !strcmp(sub, "-h"));
-    fprintf(help ? stdout : stderr, "usage: kvlingo translator (train | eval | info) [options]   (--help for each)\n");
+    fprintf(help ? stdout : stderr, "usage: kvlingo translator (train | eval | info | import | plot) [options]   (--help for each)\n");
     return help ? 0 : 2;
 }

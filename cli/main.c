@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "kvlingo/version.h"
 
 static void usage(FILE *f) {
     fputs("usage: kvlingo <command> [options]\n"
@@ -25,15 +26,24 @@ static void usage(FILE *f) {
           "              [--prefix-len P] [--cont-len C] [--samples N] [--turns K] [--json]\n"
           "              [--device cpu|cuda|cuda:N]\n"
           "  translator  info FILE [--json]                          pair, geometry, figures\n"
+          "  translator  import --layout plain --in FILE --source DIR --target DIR --out FILE\n"
+          "  translator  plot --csv FILE[,FILE...] --out FILE.png       loss curve of training (gnuplot)\n"
           "  bench switch --source DIR|SHAPE --target DIR|SHAPE [--device cpu|cuda] [--lengths 64,1024]\n"
           "\n"
-          "Run `kvlingo <command> --help` for a command's details.\n", f);
+          "\n"
+          "  --version   version, git commit, build options, backends\n"
+          "Run `kvlingo <command> --help` (or -h) for a command's details and defaults; options take\n"
+          "`--key value` or `--key=value`.\n", f);
 }
 
 int main(int argc, char **argv) {
     if (argc < 2) { usage(stderr); return 2; }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) { usage(stdout); return 0; }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V") || !strcmp(cmd, "version")) {
+        kvl_version_print(stdout, "kvlingo");
+        return 0;
+    }
     if (!strcmp(cmd, "info")) return cmd_info(argc, argv);
     if (!strcmp(cmd, "generate")) return cmd_generate(argc, argv);
     if (!strcmp(cmd, "eval-ppl")) return cmd_eval_ppl(argc, argv);

@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,14 +25,49 @@ void kvld_config_defaults(kvld_config *cfg) {
     cfg->span_timeout_ms = 30000;
 }
 
+/* Every flag, its YAML key (the same name with '_'), what it does and its default. */
+typedef struct kvld_flag {
+    const char *name, *arg, *help, *dflt;
+} kvld_flag;
+
+static const kvld_flag k_flags[] = {
+    {"model", "DIR", "model directory (config.json, tokenizer.json, *.safetensors); required", NULL},
+    {"listen", "HOST:PORT", "gRPC address of the Node service (port 0: any free port)", "127.0.0.1:7070"},
+    {"translators", "DIR", "directory of *.safetensors translators this node applies", "none"},
+    {"transport", "ucx|none", "span transport between nodes", "ucx"},
+    {"metrics", "HOST:PORT", "Prometheus /metrics and /healthz endpoint", "off"},
+    {"device", "cpu|cuda|cuda:N", "compute backend of the model and its caches", "cpu"},
+    {"weights-dtype", "auto|f32|bf16", "weights in memory (auto: bf16 for bf16 checkpoints)", "auto"},
+    {"max-sessions", "N", "sessions held at once", "64"},
+    {"max-context", "N", "tokens per session (0: the model's max_position_embeddings)", "0"},
+    {"max-batch", "N", "sequences per forward pass (continuous batching)", "32"},
+    {"prefill-chunk", "N", "prefill tokens per scheduler step", "256"},
+    {"threads", "N", "BLAS and attention threads (0: all cores)", "0"},
+    {"drain-timeout-ms", "N", "on SIGTERM, wait this long for running work", "30000"},
+    {"span-timeout-ms", "N", "deadline of a span transfer", "30000"},
+    {"config", "FILE.yaml", "read these keys from YAML (key names with '_'); flags override", NULL},
+    {"quiet", NULL, "no per-request log lines (YAML: quiet: 1)", "off"},
+    {"check", NULL, "validate the settings (and the files they name) and exit", NULL},
+    {"version", NULL, "print version, git commit, build options and backends, and exit", NULL},
+    {"help", NULL, "this text (also -h)", NULL},
+};
+#define N_FLAGS (int)(sizeof k_flags / sizeof k_flags[0])
+
 const char *kvld_config_usage(void) {
-    return "usage: kvld --model DIR --listen HOST:PORT [--translators DIR] [--transport ucx|none]\n"
-           "            [--metrics HOST:PORT] [--device cpu|cuda|cuda:N]\n"
-           "            [--weights-dtype auto|f32|bf16]\n"
-           "            [--max-sessions N] [--max-context N]\n"
-           "            [--max-batch N] [--prefill-chunk N] [--threads N]\n"
-           "            [--drain-timeout-ms N] [--span-timeout-ms N] [--quiet]\n"
-           "       kvld --config FILE.yaml   (same keys, with '_' for '-'; flags override)\n";
+    static char buf[4096];
+    if (buf[0]) return buf;
+    size_t n = (size_t)snprintf(buf, sizeof buf,
+                                "usage: kvld --model DIR [options]    (or: kvld --config FILE.yaml [options])\n"
+                                "Serves one model over gRPC (kvlingo.v1.Node).  Options (--key value or --key=value):\n");
+    for (int i = 0; i < N_FLAGS && n < sizeof buf; i++) {
+        char left[64];
+        snprintf(left, sizeof left, "--%s%s%s", k_flags[i].name, k_flags[i].arg ? " " : "",
+                 k_flags[i].arg ? k_flags[i].arg : "");
+        n += (size_t)snprintf(buf + n, sizeof buf - n, "  %-30s %s%s%s%s\n", left, k_flags[i].help,
+                              k_flags[i].dflt ? " (default: " : "", k_flags[i].dflt ? k_flags[i].dflt : "",
+                              k_flags[i].dflt ? ")" : "");
+    }
+    return buf;
 }
 
 static kvl_status set_int(int *dst, const char *key, const char *v, int lo, int hi) {
@@ -132,34 +168,52 @@ kvl_status kvld_config_load_yaml(kvld_config *cfg, const char *path) {
 }
 
 kvl_status kvld_config_parse_args(kvld_config *cfg, int argc, char **argv, int *help) {
-    *help = 0;
-    /* the config file first, so flags override it */
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--config")) {
-            if (i + 1 >= argc) return kvl__errorf(KVL_ERR_INVALID_ARG, "--config needs a file");
-            kvl_status st = kvld_config_load_yaml(cfg, argv[i + 1]);
-            if (st != KVL_OK) return st;
+    kvld_cli_mode mode;
+    kvl_status st = kvld_config_parse_cli(cfg, argc, argv, &mode);
+    *help = mode == KVLD_CLI_HELP;
+    return st;
+}
+
+kvl_status kvld_config_parse_cli(kvld_config *cfg, int argc, char **argv, kvld_cli_mode *mode) {
+    *mode = KVLD_CLI_RUN;
+    struct option opts[N_FLAGS + 1];
+    for (int i = 0; i < N_FLAGS; i++)
+        opts[i] = (struct option){k_flags[i].name, k_flags[i].arg ? required_argument : no_argument, NULL, 1000 + i};
+    opts[N_FLAGS] = (struct option){0, 0, 0, 0};
+    /* pass 1: --help / --version win; the config file is read first, so flags override it */
+    for (int pass = 0; pass < 2; pass++) {
+        optind = 0;   /* glibc: 0 re-initialises the scan */
+        opterr = 0;
+        int c, li;
+        while ((c = getopt_long(argc, argv, "+:h", opts, &li)) != -1) {
+            if (c == 'h') { *mode = KVLD_CLI_HELP; return KVL_OK; }
+            if (c == '?')
+                return kvl__errorf(KVL_ERR_INVALID_ARG, "unknown option '%s'", argv[optind - 1]);
+            if (c == ':')
+                return kvl__errorf(KVL_ERR_INVALID_ARG, "%s needs a value", argv[optind - 1]);
+            const char *name = k_flags[c - 1000].name;
+            if (pass == 0) {
+                if (!strcmp(name, "help")) { *mode = KVLD_CLI_HELP; return KVL_OK; }
+                if (!strcmp(name, "version")) { *mode = KVLD_CLI_VERSION; return KVL_OK; }
+                if (!strcmp(name, "config")) {
+                    kvl_status st = kvld_config_load_yaml(cfg, optarg);
+                    if (st != KVL_OK) return st;
+                }
+                continue;
+            }
+            if (!strcmp(name, "config")) continue;
+            if (!strcmp(name, "quiet")) { cfg->quiet = 1; continue; }
+            if (!strcmp(name, "check")) { *mode = KVLD_CLI_CHECK; continue; }
+            kvl_status st = set_key(cfg, name, optarg);
+            if (st != KVL_OK) {
+                char pre[80];
+                snprintf(pre, sizeof pre, "--%s", name);
+                return kvl__error_prefix(st, pre);
+            }
         }
+        if (optind < argc) return kvl__errorf(KVL_ERR_INVALID_ARG, "unexpected argument '%s'", argv[optind]);
     }
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            *help = 1;
-            return KVL_OK;
-        }
-        if (!strcmp(a, "--quiet")) {
-            cfg->quiet = 1;
-            continue;
-        }
-        if (strncmp(a, "--", 2) != 0)
-            return kvl__errorf(KVL_ERR_INVALID_ARG, "unexpected argument '%s'", a);
-        if (i + 1 >= argc) return kvl__errorf(KVL_ERR_INVALID_ARG, "%s needs a value", a);
-        const char *v = argv[++i];
-        if (!strcmp(a, "--config")) continue;
-        kvl_status st = set_key(cfg, a + 2, v);
-        if (st != KVL_OK) return st;
-    }
-    if (!cfg->model[0]) return kvl__errorf(KVL_ERR_INVALID_ARG, "--model DIR is required");
+    if (!cfg->model[0]) return kvl__errorf(KVL_ERR_INVALID_ARG, "--model DIR is required (or model: in --config)");
     if (strcmp(cfg->transport, "ucx") && strcmp(cfg->transport, "none"))
         return kvl__errorf(KVL_ERR_INVALID_ARG, "--transport '%s': expected ucx or none",
                           cfg->transport);

@@ -33,6 +33,12 @@ kvl_status kvld_config_parse_args(kvld_config *cfg, int argc, char **argv, int *
 /* Read a YAML mapping of the same keys (max_sessions: 16, model: models/qwen3-a, ...). */
 kvl_status kvld_config_load_yaml(kvld_config *cfg, const char *path);
 
+typedef enum kvld_cli_mode { KVLD_CLI_RUN, KVLD_CLI_HELP, KVLD_CLI_VERSION, KVLD_CLI_CHECK } kvld_cli_mode;
+/* As kvld_config_parse_args (getopt_long: --key value, --key=value, -h), telling whether the
+ * line asks for help, the version, a check of the settings, or a run. */
+kvl_status kvld_config_parse_cli(kvld_config *cfg, int argc, char **argv, kvld_cli_mode *mode);
+
+/* The --help text: every flag with what it does and its default. */
 const char *kvld_config_usage(void);
 
 #endif

@@ -131,11 +131,13 @@ def main():
     a = ap.parse_args()
     import grpc
     c = RouterClient(a.router)
+    sid, summary = "", False
     try:
         if a.list_nodes:
             print(c.list_nodes())
             return 0
         sid = a.session or c.create_session()
+        summary = False
         for piece, s in c.send(sid, a.text, max_tokens=a.max_tokens, model=a.model,
                                escalate=a.escalate):
             if s is None:
@@ -148,8 +150,13 @@ def main():
                           s.span_tokens, s.ttft_seconds * 1e3, s.n_generated,
                           s.tokens_per_second,
                           ", fallback: " + s.fallback_reason if s.fallback_reason else ""))
+                if s.failover_from:
+                    print("[failover from %s: %s]" % (s.failover_from, s.policy_reason))
+                summary = True
     except grpc.RpcError as e:
         print("error: %s: %s" % (e.code().name, e.details()), file=sys.stderr)
+        if sid and not summary:   # the session exists even though the turn failed
+            print("session %s (continue with --session %s)" % (sid, sid), file=sys.stderr)
         return 1
     return 0
 

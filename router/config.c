@@ -51,6 +51,9 @@ static kvl_status parse_nodes(kvl__svc_yaml *y, kvr_config *c, yaml_node_t *seq)
     if (n < 1)
         return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key 'nodes': at least one node is required",
                           y->file, kvl__svc_yaml_line(seq));
+    if (n > KVR_CFG_MAX_NODES)
+        return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key 'nodes': %d nodes, at most %d", y->file,
+                          kvl__svc_yaml_line(seq), n, KVR_CFG_MAX_NODES);
     c->nodes = calloc((size_t)n, sizeof *c->nodes);
     if (!c->nodes) return kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
     for (int i = 0; i < n; i++) {
@@ -65,6 +68,14 @@ static kvl_status parse_nodes(kvl__svc_yaml *y, kvr_config *c, yaml_node_t *seq)
         if (!s) s = need_str(&l, "address", &nc->address);
         if (!s) s = need_str(&l, "model", &nc->model);
         if (!s) s = kvl__svc_kv_check_unused(&l);
+        static const char *const lk[] = {"name", "model", "address"};
+        for (int k = 0; k < 3 && !s; k++) {
+            const char *v = k == 0 ? nc->name : k == 1 ? nc->model : nc->address;
+            size_t cap = k == 2 ? KVR_CFG_ADDRESS_MAX : KVR_CFG_NAME_MAX;
+            if (strlen(v) >= cap)
+                s = kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s.%s': %zu characters, at most %zu",
+                               y->file, kvl__svc_kv_line(&l, lk[k]), sect, lk[k], strlen(v), cap - 1);
+        }
         if (!s) {
             char key[48];
             snprintf(key, sizeof key, "%s.address", sect);
@@ -132,13 +143,20 @@ static kvl_status parse_root(kvl__svc_yaml *y, kvr_config *c, const char *name) 
     }
     if (!s) {
         tmp = kvl__svc_kv_str(&top, "ledger", "router.db");
+        c->ledger_line = kvl__svc_kv_line(&top, "ledger");
         c->ledger = resolve_path(name, tmp);
         if (!c->ledger) s = kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
     }
     if (!s) {
         char *t = NULL;
         s = need_str(&top, "tokenizer", &t);
-        if (!s) { c->tokenizer = resolve_path(name, t); if (!c->tokenizer) s = KVL_ERR_NOMEM; }
+        if (!s) {
+            c->tokenizer = resolve_path(name, t);
+            c->tokenizer_given = t;
+            t = NULL;
+            c->tokenizer_line = kvl__svc_kv_line(&top, "tokenizer");
+            if (!c->tokenizer) s = kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
+        }
         free(t);
     }
     if (!s) s = kvl__svc_kv_double(&top, "session_ttl_seconds", 3600, 1, 1e9, &c->session_ttl_s);
@@ -225,6 +243,7 @@ void kvr_config_free(kvr_config *c) {
     free(c->metrics);
     free(c->ledger);
     free(c->tokenizer);
+    free(c->tokenizer_given);
     for (int i = 0; i < c->n_nodes; i++) {
         free(c->nodes[i].name);
         free(c->nodes[i].address);

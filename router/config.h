@@ -39,6 +39,11 @@
 #include "kvlingo/status.h"
 #include "yamlcfg.h"
 
+/* Limits a start enforces, checked at parse time so --check refuses what start would. */
+#define KVR_CFG_MAX_NODES 32      /* nodes in one fleet                                  */
+#define KVR_CFG_NAME_MAX 64       /* node and model names, bytes including the NUL       */
+#define KVR_CFG_ADDRESS_MAX 128   /* node addresses, bytes including the NUL             */
+
 typedef struct kvr_node_cfg {
     char *name;
     char *address;
@@ -52,6 +57,8 @@ typedef struct kvr_config {
     char *metrics;            /* NULL: no metrics server */
     char *ledger;             /* resolved path */
     char *tokenizer;          /* resolved path */
+    char *tokenizer_given;    /* as the file spells it */
+    int tokenizer_line, ledger_line;
     double session_ttl_s;
     long max_input_tokens;
     long max_new_tokens;

@@ -78,6 +78,9 @@ static pair *find_locked(kvr_guard *g, const char *src, const char *dst, int cre
     p->st.budget = g->budget;
     /* the first translated switch of a pair is always shadowed: early evidence matters most */
     p->acc = g->fraction > 0 ? 1.0 - g->fraction : 0;
+    char labels[160];   /* the pair's KL histogram shows (empty) from its discovery on */
+    snprintf(labels, sizeof labels, "source=\"%s\",target=\"%s\"", src, dst);
+    kvr_metrics_observe_zero(g->metrics, "kvlingo_router_shadow_kl_nats", labels);
     return p;
 }
 

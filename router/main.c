@@ -6,6 +6,7 @@
  * guardrail settings (sessions are kept), SIGTERM/SIGINT stop (running turns get a grace
  * period), timers re-probe nodes and expire idle sessions.  gRPC and the metrics endpoint run
  * on their own threads. */
+#include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include "log.h"
 #include "loop.h"
 #include "router.h"
+#include "kvlingo/version.h"
 
 #define PROBE_MS 2000
 #define FULL_PROBE_EVERY 5      /* every 5th probe asks healthy nodes too (sessions, translators) */
@@ -57,22 +59,39 @@ static void on_start(void *arg) {
 }
 
 static void usage(FILE *f) {
-    fputs("usage: kvlingo-router --config fleet.yaml [--check]\n"
-          "  --config FILE   fleet configuration (see router/config.h for every key)\n"
-          "  --check         validate the configuration and exit\n", f);
+    fputs("usage: kvlingo-router --config FILE.yaml [--check]\n"
+          "Routes chat turns across a fleet of kvld nodes (kvlingo.v1.Router).  Options (--key value\n"
+          "or --key=value):\n"
+          "  --config FILE.yaml   fleet configuration: listen, nodes, policy, ledger, guardrail\n"
+          "                       (router/README.md and router/config.h list every key); required\n"
+          "  --check              run every check a start runs short of binding ports and loading\n"
+          "                       weights (paths shown resolved), print the summary and exit\n"
+          "  --version            version, git commit, build options, backends\n"
+          "  -h, --help           this text\n", f);
 }
 
 int main(int argc, char **argv) {
     kvl__svc_log_init("router");
     const char *config = NULL;
     int check = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--config") && i + 1 < argc) config = argv[++i];
-        else if (!strcmp(argv[i], "--check")) check = 1;
-        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { usage(stdout); return 0; }
-        else { fprintf(stderr, "kvlingo-router: unknown argument '%s'\n", argv[i]); usage(stderr); return 2; }
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'}, {"check", no_argument, NULL, 'k'},
+        {"version", no_argument, NULL, 'V'},      {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c': config = optarg; break;
+        case 'k': check = 1; break;
+        case 'V': kvl_version_print(stdout, "kvlingo-router"); return 0;
+        case 'h': usage(stdout); return 0;
+        case ':': fprintf(stderr, "kvlingo-router: %s needs a value\n", argv[optind - 1]); usage(stderr); return 2;
+        default: fprintf(stderr, "kvlingo-router: unknown option '%s'\n", argv[optind - 1]); usage(stderr); return 2;
+        }
     }
-    if (!config) { usage(stderr); return 2; }
+    if (optind < argc) { fprintf(stderr, "kvlingo-router: unexpected argument '%s'\n", argv[optind]); usage(stderr); return 2; }
+    if (!config) { fprintf(stderr, "kvlingo-router: --config FILE.yaml is required\n"); usage(stderr); return 2; }
     signal(SIGPIPE, SIG_IGN);
     kvr_config *cfg = NULL;
     kvl_status s = kvr_config_load(config, &cfg);
@@ -82,7 +101,13 @@ int main(int argc, char **argv) {
         kvr_config_free(cfg);
         return 1;
     }
-    if (check) { printf("%s: ok (policy %s, %d nodes)\n", config, cfg->policy_name, cfg->n_nodes); kvr_config_free(cfg); return 0; }
+    if (check) {
+        s = kvr_router_check(cfg, stdout);
+        if (s) fprintf(stderr, "kvlingo-router: --check: %s\n", kvl_last_error());
+        else printf("%s: ok (policy %s, %d nodes)\n", config, cfg->policy_name, cfg->n_nodes);
+        kvr_config_free(cfg);
+        return s ? 1 : 0;
+    }
 
     app a;
     memset(&a, 0, sizeof a);

@@ -2,12 +2,15 @@
  * registry of service/prom.h, served by service/http.h. */
 #include "metrics.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "error.h"
 #include "http.h"
 
-#define MAX_SERIES 512   /* labelled by model, pair, reason, code: bounded by the fleet */
+#define MAX_SERIES 4096  /* labelled by model, pair, reason, code: bounded by the fleet */
+#define DECLARE_MAX_MODELS 16   /* per-pair series are declared up front for fleets this small */
 
 static const double k_ttft_bounds[] = {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05,
                                        0.1,    0.2,   0.5,   1,     2,    5};
@@ -35,6 +38,9 @@ static const kvl__svc_metric_def k_defs[] = {
      NULL, 0},
     {"kvlingo_router_shadow_dropped_total", "Guardrail samples dropped (queue full).",
      KVL_SVC_COUNTER, NULL, 0},
+    {"kvlingo_router_model_failovers_total", "Turns answered on another model because no healthy "
+     "node served the chosen one, by chosen model, model used and switch mode.", KVL_SVC_COUNTER,
+     NULL, 0},
 };
 
 struct kvr_metrics {
@@ -54,6 +60,63 @@ kvl_status kvr_metrics_create(kvr_metrics **out) {
     }
     *out = m;
     return KVL_OK;
+}
+
+/* Fallback reasons turn.c reports (set_fallback), and the non-transient export refusals. */
+static const char *const k_fallback_reasons[] = {
+    "source_unavailable", "source_state", "source_behind", "range_mismatch", "export_deadline",
+    "export_failed", "node_state", "forced", "rejected_invalid_argument",
+    "rejected_failed_precondition", "rejected_resource_exhausted", "rejected_not_found",
+    "rejected_data_loss", "rejected_internal", "rejected_unimplemented"};
+/* gRPC codes a turn can end with (the names kvl__rpc_status_name gives) */
+static const char *const k_error_codes[] = {
+    "CANCELLED", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "INTERNAL", "UNAVAILABLE", "DATA_LOSS"};
+static const char *const k_modes[] = {"none", "translate", "reprefill"};
+#define N_OF(a) (int)(sizeof a / sizeof a[0])
+
+void kvr_metrics_declare(kvr_metrics *m, const char *const *models, int n_models) {
+    if (!m) return;
+    char lab[600], a[260], b[260];
+    int fm = kvl__svc_prom_family(m->prom, "kvlingo_router_model_failovers_total");
+    kvr_metrics_observe_zero(m, "kvlingo_router_turn_ttft_seconds", "");
+    kvr_metrics_observe_zero(m, "kvlingo_router_ledger_write_seconds", "");
+    kvr_metrics_inc(m, "kvlingo_router_shadow_dropped_total", "", 0);
+    for (int k = 1; k < N_OF(k_modes); k++) {
+        snprintf(lab, sizeof lab, "mode=\"%s\"", k_modes[k]);
+        kvr_metrics_observe_zero(m, "kvlingo_router_switch_ttft_seconds", lab);
+    }
+    for (int i = 0; i < N_OF(k_fallback_reasons); i++) {
+        snprintf(lab, sizeof lab, "reason=\"%s\"", k_fallback_reasons[i]);
+        kvr_metrics_inc(m, "kvlingo_router_fallbacks_total", lab, 0);
+    }
+    for (int i = 0; i < N_OF(k_error_codes); i++) {
+        snprintf(lab, sizeof lab, "code=\"%s\"", k_error_codes[i]);
+        kvr_metrics_inc(m, "kvlingo_router_errors_total", lab, 0);
+    }
+    for (int i = 0; i < n_models; i++) {
+        kvl__svc_prom_label_value(a, sizeof a, models[i]);
+        for (int k = 0; k < N_OF(k_modes); k++) {
+            snprintf(lab, sizeof lab, "model=\"%s\",mode=\"%s\"", a, k_modes[k]);
+            kvr_metrics_inc(m, "kvlingo_router_turns_total", lab, 0);
+        }
+        if (n_models > DECLARE_MAX_MODELS) continue;
+        for (int j = 0; j < n_models; j++) {
+            if (j == i) continue;
+            kvl__svc_prom_label_value(b, sizeof b, models[j]);
+            for (int k = 1; k < N_OF(k_modes); k++) {
+                snprintf(lab, sizeof lab, "source=\"%s\",target=\"%s\",mode=\"%s\"", a, b, k_modes[k]);
+                kvr_metrics_inc(m, "kvlingo_router_switches_total", lab, 0);
+                snprintf(lab, sizeof lab, "from=\"%s\",to=\"%s\",mode=\"%s\"", a, b, k_modes[k]);
+                kvl__svc_prom_add(m->prom, fm, lab, 0);
+            }
+        }
+    }
+}
+
+void kvr_metrics_observe_zero(kvr_metrics *m, const char *name, const char *labels) {
+    /* an add of 0 creates a histogram series with empty buckets */
+    if (m) kvl__svc_prom_add(m->prom, kvl__svc_prom_family(m->prom, name), labels, 0);
 }
 
 void kvr_metrics_free(kvr_metrics *m) {

@@ -15,7 +15,12 @@
  *   kvlingo_router_nodes_healthy                       gauge
  *   kvlingo_router_turns_in_flight                     gauge
  *   kvlingo_router_errors_total{code}                  counter (turns that ended in an error)
- * The gauges are computed at scrape time (kvr_router_gauges in router.c).
+ *   kvlingo_router_shadow_dropped_total                counter
+ *   kvlingo_router_model_failovers_total{from,to,mode} counter (chosen model had no healthy node)
+ *   process_*                                          the process (service/process.c)
+ * The gauges are computed at scrape time (kvr_router_gauges in router.c).  Every labelled
+ * family is declared at zero for the label sets known at start (kvr_metrics_declare), so
+ * dashboards see 0 rather than no data before the first event.
  */
 #ifndef KVR_METRICS_H
 #define KVR_METRICS_H
@@ -38,6 +43,13 @@ void kvr_metrics_set_gauges(kvr_metrics *m, void (*fn)(void *arg, kvl__svc_text 
 void kvr_metrics_inc(kvr_metrics *m, const char *name, const char *labels, double delta);
 /* histogram `name`{labels} observes v (buckets as metrics.c defines them for the name). */
 void kvr_metrics_observe(kvr_metrics *m, const char *name, const char *labels, double v);
+
+/* Create, at zero, the series of every known label set: the models given (turns by mode; for
+ * fleets of at most 16 models every ordered pair's switches and failovers), every fallback
+ * reason and error code, the histograms. */
+void kvr_metrics_declare(kvr_metrics *m, const char *const *models, int n_models);
+/* Create histogram `name`{labels} with no observation (renders at zero). */
+void kvr_metrics_observe_zero(kvr_metrics *m, const char *name, const char *labels);
 
 /* Render everything (caller frees b->data). */
 void kvr_metrics_render(kvr_metrics *m, kvl__svc_text *b);

@@ -60,6 +60,41 @@ void kvr_policy_free(kvr_policy *p) {
 const char *kvr_policy_name(const kvr_policy *p) { return p->ops->name; }
 int kvr_policy_needs_entropy(const kvr_policy *p) { return p->ops->needs_entropy; }
 
+/* No healthy node of the chosen model: the nearest model that can take the session (see
+ * policy.h).  The policy's message (kvl_last_error) goes into the reason. */
+static kvl_status failover(const kvr_policy *p, const kvr_policy_input *in, kvr_policy_decision *out) {
+    char why[200];
+    snprintf(why, sizeof why, "%s", kvl_last_error());
+    /* a translation needs the node holding the context to answer the export */
+    int src_up = in->current >= 0 && in->nodes[in->current].healthy;
+    int best = -1, best_rank = 0;
+    for (int i = 0; i < in->n_nodes; i++) {
+        const kvr_node_view *v = &in->nodes[i];
+        if (!v->healthy || (out->wanted[0] && !strcmp(v->model, out->wanted))) continue;
+        /* nearest first: holds the whole context (nothing moves), then reachable by a
+         * translator, then the most of the session held (least to re-prefill), then load */
+        int rank = in->n_context > 0 && v->held >= in->n_context ? 2 : (src_up && v->can_translate) ? 1 : 0;
+        if (best >= 0) {
+            const kvr_node_view *b = &in->nodes[best];
+            if (rank != best_rank) { if (rank < best_rank) continue; }
+            else if (v->held != b->held) { if (v->held < b->held) continue; }
+            else if (v->load >= b->load) continue;
+        }
+        best = i;
+        best_rank = rank;
+    }
+    if (best < 0)
+        return kvl__errorf(KVL_ERR_IO, "%s, and no other node is healthy to take over", why);
+    const kvr_node_view *v = &in->nodes[best];
+    out->node = best;
+    out->failover = 1;
+    snprintf(out->reason, sizeof out->reason, "failover: %s (policy %s); %s on %s takes the session%s",
+             why, p->ops->name, v->model, v->name,
+             best_rank == 2 ? " (it holds the context)" : best_rank == 1 ? " by translation"
+             : in->n_context > 0 ? " by re-prefill" : "");
+    return KVL_OK;
+}
+
 kvl_status kvr_policy_choose(kvr_policy *p, const kvr_policy_input *in, kvr_policy_decision *out) {
     memset(out, 0, sizeof *out);
     out->node = -1;
@@ -68,6 +103,7 @@ kvl_status kvr_policy_choose(kvr_policy *p, const kvr_policy_input *in, kvr_poli
         !kvr_policy_model_known(in, in->requested_model))
         return kvl__errorf(KVL_ERR_NOT_FOUND, "unknown model '%s'", in->requested_model);
     kvl_status s = p->ops->choose(p->self, in, out);
+    if (s == KVL_ERR_IO) s = failover(p, in, out);
     if (!s && (out->node < 0 || out->node >= in->n_nodes))
         return kvl__errorf(KVL_ERR_INTERNAL, "policy %s chose no node", p->ops->name);
     return s;

@@ -47,8 +47,12 @@ typedef struct kvr_policy_input {
 
 typedef struct kvr_policy_decision {
     int node;                 /* index into nodes                                            */
-    char reason[160];         /* human-readable, goes to the turn summary and the log        */
+    char reason[320];         /* human-readable, goes to the turn summary and the log        */
     kvr_policy_state state;   /* state to persist with the turn                              */
+    /* the model the policy chose; set by a policy before it looks for a node of it, so the
+     * failover (kvr_policy_choose) can name it when no healthy node serves it */
+    char wanted[KVR_CFG_NAME_MAX];
+    int failover;             /* 1: no healthy node served `wanted`; `node` serves another model */
 } kvr_policy_decision;
 
 typedef struct kvr_turn_outcome {
@@ -88,6 +92,12 @@ kvl_status kvr_policy_check(kvr_config *c);
 void kvr_policy_free(kvr_policy *p);
 const char *kvr_policy_name(const kvr_policy *p);
 int kvr_policy_needs_entropy(const kvr_policy *p);
+/* The policy's choice.  Model failover, for every policy: when the policy finds no healthy node
+ * of the model it chose (KVL_ERR_IO), the nearest model that can take the session answers
+ * instead: a healthy node a translator from the session's current model reaches first, then
+ * the node holding most of the session (least to re-prefill), then the least loaded, then
+ * config order; out->failover is set and out->reason says what happened.  Fails (KVL_ERR_IO)
+ * only when no node at all is healthy. */
 kvl_status kvr_policy_choose(kvr_policy *p, const kvr_policy_input *in, kvr_policy_decision *out);
 void kvr_policy_observe(kvr_policy *p, const kvr_policy_input *in, const kvr_turn_outcome *o,
                         kvr_policy_state *st);

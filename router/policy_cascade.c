@@ -87,6 +87,7 @@ static kvl_status cascade_choose(void *self, const kvr_policy_input *in, kvr_pol
         why = "escalate flag";
     }
     out->state.level = level;
+    snprintf(out->wanted, sizeof out->wanted, "%s", p->models[level]);
     int idx = kvr_policy_pick_of_model(in, p->models[level]);
     if (idx < 0) return (kvl_status)idx;
     out->node = idx;

@@ -101,6 +101,10 @@ static kvl_status cost_choose(void *self, const kvr_policy_input *in, kvr_policy
     }
     if (best < 0) {
         if (!any) return kvl__errorf(KVL_ERR_NOT_FOUND, "cost: no candidate model in the fleet");
+        /* the failover looks beyond the candidates: name the one the session is on (or the first) */
+        for (int i = 0; i < in->n_nodes && !out->wanted[0]; i++)
+            if (candidate(p, in, in->nodes[i].model) && (in->current < 0 || i == in->current))
+                snprintf(out->wanted, sizeof out->wanted, "%s", in->nodes[i].model);
         return kvl__errorf(KVL_ERR_IO, "cost: no healthy candidate node");
     }
     out->node = best;

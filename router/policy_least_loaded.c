@@ -48,6 +48,7 @@ static void ll_destroy(void *self) {
 static kvl_status ll_choose(void *self, const kvr_policy_input *in, kvr_policy_decision *out) {
     least_loaded *p = self;
     const char *model = kvr_policy_default_model(in, p->default_model);
+    snprintf(out->wanted, sizeof out->wanted, "%s", model);
     int best = -1;
     for (int i = 0; i < in->n_nodes; i++) {
         const kvr_node_view *v = &in->nodes[i];

@@ -44,6 +44,7 @@ static void pinned_destroy(void *self) {
 static kvl_status pinned_choose(void *self, const kvr_policy_input *in, kvr_policy_decision *out) {
     pinned *p = self;
     const char *model = kvr_policy_default_model(in, p->default_model);
+    snprintf(out->wanted, sizeof out->wanted, "%s", model);
     int idx = kvr_policy_pick_of_model(in, model);
     if (idx < 0) return (kvl_status)idx;
     out->node = idx;

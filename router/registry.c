@@ -34,7 +34,8 @@ kvl_status kvr_registry_create(const kvr_config *cfg, kvr_registry **out) {
         snprintf(n->address, sizeof n->address, "%s", cfg->nodes[i].address);
         snprintf(n->model, sizeof n->model, "%s", cfg->nodes[i].model);
         snprintf(n->error, sizeof n->error, "not probed yet");
-        /* seeds until measured: typical small-model CPU figures (README benchmarks) */
+        /* seeds the cost policy plans with until measured (typical small-model CPU figures,
+         * README benchmarks); ListNodes reports them as unmeasured */
         n->prefill_tps = 5000;
         n->decode_tps = 400;
         n->translate_tps = 200000;
@@ -223,16 +224,19 @@ void kvr_registry_turn_end(kvr_registry *r, int i) {
     pthread_mutex_unlock(&r->mu);
 }
 
-static void ema(double *v, double x) {
-    if (x > 0) *v = (1 - RATE_ALPHA) * *v + RATE_ALPHA * x;
+/* The first measurement replaces the seed; later ones move the average. */
+static void ema(double *v, unsigned *n, double x) {
+    if (!(x > 0)) return;
+    *v = *n ? (1 - RATE_ALPHA) * *v + RATE_ALPHA * x : x;
+    ++*n;
 }
 
 void kvr_registry_observe(kvr_registry *r, int i, double prefill_tps, double decode_tps,
                           double translate_tps) {
     pthread_mutex_lock(&r->mu);
-    ema(&r->nodes[i].prefill_tps, prefill_tps);
-    ema(&r->nodes[i].decode_tps, decode_tps);
-    ema(&r->nodes[i].translate_tps, translate_tps);
+    ema(&r->nodes[i].prefill_tps, &r->nodes[i].n_prefill_samples, prefill_tps);
+    ema(&r->nodes[i].decode_tps, &r->nodes[i].n_decode_samples, decode_tps);
+    ema(&r->nodes[i].translate_tps, &r->nodes[i].n_translate_samples, translate_tps);
     pthread_mutex_unlock(&r->mu);
 }
 

@@ -39,7 +39,10 @@ typedef struct kvr_node {
     } tr_bad[KVR_MAX_TR];
     int n_tr_bad;
     int active;                  /* turns in flight here                                      */
+    /* moving averages (EMA) of the rates measured on real turns; until the first measurement
+     * (n_*_samples == 0) they hold the seed the cost policy plans with */
     double prefill_tps, decode_tps, translate_tps;
+    unsigned n_prefill_samples, n_decode_samples, n_translate_samples;
 } kvr_node;
 
 typedef struct kvr_registry {

@@ -3,11 +3,14 @@
 #include "router.h"
 #include "log.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "error.h"
 #include "nodecall.h"
@@ -26,6 +29,92 @@ static void ledger_observer(void *arg, double seconds) {
     kvr_metrics_observe(arg, "kvlingo_router_ledger_write_seconds", "", seconds);
 }
 
+/* Absolute form of `p` for messages: realpath when it exists, else the current directory
+ * prepended to a relative path. */
+static void shown_path(const char *p, char *buf, size_t cap) {
+    char tmp[PATH_MAX], cwd[PATH_MAX];
+    if (realpath(p, tmp)) { snprintf(buf, cap, "%s", tmp); return; }
+    if (p[0] != '/' && getcwd(cwd, sizeof cwd)) snprintf(tmp, sizeof tmp, "%s/%s", cwd, p);
+    else snprintf(tmp, sizeof tmp, "%s", p);
+    /* a path that does not exist: drop "." and resolve ".." lexically */
+    size_t o = 0;
+    for (char *save = NULL, *c = strtok_r(tmp, "/", &save); c; c = strtok_r(NULL, "/", &save)) {
+        if (!strcmp(c, ".")) continue;
+        if (!strcmp(c, "..")) {
+            while (o > 0 && buf[o - 1] != '/') o--;
+            if (o > 0) o--;
+            continue;
+        }
+        o += (size_t)snprintf(buf + o, o < cap ? cap - o : 0, "/%s", c);
+        if (o >= cap) { o = cap - 1; break; }
+    }
+    if (o == 0 && cap > 1) buf[o++] = '/';
+    if (cap) buf[o < cap ? o : cap - 1] = 0;
+}
+
+/* The tokenizer of `tokenizer:` (a tokenizer.json or a model directory); errors name the key,
+ * its line and the resolved path. */
+static kvl_status load_tokenizer(const kvr_config *cfg, kvl_tokenizer **out) {
+    char shown[PATH_MAX + 64];
+    shown_path(cfg->tokenizer, shown, sizeof shown);
+    struct stat stt;
+    if (stat(cfg->tokenizer, &stt))
+        return kvl__errorf(KVL_ERR_IO, "%s:%d: key 'tokenizer': '%s' resolves to %s, which does not "
+                          "exist (relative paths are relative to the configuration file's directory)",
+                          cfg->path, cfg->tokenizer_line, cfg->tokenizer_given ? cfg->tokenizer_given : "",
+                          shown);
+    kvl_status s = S_ISDIR(stt.st_mode) ? kvl_tokenizer_load_dir(cfg->tokenizer, out)
+                                        : kvl_tokenizer_load(cfg->tokenizer, out);
+    if (s) {
+        char pre[PATH_MAX + 200];
+        snprintf(pre, sizeof pre, "%s:%d: key 'tokenizer' (%s)", cfg->path, cfg->tokenizer_line, shown);
+        kvl__error_prefix(s, pre);
+    }
+    return s;
+}
+
+/* The ledger's file must be writable, or its directory must exist and be writable. */
+static kvl_status check_ledger(const kvr_config *cfg, char *shown, size_t cap) {
+    shown_path(cfg->ledger, shown, cap);
+    if (!access(cfg->ledger, F_OK)) {
+        if (access(cfg->ledger, R_OK | W_OK))
+            return kvl__errorf(KVL_ERR_IO, "%s:%d: key 'ledger': %s is not readable and writable: %s",
+                              cfg->path, cfg->ledger_line, shown, strerror(errno));
+        return KVL_OK;
+    }
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", cfg->ledger);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    const char *d = slash ? (dir[0] ? dir : "/") : ".";
+    struct stat st;
+    if (stat(d, &st) || !S_ISDIR(st.st_mode) || access(d, W_OK | X_OK))
+        return kvl__errorf(KVL_ERR_IO, "%s:%d: key 'ledger': %s cannot be created: directory '%s' %s",
+                          cfg->path, cfg->ledger_line, shown, d,
+                          stat(d, &st) ? "does not exist" : "is not a writable directory");
+    return KVL_OK;
+}
+
+kvl_status kvr_router_check(const kvr_config *cfg, FILE *out) {
+    char ledger[PATH_MAX + 64], tokp[PATH_MAX + 64], cfgp[PATH_MAX + 64];
+    kvl_tokenizer *tok = NULL;
+    kvl_status s = load_tokenizer(cfg, &tok);
+    size_t vocab = tok ? kvl_tokenizer_vocab_size(tok) : 0;
+    kvl_tokenizer_free(tok);
+    if (!s) s = check_ledger(cfg, ledger, sizeof ledger);
+    if (!s) s = kvr_policy_check((kvr_config *)cfg);
+    if (s) return s;
+    shown_path(cfg->path, cfgp, sizeof cfgp);
+    shown_path(cfg->tokenizer, tokp, sizeof tokp);
+    fprintf(out, "config: %s\nlisten: %s\nmetrics: %s\nledger: %s (%s)\ntokenizer: %s (vocabulary %zu)\n"
+            "policy: %s\nnodes: %d\n", cfgp, cfg->listen, cfg->metrics ? cfg->metrics : "off", ledger,
+            access(cfg->ledger, F_OK) ? "will be created" : "exists", tokp, vocab, cfg->policy_name,
+            cfg->n_nodes);
+    for (int i = 0; i < cfg->n_nodes; i++)
+        fprintf(out, "  %s  %s  model %s\n", cfg->nodes[i].name, cfg->nodes[i].address, cfg->nodes[i].model);
+    return KVL_OK;
+}
+
 kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
     *out = NULL;
     kvr_router *r = calloc(1, sizeof *r);
@@ -37,14 +126,20 @@ kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
     r->busy = calloc((size_t)r->max_busy, sizeof *r->busy);
     kvl_status s = r->busy ? KVL_OK : kvl__errorf(KVL_ERR_NOMEM, "router busy table");
     if (!s) s = kvr_metrics_create(&r->metrics);
+    if (!s) {   /* every series at zero from the start, for each model of the fleet */
+        const char **models = calloc((size_t)cfg->n_nodes + 1, sizeof *models);
+        int nm = 0;
+        for (int i = 0; models && i < cfg->n_nodes; i++) {
+            int seen = 0;
+            for (int j = 0; j < nm && !seen; j++) seen = !strcmp(models[j], cfg->nodes[i].model);
+            if (!seen) models[nm++] = cfg->nodes[i].model;
+        }
+        kvr_metrics_declare(r->metrics, models, nm);
+        free(models);
+    }
     if (!s) s = kvr_ledger_open(cfg->ledger, &r->ledger);
     if (!s) kvr_ledger_set_observer(r->ledger, ledger_observer, r->metrics);
-    if (!s) {
-        struct stat stt;
-        if (!stat(cfg->tokenizer, &stt) && S_ISDIR(stt.st_mode)) s = kvl_tokenizer_load_dir(cfg->tokenizer, &r->tok);
-        else s = kvl_tokenizer_load(cfg->tokenizer, &r->tok);
-        if (s) kvl__error_prefix(s, "tokenizer");
-    }
+    if (!s) s = load_tokenizer(cfg, &r->tok);
     if (!s) s = kvr_registry_create(cfg, &r->reg);
     if (!s) s = kvr_policy_create(cfg, &r->policy);
     if (!s) s = kvr_guard_create(cfg, r->reg, r->metrics, &r->guard);

@@ -14,6 +14,8 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include <stdio.h>
+
 #include "config.h"
 #include "guard.h"
 #include "kvlingo/tokenizer.h"
@@ -45,6 +47,10 @@ typedef struct kvr_router {
  * (first probe of every node: a node that does not answer is logged and marked down, the router
  * still starts), policy, guardrail, metrics objects.  No servers started. */
 kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out);
+/* --check: every check kvr_router_create and start run short of binding ports and loading
+ * model weights (the tokenizer loads; the ledger's location must be writable; the policy is
+ * built), then the settings with resolved paths on `out`.  Errors name file:line and key. */
+kvl_status kvr_router_check(const kvr_config *cfg, FILE *out);
 /* Register the Router service and start gRPC (+ metrics HTTP when configured). */
 kvl_status kvr_router_serve(kvr_router *r);
 void kvr_router_free(kvr_router *r);
@@ -87,7 +93,8 @@ typedef struct kvr_turn_out {
     char fallback[160];
     char finish_reason[32];
     float mean_entropy, shadow_kl;
-    char policy_reason[160];
+    char policy_reason[320];
+    char failover_from[KVR_NAME_MAX];   /* the model chosen but served by no healthy node, or "" */
 } kvr_turn_out;
 
 /* Called for every generated token; return non-zero to stop (client gone). */

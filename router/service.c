@@ -209,6 +209,7 @@ static void h_send(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
         sum.shadow_kl = o.shadow_kl;
         sum.user_tokens = o.user_tokens;
         sum.policy_reason = o.policy_reason;
+        sum.failover_from = o.failover_from;
         /* logged before the summary goes out: a client that saw the summary finds the line */
         static const char *modes[] = {"none", "translate", "reprefill"};
         char qfb[330], qpol[330];   /* room for every character escaped */
@@ -331,8 +332,13 @@ static void h_list(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
         for (int t = 0; t < n->n_tr_from; t++) from[i * KVR_MAX_TR + t] = n->tr_from[t];
         ns[i].n_translators_from = (size_t)n->n_tr_from;
         ns[i].translators_from = &from[i * KVR_MAX_TR];
-        ns[i].prefill_tokens_per_second = n->prefill_tps;
-        ns[i].decode_tokens_per_second = n->decode_tps;
+        ns[i].prefill_tokens_per_second = n->n_prefill_samples ? n->prefill_tps : 0;
+        ns[i].decode_tokens_per_second = n->n_decode_samples ? n->decode_tps : 0;
+        ns[i].prefill_rate_samples = n->n_prefill_samples;
+        ns[i].decode_rate_samples = n->n_decode_samples;
+        ns[i].rate_status = (char *)(n->n_prefill_samples && n->n_decode_samples ? "measured"
+                                     : n->n_prefill_samples ? "prefill measured"
+                                     : n->n_decode_samples ? "decode measured" : "unmeasured");
         nsp[i] = &ns[i];
     }
     int np = kvr_guard_pairs(r->guard, ps, 64);

@@ -260,6 +260,32 @@ static const char *mode_name(int m) {
          : m == KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_REPREFILL ? "reprefill" : "none";
 }
 
+/* The client cancelled the turn: its input stays in the ledger (the next turn continues after
+ * it), the output is discarded.  The answering node now holds more than the ledger (the tokens
+ * generated before the cancel), so its holding is dropped and the next turn there resets it. */
+static void keep_cancelled_input(turn *t, int ti, const kvr_policy_decision *d, kvr_turn_out *out) {
+    kvr_router *r = t->r;
+    const kvr_turn_req *req = t->req;
+    kvr_node *T = &r->reg->nodes[ti];
+    kvr_holding hs[KVR_MAX_HOLDINGS];
+    int nh = 0;
+    holdings_after(t, ti, 0, hs, &nh);
+    kvr_turn_rec tr = {.idx = t->s.n_turns, .node = T->name, .model = T->model,
+                       .mode = mode_name(out->mode), .fallback = "cancelled by the client", .t0 = t->N,
+                       .n_user = req->n_user, .n_gen = 0, .span = (int)out->span_tokens,
+                       .ttft_s = out->ttft_s, .tps = 0, .entropy = 0};
+    kvl_status cs = kvr_ledger_turn_commit(r->ledger, req->sid, req->user, t->N, req->n_user, &tr,
+                                           T->name, d->state.level, d->state.calm, hs, nh, kvr_wall_now());
+    if (cs)
+        kvl__svc_log_text("warn", "session %s: cancelled turn: keeping its input failed: %s", req->sid,
+                          kvl_last_error());
+    else
+        kvl__svc_log_text("info", "session %s: turn cancelled by the client on %s: its %d input tokens "
+                          "stay in the ledger (%d tokens), the output (%u tokens) is discarded", req->sid,
+                          T->name, req->n_user, t->N + req->n_user, out->n_generated);
+    out->context_tokens = (unsigned)(t->N + req->n_user);
+}
+
 /* Decode on node ti after prepare; fills out, the generated ids and (when asked) the first
  * token's log-distribution.  *started = 1 once a token reached the client. */
 static kvl_status decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void *arg, double t_start,
@@ -386,6 +412,12 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
             break;
         }
         snprintf(out->policy_reason, sizeof out->policy_reason, "%s", d.reason);
+        out->failover_from[0] = 0;
+        if (d.failover) {
+            snprintf(out->failover_from, sizeof out->failover_from, "%s", d.wanted);
+            kvl__svc_log_text("warn", "session %s: model failover from %s to %s on %s: %s", req->sid,
+                              d.wanted[0] ? d.wanted : "?", T->model, T->name, d.reason);
+        }
         snprintf(out->node, sizeof out->node, "%s", T->name);
         snprintf(out->model, sizeof out->model, "%s", T->model);
         out->fallback[0] = 0;
@@ -421,6 +453,10 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
             s = decode(&t, ti, want_lp, emit, arg, t_start, gen, &first_lp, &vocab, &started, &code);
         }
         kvr_registry_turn_end(r->reg, ti);
+        if (s == KVL_ERR_CANCELLED && code == GRPC_STATUS_CANCELLED) {
+            keep_cancelled_input(&t, ti, &d, out);
+            break;
+        }
         if (!s) {
             /* success: commit */
             kvr_node_session ns;
@@ -518,6 +554,11 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
         kvr_metrics_inc(r->metrics, "kvlingo_router_switches_total", labels, 1);
         snprintf(labels, sizeof labels, "mode=\"%s\"", mode);
         kvr_metrics_observe(r->metrics, "kvlingo_router_switch_ttft_seconds", labels, out->ttft_s);
+    }
+    if (out->failover_from[0]) {
+        snprintf(labels, sizeof labels, "from=\"%s\",to=\"%s\",mode=\"%s\"", out->failover_from,
+                 out->model, mode);
+        kvr_metrics_inc(r->metrics, "kvlingo_router_model_failovers_total", labels, 1);
     }
     if (t.fb_code[0]) {
         snprintf(labels, sizeof labels, "reason=\"%s\"", t.fb_code);

@@ -13,6 +13,7 @@ PACKAGES=(
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libucx-dev ucx-utils
   libmicrohttpd-dev libyaml-dev libsqlite3-dev
   python3 python3-venv python3-grpcio python3-grpc-tools python3-protobuf python3-yaml
+  gnuplot-nox
 )
 
 missing=()

@@ -190,4 +190,16 @@ void kvl__svc_prom_render(kvl__svc_prom *p, kvl__svc_text *b) {
     void *arg = p->scrape_arg;
     pthread_mutex_unlock(&p->mu);
     if (fn) fn(arg, b);
+    kvl__svc_process_render(b);
+}
+
+void kvl__svc_prom_label_value(char *dst, size_t cap, const char *v) {
+    size_t o = 0;
+    if (!cap) return;
+    for (; v && *v && o + 3 < cap; v++) {
+        if (*v == '\\' || *v == '"') dst[o++] = '\\';
+        if (*v == '\n') { dst[o++] = '\\'; dst[o++] = 'n'; continue; }
+        dst[o++] = *v;
+    }
+    dst[o] = '\0';
 }

@@ -66,7 +66,16 @@ void kvl__svc_prom_on_scrape(kvl__svc_prom *p, void (*fn)(void *arg, kvl__svc_te
                              void *arg);
 
 /* Append the exposition text to b: families in definition order (families without a series
- * are left out), series of a family in creation order, then the scrape callback's text. */
+ * are left out), series of a family in creation order, the scrape callback's text, then the
+ * process_* series (kvl__svc_process_render). */
 void kvl__svc_prom_render(kvl__svc_prom *p, kvl__svc_text *b);
+
+/* The standard process metrics of this process, read from /proc (service/process.c):
+ * process_cpu_seconds_total, process_resident_memory_bytes, process_virtual_memory_bytes,
+ * process_open_fds, process_max_fds, process_start_time_seconds. */
+void kvl__svc_process_render(kvl__svc_text *b);
+
+/* A Prometheus label value of v in dst[cap]: backslash, quote and newline escaped (cut to fit). */
+void kvl__svc_prom_label_value(char *dst, size_t cap, const char *v);
 
 #endif

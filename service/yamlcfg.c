@@ -15,6 +15,61 @@
 
 /* ---- documents -------------------------------------------------------------------------- */
 
+/* Strict YAML, pass 1 (events): anchors, aliases and merge keys are refused, so what a file
+ * says is what it reads as (an alias silently shares a value; a merge key hides where a key
+ * came from). */
+static kvl_status refuse_aliases(const char *text, size_t len, const char *name) {
+    yaml_parser_t parser;
+    if (!yaml_parser_initialize(&parser)) return kvl__errorf(KVL_ERR_NOMEM, "config: yaml parser");
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+    kvl_status s = KVL_OK;
+    for (int done = 0; !done && s == KVL_OK;) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&parser, &ev)) break;   /* the load reports syntax errors */
+        int line = (int)ev.start_mark.line + 1;
+        const unsigned char *anchor = NULL;
+        if (ev.type == YAML_ALIAS_EVENT)
+            s = kvl__errorf(KVL_ERR_FORMAT, "%s:%d: YAML alias '*%s' refused: aliases and anchors are "
+                           "not allowed in a configuration (write the value out)", name, line,
+                           (const char *)ev.data.alias.anchor);
+        else if (ev.type == YAML_SCALAR_EVENT) anchor = ev.data.scalar.anchor;
+        else if (ev.type == YAML_SEQUENCE_START_EVENT) anchor = ev.data.sequence_start.anchor;
+        else if (ev.type == YAML_MAPPING_START_EVENT) anchor = ev.data.mapping_start.anchor;
+        if (s == KVL_OK && anchor)
+            s = kvl__errorf(KVL_ERR_FORMAT, "%s:%d: YAML anchor '&%s' refused: aliases and anchors are "
+                           "not allowed in a configuration (write the value out)", name, line,
+                           (const char *)anchor);
+        if (s == KVL_OK && ev.type == YAML_SCALAR_EVENT && ev.data.scalar.plain_implicit &&
+            !strcmp((const char *)ev.data.scalar.value, "<<"))
+            s = kvl__errorf(KVL_ERR_FORMAT, "%s:%d: YAML merge key '<<' refused (write the keys out)",
+                           name, line);
+        done = ev.type == YAML_STREAM_END_EVENT;
+        yaml_event_delete(&ev);
+    }
+    yaml_parser_delete(&parser);
+    return s;
+}
+
+/* Strict YAML, pass 2 (document): a key given twice in any mapping is an error naming both
+ * lines (libyaml keeps both pairs and readers would silently take one). */
+static kvl_status refuse_duplicates(kvl__svc_yaml *y) {
+    for (yaml_node_t *m = y->doc.nodes.start; m < y->doc.nodes.top; m++) {
+        if (m->type != YAML_MAPPING_NODE) continue;
+        for (yaml_node_pair_t *p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top; p++) {
+            yaml_node_t *k = kvl__svc_yaml_node(y, p->key);
+            const char *ks = kvl__svc_yaml_scalar(k);
+            for (yaml_node_pair_t *q = m->data.mapping.pairs.start; ks && q < p; q++) {
+                yaml_node_t *kq = kvl__svc_yaml_node(y, q->key);
+                const char *qs = kvl__svc_yaml_scalar(kq);
+                if (qs && !strcmp(qs, ks))
+                    return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s' given twice (first on line %d)",
+                                      y->file, kvl__svc_yaml_line(k), ks, kvl__svc_yaml_line(kq));
+            }
+        }
+    }
+    return KVL_OK;
+}
+
 kvl_status kvl__svc_yaml_parse(const char *text, size_t len, const char *name, kvl__svc_yaml *y) {
     memset(y, 0, sizeof *y);
     y->file = strdup(name);
@@ -35,6 +90,9 @@ kvl_status kvl__svc_yaml_parse(const char *text, size_t len, const char *name, k
         y->loaded = 1;
     }
     yaml_parser_delete(&parser);
+    if (s == KVL_OK) s = refuse_aliases(text, len, name);
+    if (s == KVL_OK) s = refuse_duplicates(y);
+    if (s != KVL_OK) kvl__svc_yaml_free(y);
     return s;
 }
 

@@ -27,6 +27,8 @@ typedef struct kvl__svc_yaml {
 } kvl__svc_yaml;
 
 /* Parse `len` bytes of `text` (borrowed); `name` (copied) names the document in messages.
+ * Strict: anchors, aliases and merge keys are refused, and so is a key given twice in any
+ * mapping ("NAME:LINE: key 'K' given twice (first on line L)").
  * Errors: KVL_ERR_FORMAT "NAME:LINE: YAML error: ...", KVL_ERR_NOMEM.  On error *y needs no
  * free (kvl__svc_yaml_free is harmless). */
 kvl_status kvl__svc_yaml_parse(const char *text, size_t len, const char *name, kvl__svc_yaml *y);
@@ -49,7 +51,7 @@ const char *kvl__svc_yaml_scalar(const yaml_node_t *n);
 
 /* Call fn for each pair of mapping `m`, in file order: `key` is the key's scalar text (NULL
  * when the key is not a scalar), `value` the value node, `line` the key's line.  Stops at the
- * first non-OK status fn returns and returns it.  Duplicate keys are passed on as they come. */
+ * first non-OK status fn returns and returns it.  (Duplicate keys were refused by the parse.) */
 typedef kvl_status (*kvl__svc_yaml_pair_fn)(void *arg, const char *key, yaml_node_t *value,
                                             int line);
 kvl_status kvl__svc_yaml_each(kvl__svc_yaml *y, yaml_node_t *m, kvl__svc_yaml_pair_fn fn,

@@ -234,8 +234,11 @@ static kvl_status load_from(kvl_safetensors *st, const char *path, kvl_translato
     const char *fmt = kvl_safetensors_metadata(st, "format");
     if (!fmt || strcmp(fmt, KVL_TR_FORMAT))
         return kvl__errorf(KVL_ERR_FORMAT, "%s: not a kvlingo translator (metadata 'format' is %s%s%s, "
-                          "expected \"" KVL_TR_FORMAT "\")", path, fmt ? "\"" : "", fmt ? fmt : "missing",
-                          fmt ? "\"" : "");
+                          "expected \"" KVL_TR_FORMAT "\")%s", path, fmt ? "\"" : "", fmt ? fmt : "missing",
+                          fmt ? "\"" : "",
+                          !fmt && kvl_safetensors_find(st, "layers.0.k.weight")
+                              ? "; a plain-layout file (layers.{l}.k.weight / v.weight + layer_map) is "
+                                "converted with `kvlingo translator import --layout plain`" : "");
     if ((s = meta_int(st, path, "source_layers", 1, 4096, &tr->src_layers)) ||
         (s = meta_int(st, path, "source_kv_heads", 1, 4096, &tr->src_kv_heads)) ||
         (s = meta_int(st, path, "source_head_dim", 1, 4096, &tr->src_head_dim)) ||
@@ -289,7 +292,7 @@ static const char *const k_meta_keys[] = {
     "format", "source_name", "source_hash", "target_name", "target_hash", "source_layers",
     "source_kv_heads", "source_head_dim", "target_layers", "target_kv_heads", "target_head_dim",
     "target_qk_norm", "target_rms_norm_eps", "layer_map", "capture", "stage1", "training",
-    "eval", "eval_stage1", "eval_multiturn", "corpus", "created_by"};
+    "eval", "eval_stage1", "eval_multiturn", "corpus", "created_by", "imported_from"};
 
 kvl_status kvl_translator_load(const char *path, kvl_translator **out) {
     if (!path || !out) return kvl__errorf(KVL_ERR_INVALID_ARG, "translator load: NULL argument");
@@ -308,6 +311,78 @@ kvl_status kvl_translator_load(const char *path, kvl_translator **out) {
         if (v) s = kvl_translator_set_meta(tr, k_meta_keys[i], v);
     }
     kvl_safetensors_close(st);
+    if (s != KVL_OK) {
+        kvl_translator_free(tr);
+        return s;
+    }
+    *out = tr;
+    return KVL_OK;
+}
+
+/* ---- import of the plain layout ------------------------------------------------------------ */
+
+/* "0,1,2", "[0, 1, 2]" or " 0 1 2": Lt source layers in [0, Ls). */
+static kvl_status parse_plain_layer_map(const char *path, const char *v, int Ls, int Lt, int *map) {
+    const char *p = v;
+    while (*p == ' ' || *p == '[') p++;
+    for (int l = 0; l < Lt; l++) {
+        char *end;
+        long x = strtol(p, &end, 10);
+        if (end == p || x < 0 || x >= Ls)
+            return kvl__errorf(KVL_ERR_FORMAT, "%s: metadata 'layer_map' = \"%s\": entry %d is not a "
+                              "source layer in [0, %d) (the target has %d layers)", path, v, l, Ls, Lt);
+        map[l] = (int)x;
+        p = end;
+        while (*p == ' ' || *p == ',') p++;
+    }
+    while (*p == ' ' || *p == ']') p++;
+    if (*p)
+        return kvl__errorf(KVL_ERR_FORMAT, "%s: metadata 'layer_map' = \"%s\" lists more than the "
+                          "target's %d layers", path, v, Lt);
+    return KVL_OK;
+}
+
+kvl_status kvl_translator_import_plain(const char *path, const kvl_model *src, const kvl_model *dst,
+                                       kvl_translator **out) {
+    if (!path || !src || !dst || !out)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "translator import: NULL argument");
+    kvl_safetensors *st = NULL;
+    kvl_status s = kvl_safetensors_open(path, &st);
+    if (s != KVL_OK) return s;
+    const kvl_model_config *a = kvl_model_config_get(src), *b = kvl_model_config_get(dst);
+    int *map = calloc((size_t)b->n_layers, sizeof(int));
+    kvl_translator *tr = NULL;
+    const char *mv = kvl_safetensors_metadata(st, "layer_map");
+    if (!map) s = kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+    else if (kvl_safetensors_metadata(st, "format"))
+        s = kvl__errorf(KVL_ERR_FORMAT, "%s: has a 'format' metadata key (\"%s\"): not a plain-layout "
+                       "file (a kvlingo translator loads as it is)", path, kvl_safetensors_metadata(st, "format"));
+    else if (!mv)
+        s = kvl__errorf(KVL_ERR_FORMAT, "%s: metadata key 'layer_map' is missing (the plain layout names "
+                       "the source layer of each of the target's %d layers)", path, b->n_layers);
+    else
+        s = parse_plain_layer_map(path, mv, a->n_layers, b->n_layers, map);
+    for (int l = 0; s == KVL_OK && l < b->n_layers + 1; l++) {   /* no tensor past the target's depth */
+        char name[64];
+        snprintf(name, sizeof name, "layers.%d.k.weight", l);
+        if (l == b->n_layers && kvl_safetensors_find(st, name))
+            s = kvl__errorf(KVL_ERR_MISMATCH, "%s: tensor '%s' exists but target model '%s' has %d layers",
+                           path, name, kvl_model_name(dst), b->n_layers);
+    }
+    /* k_norm comes from the target model (kvl_translator_create copies it); the maps from the file,
+     * each checked against [Ht*Dt, Hs*Ds] of the two models */
+    if (s == KVL_OK) s = kvl_translator_create(src, dst, map, &tr);
+    for (int l = 0; s == KVL_OK && l < b->n_layers; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "layers.%d.k.weight", l);
+        s = load_tensor(st, path, name, kvl__tr_dt(tr), kvl__tr_ds(tr), kvl_translator_wk(tr, l));
+        snprintf(name, sizeof name, "layers.%d.v.weight", l);
+        if (s == KVL_OK) s = load_tensor(st, path, name, kvl__tr_dt(tr), kvl__tr_ds(tr), kvl_translator_wv(tr, l));
+    }
+    if (s == KVL_OK) s = kvl_translator_set_meta(tr, "imported_from", path);
+    if (s == KVL_OK) s = kvl_translator_set_meta(tr, "created_by", "kvlingo translator import --layout plain");
+    kvl_safetensors_close(st);
+    free(map);
     if (s != KVL_OK) {
         kvl_translator_free(tr);
         return s;

@@ -108,6 +108,7 @@ static kvl_status eval_turns(const kvl_translator *tr, kvl_model *src, kvl_model
             }
             r->turn_model[t] = h;
         }
+        if (s == KVL_OK && p->progress) p->progress(p->user, "sessions", ss + 1, p->sessions);
     }
     if (s == KVL_OK) {
         r->turns = K;
@@ -196,6 +197,7 @@ kvl_status kvl_translator_evaluate(const kvl_translator *tr, kvl_model *src, kvl
                 verr[l] += dv * dv; vnorm[l] += (double)b.va[j] * b.va[j];
             }
         }
+        if (s == KVL_OK && p.progress) p.progress(p.user, "samples", i + 1, N);
     }
     bufs_free(&b);
     if (s != KVL_OK) return s;

@@ -202,6 +202,13 @@ static kvl_status load_checkpoint(const char *path, kvl_translator *tr, float *m
 }
 
 
+double kvl_train_lr_at(const kvl_train_params *p, int step) {
+    int warmup = p->warmup < 0 ? p->steps / 20 : p->warmup;
+    if (step < warmup) return p->lr * (step + 1) / warmup;
+    double prog = p->steps > warmup ? (double)(step - warmup) / (p->steps - warmup) : 1.0;
+    return p->lr * (p->min_lr_frac + (1 - p->min_lr_frac) * 0.5 * (1 + cos(M_PI * prog)));
+}
+
 kvl_status kvl_translator_train(kvl_translator *tr, kvl_model *src, kvl_model *dst,
                                 const int32_t *stream, size_t n, const kvl_train_params *pp,
                                 double *final_loss) {
@@ -284,12 +291,7 @@ kvl_status kvl_translator_train(kvl_translator *tr, kvl_model *src, kvl_model *d
         for (size_t k = 0; k < np; k++) gn += (double)ws[0].gk[k] * ws[0].gk[k] + (double)ws[0].gv[k] * ws[0].gv[k];
         gn = sqrt(gn);
         double cs = p.clip > 0 && gn > p.clip ? p.clip / gn : 1.0;
-        double lr;
-        if (step < p.warmup) lr = p.lr * (step + 1) / p.warmup;
-        else {
-            double prog = p.steps > p.warmup ? (double)(step - p.warmup) / (p.steps - p.warmup) : 1.0;
-            lr = p.lr * (p.min_lr_frac + (1 - p.min_lr_frac) * 0.5 * (1 + cos(M_PI * prog)));
-        }
+        double lr = kvl_train_lr_at(&p, step);
         double bc1 = 1 - pow(p.beta1, step + 1), bc2 = 1 - pow(p.beta2, step + 1);
         for (int side = 0; side < 2; side++) {
             float *W = side ? tr->wv : tr->wk, *g = side ? ws[0].gv : ws[0].gk;

@@ -107,6 +107,10 @@ typedef struct kvl_train_params {
 
 kvl_train_params kvl_train_default_params(void);
 
+/* The learning rate stage 2 uses at 0-based `step` under p (linear warm-up over p->warmup
+ * steps, p->steps / 20 when negative, then cosine decay to lr * min_lr_frac). */
+double kvl_train_lr_at(const kvl_train_params *p, int step);
+
 /* Distil W_K, W_V of `tr` (initialised by the caller, e.g. by kvl_translator_fit_ridge) with
  * the target frozen: each sample draws a prefix length P in [prefix_min, prefix_max] and an
  * offset in `stream` [n] (shared by per_window samples); teacher = target reads stream[o, o+P+C-1) natively, logits on the
@@ -132,6 +136,10 @@ typedef struct kvl_eval_params {
     int turn_len;         /* tokens per turn (default 64) */
     int sessions;         /* multi-turn sessions (default 20) */
     const kvl_translator *reverse;  /* target -> source translator for multi-turn, or NULL */
+    /* progress callback (may be NULL): after each sample ("samples") and each multi-turn
+     * session ("sessions"), with how many are done of how many */
+    void (*progress)(void *user, const char *phase, int done, int total);
+    void *user;
 } kvl_eval_params;
 
 kvl_eval_params kvl_eval_default_params(void);

@@ -31,7 +31,8 @@ out=$("$KVL" translator eval --translator "$T/s2.safetensors" --source "$A" --ta
       --text-file "$SRC/testdata/corpus/valid.txt" --prefix-len 32 --cont-len 8 --samples 2 \
       --turns 4 --turn-len 8 --sessions 2 --store eval 2>&1)
 [ "$(grep -cE '^ +[0-3] +(source|target)' <<<"$out")" = 4 ] && ok turns || bad "turns: $out"
-"$KVL" translator info "$T/s2.safetensors" | grep -q '^  eval: {"kl"' && ok "info shows stored eval" || bad "info eval"
+"$KVL" translator info "$T/s2.safetensors" | grep -qE '^  final +[0-9.]+ ' && ok "info shows stored eval" || bad "info eval"
+"$KVL" translator info "$T/s2.safetensors" | grep -qE '^ +1 +4 +2 ' && ok "info lists the training run" || bad "info run"
 "$KVL" translator info "$T/s2.safetensors" --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["eval"]["samples"] == 2 and d["training"]["steps"] == 4' \
     && ok "info json" || bad "info json"
 # bad input
@@ -44,6 +45,21 @@ out=$("$KVL" translator info "$T/cut.safetensors" 2>&1); rc=$?
 # the shipped translators load and name their pair
 for f in "$SRC"/models/translators/*.safetensors; do
   [ -e "$f" ] || continue
-  "$KVL" translator info "$f" | grep -q "^  eval: " && ok "info $(basename "$f")" || bad "info $f"
+  info=$("$KVL" translator info "$f")
+  grep -qE '^  final +[0-9.]+ ' <<<"$info" && grep -q 'worst ' <<<"$info" && ! grep -q '{' <<<"$info" \
+    && ok "info $(basename "$f")" || bad "info $f: $info"
+done
+# every ordered pair of the shipped models has a shipped translator with its stored figures
+for s in qwen3-a qwen3-b qwen2-c; do
+  for d in qwen3-a qwen3-b qwen2-c; do
+    [ "$s" = "$d" ] && continue
+    f="$SRC/models/translators/${s}_to_${d}.safetensors"
+    "$KVL" translator info "$f" --json 2>/dev/null | python3 -c '
+import json, sys; d = json.load(sys.stdin); s, t = sys.argv[1:3]
+assert d["source_name"] == s and d["target_name"] == t
+assert d["eval"]["samples"] == 200 and d["eval"]["prefix_len"] == 256 and d["eval"]["cont_len"] == 64
+assert max(x["ratio"] for x in d["eval_multiturn"]["turns"]) <= 1.05' "$s" "$d" \
+      && ok "shipped $s -> $d: 200-sample eval, multi-turn within 5%" || bad "shipped translator $f"
+  done
 done
 exit $fail

@@ -130,6 +130,20 @@ def main():
                          cmake_text):
             bad(f"no CMakeLists.txt defines the program {p} (add_executable or OUTPUT_NAME)")
 
+    # ---- translators: the shipped trained ones, not fits made at build time
+    runs = " ".join(a for k, a, _ in ins if k == "RUN")
+    if "translator train" in runs:
+        bad("the build stage fits translators (translator train); the image serves the shipped "
+            "trained ones from models/translators/")
+    if "models/translators/" not in runs or not is_copied("models/translators"):
+        bad("the image does not take its translators from models/translators/")
+    shipped = [f for f in os.listdir(os.path.join(src, "models", "translators")) if f.endswith(".safetensors")]
+    if not shipped:
+        bad("models/translators/ has no translator for the image to serve")
+    if not any(k == "COPY" and "/out/translators/" in a and "/opt/kvlingo/translators/" in a for k, a, _ in ins):
+        bad("the runtime stage does not copy the translators to /opt/kvlingo/translators/ (the "
+            "seed-model init containers read them there)")
+
     # ---- final stage: non-root, health check
     stages = [i for i, (k, _, _) in enumerate(ins) if k == "FROM"]
     final = ins[stages[-1]:] if stages else []

@@ -12,13 +12,14 @@ What a schema validator cannot see, checked here on the objects `kubectl kustomi
   - every StatefulSet: a headless Service (serviceName) selecting its pods, a
     PodDisruptionBudget selecting them, a "models" volume claim; kvld's flags agree with the
     ports (--listen, --metrics) and the model label (--model /models/<model>);
-  - every Service selects some pods and its target ports exist; the ServiceMonitor selects
-    Services that have its endpoint port; every referenced ConfigMap / PVC exists;
+  - every Service selects some pods and its target ports exist; a ServiceMonitor exactly in the
+    *-monitoring overlays, selecting Services that have its endpoint port; every referenced
+    ConfigMap / PVC exists;
   - fleet.yaml (the router's ConfigMap): listen / metrics ports = the router's container ports;
     every node address is <statefulset>-<ordinal>.<service>:<grpc port> of a pod that exists,
     with the StatefulSet's model; every kvld pod is listed exactly once; the policy names only
     models the fleet has;
-  - GPUs (nvidia.com/gpu requested = limited) on every kvld exactly in the gpu overlay.
+  - GPUs (nvidia.com/gpu requested = limited) on every kvld exactly in the gpu overlays.
 Exit 0 when all hold, 1 with one line per problem otherwise.
 """
 import copy
@@ -84,6 +85,7 @@ def port_of(addr):
 
 
 def check_overlay(name, objs):
+    is_gpu = name.split("-")[0] == "gpu"   # gpu and gpu-monitoring
     by_kind = {}
     for o in objs:
         for key in ("apiVersion", "kind", "metadata"):
@@ -171,9 +173,9 @@ def check_overlay(name, objs):
             if str(gpu_l) != str(gpu_r):
                 bad(f"{cid}: nvidia.com/gpu requests ({gpu_r}) != limits ({gpu_l})")
             if w["kind"] == "StatefulSet":
-                if name == "gpu" and not (gpu_l and int(gpu_l) >= 1):
+                if is_gpu and not (gpu_l and int(gpu_l) >= 1):
                     bad(f"{cid}: the gpu overlay's kvld requests no nvidia.com/gpu")
-                if name != "gpu" and gpu_l:
+                if not is_gpu and gpu_l:
                     bad(f"{cid}: overlay {name} requests nvidia.com/gpu")
             elif gpu_l:
                 bad(f"{cid}: the router requests a GPU")
@@ -227,10 +229,14 @@ def check_overlay(name, objs):
             if isinstance(tp, str) and tp not in cports:
                 bad(f"{oid(s)}: targetPort {tp} is no container port")
 
-    # ---- ServiceMonitor
+    # ---- ServiceMonitor: only in the *-monitoring overlays (the others must apply on a cluster
+    # without the Prometheus Operator's CRDs)
     sms = by_kind.get("ServiceMonitor", [])
-    if not sms:
-        bad("no ServiceMonitor")
+    if name.endswith("-monitoring") and not sms:
+        bad("no ServiceMonitor in a -monitoring overlay")
+    if not name.endswith("-monitoring") and sms:
+        bad(f"overlay {name} has a ServiceMonitor: `kubectl apply -k` fails without the Prometheus "
+            "Operator's CRDs (it belongs in deploy/k8s/monitoring, added by the -monitoring overlays)")
     for sm in sms:
         chosen = [s for s in services.values()
                   if selects(sm["spec"].get("selector", {}), s["metadata"].get("labels", {}))]

@@ -8,7 +8,7 @@ COPY --from=build, RUN, USER -- are carried out in order, RUN lines in a chroot.
 image's USER, it does what a pod of deploy/k8s does: the StatefulSet's seed-model init script
 fills a /models volume from the image, two kvld and a router start, the image's HEALTHCHECK
 command passes for each, and `kvlingo chat` runs three turns that must switch qwen3-a -> qwen3-b
--> qwen3-a by translation (with the demo translators the build stage fitted); SIGTERM must end
+-> qwen3-a by translation (with the shipped translators the image serves); SIGTERM must end
 every process with status 0.
 
 Manual, not part of CTest: it needs root (chroot, mount), debootstrap (Debian package) and

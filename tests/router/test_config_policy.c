@@ -133,9 +133,63 @@ static void test_pinned(void **state) {
     in.requested_model = "medium";
     assert_int_equal(kvr_policy_choose(p, &in, &d), KVL_ERR_NOT_FOUND);
     in.requested_model = "large";
-    g_views[2].healthy = 0;
+    g_views[2].healthy = 0;   /* no healthy node of the model: another model takes the session */
+    assert_int_equal(kvr_policy_choose(p, &in, &d), KVL_OK);
+    assert_int_equal(d.failover, 1);
+    assert_string_equal(d.wanted, "large");
+    assert_string_equal(g_views[d.node].model, "small");
+    assert_non_null(strstr(d.reason, "failover"));
+    assert_non_null(strstr(d.reason, "large"));
+    for (int i = 0; i < 3; i++) g_views[i].healthy = 0;   /* nobody left: fail */
     assert_int_equal(kvr_policy_choose(p, &in, &d), KVL_ERR_IO);
-    assert_non_null(strstr(kvl_last_error(), "large"));
+    assert_non_null(strstr(kvl_last_error(), "no other node is healthy"));
+    kvr_policy_free(p);
+}
+
+/* Model failover in every policy: the chosen model ("large") has no healthy node. */
+static void test_failover(void **state) {
+    (void)state;
+    static const char *const yaml[] = {
+        "policy: {name: pinned, default_model: large}\n",
+        "policy: {name: least_loaded, default_model: large}\n",
+        "policy: {name: cascade, models: [large, small]}\n",
+        "policy: {name: cost, models: [large]}\n"};
+    for (int k = 0; k < 4; k++) {
+        kvr_policy *p = make_policy(yaml[k]);
+        kvr_policy_decision d;
+        /* a new session: any healthy node of another model, the least loaded */
+        kvr_policy_input in = input(-1, 0);
+        g_views[2].healthy = 0;
+        g_views[0].load = 2;
+        assert_int_equal(kvr_policy_choose(p, &in, &d), KVL_OK);
+        assert_int_equal(d.failover, 1);
+        assert_int_equal(d.node, 1);
+        /* the session was on large (down) and a0 holds part of it: a0 re-prefills the least */
+        in = input(2, 100);
+        g_views[2].healthy = 0;
+        g_views[0].held = 60;
+        g_views[0].load = 2;
+        g_views[0].can_translate = g_views[1].can_translate = 1;   /* but the source is down */
+        assert_int_equal(kvr_policy_choose(p, &in, &d), KVL_OK);
+        assert_int_equal(d.node, 0);
+        assert_non_null(strstr(d.reason, "by re-prefill"));
+        kvr_policy_free(p);
+    }
+    /* translation beats re-prefill; holding the whole context beats both */
+    kvr_policy *p = make_policy("policy: {name: pinned, default_model: large}\n");
+    kvr_policy_decision d;
+    kvr_policy_input in = input(0, 100);
+    g_views[2].healthy = 0;
+    g_views[0].held = 40;   /* current, partial */
+    g_views[1].can_translate = 1;
+    in.requested_model = "large";
+    assert_int_equal(kvr_policy_choose(p, &in, &d), KVL_OK);
+    assert_int_equal(d.node, 1);
+    assert_non_null(strstr(d.reason, "by translation"));
+    g_views[0].held = 100;
+    assert_int_equal(kvr_policy_choose(p, &in, &d), KVL_OK);
+    assert_int_equal(d.node, 0);
+    assert_non_null(strstr(d.reason, "holds the context"));
     kvr_policy_free(p);
 }
 
@@ -228,6 +282,7 @@ int main(void) {
         cmocka_unit_test(test_config_ok),       cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_pinned),          cmocka_unit_test(test_least_loaded),
         cmocka_unit_test(test_cascade),         cmocka_unit_test(test_cost),
+        cmocka_unit_test(test_failover),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,12 +7,16 @@
   2. router kill -9 (also in the middle of a turn) and restart on the same ledger: the session
      continues (a node holding tokens the ledger never committed is reset, not trusted);
   3. configuration errors: an unknown policy -> exit 1 naming file, line and key; a node that
-     does not answer -> the router starts, says so, Send answers UNAVAILABLE naming the model,
-     and works once the node is up;
+     does not answer -> the router starts, says so, a Send asking for its model is answered by
+     the live model (failover, named in the summary), and the node serves once it is up;
   4. the quality guardrail: with a KL budget no translation meets, the pair is disabled after
      its first shadow sample; the next switch re-prefills with reason pair_disabled, visible in
      ListNodes, the metrics and the log;
-  5. TTL: an idle session expires, its nodes drop it, a later Send says it expired.
+  5. TTL: an idle session expires, its nodes drop it, a later Send says it expired;
+  6. model failover with a node killed, in every policy: with the only qwen3-a node killed, old
+     and new sessions are answered on qwen3-b (re-prefill from the ledger), the summary names
+     the failover, the log and kvlingo_router_model_failovers_total record it; with every node
+     dead, Send answers UNAVAILABLE.
 usage: test_faults.py --build BUILD_DIR --work WORK_DIR
 """
 import argparse
@@ -205,12 +209,10 @@ def config_errors(a):
         c = fleet.client(timeout=30)
         sid = c.create_session()
         import grpc
-        try:
-            c.send_all(sid, "Hello", model="qwen3-b")
-            raise AssertionError("Send to a dead model succeeded")
-        except grpc.RpcError as e:
-            check(e.code().name == "UNAVAILABLE" and "qwen3-b" in e.details(), "dead node: %s" % e.details())
-            print("  ok: node that does not answer -> %s: %s" % (e.code().name, e.details()))
+        ids, _, s = c.send_all(sid, "Hello", max_tokens=3, model="qwen3-b")
+        check(s.model == "qwen3-a" and s.failover_from == "qwen3-b" and "failover" in s.policy_reason
+              and "qwen3-b" in s.policy_reason, "dead model -> failover: %s" % s)
+        print("  ok: node that does not answer -> failover: %s" % s.policy_reason)
         ids, _, s = c.send_all(sid, "Hello", max_tokens=3, model="qwen3-a")
         check(s.n_generated == 3, "router serves the live node")
         log = open(os.path.join(work, "router.log")).read()
@@ -287,6 +289,62 @@ def ttl_expiry(a):
         fleet.stop()
 
 
+def model_failover(a):
+    work = os.path.join(a.work, "failover")
+    # a high entropy threshold keeps the cascade on rung 0 (qwen3-a) unless it fails over
+    fleet = rtest.Fleet(a.build, work, policy={"name": "cascade", "models": ["qwen3-a", "qwen3-b"],
+                                               "entropy_threshold": 100},
+                        guardrail={"shadow_fraction": 0})
+    try:
+        import grpc
+        c = fleet.client(timeout=60)
+        old = c.create_session()
+        ids, _, s = c.send_all(old, rtest.corpus_text(0, 600), max_tokens=4)
+        check(s.model == "qwen3-a" and not s.failover_from, "cascade starts on rung 0: %s" % s)
+        n_ctx = s.context_tokens
+        fleet.nodes["qwen3-a"].kill9()
+        ids, _, s = c.send_all(old, " The next day", max_tokens=4)
+        check(s.model == "qwen3-b" and s.failover_from == "qwen3-a" and
+              rtest.MODES[s.switch_mode] == "re-prefill" and "failover" in s.policy_reason and
+              s.context_tokens > n_ctx, "old session after the kill: %s" % s)
+        print("  ok: cascade, old session: %s" % s.policy_reason)
+        new = c.create_session()
+        ids, _, s = c.send_all(new, "Once upon a time", max_tokens=4)
+        check(s.model == "qwen3-b" and s.failover_from == "qwen3-a", "cascade, new session: %s" % s)
+        n_fail = 2
+        for pol in ({"name": "pinned", "default_model": "qwen3-a"},
+                    {"name": "least_loaded", "default_model": "qwen3-a"},
+                    {"name": "cost", "models": ["qwen3-a"]}):
+            fleet.write_config(pol, {"shadow_fraction": 0})
+            fleet.router.proc.send_signal(signal.SIGHUP)
+            t0 = time.time()
+            while c.list_nodes().policy != pol["name"] and time.time() - t0 < 10:
+                time.sleep(0.1)
+            sid = c.create_session()
+            ids, _, s = c.send_all(sid, "She opened the door", max_tokens=4)
+            check(s.model == "qwen3-b" and s.failover_from == "qwen3-a" and len(ids) == 4,
+                  "%s with qwen3-a dead: %s" % (pol["name"], s))
+            n_fail += 1
+            print("  ok: %s: %s" % (pol["name"], s.policy_reason))
+        m = fleet.metrics()
+        got = sum(float(v) for v in re.findall(
+            r'^kvlingo_router_model_failovers_total\{from="qwen3-a",to="qwen3-b",mode="[a-z]+"\} (\S+)$', m, re.M))
+        check(got == n_fail, "kvlingo_router_model_failovers_total: %s, expected %d" % (got, n_fail))
+        log = open(fleet.router.log_path).read()
+        check(log.count("model failover from qwen3-a to qwen3-b") >= n_fail, "the log names each failover")
+        # nobody left: UNAVAILABLE
+        fleet.nodes["qwen3-b"].kill9()
+        try:
+            c.send_all(old, " More", max_tokens=2)
+            raise AssertionError("Send with every node dead succeeded")
+        except grpc.RpcError as e:
+            check(e.code().name == "UNAVAILABLE" and "no other node is healthy" in e.details(),
+                  "every node dead: %s %s" % (e.code().name, e.details()))
+            print("  ok: every node dead -> UNAVAILABLE: %s" % e.details())
+    finally:
+        fleet.stop()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
@@ -299,6 +357,7 @@ def main():
     config_errors(a)
     guardrail_disables_pair(a)
     ttl_expiry(a)
+    model_failover(a)
     print("test_faults: PASS")
 
 

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# --version, --help / -h and --key=value on one of the programs: flags.sh PROGRAM SOURCE_DIR.
+# --version names the program, version, git commit, build options and backends; --help and -h
+# exit 0 with the options described (kvld: each with its default); --key=value parses as
+# --key value; an unknown option fails with exit 2 naming it.
+set -uo pipefail
+P=$1; SRC=$2
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+fail=0
+ok() { echo "ok   $1"; }
+bad() { echo "FAIL $1"; fail=1; }
+name=$(basename "$P")
+v=$("$P" --version); rc=$?
+[ $rc -eq 0 ] && grep -qE "^$name [0-9]+\.[0-9]+\.[0-9]+ \(git [0-9a-f+dirtyunknown]+\)$" <<<"$v" \
+  && grep -q '^build: build=' <<<"$v" && grep -q '^backends: cpu' <<<"$v" && ok "$name --version" || bad "$name --version: $v"
+for h in --help -h; do
+  out=$("$P" $h); rc=$?
+  [ $rc -eq 0 ] && grep -q 'usage:' <<<"$out" && grep -q -- '--version' <<<"$out" && ok "$name $h" || bad "$name $h: $out"
+done
+out=$("$P" --no-such-flag 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q -- '--no-such-flag' <<<"$out" && ok "$name unknown option refused" || bad "$name unknown: $rc $out"
+case $name in
+kvlingo)
+  out=$("$P" generate --model "$SRC/models/qwen3-a" --prompt-ids 725,732 --max-tokens=3 --json) \
+    && python3 -c 'import json,sys; assert len(json.loads(sys.argv[1])["ids"]) == 3' "$out" \
+    && ok "kvlingo --max-tokens=3" || bad "kvlingo --max-tokens=3: $out"
+  out=$("$P" generate -h) && grep -q 'max-tokens' <<<"$out" && ok "kvlingo generate -h" || bad "generate -h: $out"
+  ;;
+kvld)
+  out=$("$P" --help)
+  [ "$(grep -c '(default: ' <<<"$out")" -ge 10 ] && grep -qE -- '--listen HOST:PORT .*\(default: 127\.0\.0\.1:7070\)' <<<"$out" \
+    && ok "kvld --help gives descriptions and defaults" || bad "kvld help: $out"
+  out=$("$P" --model="$SRC/models/qwen3-a" --max-sessions=0 2>&1); rc=$?
+  [ $rc -eq 2 ] && grep -q "max_sessions = '0'" <<<"$out" && ok "kvld --max-sessions=0 parsed (and refused)" || bad "kvld =: $out"
+  out=$("$P" --model="$SRC/models/qwen3-a" --listen=127.0.0.1:0 --check); rc=$?
+  [ $rc -eq 0 ] && grep -q "^model: $SRC/models/qwen3-a" <<<"$out" && grep -q '^listen: 127.0.0.1:0' <<<"$out" \
+    && ok "kvld --check --key=value" || bad "kvld check: $rc $out"
+  ;;
+kvlingo-router)
+  printf 'listen: 127.0.0.1:0\ntokenizer: %s\npolicy:\n  name: pinned\nnodes:\n  - {name: a, address: 127.0.0.1:1, model: qwen3-a}\n' "$SRC/models/qwen3-a" > "$T/fleet.yaml"
+  out=$("$P" --config="$T/fleet.yaml" --check); rc=$?
+  [ $rc -eq 0 ] && grep -q 'ok' <<<"$out" && ok "router --config=FILE --check" || bad "router check: $rc $out"
+  ;;
+esac
+exit $fail

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# kvlingo-router --check refuses each file a start would refuse, naming file:line, the key and
+# the resolved path; strict YAML (aliases, anchors, merge keys, duplicate keys refused) on the
+# router and on kvld --config.  check_config.sh ROUTER KVLD SOURCE_DIR
+set -uo pipefail
+R=$1; K=$2; SRC=$3
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+fail=0
+ok() { echo "ok   $1"; }
+bad() { echo "FAIL $1"; fail=1; }
+good() {   # a fleet file that passes, with one line replaced/added by the caller's sed
+  cat <<YAML
+listen: 127.0.0.1:0
+ledger: ledger.db
+tokenizer: $SRC/models/qwen3-a
+nodes:
+  - {name: a0, address: 127.0.0.1:7100, model: qwen3-a}
+  - {name: b0, address: 127.0.0.1:7101, model: qwen3-b}
+policy:
+  name: cascade
+  models: [qwen3-a, qwen3-b]
+YAML
+}
+refuse() {   # refuse NAME FILE PATTERN...
+  local name=$1 f=$2; shift 2
+  local out; out=$("$R" --config "$f" --check 2>&1); local rc=$?
+  local okp=1
+  for p in "$@"; do grep -qF -- "$p" <<<"$out" || okp=0; done
+  [ $rc -eq 1 ] && [ $okp = 1 ] && ok "refused: $name" || bad "$name: rc $rc: $out"
+}
+mkdir -p "$T/conf"
+good > "$T/conf/good.yaml"
+out=$("$R" --config "$T/conf/good.yaml" --check); rc=$?
+[ $rc -eq 0 ] && grep -q "^tokenizer: $SRC/models/qwen3-a (vocabulary " <<<"$out" \
+  && grep -q "^ledger: $T/conf/ledger.db (will be created)" <<<"$out" && grep -q '^  b0  127.0.0.1:7101  model qwen3-b' <<<"$out" \
+  && ok "good file passes, resolved paths shown" || bad "good: $rc $out"
+# a relative tokenizer that does not exist: the resolved path is named
+good | sed 's|^tokenizer: .*|tokenizer: ../models/nope|' > "$T/conf/reltok.yaml"
+refuse "relative tokenizer path" "$T/conf/reltok.yaml" "reltok.yaml:3: key 'tokenizer'" "'../models/nope' resolves to" "$T/models/nope" "does not exist"
+# 5,001 nodes
+{ good | sed '/^  - /d; /^nodes:/d'; echo "nodes:"; for i in $(seq 1 5001); do echo "  - {name: n$i, address: 127.0.0.1:$((10000 + i % 50000)), model: qwen3-a}"; done; } > "$T/conf/many.yaml"
+refuse "5,001 nodes" "$T/conf/many.yaml" "many.yaml:" "5001 nodes, at most 32"
+long=$(head -c 5000 /dev/zero | tr '\0' x)
+good | sed "s|name: a0|name: $long|" > "$T/conf/longname.yaml"
+refuse "5,000-character node name" "$T/conf/longname.yaml" "longname.yaml:5: key 'nodes[0].name': 5000 characters, at most 63"
+good | sed "s|model: qwen3-b}|model: $long}|" > "$T/conf/longmodel.yaml"
+refuse "5,000-character model name" "$T/conf/longmodel.yaml" "longmodel.yaml:6: key 'nodes[1].model': 5000 characters"
+good | sed 's|^ledger: .*|ledger: /nonexistent-dir/x/ledger.db|' > "$T/conf/ledger.yaml"
+refuse "ledger in a missing directory" "$T/conf/ledger.yaml" "ledger.yaml:2: key 'ledger'" "does not exist"
+good | sed 's|^listen: .*|listen: \&l 127.0.0.1:0|; s|address: 127.0.0.1:7100|address: *l|' > "$T/conf/alias.yaml"
+refuse "YAML alias/anchor" "$T/conf/alias.yaml" "alias.yaml:1: YAML anchor '&l' refused"
+{ good; echo "listen: 127.0.0.1:9"; } > "$T/conf/dup.yaml"
+refuse "duplicate top-level key" "$T/conf/dup.yaml" "dup.yaml:10: key 'listen' given twice (first on line 1)"
+good | sed 's|^  name: cascade|  name: cascade\n  name: pinned|' > "$T/conf/dup2.yaml"
+refuse "duplicate nested key" "$T/conf/dup2.yaml" "dup2.yaml:9: key 'name' given twice (first on line 8)"
+good | sed 's|^  models: .*|  models: [qwen3-a, qwen3-z]|' > "$T/conf/model.yaml"
+refuse "policy naming a model no node serves" "$T/conf/model.yaml" "model 'qwen3-z' is served by no node"
+# kvld: the same strict YAML
+printf 'model: %s\nmax_sessions: 4\nmax_sessions: 8\n' "$SRC/models/qwen3-a" > "$T/kd.yaml"
+out=$("$K" --config "$T/kd.yaml" --check 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -qF "kd.yaml:3: key 'max_sessions' given twice (first on line 2)" <<<"$out" && ok "kvld: duplicate key refused" || bad "kvld dup: $rc $out"
+printf 'model: &m %s\ntranslators: *m\n' "$SRC/models/qwen3-a" > "$T/ka.yaml"
+out=$("$K" --config "$T/ka.yaml" --check 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -qF "ka.yaml:1: YAML anchor '&m' refused" <<<"$out" && ok "kvld: alias refused" || bad "kvld alias: $rc $out"
+printf 'model: %s\nmax_sessions: 4\n' "$SRC/models/qwen3-a" > "$T/kg.yaml"
+out=$("$K" --config "$T/kg.yaml" --check 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q '^max_sessions: 4' <<<"$out" && ok "kvld: good YAML passes --check" || bad "kvld good: $rc $out"
+exit $fail

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""tests/router/test_cancel.py: a cancelled turn keeps the user's input; clients name the session.
+
+  1. a turn cancelled by the client after its first token: the ledger keeps the turn's input
+     (exactly the ids sent) and none of its output; the next turn continues after that input
+     and answers normally (the node that generated the discarded tokens is reset, not trusted);
+  2. a turn failing with UNAVAILABLE (the only node killed): `kvlingo chat` and
+     examples/python_client.py print the session id they created, so it can be continued.
+usage: test_cancel.py --build BUILD_DIR --work WORK_DIR
+"""
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rtest  # noqa: E402
+from rtest import check  # noqa: E402
+
+
+def cancel_keeps_input(a):
+    fleet = rtest.Fleet(a.build, os.path.join(a.work, "cancel"), models=("qwen3-a",),
+                        policy={"name": "pinned"}, translators=False)
+    try:
+        c = fleet.client(timeout=60)
+        sid = c.create_session()
+        c.send_all(sid, tokens=[725, 732, 1553, 623, 12, 40], max_tokens=4)
+        before = list(c.get_session(sid, include_tokens=True).tokens)
+        user = [39, 918, 78, 845, 264, 1210]
+        call = c.stub.Send(c.pb.SendRequest(session_id=sid, tokens=user, max_tokens=500,
+                                            stop_at_eos=False), timeout=60)
+        got = 0
+        for m in call:
+            if not m.HasField("summary"):
+                got += 1
+                if got == 2:
+                    call.cancel()
+                    break
+        check(got == 2, "the turn streamed tokens before the cancel")
+        t0 = time.time()
+        after = before
+        while time.time() - t0 < 10:   # the router commits once it sees the cancel
+            after = list(c.get_session(sid, include_tokens=True).tokens)
+            if len(after) != len(before):
+                break
+            time.sleep(0.1)
+        check(after == before + user, "ledger after the cancel: %d tokens, expected %d (+ the input only)"
+              % (len(after), len(before) + len(user)))
+        ids, _, s = c.send_all(sid, tokens=[13, 198], max_tokens=3)
+        check(len(ids) == 3 and s.context_tokens == len(before) + len(user) + 2 + 3,
+              "the next turn continues after the kept input: %s" % s)
+        log = open(fleet.router.log_path).read()
+        check("turn cancelled by the client" in log, "the router logs the cancel")
+        print("  ok: cancelled turn kept its %d input tokens, discarded the output" % len(user))
+    finally:
+        fleet.stop()
+
+
+def clients_name_the_session(a):
+    fleet = rtest.Fleet(a.build, os.path.join(a.work, "sid"), models=("qwen3-a",),
+                        policy={"name": "pinned"}, translators=False)
+    try:
+        fleet.nodes["qwen3-a"].kill9()
+        r = subprocess.run([os.path.join(a.build, "kvlingo"), "chat", "--router", fleet.addr, "Hello"],
+                           capture_output=True, text=True, timeout=60)
+        check(r.returncode == 1 and "UNAVAILABLE" in r.stderr and "kvlingo chat: session s" in r.stderr
+              and "--session" in r.stderr, "kvlingo chat on a dead fleet: rc %d %r" % (r.returncode, r.stderr))
+        sid = r.stderr.split("kvlingo chat: session ")[1].split()[0]
+        got = fleet.client().get_session(sid)
+        check(got.session_id == sid, "the printed session exists: %s" % got)
+        print("  ok: kvlingo chat printed session %s after UNAVAILABLE" % sid)
+        r = subprocess.run(["/usr/bin/python3", os.path.join(rtest.SRC, "examples", "python_client.py"),
+                            "--router", fleet.addr, "Hello"], capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, PYTHONPATH=os.path.join(fleet.work, "stubs")))
+        check(r.returncode == 1 and "UNAVAILABLE" in r.stderr and "session s" in r.stderr,
+              "python_client on a dead fleet: rc %d %r" % (r.returncode, r.stderr))
+        print("  ok: python_client printed the session after UNAVAILABLE")
+    finally:
+        fleet.stop()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--work", required=True)
+    a = ap.parse_args()
+    cancel_keeps_input(a)
+    clients_name_the_session(a)
+    print("test_cancel: PASS")
+
+
+if __name__ == "__main__":
+    main()
