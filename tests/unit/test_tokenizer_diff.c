@@ -48,7 +48,9 @@ static void test_diff(void **state) {
         const char *name = cJSON_GetObjectItem(v, "name")->valuestring;
         const char *path = cJSON_GetObjectItem(v, "path")->valuestring;
         kvl_tokenizer *tok = NULL;
-        kvl_status st = kvl_tokenizer_load(kvl__test_path(path), &tok);
+        /* the fixture is named relative to the source tree; the real tokenizers by the
+         * absolute path of their unpacked copy in the build tree */
+        kvl_status st = kvl_tokenizer_load(path[0] == '/' ? path : kvl__test_path(path), &tok);
         if (st) printf("%s: %s\n", path, kvl_last_error());
         assert_int_equal(st, KVL_OK);
         size_t n = 0, bad_ids = 0, bad_dec = 0, bad_rt = 0;
