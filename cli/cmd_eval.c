@@ -66,7 +66,7 @@ int cmd_eval_ppl(int argc, char **argv) {
     double nll = 0.0;
     long windows = 0, preds = 0;
     long avail = (long)((n > 0 ? n - 1 : 0) / (size_t)W);
-    long todo = avail < max_windows ? avail : max_windows;
+    long n_planned = avail < max_windows ? avail : max_windows;
     cli_progress pr;
     cli_progress_init(&pr, "eval-ppl", quiet);
     for (long i = 0; i < max_windows; i++) {
@@ -80,7 +80,7 @@ int cmd_eval_ppl(int argc, char **argv) {
             preds++;
         }
         windows++;
-        cli_progress_step(&pr, "windows", windows, todo);
+        cli_progress_step(&pr, "windows", windows, n_planned);
     }
     if (preds == 0) {
         fprintf(stderr, "kvlingo eval-ppl: %s: %zu tokens are too few for one window of %ld\n", file, n, W);
