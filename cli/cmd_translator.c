@@ -86,7 +86,7 @@ static int cmd_train(int argc, char **argv) {
         puts("usage: kvlingo translator train --source DIR --target DIR --corpus FILE --out FILE\n"
              "         [--steps 400] [--batch 16] [--prefix-min 32] [--prefix-max 256] [--cont-len 64]\n"
              "         [--lr 1e-3] [--warmup N] [--weight-decay 0] [--clip 1.0] [--seed 1] [--threads 1]\n"
-             "         [--per-window 1]\n"
+             "         [--per-window 1] [--taps 1]\n"
              "         [--stage1-only] [--stage1-out FILE] [--ridge-tokens 65536] [--init FILE]\n"
              "         [--checkpoint FILE] [--checkpoint-every 50] [--resume CKPT] [--bf16]\n"
              "         [--loss-csv FILE (default: OUT with .csv for .safetensors)] [--quiet]\n"
@@ -96,6 +96,8 @@ static int cmd_train(int argc, char **argv) {
              "per line.  --init FILE starts stage 2 from a saved translator instead of stage 1.\n"
              "--per-window K: K samples of a step share one text window (different prefix lengths), so\n"
              "one teacher and one source pass serve K samples.\n"
+             "--taps T: each target layer reads the pre-norm K/V of the T source layers nearest in\n"
+             "relative depth (maps [Ht*Dt, T*Hs*Ds]; still linear per token); with --init, the file's.\n"
              "The loss curve goes to a CSV (step, loss = the step's mean KL(teacher || student),\n"
              "kl_ema = its moving average, lr, tokens_per_s; `kvlingo translator plot` draws it);\n"
              "progress lines go to stderr (--quiet: none).");
@@ -118,6 +120,7 @@ static int cmd_train(int argc, char **argv) {
     tp.seed = (uint64_t)cli_opt_long(&a, "--seed", 1, 0, 1L << 62, &err);
     tp.threads = (int)cli_opt_long(&a, "--threads", 1, 1, 64, &err);
     tp.per_window = (int)cli_opt_long(&a, "--per-window", 1, 1, 1024, &err);
+    int taps = (int)cli_opt_long(&a, "--taps", 0, 1, 4096, &err);
     tp.checkpoint = cli_opt(&a, "--checkpoint", &err);
     tp.checkpoint_every = (int)cli_opt_long(&a, "--checkpoint-every", 50, 1, 10000000, &err);
     tp.resume = cli_opt(&a, "--resume", &err);
@@ -155,8 +158,17 @@ static int cmd_train(int argc, char **argv) {
             rc = cli_fail("translator train", s);
             goto done;
         }
+        if (taps && taps != kvl_translator_taps(tr)) {
+            fprintf(stderr, "kvlingo translator train: --taps %d, but --init %s has %d tap(s) per target "
+                    "layer\n", taps, init, kvl_translator_taps(tr));
+            rc = 2;
+            goto done;
+        }
     } else {
-        if ((s = kvl_translator_create(src, dst, NULL, &tr))) { rc = cli_fail("translator train", s); goto done; }
+        if ((s = kvl_translator_create_taps(src, dst, taps ? taps : 1, NULL, &tr))) {
+            rc = cli_fail("translator train", s);
+            goto done;
+        }
         kvl_ridge_params rp = kvl_ridge_default_params();
         rp.train_tokens = ridge_tokens;
         rp.heldout_tokens = ridge_tokens / 4;
@@ -384,8 +396,11 @@ static void print_info_table(const kvl_translator *tr, const char *file) {
            kvl_translator_target_hash(tr) ? kvl_translator_target_hash(tr) : "-", g.dst_layers,
            g.dst_kv_heads, g.dst_head_dim, g.dst_qk_norm ? "  (k_norm)" : "");
     printf("  maps: %d x 2 of [%d, %d]; layer map (target <- source):", g.dst_layers,
-           g.dst_kv_heads * g.dst_head_dim, g.src_kv_heads * g.src_head_dim);
-    for (int l = 0; l < g.dst_layers; l++) printf(" %d<-%d", l, kvl_translator_layer_map(tr, l));
+           g.dst_kv_heads * g.dst_head_dim, kvl_translator_taps(tr) * g.src_kv_heads * g.src_head_dim);
+    for (int l = 0; l < g.dst_layers; l++) {
+        printf(" %d<-%d", l, kvl_translator_layer_source(tr, l, 0));
+        for (int j = 1; j < kvl_translator_taps(tr); j++) printf("+%d", kvl_translator_layer_source(tr, l, j));
+    }
     printf("\n");
     const char *corpus = kvl_translator_metadata(tr, "corpus");
     if (corpus) printf("  corpus: %s\n", corpus);

@@ -24,6 +24,32 @@ int kvl__tr_default_source_layer(int l, int Ls, int Lt) {
     return s < 0 ? 0 : (s >= Ls ? Ls - 1 : s);
 }
 
+void kvl__tr_default_sources(int l, int Ls, int Lt, int T, int *out) {
+    if (T > Ls) T = Ls;
+    double x = Lt <= 1 ? 0.0 : (double)l * (Ls - 1) / (Lt - 1);
+    int lo = kvl__tr_default_source_layer(l, Ls, Lt), hi = lo;
+    /* grow the window [lo, hi] one layer at a time toward the nearer side of x (the lower one
+     * on a tie), so that the taps stay the layers closest in relative depth */
+    while (hi - lo + 1 < T) {
+        int can_lo = lo > 0, can_hi = hi < Ls - 1;
+        if (can_lo && (!can_hi || x - (lo - 1) <= (hi + 1) - x)) lo--;
+        else hi++;
+    }
+    for (int j = 0; j < T; j++) out[j] = lo + j;
+}
+
+void kvl__tr_gather(const kvl_translator *tr, int l, const float *x, int n, float *out) {
+    const int T = tr->taps, ds = kvl__tr_ds(tr);
+    const int *m = tr->layer_map + (size_t)l * T;
+    if (T == 1) {
+        memcpy(out, x + (size_t)m[0] * n * ds, sizeof(float) * (size_t)n * ds);
+        return;
+    }
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < T; j++)
+            memcpy(out + ((size_t)t * T + j) * ds, x + ((size_t)m[j] * n + t) * ds, sizeof(float) * ds);
+}
+
 void kvl_translator_free(kvl_translator *tr) {
     if (!tr) return;
     if (tr->prep) tr->prep_ops->translate_release(tr->prep);
@@ -35,6 +61,7 @@ void kvl_translator_free(kvl_translator *tr) {
     free(tr->meta_keys);
     free(tr->meta_vals);
     free(tr->layer_map);
+    free(tr->ident_map);
     free(tr->wk);
     free(tr->wv);
     free(tr->k_norm);
@@ -92,25 +119,29 @@ void kvl_translator_get_geometry(const kvl_translator *tr, kvl_translator_geomet
                                    tr->dst_layers, tr->dst_kv_heads, tr->dst_head_dim,
                                    tr->dst_qk_norm};
 }
-int kvl_translator_layer_map(const kvl_translator *tr, int l) {
-    return l >= 0 && l < tr->dst_layers ? tr->layer_map[l] : -1;
+int kvl_translator_taps(const kvl_translator *tr) { return tr ? tr->taps : 0; }
+int kvl_translator_layer_source(const kvl_translator *tr, int l, int j) {
+    return l >= 0 && l < tr->dst_layers && j >= 0 && j < tr->taps ? tr->layer_map[(size_t)l * tr->taps + j] : -1;
 }
+int kvl_translator_layer_map(const kvl_translator *tr, int l) { return kvl_translator_layer_source(tr, l, 0); }
 float *kvl_translator_wk(kvl_translator *tr, int l) {
-    return l >= 0 && l < tr->dst_layers ? tr->wk + (size_t)l * kvl__tr_dt(tr) * kvl__tr_ds(tr) : NULL;
+    return l >= 0 && l < tr->dst_layers ? tr->wk + (size_t)l * kvl__tr_dt(tr) * kvl__tr_din(tr) : NULL;
 }
 float *kvl_translator_wv(kvl_translator *tr, int l) {
-    return l >= 0 && l < tr->dst_layers ? tr->wv + (size_t)l * kvl__tr_dt(tr) * kvl__tr_ds(tr) : NULL;
+    return l >= 0 && l < tr->dst_layers ? tr->wv + (size_t)l * kvl__tr_dt(tr) * kvl__tr_din(tr) : NULL;
 }
 
-/* Allocate maps, layer map and k_norm for the geometry already set in tr. */
+/* Allocate maps, layer map and k_norm for the geometry (and taps) already set in tr. */
 static kvl_status alloc_arrays(kvl_translator *tr) {
-    size_t n = (size_t)tr->dst_layers * kvl__tr_dt(tr) * kvl__tr_ds(tr);
-    tr->layer_map = calloc((size_t)tr->dst_layers, sizeof(int));
+    size_t n = (size_t)tr->dst_layers * kvl__tr_dt(tr) * kvl__tr_din(tr);
+    tr->layer_map = calloc((size_t)tr->dst_layers * tr->taps, sizeof(int));
+    tr->ident_map = calloc((size_t)tr->dst_layers, sizeof(int));
     tr->wk = calloc(n, sizeof(float));
     tr->wv = calloc(n, sizeof(float));
     if (tr->dst_qk_norm) tr->k_norm = calloc((size_t)tr->dst_layers * tr->dst_head_dim, sizeof(float));
-    if (!tr->layer_map || !tr->wk || !tr->wv || (tr->dst_qk_norm && !tr->k_norm))
+    if (!tr->layer_map || !tr->ident_map || !tr->wk || !tr->wv || (tr->dst_qk_norm && !tr->k_norm))
         return kvl__errorf(KVL_ERR_NOMEM, "out of memory for a translator (%zu floats per side)", n);
+    for (int l = 0; l < tr->dst_layers; l++) tr->ident_map[l] = l;
     return KVL_OK;
 }
 
@@ -127,6 +158,7 @@ static kvl_status write_geometry_meta(kvl_translator *tr) {
         (s = set_int_meta(tr, "source_layers", tr->src_layers)) ||
         (s = set_int_meta(tr, "source_kv_heads", tr->src_kv_heads)) ||
         (s = set_int_meta(tr, "source_head_dim", tr->src_head_dim)) ||
+        (s = set_int_meta(tr, "source_taps", tr->taps)) ||
         (s = set_int_meta(tr, "target_layers", tr->dst_layers)) ||
         (s = set_int_meta(tr, "target_kv_heads", tr->dst_kv_heads)) ||
         (s = set_int_meta(tr, "target_head_dim", tr->dst_head_dim)) ||
@@ -135,12 +167,15 @@ static kvl_status write_geometry_meta(kvl_translator *tr) {
     char buf[64];
     snprintf(buf, sizeof buf, "%.9g", (double)tr->k_norm_eps);
     if ((s = kvl_translator_set_meta(tr, "target_rms_norm_eps", buf))) return s;
-    size_t cap = (size_t)tr->dst_layers * 12 + 1, len = 0;
+    /* "0,1,1,2" with one tap; "0+1,1+2,2+3" with two (a target layer's taps joined by '+') */
+    size_t cap = (size_t)tr->dst_layers * tr->taps * 12 + 1, len = 0;
     char *map = malloc(cap);
     if (!map) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
     map[0] = 0;
     for (int l = 0; l < tr->dst_layers; l++)
-        len += (size_t)snprintf(map + len, cap - len, l ? ",%d" : "%d", tr->layer_map[l]);
+        for (int j = 0; j < tr->taps; j++)
+            len += (size_t)snprintf(map + len, cap - len, j ? "+%d" : (l ? ",%d" : "%d"),
+                                    tr->layer_map[(size_t)l * tr->taps + j]);
     s = kvl_translator_set_meta(tr, "layer_map", map);
     free(map);
     if (s) return s;
@@ -149,8 +184,17 @@ static kvl_status write_geometry_meta(kvl_translator *tr) {
 
 kvl_status kvl_translator_create(const kvl_model *src, const kvl_model *dst,
                                  const int *layer_map, kvl_translator **out) {
+    return kvl_translator_create_taps(src, dst, 1, layer_map, out);
+}
+
+kvl_status kvl_translator_create_taps(const kvl_model *src, const kvl_model *dst, int taps,
+                                      const int *layer_map, kvl_translator **out) {
     if (!src || !dst || !out) return kvl__errorf(KVL_ERR_INVALID_ARG, "translator create: NULL argument");
     const kvl_model_config *a = kvl_model_config_get(src), *b = kvl_model_config_get(dst);
+    if (taps < 1 || taps > a->n_layers)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "translator create: %d taps per target layer is outside "
+                          "[1, %d] (the source '%s' has %d layers)", taps, a->n_layers,
+                          kvl_model_name(src), a->n_layers);
     if (a->vocab_size != b->vocab_size)
         return kvl__errorf(KVL_ERR_MISMATCH, "translator create: source '%s' (vocab %d) and target "
                           "'%s' (vocab %d) do not share a tokenizer", kvl_model_name(src), a->vocab_size,
@@ -166,14 +210,17 @@ kvl_status kvl_translator_create(const kvl_model *src, const kvl_model *dst,
     tr->dst_head_dim = b->head_dim;
     tr->dst_qk_norm = b->qk_norm;
     tr->k_norm_eps = b->rms_norm_eps;
+    tr->taps = taps;
     kvl_status s = alloc_arrays(tr);
     for (int l = 0; s == KVL_OK && l < b->n_layers; l++) {
-        int m = layer_map ? layer_map[l] : kvl__tr_default_source_layer(l, a->n_layers, b->n_layers);
-        if (m < 0 || m >= a->n_layers)
-            s = kvl__errorf(KVL_ERR_INVALID_ARG, "translator create: layer map entry %d = %d is "
-                           "outside the source's %d layers", l, m, a->n_layers);
-        else
-            tr->layer_map[l] = m;
+        int *m = tr->layer_map + (size_t)l * taps;
+        if (layer_map) memcpy(m, layer_map + (size_t)l * taps, sizeof(int) * (size_t)taps);
+        else kvl__tr_default_sources(l, a->n_layers, b->n_layers, taps, m);
+        for (int j = 0; s == KVL_OK && j < taps; j++)
+            if (m[j] < 0 || m[j] >= a->n_layers || (j && m[j] <= m[j - 1]))
+                s = kvl__errorf(KVL_ERR_INVALID_ARG, "translator create: layer map entry %d tap %d = %d "
+                               "is outside the source's %d layers or not above the previous tap",
+                               l, j, m[j], a->n_layers);
         if (s == KVL_OK && b->qk_norm)
             memcpy(tr->k_norm + (size_t)l * b->head_dim, kvl_model_weights(dst)->layers[l].k_norm, sizeof(float) * b->head_dim);
     }
@@ -247,6 +294,10 @@ static kvl_status load_from(kvl_safetensors *st, const char *path, kvl_translato
         (s = meta_int(st, path, "target_head_dim", 2, 4096, &tr->dst_head_dim)) ||
         (s = meta_int(st, path, "target_qk_norm", 0, 1, &tr->dst_qk_norm)))
         return s;
+    tr->taps = 1;   /* files written before multi-layer maps have no source_taps */
+    if (kvl_safetensors_metadata(st, "source_taps") &&
+        (s = meta_int(st, path, "source_taps", 1, tr->src_layers, &tr->taps)))
+        return s;
     if (tr->dst_head_dim % 2)
         return kvl__errorf(KVL_ERR_FORMAT, "%s: target_head_dim %d is odd (RoPE needs pairs)", path, tr->dst_head_dim);
     const char *eps = kvl_safetensors_metadata(st, "target_rms_norm_eps");
@@ -255,22 +306,27 @@ static kvl_status load_from(kvl_safetensors *st, const char *path, kvl_translato
         return kvl__errorf(KVL_ERR_FORMAT, "%s: metadata 'target_rms_norm_eps' = \"%s\" is not in (0, 1)", path, eps);
     if ((s = alloc_arrays(tr))) return s;
     const char *map = kvl_safetensors_metadata(st, "layer_map");
+    const int T = tr->taps;
     for (int l = 0; l < tr->dst_layers; l++) {
+        int *m = tr->layer_map + (size_t)l * T;
         if (!map) {
-            tr->layer_map[l] = kvl__tr_default_source_layer(l, tr->src_layers, tr->dst_layers);
+            kvl__tr_default_sources(l, tr->src_layers, tr->dst_layers, T, m);
             continue;
         }
-        char *end;
-        long v = strtol(map, &end, 10);
-        if (end == map || v < 0 || v >= tr->src_layers || (*end != ',' && *end != 0) ||
-            (*end == 0 && l != tr->dst_layers - 1) || (*end == ',' && l == tr->dst_layers - 1))
-            return kvl__errorf(KVL_ERR_FORMAT, "%s: metadata 'layer_map' must list %d source layers in "
-                              "[0, %d) separated by commas; entry %d is bad", path, tr->dst_layers,
-                              tr->src_layers, l);
-        tr->layer_map[l] = (int)v;
-        map = *end ? end + 1 : end;
+        for (int j = 0; j < T; j++) {   /* entry l: T ascending source layers joined by '+' */
+            char *end;
+            long v = strtol(map, &end, 10);
+            char want = j < T - 1 ? '+' : (l < tr->dst_layers - 1 ? ',' : 0);
+            if (end == map || v < 0 || v >= tr->src_layers || *end != want || (j && v <= m[j - 1]))
+                return kvl__errorf(KVL_ERR_FORMAT, "%s: metadata 'layer_map' must list %d entries of %d "
+                                  "ascending source layer(s) in [0, %d) (taps joined by '+', entries "
+                                  "by commas); entry %d is bad", path, tr->dst_layers, T,
+                                  tr->src_layers, l);
+            m[j] = (int)v;
+            map = *end ? end + 1 : end;
+        }
     }
-    int64_t dt = kvl__tr_dt(tr), ds = kvl__tr_ds(tr);
+    int64_t dt = kvl__tr_dt(tr), ds = kvl__tr_din(tr);
     char name[96];
     for (int l = 0; l < tr->dst_layers; l++) {
         snprintf(name, sizeof name, "layers.%d.k.weight", l);
@@ -291,7 +347,7 @@ static kvl_status load_from(kvl_safetensors *st, const char *path, kvl_translato
 static const char *const k_meta_keys[] = {
     "format", "source_name", "source_hash", "target_name", "target_hash", "source_layers",
     "source_kv_heads", "source_head_dim", "target_layers", "target_kv_heads", "target_head_dim",
-    "target_qk_norm", "target_rms_norm_eps", "layer_map", "capture", "stage1", "training",
+    "target_qk_norm", "target_rms_norm_eps", "source_taps", "layer_map", "capture", "stage1", "training",
     "eval", "eval_stage1", "eval_multiturn", "corpus", "created_by", "imported_from"};
 
 kvl_status kvl_translator_load(const char *path, kvl_translator **out) {
@@ -375,9 +431,9 @@ kvl_status kvl_translator_import_plain(const char *path, const kvl_model *src, c
     for (int l = 0; s == KVL_OK && l < b->n_layers; l++) {
         char name[64];
         snprintf(name, sizeof name, "layers.%d.k.weight", l);
-        s = load_tensor(st, path, name, kvl__tr_dt(tr), kvl__tr_ds(tr), kvl_translator_wk(tr, l));
+        s = load_tensor(st, path, name, kvl__tr_dt(tr), kvl__tr_din(tr), kvl_translator_wk(tr, l));
         snprintf(name, sizeof name, "layers.%d.v.weight", l);
-        if (s == KVL_OK) s = load_tensor(st, path, name, kvl__tr_dt(tr), kvl__tr_ds(tr), kvl_translator_wv(tr, l));
+        if (s == KVL_OK) s = load_tensor(st, path, name, kvl__tr_dt(tr), kvl__tr_din(tr), kvl_translator_wv(tr, l));
     }
     if (s == KVL_OK) s = kvl_translator_set_meta(tr, "imported_from", path);
     if (s == KVL_OK) s = kvl_translator_set_meta(tr, "created_by", "kvlingo translator import --layout plain");
@@ -398,7 +454,7 @@ kvl_status kvl_translator_save(const kvl_translator *tr, const char *path, int d
     if (dtype != KVL_DTYPE_F32 && dtype != KVL_DTYPE_BF16)
         return kvl__errorf(KVL_ERR_INVALID_ARG, "translator save: dtype must be F32 or BF16");
     int Lt = tr->dst_layers, per = tr->dst_qk_norm ? 3 : 2;
-    size_t n = (size_t)kvl__tr_dt(tr) * kvl__tr_ds(tr);
+    size_t n = (size_t)kvl__tr_dt(tr) * kvl__tr_din(tr);
     kvl_st_write_tensor *ts = calloc((size_t)Lt * per, sizeof *ts);
     char *names = calloc((size_t)Lt * per, 64);
     uint16_t *half = dtype == KVL_DTYPE_BF16 ? malloc(sizeof(uint16_t) * n * 2 * Lt) : NULL;
@@ -419,7 +475,7 @@ kvl_status kvl_translator_save(const kvl_translator *tr, const char *path, int d
             }
             char *nm = names + (size_t)k * 64;
             snprintf(nm, 64, "layers.%d.%s.weight", l, side ? "v" : "k");
-            ts[k++] = (kvl_st_write_tensor){nm, (kvl_dtype)dtype, 2, {kvl__tr_dt(tr), kvl__tr_ds(tr)},
+            ts[k++] = (kvl_st_write_tensor){nm, (kvl_dtype)dtype, 2, {kvl__tr_dt(tr), kvl__tr_din(tr)},
                                             data, n * esz};
         }
         if (tr->dst_qk_norm) {
@@ -473,10 +529,21 @@ kvl_status kvl_translator_check(const kvl_translator *tr, const kvl_model *src, 
 
 /* ---- apply ----------------------------------------------------------------------------------- */
 
+/* The maps as a backend applies them.  With T > 1 taps the backend sees a virtual source of Lt
+ * layers whose layer l is target layer l's gathered input ([n][T*Hs*Ds], T*Hs "kv heads" of
+ * head_dim Ds) under the identity layer map: the same matmuls, so every backend applies a
+ * multi-layer map without knowing of taps. */
 static void maps_view(const kvl_translator *tr, kvl_kv_maps *m) {
-    *m = (kvl_kv_maps){tr->src_layers, tr->src_kv_heads, tr->src_head_dim, tr->dst_layers,
-                       tr->dst_kv_heads, tr->dst_head_dim, tr->layer_map, tr->wk, tr->wv, 0};
+    if (tr->taps == 1)
+        *m = (kvl_kv_maps){tr->src_layers, tr->src_kv_heads, tr->src_head_dim, tr->dst_layers,
+                           tr->dst_kv_heads, tr->dst_head_dim, tr->layer_map, tr->wk, tr->wv, 0};
+    else
+        *m = (kvl_kv_maps){tr->dst_layers, tr->taps * tr->src_kv_heads, tr->src_head_dim, tr->dst_layers,
+                           tr->dst_kv_heads, tr->dst_head_dim, tr->ident_map, tr->wk, tr->wv, 0};
 }
+
+static kvl_status apply_view(const kvl_translator *tr, const float *k_src, const float *v_src,
+                             int n, const int32_t *ids, kvl_cache *dst);
 
 kvl_status kvl_translator_apply(const kvl_translator *tr, const float *k_src, const float *v_src,
                                 int t0, int n, const int32_t *ids, kvl_cache *dst) {
@@ -496,6 +563,30 @@ kvl_status kvl_translator_apply(const kvl_translator *tr, const float *k_src, co
         return kvl__errorf(KVL_ERR_RANGE, "translator apply: %d tokens exceed the target cache's capacity %d",
                           t0 + n, kvl_cache_capacity(dst));
     if (n == 0) return KVL_OK;
+    if (tr->taps == 1) return apply_view(tr, k_src, v_src, n, ids, dst);
+    /* gather each target layer's taps: [Lt][n][T*Hs*Ds] per side */
+    const size_t per = (size_t)n * kvl__tr_din(tr);
+    float *gk = malloc(sizeof(float) * per * tr->dst_layers), *gv = malloc(sizeof(float) * per * tr->dst_layers);
+    kvl_status s = KVL_OK;
+    if (!gk || !gv) {
+        s = kvl__errorf(KVL_ERR_NOMEM, "translator apply: out of memory gathering %d tokens of %d taps", n,
+                        tr->taps);
+    } else {
+        for (int l = 0; l < tr->dst_layers; l++) {
+            kvl__tr_gather(tr, l, k_src, n, gk + (size_t)l * per);
+            kvl__tr_gather(tr, l, v_src, n, gv + (size_t)l * per);
+        }
+        s = apply_view(tr, gk, gv, n, ids, dst);
+    }
+    free(gk);
+    free(gv);
+    return s;
+}
+
+/* Apply the backend view of the maps (maps_view) to a span already in its layout. */
+static kvl_status apply_view(const kvl_translator *tr, const float *k_src, const float *v_src,
+                             int n, const int32_t *ids, kvl_cache *dst) {
+    const kvl_model_config *c = kvl_cache_config(dst);
     kvl_kv_maps maps;
     maps_view(tr, &maps);
     kvl_translate_params p = {&maps, tr->dst_qk_norm ? tr->k_norm : NULL, tr->k_norm_eps,

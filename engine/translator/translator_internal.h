@@ -17,8 +17,10 @@ struct kvl_translator {
     int src_layers, src_kv_heads, src_head_dim;   /* Ls, Hs, Ds */
     int dst_layers, dst_kv_heads, dst_head_dim;   /* Lt, Ht, Dt */
     int dst_qk_norm;                              /* target applies k_norm               */
-    int *layer_map;                               /* [Lt] source layer of target layer l */
-    float *wk, *wv;                               /* [Lt][Ht*Dt][Hs*Ds] each             */
+    int taps;                                     /* T: source layers each target layer reads */
+    int *layer_map;                               /* [Lt][T] source layers of target layer l */
+    int *ident_map;                               /* [Lt] 0..Lt-1: the apply view when T > 1 */
+    float *wk, *wv;                               /* [Lt][Ht*Dt][T*Hs*Ds] each           */
     float *k_norm;                                /* [Lt][Dt] target k_norm weights, or NULL */
     float k_norm_eps;
     int n_meta;
@@ -32,12 +34,21 @@ struct kvl_translator {
     void *prep;
 };
 
-/* Source/target feature widths: Hs*Ds and Ht*Dt. */
+/* Feature widths: one source layer's Hs*Ds, a map's input T*Hs*Ds, the target's Ht*Dt. */
 static inline int kvl__tr_ds(const kvl_translator *t) { return t->src_kv_heads * t->src_head_dim; }
+static inline int kvl__tr_din(const kvl_translator *t) { return t->taps * kvl__tr_ds(t); }
 static inline int kvl__tr_dt(const kvl_translator *t) { return t->dst_kv_heads * t->dst_head_dim; }
 
 /* Default layer map s(l) = round(l (Ls-1) / (Lt-1)) (kvlingo/translator.h). */
 int kvl__tr_default_source_layer(int l, int Ls, int Lt);
+/* Default taps of target layer l: the T source layers nearest to l (Ls-1)/(Lt-1), ascending
+ * (T = 1 gives kvl__tr_default_source_layer).  out: [T]. */
+void kvl__tr_default_sources(int l, int Ls, int Lt, int T, int *out);
+
+/* The map input of target layer l for n tokens, from one side (keys or values) of a span:
+ *   x:   [Ls][n][Hs*Ds] float32, every source layer (kvl_translator_apply's k_src layout)
+ *   out: [n][T*Hs*Ds], row t = [x[s(l,0)][t] | ... | x[s(l,T-1)][t]] */
+void kvl__tr_gather(const kvl_translator *tr, int l, const float *x, int n, float *out);
 
 /* ---- training core, generic over the scalar type (float: training; double: grad check) ---- */
 

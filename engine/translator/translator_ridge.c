@@ -42,15 +42,21 @@ static void gram_free(gram *g) { free(g->G); free(g->B); free(g->yy); }
 /* Run both models on one window and add its tokens to g. */
 static kvl_status accumulate(const kvl_translator *tr, kvl_model *src, kvl_model *dst, kvl_cache *cs,
                              kvl_cache *cd, const int32_t *ids, int W, float *Y,
-                             float *tG, float *tB, float *Xall, gram *g) {
-    const int Lt = tr->dst_layers, ds = kvl__tr_ds(tr), dt = kvl__tr_dt(tr);
+                             float *tG, float *tB, float *Xsrc, float *Xall, gram *g) {
+    const int Lt = tr->dst_layers, Ls = tr->src_layers, ds = kvl__tr_din(tr), dt = kvl__tr_dt(tr);
+    const size_t per = (size_t)W * kvl__tr_ds(tr);
     kvl_status s;
     if ((s = kvl_cache_truncate(cs, 0)) || (s = kvl_cache_truncate(cd, 0))) return s;
     if ((s = kvl_model_prefill(src, cs, ids, W, KVL_LOGITS_NONE, NULL))) return s;
     if ((s = kvl_model_prefill(dst, cd, ids, W, KVL_LOGITS_NONE, NULL))) return s;
+    /* every source layer once, [Ls][W][Hs*Ds] per side; each target layer gathers its taps */
+    for (int l = 0; l < Ls; l++)
+        if ((s = kvl_cache_read_prenorm(cs, l, 0, W, Xsrc + (size_t)l * per, Xsrc + (size_t)(Ls + l) * per)))
+            return s;
     for (int l = 0; l < Lt; l++) {
         float *Xs[2] = {Xall, Xall + (size_t)W * ds}, *Ys[2] = {Y, Y + (size_t)W * dt};
-        if ((s = kvl_cache_read_prenorm(cs, tr->layer_map[l], 0, W, Xs[0], Xs[1]))) return s;
+        kvl__tr_gather(tr, l, Xsrc, W, Xs[0]);
+        kvl__tr_gather(tr, l, Xsrc + (size_t)Ls * per, W, Xs[1]);
         if ((s = kvl_cache_read_prenorm(cd, l, 0, W, Ys[0], Ys[1]))) return s;
         for (int side = 0; side < 2; side++) {
             /* G += X^T X over the window's rows (X row-major [W, ds]); B += Y^T X */
@@ -123,7 +129,7 @@ kvl_status kvl_translator_fit_ridge(kvl_translator *tr, kvl_model *src, kvl_mode
     kvl_status s = kvl_translator_check(tr, src, dst);
     if (s != KVL_OK) return s;
     const int W = p.window > 0 ? p.window : 256, Lt = tr->dst_layers;
-    const int ds = kvl__tr_ds(tr), dt = kvl__tr_dt(tr);
+    const int ds = kvl__tr_din(tr), dt = kvl__tr_dt(tr);
     long n_win = (long)(n / (size_t)W);
     long n_held = p.heldout_tokens / W, n_train = p.train_tokens / W;
     if (n_held < 1) n_held = 1;
@@ -139,19 +145,20 @@ kvl_status kvl_translator_fit_ridge(kvl_translator *tr, kvl_model *src, kvl_mode
     kvl_cache *cs = NULL, *cd = NULL;
     kvl_cache_params cp = {.max_tokens = W, .block_tokens = 16};
     float *Y = malloc(sizeof(float) * (size_t)W * dt * 2), *Xall = malloc(sizeof(float) * W * ds * 2);
+    float *Xsrc = malloc(sizeof(float) * (size_t)W * kvl__tr_ds(tr) * tr->src_layers * 2);
     float *tG = malloc(sizeof(float) * ds * ds), *tB = malloc(sizeof(float) * dt * ds);
-    if (!Y || !Xall || !tG || !tB) s = kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+    if (!Y || !Xall || !Xsrc || !tG || !tB) s = kvl__errorf(KVL_ERR_NOMEM, "out of memory");
     if (s == KVL_OK) s = gram_alloc(&g, Lt, ds, dt);
     if (s == KVL_OK) s = gram_alloc(&h, Lt, ds, dt);
     if (s == KVL_OK) s = kvl_model_cache_create(src, &cp, &cs);
     if (s == KVL_OK) s = kvl_model_cache_create(dst, &cp, &cd);
     for (long i = 0; s == KVL_OK && i < n_train; i++) {
-        s = accumulate(tr, src, dst, cs, cd, stream + (size_t)i * W, W, Y, tG, tB, Xall, &g);
+        s = accumulate(tr, src, dst, cs, cd, stream + (size_t)i * W, W, Y, tG, tB, Xsrc, Xall, &g);
         if (p.verbose && (i % 32 == 31 || i == n_train - 1))
             fprintf(stderr, "stage 1: Gram matrices %ld/%ld windows\n", i + 1, n_train);
     }
     for (long i = 0; s == KVL_OK && i < n_held; i++)
-        s = accumulate(tr, src, dst, cs, cd, stream + (size_t)(n_win - 1 - i) * W, W, Y, tG, tB, Xall, &h);
+        s = accumulate(tr, src, dst, cs, cd, stream + (size_t)(n_win - 1 - i) * W, W, Y, tG, tB, Xsrc, Xall, &h);
     /* solve and record the choice */
     size_t jcap = (size_t)Lt * 160 + 256, jl = 0;
     char *json = malloc(jcap);
@@ -171,16 +178,22 @@ kvl_status kvl_translator_fit_ridge(kvl_translator *tr, kvl_model *src, kvl_mode
             jl += (size_t)snprintf(json + jl, jcap - jl, "%s{\"k_alpha\":%g,\"k_rel_err\":%.4f,"
                                    "\"v_alpha\":%g,\"v_rel_err\":%.4f}", l ? "," : "", alpha[0],
                                    rel[0], alpha[1], rel[1]);
-        if (s == KVL_OK && p.verbose)
-            fprintf(stderr, "stage 1: layer %d <- source layer %d: K alpha %g held-out rel err %.4f, "
-                    "V alpha %g rel err %.4f\n", l, tr->layer_map[l], alpha[0], rel[0], alpha[1], rel[1]);
+        if (s == KVL_OK && p.verbose) {
+            char taps[64];
+            size_t tl = 0;
+            for (int j = 0; j < tr->taps && tl < sizeof taps - 12; j++)
+                tl += (size_t)snprintf(taps + tl, sizeof taps - tl, j ? "+%d" : "%d",
+                                       tr->layer_map[(size_t)l * tr->taps + j]);
+            fprintf(stderr, "stage 1: layer %d <- source layer %s: K alpha %g held-out rel err %.4f, "
+                    "V alpha %g rel err %.4f\n", l, taps, alpha[0], rel[0], alpha[1], rel[1]);
+        }
     }
     if (s == KVL_OK) {
         snprintf(json + jl, jcap - jl, "]}");
         s = kvl_translator_set_meta(tr, "stage1", json);
     }
     free(json);
-    free(Y); free(Xall); free(tG); free(tB);
+    free(Y); free(Xall); free(Xsrc); free(tG); free(tB);
     gram_free(&g);
     gram_free(&h);
     kvl_cache_free(cs);

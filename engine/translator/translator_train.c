@@ -38,7 +38,8 @@ typedef struct worker {
     kvl_cache *cs, *cd;
     const kvl__tnet_f32 *net;   /* the target model's own host weights */
     kvl__tws_f32 *ws;
-    float *xk, *xv;          /* [Lt][Pmax][Ds] */
+    float *xk, *xv;          /* [Lt][Pmax][T*Hs*Ds] the maps' inputs */
+    float *xs;               /* [2][Ls][Pmax][Hs*Ds] source pre-norm K, V of every layer */
     float *teacher;          /* [Pmax - Pmin + C, V] teacher logits of a window */
     float *gk, *gv;          /* [Lt][Dt][Ds] gradient accumulators */
     /* job of the current step */
@@ -56,7 +57,7 @@ static void worker_free(worker *w) {
     kvl_cache_free(w->cs);
     kvl_cache_free(w->cd);
     kvl__tws_free_f32(w->ws);
-    free(w->xk); free(w->xv); free(w->teacher); free(w->gk); free(w->gv);
+    free(w->xk); free(w->xv); free(w->xs); free(w->teacher); free(w->gk); free(w->gv);
     if (w->owns_models) {
         kvl_model_free(w->src);
         kvl_model_free(w->dst);
@@ -76,7 +77,7 @@ static kvl_status worker_init(worker *w, const kvl_translator *tr, kvl_model *sr
         w->src = src;
         w->dst = dst;
     }
-    int Pmax = p->prefix_max, C = p->cont_len, Lt = tr->dst_layers, ds = kvl__tr_ds(tr);
+    int Pmax = p->prefix_max, C = p->cont_len, Lt = tr->dst_layers, ds = kvl__tr_din(tr);
     kvl_cache_params cp = {.max_tokens = Pmax + C, .block_tokens = 16};
     if ((s = kvl_model_cache_create(w->src, &cp, &w->cs))) return s;
     if ((s = kvl_model_cache_create(w->dst, &cp, &w->cd))) return s;
@@ -85,10 +86,11 @@ static kvl_status worker_init(worker *w, const kvl_translator *tr, kvl_model *sr
     size_t np = (size_t)Lt * kvl__tr_dt(tr) * ds;
     w->xk = malloc(sizeof(float) * (size_t)Lt * Pmax * ds);
     w->xv = malloc(sizeof(float) * (size_t)Lt * Pmax * ds);
+    w->xs = malloc(sizeof(float) * 2 * (size_t)tr->src_layers * Pmax * kvl__tr_ds(tr));
     w->teacher = malloc(sizeof(float) * (size_t)(Pmax - p->prefix_min + C) * kvl_model_config_get(w->dst)->vocab_size);
     w->gk = malloc(sizeof(float) * np);
     w->gv = malloc(sizeof(float) * np);
-    if (!w->xk || !w->xv || !w->teacher || !w->gk || !w->gv)
+    if (!w->xk || !w->xv || !w->xs || !w->teacher || !w->gk || !w->gv)
         return kvl__errorf(KVL_ERR_NOMEM, "out of memory for a training worker");
     return KVL_OK;
 }
@@ -99,7 +101,7 @@ static kvl_status worker_init(worker *w, const kvl_translator *tr, kvl_model *sr
  * sample's student forward + backward (gradients into w->gk/gv). */
 static kvl_status run_window(worker *w, const sample_ref *r, int k) {
     const kvl_translator *tr = w->tr;
-    const int C = w->cont, Lt = tr->dst_layers, ds = kvl__tr_ds(tr), V = kvl_model_config_get(w->dst)->vocab_size;
+    const int C = w->cont, Lt = tr->dst_layers, Ls = tr->src_layers, ds = kvl__tr_din(tr), V = kvl_model_config_get(w->dst)->vocab_size;
     const int32_t *ids = w->stream + r[0].offset;
     int pmin = r[0].prefix, pmax = r[0].prefix;
     for (int j = 1; j < k; j++) {
@@ -118,11 +120,16 @@ static kvl_status run_window(worker *w, const sample_ref *r, int k) {
     w->tokens += 2L * pmax + C;
     for (int j = 0; j < k; j++) {
         const int P = r[j].prefix;
-        /* pre-norm K/V of source layer s(l) for every target layer l, tokens [0, P) */
-        for (int l = 0; l < Lt; l++)
-            if ((s = kvl_cache_read_prenorm(w->cs, tr->layer_map[l], 0, P, w->xk + (size_t)l * P * ds,
-                                            w->xv + (size_t)l * P * ds)))
+        /* pre-norm K/V of every source layer, tokens [0, P); each target layer gathers its taps */
+        const size_t per = (size_t)P * kvl__tr_ds(tr);
+        for (int l = 0; l < Ls; l++)
+            if ((s = kvl_cache_read_prenorm(w->cs, l, 0, P, w->xs + (size_t)l * per,
+                                            w->xs + (size_t)(Ls + l) * per)))
                 return s;
+        for (int l = 0; l < Lt; l++) {
+            kvl__tr_gather(tr, l, w->xs, P, w->xk + (size_t)l * P * ds);
+            kvl__tr_gather(tr, l, w->xs + (size_t)Ls * per, P, w->xv + (size_t)l * P * ds);
+        }
         kvl__tsample_f32 smp = {.n_ctx = P, .n_read = C, .tokens = ids + P,
                                .teacher_logits = w->teacher + (size_t)(P - pmin) * V,
                                .xk = w->xk, .xv = w->xv};
@@ -139,7 +146,7 @@ static kvl_status run_window(worker *w, const sample_ref *r, int k) {
 
 static void *worker_main(void *arg) {
     worker *w = arg;
-    size_t np = (size_t)w->tr->dst_layers * kvl__tr_dt(w->tr) * kvl__tr_ds(w->tr);
+    size_t np = (size_t)w->tr->dst_layers * kvl__tr_dt(w->tr) * kvl__tr_din(w->tr);
     memset(w->gk, 0, sizeof(float) * np);
     memset(w->gv, 0, sizeof(float) * np);
     w->loss_sum = 0;
@@ -156,7 +163,7 @@ static void *worker_main(void *arg) {
 
 static kvl_status save_checkpoint(const char *path, const kvl_translator *tr, const float *m,
                                   const float *v, int step, uint64_t seed) {
-    size_t np = (size_t)tr->dst_layers * kvl__tr_dt(tr) * kvl__tr_ds(tr);
+    size_t np = (size_t)tr->dst_layers * kvl__tr_dt(tr) * kvl__tr_din(tr);
     kvl_st_write_tensor ts[6] = {
         {"wk", KVL_DTYPE_F32, 1, {(int64_t)np}, tr->wk, np * 4},
         {"wv", KVL_DTYPE_F32, 1, {(int64_t)np}, tr->wv, np * 4},
@@ -178,7 +185,7 @@ static kvl_status load_checkpoint(const char *path, kvl_translator *tr, float *m
     kvl_safetensors *st = NULL;
     kvl_status s = kvl_safetensors_open(path, &st);
     if (s) return s;
-    size_t np = (size_t)tr->dst_layers * kvl__tr_dt(tr) * kvl__tr_ds(tr);
+    size_t np = (size_t)tr->dst_layers * kvl__tr_dt(tr) * kvl__tr_din(tr);
     const char *names[6] = {"wk", "wv", "adam_m.k", "adam_m.v", "adam_v.k", "adam_v.v"};
     float *dst[6] = {tr->wk, tr->wv, m, m + np, v, v + np};
     const char *fmt = kvl_safetensors_metadata(st, "format"), *sstep = kvl_safetensors_metadata(st, "step");
@@ -227,7 +234,7 @@ kvl_status kvl_translator_train(kvl_translator *tr, kvl_model *src, kvl_model *d
     if (p.threads < 1) p.threads = 1;
     if (p.threads > 64) p.threads = 64;
     if (p.warmup < 0) p.warmup = p.steps / 20;
-    const size_t np = (size_t)tr->dst_layers * kvl__tr_dt(tr) * kvl__tr_ds(tr);
+    const size_t np = (size_t)tr->dst_layers * kvl__tr_dt(tr) * kvl__tr_din(tr);
     worker *ws = calloc((size_t)p.threads, sizeof *ws);
     float *m = calloc(np * 2, sizeof(float)), *v = calloc(np * 2, sizeof(float));
     sample_ref *samples = malloc(sizeof *samples * (size_t)p.batch);

@@ -10,8 +10,13 @@
  *     v_t     = W_V[l] v_s
  * and (k_t, v_t, k_pre_t) are appended to the target's cache at position p.
  *
+ * Multi-layer maps (metadata `source_taps` T > 1): target layer l reads T source layers
+ * s(l,0) < ... < s(l,T-1), and the maps act on their concatenation, still linear per token:
+ *     k_pre_t = W_K[l] [k_s(l,0); ...; k_s(l,T-1)]     W_K[l], W_V[l]: [Ht*Dt, T*Hs*Ds]
+ * (the same for v), so a small source's few features per layer are not the map's limit.
+ *
  * File format: safetensors with tensors `layers.{l}.k.weight`, `layers.{l}.v.weight`
- * ([Ht*Dt, Hs*Ds], F32 or BF16) and string metadata (see kvl_translator_save).
+ * ([Ht*Dt, T*Hs*Ds], F32 or BF16) and string metadata (see kvl_translator_save).
  */
 #ifndef KVLINGO_TRANSLATOR_H
 #define KVLINGO_TRANSLATOR_H

@@ -25,10 +25,14 @@ typedef struct kvl_translator_geometry {
 } kvl_translator_geometry;
 
 void kvl_translator_get_geometry(const kvl_translator *tr, kvl_translator_geometry *out);
-/* Source layer read by target layer l (0 <= l < Lt), -1 when l is out of range. */
+/* Taps T: how many source layers each target layer reads (1 for the classic map). */
+int kvl_translator_taps(const kvl_translator *tr);
+/* Source layer of tap j (0 <= j < T, ascending in j) of target layer l, -1 when out of range. */
+int kvl_translator_layer_source(const kvl_translator *tr, int l, int j);
+/* Source layer read by target layer l (its first tap), -1 when l is out of range. */
 int kvl_translator_layer_map(const kvl_translator *tr, int l);
-/* Maps of target layer l: [Ht*Dt, Hs*Ds] float32, row-major, owned by tr (NULL if l is out of
- * range).  Writable so that training can update them in place. */
+/* Maps of target layer l: [Ht*Dt, T*Hs*Ds] float32, row-major, owned by tr (NULL if l is out of
+ * range); column block j reads tap j.  Writable so that training can update them in place. */
 float *kvl_translator_wk(kvl_translator *tr, int l);
 float *kvl_translator_wv(kvl_translator *tr, int l);
 /* Metadata entries in insertion order (NULL past the end). */
@@ -44,11 +48,19 @@ kvl_status kvl_translator_set_meta(kvl_translator *tr, const char *key, const ch
 kvl_status kvl_translator_create(const kvl_model *src, const kvl_model *dst,
                                  const int *layer_map, kvl_translator **out);
 
+/* The same with `taps` source layers per target layer (1 <= taps <= Ls; KVL_ERR_INVALID_ARG
+ * otherwise): `layer_map` [Lt][taps] ascending source layers per target layer, or NULL for the
+ * taps nearest in relative depth (the window of `taps` layers around round(l (Ls-1)/(Lt-1)),
+ * grown toward l (Ls-1)/(Lt-1)).  Each map then has shape [Ht*Dt, taps*Hs*Ds]. */
+kvl_status kvl_translator_create_taps(const kvl_model *src, const kvl_model *dst, int taps,
+                                      const int *layer_map, kvl_translator **out);
+
 /* Write `tr` as safetensors (atomically: temp file + rename).  dtype KVL_DTYPE_F32 or
  * KVL_DTYPE_BF16 for the maps (k_norm weights always F32).  Metadata (all strings):
  *   format = "kvlingo-translator-1", source_name, source_hash, target_name, target_hash,
  *   source_layers/_kv_heads/_head_dim, target_layers/_kv_heads/_head_dim, target_qk_norm,
- *   target_rms_norm_eps, layer_map ("0,1,1,2"), capture, plus any set by the caller
+ *   target_rms_norm_eps, source_taps, layer_map ("0,1,1,2"; with taps > 1 each entry joins its taps with '+',
+ *   "0+1,1+2,2+3"), capture, plus any set by the caller
  *   (training: JSON of the training run; eval / eval_stage1: JSON figures).
  * Tensors: layers.{l}.k.weight, layers.{l}.v.weight [Ht*Dt, Hs*Ds]; layers.{l}.k_norm.weight
  * [Dt] when the target has k_norm.  Errors: KVL_ERR_INVALID_ARG, KVL_ERR_IO, KVL_ERR_NOMEM. */

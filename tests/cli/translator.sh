@@ -35,6 +35,16 @@ out=$("$KVL" translator eval --translator "$T/s2.safetensors" --source "$A" --ta
 "$KVL" translator info "$T/s2.safetensors" | grep -qE '^ +1 +4 +2 ' && ok "info lists the training run" || bad "info run"
 "$KVL" translator info "$T/s2.safetensors" --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["eval"]["samples"] == 2 and d["training"]["steps"] == 4' \
     && ok "info json" || bad "info json"
+# multi-layer maps: qwen3-b (6 layers) -> qwen3-a (4): target layer 1 sits at source depth 5/3,
+# so its two taps are source layers 1 and 2
+"$KVL" translator train --source "$A" --target "$B" --corpus "$SLICE" --out "$T/t2.safetensors" \
+    --stage1-only --ridge-tokens 4096 --taps 2 2>"$T/log" && grep -q "layer 1 <- source layer 1+2" "$T/log" \
+    && ok "stage1 --taps 2" || { cat "$T/log"; bad "stage1 --taps 2"; }
+"$KVL" translator info "$T/t2.safetensors" | grep -q "of \[64, 256\]; layer map (target <- source): 0<-0+1 1<-1+2 2<-3+4 3<-4+5" \
+    && ok "info shows the taps" || { "$KVL" translator info "$T/t2.safetensors"; bad "info taps"; }
+out=$("$KVL" translator train --source "$A" --target "$B" --corpus "$SLICE" --out "$T/t3.safetensors" \
+      --init "$T/t2.safetensors" --taps 3 --steps 1 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "has 2 tap" <<<"$out" && ok "--taps against --init refused" || bad "taps vs init: $out"
 # bad input
 out=$("$KVL" translator eval --translator "$T/s2.safetensors" --source "$B" --target "$A" \
       --text-file "$SRC/testdata/corpus/valid.txt" --samples 1 2>&1); rc=$?

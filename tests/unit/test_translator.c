@@ -290,6 +290,116 @@ static void test_apply_by_hand(void **state) {
     kvl_translator_free(tr);
 }
 
+/* Multi-layer maps (taps): defaults, bad maps, file round trip, and apply.  A 2-tap map
+ * [W | 0] must give exactly the cache of the 1-tap map W on tap 0, and [0 | W] that of W on
+ * tap 1: the gather order and the weight layout agree on every backend path. */
+static void fill_lcg(float *w, size_t n, uint64_t *s) {
+    for (size_t i = 0; i < n; i++) {
+        *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+        w[i] = (float)((double)(*s >> 40) / (double)(1ull << 24) - 0.5);
+    }
+}
+
+static kvl_translator *tap_case(fixture *f, const kvl_translator *t2, int tap) {
+    /* a 1-tap translator reading tap `tap` of t2 with t2's block `tap` of each map */
+    int map[3];
+    for (int l = 0; l < 3; l++) map[l] = kvl_translator_layer_source(t2, l, tap);
+    kvl_translator *t1 = NULL;
+    assert_int_equal(kvl_translator_create(f->a, f->b, map, &t1), KVL_OK);
+    const int dt = 2 * 16, ds = 2 * 8;
+    for (int l = 0; l < 3; l++)
+        for (int side = 0; side < 2; side++) {
+            const float *w2 = side ? kvl_translator_wv((kvl_translator *)t2, l) : kvl_translator_wk((kvl_translator *)t2, l);
+            float *w1 = side ? kvl_translator_wv(t1, l) : kvl_translator_wk(t1, l);
+            for (int i = 0; i < dt; i++)
+                for (int j = 0; j < ds; j++) w1[i * ds + j] = w2[(size_t)i * 2 * ds + tap * ds + j];
+        }
+    return t1;
+}
+
+static void test_taps(void **state) {
+    fixture *f = *state;
+    kvl_translator *t2 = NULL, *back = NULL, *bad = NULL;
+    /* a: 2 layers, b: 3 layers -> every target layer reads source layers 0 and 1 */
+    assert_int_equal(kvl_translator_create_taps(f->a, f->b, 2, NULL, &t2), KVL_OK);
+    assert_int_equal(kvl_translator_taps(t2), 2);
+    for (int l = 0; l < 3; l++) {
+        assert_int_equal(kvl_translator_layer_source(t2, l, 0), 0);
+        assert_int_equal(kvl_translator_layer_source(t2, l, 1), 1);
+    }
+    assert_int_equal(kvl_translator_layer_source(t2, 0, 2), -1);
+    assert_string_equal(kvl_translator_metadata(t2, "layer_map"), "0+1,0+1,0+1");
+    assert_int_equal(kvl_translator_create_taps(f->a, f->b, 3, NULL, &bad), KVL_ERR_INVALID_ARG);
+    assert_error_has("taps");
+    int desc[6] = {1, 0, 0, 1, 0, 1};
+    assert_int_equal(kvl_translator_create_taps(f->a, f->b, 2, desc, &bad), KVL_ERR_INVALID_ARG);
+    assert_null(bad);
+    /* round trip */
+    uint64_t st = 11;
+    const size_t n = (size_t)2 * 16 * 2 * 2 * 8;   /* [Ht*Dt, 2*Hs*Ds] */
+    for (int l = 0; l < 3; l++) {
+        fill_lcg(kvl_translator_wk(t2, l), n, &st);
+        fill_lcg(kvl_translator_wv(t2, l), n, &st);
+    }
+    const char *path = tmpfile_path(f, "taps.safetensors");
+    assert_int_equal(kvl_translator_save(t2, path, KVL_DTYPE_F32), KVL_OK);
+    assert_int_equal(kvl_translator_load(path, &back), KVL_OK);
+    assert_int_equal(kvl_translator_check(back, f->a, f->b), KVL_OK);
+    assert_int_equal(kvl_translator_taps(back), 2);
+    assert_int_equal(kvl_translator_layer_source(back, 2, 1), 1);
+    for (int l = 0; l < 3; l++)
+        assert_memory_equal(kvl_translator_wk(t2, l), kvl_translator_wk(back, l), n * sizeof(float));
+    kvl_translator_free(back);
+    /* bad maps in a file: a repeated tap, one tap where the file says two, a tap past the source */
+    const char *badmaps[] = {"0+0,0+1,0+1", "0,1,1", "0+1,0+1,0+2", "0+1,0+1"};
+    for (int i = 0; i < 4; i++) {
+        kvl_translator *w = NULL;
+        assert_int_equal(kvl_translator_create_taps(f->a, f->b, 2, NULL, &w), KVL_OK);
+        assert_int_equal(kvl_translator_set_meta(w, "layer_map", badmaps[i]), KVL_OK);
+        const char *bp = tmpfile_path(f, "taps_bad.safetensors");
+        assert_int_equal(kvl_translator_save(w, bp, KVL_DTYPE_F32), KVL_OK);
+        assert_int_equal(kvl_translator_load(bp, &back), KVL_ERR_FORMAT);
+        assert_error_has("layer_map");
+        kvl_translator_free(w);
+    }
+    /* apply: with the other tap's columns zeroed, a 2-tap map gives the 1-tap map's cache */
+    const int P = 9;
+    int32_t ids[9];
+    for (int i = 0; i < P; i++) ids[i] = (i * 5 + 2) % 64;
+    kvl_cache *src = NULL;
+    assert_int_equal(kvl_cache_create(kvl_model_config_get(f->a), NULL, &src), KVL_OK);
+    assert_int_equal(kvl_model_prefill(f->a, src, ids, P, KVL_LOGITS_NONE, NULL), KVL_OK);
+    for (int tap = 0; tap < 2; tap++) {
+        kvl_translator *half = NULL;
+        assert_int_equal(kvl_translator_load(path, &half), KVL_OK);
+        for (int l = 0; l < 3; l++)   /* zero the other tap's columns */
+            for (int side = 0; side < 2; side++) {
+                float *w = side ? kvl_translator_wv(half, l) : kvl_translator_wk(half, l);
+                for (int i = 0; i < 32; i++) memset(w + (size_t)i * 32 + (1 - tap) * 16, 0, 16 * sizeof(float));
+            }
+        kvl_translator *one = tap_case(f, half, tap);
+        kvl_cache *c2 = NULL, *c1 = NULL;
+        assert_int_equal(kvl_model_cache_create(f->b, NULL, &c2), KVL_OK);
+        assert_int_equal(kvl_model_cache_create(f->b, NULL, &c1), KVL_OK);
+        assert_int_equal(kvl_translator_translate_span(half, src, 0, 4, c2), KVL_OK);
+        assert_int_equal(kvl_translator_translate_span(half, src, 4, P, c2), KVL_OK);
+        assert_int_equal(kvl_translator_translate_span(one, src, 0, P, c1), KVL_OK);
+        float k2[9 * 32], v2[9 * 32], k1[9 * 32], v1[9 * 32];
+        for (int l = 0; l < 3; l++) {
+            assert_int_equal(kvl_cache_read_kv(c2, l, 0, P, k2, v2), KVL_OK);
+            assert_int_equal(kvl_cache_read_kv(c1, l, 0, P, k1, v1), KVL_OK);
+            for (int i = 0; i < P * 32; i++) {
+                assert_float_equal(k2[i], k1[i], 1e-5);
+                assert_float_equal(v2[i], v1[i], 1e-5);
+            }
+        }
+        kvl_cache_free(c2); kvl_cache_free(c1);
+        kvl_translator_free(one); kvl_translator_free(half);
+    }
+    kvl_cache_free(src);
+    kvl_translator_free(t2);
+}
+
 /* A model translated into itself with W = I must reproduce the native continuation logits. */
 static void identity_case(kvl_model *m) {
     kvl_translator *tr = NULL;
@@ -327,7 +437,7 @@ int main(void) {
         cmocka_unit_test(test_round_trip), cmocka_unit_test(test_wrong_pair),
         cmocka_unit_test(test_corrupt), cmocka_unit_test(test_nan_inf),
         cmocka_unit_test(test_apply_by_hand), cmocka_unit_test(test_identity_qwen3),
-        cmocka_unit_test(test_identity_qwen2),
+        cmocka_unit_test(test_identity_qwen2), cmocka_unit_test(test_taps),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

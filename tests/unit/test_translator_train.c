@@ -69,9 +69,9 @@ static int teardown(void **state) {
     return 0;
 }
 
-static kvl_translator *stage1(fixture *f) {
+static kvl_translator *stage1_taps(fixture *f, int taps) {
     kvl_translator *tr = NULL;
-    assert_int_equal(kvl_translator_create(f->src, f->dst, NULL, &tr), KVL_OK);
+    assert_int_equal(kvl_translator_create_taps(f->src, f->dst, taps, NULL, &tr), KVL_OK);
     kvl_ridge_params rp = kvl_ridge_default_params();
     rp.train_tokens = 8192;
     rp.heldout_tokens = 2048;
@@ -79,6 +79,8 @@ static kvl_translator *stage1(fixture *f) {
     assert_non_null(kvl_translator_metadata(tr, "stage1"));
     return tr;
 }
+
+static kvl_translator *stage1(fixture *f) { return stage1_taps(f, 1); }
 
 static kvl_train_params small_params(void) {
     kvl_train_params p = kvl_train_default_params();
@@ -125,6 +127,26 @@ static void test_training_reduces_kl(void **state) {
 static int cancel_at_3(void *user, int step, int steps, double loss, double tps, double el, size_t mem) {
     (void)user; (void)steps; (void)loss; (void)tps; (void)el; (void)mem;
     return step == 3;
+}
+
+/* Two source layers per target layer: stage 1 fits at least as well on held-out text as one
+ * (its inputs include the one-tap map's), and stage 2 trains the wider maps (a few steps from a
+ * good start may lose a little; it must stay ahead of the one-tap fit). */
+static void test_taps_fit_and_train(void **state) {
+    fixture *f = *state;
+    kvl_translator *t1 = stage1(f), *t2 = stage1_taps(f, 2);
+    double kl1 = eval_kl(f, t1), kl2 = eval_kl(f, t2);
+    print_message("held-out KL after stage 1: 1 tap %.5f, 2 taps %.5f\n", kl1, kl2);
+    assert_true(kl2 < kl1 * 1.02);
+    kvl_train_params p = small_params();
+    double fl = 0;
+    assert_int_equal(kvl_translator_train(t2, f->src, f->dst, f->stream, f->n, &p, &fl), KVL_OK);
+    double kl3 = eval_kl(f, t2);
+    print_message("2 taps after %d steps: %.5f (training KL %.5f)\n", p.steps, kl3, fl);
+    assert_true(isfinite(fl) && fl > 0);
+    assert_true(kl3 < kl1);
+    kvl_translator_free(t1);
+    kvl_translator_free(t2);
 }
 
 static void test_resume_is_exact(void **state) {
@@ -202,6 +224,7 @@ int main(void) {
         cmocka_unit_test(test_identity_student_matches_teacher),
         cmocka_unit_test(test_training_reduces_kl),
         cmocka_unit_test(test_resume_is_exact),
+        cmocka_unit_test(test_taps_fit_and_train),
         cmocka_unit_test(test_threads_deterministic),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
