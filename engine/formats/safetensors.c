@@ -491,6 +491,14 @@ const kvl_st_tensor *kvl_safetensors_find(const kvl_safetensors *st, const char 
     return hit ? *hit : NULL;
 }
 
+size_t kvl_safetensors_metadata_count(const kvl_safetensors *st) { return st ? st->n_meta : 0; }
+const char *kvl_safetensors_metadata_key(const kvl_safetensors *st, size_t i) {
+    return st && i < st->n_meta ? st->meta_keys[i] : NULL;
+}
+const char *kvl_safetensors_metadata_value(const kvl_safetensors *st, size_t i) {
+    return st && i < st->n_meta ? st->meta_values[i] : NULL;
+}
+
 const char *kvl_safetensors_metadata(const kvl_safetensors *st, const char *key) {
     if (!st || !key)
         return NULL;

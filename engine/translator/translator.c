@@ -343,12 +343,6 @@ static kvl_status load_from(kvl_safetensors *st, const char *path, kvl_translato
     return KVL_OK;
 }
 
-/* Metadata keys copied from the file into the translator (the ones kvlingo writes). */
-static const char *const k_meta_keys[] = {
-    "format", "source_name", "source_hash", "target_name", "target_hash", "source_layers",
-    "source_kv_heads", "source_head_dim", "target_layers", "target_kv_heads", "target_head_dim",
-    "target_qk_norm", "target_rms_norm_eps", "source_taps", "layer_map", "capture", "stage1", "training",
-    "eval", "eval_stage1", "eval_multiturn", "corpus", "created_by", "imported_from"};
 
 kvl_status kvl_translator_load(const char *path, kvl_translator **out) {
     if (!path || !out) return kvl__errorf(KVL_ERR_INVALID_ARG, "translator load: NULL argument");
@@ -362,10 +356,10 @@ kvl_status kvl_translator_load(const char *path, kvl_translator **out) {
         return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
     }
     s = load_from(st, path, tr);
-    for (size_t i = 0; s == KVL_OK && i < sizeof k_meta_keys / sizeof k_meta_keys[0]; i++) {
-        const char *v = kvl_safetensors_metadata(st, k_meta_keys[i]);
-        if (v) s = kvl_translator_set_meta(tr, k_meta_keys[i], v);
-    }
+    /* every metadata entry, in file order: figures stored under any key (`translator eval
+     * --store KEY`) survive a later load + save */
+    for (size_t i = 0; s == KVL_OK && i < kvl_safetensors_metadata_count(st); i++)
+        s = kvl_translator_set_meta(tr, kvl_safetensors_metadata_key(st, i), kvl_safetensors_metadata_value(st, i));
     kvl_safetensors_close(st);
     if (s != KVL_OK) {
         kvl_translator_free(tr);

@@ -80,6 +80,11 @@ const kvl_st_tensor *kvl_safetensors_get(const kvl_safetensors *st, size_t i);
 const kvl_st_tensor *kvl_safetensors_find(const kvl_safetensors *st, const char *name);
 /* "__metadata__" string value by key, NULL when absent. */
 const char *kvl_safetensors_metadata(const kvl_safetensors *st, const char *key);
+/* "__metadata__" entries in file order: their count, and key / value i (NULL past the end);
+ * owned by st. */
+size_t kvl_safetensors_metadata_count(const kvl_safetensors *st);
+const char *kvl_safetensors_metadata_key(const kvl_safetensors *st, size_t i);
+const char *kvl_safetensors_metadata_value(const kvl_safetensors *st, size_t i);
 /* Path or label the file was opened with. */
 const char *kvl_safetensors_path(const kvl_safetensors *st);
 

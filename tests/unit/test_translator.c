@@ -90,6 +90,7 @@ static void test_round_trip(void **state) {
     assert_int_equal(kvl_translator_create(f->a, f->b, NULL, &tr), KVL_OK);
     fill_random(tr, 7);
     assert_int_equal(kvl_translator_set_meta(tr, "eval", "{\"kl\": 0.5}"), KVL_OK);
+    assert_int_equal(kvl_translator_set_meta(tr, "eval_prefix128", "{\"kl\": 0.25}"), KVL_OK);
     const char *path = tmpfile_path(f, "ab.safetensors");
     assert_int_equal(kvl_translator_save(tr, path, KVL_DTYPE_F32), KVL_OK);
     assert_int_equal(kvl_translator_load(path, &back), KVL_OK);
@@ -109,6 +110,8 @@ static void test_round_trip(void **state) {
         assert_memory_equal(kvl_translator_wv(tr, l), kvl_translator_wv(back, l), n * sizeof(float));
     }
     assert_string_equal(kvl_translator_metadata(back, "eval"), "{\"kl\": 0.5}");
+    /* figures stored under any key survive a load */
+    assert_string_equal(kvl_translator_metadata(back, "eval_prefix128"), "{\"kl\": 0.25}");
     assert_string_equal(kvl_translator_source_name(back), "a");
     assert_string_equal(kvl_translator_target_name(back), "b");
     assert_string_equal(kvl_translator_source_hash(back), kvl_model_hash(f->a));
