@@ -1,6 +1,7 @@
 /* daemon/config.c: kvld flags and YAML config (read through service/yamlcfg.h).  Keys and
  * flags share names: --max-sessions N  <=>  max_sessions: N. */
 #include "config.h"
+#include "peers.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -23,6 +24,7 @@ void kvld_config_defaults(kvld_config *cfg) {
     cfg->prefill_chunk = 256;
     cfg->drain_timeout_ms = 30000;
     cfg->span_timeout_ms = 30000;
+    cfg->warmup = 1;
 }
 
 /* Every flag, its YAML key (the same name with '_'), what it does and its default. */
@@ -45,6 +47,9 @@ static const kvld_flag k_flags[] = {
     {"threads", "N", "BLAS and attention threads (0: all cores)", "0"},
     {"drain-timeout-ms", "N", "on SIGTERM, wait this long for running work", "30000"},
     {"span-timeout-ms", "N", "deadline of a span transfer", "30000"},
+    {"peers", "HOST:PORT,...", "the fleet's other nodes: channels and transport endpoints are set up "
+                               "at start (retried until they answer), so the first span pays no set-up", "none"},
+    {"warmup", "0|1", "run one forward pass and each translator before serving", "1"},
     {"config", "FILE.yaml", "read these keys from YAML (key names with '_'); flags override", NULL},
     {"quiet", NULL, "no per-request log lines (YAML: quiet: 1)", "off"},
     {"check", NULL, "validate the settings (and the files they name) and exit", NULL},
@@ -102,6 +107,13 @@ static kvl_status set_key(kvld_config *cfg, const char *key_in, const char *v) {
     STR(translators);
     STR(transport);
     STR(metrics);
+    if (!strcmp(key, "peers")) {   /* checked here so a bad entry fails at start, naming it */
+        static __thread char list[KVLD_MAX_PEERS][KVLD_PEER_ADDR_MAX];
+        int n;
+        kvl_status st = kvld_peers_parse(v, list, KVLD_MAX_PEERS, &n);
+        if (st != KVL_OK) return kvl__error_prefix(st, "config");
+        return set_str(cfg->peers, sizeof cfg->peers, key, v);
+    }
     if (!strcmp(key, "device")) {   /* checked here so a typo fails at start, naming the key */
         kvl_device d;
         int idx;
@@ -125,6 +137,7 @@ static kvl_status set_key(kvld_config *cfg, const char *key_in, const char *v) {
     INT(drain_timeout_ms, 0, 3600 * 1000);
     INT(span_timeout_ms, 1, 3600 * 1000);
     INT(quiet, 0, 1);
+    INT(warmup, 0, 1);
 #undef STR
 #undef INT
     return kvl__errorf(KVL_ERR_INVALID_ARG, "config: unknown key '%s'", key_in);

@@ -16,6 +16,7 @@
 #include "log.h"
 #include "loop.h"
 #include "node.h"
+#include "peers.h"
 #include "kvlingo/backend.h"
 #include "kvlingo/version.h"
 
@@ -50,6 +51,7 @@ static int check_settings(const kvld_config *cfg) {
         fprintf(stderr, "kvld: --check: %s\n", kvl_last_error());
         bad = 1;
     }
+    printf("peers: %s\n", cfg->peers[0] ? cfg->peers : "none");
     printf("listen: %s\nmetrics: %s\ntransport: %s\ndevice: %s\nmax_sessions: %d\n%s\n", cfg->listen,
            cfg->metrics[0] ? cfg->metrics : "off", cfg->transport, cfg->device, cfg->max_sessions,
            bad ? "check failed" : "ok");
@@ -91,11 +93,12 @@ static void on_start(void *arg) {
     /* the port line is what scripts wait for (it says which port "HOST:0" got) */
     kvl__svc_log("info", "msg=serving model=%s hash=%s arch=%s listen=%s port=%d metrics=%s "
                  "transport=%s translators=%d max_sessions=%d max_context=%d device=%s "
-                 "weights_dtype=%s",
+                 "weights_dtype=%s warmup_ms=%.1f peers=%s",
                  kvl_model_name(n->model), kvl_model_hash(n->model), mc->architecture,
                  cfg->listen, kvl__rpc_server_port(n->rpc), cfg->metrics[0] ? cfg->metrics : "-",
                  cfg->transport, n->translators.n, cfg->max_sessions, n->max_context, cfg->device,
-                 kvl_weights_dtype_name(kvl_model_weights_dtype(n->model)));
+                 kvl_weights_dtype_name(kvl_model_weights_dtype(n->model)), n->warmup_ms,
+                 cfg->peers[0] ? cfg->peers : "-");
 }
 
 int main(int argc, char **argv) {
@@ -124,7 +127,16 @@ int main(int argc, char **argv) {
         kvl__svc_log("error", "msg=startup_failed err=\"%s\"", kvl_last_error());
         return 1;
     }
+    /* warm before serving: the health check turns SERVING only once a request would find the
+     * node warm */
+    st = kvld_warmup(node);
+    if (st != KVL_OK) {
+        kvl__svc_log("error", "msg=startup_failed err=\"%s\"", kvl_last_error());
+        kvld_node_free(node);
+        return 1;
+    }
     st = kvld_node_serve(node);
+    if (st == KVL_OK) st = kvld_peers_start(node);
     if (st != KVL_OK) {
         kvl__svc_log("error", "msg=startup_failed err=\"%s\"", kvl_last_error());
         kvld_node_free(node);

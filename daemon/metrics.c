@@ -26,6 +26,8 @@ static const char *const counter_names[KVLD_C_N][2] = {
     {"kvlingo_span_bytes_received_total", "Payload bytes of received spans."},
     {"kvlingo_requests_total", "gRPC requests handled by the Node service."},
     {"kvlingo_request_errors_total", "gRPC requests answered with a non-OK status."},
+    {"kvlingo_peers_connected_total", "Fleet peers (--peers) connected ahead of the first span: channel, "
+                                      "Info and transport endpoint."},
 };
 
 static const char *const gauge_names[KVLD_G_N][2] = {

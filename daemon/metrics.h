@@ -29,6 +29,7 @@ typedef enum kvld_counter {
     KVLD_C_SPAN_BYTES_RECEIVED,   /* kvlingo_span_bytes_received_total                       */
     KVLD_C_REQUESTS,              /* kvlingo_requests_total                                  */
     KVLD_C_REQUEST_ERRORS,        /* kvlingo_request_errors_total                            */
+    KVLD_C_PEERS_CONNECTED,       /* kvlingo_peers_connected_total                           */
     KVLD_C_N
 } kvld_counter;
 

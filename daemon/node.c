@@ -11,6 +11,7 @@
 #include "kvlingo/backend.h"
 #include "kvlingo/v1/node.pb-c.h"
 #include "log.h"
+#include "peers.h"
 
 kvl_status kvld_node_create(const kvld_config *cfg, kvld_node **out) {
     *out = NULL;
@@ -91,6 +92,7 @@ kvl_status kvld_node_serve(kvld_node *n) {
 void kvld_node_free(kvld_node *n) {
     if (!n) return;
     /* order: stop taking calls, then the scheduler (fails queued jobs), then the rest */
+    kvld_peers_stop(n);
     if (n->rpc) kvl__rpc_server_shutdown(n->rpc, 0);
     kvld_sched_free(n->sched);
     kvl__rpc_server_free(n->rpc);
@@ -161,6 +163,11 @@ kvl_status kvld_node_peer(kvld_node *n, const char *target, int64_t timeout_ms,
                          info->model->hash ? info->model->hash : "");
                 snprintf(n->peers[i].model_name, sizeof n->peers[i].model_name, "%s",
                          info->model->name ? info->model->name : "");
+            }
+            if (info->transport_address.len && info->transport_address.len <= sizeof n->peers[i].transport_address) {
+                memcpy(n->peers[i].transport_address, info->transport_address.data,
+                       info->transport_address.len);
+                n->peers[i].transport_len = info->transport_address.len;
             }
         }
         pthread_mutex_unlock(&n->peers_mu);

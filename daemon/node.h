@@ -15,11 +15,15 @@
 #include "translators.h"
 #include "transport.h"
 
+#define KVLD_PEER_TRANSPORT_MAX 4096  /* bytes of a peer's transport (UCX worker) address */
+
 typedef struct kvld_peer {
     char target[256];
     kvl__rpc_client *cli;
     char model_name[128];             /* from the peer's Info, fetched on first export */
     char model_hash[32];
+    uint8_t transport_address[KVLD_PEER_TRANSPORT_MAX];   /* from the same Info */
+    size_t transport_len;
 } kvld_peer;
 
 typedef struct kvld_node {
@@ -38,6 +42,10 @@ typedef struct kvld_node {
     pthread_mutex_t peers_mu;
     kvld_peer *peers;
     int n_peers;
+    pthread_t peers_thread;           /* connects --peers at start (peers.c) */
+    int peers_started;
+    volatile int peers_stop;
+    double warmup_ms;                 /* the warm-up run before serving (warmup.c), 0 if off */
 } kvld_node;
 
 /* Create everything but the servers: model, tokenizer, translators, sessions, scheduler,
@@ -51,6 +59,11 @@ void kvld_node_free(kvld_node *node);
  * on first use).  The returned strings live as long as the node. */
 kvl_status kvld_node_peer(kvld_node *node, const char *target, int64_t timeout_ms,
                           kvl__rpc_client **out, const char **model_name, const char **model_hash);
+
+/* Before serving: one prefill + decode on a scratch cache and each translator on a zero span,
+ * so that the first real request (and the first switch) finds code, weights, thread pools and
+ * cache blocks warm.  Sets node->warmup_ms. */
+kvl_status kvld_warmup(kvld_node *node);
 
 /* Node service handlers (service.c, span_service.c). */
 void kvld_rpc_info(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user);

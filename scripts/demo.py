@@ -51,7 +51,7 @@ def main():
                         policy={"name": "cascade", "models": ["qwen3-a", "qwen3-b"],
                                 "entropy_threshold": 6.0, "calm_turns": 2},
                         guardrail={"shadow_fraction": 0.0, "kl_budget": 1.0},
-                        kvld_args=("--device", a.device))
+                        kvld_args=("--device", a.device), peers=True)
     try:
         c = fleet.client()
         ln = c.list_nodes()

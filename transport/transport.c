@@ -50,3 +50,10 @@ kvl_status kvl__transport_send(kvl__transport *t, const uint8_t *addr, size_t ad
         return kvl__errorf(KVL_ERR_INVALID_ARG, "transport: send: NULL argument");
     return t->ops->send(t, addr, addr_len, tag, buf, len, timeout_ms, cancel);
 }
+
+kvl_status kvl__transport_connect(kvl__transport *t, const uint8_t *addr, size_t addr_len,
+                                 int64_t timeout_ms) {
+    if (!t || !addr || !addr_len)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "transport connect: no peer address");
+    return t->ops->connect ? t->ops->connect(t, addr, addr_len, timeout_ms) : KVL_OK;
+}

@@ -66,6 +66,12 @@ kvl_status kvl__transport_send(kvl__transport *t, const uint8_t *addr, size_t ad
                               uint64_t tag, const void *buf, size_t len, int64_t timeout_ms,
                               const volatile int *cancel);
 
+/* Set up (and cache) the endpoint to the peer at `addr` ahead of the first send, and wait until
+ * it is wired up, so that the first span to that peer pays no connection set-up.  KVL_ERR_IO on
+ * an unreachable peer or timeout (timeout_ms <= 0: none); the next send then starts afresh. */
+kvl_status kvl__transport_connect(kvl__transport *t, const uint8_t *addr, size_t addr_len,
+                                 int64_t timeout_ms);
+
 #ifdef __cplusplus
 }
 #endif

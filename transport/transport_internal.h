@@ -16,6 +16,8 @@ typedef struct kvl__transport_ops {
     kvl_status (*send)(kvl__transport *t, const uint8_t *addr, size_t addr_len, uint64_t tag,
                        const void *buf, size_t len, int64_t timeout_ms,
                        const volatile int *cancel);
+    /* may be NULL: the kind needs no connection set-up */
+    kvl_status (*connect)(kvl__transport *t, const uint8_t *addr, size_t addr_len, int64_t timeout_ms);
 } kvl__transport_ops;
 
 /* Every implementation's struct starts with this. */

@@ -381,6 +381,61 @@ static kvl_status ucx_send(kvl__transport *t, const uint8_t *addr, size_t addr_l
     return st;
 }
 
+/* Create the endpoint and flush it: the flush completes once the endpoint's lanes are wired up
+ * with the peer, which is the set-up the first send would otherwise wait for. */
+static kvl_status ucx_connect(kvl__transport *t, const uint8_t *addr, size_t addr_len,
+                              int64_t timeout_ms) {
+    ucx_transport *u = (ucx_transport *)t;
+    op_with_t *o = calloc(1, sizeof *o);
+    if (!o) return kvl__errorf(KVL_ERR_NOMEM, "transport: connect");
+    o->u = u;
+    ucp_request_param_t prm;
+    memset(&prm, 0, sizeof prm);
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    prm.cb.send = send_cb;
+    prm.user_data = o;
+    pthread_mutex_lock(&u->mu);
+    ucx_peer *p = NULL;
+    kvl_status st = get_peer(u, addr, addr_len, &p);
+    if (st != KVL_OK) {
+        pthread_mutex_unlock(&u->mu);
+        free(o);
+        return st;
+    }
+    ucs_status_ptr_t r = ucp_ep_flush_nbx(p->ep, &prm);
+    if (r == NULL) {   /* nothing to wait for */
+        pthread_mutex_unlock(&u->mu);
+        free(o);
+        return KVL_OK;
+    }
+    if (UCS_PTR_IS_ERR(r)) {
+        drop_peer(u, p);
+        pthread_mutex_unlock(&u->mu);
+        free(o);
+        return kvl__errorf(KVL_ERR_IO, "transport: connecting to the peer failed: %s",
+                          ucs_status_string(UCS_PTR_STATUS(r)));
+    }
+    u->outstanding++;
+    o->op.req = r;
+    st = wait_op(u, &o->op, timeout_ms, NULL, "connect", 0);
+    if (st == KVL_OK && o->op.status != UCS_OK) {
+        st = kvl__errorf(KVL_ERR_IO, "transport: connecting to the peer failed: %s",
+                        ucs_status_string(o->op.status));
+        drop_peer(u, p);
+    } else if (st != KVL_OK) {
+        drop_peer(u, p);
+    }
+    if (o->op.done) {
+        free(o);
+    } else {
+        o->orphan = 1;
+        o->next_orphan = u->orphans;
+        u->orphans = o;
+    }
+    pthread_mutex_unlock(&u->mu);
+    return st;
+}
+
 static const kvl__transport_ops ucx_ops = {
     .kind = "ucx",
     .free = ucx_free,
@@ -389,6 +444,7 @@ static const kvl__transport_ops ucx_ops = {
     .recv_wait = ucx_recv_wait,
     .recv_free = ucx_recv_free,
     .send = ucx_send,
+    .connect = ucx_connect,
 };
 
 kvl_status kvl__transport_ucx_create(kvl__transport **out) {

@@ -126,8 +126,10 @@ class Fleet:
     """kvld for each model + kvlingo-router, on loopback."""
 
     def __init__(self, build, work, models=("qwen3-a", "qwen3-b"), policy=None, guardrail=None,
-                 transfer=None, extra_top=None, translators=True, kvld_args=(), pairs=None):
+                 transfer=None, extra_top=None, translators=True, kvld_args=(), pairs=None,
+                 peers=False):
         self.build, self.work = build, work
+        self.peers = peers   # give each kvld the others' addresses (--peers): connected at start
         os.makedirs(work, exist_ok=True)
         self.nodes = {}
         self.node_ports = {}
@@ -158,6 +160,10 @@ class Fleet:
                 os.path.join(SRC, "models", m), "--listen", "127.0.0.1:%d" % port]
         if os.path.isdir(trdir):
             args += ["--translators", trdir]
+        if self.peers:
+            others = ["127.0.0.1:%d" % q for o, q in self.node_ports.items() if o != m]
+            if others:
+                args += ["--peers", ",".join(others)]
         p = Proc(args + list(kvld_args), os.path.join(self.work, "kvld-%s.log" % m))
         wait_port(port, p.proc, what="kvld " + m)
         self.nodes[m] = p

@@ -1,0 +1,158 @@
+/* daemon/peers.c: the fleet's other nodes (--peers), connected ahead of the first span.
+ *
+ * A switch's first span to a peer would otherwise pay, on its critical path, a gRPC channel to
+ * the peer, an Info call for its model identity and transport address, and the transport
+ * endpoint's wire-up.  A background thread does all three at start for every configured peer,
+ * retrying (with back-off) while a peer is not up yet, so a fleet whose nodes start in any
+ * order is connected a moment after the last one is. */
+#include "peers.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "error.h"
+#include "log.h"
+#include "node.h"
+
+kvl_status kvld_peers_parse(const char *list, char (*out)[KVLD_PEER_ADDR_MAX], int max, int *n) {
+    *n = 0;
+    const char *p = list;
+    while (p && *p) {
+        while (*p == ' ' || *p == ',') p++;
+        if (!*p) break;
+        size_t len = strcspn(p, ", ");
+        if (len >= KVLD_PEER_ADDR_MAX)
+            return kvl__errorf(KVL_ERR_INVALID_ARG, "peers: entry %d is longer than %d bytes", *n + 1,
+                              KVLD_PEER_ADDR_MAX - 1);
+        const char *colon = memrchr(p, ':', len);
+        if (!colon || colon == p || colon == p + len - 1)
+            return kvl__errorf(KVL_ERR_INVALID_ARG, "peers: entry '%.*s' is not HOST:PORT", (int)len, p);
+        for (const char *c = colon + 1; c < p + len; c++)
+            if (*c < '0' || *c > '9')
+                return kvl__errorf(KVL_ERR_INVALID_ARG, "peers: entry '%.*s': the port is not a number",
+                                  (int)len, p);
+        if (*n >= max)
+            return kvl__errorf(KVL_ERR_INVALID_ARG, "peers: more than %d entries", max);
+        memcpy(out[*n], p, len);
+        out[*n][len] = 0;
+        (*n)++;
+        p += len;
+    }
+    return KVL_OK;
+}
+
+/* Sleep up to ms, waking early when the node stops. */
+static void nap(kvld_node *n, int ms) {
+    for (int t = 0; t < ms && !n->peers_stop; t += 20) usleep(20 * 1000);
+}
+
+/* Does anything accept TCP connections at "host:port" (or "[v6]:port") within timeout_ms?  The
+ * gRPC channel to a peer is made only once it does: a channel made while the peer is down
+ * backs off its reconnects for a second or more, and the first span would meet that back-off. */
+static int tcp_reachable(const char *target, int timeout_ms) {
+    char host[KVLD_PEER_ADDR_MAX];
+    const char *colon = strrchr(target, ':');
+    size_t hl = (size_t)(colon - target);
+    memcpy(host, target, hl);
+    host[hl] = 0;
+    char *h = host;
+    if (h[0] == '[' && hl > 1 && h[hl - 1] == ']') {
+        h[hl - 1] = 0;
+        h++;
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (getaddrinfo(h, colon + 1, &hints, &res) != 0) return 0;
+    int ok = 0;
+    for (struct addrinfo *ai = res; ai && !ok; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0) continue;
+        int r = connect(fd, ai->ai_addr, ai->ai_addrlen);
+        if (r == 0) {
+            ok = 1;
+        } else if (errno == EINPROGRESS) {
+            struct pollfd pf = {.fd = fd, .events = POLLOUT};
+            int err = 0;
+            socklen_t el = sizeof err;
+            if (poll(&pf, 1, timeout_ms) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) == 0 && !err)
+                ok = 1;
+        }
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return ok;
+}
+
+/* Channel + Info + transport endpoint to one peer.  KVL_OK once all three are up. */
+static kvl_status connect_one(kvld_node *n, const char *target) {
+    if (!tcp_reachable(target, 500)) return kvl__errorf(KVL_ERR_IO, "peer %s: nothing listens there yet", target);
+    kvl__rpc_client *cli;
+    const char *name, *hash;
+    kvl_status st = kvld_node_peer(n, target, 1000, &cli, &name, &hash);
+    if (st != KVL_OK || !n->transport) return st;
+    uint8_t addr[KVLD_PEER_TRANSPORT_MAX];
+    size_t alen = 0;
+    pthread_mutex_lock(&n->peers_mu);
+    for (int i = 0; i < n->n_peers; i++)
+        if (!strcmp(n->peers[i].target, target) && n->peers[i].transport_len) {
+            alen = n->peers[i].transport_len;
+            memcpy(addr, n->peers[i].transport_address, alen);
+        }
+    pthread_mutex_unlock(&n->peers_mu);
+    if (!alen) return kvl__errorf(KVL_ERR_IO, "peer %s has no transport address (transport none?)", target);
+    return kvl__transport_connect(n->transport, addr, alen, 2000);
+}
+
+static void *peers_main(void *arg) {
+    kvld_node *n = arg;
+    char list[KVLD_MAX_PEERS][KVLD_PEER_ADDR_MAX];
+    int count = 0, done[KVLD_MAX_PEERS] = {0}, left;
+    if (kvld_peers_parse(n->cfg.peers, list, KVLD_MAX_PEERS, &count) != KVL_OK) return NULL;
+    double t0 = kvl__now_s();
+    int backoff = 100;
+    do {
+        left = 0;
+        for (int i = 0; i < count && !n->peers_stop; i++) {
+            if (done[i]) continue;
+            if (connect_one(n, list[i]) == KVL_OK) {
+                done[i] = 1;
+                kvld_metrics_add(n->metrics, KVLD_C_PEERS_CONNECTED, 1);
+                kvl__svc_log("info", "msg=peer_ready peer=%s ms=%.1f", list[i], (kvl__now_s() - t0) * 1e3);
+            } else {
+                left++;
+                if (kvl__now_s() - t0 > KVLD_PEER_GIVE_UP_S) {
+                    kvl__svc_log("warn", "msg=peer_unreachable peer=%s err=\"%s\" note=\"set up on the "
+                                 "first span instead\"", list[i], kvl_last_error());
+                    done[i] = 1;
+                    left--;
+                }
+            }
+        }
+        if (left && !n->peers_stop) {
+            nap(n, backoff);
+            if (backoff < 2000) backoff *= 2;
+        }
+    } while (left && !n->peers_stop);
+    return NULL;
+}
+
+kvl_status kvld_peers_start(kvld_node *n) {
+    if (!n->cfg.peers[0]) return KVL_OK;
+    if (pthread_create(&n->peers_thread, NULL, peers_main, n) != 0)
+        return kvl__errorf(KVL_ERR_INTERNAL, "cannot start the peer connection thread");
+    n->peers_started = 1;
+    return KVL_OK;
+}
+
+void kvld_peers_stop(kvld_node *n) {
+    if (!n->peers_started) return;
+    n->peers_stop = 1;
+    pthread_join(n->peers_thread, NULL);
+    n->peers_started = 0;
+}

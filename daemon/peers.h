@@ -1,0 +1,22 @@
+/* daemon/peers.h: the fleet's other nodes (--peers HOST:PORT,...), connected at start. */
+#ifndef KVLD_PEERS_H
+#define KVLD_PEERS_H
+
+#include "kvlingo/status.h"
+
+#define KVLD_MAX_PEERS 64            /* entries of --peers                              */
+#define KVLD_PEER_ADDR_MAX 256       /* bytes of one "host:port", NUL included           */
+#define KVLD_PEER_GIVE_UP_S 300.0    /* stop retrying a peer that never answered          */
+
+struct kvld_node;
+
+/* Split "host:port,host:port" (commas and/or spaces) into out[max]; KVL_ERR_INVALID_ARG naming
+ * the entry when one is not HOST:PORT, too long, or there are more than max. */
+kvl_status kvld_peers_parse(const char *list, char (*out)[KVLD_PEER_ADDR_MAX], int max, int *n);
+
+/* Start the background thread that connects every configured peer (no-op without --peers);
+ * kvld_peers_stop ends it (waits at most about one Info deadline). */
+kvl_status kvld_peers_start(struct kvld_node *n);
+void kvld_peers_stop(struct kvld_node *n);
+
+#endif

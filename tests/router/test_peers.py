@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""tests/router/test_peers.py: kvld --peers and the warm-up before serving.
+
+- Two kvld started one after the other, each naming the other in --peers: both connect the
+  other (channel, Info, transport endpoint) once it is up (log line peer_ready, metric
+  kvlingo_peers_connected_total 1), the first one by retrying while the second was not there.
+- A fleet whose nodes were given --peers serves its first switch by translation (the span goes
+  over the endpoint set up at start).
+- A bad --peers entry is a startup error naming it; --check lists the peers; the serving line
+  reports the warm-up (warmup_ms > 0), and --warmup 0 turns it off.
+usage: test_peers.py --build BUILD_DIR --work WORK_DIR
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rtest  # noqa: E402
+from rtest import check  # noqa: E402
+
+
+def wait_log(path, pattern, timeout=20.0):
+    until = time.time() + timeout
+    while time.time() < until:
+        with open(path) as f:
+            m = re.search(pattern, f.read())
+        if m:
+            return m
+        time.sleep(0.05)
+    with open(path) as f:
+        raise AssertionError("%s: no line matching %r within %.0f s:\n%s" % (path, pattern, timeout, f.read()))
+
+
+def metric(port, name):
+    text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5).read().decode()
+    m = re.search(r"^" + re.escape(name) + r" (\S+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--work", required=True)
+    a = ap.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    kvld = os.path.join(a.build, "daemon", "kvld")
+    model = lambda m: os.path.join(rtest.SRC, "models", m)  # noqa: E731
+
+    # bad entries: refused at start, the entry named; --check shows the list
+    for bad, needle in (("127.0.0.1", "not HOST:PORT"), ("127.0.0.1:70x1", "port is not a number"),
+                        (",".join("127.0.0.1:%d" % (1000 + i) for i in range(65)), "more than 64")):
+        r = subprocess.run([kvld, "--model", model("qwen3-a"), "--peers", bad], capture_output=True,
+                           text=True, timeout=60)
+        check(r.returncode == 2 and needle in r.stderr, "--peers %r: rc %d, %r" % (bad[:40], r.returncode, r.stderr))
+    r = subprocess.run([kvld, "--model", model("qwen3-a"), "--peers", "127.0.0.1:1,[::1]:2", "--check"],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0 and "peers: 127.0.0.1:1,[::1]:2" in r.stdout, "--check: %r %r" % (r.stdout, r.stderr))
+    print("ok   bad --peers refused, --check lists them")
+
+    # two nodes, the second started after the first has been retrying for a while
+    pa, pb, ma, mb = (rtest.free_port() for _ in range(4))
+    la, lb = os.path.join(a.work, "kvld-a.log"), os.path.join(a.work, "kvld-b.log")
+    for p in (la, lb):
+        if os.path.exists(p):
+            os.remove(p)
+    na = rtest.Proc([kvld, "--model", model("qwen3-a"), "--listen", "127.0.0.1:%d" % pa, "--metrics",
+                     "127.0.0.1:%d" % ma, "--peers", "127.0.0.1:%d" % pb], la)
+    nb = None
+    try:
+        rtest.wait_port(pa, na.proc, what="kvld a")
+        time.sleep(0.6)   # a retries against a port nobody listens on
+        nb = rtest.Proc([kvld, "--model", model("qwen3-b"), "--listen", "127.0.0.1:%d" % pb, "--metrics",
+                         "127.0.0.1:%d" % mb, "--peers", "127.0.0.1:%d" % pa, "--warmup", "0"], lb)
+        rtest.wait_port(pb, nb.proc, what="kvld b")
+        wait_log(la, r"msg=peer_ready peer=127\.0\.0\.1:%d " % pb)
+        wait_log(lb, r"msg=peer_ready peer=127\.0\.0\.1:%d " % pa)
+        check(metric(ma, "kvlingo_peers_connected_total") == 1, "a: peers_connected_total")
+        check(metric(mb, "kvlingo_peers_connected_total") == 1, "b: peers_connected_total")
+        wa = float(wait_log(la, r"warmup_ms=([0-9.]+)").group(1))
+        wb = float(wait_log(lb, r"warmup_ms=([0-9.]+)").group(1))
+        check(wa > 0 and wb == 0, "warm-up: a %.3f ms (expected > 0), b %.3f ms with --warmup 0" % (wa, wb))
+        print("ok   both nodes connected each other (a after retrying); warm-up %.1f ms, off with --warmup 0" % wa)
+    finally:
+        na.stop()
+        if nb:
+            nb.stop()
+
+    # a fleet of pre-connected nodes: the first switch is a translation
+    fleet = rtest.Fleet(a.build, os.path.join(a.work, "fleet"), peers=True,
+                        policy={"name": "pinned"})
+    try:
+        for m, p in fleet.nodes.items():
+            wait_log(p.log_path, r"msg=peer_ready")
+        c = fleet.client()
+        sid = c.create_session(model="qwen3-a")
+        _, _, s0 = c.send_all(sid, "The history of the town begins with a mill on the river.", max_tokens=4)
+        _, _, s1 = c.send_all(sid, " Later a railway came.", max_tokens=4, model="qwen3-b")
+        check(s0.model == "qwen3-a" and s1.model == "qwen3-b", "models %s, %s" % (s0.model, s1.model))
+        check(s1.switch_mode == 1 and not s1.fallback_reason,
+              "first switch of a pre-connected fleet: mode %d, fallback %r" % (s1.switch_mode, s1.fallback_reason))
+        print("ok   first switch of a pre-connected fleet translated (TTFT %.2f ms)" % (s1.ttft_seconds * 1e3))
+    finally:
+        fleet.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
