@@ -433,6 +433,12 @@ static void print_info_table(const kvl_translator *tr, const char *file) {
                "ppl transl", "ppl no ctx", "gain", "samples");
         print_eval_row(tr, "eval_stage1", "stage 1");
         print_eval_row(tr, "eval", "final");
+        /* figures stored under other keys (`translator eval --store eval_prefix128`) */
+        for (int i = 0; i < kvl_translator_metadata_count(tr); i++) {
+            const char *k = kvl_translator_metadata_key(tr, i);
+            if (!strncmp(k, "eval_", 5) && strcmp(k, "eval_stage1") && strcmp(k, "eval_multiturn"))
+                print_eval_row(tr, k, k + 5);
+        }
     }
     cJSON *mt = cJSON_Parse(kvl_translator_metadata(tr, "eval_multiturn") ? kvl_translator_metadata(tr, "eval_multiturn") : "");
     const cJSON *turns = cJSON_GetObjectItemCaseSensitive(mt, "turns"), *x;
@@ -450,11 +456,11 @@ static void print_info_table(const kvl_translator *tr, const char *file) {
     cJSON_Delete(mt);
     static const char *const shown[] = {"format", "source_name", "source_hash", "target_name",
         "target_hash", "source_layers", "source_kv_heads", "source_head_dim", "target_layers",
-        "target_kv_heads", "target_head_dim", "target_qk_norm", "layer_map", "stage1", "training",
-        "eval", "eval_stage1", "eval_multiturn", "corpus", "imported_from"};
+        "target_kv_heads", "target_head_dim", "target_qk_norm", "source_taps", "layer_map", "stage1",
+        "training", "eval", "corpus", "imported_from"};
     for (int i = 0; i < kvl_translator_metadata_count(tr); i++) {
         const char *k = kvl_translator_metadata_key(tr, i);
-        int sk = 0;
+        int sk = !strncmp(k, "eval_", 5);   /* every evaluation is in the tables above */
         for (size_t j = 0; j < sizeof shown / sizeof shown[0]; j++) sk |= !strcmp(shown[j], k);
         if (!sk) printf("  %s: %s\n", k, kvl_translator_metadata_value(tr, i));
     }
