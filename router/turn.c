@@ -296,7 +296,8 @@ static kvl_status decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void *a
     kvr_turn_out *o = t->out;
     kvr_gen_params gp = {.max_tokens = t->req->max_tokens, .temperature = t->req->temperature,
                          .top_k = t->req->top_k, .top_p = t->req->top_p, .seed = t->req->seed,
-                         .stop_at_eos = t->req->stop_at_eos, .return_logprobs = want_lp};
+                         .stop_at_eos = t->req->stop_at_eos, .stop_ids = t->req->stop_ids,
+                         .n_stop = t->req->n_stop, .return_logprobs = want_lp};
     int64_t timeout = t->node_ms * 2 + (int64_t)(t->req->max_tokens * 200.0 + (t->N + t->req->n_user) * 2.0);
     kvl__rpc_stream *st = NULL;
     kvl_status s = kvr_node_generate(T, t->req->sid, &gp, timeout, &st);
@@ -339,6 +340,13 @@ static kvl_status decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void *a
         *started = 1;
         int stop = emit(arg, m->token, m->text ? m->text : "", m->logprob);
         protobuf_c_message_free_unpacked(&m->base, NULL);
+        if (stop == KVR_EMIT_STOP) {
+            /* a stop sequence: the turn ends here as finished; the node may have gone a token
+             * further before the cancel, which the commit's SessionInfo check catches */
+            kvl__rpc_stream_cancel(st);
+            snprintf(o->finish_reason, sizeof o->finish_reason, "stop");
+            break;
+        }
         if (stop) {
             kvl__rpc_stream_cancel(st);
             s = kvl__errorf(KVL_ERR_CANCELLED, "client cancelled the turn");
@@ -432,6 +440,7 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
                 out->span_tokens = (unsigned)(t.N - h + req->n_user);
             /* the tail the node lacks (re-prefill) plus this turn's input, in one append */
             int n_tail = t.N - h + req->n_user;
+            out->prefill_tokens = (unsigned)n_tail;
             int32_t *tail = malloc(sizeof(int32_t) * (size_t)(n_tail ? n_tail : 1));
             if (!tail) s = kvl__errorf(KVL_ERR_NOMEM, "turn tail");
             else {
@@ -456,6 +465,19 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
         if (s == KVL_ERR_CANCELLED && code == GRPC_STATUS_CANCELLED) {
             keep_cancelled_input(&t, ti, &d, out);
             break;
+        }
+        if (!s && req->has_end_token && out->n_generated > 0 && out->n_generated <= req->max_tokens &&
+            !strcmp(out->finish_reason, "eos") && gen[out->n_generated - 1] != req->end_token) {
+            /* a chat reply the model ended with EOS: the next request's history closes it with
+             * the template's end-of-turn token, so the ledger (and the node, where the last
+             * sampled token is not in the KV cache yet) say that, and the session continues */
+            unsigned last = (unsigned)(t.N + req->n_user) + out->n_generated - 1, cnt = 0;
+            if (!kvr_node_replace_tail(T, req->sid, last, &req->end_token, 1, t.node_ms, &cnt, NULL) &&
+                cnt == last + 1)
+                gen[out->n_generated - 1] = req->end_token;
+            else
+                kvl__svc_log_text("warn", "session %s: recording end-of-turn after EOS on %s failed: %s",
+                                  req->sid, T->name, kvl_last_error());
         }
         if (!s) {
             /* success: commit */
