@@ -37,6 +37,7 @@ typedef struct conn {
     char *body;
     size_t len, cap;
     int refused;                  /* a response went out before the body was read            */
+    int too_large;                /* the body outgrew max_body: dropped, answered 413        */
     double t0;
 } conn;
 
@@ -354,14 +355,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (*upload_size) {
-        if (!cc->refused && cc->len + *upload_size > (size_t)h->max_body) {
-            cc->refused = 1;
-            *upload_size = 0;
-            kvr_oai_set_error(&e, 413, "invalid_request_error", NULL, "request_too_large",
-                              "the request body exceeds %ld bytes (http_max_body_bytes)", h->max_body);
-            return send_error(c, &e, NULL);
-        }
-        if (!cc->refused) {
+        /* a body without Content-Length (chunked) that outgrows the bound: the rest is read
+         * and dropped (MHD cannot answer in the middle of an upload), then 413 */
+        if (cc->len + *upload_size > (size_t)h->max_body) cc->too_large = 1;
+        if (!cc->refused && !cc->too_large) {
             if (cc->len + *upload_size + 1 > cc->cap) {
                 size_t cap = cc->cap ? cc->cap : 4096;
                 while (cap < cc->len + *upload_size + 1) cap *= 2;
@@ -378,6 +375,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (cc->refused) return MHD_YES;
+    if (cc->too_large) {
+        cc->refused = 1;
+        kvr_oai_set_error(&e, 413, "invalid_request_error", NULL, "request_too_large",
+                          "the request body exceeds %ld bytes (http_max_body_bytes)", h->max_body);
+        return send_error(c, &e, NULL);
+    }
     switch (cc->ep) {
     case EP_CHAT:
     case EP_COMPLETIONS: return do_completion(h, c, cc);
