@@ -13,7 +13,9 @@ kvld (qwen3-a, qwen3-b) + kvlingo-router (cascade policy, http_listen) on loopba
   3. `curl -N` sees well-formed server-sent events ending with data: [DONE];
   4. bad input (malformed JSON, unknown model, wrong roles, empty messages, oversize body, n: 2,
      logit_bias, tools, wrong method, unknown URL, a session header the conversation does not
-     extend) gets OpenAI's error body and status; the router keeps serving.
+     extend) gets OpenAI's error body and status; the router keeps serving;
+  5. nodes hold at most 6 sessions: the router drops the least recently used idle one to make
+     room (its ledger stays), and every check above still holds.
 usage: test_openai.py --build BUILD_DIR --work WORK_DIR
 """
 import argparse
@@ -98,7 +100,10 @@ def main():
                         policy={"name": "cascade", "models": ["qwen3-a", "qwen3-b"],
                                 "entropy_threshold": 0.001, "calm_turns": 100},
                         guardrail={"shadow_fraction": 1.0, "kl_budget": 100},
-                        extra_top={"http_listen": "127.0.0.1:%d" % port, "http_max_body_bytes": 65536})
+                        extra_top={"http_listen": "127.0.0.1:%d" % port, "http_max_body_bytes": 65536},
+                        # stateless clients never close their sessions: a small session table
+                        # makes the router free places on a full node (least recently used)
+                        kvld_args=["--max-sessions", "6"])
     try:
         users = [rtest.corpus_text(1000 + 137 * i, 80) for i in range(6)]
         tj = os.path.join(a.work, "turns.json")
@@ -236,6 +241,10 @@ def main():
         st, _, b = http(port, "GET", "/ready")
         check(st == 200 and json.loads(b)["nodes_healthy"] == 2, "ready")
         check(fleet.router.alive(), "router alive")
+        with open(fleet.router.log_path, errors="replace") as f:
+            evicted = f.read().count("is full: dropped idle session")
+        check(evicted > 0, "the router made room on a full node")
+        print("  ok: %d idle sessions dropped from full nodes" % evicted)
         print("  ok: the router kept serving")
     finally:
         fleet.stop()
