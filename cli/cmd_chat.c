@@ -1,7 +1,8 @@
 /* cli/cmd_chat.c: `kvlingo chat` — one turn of a session through kvlingo-router (gRPC client).
  *
  *   kvlingo chat --router ADDR [--session ID] [--model NAME] [--max-tokens N]
- *                [--temperature T] [--seed S] [--escalate] [--force-reprefill] [--ignore-eos] TEXT
+ *                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--escalate]
+ *                [--force-reprefill] [--ignore-eos] [--special] TEXT
  *
  * Streams the generated text as it arrives, then prints one summary line:
  *   [session s-1a2b turn 3: qwen3-b on b0, switch translate from qwen3-a (95 span tokens),
@@ -22,8 +23,9 @@
 
 static void chat_usage(FILE *f) {
     fputs("usage: kvlingo chat --router HOST:PORT [--session ID] [--model NAME] [--max-tokens N]\n"
-          "                    [--temperature T] [--seed S] [--escalate] [--force-reprefill] [--ignore-eos]\n"
-          "                    [--timeout-ms N] TEXT\n"
+          "                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--escalate]\n"
+          "                    [--force-reprefill] [--ignore-eos] [--special] [--timeout-ms N] TEXT\n"
+          "  Stops at EOS unless --ignore-eos; special tokens' text is left out unless --special.\n"
           "  One turn of a session through kvlingo-router: streams the text as it is generated,\n"
           "  then a one-line summary (model, switch mode, span tokens, TTFT, tokens, tokens/s).\n"
           "  Without --session a new session is created; its id is printed to continue it.\n", f);
@@ -45,6 +47,9 @@ int cmd_chat(int argc, char **argv) {
     const char *model = cli_opt(&a, "--model", &err);
     long max_tokens = cli_opt_long(&a, "--max-tokens", 32, 1, 1 << 20, &err);
     double temperature = cli_opt_double(&a, "--temperature", 0, 0, 100, &err);
+    long top_k = cli_opt_long(&a, "--top-k", 0, 0, 1 << 30, &err);
+    double top_p = cli_opt_double(&a, "--top-p", 1.0, 1e-9, 1.0, &err);
+    int special = cli_flag(&a, "--special");
     long seed = cli_opt_long(&a, "--seed", 0, 0, 0x7fffffffL, &err);
     long timeout_ms = cli_opt_long(&a, "--timeout-ms", 300000, 1, 86400000L, &err);
     int escalate = cli_flag(&a, "--escalate");
@@ -101,6 +106,10 @@ int cmd_chat(int argc, char **argv) {
     q.escalate = escalate;
     q.force_reprefill = force;
     q.stop_at_eos = !ignore_eos;
+    q.ignore_eos = ignore_eos;
+    q.special_text = special;
+    q.top_k = (uint32_t)top_k;
+    q.top_p = top_p < 1.0 ? (float)top_p : 0.0f;
     size_t len = kvlingo__v1__send_request__get_packed_size(&q);
     uint8_t *buf = malloc(len ? len : 1);
     if (!buf) { fprintf(stderr, "kvlingo chat: out of memory\n"); rc = 1; goto out; }

@@ -126,6 +126,9 @@ def main():
     ap.add_argument("--model", default="", help="ask for this model")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--escalate", action="store_true", help="cascade: use the larger model now")
+    ap.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS (the router does by default)")
+    ap.add_argument("--special-text", action="store_true",
+                    help="show special tokens' text (<|endoftext|>, ...), left out by default")
     ap.add_argument("--list-nodes", action="store_true")
     ap.add_argument("text", nargs="?", default="")
     a = ap.parse_args()
@@ -139,7 +142,8 @@ def main():
         sid = a.session or c.create_session()
         summary = False
         for piece, s in c.send(sid, a.text, max_tokens=a.max_tokens, model=a.model,
-                               escalate=a.escalate):
+                               escalate=a.escalate, ignore_eos=a.ignore_eos,
+                               special_text=a.special_text):
             if s is None:
                 sys.stdout.write(piece)
                 sys.stdout.flush()
