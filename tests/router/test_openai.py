@@ -19,11 +19,13 @@ kvld (qwen3-a, qwen3-b) + kvlingo-router (cascade policy, http_listen) on loopba
 usage: test_openai.py --build BUILD_DIR --work WORK_DIR
 """
 import argparse
+import http.client
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -42,7 +44,7 @@ def openai_python():
     return None
 
 
-def http(port, method, path, body=None, headers=None, raw=None):
+def request(port, method, path, body=None, headers=None, raw=None):
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     req = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path), data=data, method=method,
                                  headers=dict({"Content-Type": "application/json"}, **(headers or {})))
@@ -55,7 +57,7 @@ def http(port, method, path, body=None, headers=None, raw=None):
 
 def expect_error(port, status, param, words, body=None, raw=None, method="POST",
                  path="/v1/chat/completions", headers=None):
-    st, _, b = http(port, method, path, body, headers, raw)
+    st, _, b = request(port, method, path, body, headers, raw)
     check(st == status, "%s %s: expected HTTP %d, got %d: %r" % (method, path, status, st, b[:300]))
     e = json.loads(b)["error"]
     check(set(e) == {"message", "type", "param", "code"}, "OpenAI error keys: %r" % e)
@@ -231,14 +233,29 @@ def main():
         expect_error(port, 404, None, ["Unknown request URL"], method="GET", path="/v1/engines")
         expect_error(port, 400, "prompt", ["required"], {"model": "qwen3-a"}, path="/v1/completions")
         # a session named by the client: created on first use, refused when the history differs
-        st, h, _ = http(port, "POST", "/v1/chat/completions", good, {"x-kvlingo-session": "client-s1"})
+        st, h, _ = request(port, "POST", "/v1/chat/completions", good, {"x-kvlingo-session": "client-s1"})
         check(st == 200 and h.get("x-kvlingo-session") == "client-s1", "named session")
         expect_error(port, 400, "x-kvlingo-session", ["not a prefix"],
                      dict(good, messages=[{"role": "user", "content": "Something else entirely"}]),
                      headers={"x-kvlingo-session": "client-s1"})
-        st, _, b = http(port, "POST", "/v1/chat/completions", good)
+        # a streaming client that goes away mid-reply: its turn is cancelled, nothing else
+        hc = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        hc.request("POST", "/v1/chat/completions", json.dumps(dict(good, max_tokens=1000, ignore_eos=True,
+                                                                   stream=True)), {"Content-Type": "application/json"})
+        resp = hc.getresponse()
+        check(resp.status == 200 and resp.readline().startswith(b"data: "), "stream started")
+        hc.close()
+        for _ in range(100):
+            with open(fleet.router.log_path, errors="replace") as f:
+                if "turn cancelled by the client" in f.read():
+                    break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the router did not cancel the turn of a client that went away")
+        print("  ok: a streaming client that disconnects cancels its turn")
+        st, _, b = request(port, "POST", "/v1/chat/completions", good)
         check(st == 200 and json.loads(b)["choices"][0]["message"]["role"] == "assistant", "follow-up succeeds")
-        st, _, b = http(port, "GET", "/ready")
+        st, _, b = request(port, "GET", "/ready")
         check(st == 200 and json.loads(b)["nodes_healthy"] == 2, "ready")
         check(fleet.router.alive(), "router alive")
         with open(fleet.router.log_path, errors="replace") as f:
