@@ -22,6 +22,7 @@ import argparse
 import http.client
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -206,6 +207,32 @@ def main():
             check(j["object"] == "chat.completion.chunk" and len(j["choices"]) == 1, "chunk %r" % j)
         check(json.loads(events[-3][6:])["choices"][0]["finish_reason"] in ("stop", "length"), "last chunk")
         print("  ok: curl -N: %d events, then data: [DONE]" % (len(events) - 2))
+
+        # kvlingo chat in chat mode: roles through the same template, one session across turns,
+        # the same greedy replies as the HTTP API
+        lines = ["Once upon a time there was a king", "What did he do next?"]
+        cp = subprocess.run([os.path.join(a.build, "kvlingo"), "chat", "--router", fleet.addr, "--tokenizer",
+                             os.path.join(SRC, "models", "qwen3-a"), "--system", "You tell stories.",
+                             "--interactive", "--model", "qwen3-a", "--max-tokens", "8"],
+                            input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=120)
+        check(cp.returncode == 0, "kvlingo chat --interactive: %s" % cp.stderr)
+        parts = re.split(r"\n\[session (\S+) turn (\d+): ([^\]]*)\]\n", cp.stdout)
+        check(len(parts) == 9 and parts[1] == parts[5] and parts[2] == "0" and parts[6] == "1" and
+              parts[8] == "", "two turns, one session: %r" % cp.stdout)
+        cli_replies = [parts[0], parts[4]]
+        conv = [{"role": "system", "content": "You tell stories."}]
+        for i, line in enumerate(lines):
+            conv.append({"role": "user", "content": line})
+            st, _, b = request(port, "POST", "/v1/chat/completions",
+                               {"model": "qwen3-a", "messages": conv, "max_tokens": 8, "temperature": 0})
+            j = json.loads(b)
+            reply = j["choices"][0]["message"]["content"]
+            check(reply == cli_replies[i], "kvlingo chat turn %d %r != HTTP %r" % (i, cli_replies[i], reply))
+            conv.append({"role": "assistant", "content": reply})
+        span = int(re.search(r"\((\d+) span tokens\)", parts[7]).group(1))
+        check(span < j["usage"]["prompt_tokens"] // 2, "turn 1 prefilled %d of %d tokens: the session's cache "
+              "served the rest" % (span, j["usage"]["prompt_tokens"]))
+        print("  ok: kvlingo chat --interactive: session %s, replies equal the HTTP API's" % parts[1])
 
         # 4. bad input, the router stays up
         good = {"model": "qwen3-a", "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 2}
