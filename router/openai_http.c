@@ -153,6 +153,12 @@ static void *st_worker(void *arg) {
                                    s->q.include_usage));
         if (s->q.include_usage) put_event(s, kvr_oai_chunk(s->q.chat, &s->run.res, 0, NULL, NULL, 2));
     }
+    if (rc && s->started) {
+        /* the turn failed after its first token (a node went down mid-reply): the client
+         * gets the error as an event, as OpenAI streams do, instead of a silent end */
+        kvl__svc_log_text("warn", "openai: stream failed after its first token: %s", s->run.err.message);
+        put_event(s, kvr_oai_error_json(&s->run.err));
+    }
     pthread_mutex_lock(&s->mu);
     if (!rc && s->started) put_locked(s, "data: [DONE]\n\n", 14);
     s->rc = rc;
