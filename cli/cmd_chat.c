@@ -197,7 +197,7 @@ static int chat_turn(kvl__rpc_client *cli, const kvl_tokenizer *tok, char **sid,
     free(text);
     if (s) { free(ids); return cli_fail("chat: chat template", s); }
     int rc = ledger_tokens(cli, *sid, &led, &nled);
-    if (!rc && (nled >= nids || memcmp(led, ids, sizeof(int32_t) * nled))) {
+    if (!rc && (nled >= nids || (nled && memcmp(led, ids, sizeof(int32_t) * nled)))) {
         /* the session's ledger is not this conversation's prefix (a reply that re-tokenizes
          * differently, a session given from elsewhere): continue in a new session */
         char *ns = NULL;
