@@ -265,6 +265,25 @@ def main():
         expect_error(port, 400, "x-kvlingo-session", ["not a prefix"],
                      dict(good, messages=[{"role": "user", "content": "Something else entirely"}]),
                      headers={"x-kvlingo-session": "client-s1"})
+        # a long streamed reply does not hold up other requests (a thread per connection)
+        hc = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        hc.request("POST", "/v1/completions", json.dumps({"model": "qwen3-b", "prompt": "Once", "max_tokens": 600,
+                                                          "ignore_eos": True, "stream": True}),
+                   {"Content-Type": "application/json"})
+        resp = hc.getresponse()
+        check(resp.status == 200 and resp.readline().startswith(b"data: "), "long stream started")
+        t0 = time.time()
+        st, _, _ = request(port, "GET", "/health")
+        st2, _, b = request(port, "POST", "/v1/chat/completions", dict(good, model="qwen3-a"))
+        t_other = time.time() - t0
+        rest = resp.read().decode()
+        t_long = time.time() - t0
+        check(st == 200 and st2 == 200 and rest.rstrip().endswith("data: [DONE]"), "concurrent requests")
+        check(t_other * 2 < t_long, "the short requests (%.3f s) finished before the long stream (%.3f s)" % (
+            t_other, t_long))
+        hc.close()
+        print("  ok: /health and a chat completion took %.1f ms while a 600-token stream ran %.1f ms" % (
+            t_other * 1e3, t_long * 1e3))
         # a streaming client that goes away mid-reply: its turn is cancelled, nothing else
         hc = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         hc.request("POST", "/v1/chat/completions", json.dumps(dict(good, max_tokens=1000, ignore_eos=True,
