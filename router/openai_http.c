@@ -34,6 +34,8 @@ enum { EP_NONE, EP_CHAT, EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_READY };
 
 typedef struct conn {
     int ep;
+    unsigned status;              /* of the response queued (for the metric)                 */
+    struct kvr_oai_http *h;
     char *body;
     size_t len, cap;
     int refused;                  /* a response went out before the body was read            */
@@ -43,6 +45,15 @@ typedef struct conn {
 
 /* ---- plain responses ------------------------------------------------------------------------ */
 
+/* The connection whose request this thread runs (a thread per connection): queue() records
+ * the status there for the requests metric without threading it through every caller. */
+static _Thread_local conn *tl_conn;
+
+static enum MHD_Result queue(struct MHD_Connection *c, unsigned status, struct MHD_Response *resp) {
+    if (tl_conn) tl_conn->status = status;
+    return MHD_queue_response(c, status, resp);
+}
+
 static enum MHD_Result send_buf(struct MHD_Connection *c, unsigned status, char *body,
                                 const char *type, const char *allow) {
     if (!body) return MHD_NO;   /* out of memory: MHD closes the connection */
@@ -51,7 +62,7 @@ static enum MHD_Result send_buf(struct MHD_Connection *c, unsigned status, char 
     if (!resp) { free(body); return MHD_NO; }
     MHD_add_response_header(resp, "Content-Type", type);
     if (allow) MHD_add_response_header(resp, "Allow", allow);
-    enum MHD_Result ret = MHD_queue_response(c, status, resp);
+    enum MHD_Result ret = queue(c, status, resp);
     MHD_destroy_response(resp);
     return ret;
 }
@@ -246,7 +257,7 @@ static enum MHD_Result run_stream(kvr_oai_http *h, struct MHD_Connection *c, kvr
     MHD_add_response_header(resp, "Content-Type", "text/event-stream");
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
     add_turn_headers(resp, &s->run);   /* written once, before the worker's next token */
-    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, resp);
+    enum MHD_Result ret = queue(c, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp);
     return ret;
 }
@@ -278,7 +289,7 @@ static enum MHD_Result do_completion(kvr_oai_http *h, struct MHD_Connection *c, 
         } else {
             MHD_add_response_header(resp, "Content-Type", "application/json");
             add_turn_headers(resp, &u);
-            ret = MHD_queue_response(c, MHD_HTTP_OK, resp);
+            ret = queue(c, MHD_HTTP_OK, resp);
             MHD_destroy_response(resp);
         }
     }
@@ -330,10 +341,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     kvr_oai_http *h = cls;
     conn *cc = *con_cls;
     kvr_oai_error e;
+    tl_conn = cc;
     if (!cc) {   /* headers are in: route, check the method and the declared size */
         cc = calloc(1, sizeof *cc);
         if (!cc) return MHD_NO;
         *con_cls = cc;
+        cc->h = h;
+        tl_conn = cc;
         cc->t0 = kvl__now_s();
         const char *allow = NULL;
         cc->ep = route(url, &allow);
@@ -402,6 +416,16 @@ static void on_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MH
     (void)tc;
     conn *cc = *con_cls;
     if (!cc) return;
+    static const char *const names[] = {"other", "chat_completions", "completions", "models", "health", "ready"};
+    char lab[64], st[16];
+    snprintf(st, sizeof st, cc->status ? "%u" : "none", cc->status);   /* none: closed unanswered */
+    snprintf(lab, sizeof lab, "endpoint=\"%s\",status=\"%s\"", names[cc->ep], st);
+    kvr_metrics_inc(cc->h->r->metrics, "kvlingo_router_http_requests_total", lab, 1);
+    /* probes (health, ready, models) are not logged unless they fail */
+    if (cc->ep == EP_CHAT || cc->ep == EP_COMPLETIONS || cc->status >= 400 || !cc->status)
+        kvl__svc_log("info", "msg=http endpoint=%s status=%s ms=%.3f", names[cc->ep], st,
+                     (kvl__now_s() - cc->t0) * 1e3);
+    if (tl_conn == cc) tl_conn = NULL;
     free(cc->body);
     free(cc);
     *con_cls = NULL;

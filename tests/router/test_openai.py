@@ -304,6 +304,15 @@ def main():
         st, _, b = request(port, "GET", "/ready")
         check(st == 200 and json.loads(b)["nodes_healthy"] == 2, "ready")
         check(fleet.router.alive(), "router alive")
+        m = fleet.metrics()
+        for series, least in (('kvlingo_router_http_requests_total{endpoint="chat_completions",status="200"}', 20),
+                              ('kvlingo_router_http_requests_total{endpoint="chat_completions",status="400"}', 8),
+                              ('kvlingo_router_http_requests_total{endpoint="chat_completions",status="413"}', 2),
+                              ('kvlingo_router_http_requests_total{endpoint="models",status="200"}', 1),
+                              ('kvlingo_router_http_requests_total{endpoint="ready",status="200"}', 1)):
+            got = re.search("^" + re.escape(series) + r" (\S+)$", m, re.M)
+            check(got and float(got.group(1)) >= least, "%s >= %d: %s" % (series, least, got and got.group(1)))
+        print("  ok: kvlingo_router_http_requests_total counts the requests")
         with open(fleet.router.log_path, errors="replace") as f:
             evicted = f.read().count("is full: dropped idle session")
         check(evicted > 0, "the router made room on a full node")
