@@ -282,9 +282,10 @@ int kvr_oai_run_turn(kvr_router *r, const kvr_oai_req *q, const char *session_hd
         if (!have) {
             new_id(u->sid, sizeof u->sid);
             n_ledger = 0;
-            if (kvr_ledger_session_create(r->ledger, u->sid, "", kvr_wall_now()) ||
-                kvr_router_busy_take(r, u->sid)) {
-                turn_error(KVL_ERR_INTERNAL, err);
+            kvl_status cs = kvr_ledger_session_create(r->ledger, u->sid, "", kvr_wall_now());
+            if (!cs) cs = kvr_router_busy_take(r, u->sid);   /* max_busy_sessions: 503 */
+            if (cs) {
+                turn_error(cs, err);
                 free(P);
                 return -1;
             }
