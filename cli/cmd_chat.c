@@ -1,9 +1,18 @@
-/* cli/cmd_chat.c: `kvlingo chat` — one turn of a session through kvlingo-router (gRPC client).
+/* cli/cmd_chat.c: `kvlingo chat`: turns of a session through kvlingo-router (gRPC client).
  *
  *   kvlingo chat --router ADDR [--session ID] [--model NAME] [--max-tokens N]
- *                [--temperature T] [--seed S] [--escalate] [--force-reprefill] [--ignore-eos] TEXT
+ *                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--escalate]
+ *                [--force-reprefill] [--ignore-eos] [--special] TEXT
+ *   kvlingo chat --router ADDR --tokenizer DIR [--system TEXT] [--interactive] [TEXT] ...
  *
- * Streams the generated text as it arrives, then prints one summary line:
+ * Plain mode sends TEXT as a continuation of the session's text.  Chat mode (--system or
+ * --interactive; --tokenizer names the fleet's tokenizer, whose chat template renders the
+ * messages) sends roles: the whole conversation is rendered with the template, and only the
+ * tokens past the session's ledger go to the router, as a chat turn (it ends at the template's
+ * end-of-turn token), so the node keeps serving the old part from its cache.  --interactive
+ * reads one user message per line from stdin and keeps the session id across them.
+ *
+ * Streams the generated text as it arrives, then prints one summary line per turn:
  *   [session s-1a2b turn 3: qwen3-b on b0, switch translate from qwen3-a (95 span tokens),
  *    TTFT 19.3 ms, 12 tokens, 335.6 tok/s]
  * Without --session a new session is created first (its id is in the summary, to continue it).
@@ -15,18 +24,28 @@
 #include <string.h>
 
 #include "cli.h"
+#include "kvlingo/tokenizer.h"
 #include "kvlingo/v1/router.pb-c.h"
 #include "rpc.h"
 
 #define ROUTER "/kvlingo.v1.Router/"
+#define MAX_LINE (64 * 1024)      /* one interactive message */
+#define MAX_MESSAGES 512
 
 static void chat_usage(FILE *f) {
     fputs("usage: kvlingo chat --router HOST:PORT [--session ID] [--model NAME] [--max-tokens N]\n"
-          "                    [--temperature T] [--seed S] [--escalate] [--force-reprefill] [--ignore-eos]\n"
-          "                    [--timeout-ms N] TEXT\n"
+          "                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--escalate]\n"
+          "                    [--force-reprefill] [--ignore-eos] [--special] [--timeout-ms N] TEXT\n"
+          "       kvlingo chat --router HOST:PORT --tokenizer DIR [--system TEXT] [--interactive]\n"
+          "                    [options above] [TEXT]\n"
           "  One turn of a session through kvlingo-router: streams the text as it is generated,\n"
           "  then a one-line summary (model, switch mode, span tokens, TTFT, tokens, tokens/s).\n"
-          "  Without --session a new session is created; its id is printed to continue it.\n", f);
+          "  Without --session a new session is created; its id is printed to continue it.\n"
+          "  Stops at EOS unless --ignore-eos; special tokens' text is left out unless --special.\n"
+          "  Chat mode (--system or --interactive): messages with roles, rendered by the chat\n"
+          "  template of --tokenizer DIR (the fleet's tokenizer, e.g. models/qwen3-a); --system\n"
+          "  sets the system message; --interactive reads one user message per line from stdin\n"
+          "  (TEXT, when given, is the first) and keeps the session until end of input.\n", f);
 }
 
 static int rpc_fail(const char *what, const kvl__rpc_result *res) {
@@ -35,81 +54,89 @@ static int rpc_fail(const char *what, const kvl__rpc_result *res) {
     return 1;
 }
 
-int cmd_chat(int argc, char **argv) {
-    cli_args a;
-    if (cli_args_init(&a, argc, argv, 2)) return 1;
-    int err = 0;
-    if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) { chat_usage(stdout); cli_args_free(&a); return 0; }
-    const char *router = cli_opt(&a, "--router", &err);
-    const char *session = cli_opt(&a, "--session", &err);
-    const char *model = cli_opt(&a, "--model", &err);
-    long max_tokens = cli_opt_long(&a, "--max-tokens", 32, 1, 1 << 20, &err);
-    double temperature = cli_opt_double(&a, "--temperature", 0, 0, 100, &err);
-    long seed = cli_opt_long(&a, "--seed", 0, 0, 0x7fffffffL, &err);
-    long timeout_ms = cli_opt_long(&a, "--timeout-ms", 300000, 1, 86400000L, &err);
-    int escalate = cli_flag(&a, "--escalate");
-    int force = cli_flag(&a, "--force-reprefill");
-    int ignore_eos = cli_flag(&a, "--ignore-eos");   /* default: stop at EOS, as generate does */
-    /* the one positional argument: TEXT */
-    const char *text = NULL;
-    for (int i = 2; i < argc; i++) {
-        if (a.used[i] || !strncmp(argv[i], "--", 2)) continue;
-        if (text) { fprintf(stderr, "kvlingo chat: more than one TEXT argument ('%s')\n", argv[i]); err = 1; break; }
-        text = argv[i];
-        a.used[i] = 1;
-    }
-    if (!err && cli_args_leftover(&a, "chat")) err = 1;
-    cli_args_free(&a);
-    if (err) { chat_usage(stderr); return 2; }
-    if (!router || !text) {
-        fprintf(stderr, "kvlingo chat: %s is required\n", !router ? "--router" : "TEXT");
-        chat_usage(stderr);
-        return 2;
-    }
+typedef struct chat_opts {
+    long max_tokens, top_k, seed, timeout_ms;
+    double temperature, top_p;
+    const char *model;
+    int escalate, force, ignore_eos, special;
+} chat_opts;
 
-    kvl__rpc_client *cli = NULL;
-    kvl_status s = kvl__rpc_client_create(router, 0, &cli);
-    if (s) return cli_fail("chat", s);
-    int rc = 0;
-    char *sid = NULL;
-    int summary = 0;
+static int create_session(kvl__rpc_client *cli, const char *model, char **sid) {
+    Kvlingo__V1__CreateSessionRequest cq = KVLINGO__V1__CREATE_SESSION_REQUEST__INIT;
+    cq.model = (char *)(model ? model : "");
+    Kvlingo__V1__CreateSessionResponse *cr = NULL;
     kvl__rpc_result res = {0};
-    if (session && session[0]) {
-        sid = strdup(session);
-    } else {
-        Kvlingo__V1__CreateSessionRequest cq = KVLINGO__V1__CREATE_SESSION_REQUEST__INIT;
-        cq.model = (char *)(model ? model : "");
-        Kvlingo__V1__CreateSessionResponse *cr = NULL;
-        s = kvl__rpc_client_unary_pb(cli, ROUTER "CreateSession", &cq.base,
-                                    &kvlingo__v1__create_session_response__descriptor, 30000,
-                                    (ProtobufCMessage **)&cr, &res);
-        if (s) { rc = cli_fail("chat", s); goto out; }
-        if (res.code != GRPC_STATUS_OK) { rc = rpc_fail("CreateSession", &res); goto out; }
-        sid = strdup(cr->session_id);
-        protobuf_c_message_free_unpacked(&cr->base, NULL);
-        kvl__rpc_result_clear(&res);
-    }
-    if (!sid) { fprintf(stderr, "kvlingo chat: out of memory\n"); rc = 1; goto out; }
+    kvl_status s = kvl__rpc_client_unary_pb(cli, ROUTER "CreateSession", &cq.base,
+                                            &kvlingo__v1__create_session_response__descriptor, 30000,
+                                            (ProtobufCMessage **)&cr, &res);
+    int rc = 0;
+    if (s) rc = cli_fail("chat", s);
+    else if (res.code != GRPC_STATUS_OK) rc = rpc_fail("CreateSession", &res);
+    else if (!(*sid = strdup(cr->session_id))) rc = cli_fail("chat", KVL_ERR_NOMEM);
+    if (cr) protobuf_c_message_free_unpacked(&cr->base, NULL);
+    kvl__rpc_result_clear(&res);
+    return rc;
+}
 
+/* The session's ledger (GetSession with tokens). */
+static int ledger_tokens(kvl__rpc_client *cli, const char *sid, int32_t **ids, size_t *n) {
+    Kvlingo__V1__GetSessionRequest q = KVLINGO__V1__GET_SESSION_REQUEST__INIT;
+    q.session_id = (char *)sid;
+    q.include_tokens = 1;
+    Kvlingo__V1__GetSessionResponse *r = NULL;
+    kvl__rpc_result res = {0};
+    kvl_status s = kvl__rpc_client_unary_pb(cli, ROUTER "GetSession", &q.base,
+                                            &kvlingo__v1__get_session_response__descriptor, 30000,
+                                            (ProtobufCMessage **)&r, &res);
+    int rc = 0;
+    *ids = NULL;
+    *n = 0;
+    if (s) rc = cli_fail("chat", s);
+    else if (res.code != GRPC_STATUS_OK) rc = rpc_fail("GetSession", &res);
+    else if (r->n_tokens && !(*ids = malloc(sizeof(int32_t) * r->n_tokens))) rc = cli_fail("chat", KVL_ERR_NOMEM);
+    else if (r->n_tokens) {
+        memcpy(*ids, r->tokens, sizeof(int32_t) * r->n_tokens);
+        *n = r->n_tokens;
+    }
+    if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
+    kvl__rpc_result_clear(&res);
+    return rc;
+}
+
+/* One Send: text or tokens; streams the reply, prints the summary; the reply text goes to
+ * *reply (malloc'ed) when reply != NULL.  0 when the turn completed. */
+static int send_turn(kvl__rpc_client *cli, const char *sid, const chat_opts *o, const char *text,
+                     const int32_t *ids, size_t n_ids, int chat, char **reply, int *summary) {
     Kvlingo__V1__SendRequest q = KVLINGO__V1__SEND_REQUEST__INIT;
-    q.session_id = sid;
-    q.text = (char *)text;
-    q.max_tokens = (uint32_t)max_tokens;
-    q.temperature = (float)temperature;
-    q.seed = (uint64_t)seed;
-    q.model = (char *)(model ? model : "");
-    q.escalate = escalate;
-    q.force_reprefill = force;
-    q.stop_at_eos = !ignore_eos;
+    q.session_id = (char *)sid;
+    q.text = (char *)(text ? text : "");
+    q.tokens = (int32_t *)ids;
+    q.n_tokens = n_ids;
+    q.max_tokens = (uint32_t)o->max_tokens;
+    q.temperature = (float)o->temperature;
+    q.top_k = (uint32_t)o->top_k;
+    q.top_p = o->top_p < 1.0 ? (float)o->top_p : 0.0f;
+    q.seed = (uint64_t)o->seed;
+    q.model = (char *)(o->model ? o->model : "");
+    q.escalate = o->escalate;
+    q.force_reprefill = o->force;
+    q.stop_at_eos = !o->ignore_eos;
+    q.ignore_eos = o->ignore_eos;
+    q.special_text = o->special;
+    q.chat = chat;
     size_t len = kvlingo__v1__send_request__get_packed_size(&q);
     uint8_t *buf = malloc(len ? len : 1);
-    if (!buf) { fprintf(stderr, "kvlingo chat: out of memory\n"); rc = 1; goto out; }
+    if (!buf) return cli_fail("chat", KVL_ERR_NOMEM);
     kvlingo__v1__send_request__pack(&q, buf);
     kvl__rpc_stream *st = NULL;
-    s = kvl__rpc_client_stream_open(cli, ROUTER "Send", buf, len, timeout_ms, &st);
+    kvl_status s = kvl__rpc_client_stream_open(cli, ROUTER "Send", buf, len, o->timeout_ms, &st);
     free(buf);
-    if (s) { rc = cli_fail("chat", s); goto out; }
+    if (s) return cli_fail("chat", s);
     static const char *modes[] = {"none", "translate", "re-prefill"};
+    size_t rl = 0, rcap = 0;
+    char *acc = NULL;
+    int rc = 0;
+    *summary = 0;
     for (;;) {
         uint8_t *data = NULL;
         size_t dl = 0;
@@ -129,22 +156,166 @@ int cmd_chat(int argc, char **argv) {
             if (x->failover_from && x->failover_from[0])
                 printf(", failover from %s (%s)", x->failover_from, x->policy_reason);
             printf("]\n");
-            summary = 1;
-        } else {
-            fputs(m->text ? m->text : "", stdout);
             fflush(stdout);
+            *summary = 1;
+        } else if (m->text) {
+            size_t pl = strlen(m->text);
+            fputs(m->text, stdout);
+            fflush(stdout);
+            if (reply && rl + pl + 1 > rcap) {
+                size_t cap = rcap ? rcap * 2 : 256;
+                while (cap < rl + pl + 1) cap *= 2;
+                char *t = realloc(acc, cap);
+                if (!t) { rc = cli_fail("chat", KVL_ERR_NOMEM); protobuf_c_message_free_unpacked(&m->base, NULL); break; }
+                acc = t;
+                rcap = cap;
+            }
+            if (reply) { memcpy(acc + rl, m->text, pl); rl += pl; acc[rl] = 0; }
         }
         protobuf_c_message_free_unpacked(&m->base, NULL);
     }
+    kvl__rpc_result res = {0};
     s = kvl__rpc_stream_finish(st, &res);
     kvl__rpc_stream_free(st);
     if (s) rc = cli_fail("chat", s);
     else if (res.code != GRPC_STATUS_OK) rc = rpc_fail("Send", &res);
-out:
+    kvl__rpc_result_clear(&res);
+    if (reply && !rc) *reply = acc ? acc : strdup("");
+    else free(acc);
+    if (reply && !rc && !*reply) rc = cli_fail("chat", KVL_ERR_NOMEM);
+    return rc;
+}
+
+/* Chat mode: render msgs, send the tokens past the session's ledger. */
+static int chat_turn(kvl__rpc_client *cli, const kvl_tokenizer *tok, char **sid, const chat_opts *o,
+                     const kvl_chat_message *msgs, size_t n, char **reply, int *summary) {
+    char *text = NULL;
+    int32_t *ids = NULL, *led = NULL;
+    size_t nids = 0, nled = 0;
+    kvl_status s = kvl_tokenizer_apply_chat_template(tok, msgs, n, 1, &text);
+    if (!s) s = kvl_tokenizer_encode(tok, text, strlen(text), &ids, &nids);
+    free(text);
+    if (s) { free(ids); return cli_fail("chat: chat template", s); }
+    int rc = ledger_tokens(cli, *sid, &led, &nled);
+    if (!rc && (nled >= nids || (nled && memcmp(led, ids, sizeof(int32_t) * nled)))) {
+        /* the session's ledger is not this conversation's prefix (a reply that re-tokenizes
+         * differently, a session given from elsewhere): continue in a new session */
+        char *ns = NULL;
+        fprintf(stderr, "kvlingo chat: session %s does not hold this conversation's prefix; "
+                "continuing in a new session (the conversation is read again)\n", *sid);
+        rc = create_session(cli, o->model, &ns);
+        if (!rc) { free(*sid); *sid = ns; nled = 0; }
+    }
+    if (!rc) rc = send_turn(cli, *sid, o, NULL, ids + nled, nids - nled, 1, reply, summary);
+    free(ids);
+    free(led);
+    return rc;
+}
+
+static int chat_mode(kvl__rpc_client *cli, const char *tokdir, char **sid, const chat_opts *o,
+                     const char *system, const char *first, int interactive, int *summary) {
+    kvl_tokenizer *tok = NULL;
+    kvl_status s = kvl_tokenizer_load_dir(tokdir, &tok);
+    if (s) return cli_fail("chat: --tokenizer", s);
+    kvl_chat_message msgs[MAX_MESSAGES];
+    char *owned[MAX_MESSAGES];
+    size_t n = 0, n_owned = 0;
+    if (system) msgs[n++] = (kvl_chat_message){"system", system};
+    char *line = malloc(MAX_LINE);
+    int rc = line ? 0 : cli_fail("chat", KVL_ERR_NOMEM);
+    const char *next = first;
+    while (!rc) {
+        if (!next) {
+            if (!interactive || !fgets(line, MAX_LINE, stdin)) break;
+            size_t l = strlen(line);
+            while (l && (line[l - 1] == '\n' || line[l - 1] == '\r')) line[--l] = 0;
+            if (!l) continue;
+            next = line;
+        }
+        if (n + 2 > MAX_MESSAGES) { fprintf(stderr, "kvlingo chat: at most %d messages\n", MAX_MESSAGES); rc = 1; break; }
+        char *u = strdup(next);
+        if (!u) { rc = cli_fail("chat", KVL_ERR_NOMEM); break; }
+        owned[n_owned++] = u;
+        msgs[n++] = (kvl_chat_message){"user", u};
+        char *reply = NULL;
+        rc = chat_turn(cli, tok, sid, o, msgs, n, &reply, summary);
+        if (rc) break;
+        owned[n_owned++] = reply;
+        msgs[n++] = (kvl_chat_message){"assistant", reply};
+        next = NULL;
+        if (!interactive) break;
+    }
+    for (size_t i = 0; i < n_owned; i++) free(owned[i]);
+    free(line);
+    kvl_tokenizer_free(tok);
+    return rc;
+}
+
+int cmd_chat(int argc, char **argv) {
+    cli_args a;
+    if (cli_args_init(&a, argc, argv, 2)) return 1;
+    int err = 0;
+    if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) { chat_usage(stdout); cli_args_free(&a); return 0; }
+    chat_opts o = {0};
+    const char *router = cli_opt(&a, "--router", &err);
+    const char *session = cli_opt(&a, "--session", &err);
+    const char *tokdir = cli_opt(&a, "--tokenizer", &err);
+    const char *system = cli_opt(&a, "--system", &err);
+    o.model = cli_opt(&a, "--model", &err);
+    o.max_tokens = cli_opt_long(&a, "--max-tokens", 32, 1, 1 << 20, &err);
+    o.temperature = cli_opt_double(&a, "--temperature", 0, 0, 100, &err);
+    o.top_k = cli_opt_long(&a, "--top-k", 0, 0, 1 << 30, &err);
+    o.top_p = cli_opt_double(&a, "--top-p", 1.0, 1e-9, 1.0, &err);
+    o.seed = cli_opt_long(&a, "--seed", 0, 0, 0x7fffffffL, &err);
+    o.timeout_ms = cli_opt_long(&a, "--timeout-ms", 300000, 1, 86400000L, &err);
+    o.escalate = cli_flag(&a, "--escalate");
+    o.force = cli_flag(&a, "--force-reprefill");
+    o.ignore_eos = cli_flag(&a, "--ignore-eos");   /* default: stop at EOS, as generate does */
+    o.special = cli_flag(&a, "--special");
+    int interactive = cli_flag(&a, "--interactive");
+    int chat = interactive || system;
+    /* the one positional argument: TEXT */
+    const char *text = NULL;
+    for (int i = 2; i < argc; i++) {
+        if (a.used[i] || !strncmp(argv[i], "--", 2)) continue;
+        if (text) { fprintf(stderr, "kvlingo chat: more than one TEXT argument ('%s')\n", argv[i]); err = 1; break; }
+        text = argv[i];
+        a.used[i] = 1;
+    }
+    if (!err && cli_args_leftover(&a, "chat")) err = 1;
+    cli_args_free(&a);
+    if (err) { chat_usage(stderr); return 2; }
+    if (!router || (!text && !interactive)) {
+        fprintf(stderr, "kvlingo chat: %s is required\n", !router ? "--router" : "TEXT (or --interactive)");
+        chat_usage(stderr);
+        return 2;
+    }
+    if (chat && !tokdir) {
+        fprintf(stderr, "kvlingo chat: --system and --interactive need --tokenizer DIR (the fleet's "
+                "tokenizer, whose chat template renders the messages)\n");
+        return 2;
+    }
+    if (chat && session) {
+        fprintf(stderr, "kvlingo chat: chat mode keeps its own session (--session continues plain "
+                "text turns only)\n");
+        return 2;
+    }
+
+    kvl__rpc_client *cli = NULL;
+    kvl_status s = kvl__rpc_client_create(router, 0, &cli);
+    if (s) return cli_fail("chat", s);
+    int rc = 0, summary = 0;
+    char *sid = NULL;
+    if (session && session[0]) {
+        if (!(sid = strdup(session))) rc = cli_fail("chat", KVL_ERR_NOMEM);
+    } else {
+        rc = create_session(cli, o.model, &sid);
+    }
+    if (!rc && chat) rc = chat_mode(cli, tokdir, &sid, &o, system, text, interactive, &summary);
+    else if (!rc) rc = send_turn(cli, sid, &o, text, NULL, 0, 0, NULL, &summary);
     /* the session exists (given or created) even when the turn failed: say which, so the
      * conversation can be continued with --session */
-    if (sid && !summary) fprintf(stderr, "kvlingo chat: session %s (continue with --session %s)\n", sid, sid);
-    kvl__rpc_result_clear(&res);
+    if (sid && (!summary || rc)) fprintf(stderr, "kvlingo chat: session %s (continue with --session %s)\n", sid, sid);
     free(sid);
     kvl__rpc_client_free(cli);
     return rc;

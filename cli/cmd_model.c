@@ -107,9 +107,11 @@ int cmd_generate(int argc, char **argv) {
     if (cli_flag(&a, "--help")) {
         puts("usage: kvlingo generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N (32)]\n"
              "         [--temperature T] [--top-k K] [--top-p P] [--seed S] [--threads N]\n"
-             "         [--device cpu|cuda|cuda:N] [--weights-dtype auto|f32|bf16] [--json]\n"
-             "Greedy when --temperature is 0 (default).  --json prints {\"ids\": [...], \"text\": \"...\"}\n"
-             "with the generated ids only, ending with EOS when generation stopped on it.");
+             "         [--device cpu|cuda|cuda:N] [--weights-dtype auto|f32|bf16] [--special] [--json]\n"
+             "Greedy when --temperature is 0 (default); stops at EOS.  The text leaves special tokens\n"
+             "(<|endoftext|>, ...) out unless --special.  --json prints {\"ids\": [...], \"text\": \"...\"}\n"
+             "with the generated ids only, ending with EOS when generation stopped on it, and the text\n"
+             "as Hugging Face decode() gives it (special tokens included).");
         cli_args_free(&a);
         return 0;
     }
@@ -127,6 +129,7 @@ int cmd_generate(int argc, char **argv) {
     cli_opt_device(&a, &dev, &err);
     cli_opt_weights_dtype(&a, &dev, &err);
     int json = cli_flag(&a, "--json");
+    int special = cli_flag(&a, "--special");
     if (err || cli_args_leftover(&a, "generate")) { cli_args_free(&a); return 2; }
     cli_args_free(&a);
     if (!dir) { fprintf(stderr, "kvlingo generate: --model DIR is required\n"); return 2; }
@@ -191,7 +194,7 @@ int cmd_generate(int argc, char **argv) {
         int32_t next;
         if ((s = kvl_sampler_sample(smp, logits, c->vocab_size, &next, NULL)) != KVL_OK) break;
         out[n_out++] = next;
-        if (dt) {
+        if (dt && (special || !kvl_tokenizer_is_special(tok, next))) {
             size_t len;
             if (kvl_detok_push(dt, next, piece, piece_cap, &len) == KVL_OK) { fwrite(piece, 1, len, stdout); fflush(stdout); }
         } else if (!json && !tok) {

@@ -96,7 +96,10 @@ static void emit(kvld_sched *s, kvld_job *j) {
     ss->ledger[ss->n_ledger] = tok;
     __atomic_store_n(&ss->n_ledger, ss->n_ledger + 1, __ATOMIC_RELAXED);
     pthread_cond_broadcast(&j->cv);
+    int stop_id = 0;
+    for (int i = 0; i < j->gp.n_stop; i++) stop_id |= j->gp.stop_ids[i] == tok;
     if (j->gp.stop_at_eos && kvl_model_is_eos(s->model, tok)) job_finish(j, KVL_OK, "eos", NULL);
+    else if (stop_id) job_finish(j, KVL_OK, "stop", NULL);
     else if (j->generated >= j->gp.max_tokens) job_finish(j, KVL_OK, "length", NULL);
     else if (ss->n_ledger >= ss->max_context) job_finish(j, KVL_OK, "context", NULL);
 }

@@ -36,9 +36,13 @@ int kvld_sched_active(kvld_sched *s);
  * Blocks.  `cancel` (may be NULL) aborts between steps. */
 kvl_status kvld_sched_prefill(kvld_sched *s, kvld_session *sess, const volatile int *cancel);
 
+#define KVLD_MAX_STOP_IDS 8
+
 typedef struct kvld_gen_params {
     int max_tokens;           /* >= 1 */
     int stop_at_eos;
+    int32_t stop_ids[KVLD_MAX_STOP_IDS];   /* further ids that end the job ("stop") */
+    int n_stop;
     int want_logprobs;        /* full log-softmax per token */
     kvl_sampler_params sampler;
 } kvld_gen_params;

@@ -154,6 +154,18 @@ void kvld_rpc_append(kvl__rpc_call *call, const uint8_t *req, size_t len, void *
                             i, ids[i], vocab);
     kvld_session *s = NULL;
     if (st == KVL_OK) st = kvld_session_acquire(n->sessions, in->session_id, KVLD_PREFILL, 0, &s, NULL);
+    if (st == KVL_OK && in->truncate) {
+        /* only the uncached tail may go: the KV cache (and the logits after it) stay valid */
+        int cached = kvl_cache_n_tokens(s->cache);
+        if ((int64_t)in->truncate_to > s->n_ledger)
+            st = kvl__errorf(KVL_ERR_RANGE, "truncate_to %u is past the ledger's %d tokens", in->truncate_to,
+                            s->n_ledger);
+        else if ((int)in->truncate_to < cached)
+            st = kvl__errorf(KVL_ERR_MISMATCH, "truncate_to %u would cut into the KV cache (%d tokens)",
+                            in->truncate_to, cached);
+        else
+            __atomic_store_n(&s->n_ledger, (int)in->truncate_to, __ATOMIC_RELAXED);
+    }
     if (st == KVL_OK && (size_t)s->n_ledger + n_ids > (size_t)s->max_context)
         st = kvl__errorf(KVL_ERR_RANGE,
                         "input too long: %zu new tokens + %d held exceed the max context of %d "
@@ -215,7 +227,19 @@ void kvld_rpc_generate(kvl__rpc_call *call, const uint8_t *req, size_t len, void
     gp.sampler.top_k = (int)in->top_k;
     gp.sampler.top_p = in->top_p > 0 && in->top_p < 1 ? in->top_p : 1.0f;
     gp.sampler.seed = in->seed;
+    /* stop ids: bounded, and each a real id (checked against the vocabulary below) */
+    int bad_stop = in->n_stop_tokens > KVLD_MAX_STOP_IDS;
+    for (size_t i = 0; !bad_stop && i < in->n_stop_tokens; i++) {
+        bad_stop = in->stop_tokens[i] < 0 ||
+                   in->stop_tokens[i] >= kvl_model_config_get(n->model)->vocab_size;
+        gp.stop_ids[gp.n_stop++] = in->stop_tokens[i];
+    }
     kvlingo__v1__generate_request__free_unpacked(in, NULL);
+    if (bad_stop) {
+        kvld_req_end(&r, GRPC_STATUS_INVALID_ARGUMENT,
+                     "stop_tokens: at most 8 ids, each inside the vocabulary", NULL);
+        return;
+    }
     if (gp.max_tokens > n->max_context) gp.max_tokens = n->max_context;
 
     kvld_session *s = NULL;

@@ -3,7 +3,7 @@
 
 Needs Debian's python3-grpcio and python3-grpc-tools (apt-get install python3-grpcio
 python3-grpc-tools).  The gRPC stubs are generated from proto/ at start (into a cache folder,
-default $XDG_CACHE_HOME/kvlingo-stubs or ~/.cache/kvlingo-stubs), so the client always matches the
+$XDG_CACHE_HOME/kvlingo-stubs/<hash of the protos> or ~/.cache/...), so the client always matches the
 .proto files of the checkout it runs from.
 
 Command line:
@@ -29,6 +29,7 @@ session: NOT_FOUND; empty or malformed input: INVALID_ARGUMENT; too long: OUT_OF
 session busy: ABORTED; no healthy node: UNAVAILABLE).
 """
 import argparse
+import hashlib
 import importlib
 import os
 import sys
@@ -43,13 +44,20 @@ def load_stubs(proto_dir=None, out_dir=None):
     from grpc_tools import protoc
     import grpc_tools
     proto_dir = proto_dir or os.path.join(SRC_DIR, "proto")
+    # the stubs are keyed by the protos' contents: checkouts with different protos (branches,
+    # worktrees) sharing one cache never import each other's stubs
+    h = hashlib.sha256()
+    for f in PROTOS:
+        with open(os.path.join(proto_dir, f), "rb") as fh:
+            h.update(f.encode() + b"\0" + fh.read())
+    digest = h.hexdigest()
     if out_dir is None:
         cache = os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))
-        out_dir = os.path.join(cache, "kvlingo-stubs")
+        out_dir = os.path.join(cache, "kvlingo-stubs", digest[:16])
     os.makedirs(out_dir, exist_ok=True)
     stamp = os.path.join(out_dir, ".stamp")
-    newest = max(os.path.getmtime(os.path.join(proto_dir, f)) for f in PROTOS)
-    if not os.path.exists(stamp) or os.path.getmtime(stamp) < newest:
+    have = open(stamp).read() if os.path.exists(stamp) else ""
+    if have != digest:
         inc = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
         args = ["protoc", "-I" + proto_dir, "-I" + inc, "--python_out=" + out_dir,
                 "--grpc_python_out=" + out_dir] + [os.path.join(proto_dir, f) for f in PROTOS]
@@ -57,7 +65,8 @@ def load_stubs(proto_dir=None, out_dir=None):
             raise RuntimeError("grpc_tools.protoc failed on " + proto_dir)
         for pkg in ["kvlingo", "kvlingo/v1"]:
             open(os.path.join(out_dir, pkg, "__init__.py"), "a").close()
-        open(stamp, "w").close()
+        with open(stamp, "w") as fh:
+            fh.write(digest)
     if out_dir not in sys.path:
         sys.path.insert(0, out_dir)
     return (importlib.import_module("kvlingo.v1.router_pb2"),
@@ -126,6 +135,9 @@ def main():
     ap.add_argument("--model", default="", help="ask for this model")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--escalate", action="store_true", help="cascade: use the larger model now")
+    ap.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS (the router does by default)")
+    ap.add_argument("--special-text", action="store_true",
+                    help="show special tokens' text (<|endoftext|>, ...), left out by default")
     ap.add_argument("--list-nodes", action="store_true")
     ap.add_argument("text", nargs="?", default="")
     a = ap.parse_args()
@@ -139,7 +151,8 @@ def main():
         sid = a.session or c.create_session()
         summary = False
         for piece, s in c.send(sid, a.text, max_tokens=a.max_tokens, model=a.model,
-                               escalate=a.escalate):
+                               escalate=a.escalate, ignore_eos=a.ignore_eos,
+                               special_text=a.special_text):
             if s is None:
                 sys.stdout.write(piece)
                 sys.stdout.flush()

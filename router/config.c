@@ -141,6 +141,14 @@ static kvl_status parse_root(kvl__svc_yaml *y, kvr_config *c, const char *name) 
         if (!c->metrics) s = kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
         if (!s) s = check_address(name, kvl__svc_kv_line(&top, "metrics"), "metrics", c->metrics);
     }
+    if (!s && (tmp = kvl__svc_kv_str(&top, "http_listen", NULL)) && tmp[0]) {
+        c->http_listen = strdup(tmp);
+        if (!c->http_listen) s = kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
+        if (!s) s = check_address(name, kvl__svc_kv_line(&top, "http_listen"), "http_listen", c->http_listen);
+    }
+    if (!s) s = kvl__svc_kv_int(&top, "http_max_body_bytes", 1 << 20, 1024, 1 << 28, &c->http_max_body);
+    if (!s) s = kvl__svc_kv_int(&top, "http_max_connections", 64, 1, 4096, &c->http_max_conn);
+    if (!s) s = kvl__svc_kv_int(&top, "prefix_index_blocks", 65536, 16, 1 << 24, &c->prefix_blocks);
     if (!s) {
         tmp = kvl__svc_kv_str(&top, "ledger", "router.db");
         c->ledger_line = kvl__svc_kv_line(&top, "ledger");
@@ -241,6 +249,7 @@ void kvr_config_free(kvr_config *c) {
     free(c->path);
     free(c->listen);
     free(c->metrics);
+    free(c->http_listen);
     free(c->ledger);
     free(c->tokenizer);
     free(c->tokenizer_given);

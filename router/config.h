@@ -4,6 +4,12 @@
  *
  *   listen: 127.0.0.1:7000          # Router gRPC address (required)
  *   metrics: 127.0.0.1:7001         # /metrics and /healthz (optional; absent = off)
+ *   http_listen: 127.0.0.1:8000     # OpenAI-compatible HTTP API (optional; absent = off;
+ *                                   #   --http-listen overrides it)
+ *   http_max_body_bytes: 1048576    # a larger request body is refused (413)
+ *   http_max_connections: 64        # HTTP connections at once (one thread each)
+ *   prefix_index_blocks: 65536      # entries (16-token blocks) of the prefix index that maps a
+ *                                   #   stateless request to the session it extends (LRU)
  *   ledger: router.db               # SQLite file (relative paths are relative to this file)
  *   tokenizer: ../models/qwen3-a    # tokenizer.json or a model directory (required)
  *   session_ttl_seconds: 3600       # idle sessions expire (nodes are told to drop them)
@@ -55,6 +61,10 @@ typedef struct kvr_config {
     char *path;
     char *listen;
     char *metrics;            /* NULL: no metrics server */
+    char *http_listen;        /* NULL: no OpenAI-compatible HTTP server */
+    long http_max_body;
+    long http_max_conn;
+    long prefix_blocks;
     char *ledger;             /* resolved path */
     char *tokenizer;          /* resolved path */
     char *tokenizer_given;    /* as the file spells it */

@@ -100,6 +100,11 @@ kvl_status kvr_ledger_session_end(kvr_ledger *l, const char *id, kvr_session_sta
 kvl_status kvr_ledger_idle(kvr_ledger *l, double before, char (*ids)[KVR_ID_MAX], int max,
                            int *n);
 
+/* Open sessions (but `exclude`) that `node` holds a prefix of, least recently used first: up
+ * to `max` ids (to free a place on a node whose session table is full). */
+kvl_status kvr_ledger_lru_on_node(kvr_ledger *l, const char *node, const char *exclude,
+                                  char (*ids)[KVR_ID_MAX], int max, int *n);
+
 /* Delete ended sessions (and their turns) that ended before `before`: bounded disk. */
 kvl_status kvr_ledger_purge(kvr_ledger *l, double before);
 

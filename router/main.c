@@ -14,7 +14,9 @@
 
 #include "log.h"
 #include "loop.h"
+#include "openai.h"
 #include "router.h"
+#include "error.h"
 #include "kvlingo/version.h"
 
 #define PROBE_MS 2000
@@ -54,16 +56,20 @@ static void on_start(void *arg) {
     printf("kvlingo-router: listening on %s port %d", a->r->cfg->listen,
            kvl__rpc_server_port(a->r->server));
     if (a->r->cfg->metrics) printf(", metrics port %d", kvr_metrics_port(a->r->metrics));
+    if (a->r->http) printf(", http port %d", kvr_oai_http_port(a->r->http));
     printf("\n");
     fflush(stdout);
 }
 
 static void usage(FILE *f) {
-    fputs("usage: kvlingo-router --config FILE.yaml [--check]\n"
+    fputs("usage: kvlingo-router --config FILE.yaml [--http-listen HOST:PORT] [--check]\n"
           "Routes chat turns across a fleet of kvld nodes (kvlingo.v1.Router).  Options (--key value\n"
           "or --key=value):\n"
           "  --config FILE.yaml   fleet configuration: listen, nodes, policy, ledger, guardrail\n"
           "                       (router/README.md and router/config.h list every key); required\n"
+          "  --http-listen HOST:PORT  serve the OpenAI-compatible HTTP API there (POST\n"
+          "                       /v1/chat/completions, /v1/completions, GET /v1/models, /health,\n"
+          "                       /ready); overrides the file's http_listen; port 0 picks one\n"
           "  --check              run every check a start runs short of binding ports and loading\n"
           "                       weights (paths shown resolved), print the summary and exit\n"
           "  --version            version, git commit, build options, backends\n"
@@ -72,10 +78,11 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
     kvl__svc_log_init("router");
-    const char *config = NULL;
+    const char *config = NULL, *http_listen = NULL;
     int check = 0;
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'}, {"check", no_argument, NULL, 'k'},
+        {"http-listen", required_argument, NULL, 'H'},
         {"version", no_argument, NULL, 'V'},      {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     opterr = 0;
@@ -84,6 +91,7 @@ int main(int argc, char **argv) {
         switch (c) {
         case 'c': config = optarg; break;
         case 'k': check = 1; break;
+        case 'H': http_listen = optarg; break;
         case 'V': kvl_version_print(stdout, "kvlingo-router"); return 0;
         case 'h': usage(stdout); return 0;
         case ':': fprintf(stderr, "kvlingo-router: %s needs a value\n", argv[optind - 1]); usage(stderr); return 2;
@@ -96,6 +104,17 @@ int main(int argc, char **argv) {
     kvr_config *cfg = NULL;
     kvl_status s = kvr_config_load(config, &cfg);
     if (!s) s = kvr_policy_check(cfg);
+    if (!s && http_listen) {   /* the flag wins over the file's key */
+        char *dup = strdup(http_listen);
+        if (!dup) s = kvl__errorf(KVL_ERR_NOMEM, "--http-listen");
+        else if (!strchr(dup, ':') || strrchr(dup, ':') == dup || !strrchr(dup, ':')[1]) {
+            s = kvl__errorf(KVL_ERR_INVALID_ARG, "--http-listen '%s' is not host:port", dup);
+            free(dup);
+        } else {
+            free(cfg->http_listen);
+            cfg->http_listen = dup;
+        }
+    }
     if (s) {
         fprintf(stderr, "kvlingo-router: %s\n", kvl_last_error());
         kvr_config_free(cfg);

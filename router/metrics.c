@@ -38,6 +38,8 @@ static const kvl__svc_metric_def k_defs[] = {
      NULL, 0},
     {"kvlingo_router_shadow_dropped_total", "Guardrail samples dropped (queue full).",
      KVL_SVC_COUNTER, NULL, 0},
+    {"kvlingo_router_http_requests_total", "Requests to the OpenAI-compatible HTTP API, by endpoint "
+     "and HTTP status.", KVL_SVC_COUNTER, NULL, 0},
     {"kvlingo_router_model_failovers_total", "Turns answered on another model because no healthy "
      "node served the chosen one, by chosen model, model used and switch mode.", KVL_SVC_COUNTER,
      NULL, 0},
@@ -94,6 +96,14 @@ void kvr_metrics_declare(kvr_metrics *m, const char *const *models, int n_models
         snprintf(lab, sizeof lab, "code=\"%s\"", k_error_codes[i]);
         kvr_metrics_inc(m, "kvlingo_router_errors_total", lab, 0);
     }
+    static const char *const endpoints[] = {"chat_completions", "completions", "models", "health", "ready",
+                                            "other"};
+    static const char *const statuses[] = {"200", "400", "404", "405", "409", "413", "500", "503", "504"};
+    for (int i = 0; i < N_OF(endpoints); i++)
+        for (int k = 0; k < N_OF(statuses); k++) {
+            snprintf(lab, sizeof lab, "endpoint=\"%s\",status=\"%s\"", endpoints[i], statuses[k]);
+            kvr_metrics_inc(m, "kvlingo_router_http_requests_total", lab, 0);
+        }
     for (int i = 0; i < n_models; i++) {
         kvl__svc_prom_label_value(a, sizeof a, models[i]);
         for (int k = 0; k < N_OF(k_modes); k++) {

@@ -83,6 +83,23 @@ kvl_status kvr_node_append(kvr_node *n, const char *sid, const int32_t *ids, int
     return s;
 }
 
+kvl_status kvr_node_replace_tail(kvr_node *n, const char *sid, unsigned keep, const int32_t *ids,
+                                 int count, int64_t timeout_ms, unsigned *token_count,
+                                 grpc_status_code *code) {
+    Kvlingo__V1__AppendRequest req = KVLINGO__V1__APPEND_REQUEST__INIT;
+    req.session_id = (char *)sid;
+    req.n_tokens = (size_t)count;
+    req.tokens = (int32_t *)ids;
+    req.truncate = 1;
+    req.truncate_to = keep;
+    Kvlingo__V1__AppendResponse *resp = NULL;
+    kvl_status s = call(n, "Append", &req.base, &kvlingo__v1__append_response__descriptor,
+                        timeout_ms, (ProtobufCMessage **)&resp, code);
+    if (!s && token_count) *token_count = resp->token_count;
+    if (resp) protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return s;
+}
+
 kvl_status kvr_node_drop(kvr_node *n, const char *sid, int64_t timeout_ms, grpc_status_code *code) {
     Kvlingo__V1__DropSessionRequest req = KVLINGO__V1__DROP_SESSION_REQUEST__INIT;
     req.session_id = (char *)sid;
@@ -135,6 +152,8 @@ kvl_status kvr_node_generate(kvr_node *n, const char *sid, const kvr_gen_params 
     req.seed = p->seed;
     req.stop_at_eos = p->stop_at_eos != 0;
     req.return_logprobs = p->return_logprobs != 0;
+    req.n_stop_tokens = p->n_stop > 0 ? (size_t)p->n_stop : 0;
+    req.stop_tokens = (int32_t *)p->stop_ids;
     size_t len = kvlingo__v1__generate_request__get_packed_size(&req);
     uint8_t *buf = malloc(len ? len : 1);
     if (!buf) return kvl__errorf(KVL_ERR_NOMEM, "generate request");

@@ -27,6 +27,11 @@ kvl_status kvr_node_open(kvr_node *n, const char *sid, int64_t timeout_ms, grpc_
 /* Append tokens (prefill deferred to Generate). *token_count: node ledger length after. */
 kvl_status kvr_node_append(kvr_node *n, const char *sid, const int32_t *ids, int count,
                            int64_t timeout_ms, unsigned *token_count, grpc_status_code *code);
+/* Cut the node's ledger to `keep` tokens (only tokens outside its KV cache may go), then
+ * append ids[0, count).  *token_count: the ledger length after. */
+kvl_status kvr_node_replace_tail(kvr_node *n, const char *sid, unsigned keep, const int32_t *ids,
+                                 int count, int64_t timeout_ms, unsigned *token_count,
+                                 grpc_status_code *code);
 kvl_status kvr_node_drop(kvr_node *n, const char *sid, int64_t timeout_ms, grpc_status_code *code);
 
 typedef struct kvr_export_result {
@@ -47,6 +52,8 @@ typedef struct kvr_gen_params {
     float top_p;
     uint64_t seed;
     int stop_at_eos;
+    const int32_t *stop_ids;      /* further ids that end the turn (finish_reason "stop")      */
+    int n_stop;                   /* at most 8 (the node's bound)                              */
     int return_logprobs;
 } kvr_gen_params;
 

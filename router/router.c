@@ -1,6 +1,8 @@
 /* router/router.c: lifecycle of the router context: create, serve, reload (SIGHUP), TTL expiry,
  * gauges, free. */
 #include "router.h"
+#include "openai.h"
+#include "prefix.h"
 #include "log.h"
 
 #include <errno.h>
@@ -106,8 +108,10 @@ kvl_status kvr_router_check(const kvr_config *cfg, FILE *out) {
     if (s) return s;
     shown_path(cfg->path, cfgp, sizeof cfgp);
     shown_path(cfg->tokenizer, tokp, sizeof tokp);
-    fprintf(out, "config: %s\nlisten: %s\nmetrics: %s\nledger: %s (%s)\ntokenizer: %s (vocabulary %zu)\n"
-            "policy: %s\nnodes: %d\n", cfgp, cfg->listen, cfg->metrics ? cfg->metrics : "off", ledger,
+    fprintf(out, "config: %s\nlisten: %s\nmetrics: %s\nhttp (OpenAI API): %s (body <= %ld bytes, <= %ld "
+            "connections)\nledger: %s (%s)\ntokenizer: %s (vocabulary %zu)\n"
+            "policy: %s\nnodes: %d\n", cfgp, cfg->listen, cfg->metrics ? cfg->metrics : "off",
+            cfg->http_listen ? cfg->http_listen : "off", cfg->http_max_body, cfg->http_max_conn, ledger,
             access(cfg->ledger, F_OK) ? "will be created" : "exists", tokp, vocab, cfg->policy_name,
             cfg->n_nodes);
     for (int i = 0; i < cfg->n_nodes; i++)
@@ -143,6 +147,7 @@ kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
     if (!s) s = kvr_registry_create(cfg, &r->reg);
     if (!s) s = kvr_policy_create(cfg, &r->policy);
     if (!s) s = kvr_guard_create(cfg, r->reg, r->metrics, &r->guard);
+    if (!s) s = kvr_prefix_create((int)cfg->prefix_blocks, &r->prefix);
     if (s) { kvr_router_free(r); return s; }
     int healthy = kvr_registry_refresh(r->reg, 0, 2000);
     kvr_router_sync_pairs(r);
@@ -155,6 +160,7 @@ kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
 
 void kvr_router_free(kvr_router *r) {
     if (!r) return;
+    kvr_oai_http_stop(r->http);     /* its running turns end before what they use goes */
     if (r->server) kvl__rpc_server_shutdown(r->server, 2000);
     kvl__rpc_server_free(r->server);
     kvr_guard_free(r->guard);
@@ -162,6 +168,7 @@ void kvr_router_free(kvr_router *r) {
     kvr_policy_free(r->policy);
     kvr_registry_free(r->reg);
     kvr_ledger_free(r->ledger);
+    kvr_prefix_free(r->prefix);
     kvl_tokenizer_free(r->tok);
     kvr_config_free(r->cfg);
     free(r->busy);

@@ -36,6 +36,8 @@ typedef struct kvr_router {
     kvr_metrics *metrics;
     kvl_tokenizer *tok;
     kvl__rpc_server *server;
+    struct kvr_prefix *prefix;    /* token prefixes -> sessions, for stateless HTTP clients     */
+    struct kvr_oai_http *http;    /* the OpenAI-compatible HTTP server (NULL: off)             */
     /* sessions with a turn running (a second Send on one is refused) */
     pthread_mutex_t busy_mu;
     char (*busy)[KVR_ID_MAX];
@@ -80,6 +82,10 @@ typedef struct kvr_turn_req {
     float top_p;
     uint64_t seed;
     int stop_at_eos;
+    const int32_t *stop_ids;      /* further ids that end the turn, e.g. <|im_end|> (<= 8)     */
+    int n_stop;
+    int has_end_token;            /* a turn ending at EOS records end_token (a chat template's */
+    int32_t end_token;            /* end-of-turn) in its place, on the node too                */
     const char *model;            /* "" none                                                   */
     int escalate, force_reprefill, compare_reprefill;
 } kvr_turn_req;
@@ -89,6 +95,8 @@ typedef struct kvr_turn_out {
     char from_model[KVR_NAME_MAX], from_node[KVR_NAME_MAX];
     int mode;                     /* KVLINGO__V1__SWITCH_MODE__* */
     unsigned span_tokens, n_generated, turn, context_tokens, user_tokens;
+    unsigned prefill_tokens;      /* tokens the answering node prefilled (the rest came from its
+                                     cache or a translated span)                                */
     double ttft_s, tps, switch_s, reprefill_ttft_s;
     char fallback[160];
     char finish_reason[32];
@@ -97,13 +105,22 @@ typedef struct kvr_turn_out {
     char failover_from[KVR_NAME_MAX];   /* the model chosen but served by no healthy node, or "" */
 } kvr_turn_out;
 
-/* Called for every generated token; return non-zero to stop (client gone). */
+/* Called for every generated token; return non-zero to stop: KVR_EMIT_STOP ends the turn as
+ * finished with this token its last (a stop sequence matched: finish_reason "stop"), any other
+ * value cancels it (the client is gone: the output is discarded). */
+#define KVR_EMIT_STOP 2
 typedef int (*kvr_emit_fn)(void *arg, int32_t token, const char *text, float logprob);
 
 /* Run one turn.  Errors carry the thread message; the gRPC code to answer with is
  * kvl__rpc_status_from_kvl(status) except for *busy_code overrides set by the caller. */
 kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit, void *arg,
                         kvr_turn_out *out);
+
+/* Sessions with a turn running: take fails (KVL_ERR_MISMATCH "is busy") when `id` has one
+ * (KVL_ERR_NOMEM when max_busy_sessions are running); release after the turn. */
+kvl_status kvr_router_busy_take(kvr_router *r, const char *id);
+void kvr_router_busy_release(kvr_router *r, const char *id);
+int kvr_router_is_busy(kvr_router *r, const char *id);
 
 /* Gauges callback for metrics (sessions open, pairs disabled, nodes healthy, ...). */
 void kvr_router_gauges(void *arg, kvl__svc_text *b);

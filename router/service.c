@@ -1,6 +1,7 @@
 /* router/service.c: the Router gRPC service (kvlingo.v1.Router): request validation, session
  * busy-locking, streaming, one log line per request. */
 #include "router.h"
+#include "openai.h"
 #include "log.h"
 
 #include <stdio.h>
@@ -17,9 +18,8 @@
  * longest token this vocabulary has: bounds the work a hostile request can cause. */
 #define MAX_BYTES_PER_TOKEN 64
 
-int kvr_router_is_busy(kvr_router *r, const char *id);
 
-static kvl_status busy_take(kvr_router *r, const char *id) {
+kvl_status kvr_router_busy_take(kvr_router *r, const char *id) {
     pthread_mutex_lock(&r->busy_mu);
     kvl_status s = KVL_OK;
     for (int i = 0; i < r->n_busy; i++)
@@ -31,7 +31,7 @@ static kvl_status busy_take(kvr_router *r, const char *id) {
     return s;
 }
 
-static void busy_release(kvr_router *r, const char *id) {
+void kvr_router_busy_release(kvr_router *r, const char *id) {
     pthread_mutex_lock(&r->busy_mu);
     for (int i = 0; i < r->n_busy; i++)
         if (!strcmp(r->busy[i], id)) {
@@ -102,13 +102,16 @@ static void h_create(kvl__rpc_call *call, const uint8_t *req, size_t len, void *
 
 typedef struct emit_ctx {
     kvl__rpc_call *call;
+    const kvl_tokenizer *tok;
+    int special_text;
 } emit_ctx;
 
 static int emit_token(void *arg, int32_t token, const char *text, float logprob) {
     emit_ctx *e = arg;
     Kvlingo__V1__SendResponse m = KVLINGO__V1__SEND_RESPONSE__INIT;
     m.token = token;
-    m.text = (char *)text;
+    /* a special token's piece is its whole text ("<|endoftext|>"): left out unless asked */
+    m.text = !e->special_text && kvl_tokenizer_is_special(e->tok, token) ? (char *)"" : (char *)text;
     m.logprob = logprob;
     return kvl__rpc_call_send_pb(e->call, &m.base) != KVL_OK;
 }
@@ -169,23 +172,31 @@ static void h_send(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
     int32_t *ids = NULL;
     int n = 0;
     kvl_status s = validate_send(r, q, &ids, &n);
-    if (!s) s = busy_take(r, q->session_id);
+    if (!s) s = kvr_router_busy_take(r, q->session_id);
     if (s) {
         fail_kvl(r, call, "Send", s);
         free(ids);
         protobuf_c_message_free_unpacked(&q->base, NULL);
         return;
     }
+    int32_t stop_ids[1], end_token = -1;
+    int n_stop = 0;
+    if (q->chat) {   /* the chat template's end-of-turn token also ends the turn */
+        kvl_chat_format f = kvl_tokenizer_chat_format(r->tok);
+        end_token = kvl_tokenizer_token_id(r->tok, f == KVL_CHAT_LLAMA3 ? "<|eot_id|>" : "<|im_end|>");
+        if (end_token >= 0 && !q->ignore_eos) stop_ids[n_stop++] = end_token;
+    }
     kvr_turn_req tr = {.sid = q->session_id, .user = ids, .n_user = n,
                        .max_tokens = q->max_tokens ? q->max_tokens : (unsigned)r->cfg->default_max_tokens,
                        .temperature = q->temperature, .top_k = q->top_k, .top_p = q->top_p,
-                       .seed = q->seed, .stop_at_eos = q->stop_at_eos, .model = q->model ? q->model : "",
+                       .seed = q->seed, .stop_at_eos = !q->ignore_eos, .stop_ids = stop_ids,
+                       .n_stop = n_stop, .has_end_token = end_token >= 0, .end_token = end_token, .model = q->model ? q->model : "",
                        .escalate = q->escalate, .force_reprefill = q->force_reprefill,
                        .compare_reprefill = q->compare_reprefill};
     kvr_turn_out o;
-    emit_ctx e = {.call = call};
+    emit_ctx e = {.call = call, .tok = r->tok, .special_text = q->special_text};
     s = kvr_turn_run(r, &tr, emit_token, &e, &o);
-    busy_release(r, q->session_id);
+    kvr_router_busy_release(r, q->session_id);
     if (s) {
         fail_kvl(r, call, "Send", s);
     } else {
@@ -276,7 +287,7 @@ static void h_close(kvl__rpc_call *call, const uint8_t *req, size_t len, void *u
     snprintf(id, sizeof id, "%.64s", q->session_id ? q->session_id : "");
     protobuf_c_message_free_unpacked(&q->base, NULL);
     kvr_session s;
-    kvl_status st = kvr_session_id_valid(id) ? busy_take(r, id)
+    kvl_status st = kvr_session_id_valid(id) ? kvr_router_busy_take(r, id)
                                              : kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%s'", id);
     if (st) { fail_kvl(r, call, "CloseSession", st); return; }
     st = kvr_ledger_session_load(r->ledger, id, 0, &s);
@@ -291,7 +302,7 @@ static void h_close(kvl__rpc_call *call, const uint8_t *req, size_t len, void *u
         closed = !st;
     }
     if (!st) kvr_session_clear(&s);
-    busy_release(r, id);
+    kvr_router_busy_release(r, id);
     if (st) { fail_kvl(r, call, "CloseSession", st); return; }
     Kvlingo__V1__CloseSessionResponse resp = KVLINGO__V1__CLOSE_SESSION_RESPONSE__INIT;
     resp.closed = closed;
@@ -395,5 +406,8 @@ kvl_status kvr_router_serve(kvr_router *r) {
     if ((s = kvl__rpc_server_set_health(r->server, "kvlingo.v1.Router", 1))) return s;
     if ((s = kvl__rpc_server_start(r->server))) return s;
     if (r->cfg->metrics && (s = kvr_metrics_serve(r->metrics, r->cfg->metrics))) return s;
+    if (r->cfg->http_listen &&
+        (s = kvr_oai_http_start(r, r->cfg->http_listen, r->cfg->http_max_conn, r->cfg->http_max_body, &r->http)))
+        return s;
     return KVL_OK;
 }

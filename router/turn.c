@@ -64,6 +64,43 @@ static int transient(grpc_status_code c) {
            c == GRPC_STATUS_RESOURCE_EXHAUSTED || c == GRPC_STATUS_CANCELLED;
 }
 
+/* Node ti's session table is full (it refused a session "at its maximum"): drop the least
+ * recently used idle session it holds, so this one fits.  The dropped session keeps its ledger:
+ * its next turn rebuilds it there (re-prefill) or elsewhere.  1 when a place was freed. */
+static int make_room(turn *t, int ti) {
+    kvr_router *r = t->r;
+    kvr_node *T = &r->reg->nodes[ti];
+    char ids[8][KVR_ID_MAX];
+    int n = 0;
+    if (kvr_ledger_lru_on_node(r->ledger, T->name, t->req->sid, ids, 8, &n)) return 0;
+    for (int i = 0; i < n; i++) {
+        if (kvr_router_busy_take(r, ids[i])) continue;   /* its turn runs: not this one */
+        int ok = !kvr_node_drop(T, ids[i], t->node_ms, NULL) &&
+                 !kvr_ledger_holding_set(r->ledger, ids[i], T->name, 0);
+        kvr_router_busy_release(r, ids[i]);
+        if (ok) {
+            kvl__svc_log_text("info", "node %s is full: dropped idle session %s there (least recently "
+                              "used) for session %s", T->name, ids[i], t->req->sid);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int table_full(grpc_status_code code, const char *msg) {
+    return code == GRPC_STATUS_OUT_OF_RANGE && strstr(msg, "maximum of");
+}
+
+static kvl_status open_session(turn *t, int ti, grpc_status_code *code) {
+    kvr_node *T = &t->r->reg->nodes[ti];
+    grpc_status_code c = GRPC_STATUS_OK;
+    kvl_status st = kvr_node_open(T, t->req->sid, t->node_ms, &c);
+    if (st && table_full(c, kvl_last_error()) && make_room(t, ti))
+        st = kvr_node_open(T, t->req->sid, t->node_ms, &c);
+    if (code) *code = c;
+    return st;
+}
+
 /* Make node i hold exactly what the ledger says it holds, or nothing: returns the count in *h.
  * A node whose session disagrees with the ledger (it restarted, a turn died mid-way, a router
  * crash lost a commit) is reset: its session is dropped and reopened empty. */
@@ -127,6 +164,7 @@ static int try_translate(turn *t, int ti, int from, int tgt_tokens, int *to_out,
     double bytes = 2.0 * L * H * D * 4.0 * (to - from) + 4.0 * (to - from);
     int64_t timeout = (int64_t)(c->transfer_base_ms + bytes / c->transfer_bytes_per_s * 1000.0);
     kvr_export_result ex;
+    int evicted = 0;
     for (int attempt = 0; attempt <= c->transfer_retries; attempt++) {
         double t0 = kvl__now_s();
         kvl_status st = kvr_node_export(src, dst, t->req->sid, (unsigned)from, (unsigned)to, 0,
@@ -150,6 +188,11 @@ static int try_translate(turn *t, int ti, int from, int tgt_tokens, int *to_out,
         snprintf(msg, sizeof msg, "%s", kvl_last_error());
         kvl__svc_log_text("warn", "session %s: export %s->%s [%d,%d) attempt %d failed: %s",
                 t->req->sid, src->name, dst->name, from, to, attempt + 1, msg);
+        if (table_full(code, msg) && !evicted && make_room(t, ti)) {
+            evicted = 1;      /* the target had no room for the import: once more, not a retry */
+            attempt--;
+            continue;
+        }
         if (!transient(code)) {
             char lab[64];
             snprintf(lab, sizeof lab, "rejected_%s", label);
@@ -229,7 +272,7 @@ static kvl_status prepare_inner(turn *t, int ti, int *h, int *absent, grpc_statu
             ns.found && (int)ns.tokens == *h && (int)ns.cached == cached && ns.idle)
             return KVL_OK;                                  /* the import left it as it was */
         if ((st = kvr_node_drop(T, t->req->sid, t->node_ms, code))) return st;
-        if ((st = kvr_node_open(T, t->req->sid, t->node_ms, code))) return st;
+        if ((st = open_session(t, ti, code))) return st;
         *absent = 0;
         *h = 0;
     }
@@ -240,7 +283,7 @@ static kvl_status prepare(turn *t, int ti, int *h, grpc_status_code *code) {
     int absent = 0;
     kvl_status st = prepare_inner(t, ti, h, &absent, code);
     if (!st && absent && t->out->mode != KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE)
-        st = kvr_node_open(&t->r->reg->nodes[ti], t->req->sid, t->node_ms, code);
+        st = open_session(t, ti, code);
     return st;
 }
 
@@ -296,7 +339,8 @@ static kvl_status decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void *a
     kvr_turn_out *o = t->out;
     kvr_gen_params gp = {.max_tokens = t->req->max_tokens, .temperature = t->req->temperature,
                          .top_k = t->req->top_k, .top_p = t->req->top_p, .seed = t->req->seed,
-                         .stop_at_eos = t->req->stop_at_eos, .return_logprobs = want_lp};
+                         .stop_at_eos = t->req->stop_at_eos, .stop_ids = t->req->stop_ids,
+                         .n_stop = t->req->n_stop, .return_logprobs = want_lp};
     int64_t timeout = t->node_ms * 2 + (int64_t)(t->req->max_tokens * 200.0 + (t->N + t->req->n_user) * 2.0);
     kvl__rpc_stream *st = NULL;
     kvl_status s = kvr_node_generate(T, t->req->sid, &gp, timeout, &st);
@@ -339,6 +383,13 @@ static kvl_status decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void *a
         *started = 1;
         int stop = emit(arg, m->token, m->text ? m->text : "", m->logprob);
         protobuf_c_message_free_unpacked(&m->base, NULL);
+        if (stop == KVR_EMIT_STOP) {
+            /* a stop sequence: the turn ends here as finished; the node may have gone a token
+             * further before the cancel, which the commit's SessionInfo check catches */
+            kvl__rpc_stream_cancel(st);
+            snprintf(o->finish_reason, sizeof o->finish_reason, "stop");
+            break;
+        }
         if (stop) {
             kvl__rpc_stream_cancel(st);
             s = kvl__errorf(KVL_ERR_CANCELLED, "client cancelled the turn");
@@ -432,6 +483,7 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
                 out->span_tokens = (unsigned)(t.N - h + req->n_user);
             /* the tail the node lacks (re-prefill) plus this turn's input, in one append */
             int n_tail = t.N - h + req->n_user;
+            out->prefill_tokens = (unsigned)n_tail;
             int32_t *tail = malloc(sizeof(int32_t) * (size_t)(n_tail ? n_tail : 1));
             if (!tail) s = kvl__errorf(KVL_ERR_NOMEM, "turn tail");
             else {
@@ -456,6 +508,19 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
         if (s == KVL_ERR_CANCELLED && code == GRPC_STATUS_CANCELLED) {
             keep_cancelled_input(&t, ti, &d, out);
             break;
+        }
+        if (!s && req->has_end_token && out->n_generated > 0 && out->n_generated <= req->max_tokens &&
+            !strcmp(out->finish_reason, "eos") && gen[out->n_generated - 1] != req->end_token) {
+            /* a chat reply the model ended with EOS: the next request's history closes it with
+             * the template's end-of-turn token, so the ledger (and the node, where the last
+             * sampled token is not in the KV cache yet) say that, and the session continues */
+            unsigned last = (unsigned)(t.N + req->n_user) + out->n_generated - 1, cnt = 0;
+            if (!kvr_node_replace_tail(T, req->sid, last, &req->end_token, 1, t.node_ms, &cnt, NULL) &&
+                cnt == last + 1)
+                gen[out->n_generated - 1] = req->end_token;
+            else
+                kvl__svc_log_text("warn", "session %s: recording end-of-turn after EOS on %s failed: %s",
+                                  req->sid, T->name, kvl_last_error());
         }
         if (!s) {
             /* success: commit */

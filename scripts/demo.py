@@ -64,8 +64,9 @@ def main():
             "turn", "model", "switch", "from", "span", "TTFT ms", "tokens", "text"))
         rows = []
         for i, (t, esc) in enumerate(zip(turns, escalate)):
+            # a turn ends at EOS, as for any client (the test client's default is fixed-length)
             ids, out, s = c.send_all(sid, t, max_tokens=a.max_tokens, escalate=esc,
-                                     compare_reprefill=True)
+                                     compare_reprefill=True, ignore_eos=False)
             rows.append(s)
             print("%-4d %-8s %-10s %-12s %6d %9.2f %7d  %r" % (
                 i + 1, s.model, MODE[s.switch_mode], s.from_model or "-", s.span_tokens,

@@ -19,6 +19,14 @@ if [ -x build/venv/bin/python ] && ! build/venv/bin/python -c 'import tokenizers
   build/venv/bin/python -m pip install -q --disable-pip-version-check 'tokenizers==0.23.3' \
     || echo "test: could not install tokenizers from PyPI; the differential test will be skipped"
 fi
+# The official `openai` package (router_openai drives the router's HTTP API with it) and the
+# pinned gRPC toolchain of the installable client (clients_python regenerates its stubs and
+# installs it); their tests are skipped with a message when PyPI cannot be reached.
+if [ -x build/venv/bin/python ] && ! build/venv/bin/python -c 'import openai, grpc_tools' 2>/dev/null; then
+  build/venv/bin/python -m pip install -q --disable-pip-version-check 'openai==3.51.0' \
+    'grpcio-tools==1.85.1' 'grpcio==1.85.3' 'protobuf==7.36.2' \
+    || echo "test: could not install openai / grpcio-tools from PyPI; router_openai and clients_python will be skipped"
+fi
 export KVL_PYTHON="$PWD/build/venv/bin/python"
 
 # ---- deployment tests (deploy/, tests/deploy/) ----------------------------------------

@@ -84,6 +84,41 @@ def main():
         t.check(e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT,
                 "token id outside the vocabulary -> INVALID_ARGUMENT (%s)" % (e and e.details()))
 
+        # 2b. stop ids end a generation ("stop"); a ledger cut may drop only uncached tokens
+        def gen(sid, **kw):
+            toks, fin = [], None
+            for m in sb.Generate(pb.GenerateRequest(session_id=sid, temperature=0, **kw), timeout=30):
+                if m.done:
+                    fin = m.finish_reason
+                else:
+                    toks.append(m.token)
+            return toks, fin
+        for sid in ("free", "stops"):
+            sb.OpenSession(pb.OpenSessionRequest(session_id=sid), timeout=10)
+            sb.Append(pb.AppendRequest(session_id=sid, tokens=list(range(200, 220)), prefill=True), timeout=30)
+        free, _ = gen("free", max_tokens=6)
+        want = free[:free.index(free[2]) + 1]
+        got, fin = gen("stops", max_tokens=6, stop_tokens=[free[2]])
+        t.check(got == want and fin == "stop", "stop_tokens: %s (%s), expected %s" % (got, fin, want))
+        si = sb.SessionInfo(pb.SessionInfoRequest(session_id="stops"), timeout=10)
+        n, cached = si.token_count, si.cached_count
+        t.check(n == 20 + len(want) and cached == n - 1, "the last sampled token is not cached (%d/%d)" % (cached, n))
+        r = sb.Append(pb.AppendRequest(session_id="stops", truncate=True, truncate_to=n - 1, tokens=[42]), timeout=10)
+        t.check(r.token_count == n and r.cached_count == cached, "truncate the uncached tail and append")
+        e = rpc_error(lambda: sb.Append(pb.AppendRequest(session_id="stops", truncate=True, truncate_to=cached - 1,
+                                                         tokens=[42]), timeout=10))
+        t.check(e is not None and e.code() == grpc.StatusCode.FAILED_PRECONDITION and "KV cache" in e.details(),
+                "truncate into the KV cache -> FAILED_PRECONDITION (%s)" % (e and e.details()))
+        e = rpc_error(lambda: sb.Append(pb.AppendRequest(session_id="stops", truncate=True, truncate_to=n + 5),
+                                        timeout=10))
+        t.check(e is not None and e.code() == grpc.StatusCode.OUT_OF_RANGE, "truncate past the ledger -> OUT_OF_RANGE")
+        t.check(sb.SessionInfo(pb.SessionInfoRequest(session_id="stops"), timeout=10).token_count == n,
+                "refused cuts leave the ledger as it was")
+        for bad in ([1] * 9, [10 ** 6]):
+            e = rpc_error(lambda: gen("stops", max_tokens=2, stop_tokens=bad))
+            t.check(e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT and "stop_tokens" in e.details(),
+                    "stop_tokens %s -> INVALID_ARGUMENT" % bad[:2])
+
         # 3. text too long for --max-context
         sc.OpenSession(pb.OpenSessionRequest(session_id="short"), timeout=10)
         e = rpc_error(lambda: sc.Append(pb.AppendRequest(session_id="short",

@@ -37,6 +37,19 @@ out=$("$R" --config "$T/conf/good.yaml" --check); rc=$?
 # a relative tokenizer that does not exist: the resolved path is named
 good | sed 's|^tokenizer: .*|tokenizer: ../models/nope|' > "$T/conf/reltok.yaml"
 refuse "relative tokenizer path" "$T/conf/reltok.yaml" "reltok.yaml:3: key 'tokenizer'" "'../models/nope' resolves to" "$T/models/nope" "does not exist"
+# the OpenAI HTTP API: a bad address and a body bound out of range are refused; a good one is shown
+{ good; echo "http_listen: 8000"; } > "$T/conf/http1.yaml"
+refuse "http_listen without host" "$T/conf/http1.yaml" "http1.yaml:10: key 'http_listen'" "not host:port"
+{ good; echo "http_listen: 127.0.0.1:8000"; echo "http_max_body_bytes: 10"; } > "$T/conf/http2.yaml"
+refuse "http_max_body_bytes too small" "$T/conf/http2.yaml" "http2.yaml:11" "http_max_body_bytes"
+{ good; echo "http_listen: 127.0.0.1:8000"; } > "$T/conf/http3.yaml"
+out=$("$R" --config "$T/conf/http3.yaml" --check); rc=$?
+[ $rc -eq 0 ] && grep -q '^http (OpenAI API): 127.0.0.1:8000 (body <= 1048576 bytes' <<<"$out" \
+  && ok "http_listen shown by --check" || bad "http3: $rc $out"
+out=$("$R" --config "$T/conf/good.yaml" --http-listen 127.0.0.1:8123 --check); rc=$?
+[ $rc -eq 0 ] && grep -q '^http (OpenAI API): 127.0.0.1:8123' <<<"$out" && ok "--http-listen overrides" || bad "flag: $rc $out"
+out=$("$R" --config "$T/conf/good.yaml" --http-listen nonsense --check 2>&1); rc=$?
+[ $rc -ne 0 ] && grep -q "http-listen 'nonsense' is not host:port" <<<"$out" && ok "bad --http-listen refused" || bad "bad flag: $rc $out"
 # 5,001 nodes
 { good | sed '/^  - /d; /^nodes:/d'; echo "nodes:"; for i in $(seq 1 5001); do echo "  - {name: n$i, address: 127.0.0.1:$((10000 + i % 50000)), model: qwen3-a}"; done; } > "$T/conf/many.yaml"
 refuse "5,001 nodes" "$T/conf/many.yaml" "many.yaml:" "5001 nodes, at most 32"

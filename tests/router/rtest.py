@@ -122,6 +122,20 @@ class Proc:
         return 0
 
 
+class FixedLengthClient(python_client.RouterClient):
+    """The documented client with ignore_eos on by default: these tests count a turn's tokens
+    and compare them with kvr_turn_ref, an in-process replay of fixed-length turns, while the
+    router stops at EOS unless told otherwise."""
+
+    def send(self, session_id, text=None, tokens=None, **params):
+        params.setdefault("ignore_eos", True)
+        return super().send(session_id, text, tokens, **params)
+
+    def send_all(self, session_id, text=None, tokens=None, **params):
+        params.setdefault("ignore_eos", True)
+        return super().send_all(session_id, text, tokens, **params)
+
+
 class Fleet:
     """kvld for each model + kvlingo-router, on loopback."""
 
@@ -202,8 +216,8 @@ class Fleet:
         return p
 
     def client(self, timeout=120.0):
-        return python_client.RouterClient(self.addr, timeout=timeout,
-                                          stub_dir=os.path.join(self.work, "stubs"))
+        return FixedLengthClient(self.addr, timeout=timeout,
+                                 stub_dir=os.path.join(self.work, "stubs"))
 
     def metrics(self):
         import urllib.request

@@ -29,7 +29,7 @@ def cancel_keeps_input(a):
         before = list(c.get_session(sid, include_tokens=True).tokens)
         user = [39, 918, 78, 845, 264, 1210]
         call = c.stub.Send(c.pb.SendRequest(session_id=sid, tokens=user, max_tokens=500,
-                                            stop_at_eos=False), timeout=60)
+                                            ignore_eos=True), timeout=60)
         got = 0
         for m in call:
             if not m.HasField("summary"):

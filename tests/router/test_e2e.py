@@ -142,7 +142,8 @@ def main():
         # a client cancelling mid-stream: the input is kept, the output is not; the next turn is
         # consistent (tests/router/test_cancel.py checks the kept ids exactly)
         n_before = c.get_session(sid).context_tokens
-        it = c.stub.Send(c.pb.SendRequest(session_id=sid, tokens=[264, 1210, 13], max_tokens=200), timeout=60)
+        it = c.stub.Send(c.pb.SendRequest(session_id=sid, tokens=[264, 1210, 13], max_tokens=200,
+                                          ignore_eos=True), timeout=60)
         next(it)
         it.cancel()
         t0 = time.time()

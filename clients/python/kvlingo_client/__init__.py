@@ -1,0 +1,116 @@
+"""kvlingo_client: the Python gRPC client of kvlingo-router (kvlingo.v1.Router).
+
+    from kvlingo_client import RouterClient
+    c = RouterClient("127.0.0.1:7000")
+    sid = c.create_session()
+    ids, text, summary = c.send_all(sid, "Once upon a time", max_tokens=16)
+    c.close_session(sid)
+
+Every call raises grpc.RpcError with the router's status and message on failure (unknown
+session: NOT_FOUND; empty or malformed input: INVALID_ARGUMENT; too long: OUT_OF_RANGE;
+session busy: ABORTED; no healthy node: UNAVAILABLE).  `kvlingo-client --help` is the command
+line.
+"""
+import argparse
+import sys
+
+import grpc
+
+from kvlingo.v1 import router_pb2 as pb
+from kvlingo.v1 import router_pb2_grpc as pb_grpc
+
+__all__ = ["RouterClient", "pb", "main"]
+
+MODES = {pb.SWITCH_MODE_NONE: "none", pb.SWITCH_MODE_TRANSLATE: "translate",
+         pb.SWITCH_MODE_REPREFILL: "re-prefill"}
+
+
+class RouterClient:
+    """A connection to kvlingo-router; `pb` is the generated router_pb2 module."""
+
+    def __init__(self, address, timeout=120.0):
+        self.pb = pb
+        self.timeout = timeout
+        self.channel = grpc.insecure_channel(address)
+        self.stub = pb_grpc.RouterStub(self.channel)
+
+    def create_session(self, model="", session_id=""):
+        return self.stub.CreateSession(pb.CreateSessionRequest(model=model, session_id=session_id),
+                                       timeout=self.timeout).session_id
+
+    def send(self, session_id, text=None, tokens=None, **params):
+        """Yield (text_piece, None) per token, then ("", TurnSummary).  params: any SendRequest
+        field (max_tokens, temperature, model, escalate, ignore_eos, chat, ...)."""
+        req = pb.SendRequest(session_id=session_id, text=text or "", tokens=tokens or [], **params)
+        for m in self.stub.Send(req, timeout=self.timeout):
+            if m.HasField("summary"):
+                yield "", m.summary
+            else:
+                yield m.text, None
+
+    def send_all(self, session_id, text=None, tokens=None, **params):
+        """Run one turn; returns (token ids, text, summary)."""
+        req = pb.SendRequest(session_id=session_id, text=text or "", tokens=tokens or [], **params)
+        ids, pieces, summary = [], [], None
+        for m in self.stub.Send(req, timeout=self.timeout):
+            if m.HasField("summary"):
+                summary = m.summary
+            else:
+                ids.append(m.token)
+                pieces.append(m.text)
+        return ids, "".join(pieces), summary
+
+    def get_session(self, session_id, include_tokens=False):
+        return self.stub.GetSession(pb.GetSessionRequest(session_id=session_id,
+                                                         include_tokens=include_tokens),
+                                    timeout=self.timeout)
+
+    def close_session(self, session_id):
+        return self.stub.CloseSession(pb.CloseSessionRequest(session_id=session_id),
+                                      timeout=self.timeout).closed
+
+    def list_nodes(self):
+        return self.stub.ListNodes(pb.ListNodesRequest(), timeout=self.timeout)
+
+    def close(self):
+        self.channel.close()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="kvlingo-client", description="kvlingo-router gRPC client")
+    ap.add_argument("--router", required=True, help="router address host:port")
+    ap.add_argument("--session", default="", help="continue this session (default: a new one)")
+    ap.add_argument("--model", default="", help="ask for this model")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--escalate", action="store_true", help="cascade: use the larger model now")
+    ap.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS")
+    ap.add_argument("--special-text", action="store_true", help="show special tokens' text")
+    ap.add_argument("--list-nodes", action="store_true")
+    ap.add_argument("text", nargs="?", default="")
+    a = ap.parse_args(argv)
+    c = RouterClient(a.router)
+    sid, done = "", False
+    try:
+        if a.list_nodes:
+            print(c.list_nodes())
+            return 0
+        if not a.text:
+            ap.error("TEXT is required (or --list-nodes)")
+        sid = a.session or c.create_session()
+        for piece, s in c.send(sid, a.text, max_tokens=a.max_tokens, model=a.model, escalate=a.escalate,
+                               ignore_eos=a.ignore_eos, special_text=a.special_text):
+            if s is None:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+            else:
+                print("\n[session %s turn %d: %s on %s, switch %s, span %d tokens, TTFT %.2f ms, "
+                      "%d tokens%s]" % (sid, s.turn, s.model, s.node, MODES.get(s.switch_mode, "?"),
+                                        s.span_tokens, s.ttft_seconds * 1e3, s.n_generated,
+                                        ", fallback: " + s.fallback_reason if s.fallback_reason else ""))
+                done = True
+    except grpc.RpcError as e:
+        print("error: %s: %s" % (e.code().name, e.details()), file=sys.stderr)
+        if sid and not done:
+            print("session %s (continue with --session %s)" % (sid, sid), file=sys.stderr)
+        return 1
+    return 0

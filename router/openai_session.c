@@ -1,0 +1,372 @@
+/* router/openai_session.c: one stateless OpenAI request as one turn of a ledger session.
+ *
+ * The request carries the whole conversation.  It is rendered (chat template) and tokenized to
+ * P; the session to continue is the one the x-kvlingo-session header names, else the one the
+ * prefix index finds whose ledger P extends.  Only P's tail past the ledger is this turn's
+ * input, so the node holding the context (or, at a model switch, a translation of it) serves
+ * the old part from its cache.  A session whose ledger P does not extend (the client edited
+ * the history, a stop sequence cut the reply) is not continued: a new session re-reads P.
+ *
+ * The text the client sees is detokenized here from the token ids, special tokens left out
+ * unless skip_special_tokens is false; stop sequences end the turn and never reach the client
+ * (text that could begin one is held back until it cannot). */
+#include "openai.h"
+#include "prefix.h"
+#include "router.h"
+#include "log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "clock.h"
+#include "error.h"
+
+typedef struct emit_ctx {
+    kvr_router *r;
+    const kvr_oai_req *q;
+    kvr_oai_sink *sink;
+    kvr_oai_run *run;
+    const kvr_turn_out *out;      /* filled by the turn as it goes: final at the first token */
+    kvl_detok *dt;
+    char *piece;
+    size_t piece_cap;
+    int32_t *gen;
+    int n_gen, cap_gen;
+    size_t sent;                  /* bytes of run->text handed to the sink                   */
+    size_t hold;                  /* longest stop sequence - 1: bytes held back               */
+    int started, stopped, sink_gone;
+} emit_ctx;
+
+static const char *mode_str(int m) {
+    return m == KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE ? "translate"
+         : m == KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_REPREFILL ? "reprefill" : "none";
+}
+
+static void fill_result(emit_ctx *e) {
+    kvr_oai_run *u = e->run;
+    const kvr_turn_out *o = e->out;
+    snprintf(u->model, sizeof u->model, "%s", o->model);
+    snprintf(u->node, sizeof u->node, "%s", o->node);
+    snprintf(u->from_model, sizeof u->from_model, "%s", o->from_model);
+    snprintf(u->mode, sizeof u->mode, "%s", mode_str(o->mode));
+    u->res.model = u->model;
+    u->res.node = u->node;
+    u->res.from_model = u->from_model;
+    u->res.switch_mode = u->mode;
+    u->res.session = u->sid;
+    u->res.span_tokens = o->span_tokens;
+    u->res.ttft_ms = o->ttft_s * 1e3;
+    int cached = u->res.prompt_tokens - (int)o->prefill_tokens;
+    u->res.cached_tokens = cached > 0 ? cached : 0;
+    u->res.completion_tokens = e->n_gen;
+    snprintf(u->res.id, sizeof u->res.id, "%s-%s-%u", e->q->chat ? "chatcmpl" : "cmpl", u->sid, o->turn);
+}
+
+static int text_append(kvr_oai_run *u, const char *s, size_t n) {
+    if (u->len + n + 1 > u->cap) {
+        size_t cap = u->cap ? u->cap : 256;
+        while (cap < u->len + n + 1) cap *= 2;
+        char *t = realloc(u->text, cap);
+        if (!t) return -1;
+        u->text = t;
+        u->cap = cap;
+    }
+    /* a NUL byte (token <0x00>) would end the JSON string early: dropped */
+    for (size_t i = 0; i < n; i++)
+        if (s[i]) u->text[u->len++] = s[i];
+    u->text[u->len] = 0;
+    return 0;
+}
+
+/* Hand text [sent, upto) to the sink. */
+static void sink_text(emit_ctx *e, size_t upto) {
+    if (upto <= e->sent) return;
+    if (e->sink && e->sink->on_text && !e->sink_gone &&
+        e->sink->on_text(e->sink->arg, e->run->text + e->sent, upto - e->sent))
+        e->sink_gone = 1;
+    e->sent = upto;
+}
+
+/* After new text: cut at the earliest stop sequence (1), or release what cannot start one. */
+static int check_stop(emit_ctx *e) {
+    kvr_oai_run *u = e->run;
+    const kvr_oai_req *q = e->q;
+    size_t best = (size_t)-1;
+    for (int i = 0; i < q->n_stop; i++) {
+        const char *hit = strstr(u->text + e->sent, q->stop[i]);
+        if (hit && (size_t)(hit - u->text) < best) best = (size_t)(hit - u->text);
+    }
+    if (best != (size_t)-1) {
+        u->len = best;
+        u->text[best] = 0;
+        sink_text(e, best);
+        return 1;
+    }
+    size_t safe = u->len > e->hold ? u->len - e->hold : 0;
+    while (safe > e->sent && safe < u->len && ((unsigned char)u->text[safe] & 0xC0) == 0x80) safe--;
+    sink_text(e, safe);
+    return 0;
+}
+
+static int on_token(void *arg, int32_t token, const char *node_text, float logprob) {
+    (void)node_text;
+    (void)logprob;
+    emit_ctx *e = arg;
+    if (e->n_gen < e->cap_gen) e->gen[e->n_gen++] = token;
+    if (!e->started) {
+        e->started = 1;
+        fill_result(e);
+        if (e->sink && e->sink->on_start && e->sink->on_start(e->sink->arg, e->run)) e->sink_gone = 1;
+    }
+    e->run->res.completion_tokens = e->n_gen;
+    if (e->sink_gone) return 1;
+    if (!e->q->skip_special || !kvl_tokenizer_is_special(e->r->tok, token)) {
+        size_t n = 0;
+        if (kvl_detok_push(e->dt, token, e->piece, e->piece_cap, &n) == KVL_OK && n &&
+            text_append(e->run, e->piece, n))
+            return 1;   /* out of memory: give the turn up */
+    }
+    if (check_stop(e)) {
+        e->stopped = 1;
+        return KVR_EMIT_STOP;
+    }
+    return e->sink_gone ? 1 : 0;
+}
+
+/* The HTTP status and OpenAI error of a failed turn (the thread message says why). */
+static void turn_error(kvl_status s, kvr_oai_error *err) {
+    const char *m = kvl_last_error();
+    if (!m[0]) m = kvl_strerror(s);
+    grpc_status_code c = kvl__rpc_status_from_kvl(s);
+    if (s == KVL_ERR_MISMATCH && strstr(m, "is busy")) c = GRPC_STATUS_ABORTED;
+    if (s == KVL_ERR_NOMEM && strstr(m, "router busy")) c = GRPC_STATUS_RESOURCE_EXHAUSTED;
+    switch (c) {
+    case GRPC_STATUS_INVALID_ARGUMENT:
+    case GRPC_STATUS_FAILED_PRECONDITION:
+        kvr_oai_set_error(err, 400, "invalid_request_error", NULL, NULL, "%s", m); break;
+    case GRPC_STATUS_OUT_OF_RANGE:
+        kvr_oai_set_error(err, 400, "invalid_request_error", "messages", "context_length_exceeded", "%s", m); break;
+    case GRPC_STATUS_NOT_FOUND:
+        kvr_oai_set_error(err, 404, "invalid_request_error", "model", "model_not_found", "%s", m); break;
+    case GRPC_STATUS_ABORTED:
+        kvr_oai_set_error(err, 409, "invalid_request_error", NULL, "session_busy", "%s", m); break;
+    case GRPC_STATUS_RESOURCE_EXHAUSTED:
+    case GRPC_STATUS_UNAVAILABLE:
+        kvr_oai_set_error(err, 503, "server_error", NULL, "unavailable", "%s", m); break;
+    case GRPC_STATUS_DEADLINE_EXCEEDED:
+        kvr_oai_set_error(err, 504, "server_error", NULL, "timeout", "%s", m); break;
+    default:
+        kvr_oai_set_error(err, 500, "server_error", NULL, NULL, "%s", m); break;
+    }
+}
+
+/* P: the request rendered and tokenized. */
+static int render(kvr_router *r, const kvr_oai_req *q, int32_t **ids, size_t *n, kvr_oai_error *err) {
+    char *text = NULL;
+    const char *src = q->prompt;
+    if (q->chat) {
+        kvl_status s = kvl_tokenizer_apply_chat_template(r->tok, q->msgs, (size_t)q->n_msgs, 1, &text);
+        if (s) {
+            kvr_oai_set_error(err, s == KVL_ERR_NOMEM ? 500 : 400, s == KVL_ERR_NOMEM ? "server_error"
+                              : "invalid_request_error", "messages", NULL,
+                              "cannot render the chat template: %s (use /v1/completions for plain text)",
+                              kvl_last_error());
+            return -1;
+        }
+        src = text;
+    }
+    size_t bytes = strlen(src);
+    kvl_status s = kvl_tokenizer_encode(r->tok, src, bytes, ids, n);
+    free(text);
+    if (s) {
+        kvr_oai_set_error(err, 400, "invalid_request_error", q->chat ? "messages" : "prompt", NULL,
+                          "cannot tokenize the input: %s", kvl_last_error());
+        return -1;
+    }
+    if (*n == 0) {
+        kvr_oai_set_error(err, 400, "invalid_request_error", "prompt", NULL, "the input has no tokens");
+        return -1;
+    }
+    return 0;
+}
+
+static void new_id(char *id, size_t cap) {
+    uint8_t b[8] = {0};
+    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) {
+        uint64_t x = (uint64_t)(kvl__now_s() * 1e9);
+        memcpy(b, &x, sizeof b);
+    }
+    snprintf(id, cap, "oa-%02x%02x%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]);
+}
+
+/* Take session `sid` (busy lock) if its ledger is a strict prefix of P: *n_ledger set, 1.
+ * 0: not usable (*why says why, lock released); -1: an error for the client (err set). */
+static int take_if_prefix(kvr_router *r, const char *sid, const int32_t *P, int nP, int *n_ledger,
+                          char *why, size_t why_cap) {
+    if (kvr_router_busy_take(r, sid)) {
+        snprintf(why, why_cap, "a turn is running on it");
+        return 0;
+    }
+    kvr_session s;
+    if (kvr_ledger_session_load(r->ledger, sid, 1, &s)) {
+        kvr_router_busy_release(r, sid);
+        snprintf(why, why_cap, "%s", kvl_last_error());
+        return 0;
+    }
+    int ok = s.state == KVR_SESSION_OPEN && s.n_tokens < nP &&
+             (!s.n_tokens || !memcmp(s.tokens, P, sizeof(int32_t) * (size_t)s.n_tokens));
+    if (!ok) {
+        int at = 0;
+        while (at < s.n_tokens && at < nP && s.tokens[at] == P[at]) at++;
+        if (s.state != KVR_SESSION_OPEN) snprintf(why, why_cap, "it is %s", s.state == KVR_SESSION_CLOSED ? "closed" : "expired");
+        else snprintf(why, why_cap, "its ledger (%d tokens) is not a prefix of the %d-token prompt (they "
+                      "differ from token %d)", s.n_tokens, nP, at);
+        kvr_router_busy_release(r, sid);
+    }
+    *n_ledger = s.n_tokens;
+    kvr_session_clear(&s);
+    return ok;
+}
+
+int kvr_oai_run_turn(kvr_router *r, const kvr_oai_req *q, const char *session_hdr,
+                     kvr_oai_sink *sink, kvr_oai_run *u) {
+    kvr_oai_error *err = &u->err;
+    int32_t *P = NULL;
+    size_t nP = 0;
+    u->res.created = (long)time(NULL);
+    if (render(r, q, &P, &nP, err)) return -1;
+    u->res.prompt_tokens = (int)nP;
+    int n_ledger = 0, have = 0;
+    char why[200] = "";
+    if (session_hdr && session_hdr[0]) {
+        if (!kvr_session_id_valid(session_hdr)) {
+            kvr_oai_set_error(err, 400, "invalid_request_error", "x-kvlingo-session", NULL,
+                              "x-kvlingo-session: '%.64s' is not a session id (1-64 of [A-Za-z0-9._:-])",
+                              session_hdr);
+            free(P);
+            return -1;
+        }
+        snprintf(u->sid, sizeof u->sid, "%s", session_hdr);
+        kvr_session s;
+        kvl_status ls = kvr_ledger_session_load(r->ledger, u->sid, 0, &s);
+        if (ls == KVL_ERR_NOT_FOUND) {
+            if (kvr_ledger_session_create(r->ledger, u->sid, "", kvr_wall_now()) &&
+                !strstr(kvl_last_error(), "exists")) {
+                turn_error(KVL_ERR_INTERNAL, err);
+                free(P);
+                return -1;
+            }
+        } else if (!ls) {
+            kvr_session_clear(&s);
+        }
+        int t = take_if_prefix(r, u->sid, P, (int)nP, &n_ledger, why, sizeof why);
+        if (t <= 0) {
+            kvr_oai_set_error(err, strstr(why, "running") ? 409 : 400, "invalid_request_error",
+                              "x-kvlingo-session", strstr(why, "running") ? "session_busy" : NULL,
+                              "session '%s' cannot continue with this conversation: %s", u->sid, why);
+            free(P);
+            return -1;
+        }
+        have = 1;
+    } else {
+        char ids[KVR_PREFIX_MAX_CANDIDATES][KVR_ID_MAX];
+        int lens[KVR_PREFIX_MAX_CANDIDATES];
+        int nc = kvr_prefix_lookup(r->prefix, P, (int)nP, ids, lens, KVR_PREFIX_MAX_CANDIDATES);
+        for (int i = 0; i < nc && !have; i++) {
+            have = take_if_prefix(r, ids[i], P, (int)nP, &n_ledger, why, sizeof why) > 0;
+            if (have) snprintf(u->sid, sizeof u->sid, "%s", ids[i]);
+        }
+        if (!have) {
+            new_id(u->sid, sizeof u->sid);
+            n_ledger = 0;
+            kvl_status cs = kvr_ledger_session_create(r->ledger, u->sid, "", kvr_wall_now());
+            if (!cs) cs = kvr_router_busy_take(r, u->sid);   /* max_busy_sessions: 503 */
+            if (cs) {
+                turn_error(cs, err);
+                free(P);
+                return -1;
+            }
+            have = 1;
+        }
+    }
+    int n_user = (int)nP - n_ledger;
+    int rc = 0;
+    if (n_user > r->cfg->max_input_tokens) {
+        kvr_oai_set_error(err, 400, "invalid_request_error", q->chat ? "messages" : "prompt",
+                          "context_length_exceeded", "this request adds %d tokens to the session, at most "
+                          "%ld per turn (max_input_tokens)", n_user, r->cfg->max_input_tokens);
+        kvr_router_busy_release(r, u->sid);
+        free(P);
+        return -1;
+    }
+    /* end-of-turn ids: EOS, and the chat template's end-of-message token */
+    int32_t stop_ids[1], eot = -1;
+    int n_stop = 0;
+    if (q->chat) {   /* the same rule as a gRPC Send with chat set */
+        kvl_chat_format f = kvl_tokenizer_chat_format(r->tok);
+        eot = kvl_tokenizer_token_id(r->tok, f == KVL_CHAT_LLAMA3 ? "<|eot_id|>" : "<|im_end|>");
+        if (eot >= 0 && !q->ignore_eos) stop_ids[n_stop++] = eot;
+    }
+    unsigned max_tokens = q->max_tokens ? (unsigned)q->max_tokens : (unsigned)r->cfg->default_max_tokens;
+    kvr_turn_req tr = {.sid = u->sid, .user = P + n_ledger, .n_user = n_user, .max_tokens = max_tokens,
+                       .temperature = q->temperature, .top_k = q->top_k,
+                       .top_p = q->top_p < 1 ? q->top_p : 0, .seed = q->seed,
+                       .stop_at_eos = !q->ignore_eos, .stop_ids = stop_ids, .n_stop = n_stop,
+                       .has_end_token = eot >= 0, .end_token = eot,
+                       .model = q->model};
+    kvr_turn_out o;
+    emit_ctx e = {.r = r, .q = q, .sink = sink, .run = u, .out = &o, .cap_gen = (int)max_tokens};
+    for (int i = 0; i < q->n_stop; i++) {
+        size_t l = strlen(q->stop[i]);
+        if (l - 1 > e.hold) e.hold = l - 1;
+    }
+    e.piece_cap = kvl_detok_push_capacity(r->tok);
+    e.piece = malloc(e.piece_cap + 1);
+    e.gen = malloc(sizeof(int32_t) * (max_tokens + 1));
+    kvl_status s = e.piece && e.gen ? kvl_detok_create(r->tok, &e.dt) : kvl__errorf(KVL_ERR_NOMEM, "request");
+    if (!s) s = text_append(u, "", 0) ? kvl__errorf(KVL_ERR_NOMEM, "request") : KVL_OK;
+    if (!s) s = kvr_turn_run(r, &tr, on_token, &e, &o);
+    if (!s) {
+        if (!e.stopped) {   /* what the detokenizer and the stop check held back */
+            size_t n = 0;
+            if (kvl_detok_flush(e.dt, e.piece, e.piece_cap, &n) == KVL_OK && n) text_append(u, e.piece, n);
+            if (q->n_stop && check_stop(&e)) e.stopped = 1;
+            sink_text(&e, u->len);
+        }
+        if (!e.started) fill_result(&e);
+        u->res.completion_tokens = e.n_gen;
+        const char *fr = o.finish_reason;
+        snprintf(u->finish, sizeof u->finish, "%s",
+                 e.stopped || !strcmp(fr, "eos") || !strcmp(fr, "stop") ? "stop" : "length");
+        /* the ledger now holds P and the generated ids: index it for the next request */
+        int nl = (int)nP + e.n_gen;
+        int32_t *led = malloc(sizeof(int32_t) * (size_t)nl);
+        if (led) {
+            memcpy(led, P, sizeof(int32_t) * nP);
+            memcpy(led + nP, e.gen, sizeof(int32_t) * (size_t)e.n_gen);
+            kvr_prefix_insert(r->prefix, u->sid, led, nl);
+            free(led);
+        }
+        kvl__svc_log("info", "msg=openai_turn session=%s turn=%u model=%s node=%s mode=%s prompt=%d "
+                     "cached=%d input=%d tokens=%d ttft_ms=%.2f finish=%s", u->sid, o.turn, o.model,
+                     o.node, mode_str(o.mode), u->res.prompt_tokens, u->res.cached_tokens, n_user, e.n_gen,
+                     o.ttft_s * 1e3, u->finish);
+    } else {
+        turn_error(s, err);
+        rc = -1;
+    }
+    kvr_router_busy_release(r, u->sid);
+    kvl_detok_free(e.dt);
+    free(e.piece);
+    free(e.gen);
+    free(P);
+    return rc;
+}
+
+void kvr_oai_run_clear(kvr_oai_run *u) {
+    free(u->text);
+    memset(u, 0, sizeof *u);
+}

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""tests/router/test_python_package.py: the installable Python client (clients/python).
+
+  1. its generated stubs (kvlingo/v1/) are what generate_stubs.py makes from proto/ now;
+  2. `pip install` of a copy of clients/python into the test venv ($KVL_PYTHON or build/venv)
+     works, and the installed package (module and the kvlingo-client command) talks to a real
+     kvld + kvlingo-router on loopback: the same greedy tokens as the repository's client.
+usage: test_python_package.py --build BUILD_DIR --work WORK_DIR
+"""
+import argparse
+import filecmp
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rtest  # noqa: E402
+from rtest import check  # noqa: E402
+
+PKG = os.path.join(rtest.SRC, "clients", "python")
+
+
+def venv_python():
+    for cand in (os.environ.get("KVL_PYTHON"), os.path.join(rtest.SRC, "build", "venv", "bin", "python")):
+        if cand and os.path.exists(cand) and subprocess.run(
+                [cand, "-c", "import grpc_tools, grpc, google.protobuf, pip"],
+                capture_output=True).returncode == 0:
+            return cand
+    return None
+
+
+USE = r"""
+import json, sys
+from kvlingo_client import RouterClient
+c = RouterClient(sys.argv[1])
+sid = c.create_session()
+ids, text, s = c.send_all(sid, "Once upon a time", max_tokens=6, ignore_eos=True)
+print(json.dumps({"ids": ids, "text": text, "model": s.model, "n": s.n_generated,
+                  "closed": c.close_session(sid)}))
+"""
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--work", required=True)
+    a = ap.parse_args()
+    py = venv_python()
+    if not py:
+        print("SKIP: no Python with grpcio-tools, grpcio, protobuf and pip (scripts/test.sh installs "
+              "them into build/venv; or set KVL_PYTHON)")
+        return 77
+    shutil.rmtree(a.work, ignore_errors=True)
+    os.makedirs(a.work)
+    # 1. the committed stubs are current
+    gen = os.path.join(a.work, "gen")
+    subprocess.run([py, os.path.join(PKG, "generate_stubs.py"), gen], check=True)
+    names = sorted(f for f in os.listdir(os.path.join(gen, "kvlingo", "v1")) if f.endswith(".py"))
+    _, mismatch, missing = filecmp.cmpfiles(os.path.join(gen, "kvlingo", "v1"),
+                                            os.path.join(PKG, "kvlingo", "v1"), names, shallow=False)
+    check(not mismatch and not missing, "clients/python/kvlingo/v1 is out of date with proto/ (%s): run "
+          "python clients/python/generate_stubs.py" % ", ".join(mismatch + missing))
+    print("  ok: %d stub files match proto/" % len(names))
+    # 2. install a copy (the build writes into the folder it builds) and use it
+    src = os.path.join(a.work, "src")
+    shutil.copytree(PKG, src)
+    p = subprocess.run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-build-isolation",
+                        "--force-reinstall", "--no-deps", src], capture_output=True, text=True)
+    check(p.returncode == 0, "pip install clients/python: %s" % p.stderr[-2000:])
+    p = subprocess.run([py, "-m", "pip", "check"], capture_output=True, text=True)
+    check(p.returncode == 0, "pip check: %s" % (p.stdout + p.stderr)[-2000:])
+    print("  ok: pip install ./clients/python")
+    fleet = rtest.Fleet(a.build, os.path.join(a.work, "fleet"), models=("qwen3-a",), translators=False,
+                        policy={"name": "pinned", "default_model": "qwen3-a"})
+    try:
+        p = subprocess.run([py, "-c", USE, fleet.addr], capture_output=True, text=True, cwd=a.work, timeout=120)
+        check(p.returncode == 0, "kvlingo_client: %s" % p.stderr[-2000:])
+        got = json.loads(p.stdout)
+        c = fleet.client()
+        sid = c.create_session()
+        ids, text, s = c.send_all(sid, "Once upon a time", max_tokens=6, ignore_eos=True)
+        check(got["ids"] == ids and got["text"] == text and got["n"] == 6 and got["model"] == "qwen3-a" and
+              got["closed"], "installed client %r vs repository client %r" % (got, (ids, text)))
+        print("  ok: the installed client: %r" % got["text"])
+        cli = os.path.join(os.path.dirname(py), "kvlingo-client")
+        p = subprocess.run([cli, "--router", fleet.addr, "--max-tokens", "3", "Hello"], capture_output=True,
+                           text=True, timeout=120)
+        check(p.returncode == 0 and "turn 0: qwen3-a on a0" in p.stdout, "kvlingo-client: %r %r" % (p.stdout, p.stderr))
+        p = subprocess.run([cli, "--router", fleet.addr, "--list-nodes"], capture_output=True, text=True, timeout=60)
+        check(p.returncode == 0 and "qwen3-a" in p.stdout, "kvlingo-client --list-nodes: %r" % p.stderr)
+        p = subprocess.run([cli, "--router", fleet.addr, "--session", "nope", "x"], capture_output=True, text=True,
+                           timeout=60)
+        check(p.returncode == 1 and "NOT_FOUND" in p.stderr, "unknown session: %r" % p.stderr)
+        print("  ok: the kvlingo-client command")
+    finally:
+        fleet.stop()
+    print("PASS")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
