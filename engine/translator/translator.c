@@ -371,19 +371,42 @@ kvl_status kvl_translator_load(const char *path, kvl_translator **out) {
 
 /* ---- import of the plain layout ------------------------------------------------------------ */
 
-/* "0,1,2", "[0, 1, 2]" or " 0 1 2": Lt source layers in [0, Ls). */
-static kvl_status parse_plain_layer_map(const char *path, const char *v, int Ls, int Lt, int *map) {
+/* One source layer per target layer ("0,1,2", "[0, 1, 2]", " 0 1 2") or several: "[[0, 1], [1, 2]]"
+ * or "0+1,1+2" (every entry the same number of taps, ascending).  map: [Lt][KVL_TR_PLAIN_TAPS_MAX];
+ * *taps receives the count. */
+#define KVL_TR_PLAIN_TAPS_MAX 64
+static kvl_status parse_plain_layer_map(const char *path, const char *v, int Ls, int Lt, int *map,
+                                        int *taps) {
     const char *p = v;
-    while (*p == ' ' || *p == '[') p++;
+    *taps = 0;
+    while (*p == ' ') p++;
+    int outer = *p == '[';
+    if (outer) p++;
     for (int l = 0; l < Lt; l++) {
-        char *end;
-        long x = strtol(p, &end, 10);
-        if (end == p || x < 0 || x >= Ls)
-            return kvl__errorf(KVL_ERR_FORMAT, "%s: metadata 'layer_map' = \"%s\": entry %d is not a "
-                              "source layer in [0, %d) (the target has %d layers)", path, v, l, Ls, Lt);
-        map[l] = (int)x;
-        p = end;
         while (*p == ' ' || *p == ',') p++;
+        int nested = *p == '[', k = 0;
+        if (nested) p++;
+        for (;;) {
+            while (*p == ' ' || (nested && *p == ',')) p++;
+            if (nested && *p == ']') { p++; break; }
+            char *end;
+            long x = strtol(p, &end, 10);
+            if (end == p || x < 0 || x >= Ls || k >= KVL_TR_PLAIN_TAPS_MAX ||
+                (k && x <= map[l * KVL_TR_PLAIN_TAPS_MAX + k - 1]))
+                return kvl__errorf(KVL_ERR_FORMAT, "%s: metadata 'layer_map' = \"%s\": entry %d is not a "
+                                  "list of ascending source layers in [0, %d) (the target has %d layers)",
+                                  path, v, l, Ls, Lt);
+            map[l * KVL_TR_PLAIN_TAPS_MAX + k++] = (int)x;
+            p = end;
+            while (*p == ' ') p++;
+            if (!nested && *p == '+') { p++; continue; }
+            if (!nested) break;
+        }
+        if (*taps == 0) *taps = k;
+        if (k != *taps)
+            return kvl__errorf(KVL_ERR_FORMAT, "%s: metadata 'layer_map' = \"%s\": entry %d has %d source "
+                              "layers, entry 0 has %d (every target layer reads the same number)",
+                              path, v, l, k, *taps);
     }
     while (*p == ' ' || *p == ']') p++;
     if (*p)
@@ -400,7 +423,7 @@ kvl_status kvl_translator_import_plain(const char *path, const kvl_model *src, c
     kvl_status s = kvl_safetensors_open(path, &st);
     if (s != KVL_OK) return s;
     const kvl_model_config *a = kvl_model_config_get(src), *b = kvl_model_config_get(dst);
-    int *map = calloc((size_t)b->n_layers, sizeof(int));
+    int *map = calloc((size_t)b->n_layers * KVL_TR_PLAIN_TAPS_MAX, sizeof(int)), taps = 1;
     kvl_translator *tr = NULL;
     const char *mv = kvl_safetensors_metadata(st, "layer_map");
     if (!map) s = kvl__errorf(KVL_ERR_NOMEM, "out of memory");
@@ -411,7 +434,9 @@ kvl_status kvl_translator_import_plain(const char *path, const kvl_model *src, c
         s = kvl__errorf(KVL_ERR_FORMAT, "%s: metadata key 'layer_map' is missing (the plain layout names "
                        "the source layer of each of the target's %d layers)", path, b->n_layers);
     else
-        s = parse_plain_layer_map(path, mv, a->n_layers, b->n_layers, map);
+        s = parse_plain_layer_map(path, mv, a->n_layers, b->n_layers, map, &taps);
+    for (int l = 0; s == KVL_OK && l < b->n_layers; l++)   /* compact [Lt][MAX] to [Lt][taps] */
+        memmove(map + (size_t)l * taps, map + (size_t)l * KVL_TR_PLAIN_TAPS_MAX, sizeof(int) * (size_t)taps);
     for (int l = 0; s == KVL_OK && l < b->n_layers + 1; l++) {   /* no tensor past the target's depth */
         char name[64];
         snprintf(name, sizeof name, "layers.%d.k.weight", l);
@@ -421,7 +446,7 @@ kvl_status kvl_translator_import_plain(const char *path, const kvl_model *src, c
     }
     /* k_norm comes from the target model (kvl_translator_create copies it); the maps from the file,
      * each checked against [Ht*Dt, Hs*Ds] of the two models */
-    if (s == KVL_OK) s = kvl_translator_create(src, dst, map, &tr);
+    if (s == KVL_OK) s = kvl_translator_create_taps(src, dst, taps, map, &tr);
     for (int l = 0; s == KVL_OK && l < b->n_layers; l++) {
         char name[64];
         snprintf(name, sizeof name, "layers.%d.k.weight", l);

@@ -41,8 +41,9 @@ kvl_status kvl_translator_load(const char *path, kvl_translator **out);
 void kvl_translator_free(kvl_translator *tr);
 
 /* Import a translator in the plain layout other tools write: tensors `layers.{l}.k.weight` and
- * `layers.{l}.v.weight` ([Ht*Dt, Hs*Ds], F32/BF16/F16) for each target layer, metadata
- * `layer_map` ("0,1,2" or "[0, 1, 2]", one source layer per target layer) and no `format` key.
+ * `layers.{l}.v.weight` ([Ht*Dt, T*Hs*Ds], F32/BF16/F16) for each target layer, metadata
+ * `layer_map` ("0,1,2" or "[0, 1, 2]": one source layer per target layer; "[[0, 1], [1, 2]]" or
+ * "0+1,1+2": T ascending source layers per target layer, the same T for all) and no `format` key.
  * The geometry is checked against `src` and `dst` (KVL_ERR_MISMATCH naming the tensor), the
  * target's k_norm is taken from `dst`, and the identity metadata of both models is written, so
  * kvl_translator_save gives a kvlingo translator file.  Free with kvl_translator_free. */

@@ -16,7 +16,9 @@ import json, struct, sys
 src, dst = sys.argv[1], sys.argv[2]
 b = open(src, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); data = b[8 + n:]
 meta = h.pop("__metadata__")
-lm = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] else "[" + ", ".join(meta["layer_map"].split(",")) + "]"
+# one tap: "[0, 1, 2]"; several (a kvlingo "0+1,1+2"): nested lists "[[0, 1], [1, 2]]"
+lm = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] else "[" + ", ".join(
+    ("[" + ", ".join(e.split("+")) + "]") if "+" in e else e for e in meta["layer_map"].split(",")) + "]"
 out_meta = {"layer_map": lm}
 if len(sys.argv) > 4: out_meta[sys.argv[4]] = "x"
 keep = {k: v for k, v in h.items() if k.endswith(".k.weight") or k.endswith(".v.weight")}
@@ -55,6 +57,9 @@ out=$("$KVL" translator import --layout plain --in "$P" --source "$SRC/models/qw
 plain "$SRC/models/translators/qwen3-a_to_qwen3-b.safetensors" "$T/short.safetensors" "0,1,2"
 out=$("$KVL" translator import --layout plain --in "$T/short.safetensors" --source "$SRC/models/qwen3-a" --target "$SRC/models/qwen3-b" --out "$T/x.safetensors" 2>&1); rc=$?
 [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -q "layer_map" <<<"$out" && ok "short layer_map refused" || bad "short layer_map: $out"
+plain "$SRC/models/translators/qwen3-a_to_qwen2-c.safetensors" "$T/uneven.safetensors" "[[0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2]]"
+out=$("$KVL" translator import --layout plain --in "$T/uneven.safetensors" --source "$SRC/models/qwen3-a" --target "$SRC/models/qwen2-c" --out "$T/x.safetensors" 2>&1); rc=$?
+[ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -q "entry 4 has 3 source layers" <<<"$out" && ok "uneven multi-layer map refused" || bad "uneven taps: $out"
 plain "$SRC/models/translators/qwen3-a_to_qwen3-b.safetensors" "$T/fmt.safetensors" "" format
 out=$("$KVL" translator import --layout plain --in "$T/fmt.safetensors" --source "$SRC/models/qwen3-a" --target "$SRC/models/qwen3-b" --out "$T/x.safetensors" 2>&1); rc=$?
 [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -q "'format'" <<<"$out" && ok "format key refused" || bad "format key: $out"
