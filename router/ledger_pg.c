@@ -60,7 +60,7 @@ static const char *pq_msg(pg *p, const PGresult *r) {
     snprintf(buf, sizeof buf, "%s", m && m[0] ? m : "unknown error");
     size_t n = strlen(buf);
     while (n && (buf[n - 1] == '\n' || buf[n - 1] == ' ')) buf[--n] = 0;
-    for (char *c = buf; *c; c++) if (*c == '\n') *c = ' ';
+    for (char *c = buf; *c; c++) if (*c == '\n' || *c == '\t') *c = ' ';
     return buf;
 }
 
