@@ -94,9 +94,20 @@ static kvl_status parse_nodes(kvl__svc_yaml *y, kvr_config *c, yaml_node_t *seq)
 }
 
 /* `ledger:` is a PostgreSQL URI (kept as given), "sqlite:PATH" or a plain path (both resolved
- * relative to the file, like every path of the file). */
+ * relative to the file, like every path of the file), or env:NAME holding one of those. */
 static kvl_status ledger_value(const char *file, int line, const char *v, char **out) {
     if (!v[0]) return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key 'ledger' is empty", file, line);
+    /* env:NAME: the connection string comes from the environment (a Kubernetes Secret), so
+     * that a database password never sits in the configuration file */
+    if (!strncmp(v, "env:", 4)) {
+        const char *name = v + 4, *e = name[0] ? getenv(name) : NULL;
+        if (!e || !e[0])
+            return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key 'ledger': environment variable '%.64s' "
+                              "(ledger: %.80s) is %s", file, line, name, v, name[0] ? "not set or empty" : "not named");
+        if (!strncmp(e, "env:", 4))
+            return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key 'ledger': '%s' names another variable", file, line, name);
+        v = e;
+    }
     if (!strncmp(v, "postgresql://", 13) || !strncmp(v, "postgres://", 11)) *out = strdup(v);
     else if (!strncmp(v, "sqlite:", 7)) {
         const char *path = v + 7;

@@ -6,7 +6,8 @@
  *   metrics: 127.0.0.1:7001         # /metrics and /healthz (optional; absent = off)
  *   ledger: router.db               # SQLite file (relative paths are relative to this file),
  *                                   # sqlite:PATH, or postgresql://user:pw@host:5432/db (libpq
- *                                   # URI: any number of replicas share one such ledger)
+ *                                   # URI: any number of replicas share one such ledger), or
+ *                                   # env:NAME: one of those from environment variable NAME
  *   replica_id: r1                  # this router's name in session leases (default
  *                                   # hostname:listen-port; unique per replica)
  *   lease_ms: 10000                 # a session's lease while a turn runs (renewed every third)
