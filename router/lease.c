@@ -15,6 +15,7 @@ typedef struct held {
     char id[KVR_ID_MAX];
     int64_t gen;
     int lost;
+    char why[200];             /* the keeper's copy: the failed renewal's message             */
 } held;
 
 struct kvr_leases {
@@ -26,6 +27,7 @@ struct kvr_leases {
     pthread_t thread;
     int started, stop;
     held *tab;
+    held *snap;                /* the keeper's copy of tab, renewed outside the lock          */
     int n, max;
     long renew_failures;
 };
@@ -38,7 +40,7 @@ static double wall_now(void) {
 
 static void *keeper(void *arg) {
     kvr_leases *k = arg;
-    held *snap = malloc(sizeof *snap * (size_t)k->max);
+    held *snap = k->snap;
     pthread_mutex_lock(&k->mu);
     while (!k->stop) {
         struct timespec until;
@@ -50,29 +52,29 @@ static void *keeper(void *arg) {
         while (!k->stop && pthread_cond_timedwait(&k->cv, &k->mu, &until) != ETIMEDOUT) {}
         if (k->stop) break;
         int n = 0;
-        if (snap) {
-            for (int i = 0; i < k->n; i++) if (!k->tab[i].lost && k->tab[i].gen > 0) snap[n++] = k->tab[i];
-        }
+        for (int i = 0; i < k->n; i++) if (!k->tab[i].lost && k->tab[i].gen > 0) snap[n++] = k->tab[i];
         pthread_mutex_unlock(&k->mu);
         /* renewals outside the lock: a slow ledger must not stall the turns registering */
         for (int i = 0; i < n; i++) {
             kvl_status s = kvr_ledger_lease_renew(k->ledger, snap[i].id, k->owner, snap[i].gen,
                                                   wall_now(), k->ttl_s);
             snap[i].lost = s == KVL_ERR_MISMATCH ? 1 : s ? -1 : 0;
-            if (s)
-                kvl__svc_log_text("warn", "session %s: lease renewal failed: %s", snap[i].id, kvl_last_error());
+            if (s) snprintf(snap[i].why, sizeof snap[i].why, "%s", kvl_last_error());
         }
         pthread_mutex_lock(&k->mu);
         for (int i = 0; i < n; i++) {
             if (!snap[i].lost) continue;
+            /* a turn that ended (and released) while the renewal was on its way is no failure */
+            held *h = NULL;
+            for (int j = 0; j < k->n && !h; j++)
+                if (!strcmp(k->tab[j].id, snap[i].id) && k->tab[j].gen == snap[i].gen) h = &k->tab[j];
+            if (!h) continue;
             k->renew_failures++;
-            if (snap[i].lost < 0) continue;   /* the ledger is away: try again next period */
-            for (int j = 0; j < k->n; j++)
-                if (!strcmp(k->tab[j].id, snap[i].id) && k->tab[j].gen == snap[i].gen) k->tab[j].lost = 1;
+            kvl__svc_log_text("warn", "session %s: lease renewal failed: %s", snap[i].id, snap[i].why);
+            if (snap[i].lost > 0) h->lost = 1;   /* < 0: the ledger is away, try again next period */
         }
     }
     pthread_mutex_unlock(&k->mu);
-    free(snap);
     return NULL;
 }
 
@@ -85,7 +87,13 @@ kvl_status kvr_leases_create(kvr_ledger *ledger, const char *owner, double ttl_s
     kvr_leases *k = calloc(1, sizeof *k);
     if (!k) return kvl__errorf(KVL_ERR_NOMEM, "leases: out of memory");
     k->tab = calloc((size_t)max, sizeof *k->tab);
-    if (!k->tab) { free(k); return kvl__errorf(KVL_ERR_NOMEM, "leases: out of memory"); }
+    k->snap = calloc((size_t)max, sizeof *k->snap);
+    if (!k->tab || !k->snap) {
+        free(k->tab);
+        free(k->snap);
+        free(k);
+        return kvl__errorf(KVL_ERR_NOMEM, "leases: out of memory");
+    }
     k->ledger = ledger;
     k->ttl_s = ttl_s;
     k->max = max;
@@ -113,6 +121,7 @@ void kvr_leases_free(kvr_leases *k) {
     pthread_cond_destroy(&k->cv);
     pthread_mutex_destroy(&k->mu);
     free(k->tab);
+    free(k->snap);
     free(k);
 }
 

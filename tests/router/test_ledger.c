@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -20,6 +21,7 @@
 #include <libpq-fe.h>
 #endif
 
+#include "lease.h"
 #include "ledger.h"
 
 static char g_path[512];
@@ -411,6 +413,40 @@ static void test_request_id(void **state) {
     kvr_turn_found_clear(&f);
 }
 
+static double wall(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The keeper renews a held lease past its first expiry; dropping it releases it. */
+static void test_lease_keeper(void **state) {
+    kvr_ledger *l = *state;
+    assert_int_equal(kvr_ledger_session_create(l, "kp", "", wall()), KVL_OK);
+    kvr_leases *k = NULL;
+    assert_int_equal(kvr_leases_create(l, "ra", 0.3, 4, &k), KVL_OK);
+    assert_int_equal(kvr_leases_add(k, "kp"), KVL_OK);
+    assert_int_equal(kvr_leases_add(k, "kp"), KVL_ERR_MISMATCH);   /* this replica drives it already */
+    kvr_lease le, other;
+    assert_int_equal(kvr_ledger_lease_acquire(l, "kp", "ra", wall(), 0.3, &le), KVL_OK);
+    kvr_leases_bind(k, "kp", le.gen);
+    assert_int_equal(kvr_leases_held(k), 1);
+    struct timespec d = {.tv_sec = 0, .tv_nsec = 900 * 1000 * 1000};
+    nanosleep(&d, NULL);     /* three lease times */
+    assert_int_equal(kvr_ledger_lease_acquire(l, "kp", "rb", wall(), 0.3, &other), KVL_ERR_MISMATCH);
+    assert_int_equal(kvr_leases_drop(k, "kp"), 0);
+    assert_int_equal(kvr_leases_held(k), 0);
+    assert_int_equal(kvr_ledger_lease_acquire(l, "kp", "rb", wall(), 0.3, &other), KVL_OK);
+    assert_int_equal(other.took_over, 0);   /* released, not expired */
+    /* rb holds it now: ra's keeper finds the lease lost at its next renewal */
+    assert_int_equal(kvr_leases_add(k, "kp"), KVL_OK);
+    kvr_leases_bind(k, "kp", le.gen);
+    nanosleep(&d, NULL);
+    assert_int_equal(kvr_leases_drop(k, "kp"), 1);
+    assert_true(kvr_leases_renew_failures(k) >= 1);
+    kvr_leases_free(k);
+}
+
 int main(void) {
     const char *env = getenv("KVR_TEST_LEDGER");
     if (env && env[0]) {
@@ -436,6 +472,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_lease, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lease_race, setup, teardown),
         cmocka_unit_test_setup_teardown(test_request_id, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lease_keeper, setup, teardown),
         cmocka_unit_test(test_bad_path),
         cmocka_unit_test(test_shown),
     };
