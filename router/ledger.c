@@ -25,9 +25,12 @@ void kvr_ledger_shown(const char *conn, char *buf, size_t cap) {
     if (!cap) return;
     if (!conn) { buf[0] = 0; return; }
     const char *scheme = strstr(conn, "://");
-    const char *at = scheme ? strchr(scheme + 3, '@') : NULL;
     const char *slash = scheme ? strchr(scheme + 3, '/') : NULL;
-    if (at && (!slash || at < slash)) {
+    /* the last '@' before the path: a password may contain '@' itself */
+    const char *at = NULL;
+    for (const char *c = scheme ? scheme + 3 : NULL; c && *c && (!slash || c < slash); c++)
+        if (*c == '@') at = c;
+    if (at) {
         /* user:password@host -> user:***@host; the query string may carry a password too */
         const char *colon = memchr(scheme + 3, ':', (size_t)(at - (scheme + 3)));
         if (colon)

@@ -203,6 +203,8 @@ static void test_shown(void **state) {
     char b[200];
     kvr_ledger_shown("postgresql://u:pw@h:5432/db", b, sizeof b);
     assert_string_equal(b, "postgresql://u:***@h:5432/db");
+    kvr_ledger_shown("postgresql://u:p@ss@h/db", b, sizeof b);
+    assert_string_equal(b, "postgresql://u:***@h/db");
     kvr_ledger_shown("postgres://h/db?password=pw&x=1", b, sizeof b);
     assert_null(strstr(b, "pw&"));
     kvr_ledger_shown("/var/lib/r.db", b, sizeof b);
