@@ -7,6 +7,7 @@
 #include "ledger_backend.h"
 
 #include <arpa/inet.h>
+#include <endian.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -17,13 +18,18 @@
 
 #include "error.h"
 
-#define MAX_PARAMS 16
+#define MAX_PARAMS 32
+#define MAX_PREPARED 32
 
 typedef struct pg {
     PGconn *conn;
     char *uri;
     pthread_mutex_t mu;
     int in_tx;                 /* between BEGIN and COMMIT/ROLLBACK                          */
+    /* statements prepared on this connection (by the address of their static text): each is
+     * planned once per connection, not once per call */
+    const char *prepared[MAX_PREPARED];
+    int n_prepared;
     char shown[256];
 } pg;
 
@@ -72,6 +78,7 @@ static kvl_status conn_err(pg *p, const char *what, const PGresult *r) {
 static kvl_status ensure(pg *p) {
     if (p->conn && PQstatus(p->conn) == CONNECTION_OK) return KVL_OK;
     p->in_tx = 0;
+    p->n_prepared = 0;         /* a new server session has none */
     if (p->conn) PQreset(p->conn);
     else {
         /* defaults first: the URI's own settings win */
@@ -82,6 +89,27 @@ static kvl_status ensure(pg *p) {
     }
     if (PQstatus(p->conn) != CONNECTION_OK) return conn_err(p, "connect", NULL);
     return KVL_OK;
+}
+
+/* PQexecParams through a statement prepared once per connection (named by its slot). */
+static PGresult *exec(pg *p, const char *sql, int n, const char *const *vals, const int *lens,
+                      const int *fmts, int binary_out) {
+    int slot = -1;
+    for (int i = 0; i < p->n_prepared && slot < 0; i++)
+        if (p->prepared[i] == sql) slot = i;
+    char name[16];
+    if (slot < 0 && p->n_prepared < MAX_PREPARED) {
+        snprintf(name, sizeof name, "kvr%d", p->n_prepared);
+        PGresult *pr = PQprepare(p->conn, name, sql, n, NULL);
+        int ok = pr && PQresultStatus(pr) == PGRES_COMMAND_OK;
+        PQclear(pr);
+        if (!ok) return PQexecParams(p->conn, sql, n, NULL, vals, lens, fmts, binary_out);
+        slot = p->n_prepared;
+        p->prepared[p->n_prepared++] = sql;
+    }
+    if (slot < 0) return PQexecParams(p->conn, sql, n, NULL, vals, lens, fmts, binary_out);
+    snprintf(name, sizeof name, "kvr%d", slot);
+    return PQexecPrepared(p->conn, name, n, vals, lens, fmts, binary_out);
 }
 
 /* Run `sql` with parameters from `fmt`: 't' text, 'i' long long, 'd' double, 'b' bytea
@@ -117,15 +145,17 @@ static kvl_status run(pg *p, const char *what, PGresult **out, char *sqlstate, i
         }
     }
     va_end(ap);
-    PGresult *r = PQexecParams(p->conn, sql, n, NULL, vals, lens, fmts, binary_out);
+    PGresult *r = exec(p, sql, n, vals, lens, fmts, binary_out);
     /* a connection the server closed (it restarted) is only seen broken by the next statement:
      * a read outside a transaction is safe to send again once on a fresh connection */
-    if (r && PQresultStatus(r) == PGRES_FATAL_ERROR && PQstatus(p->conn) == CONNECTION_BAD &&
-        !p->in_tx && !strncmp(sql, "SELECT", 6) && !ensure(p)) {
+    if ((!r || PQresultStatus(r) == PGRES_FATAL_ERROR) && PQstatus(p->conn) == CONNECTION_BAD &&
+        !p->in_tx && (!strncmp(sql, "SELECT", 6) || !strncmp(sql, "WITH cur", 8)) && !ensure(p)) {
         PQclear(r);
-        r = PQexecParams(p->conn, sql, n, NULL, vals, lens, fmts, binary_out);
+        r = exec(p, sql, n, vals, lens, fmts, binary_out);
     }
-    if (!r) return kvl__errorf(KVL_ERR_NOMEM, "ledger %s: %s: out of memory", p->shown, what);
+    /* libpq answers NULL when it could not even send the statement (the connection is gone),
+     * rarely for memory */
+    if (!r) return conn_err(p, what, NULL);
     ExecStatusType es = PQresultStatus(r);
     if (es == PGRES_COMMAND_OK || es == PGRES_TUPLES_OK) { *out = r; return KVL_OK; }
     const char *st = PQresultErrorField(r, PG_DIAG_SQLSTATE);
@@ -141,12 +171,12 @@ static kvl_status simple(pg *p, const char *what, const char *sql) {
     int begin = !strncmp(sql, "BEGIN", 5);
     PGresult *r = PQexec(p->conn, sql);
     /* as in run(): BEGIN on a connection the server closed is sent again once */
-    if (r && begin && PQresultStatus(r) == PGRES_FATAL_ERROR && PQstatus(p->conn) == CONNECTION_BAD &&
+    if (begin && (!r || PQresultStatus(r) == PGRES_FATAL_ERROR) && PQstatus(p->conn) == CONNECTION_BAD &&
         !ensure(p)) {
         PQclear(r);
         r = PQexec(p->conn, sql);
     }
-    if (!r) return kvl__errorf(KVL_ERR_NOMEM, "ledger %s: %s: out of memory", p->shown, what);
+    if (!r) return conn_err(p, what, NULL);
     ExecStatusType es = PQresultStatus(r);
     s = es == PGRES_COMMAND_OK || es == PGRES_TUPLES_OK ? KVL_OK : conn_err(p, what, r);
     PQclear(r);
@@ -257,152 +287,212 @@ static kvl_status pg_session_create(void *impl, const char *id, const char *mode
     return s;
 }
 
+/* Binary result columns (network order). */
+static int32_t bin_i32(PGresult *r, int col) {
+    uint32_t v = 0;
+    if (PQgetlength(r, 0, col) == 4) memcpy(&v, PQgetvalue(r, 0, col), 4);
+    return (int32_t)ntohl(v);
+}
+
+static double bin_f64(PGresult *r, int col) {
+    uint64_t v = 0;
+    double d = 0;
+    if (PQgetlength(r, 0, col) == 8) {
+        memcpy(&v, PQgetvalue(r, 0, col), 8);
+        v = be64toh(v);
+        memcpy(&d, &v, 8);
+    }
+    return d;
+}
+
+static void bin_text(PGresult *r, int col, char *dst, size_t cap) {
+    int n = PQgetisnull(r, 0, col) ? 0 : PQgetlength(r, 0, col);
+    if ((size_t)n >= cap) n = (int)cap - 1;
+    memcpy(dst, PQgetvalue(r, 0, col), (size_t)n);
+    dst[n] = 0;
+}
+
+/* The session, its holdings ("node<TAB>n" lines) and, with tokens, the chunk layout
+ * ("t0:bytes," in order) and the chunks concatenated: one statement, so one snapshot (a commit
+ * landing meanwhile cannot tear it) and one round trip. */
+static const char *k_load_sql =
+    "SELECT s.state, s.created, s.last_used, s.n_turns, s.n_tokens, s.current_node, s.model,"
+    " s.pol_level, s.pol_calm,"
+    " (SELECT coalesce(string_agg(h.node || chr(9) || h.n_tokens, chr(10) ORDER BY h.node), '')"
+    "  FROM holdings h WHERE h.session = s.id),"
+    " CASE WHEN $2 AND s.state = 0 THEN (SELECT coalesce(string_agg(c.t0 || ':' || length(c.ids), ','"
+    "  ORDER BY c.t0), '') FROM chunks c WHERE c.session = s.id) END,"
+    " CASE WHEN $2 AND s.state = 0 THEN (SELECT coalesce(string_agg(c.ids, ''::bytea ORDER BY c.t0),"
+    "  ''::bytea) FROM chunks c WHERE c.session = s.id) END"
+    " FROM sessions s WHERE s.id = $1";
+
 static kvl_status load_locked(pg *p, const char *id, int with_tokens, kvr_session *out) {
     PGresult *r = NULL;
-    kvl_status s = run(p, "load session", &r, NULL, 0,
-                       "SELECT state,created,last_used,n_turns,n_tokens,current_node,model,pol_level,"
-                       "pol_calm FROM sessions WHERE id=$1", "t", id);
+    kvl_status s = run(p, "load session", &r, NULL, 1, k_load_sql, "tt", id, with_tokens ? "true" : "false");
     if (s) return s;
-    if (PQntuples(r) != 1) { PQclear(r); return kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", id); }
+    if (PQntuples(r) != 1 || PQnfields(r) != 12) {
+        PQclear(r);
+        return kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", id);
+    }
     snprintf(out->id, sizeof out->id, "%s", id);
-    out->state = (kvr_session_state)int_col(r, 0, 0);
-    out->created = dbl_col(r, 0, 1);
-    out->last_used = dbl_col(r, 0, 2);
-    out->n_turns = (int)int_col(r, 0, 3);
-    out->n_tokens = (int)int_col(r, 0, 4);
-    text_col(r, 0, 5, out->current_node, sizeof out->current_node);
-    text_col(r, 0, 6, out->model, sizeof out->model);
-    out->pol_level = (int)int_col(r, 0, 7);
-    out->pol_calm = (int)int_col(r, 0, 8);
-    PQclear(r);
+    out->state = (kvr_session_state)bin_i32(r, 0);
+    out->created = bin_f64(r, 1);
+    out->last_used = bin_f64(r, 2);
+    out->n_turns = bin_i32(r, 3);
+    out->n_tokens = bin_i32(r, 4);
+    bin_text(r, 5, out->current_node, sizeof out->current_node);
+    bin_text(r, 6, out->model, sizeof out->model);
+    out->pol_level = bin_i32(r, 7);
+    out->pol_calm = bin_i32(r, 8);
     if (out->n_tokens < 0 || out->n_tokens > (1 << 28) || out->state < KVR_SESSION_OPEN ||
-        out->state > KVR_SESSION_EXPIRED)
+        out->state > KVR_SESSION_EXPIRED) {
+        PQclear(r);
         return kvl__errorf(KVL_ERR_FORMAT, "ledger %s: session '%s': state %d, %d tokens", p->shown, id,
                           (int)out->state, out->n_tokens);
-    if ((s = run(p, "load holdings", &r, NULL, 0,
-                 "SELECT node,n_tokens FROM holdings WHERE session=$1 ORDER BY node", "t", id)))
-        return s;
-    for (int i = 0; i < PQntuples(r) && out->n_holdings < KVR_MAX_HOLDINGS; i++) {
-        kvr_holding *h = &out->holdings[out->n_holdings++];
-        text_col(r, i, 0, h->node, sizeof h->node);
-        h->n_tokens = (int)int_col(r, i, 1);
     }
-    PQclear(r);
-    if (!with_tokens || out->state != KVR_SESSION_OPEN) return KVL_OK;
+    /* holdings: "node<TAB>count" lines (the value ends with the NUL libpq adds) */
+    for (const char *h = PQgetvalue(r, 0, 9); h && *h && out->n_holdings < KVR_MAX_HOLDINGS;) {
+        const char *tab = strchr(h, '\t');
+        if (!tab) break;
+        kvr_holding *hd = &out->holdings[out->n_holdings++];
+        snprintf(hd->node, sizeof hd->node, "%.*s", (int)(tab - h), h);
+        hd->n_tokens = (int)strtol(tab + 1, NULL, 10);
+        const char *nl = strchr(tab, '\n');
+        h = nl ? nl + 1 : NULL;
+    }
+    if (!with_tokens || out->state != KVR_SESSION_OPEN || PQgetisnull(r, 0, 10)) {
+        PQclear(r);
+        return KVL_OK;
+    }
     out->tokens = malloc(sizeof(int32_t) * (size_t)(out->n_tokens ? out->n_tokens : 1));
-    if (!out->tokens) return kvl__errorf(KVL_ERR_NOMEM, "ledger: %d tokens", out->n_tokens);
-    if ((s = run(p, "load tokens", &r, NULL, 1,
-                 "SELECT t0::int4, ids FROM chunks WHERE session=$1 ORDER BY t0", "t", id)))
-        return s;
+    if (!out->tokens) { PQclear(r); return kvl__errorf(KVL_ERR_NOMEM, "ledger: %d tokens", out->n_tokens); }
+    /* chunks must tile [0, n_tokens) exactly: anything else is a corrupt ledger */
     int have = 0;
-    for (int i = 0; !s && i < PQntuples(r); i++) {
-        uint32_t be = 0;
-        if (PQgetlength(r, i, 0) == 4) memcpy(&be, PQgetvalue(r, i, 0), 4);
-        int t0 = (int)ntohl(be);
-        int bytes = PQgetlength(r, i, 1);
-        int n = bytes / 4;
-        /* chunks must tile [0, n_tokens) exactly: anything else is a corrupt ledger */
-        if (t0 != have || bytes % 4 || have + n > out->n_tokens) {
-            s = kvl__errorf(KVL_ERR_FORMAT, "ledger: session '%s': chunk at %d does not follow %d", id,
-                           t0, have);
-            break;
-        }
-        if (n) memcpy(out->tokens + have, PQgetvalue(r, i, 1), (size_t)bytes);
-        have += n;
+    for (const char *c = PQgetvalue(r, 0, 10); c && *c && !s;) {
+        char *end = NULL;
+        long t0 = strtol(c, &end, 10), bytes = end && *end == ':' ? strtol(end + 1, &end, 10) : -1;
+        if (t0 != have || bytes < 0 || bytes % 4 || have + bytes / 4 > out->n_tokens)
+            s = kvl__errorf(KVL_ERR_FORMAT, "ledger: session '%s': chunk at %ld does not follow %d", id, t0, have);
+        else
+            have += (int)(bytes / 4);
+        c = end && *end == ',' ? end + 1 : NULL;
     }
-    PQclear(r);
     if (!s && have != out->n_tokens)
-        s = kvl__errorf(KVL_ERR_FORMAT, "ledger: session '%s': %d tokens stored, %d expected", id,
-                       have, out->n_tokens);
+        s = kvl__errorf(KVL_ERR_FORMAT, "ledger: session '%s': %d tokens stored, %d expected", id, have,
+                       out->n_tokens);
+    if (!s && PQgetlength(r, 0, 11) != have * 4)
+        s = kvl__errorf(KVL_ERR_FORMAT, "ledger: session '%s': %d token bytes, %d expected", id,
+                       PQgetlength(r, 0, 11), have * 4);
+    if (!s && have) memcpy(out->tokens, PQgetvalue(r, 0, 11), (size_t)have * 4);
+    PQclear(r);
     return s;
 }
 
 static kvl_status pg_session_load(void *impl, const char *id, int with_tokens, kvr_session *out) {
     pg *p = impl;
     pthread_mutex_lock(&p->mu);
-    /* one snapshot: a commit landing between the reads must not tear the session */
-    kvl_status s = simple(p, "load begin", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
-    if (!s) {
-        s = load_locked(p, id, with_tokens, out);
-        if (s) rollback(p);
-        else s = simple(p, "load commit", "COMMIT");
-    }
+    kvl_status s = load_locked(p, id, with_tokens, out);
     pthread_mutex_unlock(&p->mu);
     return s;
 }
+
+/* A text[] literal of `n` names ({"a","b"}, quotes and backslashes escaped) into buf. */
+static int text_array(const kvr_holding *h, int n, char *buf, size_t cap) {
+    size_t o = 0;
+    buf[o++] = '{';
+    for (int i = 0; i < n; i++) {
+        if (h[i].n_tokens <= 0) continue;
+        if (o > 1) buf[o++] = ',';
+        buf[o++] = '"';
+        for (const char *c = h[i].node; *c; c++) {
+            if (o + 4 >= cap) return -1;
+            if (*c == '"' || *c == '\\') buf[o++] = '\\';
+            buf[o++] = *c;
+        }
+        if (o + 4 >= cap) return -1;
+        buf[o++] = '"';
+    }
+    buf[o++] = '}';
+    buf[o] = 0;
+    return 0;
+}
+
+/* The whole commit is one statement (atomic by itself, one round trip): the guarded UPDATE of
+ * the session (still open, the ledger length the turn started from, the lease still this
+ * turn's) gates every insert, so nothing lands when it matches no row; then the reason is
+ * read back for the message. */
+static const char *k_commit_sql =
+    "WITH s AS (UPDATE sessions SET n_tokens = $3 + $4, n_turns = n_turns + $5, current_node = $6,"
+    "  pol_level = $7, pol_calm = $8, last_used = $9"
+    "  WHERE id = $1 AND state = 0 AND n_tokens = $3 AND ($10 = '' OR (lease_owner = $10 AND lease_gen = $11))"
+    "  RETURNING id),"
+    " c AS (INSERT INTO chunks(session, t0, ids) SELECT id, $3::int, $2::bytea FROM s WHERE $4 > 0),"
+    " t AS (INSERT INTO turns(session, idx, node, model, mode, fallback, t0, n_user, n_gen, span, ttft,"
+    "  tps, entropy, at, request_id, finish)"
+    "  SELECT id, $12::int, $13::text, $14::text, $15::text, $16::text, $17::int, $18::int, $19::int,"
+    "  $20::int, $21::float8, $22::float8, $23::float8, $9::float8, $24::text, $25::text FROM s WHERE $5 = 1"
+    "  ON CONFLICT (session, idx) DO UPDATE SET node = EXCLUDED.node, model = EXCLUDED.model,"
+    "  mode = EXCLUDED.mode, fallback = EXCLUDED.fallback, t0 = EXCLUDED.t0, n_user = EXCLUDED.n_user,"
+    "  n_gen = EXCLUDED.n_gen, span = EXCLUDED.span, ttft = EXCLUDED.ttft, tps = EXCLUDED.tps,"
+    "  entropy = EXCLUDED.entropy, at = EXCLUDED.at, request_id = EXCLUDED.request_id,"
+    "  finish = EXCLUDED.finish),"
+    " d AS (DELETE FROM holdings WHERE session IN (SELECT id FROM s) AND NOT (node = ANY($26::text[]))),"
+    " h AS (INSERT INTO holdings(session, node, n_tokens)"
+    "  SELECT s.id, x.node, x.n FROM s, unnest($26::text[], $27::int[]) AS x(node, n)"
+    "  ON CONFLICT (session, node) DO UPDATE SET n_tokens = EXCLUDED.n_tokens)"
+    " SELECT count(*) FROM s";
 
 static kvl_status pg_turn_commit(void *impl, const kvr_ledger_commit *c) {
     pg *p = impl;
     const kvr_turn_rec *t = c->turn;
     const kvr_fence *f = t ? t->fence : NULL;
     const char *rid = f && f->request_id ? f->request_id : "";
+    char nodes[KVR_MAX_HOLDINGS * (KVR_NAME_MAX * 2 + 3) + 4], counts[KVR_MAX_HOLDINGS * 12 + 4];
+    if (text_array(c->holdings, c->n_holdings, nodes, sizeof nodes))
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "ledger: session '%s': holdings too long", c->id);
+    size_t o = 0;
+    counts[o++] = '{';
+    for (int i = 0; i < c->n_holdings; i++)
+        if (c->holdings[i].n_tokens > 0)
+            o += (size_t)snprintf(counts + o, sizeof counts - o, "%s%d", o > 1 ? "," : "", c->holdings[i].n_tokens);
+    snprintf(counts + o, sizeof counts - o, "}");
     pthread_mutex_lock(&p->mu);
-    kvl_status s = simple(p, "begin", "BEGIN");
-    if (s) { pthread_mutex_unlock(&p->mu); return s; }
     PGresult *r = NULL;
     char state[6];
-    /* the row lock orders this commit against a takeover's UPDATE of the lease */
-    s = run(p, "commit", &r, NULL, 0,
-            "SELECT n_tokens,state,lease_owner,lease_gen FROM sessions WHERE id=$1 FOR UPDATE", "t", c->id);
-    if (!s) {
-        if (PQntuples(r) != 1) s = kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", c->id);
-        else {
-            int have = (int)int_col(r, 0, 0), st = (int)int_col(r, 0, 1);
-            char owner[KVR_NAME_MAX];
-            text_col(r, 0, 2, owner, sizeof owner);
-            long long gen = int_col(r, 0, 3);
-            if (st != KVR_SESSION_OPEN) s = kvl__errorf(KVL_ERR_MISMATCH, "session '%s' is no longer open", c->id);
-            else if (f && (strcmp(owner, f->owner) || gen != f->gen)) s = kvr__ledger_lost(c->id, owner, gen, f->gen);
-            else if (have != c->t0)
-                s = kvl__errorf(KVL_ERR_MISMATCH, "ledger: session '%s' has %d tokens, turn starts at %d",
-                               c->id, have, c->t0);
+    kvl_status s = run(p, "commit", &r, state, 0, k_commit_sql, "tbiiitiidti" "ittttiiiiddd" "tttt",
+                       c->id, (const char *)c->tokens, c->n * 4, (long long)c->t0, (long long)c->n,
+                       (long long)(t ? 1 : 0), c->current_node, (long long)c->pol_level,
+                       (long long)c->pol_calm, c->now, f ? f->owner : "", (long long)(f ? f->gen : 0),
+                       (long long)(t ? t->idx : 0), t && t->node ? t->node : "", t && t->model ? t->model : "",
+                       t && t->mode ? t->mode : "", t && t->fallback ? t->fallback : "",
+                       (long long)(t ? t->t0 : 0), (long long)(t ? t->n_user : 0), (long long)(t ? t->n_gen : 0),
+                       (long long)(t ? t->span : 0), t ? t->ttft_s : 0.0, t ? t->tps : 0.0, t ? t->entropy : 0.0,
+                       rid, t && t->finish ? t->finish : "", nodes, counts);
+    long done = !s && PQntuples(r) == 1 ? strtol(PQgetvalue(r, 0, 0), NULL, 10) : 0;
+    PQclear(r);
+    if (s && !strcmp(state, "23505") && rid[0])
+        s = kvl__errorf(KVL_ERR_MISMATCH, "session '%s': request '%s' was applied already", c->id, rid);
+    if (!s && done != 1) {
+        /* nothing was written: say why */
+        s = run(p, "commit", &r, NULL, 0, "SELECT n_tokens, state, lease_owner, lease_gen FROM sessions WHERE id=$1",
+                "t", c->id);
+        if (!s) {
+            if (PQntuples(r) != 1) s = kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", c->id);
+            else {
+                int have = (int)int_col(r, 0, 0), st = (int)int_col(r, 0, 1);
+                char owner[KVR_NAME_MAX];
+                text_col(r, 0, 2, owner, sizeof owner);
+                long long gen = int_col(r, 0, 3);
+                if (st != KVR_SESSION_OPEN) s = kvl__errorf(KVL_ERR_MISMATCH, "session '%s' is no longer open", c->id);
+                else if (f && (strcmp(owner, f->owner) || gen != f->gen)) s = kvr__ledger_lost(c->id, owner, gen, f->gen);
+                else if (have != c->t0)
+                    s = kvl__errorf(KVL_ERR_MISMATCH, "ledger: session '%s' has %d tokens, turn starts at %d",
+                                   c->id, have, c->t0);
+                else s = kvl__errorf(KVL_ERR_MISMATCH, "ledger: session '%s': the commit changed nothing", c->id);
+            }
+            PQclear(r);
         }
-        PQclear(r);
     }
-    if (!s && c->n > 0) {
-        s = run(p, "append tokens", &r, NULL, 0, "INSERT INTO chunks(session,t0,ids) VALUES($1,$2,$3)",
-                "tib", c->id, (long long)c->t0, (const char *)c->tokens, c->n * 4);
-        PQclear(r);
-    }
-    if (!s && t) {
-        s = run(p, "insert turn", &r, state, 0,
-                "INSERT INTO turns(session,idx,node,model,mode,fallback,t0,n_user,n_gen,span,ttft,tps,"
-                "entropy,at,request_id,finish) VALUES($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16) "
-                "ON CONFLICT(session,idx) DO UPDATE SET node=EXCLUDED.node, model=EXCLUDED.model,"
-                " mode=EXCLUDED.mode, fallback=EXCLUDED.fallback, t0=EXCLUDED.t0, n_user=EXCLUDED.n_user,"
-                " n_gen=EXCLUDED.n_gen, span=EXCLUDED.span, ttft=EXCLUDED.ttft, tps=EXCLUDED.tps,"
-                " entropy=EXCLUDED.entropy, at=EXCLUDED.at, request_id=EXCLUDED.request_id,"
-                " finish=EXCLUDED.finish",
-                "tittttiiiiddddtt", c->id, (long long)t->idx, t->node ? t->node : "",
-                t->model ? t->model : "", t->mode ? t->mode : "", t->fallback ? t->fallback : "",
-                (long long)t->t0, (long long)t->n_user, (long long)t->n_gen, (long long)t->span,
-                t->ttft_s, t->tps, t->entropy, c->now, rid, t->finish ? t->finish : "");
-        PQclear(r);
-        if (s && !strcmp(state, "23505"))
-            s = kvl__errorf(KVL_ERR_MISMATCH, "session '%s': request '%s' was applied already", c->id, rid);
-    }
-    if (!s) {
-        s = run(p, "update session", &r, NULL, 0,
-                "UPDATE sessions SET n_tokens=$1, n_turns=n_turns+$2, current_node=$3, pol_level=$4,"
-                " pol_calm=$5, last_used=$6 WHERE id=$7",
-                "iitiidt", (long long)(c->t0 + c->n), (long long)(t ? 1 : 0), c->current_node,
-                (long long)c->pol_level, (long long)c->pol_calm, c->now, c->id);
-        PQclear(r);
-    }
-    if (!s) {
-        s = run(p, "holdings", &r, NULL, 0, "DELETE FROM holdings WHERE session=$1", "t", c->id);
-        PQclear(r);
-    }
-    for (int i = 0; !s && i < c->n_holdings; i++) {
-        if (c->holdings[i].n_tokens <= 0) continue;
-        s = run(p, "holdings", &r, NULL, 0,
-                "INSERT INTO holdings(session,node,n_tokens) VALUES($1,$2,$3) "
-                "ON CONFLICT(session,node) DO UPDATE SET n_tokens=EXCLUDED.n_tokens",
-                "tti", c->id, c->holdings[i].node, (long long)c->holdings[i].n_tokens);
-        PQclear(r);
-    }
-    if (!s) s = simple(p, "commit", "COMMIT");
-    if (s) rollback(p);
     pthread_mutex_unlock(&p->mu);
     return s;
 }
@@ -482,39 +572,42 @@ static kvl_status pg_count_open(void *impl, long *n) {
     return s;
 }
 
+/* Read the lease and compare-and-set it in one statement: the UPDATE matches only the
+ * generation the read saw (a concurrent take re-checks the row and finds it changed), so of two
+ * replicas racing one wins; the read's values say who held it. */
+static const char *k_acquire_sql =
+    "WITH cur AS (SELECT state, lease_owner, lease_gen, lease_expiry FROM sessions WHERE id = $3),"
+    " upd AS (UPDATE sessions s SET lease_owner = $1, lease_gen = s.lease_gen + 1, lease_expiry = $2::float8"
+    "  FROM cur WHERE s.id = $3 AND s.lease_gen = cur.lease_gen AND cur.state = 0"
+    "  AND (cur.lease_owner = '' OR cur.lease_owner = $1 OR cur.lease_expiry < $4::float8)"
+    "  RETURNING s.lease_gen)"
+    " SELECT cur.state, cur.lease_owner, cur.lease_gen, cur.lease_expiry, (SELECT lease_gen FROM upd) FROM cur";
+
 static kvl_status pg_lease_acquire(void *impl, const char *id, const char *owner, double now,
                                    double ttl_s, kvr_lease *out) {
     pg *p = impl;
     pthread_mutex_lock(&p->mu);
     PGresult *r = NULL;
-    kvl_status s = run(p, "lease", &r, NULL, 0,
-                       "SELECT state,lease_owner,lease_gen,lease_expiry FROM sessions WHERE id=$1", "t", id);
+    kvl_status s = run(p, "lease", &r, NULL, 0, k_acquire_sql, "tdtd", owner, now + ttl_s, id, now);
     char holder[KVR_NAME_MAX] = "";
-    long long gen = 0;
+    long long got = 0;
     if (!s) {
         if (PQntuples(r) != 1) s = kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", id);
         else {
             int state = (int)int_col(r, 0, 0);
             text_col(r, 0, 1, holder, sizeof holder);
-            gen = int_col(r, 0, 2);
             double expiry = dbl_col(r, 0, 3);
+            got = PQgetisnull(r, 0, 4) ? 0 : int_col(r, 0, 4);
             if (state != KVR_SESSION_OPEN) s = kvr__ledger_ended(id, state);
             else if (holder[0] && strcmp(holder, owner) && expiry >= now) s = kvr__ledger_busy(id, holder, expiry, now);
+            else if (!got) s = kvr__ledger_busy(id, "(another)", now + ttl_s, now);   /* lost the race */
         }
-        PQclear(r);
-    }
-    if (!s) {
-        /* compare-and-set: of two replicas that read the same generation, one changes the row */
-        s = run(p, "lease", &r, NULL, 0,
-                "UPDATE sessions SET lease_owner=$1, lease_gen=lease_gen+1, lease_expiry=$2 "
-                "WHERE id=$3 AND lease_gen=$4", "tdti", owner, now + ttl_s, id, gen);
-        if (!s && changed_rows(r) != 1) s = kvr__ledger_busy(id, "(another)", now + ttl_s, now);
         PQclear(r);
     }
     pthread_mutex_unlock(&p->mu);
     if (!s) {
         snprintf(out->owner, sizeof out->owner, "%s", owner);
-        out->gen = gen + 1;
+        out->gen = got;
         out->expiry = now + ttl_s;
         out->took_over = holder[0] && strcmp(holder, owner) != 0;
         snprintf(out->prev_owner, sizeof out->prev_owner, "%s", holder);
@@ -553,39 +646,36 @@ static kvl_status pg_lease_release(void *impl, const char *id, const char *owner
 static kvl_status pg_turn_find(void *impl, const char *id, const char *rid, kvr_turn_found *f) {
     pg *p = impl;
     pthread_mutex_lock(&p->mu);
-    kvl_status s = simple(p, "find begin", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
+    /* no transaction: a committed turn's tokens do not change while its session is open (an
+     * end in between only deletes them: found, without tokens) */
     PGresult *r = NULL;
+    kvl_status s = run(p, "find turn", &r, NULL, 0,
+            "SELECT idx,node,model,mode,fallback,t0,n_user,n_gen,span,ttft,tps,entropy,finish "
+            "FROM turns WHERE session=$1 AND request_id=$2", "tt", id, rid);
+    if (!s && PQntuples(r) != 1)
+        s = kvl__errorf(KVL_ERR_NOT_FOUND, "session '%s': no turn with request id '%s'", id, rid);
     if (!s) {
-        s = run(p, "find turn", &r, NULL, 0,
-                "SELECT idx,node,model,mode,fallback,t0,n_user,n_gen,span,ttft,tps,entropy,finish "
-                "FROM turns WHERE session=$1 AND request_id=$2", "tt", id, rid);
-        if (!s && PQntuples(r) != 1)
-            s = kvl__errorf(KVL_ERR_NOT_FOUND, "session '%s': no turn with request id '%s'", id, rid);
-        if (!s) {
-            f->idx = (int)int_col(r, 0, 0);
-            text_col(r, 0, 1, f->node, sizeof f->node);
-            text_col(r, 0, 2, f->model, sizeof f->model);
-            text_col(r, 0, 3, f->mode, sizeof f->mode);
-            text_col(r, 0, 4, f->fallback, sizeof f->fallback);
-            f->t0 = (int)int_col(r, 0, 5);
-            f->n_user = (int)int_col(r, 0, 6);
-            f->n_gen = (int)int_col(r, 0, 7);
-            f->span = (int)int_col(r, 0, 8);
-            f->ttft_s = dbl_col(r, 0, 9);
-            f->tps = dbl_col(r, 0, 10);
-            f->entropy = dbl_col(r, 0, 11);
-            text_col(r, 0, 12, f->finish, sizeof f->finish);
-        }
-        PQclear(r);
-        if (!s) {
-            kvr_session ses;
-            memset(&ses, 0, sizeof ses);
-            s = load_locked(p, id, 1, &ses);
-            if (!s) s = kvr__ledger_found_tokens(&ses, f);
-            kvr_session_clear(&ses);
-        }
-        if (s) rollback(p);
-        else s = simple(p, "find commit", "COMMIT");
+        f->idx = (int)int_col(r, 0, 0);
+        text_col(r, 0, 1, f->node, sizeof f->node);
+        text_col(r, 0, 2, f->model, sizeof f->model);
+        text_col(r, 0, 3, f->mode, sizeof f->mode);
+        text_col(r, 0, 4, f->fallback, sizeof f->fallback);
+        f->t0 = (int)int_col(r, 0, 5);
+        f->n_user = (int)int_col(r, 0, 6);
+        f->n_gen = (int)int_col(r, 0, 7);
+        f->span = (int)int_col(r, 0, 8);
+        f->ttft_s = dbl_col(r, 0, 9);
+        f->tps = dbl_col(r, 0, 10);
+        f->entropy = dbl_col(r, 0, 11);
+        text_col(r, 0, 12, f->finish, sizeof f->finish);
+    }
+    PQclear(r);
+    if (!s) {
+        kvr_session ses;
+        memset(&ses, 0, sizeof ses);
+        s = load_locked(p, id, 1, &ses);
+        if (!s) s = kvr__ledger_found_tokens(&ses, f);
+        kvr_session_clear(&ses);
     }
     pthread_mutex_unlock(&p->mu);
     return s;
