@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "error.h"
 #include "yamlcfg.h"
@@ -92,6 +93,64 @@ static kvl_status parse_nodes(kvl__svc_yaml *y, kvr_config *c, yaml_node_t *seq)
     return KVL_OK;
 }
 
+/* `ledger:` is a PostgreSQL URI (kept as given), "sqlite:PATH" or a plain path (both resolved
+ * relative to the file, like every path of the file), or env:NAME holding one of those. */
+static kvl_status ledger_value(const char *file, int line, const char *v, char **out) {
+    if (!v[0]) return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key 'ledger' is empty", file, line);
+    /* env:NAME: the connection string comes from the environment (a Kubernetes Secret), so
+     * that a database password never sits in the configuration file */
+    if (!strncmp(v, "env:", 4)) {
+        const char *name = v + 4, *e = name[0] ? getenv(name) : NULL;
+        if (!e || !e[0])
+            return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key 'ledger': environment variable '%.64s' "
+                              "(ledger: %.80s) is %s", file, line, name, v, name[0] ? "not set or empty" : "not named");
+        if (!strncmp(e, "env:", 4))
+            return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key 'ledger': '%s' names another variable", file, line, name);
+        v = e;
+    }
+    if (!strncmp(v, "postgresql://", 13) || !strncmp(v, "postgres://", 11)) *out = strdup(v);
+    else if (!strncmp(v, "sqlite:", 7)) {
+        const char *path = v + 7;
+        if (!strncmp(path, "//", 2)) path += 2;
+        if (!path[0]) return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key 'ledger': no path after 'sqlite:'", file, line);
+        char *r = resolve_path(file, path);
+        *out = r ? malloc(strlen(r) + 8) : NULL;
+        if (*out) snprintf(*out, strlen(r) + 8, "sqlite:%s", r);
+        free(r);
+    } else if (strstr(v, "://")) {
+        return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key 'ledger': '%.40s...' is neither a path, sqlite:PATH "
+                          "nor a postgresql:// URI", file, line, v);
+    } else {
+        *out = resolve_path(file, v);
+    }
+    return *out ? KVL_OK : kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
+}
+
+/* replica_id: given, or hostname:port of `listen` (unique per pod, and a restarted router on
+ * the same host and port reclaims its own leases at once). */
+static kvl_status replica_value(kvl__svc_kvlist *top, kvr_config *c) {
+    const char *v = kvl__svc_kv_str(top, "replica_id", NULL);
+    char buf[KVR_CFG_NAME_MAX + 8];
+    if (v) {
+        size_t n = strlen(v);
+        int ok = n > 0 && n < KVR_CFG_NAME_MAX;
+        for (size_t i = 0; ok && i < n; i++) ok = v[i] > ' ' && v[i] < 127 && v[i] != '\'' && v[i] != '"';
+        if (!ok)
+            return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key 'replica_id': '%.80s' must be 1-%d printable "
+                              "characters without spaces or quotes", top->file,
+                              kvl__svc_kv_line(top, "replica_id"), v, KVR_CFG_NAME_MAX - 1);
+        c->replica_id = strdup(v);
+    } else {
+        char host[KVR_CFG_NAME_MAX] = "";
+        if (gethostname(host, sizeof host - 1)) snprintf(host, sizeof host, "router");
+        host[sizeof host - 1] = 0;
+        const char *colon = strrchr(c->listen, ':');
+        snprintf(buf, sizeof buf, "%.40s:%.10s", host, colon ? colon + 1 : "0");
+        c->replica_id = strdup(buf);
+    }
+    return c->replica_id ? KVL_OK : kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
+}
+
 static kvl_status parse_root(kvl__svc_yaml *y, kvr_config *c, const char *name) {
     yaml_node_t *root = kvl__svc_yaml_root(y);
     if (!root) return kvl__errorf(KVL_ERR_FORMAT, "%s: empty configuration", name);
@@ -152,9 +211,11 @@ static kvl_status parse_root(kvl__svc_yaml *y, kvr_config *c, const char *name) 
     if (!s) {
         tmp = kvl__svc_kv_str(&top, "ledger", "router.db");
         c->ledger_line = kvl__svc_kv_line(&top, "ledger");
-        c->ledger = resolve_path(name, tmp);
-        if (!c->ledger) s = kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
+        s = ledger_value(name, c->ledger_line, tmp, &c->ledger);
     }
+    if (!s) s = replica_value(&top, c);
+    if (!s) s = kvl__svc_kv_double(&top, "lease_ms", 10000, 100, 3.6e6, &c->lease_ms);
+    if (!s) s = kvl__svc_kv_double(&top, "lease_wait_ms", 2000, 0, 3.6e6, &c->lease_wait_ms);
     if (!s) {
         char *t = NULL;
         s = need_str(&top, "tokenizer", &t);
@@ -251,6 +312,7 @@ void kvr_config_free(kvr_config *c) {
     free(c->metrics);
     free(c->http_listen);
     free(c->ledger);
+    free(c->replica_id);
     free(c->tokenizer);
     free(c->tokenizer_given);
     for (int i = 0; i < c->n_nodes; i++) {

@@ -10,7 +10,15 @@
  *   http_max_connections: 64        # HTTP connections at once (one thread each)
  *   prefix_index_blocks: 65536      # entries (16-token blocks) of the prefix index that maps a
  *                                   #   stateless request to the session it extends (LRU)
- *   ledger: router.db               # SQLite file (relative paths are relative to this file)
+ *   ledger: router.db               # SQLite file (relative paths are relative to this file),
+ *                                   # sqlite:PATH, or postgresql://user:pw@host:5432/db (libpq
+ *                                   # URI: any number of replicas share one such ledger), or
+ *                                   # env:NAME: one of those from environment variable NAME
+ *   replica_id: r1                  # this router's name in session leases (default
+ *                                   # hostname:listen-port; unique per replica)
+ *   lease_ms: 10000                 # a session's lease while a turn runs (renewed every third)
+ *   lease_wait_ms: 2000             # a turn whose session another replica drives waits this
+ *                                   # long for the lease, then answers ABORTED
  *   tokenizer: ../models/qwen3-a    # tokenizer.json or a model directory (required)
  *   session_ttl_seconds: 3600       # idle sessions expire (nodes are told to drop them)
  *   max_input_tokens: 4096          # one turn's input
@@ -69,6 +77,8 @@ typedef struct kvr_config {
     char *tokenizer;          /* resolved path */
     char *tokenizer_given;    /* as the file spells it */
     int tokenizer_line, ledger_line;
+    char *replica_id;         /* never NULL after a load */
+    double lease_ms, lease_wait_ms;
     double session_ttl_s;
     long max_input_tokens;
     long max_new_tokens;

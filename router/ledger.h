@@ -1,4 +1,7 @@
-/* router/ledger.h: the router's session ledger in SQLite (WAL).
+/* router/ledger.h: the router's session ledger, behind one interface with two backends:
+ * SQLite (WAL, an embedded file: the default) and PostgreSQL (libpq: one database shared by
+ * any number of router replicas).  `ledger:` in fleet.yaml picks the backend by its form
+ * (kvr_ledger_open).  Both run the same versioned schema, migrated at open.
  *
  * The ledger is the router's source of truth: every session's token ids (user input and
  * generated), its turns, its policy state and which node holds which prefix of it.  The router
@@ -8,13 +11,23 @@
  *
  * Tables: sessions(id, state, created, last_used, n_turns, n_tokens, current_node, model,
  * pol_level, pol_calm), chunks(session, t0, ids BLOB of int32 little-endian), turns(...),
- * holdings(session, node, n_tokens).  Times are Unix seconds (double).
+ * holdings(session, node, n_tokens), schema_version(version).  Times are Unix seconds (double).
+ * Schema 2 adds the session lease (sessions.lease_owner, lease_gen, lease_expiry) and the
+ * idempotency key of a turn (turns.request_id, unique per session when not empty).
  *
- * Thread-safe: one connection behind a mutex (turn commits are small and short).
+ * Leases: a session is driven by one replica at a time.  A lease is taken by compare-and-set
+ * on lease_gen (the row's generation: every take increments it), renewed while the turn runs,
+ * and checked again inside the commit's transaction, so a replica that lost its lease (paused
+ * past the expiry, then resumed) cannot commit over the replica that took over.  Nothing is
+ * locked across the network between statements.  Expiry compares the replicas' wall clocks:
+ * they must agree to well within the lease time (NTP).
+ *
+ * Thread-safe: one connection behind a mutex per ledger (turn commits are small and short).
  */
 #ifndef KVR_LEDGER_H
 #define KVR_LEDGER_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kvlingo/status.h"
@@ -48,23 +61,68 @@ typedef struct kvr_session {
     int n_holdings;
 } kvr_session;
 
+/* The lease a turn runs under and its idempotency key; a commit with a fence succeeds only
+ * while the lease is still (owner, gen). */
+typedef struct kvr_fence {
+    const char *owner;         /* replica id                                                 */
+    int64_t gen;               /* lease generation returned by kvr_ledger_lease_acquire       */
+    const char *request_id;    /* "" or NULL: none                                           */
+} kvr_fence;
+
 typedef struct kvr_turn_rec {
     int idx;
     const char *node, *model, *mode, *fallback;
     int t0;                    /* ledger length before the turn                              */
     int n_user, n_gen, span;
     double ttft_s, tps, entropy;
+    const char *finish;        /* finish reason ("" when none)                               */
+    const kvr_fence *fence;    /* NULL: no lease check, no request id                        */
 } kvr_turn_rec;
+
+/* A committed turn found by its request id (kvr_ledger_turn_find). */
+typedef struct kvr_turn_found {
+    int idx, t0, n_user, n_gen, span;
+    char node[KVR_NAME_MAX], model[KVR_NAME_MAX], mode[16], fallback[160], finish[32];
+    double ttft_s, tps, entropy;
+    int32_t *tokens;           /* [n_user + n_gen]: the turn's input then its output, or NULL
+                                * when the session has ended (its tokens are gone); free()   */
+} kvr_turn_found;
+
+typedef struct kvr_lease {
+    char owner[KVR_NAME_MAX];  /* who holds it after the call                                */
+    int64_t gen;
+    double expiry;
+    int took_over;             /* 1: an expired lease of another replica was taken            */
+    char prev_owner[KVR_NAME_MAX];
+} kvr_lease;
 
 typedef struct kvr_ledger kvr_ledger;
 
-/* Open (create) the ledger at `path` (":memory:" works for tests).  WAL mode, synchronous
- * NORMAL.  KVL_ERR_IO naming the path and SQLite's message on failure. */
-kvl_status kvr_ledger_open(const char *path, kvr_ledger **out);
+/* Open the ledger `conn` and migrate its schema:
+ *   "postgresql://..." or "postgres://..."   PostgreSQL (a libpq URI, secrets included)
+ *   "sqlite:PATH" or a plain PATH             SQLite file (":memory:" works for tests), WAL mode,
+ *                                             synchronous NORMAL
+ * KVL_ERR_IO naming the ledger (a PostgreSQL URI without its password) and the database's
+ * message; KVL_ERR_UNSUPPORTED for PostgreSQL in a build without libpq, or a schema newer
+ * than this program knows. */
+kvl_status kvr_ledger_open(const char *conn, kvr_ledger **out);
 void kvr_ledger_free(kvr_ledger *l);
 
-/* Called after every write transaction with its duration (seconds), for the metric. */
-void kvr_ledger_set_observer(kvr_ledger *l, void (*fn)(void *arg, double seconds), void *arg);
+/* "sqlite" or "postgresql". */
+const char *kvr_ledger_backend(const kvr_ledger *l);
+/* 1 when `conn` names a PostgreSQL ledger. */
+int kvr_ledger_is_postgres(const char *conn);
+/* `conn` for messages and logs: a URI's password replaced by "***". */
+void kvr_ledger_shown(const char *conn, char *buf, size_t cap);
+/* Schema version of the open ledger (KVR_LEDGER_SCHEMA after a successful open). */
+int kvr_ledger_schema(const kvr_ledger *l);
+#define KVR_LEDGER_SCHEMA 2
+
+/* Called after every ledger call with its name ("load", "commit", "lease", ...), whether it
+ * wrote, and its duration (seconds), for the metrics. */
+void kvr_ledger_set_observer(kvr_ledger *l,
+                             void (*fn)(void *arg, const char *op, int write, double seconds),
+                             void *arg);
 
 /* 1 when `id` is a valid session id (length and characters). */
 int kvr_session_id_valid(const char *id);
@@ -109,5 +167,24 @@ kvl_status kvr_ledger_lru_on_node(kvr_ledger *l, const char *node, const char *e
 kvl_status kvr_ledger_purge(kvr_ledger *l, double before);
 
 kvl_status kvr_ledger_count_open(kvr_ledger *l, long *n);
+
+/* Take the lease of open session `id` for `owner` until now + ttl_s: granted when it is free,
+ * already `owner`'s, or expired (out->took_over then says whose it was).  A compare-and-set on
+ * the generation: of two replicas racing, one wins.  KVL_ERR_MISMATCH "is busy" naming the
+ * holder and the time left when another replica holds it; KVL_ERR_NOT_FOUND when unknown;
+ * KVL_ERR_MISMATCH "no longer open" for an ended session. */
+kvl_status kvr_ledger_lease_acquire(kvr_ledger *l, const char *id, const char *owner, double now,
+                                    double ttl_s, kvr_lease *out);
+/* Extend a held lease to now + ttl_s.  KVL_ERR_MISMATCH when it is no longer (owner, gen). */
+kvl_status kvr_ledger_lease_renew(kvr_ledger *l, const char *id, const char *owner, int64_t gen,
+                                  double now, double ttl_s);
+/* Give a held lease back (no-op when it is no longer (owner, gen)). */
+kvl_status kvr_ledger_lease_release(kvr_ledger *l, const char *id, const char *owner, int64_t gen);
+
+/* The turn of session `id` committed with `request_id`.  KVL_ERR_NOT_FOUND when none.
+ * Release with kvr_turn_found_clear. */
+kvl_status kvr_ledger_turn_find(kvr_ledger *l, const char *id, const char *request_id,
+                                kvr_turn_found *out);
+void kvr_turn_found_clear(kvr_turn_found *f);
 
 #endif

@@ -34,6 +34,14 @@ static const kvl__svc_metric_def k_defs[] = {
      KVL_SVC_HISTOGRAM, BOUNDS(k_kl_bounds)},
     {"kvlingo_router_ledger_write_seconds", "Duration of ledger write transactions.",
      KVL_SVC_HISTOGRAM, BOUNDS(k_ledger_bounds)},
+    {"kvlingo_router_ledger_seconds", "Duration of ledger calls, by backend and call.",
+     KVL_SVC_HISTOGRAM, BOUNDS(k_ledger_bounds)},
+    {"kvlingo_router_lease_takeovers_total", "Expired session leases of another replica taken over.",
+     KVL_SVC_COUNTER, NULL, 0},
+    {"kvlingo_router_lease_conflicts_total", "Turns refused (ABORTED) because another replica held "
+     "the session's lease past lease_wait_ms.", KVL_SVC_COUNTER, NULL, 0},
+    {"kvlingo_router_turns_replayed_total", "Retried turns (same request id) answered from the ledger.",
+     KVL_SVC_COUNTER, NULL, 0},
     {"kvlingo_router_errors_total", "Turns that ended in an error, by gRPC code.", KVL_SVC_COUNTER,
      NULL, 0},
     {"kvlingo_router_shadow_dropped_total", "Guardrail samples dropped (queue full).",
@@ -122,6 +130,21 @@ void kvr_metrics_declare(kvr_metrics *m, const char *const *models, int n_models
             }
         }
     }
+}
+
+void kvr_metrics_declare_ledger(kvr_metrics *m, const char *backend) {
+    static const char *const ops[] = {"create", "load", "commit", "holding", "end", "idle",
+                                      "purge", "lease", "renew", "release", "find"};
+    char lab[128], b[64];
+    if (!m) return;
+    kvl__svc_prom_label_value(b, sizeof b, backend);
+    for (int i = 0; i < N_OF(ops); i++) {
+        snprintf(lab, sizeof lab, "backend=\"%s\",op=\"%s\"", b, ops[i]);
+        kvr_metrics_observe_zero(m, "kvlingo_router_ledger_seconds", lab);
+    }
+    kvr_metrics_inc(m, "kvlingo_router_lease_takeovers_total", "", 0);
+    kvr_metrics_inc(m, "kvlingo_router_lease_conflicts_total", "", 0);
+    kvr_metrics_inc(m, "kvlingo_router_turns_replayed_total", "", 0);
 }
 
 void kvr_metrics_observe_zero(kvr_metrics *m, const char *name, const char *labels) {

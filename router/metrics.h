@@ -12,6 +12,13 @@
  *   kvlingo_router_pair_moving_kl_nats{source,target}  gauge
  *   kvlingo_router_pairs_disabled                      gauge (pairs the guardrail turned off)
  *   kvlingo_router_ledger_write_seconds                histogram
+ *   kvlingo_router_ledger_seconds{backend,op}          histogram (every ledger call)
+ *   kvlingo_router_leases_held                         gauge (sessions this replica drives)
+ *   kvlingo_router_lease_takeovers_total               counter (expired leases taken over)
+ *   kvlingo_router_lease_conflicts_total               counter (ABORTED: another replica's lease)
+ *   kvlingo_router_lease_renew_failures_total          counter
+ *   kvlingo_router_turns_replayed_total                counter (retries answered from the ledger)
+ *   kvlingo_router_replica_info{replica,backend}       gauge 1
  *   kvlingo_router_nodes_healthy                       gauge
  *   kvlingo_router_turns_in_flight                     gauge
  *   kvlingo_router_errors_total{code}                  counter (turns that ended in an error)
@@ -48,6 +55,8 @@ void kvr_metrics_observe(kvr_metrics *m, const char *name, const char *labels, d
  * fleets of at most 16 models every ordered pair's switches and failovers), every fallback
  * reason and error code, the histograms. */
 void kvr_metrics_declare(kvr_metrics *m, const char *const *models, int n_models);
+/* The ledger's series at zero: every call of `backend`, leases, replays. */
+void kvr_metrics_declare_ledger(kvr_metrics *m, const char *backend);
 /* Create histogram `name`{labels} with no observation (renders at zero). */
 void kvr_metrics_observe_zero(kvr_metrics *m, const char *name, const char *labels);
 

@@ -27,8 +27,12 @@ double kvr_wall_now(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static void ledger_observer(void *arg, double seconds) {
-    kvr_metrics_observe(arg, "kvlingo_router_ledger_write_seconds", "", seconds);
+static void ledger_observer(void *arg, const char *op, int write, double seconds) {
+    kvr_router *r = arg;
+    char lab[96];
+    snprintf(lab, sizeof lab, "backend=\"%s\",op=\"%s\"", kvr_ledger_backend(r->ledger), op);
+    kvr_metrics_observe(r->metrics, "kvlingo_router_ledger_seconds", lab, seconds);
+    if (write) kvr_metrics_observe(r->metrics, "kvlingo_router_ledger_write_seconds", "", seconds);
 }
 
 /* Absolute form of `p` for messages: realpath when it exists, else the current directory
@@ -75,17 +79,23 @@ static kvl_status load_tokenizer(const kvr_config *cfg, kvl_tokenizer **out) {
     return s;
 }
 
-/* The ledger's file must be writable, or its directory must exist and be writable. */
+/* The ledger's file must be writable, or its directory must exist and be writable.  A
+ * PostgreSQL ledger is not contacted (a check must not migrate a shared database). */
 static kvl_status check_ledger(const kvr_config *cfg, char *shown, size_t cap) {
-    shown_path(cfg->ledger, shown, cap);
-    if (!access(cfg->ledger, F_OK)) {
-        if (access(cfg->ledger, R_OK | W_OK))
+    if (kvr_ledger_is_postgres(cfg->ledger)) {
+        kvr_ledger_shown(cfg->ledger, shown, cap);
+        return KVL_OK;
+    }
+    const char *path = !strncmp(cfg->ledger, "sqlite:", 7) ? cfg->ledger + 7 : cfg->ledger;
+    shown_path(path, shown, cap);
+    if (!access(path, F_OK)) {
+        if (access(path, R_OK | W_OK))
             return kvl__errorf(KVL_ERR_IO, "%s:%d: key 'ledger': %s is not readable and writable: %s",
                               cfg->path, cfg->ledger_line, shown, strerror(errno));
         return KVL_OK;
     }
     char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", cfg->ledger);
+    snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
     if (slash) *slash = 0;
     const char *d = slash ? (dir[0] ? dir : "/") : ".";
@@ -110,10 +120,13 @@ kvl_status kvr_router_check(const kvr_config *cfg, FILE *out) {
     shown_path(cfg->tokenizer, tokp, sizeof tokp);
     fprintf(out, "config: %s\nlisten: %s\nmetrics: %s\nhttp (OpenAI API): %s (body <= %ld bytes, <= %ld "
             "connections)\nledger: %s (%s)\ntokenizer: %s (vocabulary %zu)\n"
-            "policy: %s\nnodes: %d\n", cfgp, cfg->listen, cfg->metrics ? cfg->metrics : "off",
-            cfg->http_listen ? cfg->http_listen : "off", cfg->http_max_body, cfg->http_max_conn, ledger,
-            access(cfg->ledger, F_OK) ? "will be created" : "exists", tokp, vocab, cfg->policy_name,
-            cfg->n_nodes);
+            "policy: %s\nnodes: %d\nreplica: %s (lease %.0f ms, wait %.0f ms)\n", cfgp, cfg->listen,
+            cfg->metrics ? cfg->metrics : "off", cfg->http_listen ? cfg->http_listen : "off",
+            cfg->http_max_body, cfg->http_max_conn, ledger,
+            kvr_ledger_is_postgres(cfg->ledger) ? "postgresql, not contacted by --check"
+            : access(!strncmp(cfg->ledger, "sqlite:", 7) ? cfg->ledger + 7 : cfg->ledger, F_OK) ? "will be created"
+                                                                                                : "exists",
+            tokp, vocab, cfg->policy_name, cfg->n_nodes, cfg->replica_id, cfg->lease_ms, cfg->lease_wait_ms);
     for (int i = 0; i < cfg->n_nodes; i++)
         fprintf(out, "  %s  %s  model %s\n", cfg->nodes[i].name, cfg->nodes[i].address, cfg->nodes[i].model);
     return KVL_OK;
@@ -142,7 +155,11 @@ kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
         free(models);
     }
     if (!s) s = kvr_ledger_open(cfg->ledger, &r->ledger);
-    if (!s) kvr_ledger_set_observer(r->ledger, ledger_observer, r->metrics);
+    if (!s) {
+        kvr_ledger_set_observer(r->ledger, ledger_observer, r);
+        kvr_metrics_declare_ledger(r->metrics, kvr_ledger_backend(r->ledger));
+    }
+    if (!s) s = kvr_leases_create(r->ledger, cfg->replica_id, cfg->lease_ms / 1000.0, r->max_busy, &r->leases);
     if (!s) s = load_tokenizer(cfg, &r->tok);
     if (!s) s = kvr_registry_create(cfg, &r->reg);
     if (!s) s = kvr_policy_create(cfg, &r->policy);
@@ -151,8 +168,11 @@ kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
     if (s) { kvr_router_free(r); return s; }
     int healthy = kvr_registry_refresh(r->reg, 0, 2000);
     kvr_router_sync_pairs(r);
-    kvl__svc_log_text("info", "%d of %d nodes answer; policy %s; ledger %s", healthy, r->reg->n,
-            kvr_policy_name(r->policy), cfg->ledger);
+    char shown[512];
+    kvr_ledger_shown(cfg->ledger, shown, sizeof shown);
+    kvl__svc_log_text("info", "%d of %d nodes answer; policy %s; ledger %s (%s, schema %d); replica %s",
+            healthy, r->reg->n, kvr_policy_name(r->policy), shown, kvr_ledger_backend(r->ledger),
+            kvr_ledger_schema(r->ledger), cfg->replica_id);
     kvr_metrics_set_gauges(r->metrics, kvr_router_gauges, r);
     *out = r;
     return KVL_OK;
@@ -163,6 +183,8 @@ void kvr_router_free(kvr_router *r) {
     kvr_oai_http_stop(r->http);     /* its running turns end before what they use goes */
     if (r->server) kvl__rpc_server_shutdown(r->server, 2000);
     kvl__rpc_server_free(r->server);
+    /* releases what it holds through the ledger, whose observer feeds the metrics */
+    kvr_leases_free(r->leases);
     kvr_guard_free(r->guard);
     kvr_metrics_free(r->metrics);   /* stops the HTTP thread before what its gauges read goes */
     kvr_policy_free(r->policy);
@@ -289,6 +311,19 @@ void kvr_router_gauges(void *arg, kvl__svc_text *b) {
     }
     kvl__svc_text_printf(b, "# HELP kvlingo_router_nodes_healthy Nodes that answer.\n"
                           "# TYPE kvlingo_router_nodes_healthy gauge\nkvlingo_router_nodes_healthy %d\n", healthy);
+    kvl__svc_text_printf(b, "# HELP kvlingo_router_leases_held Session leases this replica holds now.\n"
+                          "# TYPE kvlingo_router_leases_held gauge\nkvlingo_router_leases_held %d\n",
+                       r->leases ? kvr_leases_held(r->leases) : 0);
+    kvl__svc_text_printf(b, "# HELP kvlingo_router_lease_renew_failures_total Lease renewals that failed.\n"
+                          "# TYPE kvlingo_router_lease_renew_failures_total counter\n"
+                          "kvlingo_router_lease_renew_failures_total %ld\n",
+                       r->leases ? kvr_leases_renew_failures(r->leases) : 0);
+    char rq[260], bq[64];
+    kvl__svc_prom_label_value(rq, sizeof rq, r->cfg->replica_id);
+    kvl__svc_prom_label_value(bq, sizeof bq, r->ledger ? kvr_ledger_backend(r->ledger) : "");
+    kvl__svc_text_printf(b, "# HELP kvlingo_router_replica_info This replica: its lease name and ledger backend.\n"
+                          "# TYPE kvlingo_router_replica_info gauge\n"
+                          "kvlingo_router_replica_info{replica=\"%s\",backend=\"%s\"} 1\n", rq, bq);
     kvl__svc_text_printf(b, "# HELP kvlingo_router_turns_in_flight Turns running now.\n"
                           "# TYPE kvlingo_router_turns_in_flight gauge\nkvlingo_router_turns_in_flight %d\n", inflight);
 }

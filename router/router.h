@@ -2,7 +2,9 @@
  * the objects it owns; gRPC handlers get it as their `user` pointer.
  *
  * Files, one concern each:
- *   config.c     fleet.yaml (libyaml)            ledger.c     SQLite session ledger
+ *   config.c     fleet.yaml (libyaml)            ledger.c     session ledger interface
+ *   ledger_sqlite.c, ledger_pg.c  its backends    lease.c      leases held, keeper thread
+ *   turn_once.c  lease + idempotency around a turn
  *   registry.c   nodes, health, translators       nodecall.c   typed Node-service calls
  *   policy*.c    routing policies                 turn.c       one turn: choose, switch, decode
  *   guard.c      quality guardrail (shadow KL)    metrics.c    /metrics (libmicrohttpd)
@@ -20,6 +22,7 @@
 #include "guard.h"
 #include "kvlingo/tokenizer.h"
 #include "kvlingo/v1/router.pb-c.h"
+#include "lease.h"
 #include "ledger.h"
 #include "metrics.h"
 #include "policy.h"
@@ -31,6 +34,7 @@ typedef struct kvr_router {
     pthread_rwlock_t policy_lock;
     kvr_policy *policy;
     kvr_ledger *ledger;
+    kvr_leases *leases;           /* leases of the sessions this replica drives now             */
     kvr_registry *reg;
     kvr_guard *guard;
     kvr_metrics *metrics;
@@ -88,6 +92,8 @@ typedef struct kvr_turn_req {
     int32_t end_token;            /* end-of-turn) in its place, on the node too                */
     const char *model;            /* "" none                                                   */
     int escalate, force_reprefill, compare_reprefill;
+    const char *request_id;       /* idempotency key: "" or NULL none                          */
+    const kvr_fence *fence;       /* set by kvr_turn_run for kvr_turn_run_once's commit        */
 } kvr_turn_req;
 
 typedef struct kvr_turn_out {
@@ -111,10 +117,15 @@ typedef struct kvr_turn_out {
 #define KVR_EMIT_STOP 2
 typedef int (*kvr_emit_fn)(void *arg, int32_t token, const char *text, float logprob);
 
-/* Run one turn.  Errors carry the thread message; the gRPC code to answer with is
- * kvl__rpc_status_from_kvl(status) except for *busy_code overrides set by the caller. */
+/* Run one turn (turn_once.c): take the session's lease (waiting up to lease_wait_ms for
+ * another replica's), answer a request id already applied with its stored result, else run
+ * kvr_turn_run_once under the lease.  Errors carry the thread message; the gRPC code to answer
+ * with is kvl__rpc_status_from_kvl(status), ABORTED for a "busy" KVL_ERR_MISMATCH. */
 kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit, void *arg,
                         kvr_turn_out *out);
+/* The turn itself (turn.c), its commit fenced by req->fence. */
+kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit, void *arg,
+                             kvr_turn_out *out);
 
 /* Sessions with a turn running: take fails (KVL_ERR_MISMATCH "is busy") when `id` has one
  * (KVL_ERR_NOMEM when max_busy_sessions are running); release after the turn. */

@@ -134,6 +134,9 @@ static kvl_status validate_send(kvr_router *r, Kvlingo__V1__SendRequest *q, int3
         kvr_registry_models(r->reg, models, sizeof models);
         return kvl__errorf(KVL_ERR_NOT_FOUND, "unknown model '%.64s' (the fleet serves: %s)", q->model, models);
     }
+    if (q->request_id && q->request_id[0] && !kvr_session_id_valid(q->request_id))
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "request_id '%.64s' is invalid (1-64 of A-Za-z0-9._:-)",
+                          q->request_id);
     if (!(q->temperature >= 0 && q->temperature <= 100) || !(q->top_p >= 0 && q->top_p <= 1))
         return kvl__errorf(KVL_ERR_INVALID_ARG, "temperature must be in [0, 100], top_p in [0, 1]");
     if (tl) {
@@ -192,7 +195,8 @@ static void h_send(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
                        .seed = q->seed, .stop_at_eos = !q->ignore_eos, .stop_ids = stop_ids,
                        .n_stop = n_stop, .has_end_token = end_token >= 0, .end_token = end_token, .model = q->model ? q->model : "",
                        .escalate = q->escalate, .force_reprefill = q->force_reprefill,
-                       .compare_reprefill = q->compare_reprefill};
+                       .compare_reprefill = q->compare_reprefill,
+                       .request_id = q->request_id ? q->request_id : ""};
     kvr_turn_out o;
     emit_ctx e = {.call = call, .tok = r->tok, .special_text = q->special_text};
     s = kvr_turn_run(r, &tr, emit_token, &e, &o);

@@ -316,7 +316,8 @@ static void keep_cancelled_input(turn *t, int ti, const kvr_policy_decision *d, 
     kvr_turn_rec tr = {.idx = t->s.n_turns, .node = T->name, .model = T->model,
                        .mode = mode_name(out->mode), .fallback = "cancelled by the client", .t0 = t->N,
                        .n_user = req->n_user, .n_gen = 0, .span = (int)out->span_tokens,
-                       .ttft_s = out->ttft_s, .tps = 0, .entropy = 0};
+                       .ttft_s = out->ttft_s, .tps = 0, .entropy = 0, .finish = "cancelled",
+                       .fence = req->fence};
     kvl_status cs = kvr_ledger_turn_commit(r->ledger, req->sid, req->user, t->N, req->n_user, &tr,
                                            T->name, d->state.level, d->state.calm, hs, nh, kvr_wall_now());
     if (cs)
@@ -407,8 +408,8 @@ static kvl_status decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void *a
     return s;
 }
 
-kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit, void *arg,
-                        kvr_turn_out *out) {
+kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit, void *arg,
+                             kvr_turn_out *out) {
     double t_start = kvl__now_s();
     memset(out, 0, sizeof *out);
     turn t = {.r = r, .req = req, .out = out, .cur = -1, .node_ms = (int64_t)r->cfg->node_timeout_ms};
@@ -548,7 +549,8 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
                                .mode = mode_name(out->mode), .fallback = out->fallback, .t0 = t.N,
                                .n_user = req->n_user, .n_gen = (int)out->n_generated,
                                .span = (int)out->span_tokens, .ttft_s = out->ttft_s, .tps = out->tps,
-                               .entropy = out->mean_entropy};
+                               .entropy = out->mean_entropy, .finish = out->finish_reason,
+                               .fence = req->fence};
             s = kvr_ledger_turn_commit(r->ledger, req->sid, newtok, t.N, n_new, &tr, T->name, ps.level,
                                        ps.calm, hs, nh, kvr_wall_now());
             free(newtok);

@@ -19,7 +19,10 @@ What a schema validator cannot see, checked here on the objects `kubectl kustomi
     every node address is <statefulset>-<ordinal>.<service>:<grpc port> of a pod that exists,
     with the StatefulSet's model; every kvld pod is listed exactly once; the policy names only
     models the fleet has;
-  - GPUs (nvidia.com/gpu requested = limited) on every kvld exactly in the gpu overlays.
+  - GPUs (nvidia.com/gpu requested = limited) on every kvld exactly in the gpu overlays;
+  - the router's ledger: a SQLite file on a writable volume (one replica), or env:NAME from a
+    Secret (never a PostgreSQL URI in the ConfigMap); several replicas need the latter, a
+    PodDisruptionBudget and no Recreate strategy.
 Exit 0 when all hold, 1 with one line per problem otherwise.
 """
 import copy
@@ -272,9 +275,30 @@ def check_overlay(name, objs):
         bad(f"fleet.yaml listen {fleet.get('listen')} is not the router's grpc port")
     if port_of(fleet.get("metrics"))[1] != port_by_name(rc, "metrics"):
         bad(f"fleet.yaml metrics {fleet.get('metrics')} is not the router's metrics port")
-    ledger_dir = str(fleet.get("ledger", "")).rsplit("/", 1)[0]
-    if ledger_dir not in mounts or mounts[ledger_dir].get("readOnly"):
-        bad(f"fleet.yaml ledger {fleet.get('ledger')}: its directory is no writable volume")
+    ledger = str(fleet.get("ledger", ""))
+    replicas = int(router["spec"].get("replicas", 1))
+    env = {e["name"]: e for e in rc.get("env", [])}
+    if ledger.startswith(("postgresql://", "postgres://")):
+        bad(f"fleet.yaml ledger: a PostgreSQL URI in a ConfigMap (its password belongs in a Secret: "
+            "ledger: env:NAME)")
+    elif ledger.startswith("env:"):
+        e = env.get(ledger[4:])
+        if not e or "secretKeyRef" not in e.get("valueFrom", {}):
+            bad(f"fleet.yaml ledger {ledger}: the router has no env {ledger[4:]} from a Secret")
+    else:
+        path = ledger[7:] if ledger.startswith("sqlite:") else ledger
+        ledger_dir = path.rsplit("/", 1)[0]
+        if ledger_dir not in mounts or mounts[ledger_dir].get("readOnly"):
+            bad(f"fleet.yaml ledger {ledger}: its directory is no writable volume")
+        if replicas > 1:
+            bad(f"{oid(router)}: {replicas} replicas on a SQLite ledger (one file per pod: sessions "
+                "would not be shared); replicas need a PostgreSQL ledger")
+    if replicas > 1:
+        if router["spec"].get("strategy", {}).get("type") == "Recreate":
+            bad(f"{oid(router)}: {replicas} replicas with strategy Recreate (every replica down at once)")
+        tl = router["spec"]["template"]["metadata"].get("labels", {})
+        if not any(selects(p["spec"].get("selector", {}), tl) for p in by_kind.get("PodDisruptionBudget", [])):
+            bad(f"{oid(router)}: {replicas} replicas and no PodDisruptionBudget selects them")
     seen = {}
     models = set()
     for n in fleet.get("nodes", []):

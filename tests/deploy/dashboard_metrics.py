@@ -345,8 +345,10 @@ def main():
         text = text.replace("/var/lib/kvlingo/", os.path.join(work, "check-"))
         local = os.path.join(work, "check-fleet.yaml")
         open(local, "w").write(text)
+        # a ledger from the environment is the Secret's URI in a pod; --check does not contact it
+        env = dict(os.environ, KVLINGO_LEDGER="postgresql://kvlingo:placeholder@postgres:5432/kvlingo")
         r = subprocess.run([args.router, "--config", local, "--check"], capture_output=True,
-                           text=True, timeout=60)
+                           text=True, timeout=60, env=env)
         rel = os.path.relpath(f, src)
         if r.returncode != 0:
             problems.append(f"kvlingo-router --check rejects {rel}: {(r.stdout + r.stderr).strip()}")

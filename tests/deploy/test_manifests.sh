@@ -52,6 +52,9 @@ for k in "${kubectls[@]}"; do
 done
 [ ${#kubectls[@]} -lt 2 ] && echo "note: only one kubectl found; Debian 12's kubectl 1.20 (kustomize v2.0) not tried"
 
+# the base (one replica, SQLite) renders and passes as well: overlays build on it
+"${kubectls[0]}" kustomize "$src/deploy/k8s/base" > "$tmp/base.yaml" 2>/dev/null || { echo "FAIL: base does not render"; fail=1; }
+
 # The checker itself must see faults: a StatefulSet scaled without fleet.yaml, a probe on the
 # wrong port, a container without limits.
 first=$(ls "$tmp"/*.first.yaml | head -n1)
@@ -69,6 +72,23 @@ yaml.safe_dump_all(docs, open(sys.argv[2], "w"))
 PY
   out=$("$py" "$here/check_manifests.py" --overlay "$(basename "$first" .first.yaml)" "$tmp/mut3.yaml")
   for want in "fleet.yaml does not list it" "readinessProbe probes port 7999" "no resources.limits.cpu"; do
+    if ! grep -q "$want" <<< "$out"; then
+      echo "FAIL: check_manifests.py missed a planted fault ($want)"; fail=1
+    fi
+  done
+  # two router replicas on a SQLite file, with Recreate and no PodDisruptionBudget
+  "$py" - "$tmp/base.yaml" "$tmp/mut4.yaml" <<'PY'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+docs = [d for d in docs if not (d["kind"] == "PodDisruptionBudget" and d["metadata"]["name"] == "kvlingo-router")]
+for d in docs:
+    if d["kind"] == "Deployment":
+        d["spec"]["replicas"] = 2
+        d["spec"]["strategy"] = {"type": "Recreate"}
+yaml.safe_dump_all(docs, open(sys.argv[2], "w"))
+PY
+  out=$("$py" "$here/check_manifests.py" --overlay base "$tmp/mut4.yaml")
+  for want in "replicas on a SQLite ledger" "with strategy Recreate" "no PodDisruptionBudget selects them"; do
     if ! grep -q "$want" <<< "$out"; then
       echo "FAIL: check_manifests.py missed a planted fault ($want)"; fail=1
     fi

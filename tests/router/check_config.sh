@@ -68,6 +68,25 @@ good | sed 's|^  name: cascade|  name: cascade\n  name: pinned|' > "$T/conf/dup2
 refuse "duplicate nested key" "$T/conf/dup2.yaml" "dup2.yaml:9: key 'name' given twice (first on line 8)"
 good | sed 's|^  models: .*|  models: [qwen3-a, qwen3-z]|' > "$T/conf/model.yaml"
 refuse "policy naming a model no node serves" "$T/conf/model.yaml" "model 'qwen3-z' is served by no node"
+# ledger forms: sqlite:PATH, a PostgreSQL URI (not contacted, password hidden), env:NAME
+good | sed 's|^ledger: .*|ledger: sqlite:l2.db|' > "$T/conf/sq.yaml"
+out=$("$R" --config "$T/conf/sq.yaml" --check 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q "^ledger: $T/conf/l2.db (will be created)" <<<"$out" && ok "ledger sqlite:PATH resolved" || bad "sqlite: $rc $out"
+good | sed 's|^ledger: .*|ledger: postgresql://kvr:hunter2@127.0.0.1:1/db|' > "$T/conf/pg.yaml"
+out=$("$R" --config "$T/conf/pg.yaml" --check 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -qF "ledger: postgresql://kvr:***@127.0.0.1:1/db (postgresql, not contacted by --check)" <<<"$out" \
+  && ! grep -q hunter2 <<<"$out" && ok "ledger PostgreSQL URI, password hidden" || bad "pg: $rc $out"
+good | sed 's|^ledger: .*|ledger: env:KVR_TEST_NO_SUCH_VAR|' > "$T/conf/env.yaml"
+refuse "ledger env:NAME unset" "$T/conf/env.yaml" "env.yaml:2: key 'ledger': environment variable 'KVR_TEST_NO_SUCH_VAR'" "not set"
+good | sed 's|^ledger: .*|ledger: env:KVR_TEST_LEDGER_URI|' > "$T/conf/env2.yaml"
+out=$(KVR_TEST_LEDGER_URI="postgresql://u:pw@h/db" "$R" --config "$T/conf/env2.yaml" --check 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -qF "ledger: postgresql://u:***@h/db" <<<"$out" && ok "ledger env:NAME read" || bad "env: $rc $out"
+good | sed 's|^ledger: .*|ledger: mysql://h/db|' > "$T/conf/my.yaml"
+refuse "ledger of an unknown scheme" "$T/conf/my.yaml" "my.yaml:2: key 'ledger'" "neither a path"
+{ good; echo "lease_ms: 5"; } > "$T/conf/lease.yaml"
+refuse "lease_ms out of range" "$T/conf/lease.yaml" "key 'lease_ms'"
+{ good; echo "replica_id: 'a b'"; } > "$T/conf/rep.yaml"
+refuse "replica_id with a space" "$T/conf/rep.yaml" "key 'replica_id'"
 # kvld: the same strict YAML
 printf 'model: %s\nmax_sessions: 4\nmax_sessions: 8\n' "$SRC/models/qwen3-a" > "$T/kd.yaml"
 out=$("$K" --config "$T/kd.yaml" --check 2>&1); rc=$?

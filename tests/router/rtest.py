@@ -141,9 +141,11 @@ class Fleet:
 
     def __init__(self, build, work, models=("qwen3-a", "qwen3-b"), policy=None, guardrail=None,
                  transfer=None, extra_top=None, translators=True, kvld_args=(), pairs=None,
-                 peers=False):
+                 peers=False, ledger=None):
         self.build, self.work = build, work
         self.peers = peers   # give each kvld the others' addresses (--peers): connected at start
+        self.ledger = ledger or os.path.join(work, "ledger.db")
+        self.replicas = {}
         os.makedirs(work, exist_ok=True)
         self.nodes = {}
         self.node_ports = {}
@@ -190,7 +192,7 @@ class Fleet:
                 if isinstance(v, bool) else str(v)
         lines = ["listen: 127.0.0.1:%d" % self.router_port,
                  "metrics: 127.0.0.1:%d" % self.metrics_port,
-                 "ledger: %s" % os.path.join(self.work, "ledger.db"),
+                 "ledger: %s" % self.ledger,
                  "tokenizer: %s" % os.path.join(SRC, "models", "qwen3-a")]
         for k, v in (extra_top or {}).items():
             lines.append("%s: %s" % (k, yv(v)))
@@ -215,6 +217,48 @@ class Fleet:
         self.addr = "127.0.0.1:%d" % self.router_port
         return p
 
+    def add_replica(self, name, extra=None):
+        """One more kvlingo-router on the same nodes and ledger (its own ports and replica_id);
+        returns a dict: proc, addr, metrics_port, config."""
+        port, mport = free_port(), free_port()
+        with open(self.config) as f:
+            lines = [ln for ln in f.read().split("\n")
+                     if not ln.startswith(("listen:", "metrics:", "replica_id:"))]
+        lines = ["listen: 127.0.0.1:%d" % port, "metrics: 127.0.0.1:%d" % mport,
+                 "replica_id: %s" % name] + ["%s: %s" % kv for kv in (extra or {}).items()] + lines
+        cfg = os.path.join(self.work, "fleet-%s.yaml" % name)
+        with open(cfg, "w") as f:
+            f.write("\n".join(lines))
+        p = Proc([os.path.join(self.build, "kvlingo-router"), "--config", cfg],
+                 os.path.join(self.work, "router-%s.log" % name))
+        wait_port(port, p.proc, what="kvlingo-router " + name)
+        self.procs.append(p)
+        rep = {"proc": p, "addr": "127.0.0.1:%d" % port, "metrics_port": mport, "config": cfg,
+               "port": port, "name": name}
+        self.replicas[name] = rep
+        return rep
+
+    def restart_replica(self, name):
+        """Start replica `name` again on its ports (after a kill -9)."""
+        rep = self.replicas[name]
+        if rep["proc"] in self.procs:
+            self.procs.remove(rep["proc"])
+        p = Proc([os.path.join(self.build, "kvlingo-router"), "--config", rep["config"]],
+                 os.path.join(self.work, "router-%s.log" % name))
+        wait_port(rep["port"], p.proc, what="kvlingo-router " + name)
+        self.procs.append(p)
+        rep["proc"] = p
+        return rep
+
+    def replica_client(self, name, timeout=120.0):
+        return python_client.RouterClient(self.replicas[name]["addr"], timeout=timeout,
+                                          stub_dir=os.path.join(self.work, "stubs"))
+
+    def replica_metrics(self, name):
+        import urllib.request
+        return urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.replicas[name]["metrics_port"],
+                                      timeout=5).read().decode()
+
     def client(self, timeout=120.0):
         return FixedLengthClient(self.addr, timeout=timeout,
                                  stub_dir=os.path.join(self.work, "stubs"))
@@ -231,16 +275,21 @@ class Fleet:
         for p in reversed(self.procs):
             if p.alive():
                 rc = p.stop()
-                if p is self.router and rc != 0:
+                if rc != 0 and (p is self.router or any(p is r["proc"] for r in self.replicas.values())):
                     bad.append("kvlingo-router exited with %s on SIGTERM" % rc)
         self.procs = []
-        if self.router is not None:
-            with open(self.router.log_path, errors="replace") as f:
-                log = f.read()
+        logs = [self.router.log_path] if self.router is not None else []
+        logs += [os.path.join(self.work, "router-%s.log" % n) for n in self.replicas]
+        for path in logs:
+            try:
+                with open(path, errors="replace") as f:
+                    log = f.read()
+            except OSError:
+                continue
             for w in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
                 if w in log:
-                    bad.append("router log %s: %s" % (self.router.log_path, w))
-            self.router = None
+                    bad.append("router log %s: %s" % (path, w))
+        self.router = None
         if bad:
             raise AssertionError("; ".join(bad))
 

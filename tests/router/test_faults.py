@@ -159,15 +159,21 @@ def router_restart(a):
         print("  ok: router kill -9 + restart: session continues (%d tokens)" % s3.context_tokens)
         # kill -9 in the middle of a long turn: the node holds uncommitted tokens
         result = {}
+        first = threading.Event()
 
         def turn():
+            # killed after its first token (not after a fixed delay: a quiet machine finishes a
+            # few hundred tokens in well under a second)
             try:
-                result["r"] = c.send_all(sid, " Long", max_tokens=400, model="qwen3-b")
+                for _, summary in c.send(sid, " Long", max_tokens=1000, model="qwen3-b"):
+                    first.set()
+                result["r"] = summary
             except Exception as e:  # noqa: BLE001
                 result["e"] = e
+            first.set()
         th = threading.Thread(target=turn)
         th.start()
-        time.sleep(0.3)
+        check(first.wait(30), "the long turn produced no token")
         fleet.router.kill9()
         fleet.procs.remove(fleet.router)
         th.join(30)
