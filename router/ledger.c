@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <string.h>
 
 #include "clock.h"
@@ -211,21 +212,13 @@ kvl_status kvr_ledger_idle(kvr_ledger *l, double before, char (*ids)[KVR_ID_MAX]
 kvl_status kvr_ledger_lru_on_node(kvr_ledger *l, const char *node, const char *exclude,
                                   char (*ids)[KVR_ID_MAX], int max, int *n) {
     *n = 0;
-    pthread_mutex_lock(&l->mu);
-    sqlite3_stmt *st = NULL;
-    kvl_status s = KVL_OK;
-    if (sqlite3_prepare_v2(l->db, "SELECT s.id FROM sessions s JOIN holdings h ON h.session=s.id "
-                           "WHERE h.node=? AND s.state=0 AND s.id<>? ORDER BY s.last_used LIMIT ?",
-                           -1, &st, NULL) != SQLITE_OK) {
-        s = db_err(l, "lru");
-    } else {
-        sqlite3_bind_text(st, 1, node, -1, SQLITE_TRANSIENT);
-        sqlite3_bind_text(st, 2, exclude ? exclude : "", -1, SQLITE_TRANSIENT);
-        sqlite3_bind_int(st, 3, max);
-        while (sqlite3_step(st) == SQLITE_ROW && *n < max) copy_col(ids[(*n)++], KVR_ID_MAX, st, 0);
-        sqlite3_finalize(st);
-    }
-    pthread_mutex_unlock(&l->mu);
+    if (max <= 0 || !node) return KVL_OK;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);   /* leases are in wall time (shared by replicas) */
+    double m0 = kvl__now_s();
+    kvl_status s = l->ops->lru_on_node(l->impl, node, exclude ? exclude : "",
+                                       (double)ts.tv_sec + ts.tv_nsec * 1e-9, ids, max, n);
+    observe(l, "lru", 0, m0);
     return s;
 }
 

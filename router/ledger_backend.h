@@ -33,6 +33,10 @@ typedef struct kvr_ledger_ops {
     kvl_status (*holding_set)(void *impl, const char *id, const char *node, int n);
     kvl_status (*session_end)(void *impl, const char *id, kvr_session_state state, double now);
     kvl_status (*idle)(void *impl, double before, char (*ids)[KVR_ID_MAX], int max, int *n);
+    /* open sessions (but `exclude`) holding a prefix on `node`, not under a live lease at wall
+     * time `now`, least recently used first */
+    kvl_status (*lru_on_node)(void *impl, const char *node, const char *exclude, double now,
+                              char (*ids)[KVR_ID_MAX], int max, int *n);
     kvl_status (*purge)(void *impl, double before);
     kvl_status (*count_open)(void *impl, long *n);
     kvl_status (*lease_acquire)(void *impl, const char *id, const char *owner, double now,

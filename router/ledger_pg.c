@@ -545,6 +545,21 @@ static kvl_status pg_idle(void *impl, double before, char (*ids)[KVR_ID_MAX], in
     return s;
 }
 
+static kvl_status pg_lru_on_node(void *impl, const char *node, const char *exclude, double now,
+                                 char (*ids)[KVR_ID_MAX], int max, int *n) {
+    pg *p = impl;
+    pthread_mutex_lock(&p->mu);
+    PGresult *r = NULL;
+    kvl_status s = run(p, "lru", &r, NULL, 0,
+                       "SELECT s.id FROM sessions s JOIN holdings h ON h.session=s.id WHERE h.node=$1 "
+                       "AND s.state=0 AND s.id<>$2 AND s.lease_expiry<$3 ORDER BY s.last_used LIMIT $4",
+                       "ttdi", node, exclude, now, (long long)max);
+    for (int i = 0; !s && i < PQntuples(r) && *n < max; i++) text_col(r, i, 0, ids[(*n)++], KVR_ID_MAX);
+    PQclear(r);
+    pthread_mutex_unlock(&p->mu);
+    return s;
+}
+
 static kvl_status pg_purge(void *impl, double before) {
     pg *p = impl;
     pthread_mutex_lock(&p->mu);
@@ -691,6 +706,7 @@ const kvr_ledger_ops kvr_ledger_pg_ops = {
     .holding_set = pg_holding_set,
     .session_end = pg_session_end,
     .idle = pg_idle,
+    .lru_on_node = pg_lru_on_node,
     .purge = pg_purge,
     .count_open = pg_count_open,
     .lease_acquire = pg_lease_acquire,

@@ -393,6 +393,28 @@ static kvl_status sq_idle(void *impl, double before, char (*ids)[KVR_ID_MAX], in
     return s;
 }
 
+static kvl_status sq_lru_on_node(void *impl, const char *node, const char *exclude, double now,
+                                 char (*ids)[KVR_ID_MAX], int max, int *n) {
+    sq *q = impl;
+    pthread_mutex_lock(&q->mu);
+    sqlite3_stmt *st = NULL;
+    kvl_status s = KVL_OK;
+    if (sqlite3_prepare_v2(q->db, "SELECT s.id FROM sessions s JOIN holdings h ON h.session=s.id "
+                           "WHERE h.node=? AND s.state=0 AND s.id<>? AND s.lease_expiry<? "
+                           "ORDER BY s.last_used LIMIT ?", -1, &st, NULL) != SQLITE_OK) {
+        s = db_err(q, "lru");
+    } else {
+        sqlite3_bind_text(st, 1, node, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_text(st, 2, exclude, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_double(st, 3, now);
+        sqlite3_bind_int(st, 4, max);
+        while (sqlite3_step(st) == SQLITE_ROW && *n < max) copy_col(ids[(*n)++], KVR_ID_MAX, st, 0);
+        sqlite3_finalize(st);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return s;
+}
+
 static kvl_status sq_purge(void *impl, double before) {
     sq *q = impl;
     pthread_mutex_lock(&q->mu);
@@ -561,6 +583,7 @@ const kvr_ledger_ops kvr_ledger_sqlite_ops = {
     .holding_set = sq_holding_set,
     .session_end = sq_session_end,
     .idle = sq_idle,
+    .lru_on_node = sq_lru_on_node,
     .purge = sq_purge,
     .count_open = sq_count_open,
     .lease_acquire = sq_lease_acquire,

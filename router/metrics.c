@@ -133,7 +133,7 @@ void kvr_metrics_declare(kvr_metrics *m, const char *const *models, int n_models
 }
 
 void kvr_metrics_declare_ledger(kvr_metrics *m, const char *backend) {
-    static const char *const ops[] = {"create", "load", "commit", "holding", "end", "idle",
+    static const char *const ops[] = {"create", "load", "commit", "holding", "end", "idle", "lru",
                                       "purge", "lease", "renew", "release", "find"};
     char lab[128], b[64];
     if (!m) return;

@@ -287,6 +287,38 @@ static void fenced_commit(kvr_ledger *l, const char *id, const int32_t *t, int t
     assert_int_equal(s, want);
 }
 
+/* The sessions holding a prefix on a node, least recently used first, to free a place on a
+ * full node: open sessions only, not the excluded one, not one under a live lease. */
+static void test_lru_on_node(void **state) {
+    kvr_ledger *l = *state;
+    assert_int_equal(kvr_ledger_session_create(l, "lru-new", "", 20.0), KVL_OK);
+    assert_int_equal(kvr_ledger_session_create(l, "lru-old", "", 10.0), KVL_OK);
+    assert_int_equal(kvr_ledger_session_create(l, "lru-other", "", 5.0), KVL_OK);
+    assert_int_equal(kvr_ledger_session_create(l, "lru-leased", "", 1.0), KVL_OK);
+    assert_int_equal(kvr_ledger_session_create(l, "lru-ended", "", 2.0), KVL_OK);
+    assert_int_equal(kvr_ledger_holding_set(l, "lru-new", "n0", 4), KVL_OK);
+    assert_int_equal(kvr_ledger_holding_set(l, "lru-old", "n0", 4), KVL_OK);
+    assert_int_equal(kvr_ledger_holding_set(l, "lru-other", "n1", 4), KVL_OK);
+    assert_int_equal(kvr_ledger_holding_set(l, "lru-leased", "n0", 4), KVL_OK);
+    assert_int_equal(kvr_ledger_holding_set(l, "lru-ended", "n0", 4), KVL_OK);
+    assert_int_equal(kvr_ledger_session_end(l, "lru-ended", KVR_SESSION_CLOSED, 30.0), KVL_OK);
+    kvr_lease le;   /* a lease far in the (wall-clock) future: another replica drives it */
+    assert_int_equal(kvr_ledger_lease_acquire(l, "lru-leased", "rx", 4e9, 60.0, &le), KVL_OK);
+    char ids[8][KVR_ID_MAX];
+    int n = -1;
+    assert_int_equal(kvr_ledger_lru_on_node(l, "n0", "", ids, 8, &n), KVL_OK);
+    assert_int_equal(n, 2);
+    assert_string_equal(ids[0], "lru-old");
+    assert_string_equal(ids[1], "lru-new");
+    assert_int_equal(kvr_ledger_lru_on_node(l, "n0", "lru-old", ids, 8, &n), KVL_OK);
+    assert_int_equal(n, 1);
+    assert_string_equal(ids[0], "lru-new");
+    assert_int_equal(kvr_ledger_lru_on_node(l, "n0", "", ids, 1, &n), KVL_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(kvr_ledger_lru_on_node(l, "nowhere", "", ids, 8, &n), KVL_OK);
+    assert_int_equal(n, 0);
+}
+
 static void test_lease(void **state) {
     kvr_ledger *l = *state;
     assert_int_equal(kvr_ledger_session_create(l, "ls", "", 10.0), KVL_OK);
@@ -468,6 +500,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_create_and_load, setup, teardown),
         cmocka_unit_test_setup_teardown(test_commit_tokens, setup, teardown),
         cmocka_unit_test_setup_teardown(test_end_expire_purge, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lru_on_node, setup, teardown),
         cmocka_unit_test_setup_teardown(test_persistence, setup, teardown),
         cmocka_unit_test_setup_teardown(test_schema, setup, teardown),
         cmocka_unit_test_setup_teardown(test_migrate_v1, setup, teardown),
