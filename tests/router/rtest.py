@@ -251,7 +251,7 @@ class Fleet:
         return rep
 
     def replica_client(self, name, timeout=120.0):
-        return python_client.RouterClient(self.replicas[name]["addr"], timeout=timeout,
+        return FixedLengthClient(self.replicas[name]["addr"], timeout=timeout,
                                           stub_dir=os.path.join(self.work, "stubs"))
 
     def replica_metrics(self, name):
