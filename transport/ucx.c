@@ -328,18 +328,20 @@ static void drop_peer(ucx_transport *u, ucx_peer *victim) {
     }
 }
 
-static kvl_status ucx_send(kvl__transport *t, const uint8_t *addr, size_t addr_len, uint64_t tag,
-                           const void *buf, size_t len, int64_t timeout_ms,
-                           const volatile int *cancel) {
-    ucx_transport *u = (ucx_transport *)t;
+/* One request on the endpoint to `addr`, waited for: a tagged send of buf[0..len), or (flush)
+ * an endpoint flush, which completes once the endpoint's lanes are wired up with the peer. */
+static kvl_status peer_op(ucx_transport *u, const uint8_t *addr, size_t addr_len, int flush,
+                          uint64_t tag, const void *buf, size_t len, int64_t timeout_ms,
+                          const volatile int *cancel) {
+    const char *what = flush ? "connect" : "send";
     /* heap-allocated: if the peer stalls, the request may outlive this call (see orphan) */
     op_with_t *o = calloc(1, sizeof *o);
-    if (!o) return kvl__errorf(KVL_ERR_NOMEM, "transport: send");
+    if (!o) return kvl__errorf(KVL_ERR_NOMEM, "transport: %s", what);
     o->u = u;
     ucp_request_param_t prm;
     memset(&prm, 0, sizeof prm);
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                       UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+                       (flush ? 0 : UCP_OP_ATTR_FLAG_NO_IMM_CMPL);
     prm.cb.send = send_cb;
     prm.user_data = o;
     pthread_mutex_lock(&u->mu);
@@ -350,19 +352,24 @@ static kvl_status ucx_send(kvl__transport *t, const uint8_t *addr, size_t addr_l
         free(o);
         return st;
     }
-    ucs_status_ptr_t r = ucp_tag_send_nbx(p->ep, buf, len, tag, &prm);
+    ucs_status_ptr_t r = flush ? ucp_ep_flush_nbx(p->ep, &prm) : ucp_tag_send_nbx(p->ep, buf, len, tag, &prm);
+    if (r == NULL) {   /* a flush with nothing to wait for */
+        pthread_mutex_unlock(&u->mu);
+        free(o);
+        return KVL_OK;
+    }
     if (UCS_PTR_IS_ERR(r)) {
         drop_peer(u, p);
         pthread_mutex_unlock(&u->mu);
         free(o);
-        return kvl__errorf(KVL_ERR_IO, "transport: send to peer failed: %s",
+        return kvl__errorf(KVL_ERR_IO, "transport: %s to peer failed: %s", what,
                           ucs_status_string(UCS_PTR_STATUS(r)));
     }
     u->outstanding++;
     o->op.req = r;
-    st = wait_op(u, &o->op, timeout_ms, cancel, "send", 0);
+    st = wait_op(u, &o->op, timeout_ms, cancel, what, 0);
     if (st == KVL_OK && o->op.status != UCS_OK) {
-        st = kvl__errorf(KVL_ERR_IO, "transport: send failed (peer gone?): %s",
+        st = kvl__errorf(KVL_ERR_IO, "transport: %s failed (peer gone?): %s", what,
                         ucs_status_string(o->op.status));
         drop_peer(u, p);
     } else if (st != KVL_OK) {
@@ -381,59 +388,16 @@ static kvl_status ucx_send(kvl__transport *t, const uint8_t *addr, size_t addr_l
     return st;
 }
 
-/* Create the endpoint and flush it: the flush completes once the endpoint's lanes are wired up
- * with the peer, which is the set-up the first send would otherwise wait for. */
+static kvl_status ucx_send(kvl__transport *t, const uint8_t *addr, size_t addr_len, uint64_t tag,
+                           const void *buf, size_t len, int64_t timeout_ms,
+                           const volatile int *cancel) {
+    return peer_op((ucx_transport *)t, addr, addr_len, 0, tag, buf, len, timeout_ms, cancel);
+}
+
+/* Create the endpoint and flush it: the wire-up the first send would otherwise wait for. */
 static kvl_status ucx_connect(kvl__transport *t, const uint8_t *addr, size_t addr_len,
                               int64_t timeout_ms) {
-    ucx_transport *u = (ucx_transport *)t;
-    op_with_t *o = calloc(1, sizeof *o);
-    if (!o) return kvl__errorf(KVL_ERR_NOMEM, "transport: connect");
-    o->u = u;
-    ucp_request_param_t prm;
-    memset(&prm, 0, sizeof prm);
-    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    prm.cb.send = send_cb;
-    prm.user_data = o;
-    pthread_mutex_lock(&u->mu);
-    ucx_peer *p = NULL;
-    kvl_status st = get_peer(u, addr, addr_len, &p);
-    if (st != KVL_OK) {
-        pthread_mutex_unlock(&u->mu);
-        free(o);
-        return st;
-    }
-    ucs_status_ptr_t r = ucp_ep_flush_nbx(p->ep, &prm);
-    if (r == NULL) {   /* nothing to wait for */
-        pthread_mutex_unlock(&u->mu);
-        free(o);
-        return KVL_OK;
-    }
-    if (UCS_PTR_IS_ERR(r)) {
-        drop_peer(u, p);
-        pthread_mutex_unlock(&u->mu);
-        free(o);
-        return kvl__errorf(KVL_ERR_IO, "transport: connecting to the peer failed: %s",
-                          ucs_status_string(UCS_PTR_STATUS(r)));
-    }
-    u->outstanding++;
-    o->op.req = r;
-    st = wait_op(u, &o->op, timeout_ms, NULL, "connect", 0);
-    if (st == KVL_OK && o->op.status != UCS_OK) {
-        st = kvl__errorf(KVL_ERR_IO, "transport: connecting to the peer failed: %s",
-                        ucs_status_string(o->op.status));
-        drop_peer(u, p);
-    } else if (st != KVL_OK) {
-        drop_peer(u, p);
-    }
-    if (o->op.done) {
-        free(o);
-    } else {
-        o->orphan = 1;
-        o->next_orphan = u->orphans;
-        u->orphans = o;
-    }
-    pthread_mutex_unlock(&u->mu);
-    return st;
+    return peer_op((ucx_transport *)t, addr, addr_len, 1, 0, NULL, 0, timeout_ms, NULL);
 }
 
 static const kvl__transport_ops ucx_ops = {
