@@ -77,7 +77,10 @@ int cmd_info(int argc, char **argv) {
                    c->rope.factor, c->rope.original_max_position_embeddings);
         printf("q/k norm       %s, q/k/v bias %s, tied embeddings %s\n", c->qk_norm ? "yes" : "no",
                c->qkv_bias ? "yes" : "no", c->tie_word_embeddings ? "yes" : "no");
-        printf("weights dtype  %s (computed in float32)\n", dtype_word(c->weight_dtype));
+        const kvl_backend_ops *be = kvl_model_backend(m);
+        printf("weights dtype  %s on disk, %s in memory, float32 accumulation (%s: %s)\n",
+               dtype_word(c->weight_dtype), kvl_weights_dtype_name(kvl_model_weights_dtype(m)), be->name,
+               be->describe ? be->describe() : "-");
         printf("parameters     %lld\n", params);
         printf("KV bytes/token %zu (float32 K and V%s, all layers)\n", kvb, c->qk_norm ? " and pre-norm K" : "");
         printf("hash           %s\n", kvl_model_hash(m));

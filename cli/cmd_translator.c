@@ -421,11 +421,14 @@ static void print_info_table(const kvl_translator *tr, const char *file) {
     if (nr) {
         printf("  stage 2 runs:\n  %3s %6s %5s %4s %8s %6s %4s %9s %8s\n", "run", "steps", "batch", "win",
                "lr", "warmup", "seed", "final KL", "seconds");
-        for (int i = nr - 1, k = 1; i >= 0; i--, k++)
+        for (int i = nr - 1, k = 1; i >= 0; i--, k++) {
+            /* runs recorded before --per-window existed read one sample per window */
+            double win = jnum(runs[i], "per_window");
             printf("  %3d %6.0f %5.0f %4.0f %8.2g %6.0f %4.0f %9.5f %8.1f\n", k, jnum(runs[i], "steps"),
-                   jnum(runs[i], "batch"), jnum(runs[i], "per_window"), jnum(runs[i], "lr"),
+                   jnum(runs[i], "batch"), isnan(win) ? 1.0 : win, jnum(runs[i], "lr"),
                    jnum(runs[i], "warmup"), jnum(runs[i], "seed"), jnum(runs[i], "final_kl"),
                    jnum(runs[i], "seconds"));
+        }
     }
     cJSON_Delete(t);
     if (kvl_translator_metadata(tr, "eval") || kvl_translator_metadata(tr, "eval_stage1")) {

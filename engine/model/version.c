@@ -14,16 +14,18 @@ const char *kvl_build_options(void) { return KVL_BUILD_OPTIONS; }
 
 void kvl_backends_describe(char *buf, size_t cap) {
     if (!buf || !cap) return;
+    const kvl_backend_ops *cpu = kvl_backend_cpu();
+    const char *cd = cpu->describe ? cpu->describe() : "float32";
     if (!kvl_backend_cuda()) {
-        snprintf(buf, cap, "cpu (OpenBLAS, float32); cuda not built");
+        snprintf(buf, cap, "cpu (%s); cuda not built", cd);
         return;
     }
     const kvl_backend_ops *ops = NULL;
     kvl_status s = kvl_backend_for_device(KVL_DEVICE_CUDA, &ops);
     if (s == KVL_OK)
-        snprintf(buf, cap, "cpu (OpenBLAS, float32); cuda (built, a GPU is usable here)");
+        snprintf(buf, cap, "cpu (%s); cuda (built, a GPU is usable here)", cd);
     else
-        snprintf(buf, cap, "cpu (OpenBLAS, float32); cuda (built, not usable here: %s)", kvl_last_error());
+        snprintf(buf, cap, "cpu (%s); cuda (built, not usable here: %s)", cd, kvl_last_error());
 }
 
 void kvl_version_print(FILE *f, const char *program) {

@@ -92,6 +92,9 @@ typedef struct kvl_translate_params {
 
 typedef struct kvl_backend_ops {
     const char *name;             /* "cpu", "cuda" */
+    /* What the backend computes with on this machine (kernels chosen at run time), e.g.
+     * "OpenBLAS float32; bf16 weights: AVX-512 BF16 kernel" (static string; may be NULL). */
+    const char *(*describe)(void);
 
     /* Weights: make the backend's model from the host view (which must outlive it: the CPU
      * backend computes on it in place, or with params->weights_dtype KVL_WEIGHTS_BF16 on bf16

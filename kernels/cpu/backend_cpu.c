@@ -18,6 +18,7 @@
 #include "decoder.h"
 #include "error.h"
 #include "kv_blocks.h"
+#include "matmul_bf16.h"
 #include "ops.h"
 
 /* ---- model: the view, the thread count, and the activation scratch ------------------------- */
@@ -479,8 +480,15 @@ static kvl_status cpu_translate_apply(void *pp, const float *k_src, const float 
 
 /* ---- the table ------------------------------------------------------------------------------------ */
 
+static const char *cpu_describe(void) {
+    return kvl__bf16_kernel_active() == KVL__BF16_KERNEL_AVX512
+               ? "OpenBLAS float32; bf16 weights: AVX-512 BF16 kernel"
+               : "OpenBLAS float32; bf16 weights: portable kernel (no AVX-512 BF16 here)";
+}
+
 static const kvl_backend_ops cpu_ops = {
     .name = "cpu",
+    .describe = cpu_describe,
     .model_create = cpu_model_create,
     .model_free = cpu_model_free,
     .model_set_threads = cpu_model_set_threads,

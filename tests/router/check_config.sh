@@ -97,4 +97,7 @@ out=$("$K" --config "$T/ka.yaml" --check 2>&1); rc=$?
 printf 'model: %s\nmax_sessions: 4\n' "$SRC/models/qwen3-a" > "$T/kg.yaml"
 out=$("$K" --config "$T/kg.yaml" --check 2>&1); rc=$?
 [ $rc -eq 0 ] && grep -q '^max_sessions: 4' <<<"$out" && ok "kvld: good YAML passes --check" || bad "kvld good: $rc $out"
+# the sample fleet the README starts by hand passes the check (paths relative to its folder)
+out=$("$R" --config "$SRC/router/fleet.example.yaml" --check 2>&1) && grep -q "tokenizer: .*models/qwen3-a (vocabulary" <<<"$out" \
+    && ok "router/fleet.example.yaml passes --check" || bad "fleet.example.yaml: $out"
 exit $fail
