@@ -147,7 +147,7 @@ static int send_turn(kvl__rpc_client *cli, const char *sid, const chat_opts *o, 
         if (!m) { fprintf(stderr, "kvlingo chat: malformed message from the router\n"); rc = 1; break; }
         if (m->summary) {
             const Kvlingo__V1__TurnSummary *x = m->summary;
-            printf("\n[session %s turn %u: %s on %s, switch %s", sid, x->turn + 1, x->model, x->node,
+            printf("\n[session %s turn %u: %s on %s, switch %s", sid, x->turn, x->model, x->node,
                    modes[x->switch_mode % 3]);
             if (x->from_model && x->from_model[0]) printf(" from %s", x->from_model);
             printf(" (%u span tokens), TTFT %.2f ms, %u tokens, %.1f tok/s", x->span_tokens,
