@@ -10,6 +10,9 @@
 #include "log.h"
 #include "node.h"
 
+/* Bytes of the longest token text allowed for (the shipped vocabularies stay well below). */
+#define KVLD_MAX_TOKEN_BYTES 256
+
 /* Unpack the request or answer INVALID_ARGUMENT "malformed <Name>Request". */
 #define UNPACK_OR_FAIL(var, type, fn, r, req, len)                                              \
     type *var = fn(NULL, len, req);                                                             \
@@ -139,8 +142,17 @@ void kvld_rpc_append(kvl__rpc_call *call, const uint8_t *req, size_t len, void *
     if (has_text && in->n_tokens > 0) {
         st = kvl__errorf(KVL_ERR_INVALID_ARG, "give either tokens or text, not both");
     } else if (has_text) {
-        if (!n->tok) st = kvl__errorf(KVL_ERR_UNSUPPORTED, "this node has no tokenizer: send tokens");
-        else st = kvl_tokenizer_encode(n->tok, in->text, strlen(in->text), &ids, &n_ids);
+        size_t bytes = strlen(in->text);
+        if (!n->tok)
+            st = kvl__errorf(KVL_ERR_UNSUPPORTED, "this node has no tokenizer: send tokens");
+        /* bounded before tokenizing: no token of a byte-level BPE vocabulary is longer than
+         * KVLD_MAX_TOKEN_BYTES, so a longer text is over the context whatever its tokens */
+        else if (bytes > (size_t)n->max_context * KVLD_MAX_TOKEN_BYTES)
+            st = kvl__errorf(KVL_ERR_RANGE, "input too long: a text of %zu bytes is more than the max "
+                            "context of %d tokens can hold (--max-context; checked before tokenizing)",
+                            bytes, n->max_context);
+        else
+            st = kvl_tokenizer_encode(n->tok, in->text, bytes, &ids, &n_ids);
     } else if (in->n_tokens > 0) {
         ids = malloc(sizeof(int32_t) * in->n_tokens);
         if (!ids) st = kvl__errorf(KVL_ERR_NOMEM, "tokens");

@@ -30,9 +30,15 @@ kvl_status kvl__rpc_server_create(const kvl__rpc_server_params *params, kvl__rpc
     pthread_mutex_init(&srv->mu, NULL);
     pthread_cond_init(&srv->cv, NULL);
     srv->max_calls = params->max_calls > 0 ? params->max_calls : 256;
-    grpc_arg args[2];
+    grpc_arg args[3];
     grpc_channel_args cargs;
     kvl__rpc_message_limits(params->max_message_bytes, args, &cargs);
+    /* no SO_REUSEPORT: a second server on a port another one holds must fail at start, not
+     * share the port (calls would alternate between the two processes) */
+    args[2].type = GRPC_ARG_INTEGER;
+    args[2].key = (char *)GRPC_ARG_ALLOW_REUSEPORT;
+    args[2].value.integer = 0;
+    cargs.num_args = 3;
     srv->server = grpc_server_create(&cargs, NULL);
     srv->cq = grpc_completion_queue_create_for_next(NULL);
     if (!srv->server || !srv->cq) {
@@ -325,7 +331,13 @@ void kvl__rpc_server_shutdown(kvl__rpc_server *srv, int64_t grace_ms) {
     for (int i = 0; i < srv->n_health; i++) srv->health[i].serving = 0;
     pthread_cond_broadcast(&srv->cv);
     pthread_mutex_unlock(&srv->mu);
-    if (!srv->started) return;
+    if (!srv->started) {
+        /* a server that bound its port but never started (a later start-up step failed) must
+         * still be shut down before it is destroyed; with no poller, the notification stays in
+         * the queue that kvl__rpc_server_free drains */
+        if (srv->server && srv->port > 0) grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->t_shutdown);
+        return;
+    }
     grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->t_shutdown);
     /* grace period: let running handlers answer */
     int64_t until = kvl__now_ms() + (grace_ms > 0 ? grace_ms : 0);

@@ -129,6 +129,14 @@ def main():
                 "text too long -> OUT_OF_RANGE (%s)" % (e and e.details()))
         si = sc.SessionInfo(pb.SessionInfoRequest(session_id="short"), timeout=10)
         t.check(si.token_count == 0, "the refused append left the session empty")
+        # a text far past what the context can hold is refused before it is tokenized (20 MB of
+        # text on a 64-token node)
+        t0 = time.time()
+        e = rpc_error(lambda: sc.Append(pb.AppendRequest(session_id="short", text="x" * (20 << 20)),
+                                        timeout=60))
+        t.check(e is not None and e.code() == grpc.StatusCode.OUT_OF_RANGE and
+                "before tokenizing" in e.details(),
+                "a 20 MB text -> OUT_OF_RANGE before tokenizing (%s, %.2f s)" % (e and e.details(), time.time() - t0))
 
         # 4. header naming another model / 5. unknown source model (crafted ImportSpan)
         def import_with(header):

@@ -8,6 +8,9 @@
   over the endpoint set up at start).
 - A bad --peers entry is a startup error naming it; --check lists the peers; the serving line
   reports the warm-up (warmup_ms > 0), and --warmup 0 turns it off.
+- A second kvld on a port the first one holds fails at start (no shared port, where calls would
+  alternate between two models); so does a kvld whose metrics port is taken (exit 1 with the
+  reason, not an abort).
 usage: test_peers.py --build BUILD_DIR --work WORK_DIR
 """
 import argparse
@@ -76,6 +79,17 @@ def main():
         nb = rtest.Proc([kvld, "--model", model("qwen3-b"), "--listen", "127.0.0.1:%d" % pb, "--metrics",
                          "127.0.0.1:%d" % mb, "--peers", "127.0.0.1:%d" % pa, "--warmup", "0"], lb)
         rtest.wait_port(pb, nb.proc, what="kvld b")
+        r = subprocess.run([kvld, "--model", model("qwen3-b"), "--listen", "127.0.0.1:%d" % pa,
+                            "--transport", "none", "--warmup", "0"], capture_output=True, text=True, timeout=60)
+        check(r.returncode == 1 and "cannot listen on '127.0.0.1:%d'" % pa in r.stdout + r.stderr,
+              "second kvld on a held port: rc %d, %r" % (r.returncode, (r.stdout + r.stderr)[-300:]))
+        print("ok   a second kvld on a held port fails at start")
+        r = subprocess.run([kvld, "--model", model("qwen3-b"), "--listen", "127.0.0.1:0", "--metrics",
+                            "127.0.0.1:%d" % ma, "--transport", "none", "--warmup", "0"],
+                           capture_output=True, text=True, timeout=60)
+        check(r.returncode == 1 and "metrics: cannot listen on 127.0.0.1:%d" % ma in r.stdout + r.stderr,
+              "kvld on a taken metrics port: rc %d, %r" % (r.returncode, (r.stdout + r.stderr)[-300:]))
+        print("ok   a taken metrics port is a clean start-up error")
         wait_log(la, r"msg=peer_ready peer=127\.0\.0\.1:%d " % pb)
         wait_log(lb, r"msg=peer_ready peer=127\.0\.0\.1:%d " % pa)
         check(metric(ma, "kvlingo_peers_connected_total") == 1, "a: peers_connected_total")
