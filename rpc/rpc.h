@@ -20,7 +20,9 @@
  *     reply".  The kvl__rpc_call is freed by the layer after the handler returns: never keep it.
  *   - grpc.health.v1.Health/Check is served by every server (service "" and every service name
  *     set with kvl__rpc_server_set_health); Health/Watch answers the current status once and then
- *     keeps the stream open until the client cancels or the server shuts down.
+ *     keeps the stream open until the client cancels or the server shuts down.  Health keeps
+ *     reserved capacity: Health/Check has 16 slots of its own outside max_calls (the probe
+ *     answers while every other slot is busy), and at most 32 Watch streams run at once.
  *   - Unknown method -> UNIMPLEMENTED; a call without a request message -> INVALID_ARGUMENT;
  *     more than max_calls handlers busy -> RESOURCE_EXHAUSTED.
  *

@@ -125,11 +125,28 @@ static void post_request(kvl__rpc_server *srv) {
     }
 }
 
+/* Health checks keep reserved capacity: Health/Check has slots of its own, outside max_calls,
+ * so that a server whose every slot is taken (long streams, Watch floods) still answers the
+ * orchestrator's probe; Health/Watch streams are capped, so they cannot take every slot. */
+#define KVL_RPC_CHECK_SLOTS 16
+#define KVL_RPC_WATCH_MAX 32
+
+typedef enum { CALL_GENERAL = 0, CALL_CHECK = 1, CALL_WATCH = 2 } call_class;
+
 typedef struct handler_job {
     kvl__rpc_call *call;
     uint8_t *req;
     size_t len;
+    call_class cls;
 } handler_job;
+
+/* srv->mu held: the call's place is given back */
+static void release_slot(kvl__rpc_server *srv, call_class cls) {
+    srv->active--;
+    if (cls == CALL_CHECK) srv->n_check--;
+    if (cls == CALL_WATCH) srv->n_watch--;
+    pthread_cond_broadcast(&srv->cv);
+}
 
 static void *handler_main(void *arg) {
     handler_job *job = arg;
@@ -143,12 +160,12 @@ static void *handler_main(void *arg) {
     c->cancel_fn = NULL;
     while (c->cancel_running) pthread_cond_wait(&c->cv, &c->mu);
     pthread_mutex_unlock(&c->mu);
+    call_class cls = job->cls;
     free(job->req);
     free(job);
     kvl__rpc_server *srv = c->srv;
     pthread_mutex_lock(&srv->mu);
-    srv->active--;
-    pthread_cond_broadcast(&srv->cv);
+    release_slot(srv, cls);
     pthread_mutex_unlock(&srv->mu);
     kvl__rpc_call_unref(c);
     return NULL;
@@ -223,14 +240,27 @@ static void on_request_message(kvl__rpc_server *srv, kvl__rpc_call *c, int ok) {
     grpc_byte_buffer_destroy(c->recv_buf);
     c->recv_buf = NULL;
     job->call = c;
+    job->cls = c->m->fn == kvl__rpc_health_check ? CALL_CHECK
+               : c->m->fn == kvl__rpc_health_watch ? CALL_WATCH : CALL_GENERAL;
     pthread_mutex_lock(&srv->mu);
-    int over = srv->active >= srv->max_calls;
-    if (!over) srv->active++;
+    const char *why = NULL;
+    if (job->cls == CALL_CHECK) {
+        if (srv->n_check >= KVL_RPC_CHECK_SLOTS) why = "server busy: too many health checks at once";
+    } else if (srv->active - srv->n_check >= srv->max_calls) {
+        why = "server busy: too many calls";
+    } else if (job->cls == CALL_WATCH && srv->n_watch >= KVL_RPC_WATCH_MAX) {
+        why = "server busy: too many Health/Watch streams";
+    }
+    if (!why) {
+        srv->active++;
+        if (job->cls == CALL_CHECK) srv->n_check++;
+        if (job->cls == CALL_WATCH) srv->n_watch++;
+    }
     pthread_mutex_unlock(&srv->mu);
-    if (over) {
+    if (why) {
         free(job->req);
         free(job);
-        kvl__rpc_call_reject(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "server busy: too many calls");
+        kvl__rpc_call_reject(c, GRPC_STATUS_RESOURCE_EXHAUSTED, why);
         kvl__rpc_call_unref(c);
         return;
     }
@@ -243,8 +273,7 @@ static void on_request_message(kvl__rpc_server *srv, kvl__rpc_call *c, int ok) {
     pthread_attr_destroy(&attr);
     if (rc != 0) {
         pthread_mutex_lock(&srv->mu);
-        srv->active--;
-        pthread_cond_broadcast(&srv->cv);
+        release_slot(srv, job->cls);
         pthread_mutex_unlock(&srv->mu);
         free(job->req);
         free(job);

@@ -76,6 +76,8 @@ struct kvl__rpc_server {
     int n_requests;                /* grpc_server_request_call outstanding                    */
     int n_calls;                   /* live kvl__rpc_call structs                               */
     int active;                    /* handlers running                                        */
+    int n_check;                   /* of which Health/Check (their own slots, see server.c)   */
+    int n_watch;                   /* of which Health/Watch streams (capped)                  */
     kvl__rpc_health_entry *health;
     int n_health;
     kvl__rpc_tag t_shutdown;

@@ -281,6 +281,27 @@ def main():
             t.check(r.returncode != 0 and want in r.stderr,
                     "kvld --device %s refused at start with a message (%s)" %
                     (dev, r.stderr.strip().splitlines()[-1:] if r.stderr else r.returncode))
+
+        # 12. a Health/Watch flood: the streams are capped, and Health/Check (the Kubernetes
+        # probe) keeps its own slots, so the probe still answers SERVING
+        hch = grpc.insecure_channel(C.addr)
+        watch = hch.unary_stream("/grpc.health.v1.Health/Watch")
+        streams, busy = [], 0
+        for i in range(48):
+            it = watch(b"", timeout=60)
+            try:
+                next(it)   # the first update: SERVING
+                streams.append(it)
+            except grpc.RpcError as err:
+                if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "Watch" in err.details():
+                    busy += 1
+        t.check(len(streams) == 32 and busy == 16,
+                "48 Health/Watch streams: %d held, %d refused (32 / 16 expected)" % (len(streams), busy))
+        check_raw = hch.unary_unary("/grpc.health.v1.Health/Check")
+        t.check(check_raw(b"", timeout=10) == b"\x08\x01", "Health/Check answers SERVING under a Watch flood")
+        for it in streams:
+            it.cancel()
+        hch.close()
     finally:
         codes = [node.stop() for node in nodes]
     t.check(codes == [0, 0, 0], "all nodes exit 0 on SIGTERM (%s)" % codes)
