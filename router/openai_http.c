@@ -8,6 +8,7 @@
  * before any token still gets a proper HTTP status and OpenAI error body.  A client that goes
  * away cancels its turn.  Request bodies are bounded (413 past http_max_body_bytes). */
 #include "openai.h"
+#include "http.h"
 #include "router.h"
 #include "log.h"
 
@@ -434,23 +435,10 @@ static void on_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MH
 kvl_status kvr_oai_http_start(kvr_router *r, const char *addr, long max_conn, long max_body,
                               kvr_oai_http **out) {
     *out = NULL;
-    char host[256];
-    const char *colon = strrchr(addr, ':');
-    if (!colon || colon == addr || (size_t)(colon - addr) >= sizeof host)
-        return kvl__errorf(KVL_ERR_INVALID_ARG, "http_listen '%s': expected HOST:PORT", addr);
-    memcpy(host, addr, (size_t)(colon - addr));
-    host[colon - addr] = '\0';
-    char *end = NULL;
-    long port = strtol(colon + 1, &end, 10);
-    if (end == colon + 1 || *end || port < 0 || port > 65535)
-        return kvl__errorf(KVL_ERR_INVALID_ARG, "http_listen '%s': bad port", addr);
     struct sockaddr_in sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons((uint16_t)port);
-    if (!strcmp(host, "localhost")) snprintf(host, sizeof host, "127.0.0.1");
-    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
-        return kvl__errorf(KVL_ERR_INVALID_ARG, "http_listen '%s': host must be an IPv4 address", addr);
+    kvl_status st = kvl__svc_http_parse_addr("http_listen", addr, 1, &sa);
+    if (st != KVL_OK) return st;
+    int port = ntohs(sa.sin_port);
     kvr_oai_http *h = calloc(1, sizeof *h);
     if (!h) return kvl__errorf(KVL_ERR_NOMEM, "http server");
     h->r = r;

@@ -60,28 +60,36 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return reply(conn, MHD_HTTP_NOT_FOUND, "text/plain", &b);
 }
 
-kvl_status kvl__svc_http_start(const char *what, const char *addr, int allow_port0,
-                               kvl__svc_prom *prom, kvl__svc_health_fn health, void *arg,
-                               kvl__svc_http **out) {
-    *out = NULL;
+kvl_status kvl__svc_http_parse_addr(const char *what, const char *addr, int allow_port0,
+                                    struct sockaddr_in *sa) {
     char host[256];
-    const char *colon = strrchr(addr, ':');
+    const char *colon = addr ? strrchr(addr, ':') : NULL;
     if (!colon || colon == addr || (size_t)(colon - addr) >= sizeof host)
-        return kvl__errorf(KVL_ERR_INVALID_ARG, "%s '%s': expected HOST:PORT", what, addr);
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "%s '%s': expected HOST:PORT", what, addr ? addr : "");
     memcpy(host, addr, (size_t)(colon - addr));
     host[colon - addr] = '\0';
     char *end = NULL;
     long port = strtol(colon + 1, &end, 10);
     if (end == colon + 1 || *end || port < (allow_port0 ? 0 : 1) || port > 65535)
         return kvl__errorf(KVL_ERR_INVALID_ARG, "%s '%s': bad port", what, addr);
-    struct sockaddr_in sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons((uint16_t)port);
+    memset(sa, 0, sizeof *sa);
+    sa->sin_family = AF_INET;
+    sa->sin_port = htons((uint16_t)port);
     if (!strcmp(host, "localhost")) snprintf(host, sizeof host, "127.0.0.1");
-    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
+    if (inet_pton(AF_INET, host, &sa->sin_addr) != 1)
         return kvl__errorf(KVL_ERR_INVALID_ARG, "%s '%s': host must be an IPv4 address", what,
                           addr);
+    return KVL_OK;
+}
+
+kvl_status kvl__svc_http_start(const char *what, const char *addr, int allow_port0,
+                               kvl__svc_prom *prom, kvl__svc_health_fn health, void *arg,
+                               kvl__svc_http **out) {
+    *out = NULL;
+    struct sockaddr_in sa;
+    kvl_status st = kvl__svc_http_parse_addr(what, addr, allow_port0, &sa);
+    if (st != KVL_OK) return st;
+    int port = ntohs(sa.sin_port);
     kvl__svc_http *h = calloc(1, sizeof *h);
     if (!h) return kvl__errorf(KVL_ERR_NOMEM, "metrics");
     h->prom = prom;

@@ -10,6 +10,15 @@
 
 typedef struct kvl__svc_http kvl__svc_http;
 
+struct sockaddr_in;
+
+/* Parse "HOST:PORT" (HOST an IPv4 address or "localhost"; PORT 0 allowed when allow_port0) into
+ * *sa for a listening socket.  KVL_ERR_INVALID_ARG naming `what` (the flag or key):
+ * "WHAT 'ADDR': expected HOST:PORT" / "bad port" / "host must be an IPv4 address".  The one
+ * parser of every HTTP endpoint's address (metrics, the router's OpenAI API). */
+kvl_status kvl__svc_http_parse_addr(const char *what, const char *addr, int allow_port0,
+                                    struct sockaddr_in *sa);
+
 /* 1 while the server takes work, 0 while it drains.  Runs on the HTTP thread. */
 typedef int (*kvl__svc_health_fn)(void *arg);
 

@@ -304,14 +304,22 @@ def main():
         st, _, b = request(port, "GET", "/ready")
         check(st == 200 and json.loads(b)["nodes_healthy"] == 2, "ready")
         check(fleet.router.alive(), "router alive")
-        m = fleet.metrics()
-        for series, least in (('kvlingo_router_http_requests_total{endpoint="chat_completions",status="200"}', 20),
-                              ('kvlingo_router_http_requests_total{endpoint="chat_completions",status="400"}', 8),
-                              ('kvlingo_router_http_requests_total{endpoint="chat_completions",status="413"}', 2),
-                              ('kvlingo_router_http_requests_total{endpoint="models",status="200"}', 1),
-                              ('kvlingo_router_http_requests_total{endpoint="ready",status="200"}', 1)):
-            got = re.search("^" + re.escape(series) + r" (\S+)$", m, re.M)
-            check(got and float(got.group(1)) >= least, "%s >= %d: %s" % (series, least, got and got.group(1)))
+        wanted = (('kvlingo_router_http_requests_total{endpoint="chat_completions",status="200"}', 20),
+                  ('kvlingo_router_http_requests_total{endpoint="chat_completions",status="400"}', 8),
+                  ('kvlingo_router_http_requests_total{endpoint="chat_completions",status="413"}', 2),
+                  ('kvlingo_router_http_requests_total{endpoint="models",status="200"}', 1),
+                  ('kvlingo_router_http_requests_total{endpoint="ready",status="200"}', 1))
+        # a request is counted when its connection completes, a moment after the client has
+        # the reply: give the last one (/ready) up to 2 s to land
+        until = time.time() + 2.0
+        while True:
+            m = fleet.metrics()
+            got = [re.search("^" + re.escape(series) + r" (\S+)$", m, re.M) for series, _ in wanted]
+            if all(g and float(g.group(1)) >= least for g, (_, least) in zip(got, wanted)) or time.time() > until:
+                break
+            time.sleep(0.05)
+        for g, (series, least) in zip(got, wanted):
+            check(g and float(g.group(1)) >= least, "%s >= %d: %s" % (series, least, g and g.group(1)))
         print("  ok: kvlingo_router_http_requests_total counts the requests")
         with open(fleet.router.log_path, errors="replace") as f:
             evicted = f.read().count("is full: dropped idle session")
