@@ -130,6 +130,8 @@ def check_overlay(name, objs):
             bad(f"{wid}: selector does not select its own pod template")
         if not spec.get("securityContext", {}).get("runAsNonRoot"):
             bad(f"{wid}: pod securityContext.runAsNonRoot is not set")
+        if spec.get("automountServiceAccountToken") is not False:
+            bad(f"{wid}: automountServiceAccountToken is not false (no pod needs API credentials)")
         vol_names = {v["name"] for v in spec.get("volumes", [])}
         vol_names |= {t["metadata"]["name"] for t in w["spec"].get("volumeClaimTemplates", [])}
         for v in spec.get("volumes", []):
@@ -333,6 +335,64 @@ def check_overlay(name, objs):
     for mname in pol.get("models", []) or []:
         if mname not in models:
             bad(f"fleet.yaml policy names model {mname}, which no node serves")
+    check_network_policies(by_kind, workloads)
+
+
+def policy_admits(policy, port, from_labels):
+    """Whether NetworkPolicy `policy` admits TCP `port` from a pod with labels `from_labels` in
+    the same namespace (None: from any source, e.g. another namespace's pod without labels)."""
+    for rule in policy["spec"].get("ingress", []) or []:
+        ports = rule.get("ports")
+        if ports and not any(p.get("port") in (None, port) for p in ports):
+            continue
+        froms = rule.get("from")
+        if not froms:
+            return True
+        if from_labels is None:
+            continue
+        for f in froms:
+            if "podSelector" in f and "namespaceSelector" not in f and \
+                    selects(f["podSelector"], from_labels):
+                return True
+    return False
+
+
+def check_network_policies(by_kind, workloads):
+    """Every pod is under a default-deny ingress policy; kvld's gRPC port admits the router and
+    other nodes but nobody else; the router's client port admits any client."""
+    pols = by_kind.get("NetworkPolicy", [])
+    if not any(p["spec"].get("podSelector", {}) in ({}, None) or
+               p["spec"]["podSelector"].get("matchLabels", {}).keys() <= {"app.kubernetes.io/part-of"}
+               for p in pols if "Ingress" in p["spec"].get("policyTypes", []) and
+               not p["spec"].get("ingress")):
+        bad("no default-deny ingress NetworkPolicy")
+    router_labels = kvld_labels = None
+    for w in workloads:
+        tl = w["spec"]["template"]["metadata"].get("labels", {})
+        if w["kind"] == "Deployment":
+            router_labels = tl
+        else:
+            kvld_labels = kvld_labels or tl
+    for w in workloads:
+        tl = w["spec"]["template"]["metadata"].get("labels", {})
+        mine = [p for p in pols if selects(p["spec"].get("podSelector", {}), tl)]
+        c = pod_spec(w)["containers"][0]
+        grpc = port_by_name(c, "grpc")
+        if not mine:
+            bad(f"{oid(w)}: no NetworkPolicy selects its pods")
+            continue
+        admits = lambda labels: any(policy_admits(p, grpc, labels) for p in mine)
+        if w["kind"] == "StatefulSet":
+            if any(policy_admits(p, grpc, None) for p in mine):
+                bad(f"{oid(w)}: its gRPC port {grpc} admits any source (should be router + nodes)")
+            if router_labels and not admits(router_labels):
+                bad(f"{oid(w)}: its gRPC port {grpc} does not admit the router")
+            if kvld_labels and not admits(kvld_labels):
+                bad(f"{oid(w)}: its gRPC port {grpc} does not admit the other nodes")
+            if admits({"app": "stranger"}):
+                bad(f"{oid(w)}: its gRPC port {grpc} admits an unlabelled pod")
+        elif not any(policy_admits(p, grpc, None) for p in mine):
+            bad(f"{oid(w)}: the router's client port {grpc} is closed to clients")
 
 
 def normalise(objs):
