@@ -38,7 +38,6 @@ typedef struct cpu_scratch {
     float *scores;      /* attention scratch                                    */
     float *logit_x;     /* [T, H]      rows that need logits (normed)           */
     int *pos;           /* [T]         absolute positions                       */
-    float **kblk, **vblk; /* [ctx blocks] block pointers for decode attention   */
     float *rope_cos, *rope_sin; /* [T, D/2] RoPE angles of the batch's tokens   */
     uint16_t *xsplit;   /* bf16 mode: hi/lo split of a matmul's input rows       */
 } cpu_scratch;
@@ -53,12 +52,24 @@ typedef struct cpu_bf16 {
     int k_max;                         /* largest K of any matmul: max(H, Hq*D, F) */
 } cpu_bf16;
 
+/* Decode attention of a batch over the pool: per-part scratch and the batch's decode rows. */
+typedef struct cpu_decode_att {
+    float *buf;              /* [parts][part_floats]: scores [group, cap_ctx], then K and V
+                                block-pointer tables [cap_blocks] each */
+    int parts, cap_ctx, cap_blocks;
+    size_t part_floats;
+    int *seq_of, *t0_of;     /* [cap_seqs] a decode row's sequence index and batch row */
+    int cap_seqs;
+} cpu_decode_att;
+
 typedef struct cpu_model {
     const kvl_weights_view *w;
     int n_threads;
     cpu_scratch s;
     kvl__block_pool *pool;   /* idle KV blocks shared by this model's caches */
     cpu_bf16 *bf;            /* NULL in float32 mode */
+    kvl__pool *workers;      /* float32 mode: threads for decode attention (bf16: bf->exec.pool) */
+    cpu_decode_att dec;
 } cpu_model;
 
 /* Idle KV blocks a model keeps for reuse (beyond what its sessions hold). */
@@ -80,6 +91,19 @@ static kvl_status bf16_pool_sync(cpu_model *m) {
     b->exec.pool = NULL;
     return kvl__pool_create(want, &b->exec.pool);
 }
+
+/* The threads of the model's own kernels: the bf16 matmuls' pool, or in float32 mode a pool of
+ * the same size used by decode attention only (OpenBLAS threads the GEMMs itself). */
+static kvl_status model_pool_sync(cpu_model *m) {
+    if (m->bf) return bf16_pool_sync(m);
+    int want = pool_threads_for(m->n_threads);
+    if (m->workers && kvl__pool_threads(m->workers) == want) return KVL_OK;
+    kvl__pool_free(m->workers);
+    m->workers = NULL;
+    return kvl__pool_create(want, &m->workers);
+}
+
+static kvl__pool *model_pool(cpu_model *m) { return m->bf ? m->bf->exec.pool : m->workers; }
 
 static void bf16_free(cpu_bf16 *b) {
     if (!b) return;
@@ -156,6 +180,10 @@ static void cpu_model_free(void *pm) {
     cpu_model *m = pm;
     if (!m) return;
     bf16_free(m->bf);
+    kvl__pool_free(m->workers);
+    free(m->dec.buf);
+    free(m->dec.seq_of);
+    free(m->dec.t0_of);
     kvl__block_pool_unref(m->pool);   /* caches still alive keep it until they go */
     free(m->s.base);
     free(m);
@@ -199,14 +227,12 @@ static kvl_status scratch_prepare(cpu_model *m, int T, int ctx) {
         nt * H, nt * H, nt * QD, nt * KD, nt * KD, nt * KD, nt * QD, nt * F, nt * F,
         (size_t)nc * KD, (size_t)nc * KD, kvl__cpu_attention_scratch(nt, nc), nt * H,
         (size_t)nt /* pos (ints fit in floats' space) */,
-        (size_t)nc * 2 /* kblk: one pointer (<= 2 floats) per block, at most ctx blocks */,
-        (size_t)nc * 2 /* vblk */,
         nt * (size_t)c->head_dim / 2, nt * (size_t)c->head_dim / 2,   /* RoPE cos/sin tables */
         m->bf ? (kvl__bf16_xsplit_elems(nt, m->bf->k_max) + 1) / 2 : 0,  /* two bf16 per float */
     };
     float **dst[] = {&s->x, &s->xn, &s->q, &s->k, &s->kpre, &s->v, &s->att, &s->gate, &s->up,
                      &s->kctx, &s->vctx, &s->scores, &s->logit_x, (float **)&s->pos,
-                     (float **)&s->kblk, (float **)&s->vblk, &s->rope_cos, &s->rope_sin,
+                     &s->rope_cos, &s->rope_sin,
                      (float **)&s->xsplit};
     size_t n = sizeof sizes / sizeof sizes[0], total = 0;
     for (size_t i = 0; i < n; i++) total += (sizes[i] + 15) & ~(size_t)15;   /* 64-byte steps */
@@ -294,14 +320,94 @@ typedef struct attend_ctx {
     int n_seqs;
 } attend_ctx;
 
-/* Write each sequence's new K/V into its blocks, then attend over its whole context. */
+/* One layer's decode attention of a batch, split over the pool: the items are (sequence, KV
+ * head) pairs of the batch's one-token sequences, cut into contiguous runs of about equal cost
+ * (context length x group) per part.  Each part has its own scores scratch and block-pointer
+ * tables, carved from cpu_decode_att.buf. */
+typedef struct decode_job {
+    cpu_model *m;
+    const kvl_backend_seq *seqs;
+    const int *seq_of, *t0_of;   /* [n_dec] the decode sequences and their row in the batch */
+    int n_dec, layer;
+    const float *q;              /* [T, Hq*D] */
+    float *att;                  /* [T, Hq*D] */
+    double total_cost;
+} decode_job;
+
+static void decode_part(void *pj, int part, int n_parts) {
+    const decode_job *j = pj;
+    cpu_model *m = j->m;
+    const kvl_model_config *c = &m->w->cfg;
+    const int D = c->head_dim, Hq = c->n_heads, Hkv = c->n_kv_heads, group = Hq / Hkv, QD = Hq * D;
+    cpu_decode_att *da = &m->dec;
+    float *scores = da->buf + (size_t)part * da->part_floats;
+    const float **kb = (const float **)(scores + (size_t)group * da->cap_ctx);
+    const float **vb = kb + da->cap_blocks;
+    const double lo = j->total_cost * part / n_parts, hi = j->total_cost * (part + 1) / n_parts;
+    double cum = 0;
+    int loaded = -1;
+    for (int d = 0; d < j->n_dec; d++) {
+        const kvl_backend_seq *sq = &j->seqs[j->seq_of[d]];
+        const kvl__kv_blocks *kc = sq->cache;
+        const int Tk = sq->n_past + 1;
+        for (int g = 0; g < Hkv; g++) {
+            double mid = cum + 0.5 * Tk;   /* an item belongs to the part holding its midpoint */
+            cum += Tk;
+            if (mid < lo || mid >= hi) continue;
+            if (loaded != d) {
+                const int nb = (Tk + kc->block_tokens - 1) / kc->block_tokens;
+                for (int b = 0; b < nb; b++) {
+                    kb[b] = kvl__kv_blocks_slot(kc, j->layer, KVL_PLANE_K, b * kc->block_tokens);
+                    vb[b] = kvl__kv_blocks_slot(kc, j->layer, KVL_PLANE_V, b * kc->block_tokens);
+                }
+                loaded = d;
+            }
+            const size_t row0 = (size_t)j->t0_of[d] * QD + (size_t)g * group * D;
+            kvl__cpu_attention_decode_group(j->att + row0, j->q + row0, kb, vb, kc->block_tokens,
+                                            Hkv * D, g * D, Tk, group, D, scores);
+        }
+    }
+}
+
+/* Grow the per-part decode scratch for contexts up to ctx tokens (geometrically, so a growing
+ * context does not reallocate every step). */
+static kvl_status decode_scratch_prepare(cpu_model *m, int parts, int ctx, int block_tokens) {
+    cpu_decode_att *da = &m->dec;
+    const kvl_model_config *c = &m->w->cfg;
+    const int group = c->n_heads / c->n_kv_heads;
+    if (da->buf && parts <= da->parts && ctx <= da->cap_ctx &&
+        (ctx + block_tokens - 1) / block_tokens <= da->cap_blocks)
+        return KVL_OK;
+    int nc = ctx > da->cap_ctx ? ctx : da->cap_ctx;
+    if (ctx > da->cap_ctx && nc < 2 * da->cap_ctx) nc = 2 * da->cap_ctx;
+    if (nc < 256) nc = 256;
+    int np = parts > da->parts ? parts : da->parts;
+    int blocks = (nc + block_tokens - 1) / block_tokens;
+    /* scores, then two pointer tables (a pointer takes at most two floats' room) */
+    size_t part_floats = ((size_t)group * nc + 4 * (size_t)blocks + 15) & ~(size_t)15;
+    float *buf = aligned_alloc(64, (size_t)np * part_floats * sizeof(float));
+    if (!buf) return kvl__errorf(KVL_ERR_NOMEM, "forward: out of memory for decode attention scratch");
+    free(da->buf);
+    da->buf = buf;
+    da->parts = np;
+    da->cap_ctx = nc;
+    da->cap_blocks = blocks;
+    da->part_floats = part_floats;
+    return KVL_OK;
+}
+
+/* Write each sequence's new K/V into its blocks, then attend over its whole context: the
+ * batch's decode rows together on the pool, the prefill chunks one by one. */
 static void attend_blocks(void *pctx, int l, int T, const float *q, const float *k,
                           const float *kpre, const float *v, float *att) {
     (void)T;
     attend_ctx *ac = pctx;
-    cpu_scratch *s = &ac->m->s;
-    const kvl_model_config *c = &ac->m->w->cfg;
+    cpu_model *m = ac->m;
+    cpu_scratch *s = &m->s;
+    const kvl_model_config *c = &m->w->cfg;
     const int D = c->head_dim, Hq = c->n_heads, Hkv = c->n_kv_heads, QD = Hq * D, KD = Hkv * D;
+    int n_dec = 0;
+    double cost = 0;
     for (int i = 0, t0 = 0; i < ac->n_seqs; t0 += ac->seqs[i].n_tokens, i++) {
         kvl__kv_blocks *kc = ac->seqs[i].cache;
         int n = ac->seqs[i].n_tokens, p0 = ac->seqs[i].n_past;
@@ -309,18 +415,22 @@ static void attend_blocks(void *pctx, int l, int T, const float *q, const float 
         kvl__kv_blocks_scatter(kc, l, KVL_PLANE_V, p0, p0 + n, v + (size_t)t0 * KD);
         if (c->qk_norm) kvl__kv_blocks_scatter(kc, l, KVL_PLANE_KPRE, p0, p0 + n, kpre + (size_t)t0 * KD);
         if (n == 1) {
-            /* decode: read keys/values in place from the blocks (no gather copy) */
-            int nb = (p0 + 1 + kc->block_tokens - 1) / kc->block_tokens;
-            for (int b = 0; b < nb; b++) {
-                s->kblk[b] = kvl__kv_blocks_slot(kc, l, KVL_PLANE_K, b * kc->block_tokens);
-                s->vblk[b] = kvl__kv_blocks_slot(kc, l, KVL_PLANE_V, b * kc->block_tokens);
-            }
-            kvl__cpu_attention_decode_blocks(att + (size_t)t0 * QD, q + (size_t)t0 * QD,
-                                             (const float *const *)s->kblk,
-                                             (const float *const *)s->vblk, kc->block_tokens,
-                                             p0 + 1, Hq, Hkv, D, s->scores);
-            continue;
+            m->dec.seq_of[n_dec] = i;
+            m->dec.t0_of[n_dec++] = t0;
+            cost += (double)(p0 + 1) * Hkv;
         }
+    }
+    if (n_dec > 0) {
+        /* below ~64k multiply-adds a worker hand-off costs more than it saves */
+        decode_job j = {m, ac->seqs, m->dec.seq_of, m->dec.t0_of, n_dec, l, q, att, cost};
+        kvl__pool *pool = model_pool(m);
+        if (pool && cost * 2.0 * (Hq / Hkv) * D >= 65536.0 && n_dec * Hkv > 1) kvl__pool_run(pool, decode_part, &j);
+        else decode_part(&j, 0, 1);
+    }
+    for (int i = 0, t0 = 0; i < ac->n_seqs; t0 += ac->seqs[i].n_tokens, i++) {
+        kvl__kv_blocks *kc = ac->seqs[i].cache;
+        int n = ac->seqs[i].n_tokens, p0 = ac->seqs[i].n_past;
+        if (n == 1) continue;
         kvl__kv_blocks_gather(kc, l, KVL_PLANE_K, 0, p0 + n, s->kctx);
         kvl__kv_blocks_gather(kc, l, KVL_PLANE_V, 0, p0 + n, s->vctx);
         kvl__cpu_attention_forward(att + (size_t)t0 * QD, NULL, q + (size_t)t0 * QD, s->kctx,
@@ -344,10 +454,23 @@ static kvl_status cpu_forward(void *pm, const kvl_backend_seq *seqs, int n_seqs)
             return st;
     if (m->n_threads > 0) kvl__cpu_set_threads(m->n_threads);
     cpu_bf16 *bf = m->bf;
-    if (bf) {
-        if ((st = bf16_pool_sync(m)) != KVL_OK) return st;
-        bf->exec.xsplit = m->s.xsplit;
+    if ((st = model_pool_sync(m)) != KVL_OK) return st;
+    if (bf) bf->exec.xsplit = m->s.xsplit;
+    if (n_seqs > m->dec.cap_seqs) {
+        int *a = realloc(m->dec.seq_of, sizeof(int) * (size_t)n_seqs);
+        if (a) m->dec.seq_of = a;
+        int *b = realloc(m->dec.t0_of, sizeof(int) * (size_t)n_seqs);
+        if (b) m->dec.t0_of = b;
+        if (!a || !b) return kvl__errorf(KVL_ERR_NOMEM, "forward: out of memory for %d sequences", n_seqs);
+        m->dec.cap_seqs = n_seqs;
     }
+    int min_bt = n_seqs > 0 ? ((const kvl__kv_blocks *)seqs[0].cache)->block_tokens : 1;
+    for (int i = 1; i < n_seqs; i++) {
+        int bt = ((const kvl__kv_blocks *)seqs[i].cache)->block_tokens;
+        if (bt < min_bt) min_bt = bt;
+    }
+    if ((st = decode_scratch_prepare(m, kvl__pool_threads(model_pool(m)), ctx, min_bt)) != KVL_OK)
+        return st;
     const int H = c->hidden_size, D = c->head_dim;
     cpu_scratch *s = &m->s;
 

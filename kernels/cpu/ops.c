@@ -169,32 +169,3 @@ void kvl__cpu_attention_forward(float *out, float *probs, const float *q, const 
     }
 }
 
-void kvl__cpu_attention_decode_blocks(float *out, const float *q, const float *const *k_blk,
-                                     const float *const *v_blk, int block_tokens, int Tk, int Hq,
-                                     int Hkv, int D, float *scratch) {
-    const int group = Hq / Hkv, row = Hkv * D;
-    const float scale = 1.0f / sqrtf((float)D);
-    for (int h = 0; h < Hq; h++) {
-        const int g = h / group;
-        const float *qh = q + (size_t)h * D;
-        float m = -INFINITY;
-        for (int j = 0; j < Tk; j++) {
-            const float *kj = k_blk[j / block_tokens] + (size_t)(j % block_tokens) * row + (size_t)g * D;
-            float s = 0.0f;
-            for (int d = 0; d < D; d++) s += qh[d] * kj[d];
-            s *= scale;
-            scratch[j] = s;
-            if (s > m) m = s;
-        }
-        float sum = 0.0f;
-        for (int j = 0; j < Tk; j++) { scratch[j] = expf(scratch[j] - m); sum += scratch[j]; }
-        float inv = 1.0f / sum;
-        float *oh = out + (size_t)h * D;
-        for (int d = 0; d < D; d++) oh[d] = 0.0f;
-        for (int j = 0; j < Tk; j++) {
-            const float *vj = v_blk[j / block_tokens] + (size_t)(j % block_tokens) * row + (size_t)g * D;
-            float p = scratch[j] * inv;
-            for (int d = 0; d < D; d++) oh[d] += p * vj[d];
-        }
-    }
-}

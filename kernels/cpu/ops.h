@@ -59,17 +59,26 @@ void kvl__cpu_softmax_rows(float *x, int rows, int n);
 /* Highest OpenBLAS thread count to use (0 = library default). */
 void kvl__cpu_set_threads(int n_threads);
 
-#endif
 
 /* Single-query attention (decode) read straight from cache blocks, no gather.
  *   q       [Hq*D]    the query at absolute position Tk-1 (after q_norm and RoPE)
  *   k_blk   [n_blocks] pointers to each block's keys of this layer: [block_tokens, Hkv*D]
  *   v_blk   [n_blocks] likewise for values
  *   out     [Hq*D]
- *   scratch at least Tk floats.  Same math as kvl__cpu_attention_forward with Tq = 1. */
+ *   scratch at least (Hq/Hkv)*Tk floats.  Same math as kvl__cpu_attention_forward with Tq = 1
+ *   (16-lane partial sums: equal up to float rounding).  Source: attention_decode.c. */
 void kvl__cpu_attention_decode_blocks(float *out, const float *q, const float *const *k_blk,
-                                     const float *const *v_blk, int block_tokens, int Tk, int Hq,
-                                     int Hkv, int D, float *scratch);
+                                      const float *const *v_blk, int block_tokens, int Tk, int Hq,
+                                      int Hkv, int D, float *scratch);
+
+/* The same for one KV head g and the `group` query heads sharing it (GQA), the unit a batched
+ * decode step splits over threads.
+ *   q        [group*D]   queries of heads g*group .. g*group+group-1
+ *   k_blk[b] + head_off  keys of block b, rows of `row` floats ([block_tokens, row]); head_off = g*D
+ *   out      [group*D];  scratch at least group*Tk floats. */
+void kvl__cpu_attention_decode_group(float *out, const float *q, const float *const *k_blk,
+                                     const float *const *v_blk, int block_tokens, int row,
+                                     int head_off, int Tk, int group, int D, float *scratch);
 
 /* RoPE with precomputed angles, so a forward pass (or a translation) computes the cos/sin of each
  * position once for all layers instead of once per layer and per q/k.
@@ -82,3 +91,5 @@ void kvl__cpu_rope_table(float *cos_tab, float *sin_tab, const int *pos, int T, 
                          const kvl_rope_params *rope);
 void kvl__cpu_rope_apply(float *x, const float *cos_tab, const float *sin_tab, int T, int n_heads,
                         int D, int inverse);
+
+#endif
