@@ -46,6 +46,12 @@ static const hist_def hist_defs[KVLD_H_N] = {
      "side: receive).", 10, {0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5}},
     {"kvlingo_span_translate_seconds", "Time to translate and append an imported span.", 10,
      {0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5}},
+    {"kvlingo_decode_inter_token_seconds", "Time between two generated tokens of one session "
+     "(decode steps, including any prefill chunk sharing the batch).", 12,
+     {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 5}},
+    {"kvlingo_scheduler_queue_seconds", "Time from a job's submission to the first forward pass "
+     "that includes it.", 12,
+     {0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5}},
 };
 
 /* Family layout of the registry, in exposition order: counters, spans_rejected_total, gauges,

@@ -46,6 +46,8 @@ typedef enum kvld_hist {
     KVLD_H_FORWARD_SECONDS,       /* kvlingo_forward_seconds                                 */
     KVLD_H_TRANSFER_SECONDS,      /* kvlingo_span_transfer_seconds                           */
     KVLD_H_TRANSLATE_SECONDS,     /* kvlingo_span_translate_seconds                          */
+    KVLD_H_INTER_TOKEN_SECONDS,   /* kvlingo_decode_inter_token_seconds (per session)        */
+    KVLD_H_QUEUE_SECONDS,         /* kvlingo_scheduler_queue_seconds (job to first forward)  */
     KVLD_H_N
 } kvld_hist;
 

@@ -28,6 +28,8 @@ struct kvld_job {
     char err[512];
     const char *finish_reason;
     double t_start, ttft;
+    double t_last_token;               /* when the previous token was emitted (inter-token time) */
+    int started;                       /* a forward pass has included this job (queue time) */
     pthread_cond_t cv;                 /* with s->mu: a token arrived or the job finished */
     struct kvld_job *next;
 };
@@ -92,7 +94,10 @@ static void emit(kvld_sched *s, kvld_job *j) {
         for (int i = 0; i < s->vocab; i++) lps[i] = (float)((double)ss->logits[i] - lse);
     }
     j->out[j->n_out++] = (kvld_token){tok, lp, lps};
-    if (j->generated++ == 0) j->ttft = kvl__now_s() - j->t_start;
+    double now = kvl__now_s();
+    if (j->generated++ == 0) j->ttft = now - j->t_start;
+    else kvld_metrics_observe(s->metrics, KVLD_H_INTER_TOKEN_SECONDS, now - j->t_last_token);
+    j->t_last_token = now;
     ss->ledger[ss->n_ledger] = tok;
     __atomic_store_n(&ss->n_ledger, ss->n_ledger + 1, __ATOMIC_RELAXED);
     pthread_cond_broadcast(&j->cv);
@@ -207,8 +212,14 @@ static void *sched_main(void *arg) {
             pthread_cond_wait(&s->cv, &s->mu);
             continue;
         }
-        pthread_mutex_unlock(&s->mu);
         double t0 = kvl__now_s();
+        for (int i = 0; i < n; i++) {
+            kvld_job *j = s->seq_jobs[i];
+            if (j->started) continue;
+            j->started = 1;
+            kvld_metrics_observe(s->metrics, KVLD_H_QUEUE_SECONDS, t0 - j->t_start);
+        }
+        pthread_mutex_unlock(&s->mu);
         kvl_status st = kvl_model_forward(s->model, s->seqs, n);
         double dt = kvl__now_s() - t0;
         char err[512] = "";
