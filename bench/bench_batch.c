@@ -3,7 +3,7 @@
  *
  *   bench_batch [--model DIR | --shape NAME] [--sessions 1,4,16,32] [--tokens 128] [--prompt 64]
  *               [--repeat 3] [--long-prefill 2048] [--threads 2] [--weights-dtype auto|f32|bf16]
- *               [--max-batch 64] [--prefill-chunk 256]
+ *               [--max-batch 64] [--prefill-chunk 256] [--decode-stretch 2]
  *
  * For each session count N: N sessions, each prefilled with a `prompt`-token prompt, generate
  * `tokens` tokens greedily and concurrently (one reader thread per session, as kvld's gRPC
@@ -95,6 +95,7 @@ typedef struct run_result {
 typedef struct cfg {
     kvl_model *m;
     int tokens, prompt, long_tokens, vocab, max_batch, prefill_chunk;
+    double decode_stretch;
 } cfg;
 
 /* One run of ns sessions (with the long prompt when `with_long`); 0 on success. */
@@ -102,7 +103,8 @@ static int run_once(const cfg *c, int ns, int with_long, run_result *r) {
     kvld_metrics *met;
     kvld_sessions *tab;
     kvld_sched *sch;
-    kvld_sched_params sp = {.max_batch = c->max_batch, .prefill_chunk = c->prefill_chunk};
+    kvld_sched_params sp = {.max_batch = c->max_batch, .prefill_chunk = c->prefill_chunk,
+                            .decode_stretch = c->decode_stretch};
     int ctx = c->prompt + c->tokens + 8;
     if (with_long && c->long_tokens + 8 > ctx) ctx = c->long_tokens + 8;
     if (kvld_metrics_create(&met) || kvld_sessions_create(c->m, ns + 1, ctx, &tab) ||
@@ -209,6 +211,7 @@ int main(int argc, char **argv) {
     const char *model_dir = NULL, *shape = NULL, *sessions_s = "1,4,16,32", *dtype = "auto";
     int tokens = 128, prompt = 64, repeat = 3, long_tokens = 2048, threads = 2;
     int max_batch = 64, prefill_chunk = 256;
+    double decode_stretch = KVLD_DEFAULT_DECODE_STRETCH;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) { fprintf(stderr, "bench_batch: %s needs a value\n", a); return 2; }
@@ -223,6 +226,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--weights-dtype")) dtype = v;
         else if (!strcmp(a, "--max-batch")) max_batch = atoi(v);
         else if (!strcmp(a, "--prefill-chunk")) prefill_chunk = atoi(v);
+        else if (!strcmp(a, "--decode-stretch")) decode_stretch = atof(v);
         else { fprintf(stderr, "bench_batch: unknown option %s\n", a); return 2; }
         i++;
     }
@@ -254,7 +258,7 @@ int main(int argc, char **argv) {
     int counts[MAX_COUNTS];
     int nc = parse_list(sessions_s, counts, MAX_COUNTS);
     cfg c = {m, tokens, prompt, long_tokens, kvl_model_config_get(m)->vocab_size, max_batch,
-             prefill_chunk};
+             prefill_chunk, decode_stretch};
     double load0 = loadavg();
     run_result *res = calloc((size_t)nc * 2 * (size_t)repeat, sizeof *res);
     if (!res) return 1;
@@ -263,10 +267,11 @@ int main(int argc, char **argv) {
         for (int k = 0; k < nc; k++)
             for (int wl = 0; wl < (long_tokens > 0 ? 2 : 1); wl++)
                 if (run_once(&c, counts[k], wl, &res[((size_t)k * 2 + wl) * repeat + rep])) return 1;
-    printf("# %s, %d threads, weights %s; prompt %d, %d tokens per session, greedy; median of %d "
-           "runs; load average %.1f before, %.1f after\n", model_dir ? model_dir : shape, threads,
-           kvl_weights_dtype_name(kvl_model_weights_dtype(m)), prompt, tokens, repeat, load0,
-           loadavg());
+    printf("# %s, %d threads, weights %s; prompt %d, %d tokens per session, greedy; max_batch %d, "
+           "prefill_chunk %d, decode_stretch %.1f; median of %d runs; load average %.1f before, "
+           "%.1f after\n", model_dir ? model_dir : shape, threads,
+           kvl_weights_dtype_name(kvl_model_weights_dtype(m)), prompt, tokens, max_batch,
+           prefill_chunk, decode_stretch, repeat, load0, loadavg());
     printf("%-9s %10s %8s %10s %9s %9s", "sessions", "tokens/s", "speedup", "mean_batch",
            "itl_p50ms", "itl_p99ms");
     if (long_tokens > 0)

@@ -2,6 +2,7 @@
  * flags share names: --max-sessions N  <=>  max_sessions: N. */
 #include "config.h"
 #include "peers.h"
+#include "scheduler.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -22,6 +23,7 @@ void kvld_config_defaults(kvld_config *cfg) {
     cfg->max_sessions = 64;
     cfg->max_batch = 32;
     cfg->prefill_chunk = 256;
+    cfg->decode_stretch = KVLD_DEFAULT_DECODE_STRETCH;
     cfg->drain_timeout_ms = 30000;
     cfg->span_timeout_ms = 30000;
     cfg->warmup = 1;
@@ -44,6 +46,8 @@ static const kvld_flag k_flags[] = {
     {"max-context", "N", "tokens per session (0: the model's max_position_embeddings)", "0"},
     {"max-batch", "N", "sequences per forward pass (continuous batching)", "32"},
     {"prefill-chunk", "N", "prefill tokens per scheduler step", "256"},
+    {"decode-stretch", "X", "while sessions decode, a step carrying prefill takes at most X times a "
+                            "decode-only step (the chunk shrinks to fit; 0: always prefill-chunk)", "2"},
     {"threads", "N", "BLAS and attention threads (0: all cores)", "0"},
     {"drain-timeout-ms", "N", "on SIGTERM, wait this long for running work", "30000"},
     {"span-timeout-ms", "N", "deadline of a span transfer", "30000"},
@@ -133,6 +137,16 @@ static kvl_status set_key(kvld_config *cfg, const char *key_in, const char *v) {
     INT(max_context, 0, 1 << 24);
     INT(max_batch, 1, 4096);
     INT(prefill_chunk, 1, 1 << 20);
+    if (!strcmp(key, "decode_stretch")) {
+        char *end;
+        errno = 0;
+        double d = strtod(v, &end);
+        if (errno || end == v || *end || !(d == 0 || (d >= 1.0 && d <= 100.0)))
+            return kvl__errorf(KVL_ERR_INVALID_ARG, "config: decode_stretch = '%s': expected 0 (off) "
+                               "or a number from 1 to 100", v);
+        cfg->decode_stretch = d;
+        return KVL_OK;
+    }
     INT(threads, 0, 1024);
     INT(drain_timeout_ms, 0, 3600 * 1000);
     INT(span_timeout_ms, 1, 3600 * 1000);

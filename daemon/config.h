@@ -20,6 +20,7 @@ typedef struct kvld_config {
     int max_context;                 /* tokens per session; 0 = model max_position_embeddings   */
     int max_batch;                   /* sequences per forward pass; default 32                  */
     int prefill_chunk;               /* prefill tokens per scheduler step; default 256          */
+    double decode_stretch;           /* kvld_sched_params.decode_stretch; default 2             */
     int threads;                     /* BLAS/attention threads; 0 = all cores                   */
     int drain_timeout_ms;            /* SIGTERM: wait this long for running work; default 30000 */
     int span_timeout_ms;             /* transfer deadline; default 30000                        */

@@ -43,7 +43,8 @@ kvl_status kvld_node_create(const kvld_config *cfg, kvld_node **out) {
         goto fail;
     if ((st = kvld_sessions_create(n->model, cfg->max_sessions, n->max_context, &n->sessions)))
         goto fail;
-    kvld_sched_params sp = {.max_batch = cfg->max_batch, .prefill_chunk = cfg->prefill_chunk};
+    kvld_sched_params sp = {.max_batch = cfg->max_batch, .prefill_chunk = cfg->prefill_chunk,
+                            .decode_stretch = cfg->decode_stretch};
     if ((st = kvld_sched_create(n->model, n->metrics, &sp, &n->sched)) != KVL_OK) goto fail;
     if (strcmp(cfg->transport, "none") != 0 &&
         (st = kvl__transport_create(cfg->transport, &n->transport)) != KVL_OK)

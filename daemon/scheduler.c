@@ -48,7 +48,30 @@ struct kvld_sched {
     /* per-step scratch, used by the scheduler thread only */
     kvl_batch_seq *seqs;
     kvld_job **seq_jobs;
+    /* measured costs (scheduler thread only; exponential moving averages, 0 until measured):
+     * a decode-only step per decoding sequence, and one prefill token in a mixed step */
+    double decode_s_per_seq, prefill_s_per_token;
 };
+
+/* Weight of the newest sample in the cost averages: about the last 8 steps. */
+#define COST_EWMA 0.125
+
+static void ewma(double *avg, double sample) {
+    *avg = *avg > 0 ? *avg + COST_EWMA * (sample - *avg) : sample;
+}
+
+/* Prefill tokens this step may carry next to n_decode decoding sequences (see
+ * kvld_sched_params.decode_stretch). */
+static int prefill_budget(const kvld_sched *s, int n_decode) {
+    int full = s->p.prefill_chunk;
+    if (n_decode == 0 || s->p.decode_stretch < 1.0 || s->decode_s_per_seq <= 0 ||
+        s->prefill_s_per_token <= 0)
+        return full;
+    double allow = (s->p.decode_stretch - 1.0) * s->decode_s_per_seq * n_decode;
+    double tok = allow / s->prefill_s_per_token;
+    int b = tok >= (double)full ? full : (int)tok;
+    return b < KVLD_MIN_PREFILL_CHUNK ? (full < KVLD_MIN_PREFILL_CHUNK ? full : KVLD_MIN_PREFILL_CHUNK) : b;
+}
 
 static void job_finish(kvld_job *j, kvl_status st, const char *reason, const char *err) {
     j->finished = 1;
@@ -178,7 +201,7 @@ static void *sched_main(void *arg) {
             continue;
         }
         /* decode tokens first (one each), then prefill chunks within the token budget */
-        int n = 0, budget = s->p.prefill_chunk, n_decode = 0, n_prefill_tok = 0;
+        int n = 0, budget, n_decode = 0, n_prefill_tok = 0;
         /* keep one slot for prefill when some is waiting: decoders must not starve a new
          * session's prompt any more than a long prompt may starve them */
         int has_prefill = 0;
@@ -195,6 +218,7 @@ static void *sched_main(void *arg) {
             if (j->kind == JOB_GENERATE && j->generated > 0) n_decode++;
             else n_prefill_tok++;
         }
+        budget = prefill_budget(s, n_decode);
         for (kvld_job *j = s->jobs; j && n < s->p.max_batch && budget > 0; j = j->next) {
             kvld_session *ss = j->sess;
             int cached = kvl_cache_n_tokens(ss->cache);
@@ -233,6 +257,14 @@ static void *sched_main(void *arg) {
             for (int i = 0; i < n; i++)
                 if (!s->seq_jobs[i]->finished) job_finish(s->seq_jobs[i], st, "error", err);
             continue;
+        }
+        /* the cost model behind prefill_budget: decode-only steps give the per-sequence decode
+         * cost; mixed steps give the prefill token cost net of their decode rows */
+        if (n_prefill_tok == 0 && n_decode > 0) {
+            ewma(&s->decode_s_per_seq, dt / n_decode);
+        } else if (n_prefill_tok >= KVLD_MIN_PREFILL_CHUNK) {
+            double net = dt - s->decode_s_per_seq * n_decode;
+            if (net > 0) ewma(&s->prefill_s_per_token, net / n_prefill_tok);
         }
         kvld_metrics_add(s->metrics, KVLD_C_TOKENS_DECODED, (uint64_t)n_decode);
         kvld_metrics_add(s->metrics, KVLD_C_TOKENS_PREFILLED, (uint64_t)n_prefill_tok);

@@ -22,7 +22,16 @@ typedef struct kvld_job kvld_job;
 typedef struct kvld_sched_params {
     int max_batch;        /* sequences per forward                       */
     int prefill_chunk;    /* prefill tokens per forward (all sessions)   */
+    /* While sessions decode, a step that also carries prefill may take at most this many times
+     * a decode-only step (measured as the node runs): the prefill chunk shrinks to fit, down to
+     * KVLD_MIN_PREFILL_CHUNK tokens, so a long prompt stretches the decoders' inter-token time
+     * by this factor, not by the chunk's whole cost.  0 (or < 1): always prefill_chunk. */
+    double decode_stretch;
 } kvld_sched_params;
+
+/* Defaults of kvld_sched_params (kvld's config uses the same). */
+#define KVLD_DEFAULT_DECODE_STRETCH 2.0
+#define KVLD_MIN_PREFILL_CHUNK 16
 
 kvl_status kvld_sched_create(kvl_model *model, kvld_metrics *metrics,
                              const kvld_sched_params *p, kvld_sched **out);

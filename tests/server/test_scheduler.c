@@ -2,7 +2,9 @@
  *   - batched decoding gives the same greedy tokens as one session alone;
  *   - with more sessions than max_batch, every session makes progress (round robin, and a slot
  *     kept for waiting prefills);
- *   - a cancelled job ends and leaves its session consistent (cache = ledger or ledger - 1). */
+ *   - a cancelled job ends and leaves its session consistent (cache = ledger or ledger - 1);
+ *   - with decode_stretch, a long prompt arriving next to decoding sessions is cut into more,
+ *     smaller chunks than prefill_chunk (and into prefill_chunk pieces without it). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,6 +23,15 @@ typedef struct fx {
     kvld_sessions *tab;
     kvld_sched *sch;
 } fx;
+
+static void fx_init_p(fx *f, const kvld_sched_params *sp) {
+    kvl_model_params mp = kvl_model_default_params();
+    mp.n_threads = 1;
+    assert_int_equal(kvl_model_load(KVL_SOURCE_DIR "/models/qwen3-a", &mp, &f->m), KVL_OK);
+    assert_int_equal(kvld_metrics_create(&f->met), KVL_OK);
+    assert_int_equal(kvld_sessions_create(f->m, 16, 2048, &f->tab), KVL_OK);
+    assert_int_equal(kvld_sched_create(f->m, f->met, sp, &f->sch), KVL_OK);
+}
 
 static void fx_init(fx *f, int max_batch) {
     kvl_model_params mp = kvl_model_default_params();
@@ -53,6 +64,63 @@ static kvld_gen_params greedy(int n) {
     kvld_gen_params gp = {.max_tokens = n, .sampler = kvl_sampler_default_params()};
     gp.sampler.temperature = 0;
     return gp;
+}
+
+static double forward_passes(fx *f) {
+    size_t len;
+    char *text = kvld_metrics_render(f->met, &len);
+    assert_non_null(text);
+    const char *p = strstr(text, "\nkvlingo_forward_passes_total ");
+    assert_non_null(p);
+    double v = atof(p + strlen("\nkvlingo_forward_passes_total "));
+    free(text);
+    return v;
+}
+
+/* Forward passes that a 1024-token prompt takes while 4 sessions decode. */
+static double passes_for_long_prompt(double stretch) {
+    fx f;
+    kvld_sched_params sp = {.max_batch = 8, .prefill_chunk = 256, .decode_stretch = stretch};
+    fx_init_p(&f, &sp);
+    kvld_gen_params gp = greedy(400);
+    kvld_session *ss[4];
+    kvld_job *jj[4];
+    for (int i = 0; i < 4; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "d%d", i);
+        ss[i] = open_with(&f, name, 20);
+        assert_int_equal(kvld_sched_generate(f.sch, ss[i], &gp, &jj[i]), KVL_OK);
+    }
+    kvld_token t;
+    for (int k = 0; k < 24; k++) assert_true(kvld_job_next(jj[0], &t));   /* decode-only steps ran */
+    kvld_session *lp = open_with(&f, "long", 1024);
+    double p0 = forward_passes(&f);
+    assert_int_equal(kvld_sched_prefill(f.sch, lp, NULL), KVL_OK);
+    double passes = forward_passes(&f) - p0;
+    assert_int_equal(kvl_cache_n_tokens(lp->cache), 1024);
+    /* the decoders were still running the whole time (so every step was a mixed one) */
+    assert_int_equal(kvld_sched_active(f.sch) >= 4, 1);
+    for (int i = 0; i < 4; i++) {
+        kvld_job_cancel(jj[i]);
+        while (kvld_job_next(jj[i], &t)) {}
+        kvld_job_free(jj[i]);
+        kvld_session_release(f.tab, ss[i]);
+    }
+    kvld_session_release(f.tab, lp);
+    fx_free(&f);
+    return passes;
+}
+
+static void test_prefill_shrinks_next_to_decoders(void **state) {
+    (void)state;
+    double fixed = passes_for_long_prompt(0);
+    double adaptive = passes_for_long_prompt(KVLD_DEFAULT_DECODE_STRETCH);
+    print_message("1024-token prompt next to 4 decoders: %.0f steps with fixed 256-token chunks, "
+                  "%.0f with decode_stretch %.1f\n", fixed, adaptive, KVLD_DEFAULT_DECODE_STRETCH);
+    assert_true(fixed >= 4 && fixed <= 5);
+    /* the first mixed step measures the prefill cost at the full chunk; later ones fit the
+     * stretch: a 256-token chunk costs far more than one decode step of 4 sequences */
+    assert_true(adaptive >= 8);
 }
 
 static void test_batched_equals_single(void **state) {
@@ -163,6 +231,7 @@ int main(void) {
         cmocka_unit_test(test_batched_equals_single),
         cmocka_unit_test(test_fair_when_saturated),
         cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_prefill_shrinks_next_to_decoders),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
