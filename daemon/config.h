@@ -24,6 +24,7 @@ typedef struct kvld_config {
     int drain_timeout_ms;            /* SIGTERM: wait this long for running work; default 30000 */
     int span_timeout_ms;             /* transfer deadline; default 30000                        */
     int quiet;                       /* 1: no per-request log lines                             */
+    int insecure;                    /* 1: plaintext gRPC (no TLS); must be asked for by name   */
 } kvld_config;
 
 void kvld_config_defaults(kvld_config *cfg);

@@ -52,6 +52,7 @@ static int check_settings(const kvld_config *cfg) {
         bad = 1;
     }
     printf("peers: %s\n", cfg->peers[0] ? cfg->peers : "none");
+    printf("insecure: %s\n", cfg->insecure ? "yes (plaintext gRPC)" : "no");
     printf("listen: %s\nmetrics: %s\ntransport: %s\ndevice: %s\nmax_sessions: %d\n%s\n", cfg->listen,
            cfg->metrics[0] ? cfg->metrics : "off", cfg->transport, cfg->device, cfg->max_sessions,
            bad ? "check failed" : "ok");

@@ -233,6 +233,7 @@ static kvl_status parse_root(kvl__svc_yaml *y, kvr_config *c, const char *name) 
     if (!s) s = kvl__svc_kv_int(&top, "max_new_tokens", 1024, 1, 1 << 24, &c->max_new_tokens);
     if (!s) s = kvl__svc_kv_int(&top, "default_max_tokens", 32, 1, 1 << 24, &c->default_max_tokens);
     if (!s) s = kvl__svc_kv_int(&top, "max_busy_sessions", 1024, 1, 1 << 20, &c->max_busy_sessions);
+    if (!s) s = kvl__svc_kv_bool(&top, "insecure", 0, &c->insecure);
     if (!s) s = kvl__svc_kv_check_unused(&top);
     kvl__svc_kvlist_clear(&top);
     if (s) return s;

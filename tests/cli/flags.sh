@@ -36,11 +36,29 @@ kvld)
   out=$("$P" --model="$SRC/models/qwen3-a" --listen=127.0.0.1:0 --check); rc=$?
   [ $rc -eq 0 ] && grep -q "^model: $SRC/models/qwen3-a" <<<"$out" && grep -q '^listen: 127.0.0.1:0' <<<"$out" \
     && ok "kvld --check --key=value" || bad "kvld check: $rc $out"
+  grep -q '^insecure: no' <<<"$out" && ok "kvld --check: not insecure by default" || bad "kvld insecure default: $out"
+  out=$("$P" --model="$SRC/models/qwen3-a" --insecure --check); rc=$?
+  [ $rc -eq 0 ] && grep -q '^insecure: yes' <<<"$out" && ok "kvld --insecure shown by --check" || bad "kvld --insecure: $rc $out"
+  printf 'model: %s\ninsecure: true\n' "$SRC/models/qwen3-a" > "$T/kvld.yaml"
+  out=$("$P" --config "$T/kvld.yaml" --check); rc=$?
+  [ $rc -eq 0 ] && grep -q '^insecure: yes' <<<"$out" && ok "kvld insecure: true (YAML)" || bad "kvld yaml insecure: $rc $out"
+  printf 'model: %s\ninsecure: maybe\n' "$SRC/models/qwen3-a" > "$T/kvld2.yaml"
+  out=$("$P" --config "$T/kvld2.yaml" --check 2>&1); rc=$?
+  [ $rc -eq 2 ] && grep -q "insecure = 'maybe'" <<<"$out" && ok "kvld insecure: maybe refused" || bad "kvld yaml insecure maybe: $rc $out"
   ;;
 kvlingo-router)
   printf 'listen: 127.0.0.1:0\ntokenizer: %s\npolicy:\n  name: pinned\nnodes:\n  - {name: a, address: 127.0.0.1:1, model: qwen3-a}\n' "$SRC/models/qwen3-a" > "$T/fleet.yaml"
   out=$("$P" --config="$T/fleet.yaml" --check); rc=$?
   [ $rc -eq 0 ] && grep -q 'ok' <<<"$out" && ok "router --config=FILE --check" || bad "router check: $rc $out"
+  grep -q '^insecure: no' <<<"$out" && ok "router --check: not insecure by default" || bad "router insecure default: $out"
+  out=$("$P" --config="$T/fleet.yaml" --insecure --check); rc=$?
+  [ $rc -eq 0 ] && grep -q '^insecure: yes' <<<"$out" && ok "router --insecure shown by --check" || bad "router --insecure: $rc $out"
+  { cat "$T/fleet.yaml"; echo 'insecure: true'; } > "$T/fleet2.yaml"
+  out=$("$P" --config="$T/fleet2.yaml" --check); rc=$?
+  [ $rc -eq 0 ] && grep -q '^insecure: yes' <<<"$out" && ok "router insecure: true (YAML)" || bad "router yaml insecure: $rc $out"
+  { cat "$T/fleet.yaml"; echo 'insecure: maybe'; } > "$T/fleet3.yaml"
+  out=$("$P" --config="$T/fleet3.yaml" --check 2>&1); rc=$?
+  [ $rc -eq 1 ] && grep -q "key 'insecure': expected true or false" <<<"$out" && ok "router insecure: maybe refused" || bad "router yaml insecure maybe: $rc $out"
   ;;
 esac
 exit $fail
