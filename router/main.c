@@ -57,12 +57,14 @@ static void on_start(void *arg) {
            kvl__rpc_server_port(a->r->server));
     if (a->r->cfg->metrics) printf(", metrics port %d", kvr_metrics_port(a->r->metrics));
     if (a->r->http) printf(", http port %d", kvr_oai_http_port(a->r->http));
+    if (a->r->health_server) printf(", health port %d", kvl__rpc_server_port(a->r->health_server));
+    printf(", %s", a->r->cfg->insecure ? "plaintext" : "TLS");
     printf("\n");
     fflush(stdout);
 }
 
 static void usage(FILE *f) {
-    fputs("usage: kvlingo-router --config FILE.yaml [--http-listen HOST:PORT] [--check]\n"
+    fputs("usage: kvlingo-router --config FILE.yaml [--http-listen HOST:PORT] [--insecure] [--check]\n"
           "Routes chat turns across a fleet of kvld nodes (kvlingo.v1.Router).  Options (--key value\n"
           "or --key=value):\n"
           "  --config FILE.yaml   fleet configuration: listen, nodes, policy, ledger, guardrail\n"
@@ -70,6 +72,8 @@ static void usage(FILE *f) {
           "  --http-listen HOST:PORT  serve the OpenAI-compatible HTTP API there (POST\n"
           "                       /v1/chat/completions, /v1/completions, GET /v1/models, /health,\n"
           "                       /ready); overrides the file's http_listen; port 0 picks one\n"
+          "  --insecure           plaintext gRPC to clients and nodes, without TLS (the file's\n"
+          "                       insecure: true does the same)\n"
           "  --check              run every check a start runs short of binding ports and loading\n"
           "                       weights (paths shown resolved), print the summary and exit\n"
           "  --version            version, git commit, build options, backends\n"
@@ -79,10 +83,10 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
     kvl__svc_log_init("router");
     const char *config = NULL, *http_listen = NULL;
-    int check = 0;
+    int check = 0, insecure = 0;
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'}, {"check", no_argument, NULL, 'k'},
-        {"http-listen", required_argument, NULL, 'H'},
+        {"http-listen", required_argument, NULL, 'H'}, {"insecure", no_argument, NULL, 'I'},
         {"version", no_argument, NULL, 'V'},      {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     opterr = 0;
@@ -92,6 +96,7 @@ int main(int argc, char **argv) {
         case 'c': config = optarg; break;
         case 'k': check = 1; break;
         case 'H': http_listen = optarg; break;
+        case 'I': insecure = 1; break;
         case 'V': kvl_version_print(stdout, "kvlingo-router"); return 0;
         case 'h': usage(stdout); return 0;
         case ':': fprintf(stderr, "kvlingo-router: %s needs a value\n", argv[optind - 1]); usage(stderr); return 2;
@@ -104,6 +109,7 @@ int main(int argc, char **argv) {
     kvr_config *cfg = NULL;
     kvl_status s = kvr_config_load(config, &cfg);
     if (!s) s = kvr_policy_check(cfg);
+    if (!s && insecure) cfg->insecure = 1;   /* the flag wins over the file's key */
     if (!s && http_listen) {   /* the flag wins over the file's key */
         char *dup = strdup(http_listen);
         if (!dup) s = kvl__errorf(KVL_ERR_NOMEM, "--http-listen");
