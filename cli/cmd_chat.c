@@ -35,7 +35,8 @@
 static void chat_usage(FILE *f) {
     fputs("usage: kvlingo chat --router HOST:PORT [--session ID] [--model NAME] [--max-tokens N]\n"
           "                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--escalate]\n"
-          "                    [--force-reprefill] [--ignore-eos] [--special] [--timeout-ms N] TEXT\n"
+          "                    [--force-reprefill] [--ignore-eos] [--special] [--timeout-ms N]\n"
+          "                    [--api-key KEY] TEXT\n"
           "       kvlingo chat --router HOST:PORT --tokenizer DIR [--system TEXT] [--interactive]\n"
           "                    [options above] [TEXT]\n"
           "  One turn of a session through kvlingo-router: streams the text as it is generated,\n"
@@ -45,7 +46,10 @@ static void chat_usage(FILE *f) {
           "  Chat mode (--system or --interactive): messages with roles, rendered by the chat\n"
           "  template of --tokenizer DIR (the fleet's tokenizer, e.g. models/qwen3-a); --system\n"
           "  sets the system message; --interactive reads one user message per line from stdin\n"
-          "  (TEXT, when given, is the first) and keeps the session until end of input.\n", f);
+          "  (TEXT, when given, is the first) and keeps the session until end of input.\n"
+          "  --api-key KEY (default: environment variable KVL_API_KEY) is sent as\n"
+          "  'authorization: Bearer KEY': the router's key file maps it to a tenant, whose\n"
+          "  sessions only it sees.\n", f);
 }
 
 static int rpc_fail(const char *what, const kvl__rpc_result *res) {
@@ -261,6 +265,8 @@ int cmd_chat(int argc, char **argv) {
     const char *session = cli_opt(&a, "--session", &err);
     const char *tokdir = cli_opt(&a, "--tokenizer", &err);
     const char *system = cli_opt(&a, "--system", &err);
+    const char *api_key = cli_opt(&a, "--api-key", &err);
+    if (!api_key) api_key = getenv("KVL_API_KEY");
     o.model = cli_opt(&a, "--model", &err);
     o.max_tokens = cli_opt_long(&a, "--max-tokens", 32, 1, 1 << 20, &err);
     o.temperature = cli_opt_double(&a, "--temperature", 0, 0, 100, &err);
@@ -304,6 +310,20 @@ int cmd_chat(int argc, char **argv) {
     kvl__rpc_client *cli = NULL;
     kvl_status s = kvl__rpc_client_create(router, 0, &cli);
     if (s) return cli_fail("chat", s);
+    if (api_key && api_key[0]) {
+        size_t kl = strlen(api_key);
+        char *bearer = malloc(kl + 8);
+        if (!bearer) s = KVL_ERR_NOMEM;
+        else {
+            snprintf(bearer, kl + 8, "Bearer %s", api_key);
+            s = kvl__rpc_client_set_metadata(cli, "authorization", bearer);
+            free(bearer);
+        }
+        if (s) {
+            kvl__rpc_client_free(cli);
+            return cli_fail("chat: --api-key", s);
+        }
+    }
     int rc = 0, summary = 0;
     char *sid = NULL;
     if (session && session[0]) {

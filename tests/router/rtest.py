@@ -141,8 +141,10 @@ class Fleet:
 
     def __init__(self, build, work, models=("qwen3-a", "qwen3-b"), policy=None, guardrail=None,
                  transfer=None, extra_top=None, translators=True, kvld_args=(), pairs=None,
-                 peers=False, ledger=None):
+                 peers=False, ledger=None, api_keys=None):
         self.build, self.work = build, work
+        # the key file (api_keys:); without one the router runs insecure, every client "default"
+        self.api_keys = api_keys
         self.peers = peers   # give each kvld the others' addresses (--peers): connected at start
         self.ledger = ledger or os.path.join(work, "ledger.db")
         self.replicas = {}
@@ -194,6 +196,7 @@ class Fleet:
                  "metrics: 127.0.0.1:%d" % self.metrics_port,
                  "ledger: %s" % self.ledger,
                  "tokenizer: %s" % os.path.join(SRC, "models", "qwen3-a")]
+        lines.append("api_keys: %s" % self.api_keys if self.api_keys else "insecure: true")
         for k, v in (extra_top or {}).items():
             lines.append("%s: %s" % (k, yv(v)))
         lines.append("nodes:")
@@ -259,9 +262,9 @@ class Fleet:
         return urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.replicas[name]["metrics_port"],
                                       timeout=5).read().decode()
 
-    def client(self, timeout=120.0):
+    def client(self, timeout=120.0, api_key=None):
         return FixedLengthClient(self.addr, timeout=timeout,
-                                 stub_dir=os.path.join(self.work, "stubs"))
+                                 stub_dir=os.path.join(self.work, "stubs"), api_key=api_key)
 
     def metrics(self):
         import urllib.request
