@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "error.h"
 
@@ -55,8 +56,35 @@ void kvr_auth_declare(kvr_router *r) {
     }
 }
 
+static int file_sig(const char *path, unsigned long long sig[4]) {
+    struct stat st;
+    if (stat(path, &st)) return -1;   /* stat follows the ..data symlink of a Secret volume */
+    sig[0] = (unsigned long long)st.st_dev;
+    sig[1] = (unsigned long long)st.st_ino;
+    sig[2] = (unsigned long long)st.st_size;
+    sig[3] = (unsigned long long)st.st_mtim.tv_sec * 1000000000ULL + (unsigned long long)st.st_mtim.tv_nsec;
+    return 0;
+}
+
+void kvr_auth_mark(kvr_router *r) {
+    if (r->cfg->api_keys && file_sig(r->cfg->api_keys, r->keys_sig)) memset(r->keys_sig, 0, sizeof r->keys_sig);
+}
+
+void kvr_auth_poll(kvr_router *r, double now) {
+    if (!r->cfg->api_keys || r->cfg->api_keys_reload_s <= 0 || now - r->keys_checked < r->cfg->api_keys_reload_s)
+        return;
+    r->keys_checked = now;
+    unsigned long long sig[4];
+    if (file_sig(r->cfg->api_keys, sig)) memset(sig, 0, sizeof sig);
+    if (!memcmp(sig, r->keys_sig, sizeof sig)) return;
+    memcpy(r->keys_sig, sig, sizeof sig);   /* a bad file is reported once, not every tick */
+    if (kvr_auth_reload(r))
+        kvl__svc_log_text("warn", "key file changed, reload failed, keeping the old keys: %s", kvl_last_error());
+}
+
 kvl_status kvr_auth_reload(kvr_router *r) {
     if (!r->cfg->api_keys) return KVL_OK;
+    kvr_auth_mark(r);
     kvr_tenants *fresh = NULL;
     kvl_status s = kvr_auth_load(r->cfg, &fresh);
     if (s) return s;

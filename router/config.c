@@ -210,6 +210,7 @@ static kvl_status parse_root(kvl__svc_yaml *y, kvr_config *c, const char *name) 
         if (!tmp[0]) s = kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key 'api_keys' is empty", name, c->api_keys_line);
         else if (!(c->api_keys = resolve_path(name, tmp))) s = kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
     }
+    if (!s) s = kvl__svc_kv_double(&top, "api_keys_reload_seconds", 10, 0, 86400, &c->api_keys_reload_s);
     if (!s) s = kvl__svc_kv_int(&top, "http_max_body_bytes", 1 << 20, 1024, 1 << 28, &c->http_max_body);
     if (!s) s = kvl__svc_kv_int(&top, "http_max_connections", 64, 1, 4096, &c->http_max_conn);
     if (!s) s = kvl__svc_kv_int(&top, "prefix_index_blocks", 65536, 16, 1 << 24, &c->prefix_blocks);

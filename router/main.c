@@ -46,6 +46,7 @@ static void on_probe(void *arg) {
     app *a = arg;
     kvr_registry_refresh(a->r->reg, ++a->probes % FULL_PROBE_EVERY != 0, 1000);
     kvr_router_sync_pairs(a->r);
+    kvr_auth_poll(a->r, kvr_wall_now());
 }
 
 static void on_expire(void *arg) {

@@ -155,6 +155,7 @@ kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
     kvl_status s = r->busy ? KVL_OK : kvl__errorf(KVL_ERR_NOMEM, "router busy table");
     if (!s) s = kvr_auth_check_start(cfg);
     if (!s) s = kvr_auth_load(cfg, &r->tenants);
+    if (!s) kvr_auth_mark(r);
     if (!s) s = kvr_metrics_create(&r->metrics);
     if (!s) {   /* every series at zero from the start, for each model of the fleet */
         const char **models = calloc((size_t)cfg->n_nodes + 1, sizeof *models);

@@ -42,6 +42,8 @@ typedef struct kvr_router {
     kvr_metrics *metrics;
     kvl_tokenizer *tok;
     kvr_tenants *tenants;         /* API keys -> tenants, quotas (SIGHUP swaps the table in)    */
+    unsigned long long keys_sig[4];   /* the key file as last loaded: dev, inode, size, mtime   */
+    double keys_checked;          /* when the key file was last looked at                      */
     kvl__rpc_server *server;
     struct kvr_prefix *prefix;    /* token prefixes -> sessions, for stateless HTTP clients     */
     struct kvr_oai_http *http;    /* the OpenAI-compatible HTTP server (NULL: off)             */
@@ -150,6 +152,11 @@ kvl_status kvr_auth_load(const kvr_config *cfg, kvr_tenants **out);
 kvl_status kvr_auth_check_start(const kvr_config *cfg);
 /* SIGHUP: re-read the key file (no-op without one); on error the old table stays. */
 kvl_status kvr_auth_reload(kvr_router *r);
+/* Probe timer: every api_keys_reload_seconds, reload the key file when it changed (a failed
+ * load is logged once per change; the old table stays). */
+void kvr_auth_poll(kvr_router *r, double now);
+/* Remember the key file's current identity (after a load). */
+void kvr_auth_mark(kvr_router *r);
 /* The series of the refusal reasons and of every tenant's quotas, at zero. */
 void kvr_auth_declare(kvr_router *r);
 /* The caller of an `authorization` value (NULL: none): KVR_AUTH_OK with *out filled, or the

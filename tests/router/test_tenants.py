@@ -19,7 +19,8 @@ kvld (qwen3-a) + kvlingo-router (pinned policy, a key file, the OpenAI HTTP API)
   7. SIGHUP re-reads the key file: a new key works, a revoked one is UNAUTHENTICATED; a bad file
      keeps the old table and the log says why;
   8. the metrics count refusals by reason and quota refusals by tenant;
-  9. a router without api_keys and without insecure refuses to start, saying why.
+  9. a router without api_keys and without insecure refuses to start, saying why;
+ 10. with api_keys_reload_seconds, a changed key file is loaded without a signal.
 usage: test_tenants.py --build BUILD_DIR --work WORK_DIR
 """
 import argparse
@@ -149,7 +150,8 @@ def main():
     hport = rtest.free_port()
     fleet = rtest.Fleet(a.build, a.work, models=("qwen3-a",), translators=False,
                         policy={"name": "pinned", "default_model": "qwen3-a"}, api_keys=keys,
-                        extra_top={"http_listen": "127.0.0.1:%d" % hport})
+                        # key file changes by SIGHUP only, until part 10 turns the polling on
+                        extra_top={"http_listen": "127.0.0.1:%d" % hport, "api_keys_reload_seconds": 0})
     try:
         anon, wrong = fleet.client(api_key=""), fleet.client(api_key="sk-nobody-0000000000001")
         ca, cb, co, ct = (fleet.client(api_key=k) for k in (KA, KB, KO, KT))
@@ -337,6 +339,32 @@ def main():
         check(metric(m, "kvlingo_router_quota_refused_total", {"tenant": "gamma", "quota": "max_sessions"}) == 0,
               "a reloaded tenant's series at zero")
         print("ok: metrics: refusals by reason, quota refusals by tenant")
+
+        # ---- 10. api_keys_reload_seconds: a changed file (as a Secret update) is picked up
+        # without a signal; the sessions stay in the ledger across the restart
+        fleet.router.stop()
+        fleet.procs.remove(fleet.router)
+        with open(fleet.config) as f:
+            c = f.read().replace("api_keys_reload_seconds: 0", "api_keys_reload_seconds: 1")
+        with open(fleet.config, "w") as f:
+            f.write(c)
+        key_file(keys, TENANTS)   # beta back, gamma gone
+        fleet.start_router()
+        cb2, cg2, ca2 = fleet.client(api_key=KB), fleet.client(api_key=KG), fleet.client(api_key=KA)
+        t0 = time.time()
+        while rpc_code(lambda: ca2.get_session(sa))[0] == "UNAVAILABLE" and time.time() - t0 < 10:
+            time.sleep(0.1)   # the new channel connects
+        code = rpc_code(lambda: cg2.create_session())
+        check(code[0] == "UNAUTHENTICATED", "gamma after the restart: %r" % (code,))
+        check(rpc_code(lambda: ca2.get_session(sa))[0] == "OK", "A's session after the restart")
+        key_file(keys, TENANTS + [{"name": "gamma", "keys": [KG]}])
+        t0 = time.time()
+        while rpc_code(lambda: cg2.create_session())[0] != "OK" and time.time() - t0 < 15:
+            time.sleep(0.2)
+        check(rpc_code(lambda: cg2.create_session())[0] == "OK", "gamma's key not picked up without a signal")
+        check(rpc_code(lambda: cb2.create_session())[0] == "OK", "beta's key after the change")
+        print("ok: api_keys_reload_seconds: 1: a changed key file is loaded without SIGHUP (%.1f s)" %
+              (time.time() - t0))
     finally:
         fleet.stop()
 
