@@ -36,7 +36,7 @@
 static void chat_usage(FILE *f) {
     fputs("usage: kvlingo chat --router HOST:PORT (--tls-ca FILE | --insecure) [--session ID]\n"
           "                    [--model NAME] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--escalate]\n"
-          "                    [--force-reprefill] [--ignore-eos] [--special] [--timeout-ms N] TEXT\n"
+          "                    [--force-reprefill] [--ignore-eos] [--special] [--timeout-ms N] [--api-key KEY] TEXT\n"
           "       kvlingo chat --router HOST:PORT (--tls-ca FILE | --insecure) --tokenizer DIR [--system TEXT] [--interactive]\n"
           "                    [options above] [TEXT]\n"
           "  One turn of a session through kvlingo-router: streams the text as it is generated,\n"
@@ -48,7 +48,10 @@ static void chat_usage(FILE *f) {
           "  sets the system message; --interactive reads one user message per line from stdin\n"
           "  (TEXT, when given, is the first) and keeps the session until end of input.\n"
           "  --tls-ca FILE: the CA (PEM) that signed the router's certificate (TLS); --insecure:\n"
-          "  plaintext, for a router started with --insecure.  One of the two is required.\n", f);
+          "  plaintext, for a router started with --insecure.  One of the two is required.\n"
+          "  --api-key KEY (default: environment variable KVL_API_KEY) is sent as\n"
+          "  'authorization: Bearer KEY': the router's key file maps it to a tenant, whose\n"
+          "  sessions only it sees.\n", f);
 }
 
 static int rpc_fail(const char *what, const kvl__rpc_result *res) {
@@ -266,6 +269,8 @@ int cmd_chat(int argc, char **argv) {
     const char *session = cli_opt(&a, "--session", &err);
     const char *tokdir = cli_opt(&a, "--tokenizer", &err);
     const char *system = cli_opt(&a, "--system", &err);
+    const char *api_key = cli_opt(&a, "--api-key", &err);
+    if (!api_key) api_key = getenv("KVL_API_KEY");
     o.model = cli_opt(&a, "--model", &err);
     o.max_tokens = cli_opt_long(&a, "--max-tokens", 32, 1, 1 << 20, &err);
     o.temperature = cli_opt_double(&a, "--temperature", 0, 0, 100, &err);
@@ -323,6 +328,20 @@ int cmd_chat(int argc, char **argv) {
     kvl_status s = kvl__rpc_client_create(router, 0, &tls, &cli);
     kvl__svc_tls_free(&ca);   /* the channel keeps its own copy */
     if (s) return cli_fail("chat", s);
+    if (api_key && api_key[0]) {
+        size_t kl = strlen(api_key);
+        char *bearer = malloc(kl + 8);
+        if (!bearer) s = KVL_ERR_NOMEM;
+        else {
+            snprintf(bearer, kl + 8, "Bearer %s", api_key);
+            s = kvl__rpc_client_set_metadata(cli, "authorization", bearer);
+            free(bearer);
+        }
+        if (s) {
+            kvl__rpc_client_free(cli);
+            return cli_fail("chat: --api-key", s);
+        }
+    }
     int rc = 0, summary = 0;
     char *sid = NULL;
     if (session && session[0]) {

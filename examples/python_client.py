@@ -15,7 +15,7 @@ Command line:
 As a library:
 
     from python_client import RouterClient
-    c = RouterClient("127.0.0.1:7000", tls_ca="ca.pem")   # or insecure=True (plaintext)
+    c = RouterClient("127.0.0.1:7000", tls_ca="ca.pem", api_key="sk-...")   # or insecure=True (plaintext); key default $KVL_API_KEY
     sid = c.create_session()
     for piece, summary in c.send(sid, "Once upon a time", max_tokens=16):
         if summary is None:
@@ -26,7 +26,8 @@ As a library:
 
 Every call raises grpc.RpcError with the router's status and message on failure (unknown
 session: NOT_FOUND; empty or malformed input: INVALID_ARGUMENT; too long: OUT_OF_RANGE;
-session busy: ABORTED; no healthy node: UNAVAILABLE).
+session busy: ABORTED; no healthy node: UNAVAILABLE; no or an unknown API key:
+UNAUTHENTICATED; a quota used up: RESOURCE_EXHAUSTED).
 """
 import argparse
 import hashlib
@@ -80,13 +81,16 @@ class RouterClient:
     """Thin wrapper over the generated Router stub."""
 
     def __init__(self, address, timeout=120.0, proto_dir=None, stub_dir=None, tls_ca=None,
-                 insecure=False):
+                 insecure=False, api_key=None):
         """TLS verified with tls_ca (PEM: the CA that signed the router's certificate), or
-        plaintext with insecure=True (a router started with --insecure); one is required."""
+        plaintext with insecure=True (a router started with --insecure); one is required.
+        api_key: the router's API key (its tenant's sessions only); default $KVL_API_KEY."""
         import grpc
         self.pb, self.pb_grpc = load_stubs(proto_dir, stub_dir)
         if bool(tls_ca) == bool(insecure):
             raise ValueError("RouterClient: pass tls_ca=PATH or insecure=True (exactly one)")
+        api_key = api_key if api_key is not None else os.environ.get("KVL_API_KEY", "")
+        self.metadata = (("authorization", "Bearer " + api_key),) if api_key else None
         if tls_ca:
             with open(tls_ca, "rb") as f:
                 creds = grpc.ssl_channel_credentials(root_certificates=f.read())
@@ -98,7 +102,7 @@ class RouterClient:
 
     def create_session(self, session_id="", model=""):
         r = self.stub.CreateSession(self.pb.CreateSessionRequest(session_id=session_id, model=model),
-                                    timeout=self.timeout)
+                                    timeout=self.timeout, metadata=self.metadata)
         return r.session_id
 
     def send(self, session_id, text=None, tokens=None, **params):
@@ -106,7 +110,7 @@ class RouterClient:
         SendRequest field (max_tokens, temperature, model, escalate, force_reprefill, ...)."""
         req = self.pb.SendRequest(session_id=session_id, text=text or "", tokens=tokens or [],
                                   **params)
-        for m in self.stub.Send(req, timeout=self.timeout):
+        for m in self.stub.Send(req, timeout=self.timeout, metadata=self.metadata):
             if m.HasField("summary"):
                 yield "", m.summary
             else:
@@ -117,7 +121,7 @@ class RouterClient:
         req = self.pb.SendRequest(session_id=session_id, text=text or "", tokens=tokens or [],
                                   **params)
         ids, pieces, summary = [], [], None
-        for m in self.stub.Send(req, timeout=self.timeout):
+        for m in self.stub.Send(req, timeout=self.timeout, metadata=self.metadata):
             if m.HasField("summary"):
                 summary = m.summary
             else:
@@ -128,14 +132,14 @@ class RouterClient:
     def get_session(self, session_id, include_tokens=False):
         return self.stub.GetSession(self.pb.GetSessionRequest(session_id=session_id,
                                                               include_tokens=include_tokens),
-                                    timeout=self.timeout)
+                                    timeout=self.timeout, metadata=self.metadata)
 
     def close_session(self, session_id):
         return self.stub.CloseSession(self.pb.CloseSessionRequest(session_id=session_id),
-                                      timeout=self.timeout).closed
+                                      timeout=self.timeout, metadata=self.metadata).closed
 
     def list_nodes(self):
-        return self.stub.ListNodes(self.pb.ListNodesRequest(), timeout=self.timeout)
+        return self.stub.ListNodes(self.pb.ListNodesRequest(), timeout=self.timeout, metadata=self.metadata)
 
 
 def main():
@@ -151,12 +155,13 @@ def main():
     ap.add_argument("--special-text", action="store_true",
                     help="show special tokens' text (<|endoftext|>, ...), left out by default")
     ap.add_argument("--list-nodes", action="store_true")
+    ap.add_argument("--api-key", default=None, help="the router's API key (default: $KVL_API_KEY)")
     ap.add_argument("text", nargs="?", default="")
     a = ap.parse_args()
     import grpc
     if bool(a.tls_ca) == a.insecure:
         ap.error("one of --tls-ca FILE or --insecure is required")
-    c = RouterClient(a.router, tls_ca=a.tls_ca, insecure=a.insecure)
+    c = RouterClient(a.router, tls_ca=a.tls_ca, insecure=a.insecure, api_key=a.api_key)
     sid, summary = "", False
     try:
         if a.list_nodes:

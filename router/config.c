@@ -210,6 +210,12 @@ static kvl_status parse_root(kvl__svc_yaml *y, kvr_config *c, const char *name) 
         if (!c->health_listen) s = kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
         if (!s) s = check_address(name, kvl__svc_kv_line(&top, "health_listen"), "health_listen", c->health_listen);
     }
+    if (!s && (tmp = kvl__svc_kv_str(&top, "api_keys", NULL))) {
+        c->api_keys_line = kvl__svc_kv_line(&top, "api_keys");
+        if (!tmp[0]) s = kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key 'api_keys' is empty", name, c->api_keys_line);
+        else if (!(c->api_keys = resolve_path(name, tmp))) s = kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
+    }
+    if (!s) s = kvl__svc_kv_double(&top, "api_keys_reload_seconds", 10, 0, 86400, &c->api_keys_reload_s);
     if (!s) s = kvl__svc_kv_int(&top, "http_max_body_bytes", 1 << 20, 1024, 1 << 28, &c->http_max_body);
     if (!s) s = kvl__svc_kv_int(&top, "http_max_connections", 64, 1, 4096, &c->http_max_conn);
     if (!s) s = kvl__svc_kv_int(&top, "prefix_index_blocks", 65536, 16, 1 << 24, &c->prefix_blocks);
@@ -330,6 +336,7 @@ void kvr_config_free(kvr_config *c) {
     free(c->listen);
     free(c->metrics);
     free(c->http_listen);
+    free(c->api_keys);
     free(c->ledger);
     free(c->replica_id);
     free(c->tokenizer);

@@ -6,6 +6,12 @@
  *   metrics: 127.0.0.1:7001         # /metrics and /healthz (optional; absent = off)
  *   http_listen: 127.0.0.1:8000     # OpenAI-compatible HTTP API (optional; absent = off;
  *                                   #   --http-listen overrides it)
+ *   api_keys: keys.yaml             # API keys -> tenants (router/tenants.h; relative to this
+ *                                   #   file; --api-keys overrides; re-read on SIGHUP).  Absent:
+ *                                   #   every client is tenant "default" (needs insecure)
+ *   api_keys_reload_seconds: 10     # how often the key file is looked at (its inode, size,
+ *                                   #   mtime: a Kubernetes Secret update swaps it); a changed
+ *                                   #   file is reloaded as on SIGHUP.  0: on SIGHUP only
  *   http_max_body_bytes: 1048576    # a larger request body is refused (413)
  *   http_max_connections: 64        # HTTP connections at once (one thread each)
  *   prefix_index_blocks: 65536      # entries (16-token blocks) of the prefix index that maps a
@@ -80,6 +86,9 @@ typedef struct kvr_config {
     char *listen;
     char *metrics;            /* NULL: no metrics server */
     char *http_listen;        /* NULL: no OpenAI-compatible HTTP server */
+    char *api_keys;           /* resolved path of the key file; NULL: no keys */
+    int api_keys_line;
+    double api_keys_reload_s; /* 0: reload on SIGHUP only */
     long http_max_body;
     long http_max_conn;
     long prefix_blocks;

@@ -134,14 +134,21 @@ static kvl_status check_name(const char *what, const char *v) {
     return KVL_OK;
 }
 
-kvl_status kvr_ledger_session_create(kvr_ledger *l, const char *id, const char *model, double now) {
+kvl_status kvr_ledger_session_create_for(kvr_ledger *l, const char *id, const char *model,
+                                         const char *tenant, long max_open, double now) {
     if (!kvr_session_id_valid(id)) return bad_id("session id", id);
     kvl_status s = check_name("model", model);
+    if (!s) s = check_name("tenant", tenant);
+    if (!s && (!tenant || !tenant[0])) s = kvl__errorf(KVL_ERR_INVALID_ARG, "ledger: a session needs a tenant");
     if (s) return s;
     double t0 = kvl__now_s();
-    s = l->ops->session_create(l->impl, id, model ? model : "", now);
+    s = l->ops->session_create(l->impl, id, model ? model : "", tenant, max_open > 0 ? max_open : 0, now);
     observe(l, "create", 1, t0);
     return s;
+}
+
+kvl_status kvr_ledger_session_create(kvr_ledger *l, const char *id, const char *model, double now) {
+    return kvr_ledger_session_create_for(l, id, model, "default", 0, now);
 }
 
 kvl_status kvr_ledger_session_load(kvr_ledger *l, const char *id, int with_tokens, kvr_session *out) {

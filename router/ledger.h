@@ -13,7 +13,9 @@
  * pol_level, pol_calm), chunks(session, t0, ids BLOB of int32 little-endian), turns(...),
  * holdings(session, node, n_tokens), schema_version(version).  Times are Unix seconds (double).
  * Schema 2 adds the session lease (sessions.lease_owner, lease_gen, lease_expiry) and the
- * idempotency key of a turn (turns.request_id, unique per session when not empty).
+ * idempotency key of a turn (turns.request_id, unique per session when not empty).  Schema 3
+ * adds sessions.tenant (the API-key tenant a session belongs to; "default" for sessions made
+ * before, and for every session of a router without a key file).
  *
  * Leases: a session is driven by one replica at a time.  A lease is taken by compare-and-set
  * on lease_gen (the row's generation: every take increments it), renewed while the turn runs,
@@ -55,6 +57,7 @@ typedef struct kvr_session {
     int n_tokens;
     char current_node[KVR_NAME_MAX];   /* "" before the first turn                           */
     char model[KVR_NAME_MAX];          /* CreateSession's model, "" when none                */
+    char tenant[KVR_NAME_MAX];         /* the tenant it belongs to ("default" without keys)  */
     int pol_level, pol_calm;
     int32_t *tokens;                   /* [n_tokens] when loaded with tokens, else NULL       */
     kvr_holding holdings[KVR_MAX_HOLDINGS];
@@ -116,7 +119,7 @@ int kvr_ledger_is_postgres(const char *conn);
 void kvr_ledger_shown(const char *conn, char *buf, size_t cap);
 /* Schema version of the open ledger (KVR_LEDGER_SCHEMA after a successful open). */
 int kvr_ledger_schema(const kvr_ledger *l);
-#define KVR_LEDGER_SCHEMA 2
+#define KVR_LEDGER_SCHEMA 3
 
 /* Called after every ledger call with its name ("load", "commit", "lease", ...), whether it
  * wrote, and its duration (seconds), for the metrics. */
@@ -127,8 +130,12 @@ void kvr_ledger_set_observer(kvr_ledger *l,
 /* 1 when `id` is a valid session id (length and characters). */
 int kvr_session_id_valid(const char *id);
 
-/* New open session.  KVL_ERR_INVALID_ARG when `id` exists already. */
+/* New open session of tenant "default".  KVL_ERR_INVALID_ARG when `id` exists already. */
 kvl_status kvr_ledger_session_create(kvr_ledger *l, const char *id, const char *model, double now);
+/* New open session of `tenant`; with max_open > 0, refused (KVL_ERR_NOMEM "quota: ...") when
+ * the tenant has max_open open sessions already (checked and inserted in one statement). */
+kvl_status kvr_ledger_session_create_for(kvr_ledger *l, const char *id, const char *model,
+                                         const char *tenant, long max_open, double now);
 
 /* Load a session (any state); tokens only when with_tokens.  KVL_ERR_NOT_FOUND when unknown.
  * Release with kvr_session_clear. */

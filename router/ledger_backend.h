@@ -27,7 +27,10 @@ typedef struct kvr_ledger_ops {
      * *schema to the version found after migrating. */
     kvl_status (*open)(const char *conn, const char *shown, void **impl, int *schema);
     void (*close)(void *impl);
-    kvl_status (*session_create)(void *impl, const char *id, const char *model, double now);
+    /* refused with KVL_ERR_NOMEM "quota: ..." when max_open > 0 and `tenant` has that many
+     * open sessions already */
+    kvl_status (*session_create)(void *impl, const char *id, const char *model, const char *tenant,
+                                 long max_open, double now);
     kvl_status (*session_load)(void *impl, const char *id, int with_tokens, kvr_session *out);
     kvl_status (*turn_commit)(void *impl, const kvr_ledger_commit *c);
     kvl_status (*holding_set)(void *impl, const char *id, const char *node, int n);

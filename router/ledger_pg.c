@@ -55,6 +55,9 @@ static const char *const k_migrations[] = {
     "ALTER TABLE turns ADD COLUMN request_id TEXT NOT NULL DEFAULT '',"
     "  ADD COLUMN finish TEXT NOT NULL DEFAULT '';"
     "CREATE UNIQUE INDEX turns_request ON turns(session, request_id) WHERE request_id <> '';",
+    /* 3: a session belongs to a tenant (API keys); sessions from before are "default"'s */
+    "ALTER TABLE sessions ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default';"
+    "CREATE INDEX sessions_tenant ON sessions(tenant, state);",
 };
 #define N_MIGRATIONS (int)(sizeof k_migrations / sizeof k_migrations[0])
 
@@ -273,14 +276,22 @@ static kvl_status pg_open(const char *uri, const char *shown, void **impl, int *
     return KVL_OK;
 }
 
-static kvl_status pg_session_create(void *impl, const char *id, const char *model, double now) {
+static kvl_status pg_session_create(void *impl, const char *id, const char *model, const char *tenant,
+                                    long max_open, double now) {
     pg *p = impl;
     pthread_mutex_lock(&p->mu);
     PGresult *r = NULL;
     char state[6];
+    /* count and insert in one statement; replicas creating sessions of one tenant at the same
+     * moment can overshoot max_sessions by the creates in flight (no table lock is taken) */
     kvl_status s = run(p, "create session", &r, state, 0,
                        "INSERT INTO sessions(id,state,created,last_used,n_turns,n_tokens,current_node,"
-                       "model,pol_level,pol_calm) VALUES($1,0,$2,$2,0,0,'',$3,0,0)", "tdt", id, now, model);
+                       "model,pol_level,pol_calm,tenant) SELECT $1,0,$2,$2,0,0,'',$3,0,0,$4 WHERE $5::bigint=0 "
+                       "OR (SELECT count(*) FROM sessions WHERE tenant=$4 AND state=0) < $5::bigint",
+                       "tdtti", id, now, model, tenant, (long long)max_open);
+    if (!s && changed_rows(r) == 0)
+        s = kvl__errorf(KVL_ERR_NOMEM, "quota: tenant '%s' has %ld open sessions, its max_sessions: close "
+                       "one first", tenant, max_open);
     PQclear(r);
     if (s && !strcmp(state, "23505")) s = kvl__errorf(KVL_ERR_INVALID_ARG, "session '%s' exists already", id);
     pthread_mutex_unlock(&p->mu);
@@ -323,14 +334,14 @@ static const char *k_load_sql =
     " CASE WHEN $2 AND s.state = 0 THEN (SELECT coalesce(string_agg(c.t0 || ':' || length(c.ids), ','"
     "  ORDER BY c.t0), '') FROM chunks c WHERE c.session = s.id) END,"
     " CASE WHEN $2 AND s.state = 0 THEN (SELECT coalesce(string_agg(c.ids, ''::bytea ORDER BY c.t0),"
-    "  ''::bytea) FROM chunks c WHERE c.session = s.id) END"
+    "  ''::bytea) FROM chunks c WHERE c.session = s.id) END, s.tenant"
     " FROM sessions s WHERE s.id = $1";
 
 static kvl_status load_locked(pg *p, const char *id, int with_tokens, kvr_session *out) {
     PGresult *r = NULL;
     kvl_status s = run(p, "load session", &r, NULL, 1, k_load_sql, "tt", id, with_tokens ? "true" : "false");
     if (s) return s;
-    if (PQntuples(r) != 1 || PQnfields(r) != 12) {
+    if (PQntuples(r) != 1 || PQnfields(r) != 13) {
         PQclear(r);
         return kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", id);
     }
@@ -344,6 +355,7 @@ static kvl_status load_locked(pg *p, const char *id, int with_tokens, kvr_sessio
     bin_text(r, 6, out->model, sizeof out->model);
     out->pol_level = bin_i32(r, 7);
     out->pol_calm = bin_i32(r, 8);
+    bin_text(r, 12, out->tenant, sizeof out->tenant);
     if (out->n_tokens < 0 || out->n_tokens > (1 << 28) || out->state < KVR_SESSION_OPEN ||
         out->state > KVR_SESSION_EXPIRED) {
         PQclear(r);

@@ -48,6 +48,9 @@ static const char *const k_migrations[] = {
     "ALTER TABLE turns ADD COLUMN request_id TEXT NOT NULL DEFAULT '';"
     "ALTER TABLE turns ADD COLUMN finish TEXT NOT NULL DEFAULT '';"
     "CREATE UNIQUE INDEX turns_request ON turns(session, request_id) WHERE request_id <> '';",
+    /* 3: a session belongs to a tenant (API keys); sessions from before are "default"'s */
+    "ALTER TABLE sessions ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default';"
+    "CREATE INDEX sessions_tenant ON sessions(tenant, state);",
 };
 #define N_MIGRATIONS (int)(sizeof k_migrations / sizeof k_migrations[0])
 
@@ -157,16 +160,24 @@ static kvl_status sq_open(const char *path, const char *shown, void **impl, int 
     return KVL_OK;
 }
 
-static kvl_status sq_session_create(void *impl, const char *id, const char *model, double now) {
+static kvl_status sq_session_create(void *impl, const char *id, const char *model, const char *tenant,
+                                    long max_open, double now) {
     sq *q = impl;
     pthread_mutex_lock(&q->mu);
+    /* the count and the insert in one statement under the connection's mutex: concurrent
+     * creates of one tenant cannot both take its last place (on this ledger file) */
     int rc = exec_bind(q,
                        "INSERT INTO sessions(id,state,created,last_used,n_turns,n_tokens,"
-                       "current_node,model,pol_level,pol_calm) VALUES(?,0,?,?,0,0,'',?,0,0)",
-                       "tddt", id, now, now, model);
+                       "current_node,model,pol_level,pol_calm,tenant) SELECT ?,0,?,?,0,0,'',?,0,0,? "
+                       "WHERE ?=0 OR (SELECT count(*) FROM sessions WHERE tenant=? AND state=0) < ?",
+                       "tddttiti", id, now, now, model, tenant, (long long)max_open, tenant,
+                       (long long)max_open);
     kvl_status s = KVL_OK;
     if (rc == SQLITE_CONSTRAINT) s = kvl__errorf(KVL_ERR_INVALID_ARG, "session '%s' exists already", id);
     else if (rc != SQLITE_OK) s = db_err(q, "create session");
+    else if (sqlite3_changes(q->db) == 0)
+        s = kvl__errorf(KVL_ERR_NOMEM, "quota: tenant '%s' has %ld open sessions, its max_sessions: close "
+                       "one first", tenant, max_open);
     pthread_mutex_unlock(&q->mu);
     return s;
 }
@@ -180,7 +191,7 @@ static kvl_status load_locked(sq *q, const char *id, int with_tokens, kvr_sessio
     sqlite3_stmt *st = NULL;
     if (sqlite3_prepare_v2(q->db,
                            "SELECT state,created,last_used,n_turns,n_tokens,current_node,model,"
-                           "pol_level,pol_calm FROM sessions WHERE id=?", -1, &st, NULL) != SQLITE_OK)
+                           "pol_level,pol_calm,tenant FROM sessions WHERE id=?", -1, &st, NULL) != SQLITE_OK)
         return db_err(q, "load session");
     sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
     int rc = sqlite3_step(st);
@@ -199,6 +210,7 @@ static kvl_status load_locked(sq *q, const char *id, int with_tokens, kvr_sessio
     copy_col(out->model, sizeof out->model, st, 6);
     out->pol_level = sqlite3_column_int(st, 7);
     out->pol_calm = sqlite3_column_int(st, 8);
+    copy_col(out->tenant, sizeof out->tenant, st, 9);
     sqlite3_finalize(st);
     if (out->n_tokens < 0 || out->n_tokens > (1 << 28) || out->state < KVR_SESSION_OPEN ||
         out->state > KVR_SESSION_EXPIRED)

@@ -31,6 +31,8 @@ static void on_hup(void *arg) {
     app *a = arg;
     if (kvr_router_reload(a->r))
         kvl__svc_log_text("warn", "reload failed, keeping the old policy: %s", kvl_last_error());
+    if (kvr_auth_reload(a->r))
+        kvl__svc_log_text("warn", "key file reload failed, keeping the old keys: %s", kvl_last_error());
 }
 
 /* No drain check: the loop stops at once; running turns get their grace period in
@@ -44,6 +46,7 @@ static void on_probe(void *arg) {
     app *a = arg;
     kvr_registry_refresh(a->r->reg, ++a->probes % FULL_PROBE_EVERY != 0, 1000);
     kvr_router_sync_pairs(a->r);
+    kvr_auth_poll(a->r, kvr_wall_now());
 }
 
 static void on_expire(void *arg) {
@@ -72,6 +75,9 @@ static void usage(FILE *f) {
           "  --http-listen HOST:PORT  serve the OpenAI-compatible HTTP API there (POST\n"
           "                       /v1/chat/completions, /v1/completions, GET /v1/models, /health,\n"
           "                       /ready); overrides the file's http_listen; port 0 picks one\n"
+          "  --api-keys FILE      API keys -> tenants (YAML; overrides the file's api_keys; re-read\n"
+          "                       on SIGHUP); without keys every client is tenant \"default\",\n"
+          "                       which a start allows only with --insecure\n"
           "  --insecure           plaintext gRPC to clients and nodes, without TLS (the file's\n"
           "                       insecure: true does the same)\n"
           "  --check              run every check a start runs short of binding ports and loading\n"
@@ -82,11 +88,12 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
     kvl__svc_log_init("router");
-    const char *config = NULL, *http_listen = NULL;
+    const char *config = NULL, *http_listen = NULL, *api_keys = NULL;
     int check = 0, insecure = 0;
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'}, {"check", no_argument, NULL, 'k'},
         {"http-listen", required_argument, NULL, 'H'}, {"insecure", no_argument, NULL, 'I'},
+        {"api-keys", required_argument, NULL, 'A'},
         {"version", no_argument, NULL, 'V'},      {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     opterr = 0;
@@ -97,6 +104,7 @@ int main(int argc, char **argv) {
         case 'k': check = 1; break;
         case 'H': http_listen = optarg; break;
         case 'I': insecure = 1; break;
+        case 'A': api_keys = optarg; break;
         case 'V': kvl_version_print(stdout, "kvlingo-router"); return 0;
         case 'h': usage(stdout); return 0;
         case ':': fprintf(stderr, "kvlingo-router: %s needs a value\n", argv[optind - 1]); usage(stderr); return 2;
@@ -110,6 +118,15 @@ int main(int argc, char **argv) {
     kvl_status s = kvr_config_load(config, &cfg);
     if (!s) s = kvr_policy_check(cfg);
     if (!s && insecure) cfg->insecure = 1;   /* the flag wins over the file's key */
+    if (!s && api_keys) {   /* the flag wins over the file's key; relative to the working directory */
+        char *dup = api_keys[0] ? strdup(api_keys) : NULL;
+        if (!dup) s = kvl__errorf(KVL_ERR_INVALID_ARG, "--api-keys needs a file");
+        else {
+            free(cfg->api_keys);
+            cfg->api_keys = dup;
+            cfg->api_keys_line = 0;
+        }
+    }
     if (!s && http_listen) {   /* the flag wins over the file's key */
         char *dup = strdup(http_listen);
         if (!dup) s = kvl__errorf(KVL_ERR_NOMEM, "--http-listen");

@@ -48,6 +48,10 @@ static const kvl__svc_metric_def k_defs[] = {
      KVL_SVC_COUNTER, NULL, 0},
     {"kvlingo_router_http_requests_total", "Requests to the OpenAI-compatible HTTP API, by endpoint "
      "and HTTP status.", KVL_SVC_COUNTER, NULL, 0},
+    {"kvlingo_router_auth_refused_total", "Requests refused for their API key, by reason (missing, "
+     "unknown, forbidden: the tenant lacks the right).", KVL_SVC_COUNTER, NULL, 0},
+    {"kvlingo_router_quota_refused_total", "Requests refused for a tenant's quota, by tenant and quota "
+     "(max_sessions, tokens_per_minute).", KVL_SVC_COUNTER, NULL, 0},
     {"kvlingo_router_model_failovers_total", "Turns answered on another model because no healthy "
      "node served the chosen one, by chosen model, model used and switch mode.", KVL_SVC_COUNTER,
      NULL, 0},
@@ -81,7 +85,8 @@ static const char *const k_fallback_reasons[] = {
 /* gRPC codes a turn can end with (the names kvl__rpc_status_name gives) */
 static const char *const k_error_codes[] = {
     "CANCELLED", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "INTERNAL", "UNAVAILABLE", "DATA_LOSS"};
+    "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+    "UNAUTHENTICATED", "PERMISSION_DENIED"};
 static const char *const k_modes[] = {"none", "translate", "reprefill"};
 #define N_OF(a) (int)(sizeof a / sizeof a[0])
 
@@ -106,7 +111,8 @@ void kvr_metrics_declare(kvr_metrics *m, const char *const *models, int n_models
     }
     static const char *const endpoints[] = {"chat_completions", "completions", "models", "health", "ready",
                                             "other"};
-    static const char *const statuses[] = {"200", "400", "404", "405", "409", "413", "500", "503", "504"};
+    static const char *const statuses[] = {"200", "400", "401", "404", "405", "409", "413", "429", "500", "503",
+                                            "504"};
     for (int i = 0; i < N_OF(endpoints); i++)
         for (int k = 0; k < N_OF(statuses); k++) {
             snprintf(lab, sizeof lab, "endpoint=\"%s\",status=\"%s\"", endpoints[i], statuses[k]);

@@ -17,6 +17,7 @@
 #include "kvlingo/status.h"
 #include "kvlingo/tokenizer.h"
 #include "ledger.h"
+#include "tenants.h"
 
 #define KVR_OAI_MAX_STOP 4          /* stop strings per request, as OpenAI allows              */
 #define KVR_OAI_STOP_MAX_BYTES 256  /* one stop string                                         */
@@ -97,9 +98,12 @@ struct kvr_oai_run {
 };
 
 /* Render, find or create the session, run the turn.  0 on success (u filled), -1 with u->err
- * set.  `session_hdr`: the x-kvlingo-session header or NULL.  Release with kvr_oai_run_clear. */
+ * set.  `session_hdr`: the x-kvlingo-session header or NULL.  `tenant`: the caller; only its
+ * own sessions are found (another tenant's named session is 404, its prefixes are never
+ * matched), new sessions are its own (max_sessions: 429), its tokens_per_minute apply (429).
+ * Release with kvr_oai_run_clear. */
 int kvr_oai_run_turn(struct kvr_router *r, const kvr_oai_req *q, const char *session_hdr,
-                     kvr_oai_sink *sink, kvr_oai_run *u);
+                     const kvr_tenant_info *tenant, kvr_oai_sink *sink, kvr_oai_run *u);
 void kvr_oai_run_clear(kvr_oai_run *u);
 
 /* ---- the HTTP server (openai_http.c) --------------------------------------------------------- */

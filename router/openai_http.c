@@ -42,6 +42,7 @@ typedef struct conn {
     int refused;                  /* a response went out before the body was read            */
     int too_large;                /* the body outgrew max_body: dropped, answered 413        */
     double t0;
+    kvr_tenant_info tenant;       /* the caller (Authorization: Bearer KEY)                  */
 } conn;
 
 /* ---- plain responses ------------------------------------------------------------------------ */
@@ -92,6 +93,7 @@ typedef struct stream {
     kvr_oai_req q;
     char session[KVR_ID_MAX];
     int has_session;
+    kvr_tenant_info tenant;
     kvr_oai_run run;
     pthread_t th;
     pthread_mutex_t mu;
@@ -159,7 +161,7 @@ static int st_text(void *arg, const char *text, size_t len) {
 static void *st_worker(void *arg) {
     stream *s = arg;
     kvr_oai_sink sink = {.on_start = st_start, .on_text = st_text, .arg = s};
-    int rc = kvr_oai_run_turn(s->r, &s->q, s->has_session ? s->session : NULL, &sink, &s->run);
+    int rc = kvr_oai_run_turn(s->r, &s->q, s->has_session ? s->session : NULL, &s->tenant, &sink, &s->run);
     if (!rc) {
         put_event(s, kvr_oai_chunk(s->q.chat, &s->run.res, 0, s->q.chat ? NULL : "", s->run.finish,
                                    s->q.include_usage));
@@ -215,7 +217,7 @@ static void st_free(stream *s) {
 static void st_free_cb(void *cls) { st_free(cls); }
 
 static enum MHD_Result run_stream(kvr_oai_http *h, struct MHD_Connection *c, kvr_oai_req *q,
-                                  const char *session) {
+                                  const char *session, const kvr_tenant_info *tenant) {
     stream *s = calloc(1, sizeof *s);
     kvr_oai_error e;
     if (!s) {
@@ -224,6 +226,7 @@ static enum MHD_Result run_stream(kvr_oai_http *h, struct MHD_Connection *c, kvr
         return send_error(c, &e, NULL);
     }
     s->r = h->r;
+    s->tenant = *tenant;
     s->q = *q;                    /* the stream owns the request now */
     memset(q, 0, sizeof *q);
     if (session) { snprintf(s->session, sizeof s->session, "%.*s", KVR_ID_MAX - 1, session); s->has_session = 1; }
@@ -274,10 +277,10 @@ static enum MHD_Result do_completion(kvr_oai_http *h, struct MHD_Connection *c, 
         kvr_oai_req_clear(&q);
         return send_error(c, &e, NULL);
     }
-    if (q.stream) return run_stream(h, c, &q, sess);
+    if (q.stream) return run_stream(h, c, &q, sess, &cc->tenant);
     kvr_oai_run u;
     memset(&u, 0, sizeof u);
-    int rc = kvr_oai_run_turn(h->r, &q, sess, NULL, &u);
+    int rc = kvr_oai_run_turn(h->r, &q, sess, &cc->tenant, NULL, &u);
     enum MHD_Result ret;
     if (rc) {
         ret = send_error(c, &u.err, NULL);
@@ -365,6 +368,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             kvr_oai_set_error(&e, 405, "invalid_request_error", NULL, "method_not_allowed",
                               "%.16s is not allowed on %s (allowed: %s)", method, url, allow);
             return send_error(c, &e, allow);
+        }
+        /* the API needs a key (as OpenAI's does); health and readiness probes do not */
+        if (cc->ep == EP_CHAT || cc->ep == EP_COMPLETIONS || cc->ep == EP_MODELS) {
+            const char *reason = NULL;
+            const char *av = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+            if (kvr_auth_value(h->r, av, 0, &cc->tenant, &reason) != KVR_AUTH_OK) {
+                cc->refused = 1;
+                if (!strcmp(reason, "missing"))
+                    kvr_oai_set_error(&e, 401, "invalid_request_error", NULL, "invalid_api_key",
+                                      "You didn't provide an API key. Send it in the Authorization header "
+                                      "(Authorization: Bearer YOUR_KEY).");
+                else
+                    kvr_oai_set_error(&e, 401, "invalid_request_error", NULL, "invalid_api_key",
+                                      "Incorrect API key provided.");
+                return send_error(c, &e, NULL);
+            }
         }
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > (unsigned long long)h->max_body) {

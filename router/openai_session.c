@@ -143,6 +143,11 @@ static void turn_error(kvl_status s, kvr_oai_error *err) {
     grpc_status_code c = kvl__rpc_status_from_kvl(s);
     if (s == KVL_ERR_MISMATCH && strstr(m, "is busy")) c = GRPC_STATUS_ABORTED;
     if (s == KVL_ERR_NOMEM && strstr(m, "router busy")) c = GRPC_STATUS_RESOURCE_EXHAUSTED;
+    if (c == GRPC_STATUS_RESOURCE_EXHAUSTED && strstr(m, "quota:")) {   /* a tenant's quota */
+        kvr_oai_set_error(err, 429, strstr(m, "max_sessions") ? "sessions" : "tokens", NULL,
+                          "rate_limit_exceeded", "%s", m);
+        return;
+    }
     switch (c) {
     case GRPC_STATUS_INVALID_ARGUMENT:
     case GRPC_STATUS_FAILED_PRECONDITION:
@@ -204,13 +209,24 @@ static void new_id(char *id, size_t cap) {
 
 /* Take session `sid` (busy lock) if its ledger is a strict prefix of P: *n_ledger set, 1.
  * 0: not usable (*why says why, lock released); -1: an error for the client (err set). */
-static int take_if_prefix(kvr_router *r, const char *sid, const int32_t *P, int nP, int *n_ledger,
-                          char *why, size_t why_cap) {
+static int take_if_prefix(kvr_router *r, const char *tenant, const char *sid, const int32_t *P, int nP,
+                          int *n_ledger, char *why, size_t why_cap) {
+    kvr_session s;
+    /* the owner first, so that another tenant's session is never reported busy */
+    if (kvr_ledger_session_load(r->ledger, sid, 0, &s)) {
+        snprintf(why, why_cap, "%s", kvl_last_error());
+        return 0;
+    }
+    int mine = !strcmp(s.tenant, tenant);
+    kvr_session_clear(&s);
+    if (!mine) {
+        snprintf(why, why_cap, "unknown session");
+        return 0;
+    }
     if (kvr_router_busy_take(r, sid)) {
         snprintf(why, why_cap, "a turn is running on it");
         return 0;
     }
-    kvr_session s;
     if (kvr_ledger_session_load(r->ledger, sid, 1, &s)) {
         kvr_router_busy_release(r, sid);
         snprintf(why, why_cap, "%s", kvl_last_error());
@@ -232,7 +248,8 @@ static int take_if_prefix(kvr_router *r, const char *sid, const int32_t *P, int 
 }
 
 int kvr_oai_run_turn(kvr_router *r, const kvr_oai_req *q, const char *session_hdr,
-                     kvr_oai_sink *sink, kvr_oai_run *u) {
+                     const kvr_tenant_info *tenant, kvr_oai_sink *sink, kvr_oai_run *u) {
+    const char *tn = tenant->name;
     kvr_oai_error *err = &u->err;
     int32_t *P = NULL;
     size_t nP = 0;
@@ -253,16 +270,24 @@ int kvr_oai_run_turn(kvr_router *r, const kvr_oai_req *q, const char *session_hd
         kvr_session s;
         kvl_status ls = kvr_ledger_session_load(r->ledger, u->sid, 0, &s);
         if (ls == KVL_ERR_NOT_FOUND) {
-            if (kvr_ledger_session_create(r->ledger, u->sid, "", kvr_wall_now()) &&
-                !strstr(kvl_last_error(), "exists")) {
-                turn_error(KVL_ERR_INTERNAL, err);
+            kvl_status cs = kvr_ledger_session_create_for(r->ledger, u->sid, "", tn, tenant->max_sessions,
+                                                          kvr_wall_now());
+            if (cs == KVL_ERR_NOMEM && strstr(kvl_last_error(), "quota:")) kvr_quota_refused(r, tn, "max_sessions");
+            if (cs && !strstr(kvl_last_error(), "exists")) {
+                turn_error(cs == KVL_ERR_NOMEM ? cs : KVL_ERR_INTERNAL, err);
                 free(P);
                 return -1;
             }
         } else if (!ls) {
             kvr_session_clear(&s);
         }
-        int t = take_if_prefix(r, u->sid, P, (int)nP, &n_ledger, why, sizeof why);
+        int t = take_if_prefix(r, tn, u->sid, P, (int)nP, &n_ledger, why, sizeof why);
+        if (t <= 0 && !strcmp(why, "unknown session")) {   /* another tenant's: as if absent */
+            kvr_oai_set_error(err, 404, "invalid_request_error", "x-kvlingo-session", "session_not_found",
+                              "unknown session '%s'", u->sid);
+            free(P);
+            return -1;
+        }
         if (t <= 0) {
             kvr_oai_set_error(err, strstr(why, "running") ? 409 : 400, "invalid_request_error",
                               "x-kvlingo-session", strstr(why, "running") ? "session_busy" : NULL,
@@ -274,15 +299,17 @@ int kvr_oai_run_turn(kvr_router *r, const kvr_oai_req *q, const char *session_hd
     } else {
         char ids[KVR_PREFIX_MAX_CANDIDATES][KVR_ID_MAX];
         int lens[KVR_PREFIX_MAX_CANDIDATES];
-        int nc = kvr_prefix_lookup(r->prefix, P, (int)nP, ids, lens, KVR_PREFIX_MAX_CANDIDATES);
+        int nc = kvr_prefix_lookup_for(r->prefix, tn, P, (int)nP, ids, lens, KVR_PREFIX_MAX_CANDIDATES);
         for (int i = 0; i < nc && !have; i++) {
-            have = take_if_prefix(r, ids[i], P, (int)nP, &n_ledger, why, sizeof why) > 0;
+            have = take_if_prefix(r, tn, ids[i], P, (int)nP, &n_ledger, why, sizeof why) > 0;
             if (have) snprintf(u->sid, sizeof u->sid, "%s", ids[i]);
         }
         if (!have) {
             new_id(u->sid, sizeof u->sid);
             n_ledger = 0;
-            kvl_status cs = kvr_ledger_session_create(r->ledger, u->sid, "", kvr_wall_now());
+            kvl_status cs = kvr_ledger_session_create_for(r->ledger, u->sid, "", tn, tenant->max_sessions,
+                                                          kvr_wall_now());
+            if (cs == KVL_ERR_NOMEM && strstr(kvl_last_error(), "quota:")) kvr_quota_refused(r, tn, "max_sessions");
             if (!cs) cs = kvr_router_busy_take(r, u->sid);   /* max_busy_sessions: 503 */
             if (cs) {
                 turn_error(cs, err);
@@ -316,7 +343,7 @@ int kvr_oai_run_turn(kvr_router *r, const kvr_oai_req *q, const char *session_hd
                        .top_p = q->top_p < 1 ? q->top_p : 0, .seed = q->seed,
                        .stop_at_eos = !q->ignore_eos, .stop_ids = stop_ids, .n_stop = n_stop,
                        .has_end_token = eot >= 0, .end_token = eot,
-                       .model = q->model};
+                       .model = q->model, .tenant = tn};
     kvr_turn_out o;
     emit_ctx e = {.r = r, .q = q, .sink = sink, .run = u, .out = &o, .cap_gen = (int)max_tokens};
     for (int i = 0; i < q->n_stop; i++) {
@@ -347,7 +374,7 @@ int kvr_oai_run_turn(kvr_router *r, const kvr_oai_req *q, const char *session_hd
         if (led) {
             memcpy(led, P, sizeof(int32_t) * nP);
             memcpy(led + nP, e.gen, sizeof(int32_t) * (size_t)e.n_gen);
-            kvr_prefix_insert(r->prefix, u->sid, led, nl);
+            kvr_prefix_insert_for(r->prefix, tn, u->sid, led, nl);
             free(led);
         }
         kvl__svc_log("info", "msg=openai_turn session=%s turn=%u model=%s node=%s mode=%s prompt=%d "

@@ -95,10 +95,26 @@ static uint64_t block_hash(uint64_t prev, const int32_t *blk) {
     return XXH3_64bits_withSeed(blk, sizeof(int32_t) * KVR_PREFIX_BLOCK, prev);
 }
 
+/* The chain's start: one per tenant, so that tenants never share (or take over) an entry. */
+static uint64_t chain_seed(const char *tenant) {
+    uint64_t h = 0x6b766c696e676fULL;
+    return tenant ? XXH3_64bits_withSeed(tenant, strlen(tenant), h) : h;
+}
+
 void kvr_prefix_insert(kvr_prefix *p, const char *sid, const int32_t *tokens, int n) {
+    kvr_prefix_insert_for(p, NULL, sid, tokens, n);
+}
+
+int kvr_prefix_lookup(kvr_prefix *p, const int32_t *tokens, int n, char (*ids)[KVR_ID_MAX],
+                      int *lens, int max) {
+    return kvr_prefix_lookup_for(p, NULL, tokens, n, ids, lens, max);
+}
+
+void kvr_prefix_insert_for(kvr_prefix *p, const char *tenant, const char *sid, const int32_t *tokens,
+                           int n) {
     if (!p || !sid || !tokens) return;
     pthread_mutex_lock(&p->mu);
-    uint64_t h = 0x6b766c696e676fULL;
+    uint64_t h = chain_seed(tenant);
     for (int b = 0; (b + 1) * KVR_PREFIX_BLOCK <= n; b++) {
         h = block_hash(h, tokens + (size_t)b * KVR_PREFIX_BLOCK);
         int i = find(p, h);
@@ -127,14 +143,14 @@ void kvr_prefix_insert(kvr_prefix *p, const char *sid, const int32_t *tokens, in
     pthread_mutex_unlock(&p->mu);
 }
 
-int kvr_prefix_lookup(kvr_prefix *p, const int32_t *tokens, int n, char (*ids)[KVR_ID_MAX],
-                      int *lens, int max) {
+int kvr_prefix_lookup_for(kvr_prefix *p, const char *tenant, const int32_t *tokens, int n,
+                          char (*ids)[KVR_ID_MAX], int *lens, int max) {
     if (!p || !tokens || max <= 0) return 0;
     int nb = n / KVR_PREFIX_BLOCK;
     if (nb == 0) return 0;
     uint64_t *hs = malloc(sizeof(uint64_t) * (size_t)nb);
     if (!hs) return 0;
-    uint64_t h = 0x6b766c696e676fULL;
+    uint64_t h = chain_seed(tenant);
     for (int b = 0; b < nb; b++) hs[b] = h = block_hash(h, tokens + (size_t)b * KVR_PREFIX_BLOCK);
     int found = 0;
     pthread_mutex_lock(&p->mu);

@@ -34,6 +34,14 @@ void kvr_prefix_insert(kvr_prefix *p, const char *sid, const int32_t *tokens, in
 int kvr_prefix_lookup(kvr_prefix *p, const int32_t *tokens, int n, char (*ids)[KVR_ID_MAX],
                       int *lens, int max);
 
+/* The same within tenant `tenant`'s own chain of hashes (NULL: the chain of the two calls
+ * above): a lookup never proposes another tenant's session, and one tenant's insert never
+ * takes over another's entry. */
+void kvr_prefix_insert_for(kvr_prefix *p, const char *tenant, const char *sid, const int32_t *tokens,
+                           int n);
+int kvr_prefix_lookup_for(kvr_prefix *p, const char *tenant, const int32_t *tokens, int n,
+                          char (*ids)[KVR_ID_MAX], int *lens, int max);
+
 /* Entries in use (for tests and metrics). */
 int kvr_prefix_size(kvr_prefix *p);
 

@@ -137,6 +137,8 @@ kvl_status kvr_router_check(const kvr_config *cfg, FILE *out) {
     if (!s) s = kvr_policy_check((kvr_config *)cfg);
     kvl__svc_tls tls;
     if (!s) s = kvr_router_tls(cfg, &tls);
+    kvr_tenants *tn = NULL;
+    if (!s) s = kvr_auth_load(cfg, &tn);
     if (s) return s;
     if (tls.cert_pem)
         fprintf(out, "tls: %s (until %s), CA %s\n", tls.subject, tls.not_after, cfg->tls_ca);
@@ -156,6 +158,14 @@ kvl_status kvr_router_check(const kvr_config *cfg, FILE *out) {
             cfg->insecure ? "yes (plaintext gRPC)" : "no");
     for (int i = 0; i < cfg->n_nodes; i++)
         fprintf(out, "  %s  %s  model %s\n", cfg->nodes[i].name, cfg->nodes[i].address, cfg->nodes[i].model);
+    if (cfg->api_keys) {
+        shown_path(cfg->api_keys, cfgp, sizeof cfgp);
+        fprintf(out, "api_keys: %s (%d tenants, %d keys)\n", cfgp, kvr_tenants_count(tn), kvr_tenants_key_count(tn));
+    } else {
+        fprintf(out, "api_keys: none: every client is tenant \"default\"%s\n",
+                cfg->insecure ? "" : " (a start refuses this without insecure)");
+    }
+    kvr_tenants_free(tn);
     return KVL_OK;
 }
 
@@ -183,6 +193,9 @@ kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
         kvl__svc_log_text("info", "tls: %s (until %s), CA %s", r->tls.subject, r->tls.not_after,
                           cfg->tls_ca);
     }
+    if (!s) s = kvr_auth_check_start(cfg);
+    if (!s) s = kvr_auth_load(cfg, &r->tenants);
+    if (!s) kvr_auth_mark(r);
     if (!s) s = kvr_metrics_create(&r->metrics);
     if (!s) {   /* every series at zero from the start, for each model of the fleet */
         const char **models = calloc((size_t)cfg->n_nodes + 1, sizeof *models);
@@ -194,6 +207,7 @@ kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
         }
         kvr_metrics_declare(r->metrics, models, nm);
         free(models);
+        kvr_auth_declare(r);
     }
     if (!s) s = kvr_ledger_open(cfg->ledger, &r->ledger);
     if (!s) {
@@ -211,9 +225,10 @@ kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
     kvr_router_sync_pairs(r);
     char shown[512];
     kvr_ledger_shown(cfg->ledger, shown, sizeof shown);
-    kvl__svc_log_text("info", "%d of %d nodes answer; policy %s; ledger %s (%s, schema %d); replica %s",
+    kvl__svc_log_text("info", "%d of %d nodes answer; policy %s; ledger %s (%s, schema %d); replica %s; %s",
             healthy, r->reg->n, kvr_policy_name(r->policy), shown, kvr_ledger_backend(r->ledger),
-            kvr_ledger_schema(r->ledger), cfg->replica_id);
+            kvr_ledger_schema(r->ledger), cfg->replica_id,
+            cfg->api_keys ? "API keys required" : "no API keys: every client is tenant default");
     kvr_metrics_set_gauges(r->metrics, kvr_router_gauges, r);
     *out = r;
     return KVL_OK;
@@ -234,6 +249,7 @@ void kvr_router_free(kvr_router *r) {
     kvr_ledger_free(r->ledger);
     kvr_prefix_free(r->prefix);
     kvl_tokenizer_free(r->tok);
+    kvr_tenants_free(r->tenants);
     kvr_config_free(r->cfg);
     kvl__svc_tls_free(&r->tls);
     free(r->busy);

@@ -9,6 +9,7 @@
  *   policy*.c    routing policies                 turn.c       one turn: choose, switch, decode
  *   guard.c      quality guardrail (shadow KL)    metrics.c    /metrics (libmicrohttpd)
  *   service.c    Router gRPC handlers             main.c       process: args, libuv, signals
+ *   tenants.c    key file, key lookup, buckets    auth.c       who calls: keys, refusals, quotas
  */
 #ifndef KVR_ROUTER_H
 #define KVR_ROUTER_H
@@ -29,6 +30,7 @@
 #include "registry.h"
 #include "rpc.h"
 #include "tls.h"
+#include "tenants.h"
 
 typedef struct kvr_router {
     kvr_config *cfg;              /* the loaded config; SIGHUP swaps policy + guardrail only   */
@@ -40,6 +42,9 @@ typedef struct kvr_router {
     kvr_guard *guard;
     kvr_metrics *metrics;
     kvl_tokenizer *tok;
+    kvr_tenants *tenants;         /* API keys -> tenants, quotas (SIGHUP swaps the table in)    */
+    unsigned long long keys_sig[4];   /* the key file as last loaded: dev, inode, size, mtime   */
+    double keys_checked;          /* when the key file was last looked at                      */
     kvl__rpc_server *server;
     kvl__rpc_server *health_server;  /* health_listen: plaintext health mirror, or NULL      */
     struct kvr_prefix *prefix;    /* token prefixes -> sessions, for stateless HTTP clients     */
@@ -104,6 +109,9 @@ typedef struct kvr_turn_req {
     int escalate, force_reprefill, compare_reprefill;
     const char *request_id;       /* idempotency key: "" or NULL none                          */
     const kvr_fence *fence;       /* set by kvr_turn_run for kvr_turn_run_once's commit        */
+    const char *tenant;           /* the caller's tenant: its tokens_per_minute bucket is
+                                     checked before the turn and charged with its tokens; NULL
+                                     none (in-process callers)                                 */
 } kvr_turn_req;
 
 typedef struct kvr_turn_out {
@@ -142,6 +150,37 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
 kvl_status kvr_router_busy_take(kvr_router *r, const char *id);
 void kvr_router_busy_release(kvr_router *r, const char *id);
 int kvr_router_is_busy(kvr_router *r, const char *id);
+
+/* ---- callers and quotas (auth.c) ------------------------------------------------------------ */
+
+enum { KVR_AUTH_OK = 0, KVR_AUTH_MISSING = 1, KVR_AUTH_UNKNOWN = 2, KVR_AUTH_FORBIDDEN = 3 };
+
+/* The tenant table of `cfg`: its api_keys file, or the anonymous table without one.  Errors
+ * name the fleet file's line and the key file's file:line:field. */
+kvl_status kvr_auth_load(const kvr_config *cfg, kvr_tenants **out);
+/* A start without api_keys needs insecure: else KVL_ERR_INVALID_ARG saying so. */
+kvl_status kvr_auth_check_start(const kvr_config *cfg);
+/* SIGHUP: re-read the key file (no-op without one); on error the old table stays. */
+kvl_status kvr_auth_reload(kvr_router *r);
+/* Probe timer: every api_keys_reload_seconds, reload the key file when it changed (a failed
+ * load is logged once per change; the old table stays). */
+void kvr_auth_poll(kvr_router *r, double now);
+/* Remember the key file's current identity (after a load). */
+void kvr_auth_mark(kvr_router *r);
+/* The series of the refusal reasons and of every tenant's quotas, at zero. */
+void kvr_auth_declare(kvr_router *r);
+/* The caller of an `authorization` value (NULL: none): KVR_AUTH_OK with *out filled, or the
+ * refusal (counted; *reason "missing", "unknown" or "forbidden").  need_admin: the tenant must
+ * have admin: true. */
+int kvr_auth_value(kvr_router *r, const char *value, int need_admin, kvr_tenant_info *out,
+                   const char **reason);
+/* The same from a gRPC call's metadata; a refusal finishes the call (UNAUTHENTICATED, or
+ * PERMISSION_DENIED) and returns -1; 0 when the caller may go on. */
+int kvr_auth_call(kvr_router *r, kvl__rpc_call *call, const char *method, int need_admin,
+                  kvr_tenant_info *out);
+void kvr_auth_refused(kvr_router *r, const char *reason);
+/* Count a quota refusal ("max_sessions" or "tokens_per_minute") of `tenant`. */
+void kvr_quota_refused(kvr_router *r, const char *tenant, const char *quota);
 
 /* Gauges callback for metrics (sessions open, pairs disabled, nodes healthy, ...). */
 void kvr_router_gauges(void *arg, kvl__svc_text *b);

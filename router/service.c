@@ -58,10 +58,23 @@ static void fail_kvl(kvr_router *r, kvl__rpc_call *call, const char *method, kvl
     fail(call, method, code, m[0] ? m : kvl_strerror(s));
 }
 
+/* KVL_OK when session `id` exists and belongs to `tenant`.  Another tenant's session is
+ * KVL_ERR_NOT_FOUND with the very message an unknown one gets: no hint that it exists. */
+static kvl_status owned(kvr_router *r, const char *id, const char *tenant) {
+    kvr_session s;
+    kvl_status st = kvr_ledger_session_load(r->ledger, id, 0, &s);
+    if (st) return st;
+    int mine = !strcmp(s.tenant, tenant);
+    kvr_session_clear(&s);
+    return mine ? KVL_OK : kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", id);
+}
+
 /* ---- CreateSession ------------------------------------------------------------------------- */
 
 static void h_create(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     kvr_router *r = user;
+    kvr_tenant_info t;
+    if (kvr_auth_call(r, call, "CreateSession", 0, &t)) return;
     Kvlingo__V1__CreateSessionRequest *q = kvlingo__v1__create_session_request__unpack(NULL, len, req);
     if (!q) { fail(call, "CreateSession", GRPC_STATUS_INVALID_ARGUMENT, "malformed CreateSessionRequest"); return; }
     char id[KVR_ID_MAX];
@@ -82,8 +95,10 @@ static void h_create(kvl__rpc_call *call, const uint8_t *req, size_t len, void *
         kvr_registry_models(r->reg, models, sizeof models);
         s = kvl__errorf(KVL_ERR_NOT_FOUND, "unknown model '%.64s' (the fleet serves: %s)", q->model, models);
     }
-    if (!s) s = kvr_ledger_session_create(r->ledger, id, q->model ? q->model : "", kvr_wall_now());
+    if (!s) s = kvr_ledger_session_create_for(r->ledger, id, q->model ? q->model : "", t.name, t.max_sessions,
+                                              kvr_wall_now());
     protobuf_c_message_free_unpacked(&q->base, NULL);
+    if (s == KVL_ERR_NOMEM && strstr(kvl_last_error(), "quota:")) kvr_quota_refused(r, t.name, "max_sessions");
     if (s) {
         if (s == KVL_ERR_INVALID_ARG && strstr(kvl_last_error(), "exists")) {
             fail(call, "CreateSession", GRPC_STATUS_ALREADY_EXISTS, kvl_last_error());
@@ -95,7 +110,7 @@ static void h_create(kvl__rpc_call *call, const uint8_t *req, size_t len, void *
     Kvlingo__V1__CreateSessionResponse resp = KVLINGO__V1__CREATE_SESSION_RESPONSE__INIT;
     resp.session_id = id;
     kvl__rpc_call_reply_pb(call, &resp.base);
-    kvl__svc_log_text("info", "CreateSession %s", id);
+    kvl__svc_log_text("info", "CreateSession %s tenant=%s", id, t.name);
 }
 
 /* ---- Send ---------------------------------------------------------------------------------- */
@@ -170,11 +185,14 @@ static kvl_status validate_send(kvr_router *r, Kvlingo__V1__SendRequest *q, int3
 
 static void h_send(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     kvr_router *r = user;
+    kvr_tenant_info t;
+    if (kvr_auth_call(r, call, "Send", 0, &t)) return;
     Kvlingo__V1__SendRequest *q = kvlingo__v1__send_request__unpack(NULL, len, req);
     if (!q) { fail(call, "Send", GRPC_STATUS_INVALID_ARGUMENT, "malformed SendRequest"); return; }
     int32_t *ids = NULL;
     int n = 0;
     kvl_status s = validate_send(r, q, &ids, &n);
+    if (!s) s = owned(r, q->session_id, t.name);   /* before the busy check: no hint either */
     if (!s) s = kvr_router_busy_take(r, q->session_id);
     if (s) {
         fail_kvl(r, call, "Send", s);
@@ -196,7 +214,7 @@ static void h_send(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
                        .n_stop = n_stop, .has_end_token = end_token >= 0, .end_token = end_token, .model = q->model ? q->model : "",
                        .escalate = q->escalate, .force_reprefill = q->force_reprefill,
                        .compare_reprefill = q->compare_reprefill,
-                       .request_id = q->request_id ? q->request_id : ""};
+                       .request_id = q->request_id ? q->request_id : "", .tenant = t.name};
     kvr_turn_out o;
     emit_ctx e = {.call = call, .tok = r->tok, .special_text = q->special_text};
     s = kvr_turn_run(r, &tr, emit_token, &e, &o);
@@ -250,12 +268,18 @@ static void h_send(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
 
 static void h_get(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     kvr_router *r = user;
+    kvr_tenant_info t;
+    if (kvr_auth_call(r, call, "GetSession", 0, &t)) return;
     Kvlingo__V1__GetSessionRequest *q = kvlingo__v1__get_session_request__unpack(NULL, len, req);
     if (!q) { fail(call, "GetSession", GRPC_STATUS_INVALID_ARGUMENT, "malformed GetSessionRequest"); return; }
     kvr_session s;
     kvl_status st = kvr_session_id_valid(q->session_id)
                         ? kvr_ledger_session_load(r->ledger, q->session_id, q->include_tokens, &s)
                         : kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.64s'", q->session_id ? q->session_id : "");
+    if (!st && strcmp(s.tenant, t.name)) {   /* another tenant's: as if it did not exist */
+        kvr_session_clear(&s);
+        st = kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", q->session_id);
+    }
     protobuf_c_message_free_unpacked(&q->base, NULL);
     if (st) { fail_kvl(r, call, "GetSession", st); return; }
     Kvlingo__V1__GetSessionResponse resp = KVLINGO__V1__GET_SESSION_RESPONSE__INIT;
@@ -285,14 +309,17 @@ static void h_get(kvl__rpc_call *call, const uint8_t *req, size_t len, void *use
 
 static void h_close(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     kvr_router *r = user;
+    kvr_tenant_info t;
+    if (kvr_auth_call(r, call, "CloseSession", 0, &t)) return;
     Kvlingo__V1__CloseSessionRequest *q = kvlingo__v1__close_session_request__unpack(NULL, len, req);
     if (!q) { fail(call, "CloseSession", GRPC_STATUS_INVALID_ARGUMENT, "malformed CloseSessionRequest"); return; }
     char id[KVR_ID_MAX];
     snprintf(id, sizeof id, "%.64s", q->session_id ? q->session_id : "");
     protobuf_c_message_free_unpacked(&q->base, NULL);
     kvr_session s;
-    kvl_status st = kvr_session_id_valid(id) ? kvr_router_busy_take(r, id)
+    kvl_status st = kvr_session_id_valid(id) ? owned(r, id, t.name)
                                              : kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%s'", id);
+    if (!st) st = kvr_router_busy_take(r, id);
     if (st) { fail_kvl(r, call, "CloseSession", st); return; }
     st = kvr_ledger_session_load(r->ledger, id, 0, &s);
     int closed = 0;
@@ -318,6 +345,9 @@ static void h_close(kvl__rpc_call *call, const uint8_t *req, size_t len, void *u
 
 static void h_list(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     kvr_router *r = user;
+    kvr_tenant_info t;
+    /* node addresses, every tenant's session count: fleet internals, for admin tenants */
+    if (kvr_auth_call(r, call, "ListNodes", 1, &t)) return;
     (void)req;
     (void)len;
     int nn = r->reg->n;

@@ -23,6 +23,8 @@ What a schema validator cannot see, checked here on the objects `kubectl kustomi
     with the StatefulSet's model; every kvld pod is listed exactly once; the policy names only
     models the fleet has;
   - GPUs (nvidia.com/gpu requested = limited) on every kvld exactly in the gpu overlays;
+  - the router's API keys: api_keys names a file in a Secret volume (mounted whole, so that an
+    update of the Secret reaches the router);
   - the router's ledger: a SQLite file on a writable volume (one replica), or env:NAME from a
     Secret (never a PostgreSQL URI in the ConfigMap); several replicas need the latter, a
     PodDisruptionBudget and no Recreate strategy.
@@ -319,6 +321,16 @@ def check_overlay(name, objs):
         why = secret_file(pod_spec(router), rc, fleet.get(k))
         if why:
             bad(f"fleet.yaml {k} {fleet.get(k)}: {why}")
+    # API keys: a file of a mounted Secret (never keys in the ConfigMap); a Secret mounted with
+    # subPath would never see an update of the Secret
+    keys = str(fleet.get("api_keys", ""))
+    if not keys:
+        bad("fleet.yaml has no api_keys: the router would serve every session to anyone")
+    else:
+        kdir = keys.rsplit("/", 1)[0]
+        km = mounts.get(kdir)
+        if not km or "secret" not in vols.get(km["name"], {}) or km.get("subPath"):
+            bad(f"fleet.yaml api_keys {keys}: its directory is no Secret volume mounted whole")
     ledger = str(fleet.get("ledger", ""))
     replicas = int(router["spec"].get("replicas", 1))
     env = {e["name"]: e for e in rc.get("env", [])}

@@ -353,11 +353,18 @@ def main():
 
     # ---- every fleet.yaml the manifests ship passes the router's own check
     import glob
+    # the API key file the pods mount from the Secret kvlingo-api-keys: a local one with a key
+    api_key = "sk-dashboard-test-0000000001"
+    keys = os.path.join(work, "api-keys.yaml")
+    with open(keys, "w") as fh:
+        fh.write('tenants:\n  - name: ops\n    keys: ["%s"]\n    admin: true\n' % api_key)
+    md = (("authorization", "Bearer " + api_key),)
     for f in sorted(glob.glob(os.path.join(src, "deploy", "k8s", "*", "fleet.yaml")) +
                     glob.glob(os.path.join(src, "deploy", "k8s", "overlays", "*", "fleet.yaml"))):
         text = open(f).read().replace("/opt/kvlingo/models/", os.path.join(src, "models") + "/")
         text = text.replace("/var/lib/kvlingo/", os.path.join(work, "check-"))
         text = text.replace("/etc/kvlingo-tls/", tls_dirs["router"] + "/")
+        text = text.replace("/etc/kvlingo-keys/api-keys.yaml", keys)
         local = os.path.join(work, "check-fleet.yaml")
         open(local, "w").write(text)
         # a ledger from the environment is the Secret's URI in a pod; --check does not contact it
@@ -387,6 +394,8 @@ def main():
         fleet[k] = str(fleet[k]).replace("/etc/kvlingo-tls", tls_dirs["router"])
     fleet["ledger"] = os.path.join(work, "router.db")
     fleet["tokenizer"] = os.path.join(src, "models", "qwen3-a")
+    if "api_keys" in fleet:
+        fleet["api_keys"] = keys
     fleet.setdefault("guardrail", {})["shadow_fraction"] = 1.0
     for f in ("router.db", "router.db-wal", "router.db-shm"):
         if os.path.exists(os.path.join(work, f)):
@@ -444,7 +453,7 @@ def main():
         ch = grpc.secure_channel(f"127.0.0.1:{ports['r']}", grpc.ssl_channel_credentials(
             root_certificates=open(pki["ca"], "rb").read()))
         stub = pbg.RouterStub(ch)
-        sid = stub.CreateSession(pb2.CreateSessionRequest(), timeout=30).session_id
+        sid = stub.CreateSession(pb2.CreateSessionRequest(), timeout=30, metadata=md).session_id
         text = open(os.path.join(src, "testdata", "corpus", "valid.txt")).read().split("\n")
         text = [t for t in text if len(t) > 200]
         prom = None
@@ -460,7 +469,7 @@ def main():
                 i = len(summaries)
                 req = pb2.SendRequest(session_id=sid, text=text[i][:400], max_tokens=4, model=model)
                 summary = None
-                for msg in stub.Send(req, timeout=120):
+                for msg in stub.Send(req, timeout=120, metadata=md):
                     if msg.HasField("summary"):
                         summary = msg.summary
                 if summary is None:
@@ -472,7 +481,7 @@ def main():
                 summaries.append(summary)
             try:
                 for _ in stub.Send(pb2.SendRequest(session_id="no-such-session", text="hello"),
-                                   timeout=30):
+                                   timeout=30, metadata=md):
                     pass
                 problems.append("a Send to an unknown session did not fail")
             except grpc.RpcError as e:

@@ -87,6 +87,26 @@ refuse "ledger of an unknown scheme" "$T/conf/my.yaml" "my.yaml:2: key 'ledger'"
 refuse "lease_ms out of range" "$T/conf/lease.yaml" "key 'lease_ms'"
 { good; echo "replica_id: 'a b'"; } > "$T/conf/rep.yaml"
 refuse "replica_id with a space" "$T/conf/rep.yaml" "key 'replica_id'"
+# api_keys: the key file is checked too (file, line and field named); --api-keys overrides
+printf 'tenants:\n  - name: acme\n    keys: ["sk-acme-0123456789abcdef"]\n    max_sessions: 4\n' > "$T/conf/keys.yaml"
+{ good; echo "api_keys: keys.yaml"; } > "$T/conf/keys1.yaml"
+out=$("$R" --config "$T/conf/keys1.yaml" --check 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q "^api_keys: $T/conf/keys.yaml (1 tenants, 1 keys)" <<<"$out" && ok "api_keys resolved and shown" || bad "api_keys: $rc $out"
+out=$("$R" --config "$T/conf/good.yaml" --check 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q '^api_keys: none: every client is tenant "default" (a start refuses this without insecure)' <<<"$out" \
+  && ok "no api_keys: --check says a start needs insecure" || bad "no api_keys: $rc $out"
+printf 'tenants:\n  - name: acme\n    keys: ["sk-acme-0123456789abcdef"]\n    max_sesions: 4\n' > "$T/conf/keys-typo.yaml"
+{ good; echo "api_keys: keys-typo.yaml"; } > "$T/conf/keys2.yaml"
+refuse "key file with a typo" "$T/conf/keys2.yaml" "keys2.yaml:10: key 'api_keys'" "keys-typo.yaml:4: unknown key 'tenants[0].max_sesions'"
+printf 'tenants:\n  - name: acme\n    keys: [short]\n' > "$T/conf/keys-short.yaml"
+out=$("$R" --config "$T/conf/keys1.yaml" --api-keys "$T/conf/keys-short.yaml" --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -qF -- "--api-keys: $T/conf/keys-short.yaml:3: key 'tenants[0].keys' [0]: 5 characters" <<<"$out" \
+  && ok "--api-keys overrides api_keys, its errors named" || bad "--api-keys: $rc $out"
+{ good; echo "api_keys: nope.yaml"; } > "$T/conf/keys3.yaml"
+refuse "missing key file" "$T/conf/keys3.yaml" "keys3.yaml:10: key 'api_keys'" "nope.yaml"
+out=$("$R" --config "$SRC/router/fleet.example.yaml" --api-keys "$SRC/router/api-keys.example.yaml" --check 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q "api-keys.example.yaml (2 tenants, 2 keys)" <<<"$out" && ok "router/api-keys.example.yaml passes --check" \
+  || bad "api-keys.example.yaml: $rc $out"
 # kvld: the same strict YAML
 printf 'model: %s\nmax_sessions: 4\nmax_sessions: 8\n' "$SRC/models/qwen3-a" > "$T/kd.yaml"
 out=$("$K" --config "$T/kd.yaml" --check 2>&1); rc=$?

@@ -141,12 +141,17 @@ class Fleet:
 
     def __init__(self, build, work, models=("qwen3-a", "qwen3-b"), policy=None, guardrail=None,
                  transfer=None, extra_top=None, translators=True, kvld_args=(), pairs=None,
-                 peers=False, ledger=None, tls=None):
+                 peers=False, ledger=None, tls=None, api_keys=None):
         """tls: None runs every process plaintext (kvld --insecure, insecure: true in the fleet
         file); a PKI of tlscerts.make() runs TLS: each node its own certificate and mutual TLS,
-        the router its certificate, the clients verify it with the fleet CA."""
+        the router its certificate, the clients verify it with the fleet CA.
+        api_keys: the router's key file (api_keys:).  Without one, a plaintext fleet lets every
+        client in as tenant "default" (insecure), and a TLS fleet (which must check keys) gets a
+        key file of one admin tenant, whose key the clients of client() send by default."""
         self.build, self.work = build, work
         self.tls = tls
+        self.api_keys = api_keys
+        self.default_key = None
         self.peers = peers   # give each kvld the others' addresses (--peers): connected at start
         self.ledger = ledger or os.path.join(work, "ledger.db")
         self.replicas = {}
@@ -210,8 +215,15 @@ class Fleet:
         if self.tls:
             lines += ["tls_cert: %s" % self.tls["router"][0], "tls_key: %s" % self.tls["router"][1],
                       "tls_ca: %s" % self.tls["ca"]]
+            if not self.api_keys:
+                self.default_key = "sk-fleet-default-0123456789abcdef"
+                self.api_keys = os.path.join(self.work, "api-keys.yaml")
+                with open(self.api_keys, "w") as f:
+                    f.write("tenants:\n  - {name: default, keys: [%s], admin: true}\n" % self.default_key)
         else:
             lines.append("insecure: true")
+        if self.api_keys:
+            lines.append("api_keys: %s" % self.api_keys)
         for k, v in (extra_top or {}).items():
             lines.append("%s: %s" % (k, yv(v)))
         lines.append("nodes:")
@@ -278,16 +290,19 @@ class Fleet:
 
     def replica_client(self, name, timeout=120.0):
         return FixedLengthClient(self.replicas[name]["addr"], timeout=timeout,
-                                 stub_dir=os.path.join(self.work, "stubs"), **self.client_security())
+                                 stub_dir=os.path.join(self.work, "stubs"), api_key=self.default_key,
+                                 **self.client_security())
 
     def replica_metrics(self, name):
         import urllib.request
         return urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.replicas[name]["metrics_port"],
                                       timeout=5).read().decode()
 
-    def client(self, timeout=120.0):
+    def client(self, timeout=120.0, api_key=None):
         return FixedLengthClient(self.addr, timeout=timeout,
-                                 stub_dir=os.path.join(self.work, "stubs"), **self.client_security())
+                                 stub_dir=os.path.join(self.work, "stubs"),
+                                 api_key=api_key if api_key is not None else self.default_key,
+                                 **self.client_security())
 
     def metrics(self):
         import urllib.request

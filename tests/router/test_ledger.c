@@ -225,6 +225,33 @@ static void test_schema(void **state) {
     assert_non_null(strstr(kvl_last_error(), "99"));
 }
 
+/* A session belongs to its tenant; max_sessions counts a tenant's open sessions only. */
+static void test_tenant_quota(void **state) {
+    kvr_ledger *l = *state;
+    kvr_session s;
+    assert_int_equal(kvr_ledger_session_create_for(l, "ta1", "", "acme", 2, 1.0), KVL_OK);
+    assert_int_equal(kvr_ledger_session_create_for(l, "ta2", "", "acme", 2, 1.0), KVL_OK);
+    assert_int_equal(kvr_ledger_session_create_for(l, "ta3", "", "acme", 2, 1.0), KVL_ERR_NOMEM);
+    assert_non_null(strstr(kvl_last_error(), "max_sessions"));
+    assert_int_equal(kvr_ledger_session_load(l, "ta3", 0, &s), KVL_ERR_NOT_FOUND);
+    /* another tenant's count is its own */
+    assert_int_equal(kvr_ledger_session_create_for(l, "tb1", "", "beta", 1, 1.0), KVL_OK);
+    assert_int_equal(kvr_ledger_session_create_for(l, "tb2", "", "beta", 1, 1.0), KVL_ERR_NOMEM);
+    assert_int_equal(kvr_ledger_session_create(l, "td1", "", 1.0), KVL_OK);
+    assert_int_equal(kvr_ledger_session_load(l, "ta1", 0, &s), KVL_OK);
+    assert_string_equal(s.tenant, "acme");
+    kvr_session_clear(&s);
+    assert_int_equal(kvr_ledger_session_load(l, "td1", 0, &s), KVL_OK);
+    assert_string_equal(s.tenant, "default");
+    kvr_session_clear(&s);
+    /* an ended session frees its place */
+    assert_int_equal(kvr_ledger_session_end(l, "ta1", KVR_SESSION_CLOSED, 2.0), KVL_OK);
+    assert_int_equal(kvr_ledger_session_create_for(l, "ta3", "", "acme", 2, 3.0), KVL_OK);
+    assert_int_equal(kvr_ledger_session_create_for(l, "ta4", "", "acme", 0, 3.0), KVL_OK);   /* 0: no limit */
+    /* an id another tenant holds is taken: ids are one namespace */
+    assert_int_equal(kvr_ledger_session_create_for(l, "ta2", "", "beta", 0, 3.0), KVL_ERR_INVALID_ARG);
+}
+
 /* A ledger written by the first router (schema 1: no version table, no lease columns) opens,
  * migrates, keeps its sessions and takes leases. */
 static void test_migrate_v1(void **state) {
@@ -265,6 +292,7 @@ static void test_migrate_v1(void **state) {
     assert_int_equal(s.n_tokens, 2);
     assert_int_equal(s.tokens[0], 7);
     assert_int_equal(s.tokens[1], 8);
+    assert_string_equal(s.tenant, "default");   /* sessions from before tenants: "default"'s */
     kvr_session_clear(&s);
     kvr_lease le;
     assert_int_equal(kvr_ledger_lease_acquire(l, "old1", "r1", 10.0, 5.0, &le), KVL_OK);
@@ -503,6 +531,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_lru_on_node, setup, teardown),
         cmocka_unit_test_setup_teardown(test_persistence, setup, teardown),
         cmocka_unit_test_setup_teardown(test_schema, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tenant_quota, setup, teardown),
         cmocka_unit_test_setup_teardown(test_migrate_v1, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lease, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lease_race, setup, teardown),

@@ -71,6 +71,28 @@ static void test_candidates(void **state) {
     kvr_prefix_free(p);
 }
 
+/* Tenants have chains of their own: the same conversation of two tenants gives two entries,
+ * and neither tenant's lookup proposes the other's session. */
+static void test_tenants(void **state) {
+    (void)state;
+    kvr_prefix *p = NULL;
+    assert_int_equal(kvr_prefix_create(1024, &p), KVL_OK);
+    int32_t a[3 * B];
+    fill(a, 3 * B, 5);
+    char ids[4][KVR_ID_MAX];
+    int lens[4];
+    kvr_prefix_insert_for(p, "acme", "s-acme", a, 3 * B);
+    assert_int_equal(kvr_prefix_lookup_for(p, "beta", a, 3 * B, ids, lens, 4), 0);
+    assert_int_equal(kvr_prefix_lookup(p, a, 3 * B, ids, lens, 4), 0);
+    kvr_prefix_insert_for(p, "beta", "s-beta", a, 3 * B);    /* takes nothing of acme's over */
+    assert_int_equal(kvr_prefix_size(p), 6);
+    assert_int_equal(kvr_prefix_lookup_for(p, "acme", a, 3 * B, ids, lens, 4), 1);
+    assert_string_equal(ids[0], "s-acme");
+    assert_int_equal(kvr_prefix_lookup_for(p, "beta", a, 3 * B, ids, lens, 4), 1);
+    assert_string_equal(ids[0], "s-beta");
+    kvr_prefix_free(p);
+}
+
 static void test_lru_bound(void **state) {
     (void)state;
     kvr_prefix *p = NULL;
@@ -148,6 +170,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_longest_first),
         cmocka_unit_test(test_candidates),
+        cmocka_unit_test(test_tenants),
         cmocka_unit_test(test_lru_bound),
         cmocka_unit_test(test_parse),
     };

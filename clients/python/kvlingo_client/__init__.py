@@ -1,17 +1,19 @@
 """kvlingo_client: the Python gRPC client of kvlingo-router (kvlingo.v1.Router).
 
     from kvlingo_client import RouterClient
-    c = RouterClient("127.0.0.1:7000", tls_ca="ca.pem")   # or insecure=True (plaintext)
+    c = RouterClient("127.0.0.1:7000", tls_ca="ca.pem", api_key="sk-...")   # or insecure=True (plaintext); key default $KVL_API_KEY
     sid = c.create_session()
     ids, text, summary = c.send_all(sid, "Once upon a time", max_tokens=16)
     c.close_session(sid)
 
 Every call raises grpc.RpcError with the router's status and message on failure (unknown
 session: NOT_FOUND; empty or malformed input: INVALID_ARGUMENT; too long: OUT_OF_RANGE;
-session busy: ABORTED; no healthy node: UNAVAILABLE).  `kvlingo-client --help` is the command
+session busy: ABORTED; no healthy node: UNAVAILABLE; no or an unknown API key:
+UNAUTHENTICATED; a quota used up: RESOURCE_EXHAUSTED).  `kvlingo-client --help` is the command
 line.
 """
 import argparse
+import os
 import sys
 
 import grpc
@@ -42,21 +44,24 @@ def channel(address, tls_ca=None, insecure=False):
 class RouterClient:
     """A connection to kvlingo-router; `pb` is the generated router_pb2 module."""
 
-    def __init__(self, address, timeout=120.0, tls_ca=None, insecure=False):
+    def __init__(self, address, timeout=120.0, tls_ca=None, insecure=False, api_key=None):
         self.pb = pb
         self.timeout = timeout
+        # the router's API key (its tenant's sessions only): the argument, else $KVL_API_KEY
+        api_key = api_key if api_key is not None else os.environ.get("KVL_API_KEY", "")
+        self.metadata = (("authorization", "Bearer " + api_key),) if api_key else None
         self.channel = channel(address, tls_ca, insecure)
         self.stub = pb_grpc.RouterStub(self.channel)
 
     def create_session(self, model="", session_id=""):
         return self.stub.CreateSession(pb.CreateSessionRequest(model=model, session_id=session_id),
-                                       timeout=self.timeout).session_id
+                                       timeout=self.timeout, metadata=self.metadata).session_id
 
     def send(self, session_id, text=None, tokens=None, **params):
         """Yield (text_piece, None) per token, then ("", TurnSummary).  params: any SendRequest
         field (max_tokens, temperature, model, escalate, ignore_eos, chat, ...)."""
         req = pb.SendRequest(session_id=session_id, text=text or "", tokens=tokens or [], **params)
-        for m in self.stub.Send(req, timeout=self.timeout):
+        for m in self.stub.Send(req, timeout=self.timeout, metadata=self.metadata):
             if m.HasField("summary"):
                 yield "", m.summary
             else:
@@ -66,7 +71,7 @@ class RouterClient:
         """Run one turn; returns (token ids, text, summary)."""
         req = pb.SendRequest(session_id=session_id, text=text or "", tokens=tokens or [], **params)
         ids, pieces, summary = [], [], None
-        for m in self.stub.Send(req, timeout=self.timeout):
+        for m in self.stub.Send(req, timeout=self.timeout, metadata=self.metadata):
             if m.HasField("summary"):
                 summary = m.summary
             else:
@@ -77,14 +82,14 @@ class RouterClient:
     def get_session(self, session_id, include_tokens=False):
         return self.stub.GetSession(pb.GetSessionRequest(session_id=session_id,
                                                          include_tokens=include_tokens),
-                                    timeout=self.timeout)
+                                    timeout=self.timeout, metadata=self.metadata)
 
     def close_session(self, session_id):
         return self.stub.CloseSession(pb.CloseSessionRequest(session_id=session_id),
-                                      timeout=self.timeout).closed
+                                      timeout=self.timeout, metadata=self.metadata).closed
 
     def list_nodes(self):
-        return self.stub.ListNodes(pb.ListNodesRequest(), timeout=self.timeout)
+        return self.stub.ListNodes(pb.ListNodesRequest(), timeout=self.timeout, metadata=self.metadata)
 
     def close(self):
         self.channel.close()
@@ -102,11 +107,12 @@ def main(argv=None):
     ap.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS")
     ap.add_argument("--special-text", action="store_true", help="show special tokens' text")
     ap.add_argument("--list-nodes", action="store_true")
+    ap.add_argument("--api-key", default=None, help="the router's API key (default: $KVL_API_KEY)")
     ap.add_argument("text", nargs="?", default="")
     a = ap.parse_args(argv)
     if bool(a.tls_ca) == a.insecure:
         ap.error("one of --tls-ca FILE or --insecure is required")
-    c = RouterClient(a.router, tls_ca=a.tls_ca, insecure=a.insecure)
+    c = RouterClient(a.router, tls_ca=a.tls_ca, insecure=a.insecure, api_key=a.api_key)
     sid, done = "", False
     try:
         if a.list_nodes:
