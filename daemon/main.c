@@ -78,9 +78,20 @@ static int drain_check(void *arg, double waited_s, int timed_out) {
     return 1;
 }
 
-/* Every 200 ms: refresh the gauges computed from the session table. */
+/* Every 200 ms: expire idle sessions, refresh the gauges computed from the session table and
+ * the transport's drop counter. */
 static void on_tick(void *arg) {
     kvld_node *n = arg;
+    static uint64_t dropped_seen;
+    int expired = kvld_sessions_expire(n->sessions, (double)n->cfg.session_idle_ttl_s);
+    for (int i = 0; i < expired; i++) kvld_metrics_refuse(n->metrics, KVLD_R_SESSION_EXPIRED);
+    if (expired)
+        kvl__svc_log("info", "msg=sessions_expired count=%d idle_ttl_s=%d", expired, n->cfg.session_idle_ttl_s);
+    uint64_t dropped = kvl__transport_unmatched_dropped(n->transport);
+    if (dropped > dropped_seen) {
+        kvld_metrics_add(n->metrics, KVLD_C_UCX_UNMATCHED_DROPPED, dropped - dropped_seen);
+        dropped_seen = dropped;
+    }
     kvld_metrics_set(n->metrics, KVLD_G_SESSIONS, kvld_sessions_count(n->sessions));
     kvld_metrics_set(n->metrics, KVLD_G_CACHE_BYTES,
                      (double)kvld_sessions_cache_bytes(n->sessions));

@@ -22,6 +22,11 @@ typedef struct kvld_job kvld_job;
 typedef struct kvld_sched_params {
     int max_batch;        /* sequences per forward                       */
     int prefill_chunk;    /* prefill tokens per forward (all sessions)   */
+    /* Backpressure: a generate job whose reader (the gRPC stream) has not taken this many bytes
+     * of output pauses until it does; so do all jobs with unread output while the node's total
+     * exceeds node_buffer_bytes.  0: defaults (1 MiB, 64 MiB). */
+    size_t stream_backlog_bytes;
+    size_t node_buffer_bytes;
 } kvld_sched_params;
 
 kvl_status kvld_sched_create(kvl_model *model, kvld_metrics *metrics,
@@ -31,6 +36,9 @@ void kvld_sched_free(kvld_sched *s);
 
 /* Jobs queued or running. */
 int kvld_sched_active(kvld_sched *s);
+
+/* Bytes of generated output no reader has taken yet, over all jobs. */
+size_t kvld_sched_buffered(kvld_sched *s);
 
 /* Bring the session's cache up to its ledger (chunked prefill; logits of the last token kept).
  * Blocks.  `cancel` (may be NULL) aborts between steps. */
@@ -47,7 +55,8 @@ typedef struct kvld_gen_params {
     kvl_sampler_params sampler;
 } kvld_gen_params;
 
-/* One generated token; logprobs (when asked) is [vocab], owned by the job. */
+/* One generated token; logprobs (when asked) is [vocab]: kvld_job_next hands it to the reader,
+ * who frees it (free()) once sent. */
 typedef struct kvld_token {
     int32_t id;
     float logprob;

@@ -233,6 +233,11 @@ static kvl_status parse_root(kvl__svc_yaml *y, kvr_config *c, const char *name) 
     if (!s) s = kvl__svc_kv_int(&top, "max_new_tokens", 1024, 1, 1 << 24, &c->max_new_tokens);
     if (!s) s = kvl__svc_kv_int(&top, "default_max_tokens", 32, 1, 1 << 24, &c->default_max_tokens);
     if (!s) s = kvl__svc_kv_int(&top, "max_busy_sessions", 1024, 1, 1 << 20, &c->max_busy_sessions);
+    if (!s && (tmp = kvl__svc_kv_str(&top, "ticket_key_file", NULL)) && tmp[0]) {
+        c->ticket_key_file = resolve_path(name, tmp);
+        c->ticket_key_line = kvl__svc_kv_line(&top, "ticket_key_file");
+        if (!c->ticket_key_file) s = kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
+    }
     if (!s) s = kvl__svc_kv_check_unused(&top);
     kvl__svc_kvlist_clear(&top);
     if (s) return s;
@@ -315,6 +320,7 @@ void kvr_config_free(kvr_config *c) {
     free(c->replica_id);
     free(c->tokenizer);
     free(c->tokenizer_given);
+    free(c->ticket_key_file);
     for (int i = 0; i < c->n_nodes; i++) {
         free(c->nodes[i].name);
         free(c->nodes[i].address);

@@ -70,6 +70,8 @@ static void usage(FILE *f) {
           "  --http-listen HOST:PORT  serve the OpenAI-compatible HTTP API there (POST\n"
           "                       /v1/chat/completions, /v1/completions, GET /v1/models, /health,\n"
           "                       /ready); overrides the file's http_listen; port 0 picks one\n"
+          "  --ticket-key-file FILE  the fleet's transfer-ticket key (>= 32 bytes, the nodes' too);\n"
+          "                       overrides the file's ticket_key_file\n"
           "  --check              run every check a start runs short of binding ports and loading\n"
           "                       weights (paths shown resolved), print the summary and exit\n"
           "  --version            version, git commit, build options, backends\n"
@@ -78,11 +80,12 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
     kvl__svc_log_init("router");
-    const char *config = NULL, *http_listen = NULL;
+    const char *config = NULL, *http_listen = NULL, *ticket_key = NULL;
     int check = 0;
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'}, {"check", no_argument, NULL, 'k'},
         {"http-listen", required_argument, NULL, 'H'},
+        {"ticket-key-file", required_argument, NULL, 'T'},
         {"version", no_argument, NULL, 'V'},      {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     opterr = 0;
@@ -92,6 +95,7 @@ int main(int argc, char **argv) {
         case 'c': config = optarg; break;
         case 'k': check = 1; break;
         case 'H': http_listen = optarg; break;
+        case 'T': ticket_key = optarg; break;
         case 'V': kvl_version_print(stdout, "kvlingo-router"); return 0;
         case 'h': usage(stdout); return 0;
         case ':': fprintf(stderr, "kvlingo-router: %s needs a value\n", argv[optind - 1]); usage(stderr); return 2;
@@ -114,6 +118,10 @@ int main(int argc, char **argv) {
             free(cfg->http_listen);
             cfg->http_listen = dup;
         }
+    }
+    if (!s && ticket_key) {   /* the flag wins over the file's key */
+        free(cfg->ticket_key_file);
+        if (!(cfg->ticket_key_file = strdup(ticket_key))) s = kvl__errorf(KVL_ERR_NOMEM, "--ticket-key-file");
     }
     if (s) {
         fprintf(stderr, "kvlingo-router: %s\n", kvl_last_error());

@@ -115,6 +115,11 @@ kvl_status kvr_router_check(const kvr_config *cfg, FILE *out) {
     kvl_tokenizer_free(tok);
     if (!s) s = check_ledger(cfg, ledger, sizeof ledger);
     if (!s) s = kvr_policy_check((kvr_config *)cfg);
+    if (!s && cfg->ticket_key_file) {
+        kvl__ticket_key k;
+        s = kvl__ticket_key_load(cfg->ticket_key_file, &k);
+        memset(&k, 0, sizeof k);
+    }
     if (s) return s;
     shown_path(cfg->path, cfgp, sizeof cfgp);
     shown_path(cfg->tokenizer, tokp, sizeof tokp);
@@ -127,6 +132,8 @@ kvl_status kvr_router_check(const kvr_config *cfg, FILE *out) {
             : access(!strncmp(cfg->ledger, "sqlite:", 7) ? cfg->ledger + 7 : cfg->ledger, F_OK) ? "will be created"
                                                                                                 : "exists",
             tokp, vocab, cfg->policy_name, cfg->n_nodes, cfg->replica_id, cfg->lease_ms, cfg->lease_wait_ms);
+    fprintf(out, "transfer tickets: %s%s\n", cfg->ticket_key_file ? "key " : "off (no ticket_key_file)",
+            cfg->ticket_key_file ? cfg->ticket_key_file : "");
     for (int i = 0; i < cfg->n_nodes; i++)
         fprintf(out, "  %s  %s  model %s\n", cfg->nodes[i].name, cfg->nodes[i].address, cfg->nodes[i].model);
     return KVL_OK;
@@ -153,6 +160,10 @@ kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
         }
         kvr_metrics_declare(r->metrics, models, nm);
         free(models);
+    }
+    if (!s && cfg->ticket_key_file) {
+        s = kvl__ticket_key_load(cfg->ticket_key_file, &r->ticket_key);
+        r->tickets = s == KVL_OK;
     }
     if (!s) s = kvr_ledger_open(cfg->ledger, &r->ledger);
     if (!s) {
@@ -196,6 +207,7 @@ void kvr_router_free(kvr_router *r) {
     free(r->busy);
     pthread_mutex_destroy(&r->busy_mu);
     pthread_rwlock_destroy(&r->policy_lock);
+    memset(&r->ticket_key, 0, sizeof r->ticket_key);
     free(r);
 }
 

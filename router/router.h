@@ -28,6 +28,7 @@
 #include "policy.h"
 #include "registry.h"
 #include "rpc.h"
+#include "ticket.h"
 
 typedef struct kvr_router {
     kvr_config *cfg;              /* the loaded config; SIGHUP swaps policy + guardrail only   */
@@ -47,6 +48,8 @@ typedef struct kvr_router {
     char (*busy)[KVR_ID_MAX];
     int n_busy, max_busy;
     int turns_in_flight;
+    int tickets;                  /* 1: every span move carries a ticket under ticket_key      */
+    kvl__ticket_key ticket_key;
 } kvr_router;
 
 /* Build the context from a loaded config (takes ownership of cfg): ledger, tokenizer, registry
