@@ -237,7 +237,7 @@ void kvld_rpc_import_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     if (itmo < tmo) tmo = itmo;
     st = kvl__transport_recv_wait(n->transport, rv, tmo > 0 ? tmo : 1, &cancelled, &got);
     double recv_s = kvl__now_s() - t_recv;
-    if (st == KVL_ERR_IO && tmo == itmo && recv_s * 1e3 >= (double)itmo) {
+    if (st == KVL_ERR_IO && tmo == itmo && strstr(kvl_last_error(), "timed out")) {
         kvld_metrics_refuse(n->metrics, KVLD_R_IMPORT_TIMEOUT);
         import_reject(&x, KVL_SPAN_TRANSFER, GRPC_STATUS_DEADLINE_EXCEEDED,
                       "the announced span (%llu bytes) did not arrive within %lld ms "
