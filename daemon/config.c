@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "error.h"
 #include "kvlingo/backend.h"
@@ -65,6 +66,7 @@ static const kvld_flag k_flags[] = {
     {"stream-buffer-mb", "N", "unread output of all Generate streams on the node before they pause", "64"},
     {"config", "FILE.yaml", "read these keys from YAML (key names with '_'); flags override", NULL},
     {"quiet", NULL, "no per-request log lines (YAML: quiet: 1)", "off"},
+    {"insecure", NULL, "serve and call peers in plaintext, without TLS (YAML: insecure: true)", "off"},
     {"check", NULL, "validate the settings (and the files they name) and exit", NULL},
     {"version", NULL, "print version, git commit, build options and backends, and exit", NULL},
     {"help", NULL, "this text (also -h)", NULL},
@@ -96,6 +98,13 @@ static kvl_status set_int(int *dst, const char *key, const char *v, int lo, int 
         return kvl__errorf(KVL_ERR_INVALID_ARG, "config: %s = '%s': expected an integer in [%d, %d]",
                           key, v, lo, hi);
     *dst = (int)x;
+    return KVL_OK;
+}
+
+static kvl_status set_bool(int *dst, const char *key, const char *v) {
+    if (!strcasecmp(v, "true") || !strcasecmp(v, "yes") || !strcmp(v, "1")) *dst = 1;
+    else if (!strcasecmp(v, "false") || !strcasecmp(v, "no") || !strcmp(v, "0")) *dst = 0;
+    else return kvl__errorf(KVL_ERR_INVALID_ARG, "config: %s = '%s': expected true or false", key, v);
     return KVL_OK;
 }
 
@@ -157,6 +166,7 @@ static kvl_status set_key(kvld_config *cfg, const char *key_in, const char *v) {
     INT(import_timeout_ms, 100, 3600 * 1000);
     INT(stream_backlog_kb, 16, 1 << 20);
     INT(stream_buffer_mb, 1, 1 << 16);
+    if (!strcmp(key, "insecure")) return set_bool(&cfg->insecure, key, v);
 #undef STR
 #undef INT
     return kvl__errorf(KVL_ERR_INVALID_ARG, "config: unknown key '%s'", key_in);
@@ -235,6 +245,7 @@ kvl_status kvld_config_parse_cli(kvld_config *cfg, int argc, char **argv, kvld_c
             }
             if (!strcmp(name, "config")) continue;
             if (!strcmp(name, "quiet")) { cfg->quiet = 1; continue; }
+            if (!strcmp(name, "insecure")) { cfg->insecure = 1; continue; }
             if (!strcmp(name, "check")) { *mode = KVLD_CLI_CHECK; continue; }
             kvl_status st = set_key(cfg, name, optarg);
             if (st != KVL_OK) {

@@ -31,6 +31,7 @@ typedef struct kvld_config {
     int import_timeout_ms;           /* an announced span must arrive within this; default 5000 */
     int stream_backlog_kb;           /* a Generate stream's unread output; beyond it, it pauses */
     int stream_buffer_mb;            /* all streams' unread output on the node; default 64      */
+    int insecure;                    /* 1: plaintext gRPC (no TLS); must be asked for by name   */
 } kvld_config;
 
 void kvld_config_defaults(kvld_config *cfg);

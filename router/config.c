@@ -238,6 +238,7 @@ static kvl_status parse_root(kvl__svc_yaml *y, kvr_config *c, const char *name) 
         c->ticket_key_line = kvl__svc_kv_line(&top, "ticket_key_file");
         if (!c->ticket_key_file) s = kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
     }
+    if (!s) s = kvl__svc_kv_bool(&top, "insecure", 0, &c->insecure);
     if (!s) s = kvl__svc_kv_check_unused(&top);
     kvl__svc_kvlist_clear(&top);
     if (s) return s;

@@ -27,6 +27,8 @@
  *   max_busy_sessions: 1024         # turns running at once (router memory bound)
  *   ticket_key_file: fleet.key      # the fleet's transfer-ticket key (>= 32 bytes; the nodes'
  *                                   #   --ticket-key-file): every span move gets a ticket
+ *   insecure: false                 # true: plaintext gRPC to clients and nodes (no TLS);
+ *                                   #   --insecure sets it too
  *   nodes:                          # at least one
  *     - {name: a0, address: 127.0.0.1:7100, model: qwen3-a}
  *   policy:                         # name + the policy's own keys (see router/policy_*.c)
@@ -100,6 +102,7 @@ typedef struct kvr_config {
     double transfer_bytes_per_s;
     long transfer_retries;
     double node_timeout_ms;
+    int insecure;             /* 1: plaintext gRPC (YAML insecure: true or --insecure) */
 } kvr_config;
 
 /* Parse `path`.  Checks every key of the file but the policy's own (`policy.name` must be

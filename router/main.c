@@ -62,7 +62,7 @@ static void on_start(void *arg) {
 }
 
 static void usage(FILE *f) {
-    fputs("usage: kvlingo-router --config FILE.yaml [--http-listen HOST:PORT] [--check]\n"
+    fputs("usage: kvlingo-router --config FILE.yaml [--http-listen HOST:PORT] [--insecure] [--check]\n"
           "Routes chat turns across a fleet of kvld nodes (kvlingo.v1.Router).  Options (--key value\n"
           "or --key=value):\n"
           "  --config FILE.yaml   fleet configuration: listen, nodes, policy, ledger, guardrail\n"
@@ -72,6 +72,8 @@ static void usage(FILE *f) {
           "                       /ready); overrides the file's http_listen; port 0 picks one\n"
           "  --ticket-key-file FILE  the fleet's transfer-ticket key (>= 32 bytes, the nodes' too);\n"
           "                       overrides the file's ticket_key_file\n"
+          "  --insecure           plaintext gRPC to clients and nodes, without TLS (the file's\n"
+          "                       insecure: true does the same)\n"
           "  --check              run every check a start runs short of binding ports and loading\n"
           "                       weights (paths shown resolved), print the summary and exit\n"
           "  --version            version, git commit, build options, backends\n"
@@ -81,10 +83,10 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
     kvl__svc_log_init("router");
     const char *config = NULL, *http_listen = NULL, *ticket_key = NULL;
-    int check = 0;
+    int check = 0, insecure = 0;
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'}, {"check", no_argument, NULL, 'k'},
-        {"http-listen", required_argument, NULL, 'H'},
+        {"http-listen", required_argument, NULL, 'H'}, {"insecure", no_argument, NULL, 'I'},
         {"ticket-key-file", required_argument, NULL, 'T'},
         {"version", no_argument, NULL, 'V'},      {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
@@ -96,6 +98,7 @@ int main(int argc, char **argv) {
         case 'k': check = 1; break;
         case 'H': http_listen = optarg; break;
         case 'T': ticket_key = optarg; break;
+        case 'I': insecure = 1; break;
         case 'V': kvl_version_print(stdout, "kvlingo-router"); return 0;
         case 'h': usage(stdout); return 0;
         case ':': fprintf(stderr, "kvlingo-router: %s needs a value\n", argv[optind - 1]); usage(stderr); return 2;
@@ -108,6 +111,7 @@ int main(int argc, char **argv) {
     kvr_config *cfg = NULL;
     kvl_status s = kvr_config_load(config, &cfg);
     if (!s) s = kvr_policy_check(cfg);
+    if (!s && insecure) cfg->insecure = 1;   /* the flag wins over the file's key */
     if (!s && http_listen) {   /* the flag wins over the file's key */
         char *dup = strdup(http_listen);
         if (!dup) s = kvl__errorf(KVL_ERR_NOMEM, "--http-listen");
@@ -128,6 +132,16 @@ int main(int argc, char **argv) {
         kvr_config_free(cfg);
         return 1;
     }
+    if (!cfg->ticket_key_file && !cfg->insecure) {
+        fprintf(stderr, "kvlingo-router: %sno transfer-ticket key: give ticket_key_file: in %s (or "
+                "--ticket-key-file FILE; the nodes' key), or insecure: true / --insecure for a development "
+                "fleet where spans move without tickets (and gRPC runs without TLS)\n",
+                check ? "--check: " : "", config);
+        kvr_config_free(cfg);
+        return 1;
+    }
+    if (!check && !cfg->ticket_key_file)
+        kvl__svc_log_text("warn", "insecure and no ticket_key_file: span moves carry no transfer ticket");
     if (check) {
         s = kvr_router_check(cfg, stdout);
         if (s) fprintf(stderr, "kvlingo-router: --check: %s\n", kvl_last_error());

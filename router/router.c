@@ -125,13 +125,14 @@ kvl_status kvr_router_check(const kvr_config *cfg, FILE *out) {
     shown_path(cfg->tokenizer, tokp, sizeof tokp);
     fprintf(out, "config: %s\nlisten: %s\nmetrics: %s\nhttp (OpenAI API): %s (body <= %ld bytes, <= %ld "
             "connections)\nledger: %s (%s)\ntokenizer: %s (vocabulary %zu)\n"
-            "policy: %s\nnodes: %d\nreplica: %s (lease %.0f ms, wait %.0f ms)\n", cfgp, cfg->listen,
+            "policy: %s\nnodes: %d\nreplica: %s (lease %.0f ms, wait %.0f ms)\ninsecure: %s\n", cfgp, cfg->listen,
             cfg->metrics ? cfg->metrics : "off", cfg->http_listen ? cfg->http_listen : "off",
             cfg->http_max_body, cfg->http_max_conn, ledger,
             kvr_ledger_is_postgres(cfg->ledger) ? "postgresql, not contacted by --check"
             : access(!strncmp(cfg->ledger, "sqlite:", 7) ? cfg->ledger + 7 : cfg->ledger, F_OK) ? "will be created"
                                                                                                 : "exists",
-            tokp, vocab, cfg->policy_name, cfg->n_nodes, cfg->replica_id, cfg->lease_ms, cfg->lease_wait_ms);
+            tokp, vocab, cfg->policy_name, cfg->n_nodes, cfg->replica_id, cfg->lease_ms, cfg->lease_wait_ms,
+            cfg->insecure ? "yes (plaintext gRPC)" : "no");
     fprintf(out, "transfer tickets: %s%s\n", cfg->ticket_key_file ? "key " : "off (no ticket_key_file)",
             cfg->ticket_key_file ? cfg->ticket_key_file : "");
     for (int i = 0; i < cfg->n_nodes; i++)

@@ -15,7 +15,17 @@
 struct kvl__rpc_client {
     grpc_channel *channel;
     char *target;
+    pthread_mutex_t md_mu;         /* guards the metadata below                             */
+    int n_md;
+    char *md_key[KVL_RPC_CLIENT_MAX_METADATA];
+    char *md_val[KVL_RPC_CLIENT_MAX_METADATA];
 };
+
+/* One call's copy of the client's metadata: slices that live until its batch completes. */
+typedef struct call_md {
+    grpc_metadata md[KVL_RPC_CLIENT_MAX_METADATA];
+    size_t n;
+} call_md;
 
 struct kvl__rpc_stream {
     grpc_call *call;
@@ -41,6 +51,7 @@ kvl_status kvl__rpc_client_create(const char *target, int max_message_bytes,
         free(cli);
         return kvl__errorf(KVL_ERR_NOMEM, "rpc: client");
     }
+    pthread_mutex_init(&cli->md_mu, NULL);
     kvl__rpc_init();
     grpc_arg args[2];
     grpc_channel_args cargs;
@@ -60,11 +71,98 @@ void kvl__rpc_client_free(kvl__rpc_client *cli) {
     if (!cli) return;
     if (cli->channel) grpc_channel_destroy(cli->channel);
     free(cli->target);
+    for (int i = 0; i < cli->n_md; i++) {
+        free(cli->md_key[i]);
+        free(cli->md_val[i]);
+    }
+    pthread_mutex_destroy(&cli->md_mu);
     free(cli);
     kvl__rpc_shutdown();
 }
 
 const char *kvl__rpc_client_target(const kvl__rpc_client *cli) { return cli ? cli->target : ""; }
+
+/* gRPC refuses (and a server would misread) keys outside [a-z0-9-_.], its reserved grpc-
+ * prefix, and binary -bin keys carrying text; checked here so the caller learns which one. */
+static int md_key_ok(const char *k) {
+    size_t n = strlen(k);
+    if (n == 0 || n > 64 || !strncmp(k, "grpc-", 5) || (n >= 4 && !strcmp(k + n - 4, "-bin")))
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((k[i] >= 'a' && k[i] <= 'z') || (k[i] >= '0' && k[i] <= '9') || k[i] == '-' ||
+              k[i] == '_' || k[i] == '.'))
+            return 0;
+    return 1;
+}
+
+static int md_value_ok(const char *v) {
+    size_t n = strlen(v);
+    if (n > 4096) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (v[i] < 0x20 || v[i] > 0x7e) return 0;
+    return 1;
+}
+
+kvl_status kvl__rpc_client_set_metadata(kvl__rpc_client *cli, const char *key, const char *value) {
+    if (!cli || !key) return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: set_metadata: NULL");
+    if (!md_key_ok(key))
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: metadata key '%.80s': expected 1-64 characters "
+                          "of [a-z0-9-_.], not grpc-* nor *-bin", key);
+    if (value && !md_value_ok(value))
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: metadata '%s': the value must be at most 4096 "
+                          "printable ASCII characters", key);
+    char *v = value ? strdup(value) : NULL;
+    if (value && !v) return kvl__errorf(KVL_ERR_NOMEM, "rpc: metadata");
+    kvl_status st = KVL_OK;
+    pthread_mutex_lock(&cli->md_mu);
+    int i = 0;
+    while (i < cli->n_md && strcmp(cli->md_key[i], key)) i++;
+    if (i < cli->n_md) {                     /* replace or remove */
+        free(cli->md_val[i]);
+        if (v) {
+            cli->md_val[i] = v;
+        } else {
+            free(cli->md_key[i]);
+            cli->n_md--;
+            cli->md_key[i] = cli->md_key[cli->n_md];
+            cli->md_val[i] = cli->md_val[cli->n_md];
+        }
+    } else if (v) {
+        char *k = strdup(key);
+        if (!k) {
+            st = kvl__errorf(KVL_ERR_NOMEM, "rpc: metadata");
+        } else if (cli->n_md >= KVL_RPC_CLIENT_MAX_METADATA) {
+            free(k);
+            st = kvl__errorf(KVL_ERR_RANGE, "rpc: metadata '%s': a client sends at most %d keys",
+                             key, KVL_RPC_CLIENT_MAX_METADATA);
+        } else {
+            cli->md_key[cli->n_md] = k;
+            cli->md_val[cli->n_md++] = v;
+            v = NULL;
+        }
+        free(v);
+    }
+    pthread_mutex_unlock(&cli->md_mu);
+    return st;
+}
+
+static void call_md_fill(kvl__rpc_client *cli, call_md *cm) {
+    memset(cm, 0, sizeof *cm);
+    pthread_mutex_lock(&cli->md_mu);
+    for (int i = 0; i < cli->n_md; i++) {
+        cm->md[cm->n].key = grpc_slice_from_copied_string(cli->md_key[i]);
+        cm->md[cm->n++].value = grpc_slice_from_copied_string(cli->md_val[i]);
+    }
+    pthread_mutex_unlock(&cli->md_mu);
+}
+
+static void call_md_clear(call_md *cm) {
+    for (size_t i = 0; i < cm->n; i++) {
+        grpc_slice_unref(cm->md[i].key);
+        grpc_slice_unref(cm->md[i].value);
+    }
+    cm->n = 0;
+}
 
 static grpc_call *make_call(kvl__rpc_client *cli, grpc_completion_queue *cq, const char *method,
                             int64_t timeout_ms) {
@@ -101,9 +199,13 @@ kvl_status kvl__rpc_client_unary(kvl__rpc_client *cli, const char *method, const
     grpc_byte_buffer *recv_bb = NULL;
     grpc_status_code code = GRPC_STATUS_UNKNOWN;
     grpc_slice details = grpc_empty_slice();
+    call_md cm;
+    call_md_fill(cli, &cm);
     grpc_op ops[6];
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = cm.n;
+    ops[0].data.send_initial_metadata.metadata = cm.md;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = send_bb;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -131,6 +233,7 @@ kvl_status kvl__rpc_client_unary(kvl__rpc_client *cli, const char *method, const
         if (!res->message) st = kvl__errorf(KVL_ERR_NOMEM, "rpc: status message");
         if (st == KVL_OK && recv_bb) st = kvl__rpc_bb_read(recv_bb, &res->data, &res->len);
     }
+    call_md_clear(&cm);
     if (recv_bb) grpc_byte_buffer_destroy(recv_bb);
     grpc_byte_buffer_destroy(send_bb);
     grpc_slice_unref(details);
@@ -188,9 +291,13 @@ kvl_status kvl__rpc_client_stream_open(kvl__rpc_client *cli, const char *method,
         kvl__rpc_stream_free(st);
         return kvl__errorf(KVL_ERR_NOMEM, "rpc: cannot create call %s", method);
     }
+    call_md cm;
+    call_md_fill(cli, &cm);
     grpc_op ops[4];
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = cm.n;
+    ops[0].data.send_initial_metadata.metadata = cm.md;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = bb;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -214,6 +321,7 @@ kvl_status kvl__rpc_client_stream_open(kvl__rpc_client *cli, const char *method,
         else
             st->status_pending = 1;
     }
+    call_md_clear(&cm);
     grpc_byte_buffer_destroy(bb);
     if (s != KVL_OK) {
         kvl__rpc_stream_free(st);

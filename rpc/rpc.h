@@ -127,6 +127,10 @@ void kvl__rpc_server_free(kvl__rpc_server *srv);
 const char *kvl__rpc_call_method(const kvl__rpc_call *call);
 /* Peer address as gRPC reports it ("ipv4:127.0.0.1:54321"). */
 const char *kvl__rpc_call_peer(const kvl__rpc_call *call);
+/* First value of request metadata `key` (lower-case, as gRPC carries keys), copied
+ * NUL-terminated into buf[0..cap).  Returns its length; 0 when the key is absent (or its value
+ * empty); SIZE_MAX, writing nothing, when the value needs more than cap - 1 bytes. */
+size_t kvl__rpc_call_metadata(const kvl__rpc_call *call, const char *key, char *buf, size_t cap);
 /* Milliseconds until the client's deadline (INT64_MAX when none; <= 0 when passed). */
 int64_t kvl__rpc_call_deadline_left_ms(const kvl__rpc_call *call);
 /* 1 when the client cancelled, the deadline passed, the connection dropped, or the server
@@ -182,6 +186,14 @@ kvl_status kvl__rpc_client_create(const char *target, int max_message_bytes,
                                  kvl__rpc_client **out);
 void kvl__rpc_client_free(kvl__rpc_client *cli);
 const char *kvl__rpc_client_target(const kvl__rpc_client *cli);
+
+/* Metadata sent with every later call and stream of this client (e.g. "authorization").
+ * `key`: 1-64 characters of [a-z0-9-_.], not "grpc-..." nor "...-bin"; `value`: up to 4096
+ * printable ASCII characters; setting a key again replaces its value, NULL removes it.  At most
+ * KVL_RPC_CLIENT_MAX_METADATA keys (KVL_ERR_RANGE beyond).  Thread-safe; calls already started
+ * keep what they sent. */
+#define KVL_RPC_CLIENT_MAX_METADATA 8
+kvl_status kvl__rpc_client_set_metadata(kvl__rpc_client *cli, const char *key, const char *value);
 
 /* Blocking unary call.  timeout_ms <= 0 means no deadline.  Returns KVL_OK when the call
  * completed (whatever its gRPC status: look at res->code), KVL_ERR_NOMEM / KVL_ERR_INTERNAL when

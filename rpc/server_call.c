@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <grpc/slice.h>
 #include <grpc/support/alloc.h>
 
 #include "error.h"
@@ -79,6 +80,23 @@ void kvl__rpc_call_reject(kvl__rpc_call *c, grpc_status_code code, const char *m
 
 const char *kvl__rpc_call_method(const kvl__rpc_call *call) { return call->method; }
 const char *kvl__rpc_call_peer(const kvl__rpc_call *call) { return call->peer ? call->peer : ""; }
+
+size_t kvl__rpc_call_metadata(const kvl__rpc_call *call, const char *key, char *buf, size_t cap) {
+    if (!call || !key) return 0;
+    size_t klen = strlen(key);
+    for (size_t i = 0; i < call->md.count; i++) {
+        const grpc_metadata *m = &call->md.metadata[i];
+        if (GRPC_SLICE_LENGTH(m->key) != klen ||
+            memcmp(GRPC_SLICE_START_PTR(m->key), key, klen) != 0)
+            continue;
+        size_t n = GRPC_SLICE_LENGTH(m->value);
+        if (!buf || cap == 0 || n > cap - 1) return SIZE_MAX;
+        memcpy(buf, GRPC_SLICE_START_PTR(m->value), n);
+        buf[n] = '\0';
+        return n;
+    }
+    return 0;
+}
 
 int64_t kvl__rpc_call_deadline_left_ms(const kvl__rpc_call *call) {
     gpr_timespec d = call->deadline;

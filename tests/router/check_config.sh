@@ -23,14 +23,14 @@ YAML
 }
 refuse() {   # refuse NAME FILE PATTERN...
   local name=$1 f=$2; shift 2
-  local out; out=$("$R" --config "$f" --check 2>&1); local rc=$?
+  local out; out=$("$R" --insecure --config "$f" --check 2>&1); local rc=$?
   local okp=1
   for p in "$@"; do grep -qF -- "$p" <<<"$out" || okp=0; done
   [ $rc -eq 1 ] && [ $okp = 1 ] && ok "refused: $name" || bad "$name: rc $rc: $out"
 }
 mkdir -p "$T/conf"
 good > "$T/conf/good.yaml"
-out=$("$R" --config "$T/conf/good.yaml" --check); rc=$?
+out=$("$R" --insecure --config "$T/conf/good.yaml" --check); rc=$?
 [ $rc -eq 0 ] && grep -q "^tokenizer: $SRC/models/qwen3-a (vocabulary " <<<"$out" \
   && grep -q "^ledger: $T/conf/ledger.db (will be created)" <<<"$out" && grep -q '^  b0  127.0.0.1:7101  model qwen3-b' <<<"$out" \
   && ok "good file passes, resolved paths shown" || bad "good: $rc $out"
@@ -43,12 +43,12 @@ refuse "http_listen without host" "$T/conf/http1.yaml" "http1.yaml:10: key 'http
 { good; echo "http_listen: 127.0.0.1:8000"; echo "http_max_body_bytes: 10"; } > "$T/conf/http2.yaml"
 refuse "http_max_body_bytes too small" "$T/conf/http2.yaml" "http2.yaml:11" "http_max_body_bytes"
 { good; echo "http_listen: 127.0.0.1:8000"; } > "$T/conf/http3.yaml"
-out=$("$R" --config "$T/conf/http3.yaml" --check); rc=$?
+out=$("$R" --insecure --config "$T/conf/http3.yaml" --check); rc=$?
 [ $rc -eq 0 ] && grep -q '^http (OpenAI API): 127.0.0.1:8000 (body <= 1048576 bytes' <<<"$out" \
   && ok "http_listen shown by --check" || bad "http3: $rc $out"
-out=$("$R" --config "$T/conf/good.yaml" --http-listen 127.0.0.1:8123 --check); rc=$?
+out=$("$R" --insecure --config "$T/conf/good.yaml" --http-listen 127.0.0.1:8123 --check); rc=$?
 [ $rc -eq 0 ] && grep -q '^http (OpenAI API): 127.0.0.1:8123' <<<"$out" && ok "--http-listen overrides" || bad "flag: $rc $out"
-out=$("$R" --config "$T/conf/good.yaml" --http-listen nonsense --check 2>&1); rc=$?
+out=$("$R" --insecure --config "$T/conf/good.yaml" --http-listen nonsense --check 2>&1); rc=$?
 [ $rc -ne 0 ] && grep -q "http-listen 'nonsense' is not host:port" <<<"$out" && ok "bad --http-listen refused" || bad "bad flag: $rc $out"
 # 5,001 nodes
 { good | sed '/^  - /d; /^nodes:/d'; echo "nodes:"; for i in $(seq 1 5001); do echo "  - {name: n$i, address: 127.0.0.1:$((10000 + i % 50000)), model: qwen3-a}"; done; } > "$T/conf/many.yaml"
@@ -70,16 +70,16 @@ good | sed 's|^  models: .*|  models: [qwen3-a, qwen3-z]|' > "$T/conf/model.yaml
 refuse "policy naming a model no node serves" "$T/conf/model.yaml" "model 'qwen3-z' is served by no node"
 # ledger forms: sqlite:PATH, a PostgreSQL URI (not contacted, password hidden), env:NAME
 good | sed 's|^ledger: .*|ledger: sqlite:l2.db|' > "$T/conf/sq.yaml"
-out=$("$R" --config "$T/conf/sq.yaml" --check 2>&1); rc=$?
+out=$("$R" --insecure --config "$T/conf/sq.yaml" --check 2>&1); rc=$?
 [ $rc -eq 0 ] && grep -q "^ledger: $T/conf/l2.db (will be created)" <<<"$out" && ok "ledger sqlite:PATH resolved" || bad "sqlite: $rc $out"
 good | sed 's|^ledger: .*|ledger: postgresql://kvr:hunter2@127.0.0.1:1/db|' > "$T/conf/pg.yaml"
-out=$("$R" --config "$T/conf/pg.yaml" --check 2>&1); rc=$?
+out=$("$R" --insecure --config "$T/conf/pg.yaml" --check 2>&1); rc=$?
 [ $rc -eq 0 ] && grep -qF "ledger: postgresql://kvr:***@127.0.0.1:1/db (postgresql, not contacted by --check)" <<<"$out" \
   && ! grep -q hunter2 <<<"$out" && ok "ledger PostgreSQL URI, password hidden" || bad "pg: $rc $out"
 good | sed 's|^ledger: .*|ledger: env:KVR_TEST_NO_SUCH_VAR|' > "$T/conf/env.yaml"
 refuse "ledger env:NAME unset" "$T/conf/env.yaml" "env.yaml:2: key 'ledger': environment variable 'KVR_TEST_NO_SUCH_VAR'" "not set"
 good | sed 's|^ledger: .*|ledger: env:KVR_TEST_LEDGER_URI|' > "$T/conf/env2.yaml"
-out=$(KVR_TEST_LEDGER_URI="postgresql://u:pw@h/db" "$R" --config "$T/conf/env2.yaml" --check 2>&1); rc=$?
+out=$(KVR_TEST_LEDGER_URI="postgresql://u:pw@h/db" "$R" --insecure --config "$T/conf/env2.yaml" --check 2>&1); rc=$?
 [ $rc -eq 0 ] && grep -qF "ledger: postgresql://u:***@h/db" <<<"$out" && ok "ledger env:NAME read" || bad "env: $rc $out"
 good | sed 's|^ledger: .*|ledger: mysql://h/db|' > "$T/conf/my.yaml"
 refuse "ledger of an unknown scheme" "$T/conf/my.yaml" "my.yaml:2: key 'ledger'" "neither a path"
@@ -89,15 +89,16 @@ refuse "lease_ms out of range" "$T/conf/lease.yaml" "key 'lease_ms'"
 refuse "replica_id with a space" "$T/conf/rep.yaml" "key 'replica_id'"
 # kvld: the same strict YAML
 printf 'model: %s\nmax_sessions: 4\nmax_sessions: 8\n' "$SRC/models/qwen3-a" > "$T/kd.yaml"
-out=$("$K" --config "$T/kd.yaml" --check 2>&1); rc=$?
+out=$("$K" --insecure --config "$T/kd.yaml" --check 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -qF "kd.yaml:3: key 'max_sessions' given twice (first on line 2)" <<<"$out" && ok "kvld: duplicate key refused" || bad "kvld dup: $rc $out"
 printf 'model: &m %s\ntranslators: *m\n' "$SRC/models/qwen3-a" > "$T/ka.yaml"
-out=$("$K" --config "$T/ka.yaml" --check 2>&1); rc=$?
+out=$("$K" --insecure --config "$T/ka.yaml" --check 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -qF "ka.yaml:1: YAML anchor '&m' refused" <<<"$out" && ok "kvld: alias refused" || bad "kvld alias: $rc $out"
 printf 'model: %s\nmax_sessions: 4\n' "$SRC/models/qwen3-a" > "$T/kg.yaml"
-out=$("$K" --config "$T/kg.yaml" --check 2>&1); rc=$?
+out=$("$K" --insecure --config "$T/kg.yaml" --check 2>&1); rc=$?
 [ $rc -eq 0 ] && grep -q '^max_sessions: 4' <<<"$out" && ok "kvld: good YAML passes --check" || bad "kvld good: $rc $out"
 # the sample fleet the README starts by hand passes the check (paths relative to its folder)
-out=$("$R" --config "$SRC/router/fleet.example.yaml" --check 2>&1) && grep -q "tokenizer: .*models/qwen3-a (vocabulary" <<<"$out" \
+head -c 48 /dev/urandom | base64 > "$T/fleet.key"
+out=$("$R" --config "$SRC/router/fleet.example.yaml" --ticket-key-file "$T/fleet.key" --check 2>&1) && grep -q "tokenizer: .*models/qwen3-a (vocabulary" <<<"$out" \
     && ok "router/fleet.example.yaml passes --check" || bad "fleet.example.yaml: $out"
 exit $fail

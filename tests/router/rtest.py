@@ -141,12 +141,19 @@ class Fleet:
 
     def __init__(self, build, work, models=("qwen3-a", "qwen3-b"), policy=None, guardrail=None,
                  transfer=None, extra_top=None, translators=True, kvld_args=(), pairs=None,
-                 peers=False, ledger=None):
+                 peers=False, ledger=None, tickets=True):
         self.build, self.work = build, work
         self.peers = peers   # give each kvld the others' addresses (--peers): connected at start
+        # transfer tickets: one fleet key for the nodes and the router (spans then go only to
+        # --peers members, so tickets imply --peers); tickets=False: an insecure fleet
+        self.tickets = tickets
+        self.key_file = os.path.join(work, "fleet.key")
         self.ledger = ledger or os.path.join(work, "ledger.db")
         self.replicas = {}
         os.makedirs(work, exist_ok=True)
+        if tickets:
+            with open(self.key_file, "wb") as f:
+                f.write(os.urandom(24).hex().encode() + b"\n")
         self.nodes = {}
         self.node_ports = {}
         self.router = None
@@ -176,10 +183,11 @@ class Fleet:
                 os.path.join(SRC, "models", m), "--listen", "127.0.0.1:%d" % port]
         if os.path.isdir(trdir):
             args += ["--translators", trdir]
-        if self.peers:
+        if self.peers or self.tickets:
             others = ["127.0.0.1:%d" % q for o, q in self.node_ports.items() if o != m]
             if others:
                 args += ["--peers", ",".join(others)]
+        args += ["--ticket-key-file", self.key_file] if self.tickets else ["--insecure"]
         p = Proc(args + list(kvld_args), os.path.join(self.work, "kvld-%s.log" % m))
         wait_port(port, p.proc, what="kvld " + m)
         self.nodes[m] = p
@@ -193,7 +201,8 @@ class Fleet:
         lines = ["listen: 127.0.0.1:%d" % self.router_port,
                  "metrics: 127.0.0.1:%d" % self.metrics_port,
                  "ledger: %s" % self.ledger,
-                 "tokenizer: %s" % os.path.join(SRC, "models", "qwen3-a")]
+                 "tokenizer: %s" % os.path.join(SRC, "models", "qwen3-a"),
+                 "ticket_key_file: %s" % self.key_file if self.tickets else "insecure: true"]
         for k, v in (extra_top or {}).items():
             lines.append("%s: %s" % (k, yv(v)))
         lines.append("nodes:")

@@ -42,11 +42,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rtest  # noqa: E402
 from rtest import check  # noqa: E402
 
-KEY = b"spans-test-fleet-key-0123456789abcdef-0123456789"   # 48 bytes
+KEY = b""   # the fleet's ticket key, read once the fleet is up
 
 
-def mint(src_sid, dst_sid, source, target, t0, t1, replace=False, life_ms=30000, key=KEY):
-    """A ticket as the router writes it (service/ticket.h)."""
+def mint(src_sid, dst_sid, source, target, t0, t1, replace=False, life_ms=30000, key=None):
+    """A ticket as the router writes it (service/ticket.h), under the fleet's key by default."""
+    key = key or KEY
     body = b"KVT1" + bytes([1 if replace else 0]) + struct.pack("<Q", int(time.time() * 1000) + life_ms)
     body += os.urandom(16) + struct.pack("<II", t0, t1)
     for s in (src_sid, dst_sid, source, target):
@@ -133,17 +134,16 @@ def main():
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
-    key_file = os.path.join(a.work, "fleet.key")
-    with open(key_file, "wb") as f:
-        f.write(KEY + b"\n")
     mports = {"qwen3-a": rtest.free_port(), "qwen3-b": rtest.free_port()}
 
     class MFleet(rtest.Fleet):   # each node with its own metrics port
         def start_node(self, m, trdir=None, kvld_args=()):
             return super().start_node(m, trdir, list(kvld_args) + ["--metrics", "127.0.0.1:%d" % mports[m]])
 
-    fleet = MFleet(a.build, a.work, peers=True, policy={"name": "pinned", "default_model": "qwen3-a"},
-                   kvld_args=["--ticket-key-file", key_file], extra_top={"ticket_key_file": key_file})
+    fleet = MFleet(a.build, a.work, peers=True, policy={"name": "pinned", "default_model": "qwen3-a"})
+    global KEY
+    with open(fleet.key_file, "rb") as f:   # the fleet's key (rtest writes one per fleet)
+        KEY = f.read().rstrip(b"\n")
     import grpc
     import importlib
     fleet.client()
@@ -299,7 +299,8 @@ def main():
         ttl_port, ttl_m = rtest.free_port(), rtest.free_port()
         ttl = rtest.Proc([os.path.join(a.build, "daemon", "kvld"), "--model", qa, "--listen",
                           "127.0.0.1:%d" % ttl_port, "--max-sessions", "4", "--session-idle-ttl-s", "2",
-                          "--metrics", "127.0.0.1:%d" % ttl_m, "--warmup", "0"],
+                          "--metrics", "127.0.0.1:%d" % ttl_m, "--warmup", "0", "--ticket-key-file",
+                          fleet.key_file],
                          os.path.join(a.work, "kvld-ttl.log"))
         fleet.procs.append(ttl)
         rtest.wait_port(ttl_port, ttl.proc, what="kvld ttl")

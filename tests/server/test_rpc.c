@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "clock.h"
+#include "kvlingo/status.h"
 #include "rpc.h"
 #include "grpc/health/v1/health.pb-c.h"
 
@@ -39,6 +40,24 @@ static void count(kvl__rpc_call *call, const uint8_t *req, size_t len, void *use
         if (kvl__rpc_call_send(call, &b, 1) != KVL_OK) return;
     }
     kvl__rpc_call_finish(call, GRPC_STATUS_OK, NULL);
+}
+
+/* replies "<len>:<value>" of request metadata x-test, read into a buffer of req[0] bytes
+ * (64 when the request is empty); "big" when it does not fit */
+static void md_echo(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    char buf[64], out[96];
+    size_t cap = len > 0 ? req[0] : sizeof buf;
+    size_t n = kvl__rpc_call_metadata(call, "x-test", buf, cap);
+    if (n == SIZE_MAX) snprintf(out, sizeof out, "big");
+    else snprintf(out, sizeof out, "%zu:%s", n, n ? buf : "");
+    if (kvl__rpc_call_metadata(call, "x-absent", buf, sizeof buf) != 0) snprintf(out, sizeof out, "absent?");
+    if (user) {   /* the streaming variant sends it twice */
+        kvl__rpc_call_send(call, (const uint8_t *)out, strlen(out));
+        kvl__rpc_call_send(call, (const uint8_t *)out, strlen(out));
+        kvl__rpc_call_finish(call, GRPC_STATUS_OK, NULL);
+        return;
+    }
+    kvl__rpc_call_reply(call, (const uint8_t *)out, strlen(out));
 }
 
 static void on_cancel(void *arg) {
@@ -81,6 +100,9 @@ static int setup(void **state) {
     assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/Hang", KVL_RPC_SERVER_STREAM,
                                                hang, f), 0);
     assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/Slow", KVL_RPC_UNARY, slow, f), 0);
+    assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/Md", KVL_RPC_UNARY, md_echo, NULL), 0);
+    assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/MdStream", KVL_RPC_SERVER_STREAM,
+                                               md_echo, f), 0);
     assert_int_not_equal(kvl__rpc_server_add_method(f->srv, "/t.S/Echo", KVL_RPC_UNARY, echo, f), 0);
     assert_int_equal(kvl__rpc_server_start(f->srv), KVL_OK);
     char target[64];
@@ -252,6 +274,72 @@ static void test_health_watch(void **state) {
     kvl__rpc_stream_free(st);
 }
 
+/* unary /t.S/Md with a read buffer of `cap` bytes (0: the handler's default) */
+static void expect_md(kvl__rpc_client *cli, uint8_t cap, const char *want) {
+    kvl__rpc_result r;
+    assert_int_equal(kvl__rpc_client_unary(cli, "/t.S/Md", &cap, cap ? 1 : 0, 5000, &r), KVL_OK);
+    assert_int_equal(r.code, GRPC_STATUS_OK);
+    char got[128];
+    snprintf(got, sizeof got, "%.*s", (int)r.len, r.data ? (const char *)r.data : "");
+    assert_string_equal(got, want);
+    kvl__rpc_result_clear(&r);
+}
+
+static void test_metadata(void **state) {
+    fixture *f = *state;
+    kvl__rpc_client *cli;
+    char target[64];
+    snprintf(target, sizeof target, "127.0.0.1:%d", kvl__rpc_server_port(f->srv));
+    assert_int_equal(kvl__rpc_client_create(target, 0, &cli), KVL_OK);
+    expect_md(cli, 0, "0:");                                 /* absent */
+    assert_int_equal(kvl__rpc_client_set_metadata(cli, "x-test", "hello world"), KVL_OK);
+    expect_md(cli, 0, "11:hello world");
+    expect_md(cli, 12, "11:hello world");                    /* exactly fits with its NUL */
+    expect_md(cli, 11, "big");                               /* one byte short: nothing copied */
+    /* streams carry it too */
+    kvl__rpc_stream *st;
+    assert_int_equal(kvl__rpc_client_stream_open(cli, "/t.S/MdStream", NULL, 0, 5000, &st), KVL_OK);
+    for (int i = 0; i < 2; i++) {
+        uint8_t *d;
+        size_t n;
+        assert_int_equal(kvl__rpc_stream_read(st, &d, &n), 1);
+        assert_int_equal(n, 14);
+        assert_memory_equal(d, "11:hello world", 14);
+        free(d);
+    }
+    kvl__rpc_result r;
+    assert_int_equal(kvl__rpc_stream_finish(st, &r), KVL_OK);
+    assert_int_equal(r.code, GRPC_STATUS_OK);
+    kvl__rpc_result_clear(&r);
+    kvl__rpc_stream_free(st);
+    /* replace, then remove */
+    assert_int_equal(kvl__rpc_client_set_metadata(cli, "x-test", "v2"), KVL_OK);
+    expect_md(cli, 0, "2:v2");
+    assert_int_equal(kvl__rpc_client_set_metadata(cli, "x-test", NULL), KVL_OK);
+    expect_md(cli, 0, "0:");
+    /* bad keys and values are refused, naming the key */
+    assert_int_equal(kvl__rpc_client_set_metadata(cli, "X-Test", "v"), KVL_ERR_INVALID_ARG);
+    assert_int_equal(kvl__rpc_client_set_metadata(cli, "grpc-timeout", "v"), KVL_ERR_INVALID_ARG);
+    assert_int_equal(kvl__rpc_client_set_metadata(cli, "x-bin", "v"), KVL_ERR_INVALID_ARG);
+    assert_int_equal(kvl__rpc_client_set_metadata(cli, "", "v"), KVL_ERR_INVALID_ARG);
+    assert_int_equal(kvl__rpc_client_set_metadata(cli, "x-test", "line\nbreak"), KVL_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvl_last_error(), "x-test"));
+    /* bounded: KVL_RPC_CLIENT_MAX_METADATA keys, then RANGE; replacing one still works */
+    for (int i = 0; i < KVL_RPC_CLIENT_MAX_METADATA; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "x-k%d", i);
+        assert_int_equal(kvl__rpc_client_set_metadata(cli, k, "v"), KVL_OK);
+    }
+    assert_int_equal(kvl__rpc_client_set_metadata(cli, "x-test", "v"), KVL_ERR_RANGE);
+    assert_int_equal(kvl__rpc_client_set_metadata(cli, "x-k3", "again"), KVL_OK);
+    assert_int_equal(kvl__rpc_client_set_metadata(cli, "x-k0", NULL), KVL_OK);
+    assert_int_equal(kvl__rpc_client_set_metadata(cli, "x-test", "last"), KVL_OK);
+    expect_md(cli, 0, "4:last");
+    /* another client of the same server sends none of it */
+    expect_md(f->cli, 0, "0:");
+    kvl__rpc_client_free(cli);
+}
+
 static void test_unreachable(void **state) {
     kvl__rpc_client *cli;
     assert_int_equal(kvl__rpc_client_create("127.0.0.1:1", 0, &cli), KVL_OK);
@@ -267,7 +355,7 @@ int main(void) {
         cmocka_unit_test(test_unary),   cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_stream),  cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_health),  cmocka_unit_test(test_health_watch),
-        cmocka_unit_test(test_unreachable),
+        cmocka_unit_test(test_unreachable), cmocka_unit_test(test_metadata),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
