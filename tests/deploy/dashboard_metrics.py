@@ -337,12 +337,18 @@ def main():
         return 1
     print(f"ok: translator qwen3-a -> qwen3-b fitted (stage 1) in {time.time() - t0:.1f} s")
 
+    # the Secret kvlingo-ticket-key of the pods: one transfer-ticket key for the whole fleet
+    key_file = os.path.join(work, "ticket.key")
+    with open(key_file, "w") as kf:
+        kf.write(os.urandom(24).hex() + "\n")
+
     # ---- every fleet.yaml the manifests ship passes the router's own check
     import glob
     for f in sorted(glob.glob(os.path.join(src, "deploy", "k8s", "*", "fleet.yaml")) +
                     glob.glob(os.path.join(src, "deploy", "k8s", "overlays", "*", "fleet.yaml"))):
         text = open(f).read().replace("/opt/kvlingo/models/", os.path.join(src, "models") + "/")
         text = text.replace("/var/lib/kvlingo/", os.path.join(work, "check-"))
+        text = text.replace("/etc/kvlingo-ticket/key", key_file)
         local = os.path.join(work, "check-fleet.yaml")
         open(local, "w").write(text)
         # a ledger from the environment is the Secret's URI in a pod; --check does not contact it
@@ -369,6 +375,7 @@ def main():
     fleet["metrics"] = f"127.0.0.1:{ports['rm']}"
     fleet["ledger"] = os.path.join(work, "router.db")
     fleet["tokenizer"] = os.path.join(src, "models", "qwen3-a")
+    fleet["ticket_key_file"] = key_file
     fleet.setdefault("guardrail", {})["shadow_fraction"] = 1.0
     for f in ("router.db", "router.db-wal", "router.db-shm"):
         if os.path.exists(os.path.join(work, f)):
@@ -384,10 +391,14 @@ def main():
             c = containers.get(f"kvld-{m}")
             if not c:
                 raise RuntimeError(f"deploy/k8s/base has no StatefulSet kvld-{m}")
+            # pod DNS names (--advertise, --peers) become the loopback addresses fleet.yaml got
             argv, env = localise(c, args.kvld,
                                  {f"/models/{m}": os.path.join(src, "models", m),
-                                  "/models/translators": trdir},
-                                 {7100: ports[p], 7101: ports[pm]}, {"KVL_THREADS": "1"})
+                                  "/models/translators": trdir, "/etc/kvlingo-ticket/key": key_file,
+                                  "kvld-qwen3-a-0.kvld-qwen3-a:7100": f"127.0.0.1:{ports['a']}",
+                                  "kvld-qwen3-b-0.kvld-qwen3-b:7100": f"127.0.0.1:{ports['b']}"},
+                                 {7100: ports[p], 7101: ports[pm]},
+                                 {"KVL_THREADS": "1", "POD_NAME": f"kvld-{m}-0"})
             fl.start(f"kvld-{m}", argv, env)
         servers = [("kvld-qwen3-a", ports["a"], ports["am"]),
                    ("kvld-qwen3-b", ports["b"], ports["bm"])]
