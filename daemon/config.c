@@ -29,6 +29,10 @@ void kvld_config_defaults(kvld_config *cfg) {
     cfg->drain_timeout_ms = 30000;
     cfg->span_timeout_ms = 30000;
     cfg->warmup = 1;
+    cfg->session_idle_ttl_s = 600;
+    cfg->import_timeout_ms = 5000;
+    cfg->stream_backlog_kb = 1024;
+    cfg->stream_buffer_mb = 64;
 }
 
 /* Every flag, its YAML key (the same name with '_'), what it does and its default. */
@@ -56,6 +60,15 @@ static const kvld_flag k_flags[] = {
     {"peers", "HOST:PORT,...", "the fleet's other nodes: channels and transport endpoints are set up "
                                "at start (retried until they answer), so the first span pays no set-up", "none"},
     {"warmup", "0|1", "run one forward pass and each translator before serving", "1"},
+    {"ticket-key-file", "FILE", "the fleet's transfer-ticket key (>= 32 bytes, the router's too): "
+                                "spans move only on a router-issued ticket", "none"},
+    {"advertise", "HOST:PORT", "this node's fleet address, as the router and --peers name it "
+                               "(tickets' source and target)", "--listen"},
+    {"session-idle-ttl-s", "N", "drop a session unused for N seconds (0: never)", "600"},
+    {"import-timeout-ms", "N", "an announced span must arrive within N ms, else the import ends "
+                               "and frees its session", "5000"},
+    {"stream-backlog-kb", "N", "unread output one Generate stream may buffer before it pauses", "1024"},
+    {"stream-buffer-mb", "N", "unread output of all Generate streams on the node before they pause", "64"},
     {"config", "FILE.yaml", "read these keys from YAML (key names with '_'); flags override", NULL},
     {"quiet", NULL, "no per-request log lines (YAML: quiet: 1)", "off"},
     {"tls-cert", "FILE.pem", "this node's certificate: its server identity and its client certificate "
@@ -133,6 +146,8 @@ static kvl_status set_key(kvld_config *cfg, const char *key_in, const char *v) {
     STR(tls_key);
     STR(tls_ca);
     STR(health_listen);
+    STR(ticket_key_file);
+    STR(advertise);
     if (!strcmp(key, "peers")) {   /* checked here so a bad entry fails at start, naming it */
         static __thread char list[KVLD_MAX_PEERS][KVLD_PEER_ADDR_MAX];
         int n;
@@ -174,6 +189,10 @@ static kvl_status set_key(kvld_config *cfg, const char *key_in, const char *v) {
     INT(span_timeout_ms, 1, 3600 * 1000);
     INT(quiet, 0, 1);
     INT(warmup, 0, 1);
+    INT(session_idle_ttl_s, 0, 30 * 24 * 3600);
+    INT(import_timeout_ms, 100, 3600 * 1000);
+    INT(stream_backlog_kb, 16, 1 << 20);
+    INT(stream_buffer_mb, 1, 1 << 16);
     if (!strcmp(key, "insecure")) return set_bool(&cfg->insecure, key, v);
 #undef STR
 #undef INT

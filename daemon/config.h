@@ -25,6 +25,13 @@ typedef struct kvld_config {
     int drain_timeout_ms;            /* SIGTERM: wait this long for running work; default 30000 */
     int span_timeout_ms;             /* transfer deadline; default 30000                        */
     int quiet;                       /* 1: no per-request log lines                             */
+    char ticket_key_file[KVLD_STR_MAX];  /* fleet transfer-ticket key; "" = none (see main.c)   */
+    char advertise[KVLD_STR_MAX];    /* "host:port" the router and peers name this node by      */
+                                     /* (tickets' source/target); "" = listen                   */
+    int session_idle_ttl_s;          /* a session unused this long is dropped; 0 = never; 600   */
+    int import_timeout_ms;           /* an announced span must arrive within this; default 5000 */
+    int stream_backlog_kb;           /* a Generate stream's unread output; beyond it, it pauses */
+    int stream_buffer_mb;            /* all streams' unread output on the node; default 64      */
     int insecure;                    /* 1: plaintext gRPC (no TLS); must be asked for by name   */
     char tls_cert[KVLD_STR_MAX];     /* PEM certificate (chain) of this node: server and client */
     char tls_key[KVLD_STR_MAX];      /* its PEM private key                                     */

@@ -21,6 +21,24 @@
 #include "kvlingo/backend.h"
 #include "kvlingo/version.h"
 
+/* Transfer tickets: a readable key of at least 32 bytes, or --insecure for a fleet without
+ * them (warned at start).  0 (with the reason on stderr) when the node must not start. */
+static int tickets_settled(const kvld_config *cfg, const char *pre) {
+    if (cfg->ticket_key_file[0]) {
+        kvl__ticket_key k;
+        kvl_status st = kvl__ticket_key_load(cfg->ticket_key_file, &k);
+        memset(&k, 0, sizeof k);
+        if (st == KVL_OK) return 1;
+        fprintf(stderr, "kvld: %s%s (ticket_key_file)\n", pre, kvl_last_error());
+        return 0;
+    }
+    if (cfg->insecure) return 1;
+    fprintf(stderr, "kvld: %sno transfer-ticket key: give --ticket-key-file FILE (YAML ticket_key_file:, "
+            "the fleet's key, the router's too), or --insecure for a development fleet where spans "
+            "move without tickets (and gRPC runs without TLS)\n", pre);
+    return 0;
+}
+
 /* --check: the settings parsed; the files they name exist (paths shown resolved); nothing is
  * bound or loaded. */
 static int check_settings(const kvld_config *cfg) {
@@ -64,6 +82,10 @@ static int check_settings(const kvld_config *cfg) {
     }
     kvl__svc_tls_free(&tls);
     printf("health_listen: %s\n", cfg->health_listen[0] ? cfg->health_listen : "off");
+    if (!tickets_settled(cfg, "--check: ")) bad = 1;
+    else printf("transfer tickets: %s%s\n", cfg->ticket_key_file[0] ? "key " : "off (insecure, no ticket key)",
+                cfg->ticket_key_file);
+    printf("session_idle_ttl_s: %d\nimport_timeout_ms: %d\n", cfg->session_idle_ttl_s, cfg->import_timeout_ms);
     printf("listen: %s\nmetrics: %s\ntransport: %s\ndevice: %s\nmax_sessions: %d\n%s\n", cfg->listen,
            cfg->metrics[0] ? cfg->metrics : "off", cfg->transport, cfg->device, cfg->max_sessions,
            bad ? "check failed" : "ok");
@@ -90,9 +112,20 @@ static int drain_check(void *arg, double waited_s, int timed_out) {
     return 1;
 }
 
-/* Every 200 ms: refresh the gauges computed from the session table. */
+/* Every 200 ms: expire idle sessions, refresh the gauges computed from the session table and
+ * the transport's drop counter. */
 static void on_tick(void *arg) {
     kvld_node *n = arg;
+    static uint64_t dropped_seen;
+    int expired = kvld_sessions_expire(n->sessions, (double)n->cfg.session_idle_ttl_s);
+    for (int i = 0; i < expired; i++) kvld_metrics_refuse(n->metrics, KVLD_R_SESSION_EXPIRED);
+    if (expired)
+        kvl__svc_log("info", "msg=sessions_expired count=%d idle_ttl_s=%d", expired, n->cfg.session_idle_ttl_s);
+    uint64_t dropped = kvl__transport_unmatched_dropped(n->transport);
+    if (dropped > dropped_seen) {
+        kvld_metrics_add(n->metrics, KVLD_C_UCX_UNMATCHED_DROPPED, dropped - dropped_seen);
+        dropped_seen = dropped;
+    }
     kvld_metrics_set(n->metrics, KVLD_G_SESSIONS, kvld_sessions_count(n->sessions));
     kvld_metrics_set(n->metrics, KVLD_G_CACHE_BYTES,
                      (double)kvld_sessions_cache_bytes(n->sessions));
@@ -132,6 +165,10 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (mode == KVLD_CLI_CHECK) return check_settings(&cfg);
+    if (!tickets_settled(&cfg, "")) return 2;
+    if (!cfg.ticket_key_file[0])
+        kvl__svc_log("warn", "msg=tickets_off note=\"insecure and no ticket_key_file: spans move on any "
+                     "caller's ExportSpan/ImportSpan, without a router-issued ticket\"");
     /* a peer that closes a socket must not kill the node */
     signal(SIGPIPE, SIG_IGN);
     kvld_node *node = NULL;

@@ -28,7 +28,18 @@ static const char *const counter_names[KVLD_C_N][2] = {
     {"kvlingo_request_errors_total", "gRPC requests answered with a non-OK status."},
     {"kvlingo_peers_connected_total", "Fleet peers (--peers) connected ahead of the first span: channel, "
                                       "Info and transport endpoint."},
+    {"kvlingo_ucx_unmatched_dropped_total", "UCX messages whose tag no import expected, received "
+                                            "and dropped (their memory freed)."},
 };
+
+static const char *const refusal_names[KVLD_R_N] = {
+    "ticket_missing", "ticket_invalid", "ticket_mismatch", "ticket_replayed", "peer_not_member",
+    "peer_table_full", "import_timeout", "session_expired", "stream_paused",
+};
+
+const char *kvld_refusal_name(kvld_refusal why) {
+    return (int)why >= 0 && why < KVLD_R_N ? refusal_names[why] : "?";
+}
 
 static const char *const gauge_names[KVLD_G_N][2] = {
     {"kvlingo_sessions", "Open sessions."},
@@ -60,9 +71,10 @@ static const hist_def hist_defs[KVLD_H_N] = {
 #define F_GAUGE(g) (KVLD_C_N + 1 + (int)(g))
 #define F_HIST(h) (KVLD_C_N + 1 + KVLD_G_N + (int)(h))
 #define F_INFO (KVLD_C_N + 1 + KVLD_G_N + KVLD_H_N)
-#define N_FAMILIES (F_INFO + 1)
+#define F_REFUSED (F_INFO + 1)
+#define N_FAMILIES (F_REFUSED + 1)
 /* every series exists from the start (so scrapes show zeros), plus headroom */
-#define MAX_SERIES (N_FAMILIES + KVL_SPAN_N_REASONS + 8)
+#define MAX_SERIES (N_FAMILIES + KVL_SPAN_N_REASONS + KVLD_R_N + 8)
 
 struct kvld_metrics {
     kvl__svc_metric_def defs[N_FAMILIES];
@@ -92,6 +104,10 @@ kvl_status kvld_metrics_create(kvld_metrics **out) {
                                             "1, labelled with the model this node serves and "
                                             "the device and backend it computes on.",
                                             KVL_SVC_GAUGE, NULL, 0};
+    m->defs[F_REFUSED] = (kvl__svc_metric_def){"kvlingo_refusals_total",
+                                               "Requests refused and work dropped to bound the "
+                                               "node or protect a session, by reason.",
+                                               KVL_SVC_COUNTER, NULL, 0};
     kvl_status st = kvl__svc_prom_create(m->defs, N_FAMILIES, MAX_SERIES, &m->prom);
     if (st != KVL_OK) {
         free(m);
@@ -103,6 +119,10 @@ kvl_status kvld_metrics_create(kvld_metrics **out) {
         snprintf(labels, sizeof labels, "reason=\"%s\"",
                  kvl__span_reject_name((kvl__span_reject)r));
         kvl__svc_prom_add(m->prom, F_REJECTED, labels, 0);
+    }
+    for (int r = 0; r < KVLD_R_N; r++) {
+        snprintf(labels, sizeof labels, "reason=\"%s\"", refusal_names[r]);
+        kvl__svc_prom_add(m->prom, F_REFUSED, labels, 0);
     }
     for (int i = 0; i < KVLD_G_N; i++) kvl__svc_prom_set(m->prom, F_GAUGE(i), NULL, 0);
     for (int i = 0; i < KVLD_H_N; i++) kvl__svc_prom_add(m->prom, F_HIST(i), NULL, 0);
@@ -134,6 +154,13 @@ void kvld_metrics_reject(kvld_metrics *m, kvl__span_reject why) {
     char labels[64];
     snprintf(labels, sizeof labels, "reason=\"%s\"", kvl__span_reject_name(why));
     kvl__svc_prom_add(m->prom, F_REJECTED, labels, 1);
+}
+
+void kvld_metrics_refuse(kvld_metrics *m, kvld_refusal why) {
+    if (!m || (int)why < 0 || why >= KVLD_R_N) return;
+    char labels[64];
+    snprintf(labels, sizeof labels, "reason=\"%s\"", refusal_names[why]);
+    kvl__svc_prom_add(m->prom, F_REFUSED, labels, 1);
 }
 
 char *kvld_metrics_render(kvld_metrics *m, size_t *len) {

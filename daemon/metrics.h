@@ -30,6 +30,7 @@ typedef enum kvld_counter {
     KVLD_C_REQUESTS,              /* kvlingo_requests_total                                  */
     KVLD_C_REQUEST_ERRORS,        /* kvlingo_request_errors_total                            */
     KVLD_C_PEERS_CONNECTED,       /* kvlingo_peers_connected_total                           */
+    KVLD_C_UCX_UNMATCHED_DROPPED, /* kvlingo_ucx_unmatched_dropped_total                     */
     KVLD_C_N
 } kvld_counter;
 
@@ -55,6 +56,22 @@ void kvld_metrics_add(kvld_metrics *m, kvld_counter c, uint64_t v);
 void kvld_metrics_set(kvld_metrics *m, kvld_gauge g, double v);
 void kvld_metrics_observe(kvld_metrics *m, kvld_hist h, double v);
 void kvld_metrics_reject(kvld_metrics *m, kvl__span_reject why);   /* spans_rejected_total{reason} */
+
+/* What the node refused or dropped to protect itself or a session: kvlingo_refusals_total{reason}. */
+typedef enum kvld_refusal {
+    KVLD_R_TICKET_MISSING,        /* a span move without a ticket (a ticket key is set)      */
+    KVLD_R_TICKET_INVALID,        /* malformed, bad MAC or expired                           */
+    KVLD_R_TICKET_MISMATCH,       /* names another node, session, range or replace flag      */
+    KVLD_R_TICKET_REPLAYED,       /* its nonce was used before                               */
+    KVLD_R_PEER_NOT_MEMBER,       /* ExportSpan to an address outside --peers                */
+    KVLD_R_PEER_TABLE_FULL,       /* more distinct peers than the table holds                */
+    KVLD_R_IMPORT_TIMEOUT,        /* an announced span never arrived (import_timeout_ms)     */
+    KVLD_R_SESSION_EXPIRED,       /* a session idle longer than session_idle_ttl_s, dropped  */
+    KVLD_R_STREAM_PAUSED,         /* a Generate stream paused: its reader fell behind        */
+    KVLD_R_N
+} kvld_refusal;
+void kvld_metrics_refuse(kvld_metrics *m, kvld_refusal why);
+const char *kvld_refusal_name(kvld_refusal why);
 
 /* Render the exposition text (malloc'ed, caller frees). */
 char *kvld_metrics_render(kvld_metrics *m, size_t *len);

@@ -59,8 +59,17 @@ kvl_status kvld_node_create(const kvld_config *cfg, kvld_node **out) {
     if ((st = kvld_sessions_create(n->model, cfg->max_sessions, n->max_context, &n->sessions)))
         goto fail;
     kvld_sched_params sp = {.max_batch = cfg->max_batch, .prefill_chunk = cfg->prefill_chunk,
-                            .decode_stretch = cfg->decode_stretch};
+                            .decode_stretch = cfg->decode_stretch,
+                            .stream_backlog_bytes = (size_t)cfg->stream_backlog_kb << 10,
+                            .node_buffer_bytes = (size_t)cfg->stream_buffer_mb << 20};
     if ((st = kvld_sched_create(n->model, n->metrics, &sp, &n->sched)) != KVL_OK) goto fail;
+    if ((st = kvld_peers_parse(cfg->peers, n->fleet, KVLD_MAX_PEERS, &n->n_fleet)) != KVL_OK) goto fail;
+    if (cfg->ticket_key_file[0]) {
+        if ((st = kvl__ticket_key_load(cfg->ticket_key_file, &n->ticket_key)) != KVL_OK) goto fail;
+        n->tickets = 1;
+    }
+    if ((st = kvl__ticket_replay_init(&n->replay, KVLD_REPLAY_CAP)) != KVL_OK) goto fail;
+    snprintf(n->self, sizeof n->self, "%s", cfg->advertise[0] ? cfg->advertise : cfg->listen);
     if (strcmp(cfg->transport, "none") != 0 &&
         (st = kvl__transport_create(cfg->transport, &n->transport)) != KVL_OK)
         goto fail;
@@ -111,6 +120,12 @@ kvl_status kvld_node_serve(kvld_node *n) {
         if ((st = kvl__rpc_server_create(&hp, &n->health_rpc)) != KVL_OK) return kvl__error_prefix(st, "health_listen");
         if ((st = kvl__rpc_server_start(n->health_rpc)) != KVL_OK) return st;
     }
+    if (!n->cfg.advertise[0]) {   /* "host:0" named the port the server picked */
+        const char *colon = strrchr(n->cfg.listen, ':');
+        if (colon && !strcmp(colon, ":0"))
+            snprintf(n->self, sizeof n->self, "%.*s:%d", (int)(colon - n->cfg.listen), n->cfg.listen,
+                     kvl__rpc_server_port(n->rpc));
+    }
     if (n->cfg.metrics[0] &&
         (st = kvld_metrics_serve(n->metrics, n->cfg.metrics, &n->draining)) != KVL_OK)
         return st;
@@ -135,6 +150,9 @@ void kvld_node_free(kvld_node *n) {
     kvl_tokenizer_free(n->tok);
     kvl_model_free(n->model);
     kvl__svc_tls_free(&n->tls);
+    }
+    kvl__ticket_replay_free(&n->replay);
+    memset(&n->ticket_key, 0, sizeof n->ticket_key);
     pthread_mutex_destroy(&n->peers_mu);
     free(n);
 }
@@ -151,6 +169,12 @@ kvl_status kvld_node_peer(kvld_node *n, const char *target, int64_t timeout_ms,
         if (strlen(target) >= sizeof p->target) {
             pthread_mutex_unlock(&n->peers_mu);
             return kvl__errorf(KVL_ERR_INVALID_ARG, "peer address too long");
+        }
+        if (n->n_peers >= KVLD_MAX_PEERS) {   /* bounded: it never grows past the fleet's size */
+            pthread_mutex_unlock(&n->peers_mu);
+            kvld_metrics_refuse(n->metrics, KVLD_R_PEER_TABLE_FULL);
+            return kvl__errorf(KVL_ERR_RANGE, "peer table full (%d peers): '%s' refused",
+                              KVLD_MAX_PEERS, target);
         }
         kvld_peer *np = realloc(n->peers, sizeof *np * (size_t)(n->n_peers + 1));
         if (!np) {
@@ -214,6 +238,38 @@ kvl_status kvld_node_peer(kvld_node *n, const char *target, int64_t timeout_ms,
     pthread_mutex_unlock(&n->peers_mu);
     *out = cli;
     return KVL_OK;
+}
+
+int kvld_node_peer_allowed(const kvld_node *n, const char *target) {
+    for (int i = 0; i < n->n_fleet; i++)
+        if (!strcmp(n->fleet[i], target)) return 1;
+    return n->n_fleet == 0 && !n->tickets;
+}
+
+grpc_status_code kvld_node_check_ticket(kvld_node *n, const uint8_t *ticket, size_t len,
+                                        const kvl__ticket_expect *e, char *msg, size_t cap) {
+    if (!n->tickets) return GRPC_STATUS_OK;
+    if (!ticket || !len) {
+        kvld_metrics_refuse(n->metrics, KVLD_R_TICKET_MISSING);
+        snprintf(msg, cap, "transfer ticket required: spans move only on a ticket the router issued");
+        return GRPC_STATUS_PERMISSION_DENIED;
+    }
+    kvl__ticket t;
+    uint64_t now = kvl__ticket_now_ms();
+    kvld_refusal why = KVLD_R_TICKET_INVALID;
+    kvl_status st = kvl__ticket_verify(&n->ticket_key, ticket, len, now, &t);
+    if (st == KVL_OK) {
+        why = KVLD_R_TICKET_MISMATCH;
+        st = kvl__ticket_match(&t, e);
+    }
+    if (st == KVL_OK) {
+        why = KVLD_R_TICKET_REPLAYED;
+        st = kvl__ticket_replay_check(&n->replay, &t, now);
+    }
+    if (st == KVL_OK) return GRPC_STATUS_OK;
+    kvld_metrics_refuse(n->metrics, why);
+    snprintf(msg, cap, "transfer ticket refused: %s", kvl_last_error());
+    return GRPC_STATUS_PERMISSION_DENIED;
 }
 
 /* ---- per-request helpers --------------------------------------------------------------------- */

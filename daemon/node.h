@@ -9,14 +9,17 @@
 #include "kvlingo/model.h"
 #include "kvlingo/tokenizer.h"
 #include "metrics.h"
+#include "peers.h"
 #include "rpc.h"
 #include "scheduler.h"
 #include "session.h"
 #include "tls.h"
+#include "ticket.h"
 #include "translators.h"
 #include "transport.h"
 
 #define KVLD_PEER_TRANSPORT_MAX 4096  /* bytes of a peer's transport (UCX worker) address */
+#define KVLD_REPLAY_CAP 16384         /* live ticket nonces remembered (tickets live minutes) */
 
 typedef struct kvld_peer {
     char target[256];
@@ -42,8 +45,14 @@ typedef struct kvld_node {
     volatile int draining;            /* SIGTERM: refuse new work */
     int work_in_flight;               /* Node calls that do work (atomic) */
     pthread_mutex_t peers_mu;
-    kvld_peer *peers;
+    kvld_peer *peers;                 /* at most KVLD_MAX_PEERS: a full table refuses new ones */
     int n_peers;
+    char fleet[KVLD_MAX_PEERS][KVLD_PEER_ADDR_MAX];   /* --peers: where spans may go */
+    int n_fleet;
+    int tickets;                      /* 1: spans move only on a router-issued ticket */
+    kvl__ticket_key ticket_key;
+    kvl__ticket_replay replay;        /* nonces of tickets this node accepted */
+    char self[KVLD_PEER_ADDR_MAX];    /* this node's fleet address (tickets' source/target) */
     pthread_t peers_thread;           /* connects --peers at start (peers.c) */
     int peers_started;
     volatile int peers_stop;
@@ -64,6 +73,16 @@ void kvld_node_free(kvld_node *node);
  * on first use).  The returned strings live as long as the node. */
 kvl_status kvld_node_peer(kvld_node *node, const char *target, int64_t timeout_ms,
                           kvl__rpc_client **out, const char **model_name, const char **model_hash);
+
+/* May spans go to `target`?  A member of --peers always; without --peers any address, but
+ * only while tickets are off (a node with a ticket key ships only inside its fleet). */
+int kvld_node_peer_allowed(const kvld_node *node, const char *target);
+
+/* Check a span move's ticket (the node's key, expiry, replay) and that it names `e`'s fields.
+ * Returns GRPC_STATUS_OK, or PERMISSION_DENIED with msg saying what failed (and the refusal
+ * counted).  Tickets off: OK without looking. */
+grpc_status_code kvld_node_check_ticket(kvld_node *node, const uint8_t *ticket, size_t len,
+                                        const kvl__ticket_expect *e, char *msg, size_t cap);
 
 /* Before serving: one prefill + decode on a scratch cache and each translator on a zero span,
  * so that the first real request (and the first switch) finds code, weights, thread pools and

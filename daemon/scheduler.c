@@ -24,6 +24,8 @@ struct kvld_job {
     kvld_token *out;
     int n_out, cap_out, n_read;
     int finished, cancelled;
+    size_t buffered;                   /* output bytes not yet taken by kvld_job_next */
+    int paused;                        /* backpressure: skipped until the reader catches up */
     kvl_status status;
     char err[512];
     const char *finish_reason;
@@ -45,6 +47,7 @@ struct kvld_sched {
     int started, stop;
     kvld_job *jobs;
     int n_jobs;
+    size_t buffered;                   /* sum of the jobs' buffered bytes */
     /* per-step scratch, used by the scheduler thread only */
     kvl_batch_seq *seqs;
     kvld_job **seq_jobs;
@@ -117,6 +120,9 @@ static void emit(kvld_sched *s, kvld_job *j) {
         for (int i = 0; i < s->vocab; i++) lps[i] = (float)((double)ss->logits[i] - lse);
     }
     j->out[j->n_out++] = (kvld_token){tok, lp, lps};
+    size_t bytes = sizeof(kvld_token) + (lps ? sizeof(float) * (size_t)s->vocab : 0);
+    j->buffered += bytes;
+    s->buffered += bytes;
     double now = kvl__now_s();
     if (j->generated++ == 0) j->ttft = now - j->t_start;
     else kvld_metrics_observe(s->metrics, KVLD_H_INTER_TOKEN_SECONDS, now - j->t_last_token);
@@ -130,6 +136,16 @@ static void emit(kvld_sched *s, kvld_job *j) {
     else if (stop_id) job_finish(j, KVL_OK, "stop", NULL);
     else if (j->generated >= j->gp.max_tokens) job_finish(j, KVL_OK, "length", NULL);
     else if (ss->n_ledger >= ss->max_context) job_finish(j, KVL_OK, "context", NULL);
+}
+
+/* Backpressure (mu held): a generate job whose reader fell behind is skipped until it reads;
+ * counted once per pause. */
+static int held_back(kvld_sched *s, kvld_job *j) {
+    int p = j->kind == JOB_GENERATE && j->buffered > 0 &&
+            (j->buffered >= s->p.stream_backlog_bytes || s->buffered >= s->p.node_buffer_bytes);
+    if (p && !j->paused) kvld_metrics_refuse(s->metrics, KVLD_R_STREAM_PAUSED);
+    j->paused = p;
+    return p;
 }
 
 /* Before a step: settle jobs that need no forward (cancelled, prefill already complete, a
@@ -147,7 +163,7 @@ static void settle(kvld_sched *s) {
         if (j->kind == JOB_PREFILL) {
             job_finish(j, KVL_OK, "prefilled", NULL);
         } else if (ss->logits_valid) {
-            emit(s, j);
+            if (!held_back(s, j)) emit(s, j);
         } else if (cached > 0) {
             /* K/V of the last token came from a translated span (or logits were dropped):
              * re-run that token natively to get the next-token distribution. */
@@ -211,7 +227,7 @@ static void *sched_main(void *arg) {
         for (kvld_job *j = s->jobs; j && n < decode_slots; j = j->next) {
             kvld_session *ss = j->sess;
             int pending = ss->n_ledger - kvl_cache_n_tokens(ss->cache);
-            if (pending != 1) continue;
+            if (pending != 1 || held_back(s, j)) continue;
             s->seqs[n] = (kvl_batch_seq){ss->cache, ss->ledger + kvl_cache_n_tokens(ss->cache), 1,
                                          KVL_LOGITS_LAST, ss->logits};
             s->seq_jobs[n++] = j;
@@ -291,6 +307,8 @@ kvl_status kvld_sched_create(kvl_model *model, kvld_metrics *metrics,
     s->metrics = metrics;
     s->p = *p;
     if (s->p.max_batch < 1) s->p.max_batch = 32;
+    if (!s->p.stream_backlog_bytes) s->p.stream_backlog_bytes = (size_t)1 << 20;
+    if (!s->p.node_buffer_bytes) s->p.node_buffer_bytes = (size_t)64 << 20;
     if (s->p.prefill_chunk < 1) s->p.prefill_chunk = 256;
     s->vocab = kvl_model_config_get(model)->vocab_size;
     s->seqs = calloc((size_t)s->p.max_batch, sizeof *s->seqs);
@@ -324,6 +342,13 @@ void kvld_sched_free(kvld_sched *s) {
     free(s->seqs);
     free(s->seq_jobs);
     free(s);
+}
+
+size_t kvld_sched_buffered(kvld_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    size_t b = s->buffered;
+    pthread_mutex_unlock(&s->mu);
+    return b;
 }
 
 int kvld_sched_active(kvld_sched *s) {
@@ -408,7 +433,15 @@ int kvld_job_next(kvld_job *j, kvld_token *tok) {
     pthread_mutex_lock(&s->mu);
     while (j->n_read == j->n_out && !j->finished) pthread_cond_wait(&j->cv, &s->mu);
     int got = j->n_read < j->n_out;
-    if (got) *tok = j->out[j->n_read++];
+    if (got) {
+        kvld_token *o = &j->out[j->n_read++];
+        *tok = *o;
+        o->logprobs = NULL;   /* the reader's now */
+        size_t bytes = sizeof(kvld_token) + (tok->logprobs ? sizeof(float) * (size_t)s->vocab : 0);
+        j->buffered -= bytes;
+        s->buffered -= bytes;
+        if (j->paused) pthread_cond_broadcast(&s->cv);   /* it may run again */
+    }
     pthread_mutex_unlock(&s->mu);
     return got;
 }
@@ -440,6 +473,8 @@ void kvld_job_free(kvld_job *j) {
         pthread_cond_broadcast(&s->cv);
         while (!j->finished) pthread_cond_wait(&j->cv, &s->mu);
     }
+    s->buffered -= j->buffered;   /* output nobody will read */
+    j->buffered = 0;
     /* the scheduler unlinks finished jobs at its next step: do it now so j can go */
     kvld_job **pp = &s->jobs;
     while (*pp) {

@@ -27,6 +27,11 @@ typedef struct kvld_sched_params {
      * KVLD_MIN_PREFILL_CHUNK tokens, so a long prompt stretches the decoders' inter-token time
      * by this factor, not by the chunk's whole cost.  0 (or < 1): always prefill_chunk. */
     double decode_stretch;
+    /* Backpressure: a generate job whose reader (the gRPC stream) has not taken this many bytes
+     * of output pauses until it does; so do all jobs with unread output while the node's total
+     * exceeds node_buffer_bytes.  0: defaults (1 MiB, 64 MiB). */
+    size_t stream_backlog_bytes;
+    size_t node_buffer_bytes;
 } kvld_sched_params;
 
 /* Defaults of kvld_sched_params (kvld's config uses the same). */
@@ -40,6 +45,9 @@ void kvld_sched_free(kvld_sched *s);
 
 /* Jobs queued or running. */
 int kvld_sched_active(kvld_sched *s);
+
+/* Bytes of generated output no reader has taken yet, over all jobs. */
+size_t kvld_sched_buffered(kvld_sched *s);
 
 /* Bring the session's cache up to its ledger (chunked prefill; logits of the last token kept).
  * Blocks.  `cancel` (may be NULL) aborts between steps. */
@@ -56,7 +64,8 @@ typedef struct kvld_gen_params {
     kvl_sampler_params sampler;
 } kvld_gen_params;
 
-/* One generated token; logprobs (when asked) is [vocab], owned by the job. */
+/* One generated token; logprobs (when asked) is [vocab]: kvld_job_next hands it to the reader,
+ * who frees it (free()) once sent. */
 typedef struct kvld_token {
     int32_t id;
     float logprob;

@@ -278,7 +278,10 @@ void kvld_rpc_generate(kvl__rpc_call *call, const uint8_t *req, size_t len, void
     int sent = 0, send_failed = 0;
     kvld_token t;
     while (kvld_job_next(job, &t)) {
-        if (send_failed) continue;   /* drain until the scheduler sees the cancel */
+        if (send_failed) {   /* drain until the scheduler sees the cancel */
+            free(t.logprobs);
+            continue;
+        }
         Kvlingo__V1__GenerateResponse m = KVLINGO__V1__GENERATE_RESPONSE__INIT;
         m.token = t.id;
         m.logprob = t.logprob;
@@ -296,6 +299,7 @@ void kvld_rpc_generate(kvl__rpc_call *call, const uint8_t *req, size_t len, void
         } else {
             sent++;
         }
+        free(t.logprobs);
     }
     kvl__rpc_call_on_cancel(call, NULL, NULL);
     const char *err, *reason;
@@ -374,6 +378,8 @@ void kvld_rpc_session_info(kvl__rpc_call *call, const uint8_t *req, size_t len, 
     out.cache_bytes = si.cache_bytes;
     out.state = (char *)kvld_state_name(si.state);
     out.imported_count = (uint32_t)si.n_imported;
+    out.tokens_sha256 = si.tokens_sha256;
+    out.idle_ttl_seconds = (uint32_t)(n->cfg.session_idle_ttl_s > 0 ? n->cfg.session_idle_ttl_s : 0);
     kvl__rpc_call_reply_pb(call, &out.base);
     kvld_req_end(&r, GRPC_STATUS_OK, NULL, NULL);
 }

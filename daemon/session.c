@@ -7,7 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "error.h"
+#include "ticket.h"
 
 struct kvld_sessions {
     pthread_mutex_t mu;
@@ -100,6 +102,7 @@ static kvl_status open_locked(kvld_sessions *t, const char *id, int max_context,
     if (!s) return kvl__errorf(KVL_ERR_NOMEM, "session");
     snprintf(s->id, sizeof s->id, "%s", id);
     s->max_context = ctx;
+    s->last_used = kvl__now_s();
     s->ledger = malloc(sizeof(int32_t) * (size_t)ctx);
     s->logits = malloc(sizeof(float) * (size_t)cfg->vocab_size);
     kvl_cache_params cp = kvl_cache_default_params();
@@ -149,6 +152,7 @@ kvl_status kvld_session_acquire(kvld_sessions *t, const char *id, kvld_state sta
     if (st == KVL_OK) {
         s->state = state;
         s->refs++;
+        s->last_used = kvl__now_s();
         *out = s;
     }
     pthread_mutex_unlock(&t->mu);
@@ -161,6 +165,7 @@ void kvld_session_release(kvld_sessions *t, kvld_session *s) {
     s->snap_cached = kvl_cache_n_tokens(s->cache);
     s->snap_bytes = kvl_cache_bytes(s->cache);
     s->state = KVLD_IDLE;
+    s->last_used = kvl__now_s();
     int gone = --s->refs == 0 && s->dropped;
     pthread_mutex_unlock(&t->mu);
     if (gone) session_free(s);
@@ -199,8 +204,32 @@ kvl_status kvld_sessions_info(kvld_sessions *t, const char *id, kvld_session_inf
     out->n_imported = s->n_imported;
     out->cache_bytes = idle ? kvl_cache_bytes(s->cache) : s->snap_bytes;
     out->state = s->state;
+    /* the ledger below n_ledger changes only under its owner's import or truncate; the router
+     * trusts the hash of idle sessions only */
+    kvl__tokens_sha256_hex(s->ledger, (size_t)(out->n_ledger > 0 ? out->n_ledger : 0), out->tokens_sha256);
     pthread_mutex_unlock(&t->mu);
     return KVL_OK;
+}
+
+int kvld_sessions_expire(kvld_sessions *t, double ttl_s) {
+    if (ttl_s <= 0) return 0;
+    double now = kvl__now_s();
+    kvld_session *gone[64];
+    int n_gone = 0;
+    pthread_mutex_lock(&t->mu);
+    for (int i = 0; i < t->n && n_gone < 64;) {
+        kvld_session *s = t->items[i];
+        if (s->state == KVLD_IDLE && s->refs == 0 && now - s->last_used > ttl_s) {
+            t->items[i] = t->items[--t->n];
+            s->dropped = 1;
+            gone[n_gone++] = s;
+        } else {
+            i++;
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+    for (int i = 0; i < n_gone; i++) session_free(gone[i]);
+    return n_gone;
 }
 
 int kvld_sessions_count(kvld_sessions *t) {

@@ -35,6 +35,7 @@ typedef struct kvld_session {
     kvld_state state;
     int refs;
     int dropped;
+    double last_used;            /* monotonic s: last acquire or release (idle TTL) */
 } kvld_session;
 
 typedef struct kvld_sessions kvld_sessions;
@@ -62,10 +63,15 @@ typedef struct kvld_session_info {
     int n_ledger, n_cached, max_context, n_imported;
     size_t cache_bytes;
     kvld_state state;
+    char tokens_sha256[65];      /* SHA-256 (hex) of the ledger's ids, little-endian int32 */
 } kvld_session_info;
 
 kvl_status kvld_sessions_info(kvld_sessions *t, const char *id, kvld_session_info *out);
 int kvld_sessions_count(kvld_sessions *t);
+
+/* Drop every idle session unused (no operation) for more than ttl_s seconds; returns how many
+ * went.  ttl_s <= 0: none. */
+int kvld_sessions_expire(kvld_sessions *t, double ttl_s);
 size_t kvld_sessions_cache_bytes(kvld_sessions *t);
 
 /* Replace a session's cache (import with replace); the old one is freed.  Under the table's

@@ -123,6 +123,7 @@ void kvld_rpc_import_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     int created = 0;
     volatile int cancelled = 0;
     Kvlingo__V1__ImportSpanResponse done = KVLINGO__V1__IMPORT_SPAN_RESPONSE__INIT;
+    char done_sha[65] = "";
     char extra[200] = "";
     kvl__rpc_call_on_cancel(call, set_flag, (void *)&cancelled);
 
@@ -130,6 +131,17 @@ void kvld_rpc_import_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     if (kvl__span_header_check(h, 0, &why) != KVL_OK) {
         import_reject(&x, why, reject_code(why), "%s", kvl_last_error());
         goto out;
+    }
+    {
+        kvl__ticket_expect e = {.target = n->self, .dst_session = in->session_id, .t0 = h->t0,
+                                .t1 = h->t1, .replace = in->replace};
+        char why_t[512];
+        grpc_status_code tc = kvld_node_check_ticket(n, in->ticket.data, in->ticket.len, &e, why_t,
+                                                     sizeof why_t);
+        if (tc != GRPC_STATUS_OK) {
+            import_reject(&x, KVL_SPAN_OK, tc, "%s", why_t);
+            goto out;
+        }
     }
     if (!h->target || !h->target->name || strcmp(h->target->name, self) ||
         (h->target->hash && h->target->hash[0] && strcmp(h->target->hash, self_hash))) {
@@ -218,9 +230,21 @@ void kvld_rpc_import_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     double t_recv = kvl__now_s();
     size_t got = 0;
     int64_t left = kvl__rpc_call_deadline_left_ms(call);
+    /* an announced span must arrive soon (plus 10 ms per MB it announced): one that never
+     * comes must not hold a session place for the whole call deadline */
     int64_t tmo = left < n->cfg.span_timeout_ms ? left : n->cfg.span_timeout_ms;
+    int64_t itmo = n->cfg.import_timeout_ms + (int64_t)(h->payload_bytes / 100000);
+    if (itmo < tmo) tmo = itmo;
     st = kvl__transport_recv_wait(n->transport, rv, tmo > 0 ? tmo : 1, &cancelled, &got);
     double recv_s = kvl__now_s() - t_recv;
+    if (st == KVL_ERR_IO && tmo == itmo && strstr(kvl_last_error(), "timed out")) {
+        kvld_metrics_refuse(n->metrics, KVLD_R_IMPORT_TIMEOUT);
+        import_reject(&x, KVL_SPAN_TRANSFER, GRPC_STATUS_DEADLINE_EXCEEDED,
+                      "the announced span (%llu bytes) did not arrive within %lld ms "
+                      "(import_timeout_ms): import ended, session place freed",
+                      (unsigned long long)h->payload_bytes, (long long)itmo);
+        goto out;
+    }
     if (st == KVL_ERR_CANCELLED) {
         import_reject(&x, KVL_SPAN_TRANSFER, GRPC_STATUS_CANCELLED,
                       "peer gone mid-transfer: the exporter cancelled or disconnected after "
@@ -271,6 +295,8 @@ void kvld_rpc_import_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     created = 0;   /* keep the session: it holds the span now */
     done.imported = 1;
     done.token_count = (uint32_t)kvl_cache_n_tokens(s->cache);
+    kvl__tokens_sha256_hex(s->ledger, h->t1, done_sha);
+    done.tokens_sha256 = done_sha;
     done.translate_seconds = tr_s;
     done.receive_seconds = recv_s;
     snprintf(extra, sizeof extra, " source=%s t0=%u t1=%u bytes=%zu recv_ms=%.3f translate_ms=%.3f",
@@ -296,7 +322,8 @@ out:
         kvld_req_end(&x.r, GRPC_STATUS_OK, NULL, extra);
     } else {
         kvld_metrics_reject(n->metrics, x.why);
-        snprintf(extra, sizeof extra, " reason=%s", kvl__span_reject_name(x.why));
+        snprintf(extra, sizeof extra, " reason=%s",
+                 x.code == GRPC_STATUS_PERMISSION_DENIED ? "ticket" : kvl__span_reject_name(x.why));
         kvld_req_end(&x.r, x.code, x.msg, extra);
     }
     kvlingo__v1__import_span_request__free_unpacked(in, NULL);
@@ -369,6 +396,21 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
 
 #define FAIL(c, ...) do { code = (c); snprintf(err, sizeof err, __VA_ARGS__); goto out; } while (0)
     if (!in->peer || !in->peer[0]) FAIL(GRPC_STATUS_INVALID_ARGUMENT, "peer address is required");
+    if (!kvld_node_peer_allowed(n, in->peer)) {
+        kvld_metrics_refuse(n->metrics, KVLD_R_PEER_NOT_MEMBER);
+        FAIL(GRPC_STATUS_PERMISSION_DENIED, "peer '%s' is not a member of this node's fleet (--peers%s)",
+             in->peer, n->n_fleet ? "" : " is empty and tickets are on");
+    }
+    {
+        kvl__ticket_expect e = {.source = n->self, .target = in->peer, .src_session = in->session_id,
+                                .dst_session = in->peer_session_id && in->peer_session_id[0]
+                                                   ? in->peer_session_id : in->session_id,
+                                .t0 = in->from, .t1 = in->to, .replace = in->replace};
+        char why_t[512];
+        grpc_status_code tc = kvld_node_check_ticket(n, in->ticket.data, in->ticket.len, &e, why_t,
+                                                     sizeof why_t);
+        if (tc != GRPC_STATUS_OK) FAIL(tc, "%s", why_t);
+    }
     if (!n->transport) FAIL(GRPC_STATUS_UNAVAILABLE, "this node runs without a transport");
     kvl_status st = kvld_session_acquire(n->sessions, in->session_id, KVLD_EXPORT, 0, &s, NULL);
     if (st != KVL_OK) FAIL(kvl__rpc_status_from_kvl(st), "%s", kvl_last_error());
@@ -398,6 +440,7 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     ir.session_id = in->peer_session_id && in->peer_session_id[0] ? in->peer_session_id : s->id;
     ir.header = &h;
     ir.replace = in->replace;
+    ir.ticket = in->ticket;   /* the target checks it again */
     const uint8_t *my_addr;
     size_t my_alen;
     kvl__transport_address(n->transport, &my_addr, &my_alen);
@@ -474,6 +517,7 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     out.translate_seconds = verdict->translate_seconds;
     out.total_seconds = kvl__now_s() - t_start;
     out.peer_token_count = verdict->token_count;
+    out.peer_tokens_sha256 = verdict->tokens_sha256;   /* verdict outlives the reply */
 #undef FAIL
 out:
     if (watching) {   /* a FAIL between starting the watcher and joining it */

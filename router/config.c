@@ -244,6 +244,11 @@ static kvl_status parse_root(kvl__svc_yaml *y, kvr_config *c, const char *name) 
     if (!s) s = kvl__svc_kv_int(&top, "max_new_tokens", 1024, 1, 1 << 24, &c->max_new_tokens);
     if (!s) s = kvl__svc_kv_int(&top, "default_max_tokens", 32, 1, 1 << 24, &c->default_max_tokens);
     if (!s) s = kvl__svc_kv_int(&top, "max_busy_sessions", 1024, 1, 1 << 20, &c->max_busy_sessions);
+    if (!s && (tmp = kvl__svc_kv_str(&top, "ticket_key_file", NULL)) && tmp[0]) {
+        c->ticket_key_file = resolve_path(name, tmp);
+        c->ticket_key_line = kvl__svc_kv_line(&top, "ticket_key_file");
+        if (!c->ticket_key_file) s = kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
+    }
     if (!s) s = kvl__svc_kv_bool(&top, "insecure", 0, &c->insecure);
     static const char *const tls_keys[] = {"tls_cert", "tls_key", "tls_ca"};
     for (int i = 0; i < 3 && !s; i++) {
@@ -345,6 +350,7 @@ void kvr_config_free(kvr_config *c) {
     free(c->tls_cert);
     free(c->tls_key);
     free(c->tls_ca);
+    free(c->ticket_key_file);
     for (int i = 0; i < c->n_nodes; i++) {
         free(c->nodes[i].name);
         free(c->nodes[i].address);

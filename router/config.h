@@ -31,6 +31,8 @@
  *   max_new_tokens: 1024            # one turn's max_tokens
  *   default_max_tokens: 32
  *   max_busy_sessions: 1024         # turns running at once (router memory bound)
+ *   ticket_key_file: fleet.key      # the fleet's transfer-ticket key (>= 32 bytes; the nodes'
+ *                                   #   --ticket-key-file): every span move gets a ticket
  *   tls_cert: router.pem            # the router's certificate: its server identity towards
  *                                   #   clients and its client certificate towards nodes
  *   tls_key: router-key.pem         # its private key (unencrypted PEM)
@@ -103,6 +105,8 @@ typedef struct kvr_config {
     long max_new_tokens;
     long default_max_tokens;
     long max_busy_sessions;
+    char *ticket_key_file;    /* resolved path; NULL: none (--ticket-key-file overrides) */
+    int ticket_key_line;
     kvr_node_cfg *nodes;
     int n_nodes;
     char *policy_name;

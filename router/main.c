@@ -78,6 +78,8 @@ static void usage(FILE *f) {
           "  --api-keys FILE      API keys -> tenants (YAML; overrides the file's api_keys; re-read\n"
           "                       on SIGHUP); without keys every client is tenant \"default\",\n"
           "                       which a start allows only with --insecure\n"
+          "  --ticket-key-file FILE  the fleet's transfer-ticket key (>= 32 bytes, the nodes' too);\n"
+          "                       overrides the file's ticket_key_file\n"
           "  --insecure           plaintext gRPC to clients and nodes, without TLS (the file's\n"
           "                       insecure: true does the same)\n"
           "  --check              run every check a start runs short of binding ports and loading\n"
@@ -88,12 +90,13 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
     kvl__svc_log_init("router");
-    const char *config = NULL, *http_listen = NULL, *api_keys = NULL;
+    const char *config = NULL, *http_listen = NULL, *api_keys = NULL, *ticket_key = NULL;
     int check = 0, insecure = 0;
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'}, {"check", no_argument, NULL, 'k'},
         {"http-listen", required_argument, NULL, 'H'}, {"insecure", no_argument, NULL, 'I'},
         {"api-keys", required_argument, NULL, 'A'},
+        {"ticket-key-file", required_argument, NULL, 'T'},
         {"version", no_argument, NULL, 'V'},      {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     opterr = 0;
@@ -103,6 +106,7 @@ int main(int argc, char **argv) {
         case 'c': config = optarg; break;
         case 'k': check = 1; break;
         case 'H': http_listen = optarg; break;
+        case 'T': ticket_key = optarg; break;
         case 'I': insecure = 1; break;
         case 'A': api_keys = optarg; break;
         case 'V': kvl_version_print(stdout, "kvlingo-router"); return 0;
@@ -138,11 +142,25 @@ int main(int argc, char **argv) {
             cfg->http_listen = dup;
         }
     }
+    if (!s && ticket_key) {   /* the flag wins over the file's key */
+        free(cfg->ticket_key_file);
+        if (!(cfg->ticket_key_file = strdup(ticket_key))) s = kvl__errorf(KVL_ERR_NOMEM, "--ticket-key-file");
+    }
     if (s) {
         fprintf(stderr, "kvlingo-router: %s\n", kvl_last_error());
         kvr_config_free(cfg);
         return 1;
     }
+    if (!cfg->ticket_key_file && !cfg->insecure) {
+        fprintf(stderr, "kvlingo-router: %sno transfer-ticket key: give ticket_key_file: in %s (or "
+                "--ticket-key-file FILE; the nodes' key), or insecure: true / --insecure for a development "
+                "fleet where spans move without tickets (and gRPC runs without TLS)\n",
+                check ? "--check: " : "", config);
+        kvr_config_free(cfg);
+        return 1;
+    }
+    if (!check && !cfg->ticket_key_file)
+        kvl__svc_log_text("warn", "insecure and no ticket_key_file: span moves carry no transfer ticket");
     if (check) {
         s = kvr_router_check(cfg, stdout);
         if (s) fprintf(stderr, "kvlingo-router: --check: %s\n", kvl_last_error());

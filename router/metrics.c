@@ -81,7 +81,8 @@ static const char *const k_fallback_reasons[] = {
     "source_unavailable", "source_state", "source_behind", "range_mismatch", "export_deadline",
     "export_failed", "node_state", "forced", "rejected_invalid_argument",
     "rejected_failed_precondition", "rejected_resource_exhausted", "rejected_not_found",
-    "rejected_data_loss", "rejected_internal", "rejected_unimplemented"};
+    "rejected_data_loss", "rejected_internal", "rejected_unimplemented", "hash_mismatch",
+    "rejected_permission_denied"};
 /* gRPC codes a turn can end with (the names kvl__rpc_status_name gives) */
 static const char *const k_error_codes[] = {
     "CANCELLED", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "RESOURCE_EXHAUSTED",

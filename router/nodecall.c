@@ -54,6 +54,7 @@ kvl_status kvr_node_session_info(kvr_node *n, const char *sid, int64_t timeout_m
     out->cached = resp->cached_count;
     out->imported = resp->imported_count;
     out->idle = !resp->state || !resp->state[0] || !strcmp(resp->state, "idle");
+    snprintf(out->sha256, sizeof out->sha256, "%s", resp->tokens_sha256 ? resp->tokens_sha256 : "");
     protobuf_c_message_free_unpacked(&resp->base, NULL);
     return KVL_OK;
 }
@@ -114,9 +115,35 @@ kvl_status kvr_node_drop(kvr_node *n, const char *sid, int64_t timeout_ms, grpc_
 }
 
 kvl_status kvr_node_export(kvr_node *src, const kvr_node *dst, const char *sid, unsigned from,
-                           unsigned to, int replace, int64_t timeout_ms, kvr_export_result *out,
+                           unsigned to, int replace, int64_t timeout_ms,
+                           const kvl__ticket_key *key, kvr_export_result *out,
                            grpc_status_code *code) {
     Kvlingo__V1__ExportSpanRequest req = KVLINGO__V1__EXPORT_SPAN_REQUEST__INIT;
+    uint8_t tb[KVL_TICKET_MAX];
+    if (key) {
+        kvl__ticket t;
+        memset(&t, 0, sizeof t);
+        snprintf(t.src_session, sizeof t.src_session, "%s", sid);
+        snprintf(t.dst_session, sizeof t.dst_session, "%s", sid);
+        snprintf(t.source, sizeof t.source, "%s", src->address);
+        snprintf(t.target, sizeof t.target, "%s", dst->address);
+        t.t0 = from;
+        t.t1 = to;
+        t.replace = replace != 0;
+        /* valid through the call's deadline and a little clock skew between the hosts */
+        int64_t life = (timeout_ms > 0 ? timeout_ms : 30000) + 10000;
+        if (life > KVL_TICKET_MAX_LIFETIME_MS - 1000) life = KVL_TICKET_MAX_LIFETIME_MS - 1000;
+        t.expiry_ms = kvl__ticket_now_ms() + (uint64_t)life;
+        size_t tl = 0;
+        kvl_status ts = kvl__ticket_new_nonce(&t);
+        if (!ts) ts = kvl__ticket_encode(key, &t, tb, sizeof tb, &tl);
+        if (ts) {
+            if (code) *code = GRPC_STATUS_INTERNAL;
+            return kvl__error_prefix(ts, "transfer ticket");
+        }
+        req.ticket.data = tb;
+        req.ticket.len = tl;
+    }
     req.session_id = (char *)sid;
     req.from = from;
     req.to = to;
@@ -136,6 +163,8 @@ kvl_status kvr_node_export(kvr_node *src, const kvr_node *dst, const char *sid, 
         out->transfer_s = resp->transfer_seconds;
         out->translate_s = resp->translate_seconds;
         out->total_s = resp->total_seconds;
+        snprintf(out->peer_sha256, sizeof out->peer_sha256, "%s",
+                 resp->peer_tokens_sha256 ? resp->peer_tokens_sha256 : "");
     }
     if (resp) protobuf_c_message_free_unpacked(&resp->base, NULL);
     return s;

@@ -10,6 +10,7 @@
 
 #include "kvlingo/v1/node.pb-c.h"
 #include "registry.h"
+#include "ticket.h"
 
 typedef struct kvr_node_session {
     int found;                   /* 0: the node does not know the session                     */
@@ -17,6 +18,7 @@ typedef struct kvr_node_session {
     unsigned cached;             /* positions held in its KV cache                            */
     int idle;                    /* 1 when no operation (import, decode, ...) owns it          */
     unsigned imported;           /* tokens whose K/V came from translated spans               */
+    char sha256[65];             /* SHA-256 (hex) of its ledger's ids; "" from an older node  */
 } kvr_node_session;
 
 kvl_status kvr_node_info(kvr_node *n, int64_t timeout_ms, Kvlingo__V1__InfoResponse **out,
@@ -38,11 +40,15 @@ typedef struct kvr_export_result {
     unsigned t0, t1, peer_tokens;
     uint64_t payload_bytes;
     double transfer_s, translate_s, total_s;
+    char peer_sha256[65];        /* SHA-256 (hex) of the target's ledger after the import      */
 } kvr_export_result;
 
-/* ExportSpan on the source node `src`: ship [from, to) to `dst` (same session id). */
+/* ExportSpan on the source node `src`: ship [from, to) to `dst` (same session id).  With a
+ * ticket key (NULL: none), the request carries a fresh ticket for exactly this move (both
+ * nodes by their configured addresses, expiring a little after the deadline). */
 kvl_status kvr_node_export(kvr_node *src, const kvr_node *dst, const char *sid, unsigned from,
-                           unsigned to, int replace, int64_t timeout_ms, kvr_export_result *out,
+                           unsigned to, int replace, int64_t timeout_ms,
+                           const kvl__ticket_key *key, kvr_export_result *out,
                            grpc_status_code *code);
 
 typedef struct kvr_gen_params {

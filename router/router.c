@@ -139,6 +139,11 @@ kvl_status kvr_router_check(const kvr_config *cfg, FILE *out) {
     if (!s) s = kvr_router_tls(cfg, &tls);
     kvr_tenants *tn = NULL;
     if (!s) s = kvr_auth_load(cfg, &tn);
+    if (!s && cfg->ticket_key_file) {
+        kvl__ticket_key k;
+        s = kvl__ticket_key_load(cfg->ticket_key_file, &k);
+        memset(&k, 0, sizeof k);
+    }
     if (s) return s;
     if (tls.cert_pem)
         fprintf(out, "tls: %s (until %s), CA %s\n", tls.subject, tls.not_after, cfg->tls_ca);
@@ -156,6 +161,8 @@ kvl_status kvr_router_check(const kvr_config *cfg, FILE *out) {
                                                                                                 : "exists",
             tokp, vocab, cfg->policy_name, cfg->n_nodes, cfg->replica_id, cfg->lease_ms, cfg->lease_wait_ms,
             cfg->insecure ? "yes (plaintext gRPC)" : "no");
+    fprintf(out, "transfer tickets: %s%s\n", cfg->ticket_key_file ? "key " : "off (no ticket_key_file)",
+            cfg->ticket_key_file ? cfg->ticket_key_file : "");
     for (int i = 0; i < cfg->n_nodes; i++)
         fprintf(out, "  %s  %s  model %s\n", cfg->nodes[i].name, cfg->nodes[i].address, cfg->nodes[i].model);
     if (cfg->api_keys) {
@@ -209,6 +216,10 @@ kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
         free(models);
         kvr_auth_declare(r);
     }
+    if (!s && cfg->ticket_key_file) {
+        s = kvl__ticket_key_load(cfg->ticket_key_file, &r->ticket_key);
+        r->tickets = s == KVL_OK;
+    }
     if (!s) s = kvr_ledger_open(cfg->ledger, &r->ledger);
     if (!s) {
         kvr_ledger_set_observer(r->ledger, ledger_observer, r);
@@ -255,6 +266,7 @@ void kvr_router_free(kvr_router *r) {
     free(r->busy);
     pthread_mutex_destroy(&r->busy_mu);
     pthread_rwlock_destroy(&r->policy_lock);
+    memset(&r->ticket_key, 0, sizeof r->ticket_key);
     free(r);
 }
 

@@ -31,6 +31,7 @@
 #include "rpc.h"
 #include "tls.h"
 #include "tenants.h"
+#include "ticket.h"
 
 typedef struct kvr_router {
     kvr_config *cfg;              /* the loaded config; SIGHUP swaps policy + guardrail only   */
@@ -57,6 +58,8 @@ typedef struct kvr_router {
     kvl__svc_tls tls;             /* the TLS files (empty with insecure)                        */
     kvl__rpc_tls server_tls;      /* the Router API: server TLS, client certificates optional   */
     kvl__rpc_tls client_tls;      /* channels to nodes: mutual TLS with the router's cert       */
+    int tickets;                  /* 1: every span move carries a ticket under ticket_key      */
+    kvl__ticket_key ticket_key;
 } kvr_router;
 
 /* Build the context from a loaded config (takes ownership of cfg): ledger, tokenizer, registry

@@ -34,7 +34,18 @@ typedef struct turn {
     int cur;                      /* node holding the latest context (-1 none)                */
     char fb_code[48];             /* short fallback reason (metric label)                     */
     int64_t node_ms;
+    int hash_bad;                 /* a node held the right count of tokens but other ids       */
 } turn;
+
+/* Does a node's SHA-256 of its ledger equal the hash of ledger tokens [0, n)?  What a node
+ * holds is checked by content, not by count: a cache someone else filled (a span imported
+ * into this session by another caller) must never be decoded as this session's. */
+static int same_tokens(const turn *t, const char *node_sha, int n) {
+    if (n < 0 || n > t->N || !node_sha) return 0;
+    char want[65];
+    kvl__tokens_sha256_hex(t->s.tokens, (size_t)n, want);
+    return want[0] && !strcmp(node_sha, want);
+}
 
 static void set_fallback(turn *t, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -110,12 +121,19 @@ static kvl_status reconcile(turn *t, int i, int *h, int *cached, int *absent, gr
     kvr_node_session ns;
     kvl_status st = kvr_node_session_info(n, t->req->sid, t->node_ms, &ns, code);
     if (st) return st;
-    if (ns.found && (int)ns.tokens == expect && ns.idle && expect <= t->N && (int)ns.cached <= expect) {
+    int counts_ok = ns.found && (int)ns.tokens == expect && ns.idle && expect <= t->N &&
+                    (int)ns.cached <= expect;
+    if (counts_ok && same_tokens(t, ns.sha256, expect)) {
         *h = expect;
         *cached = (int)ns.cached;
         return KVL_OK;
     }
-    if (ns.found) {
+    if (counts_ok) {
+        t->hash_bad = 1;
+        kvl__svc_log_text("warn", "session %s: node %s holds %u tokens as the ledger says, but other "
+                          "ids (hash mismatch): reset", t->req->sid, n->name, ns.tokens);
+        if ((st = kvr_node_drop(n, t->req->sid, t->node_ms, code))) return st;
+    } else if (ns.found) {
         if (expect > 0 || ns.tokens > 0)
             kvl__svc_log_text("warn", "session %s: node %s holds %u tokens (%s), ledger says %d: reset",
                     t->req->sid, n->name, ns.tokens, ns.idle ? "idle" : "busy", expect);
@@ -154,6 +172,11 @@ static int try_translate(turn *t, int ti, int from, int tgt_tokens, int *to_out,
                      si.found ? si.tokens : 0, si.idle ? "" : " (busy)", src_held);
         return 0;
     }
+    if (!same_tokens(t, si.sha256, src_held)) {
+        t->hash_bad = 1;
+        set_fallback(t, "hash_mismatch", "%s holds %u tokens but not the ledger's ids", src->name, si.tokens);
+        return 0;
+    }
     int to = (int)si.cached;
     if (to <= from) {
         set_fallback(t, "source_behind", "%s caches %d tokens, target holds %d", src->name, to, from);
@@ -168,7 +191,7 @@ static int try_translate(turn *t, int ti, int from, int tgt_tokens, int *to_out,
     for (int attempt = 0; attempt <= c->transfer_retries; attempt++) {
         double t0 = kvl__now_s();
         kvl_status st = kvr_node_export(src, dst, t->req->sid, (unsigned)from, (unsigned)to, 0,
-                                        timeout, &ex, &code);
+                                        timeout, r->tickets ? &r->ticket_key : NULL, &ex, &code);
         *xfer_s += kvl__now_s() - t0;
         if (!st) {
             /* the imported range must be exactly what the ledger expects: an off-by-one span is
@@ -176,6 +199,13 @@ static int try_translate(turn *t, int ti, int from, int tgt_tokens, int *to_out,
             if ((int)ex.t0 != from || (int)ex.t1 != to || (int)ex.peer_tokens != to) {
                 set_fallback(t, "range_mismatch", "imported [%u,%u) -> %u tokens, expected [%d,%d)",
                              ex.t0, ex.t1, ex.peer_tokens, from, to);
+                *reset = 1;
+                return 0;
+            }
+            if (!same_tokens(t, ex.peer_sha256, to)) {
+                t->hash_bad = 1;
+                set_fallback(t, "hash_mismatch", "%s imported [%u,%u) but holds other ids than the "
+                             "ledger", dst->name, ex.t0, ex.t1);
                 *reset = 1;
                 return 0;
             }
@@ -209,6 +239,7 @@ static int try_translate(turn *t, int ti, int from, int tgt_tokens, int *to_out,
         /* the source may die after the target imported the whole span (its verdict lost): the
          * target checked the checksum itself; when it holds exactly [0, to), keep it */
         if (di.found && di.idle && (int)di.tokens == to && (int)di.cached == to &&
+            same_tokens(t, di.sha256, to) &&
             (int)di.imported >= to - from) {
             kvl__svc_log_text("info", "session %s: %s imported [%d,%d) before the export failed: kept",
                     t->req->sid, dst->name, from, to);
@@ -242,7 +273,8 @@ static kvl_status prepare_inner(turn *t, int ti, int *h, int *absent, grpc_statu
     if (t->cur < 0 || t->cur == ti) {
         /* the node holding the context lost (part of) it: it re-reads the ledger */
         o->mode = KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_REPREFILL;
-        set_fallback(t, "node_state", "%s held %d of %d tokens", T->name, *h, t->N);
+        if (t->hash_bad) set_fallback(t, "hash_mismatch", "%s held other ids than the ledger", T->name);
+        else set_fallback(t, "node_state", "%s held %d of %d tokens", T->name, *h, t->N);
         return KVL_OK;
     }
     const char *sm = r->reg->nodes[t->cur].model;
@@ -269,7 +301,8 @@ static kvl_status prepare_inner(turn *t, int ti, int *h, int *absent, grpc_statu
     if (reset) {
         kvr_node_session ns;
         if (reset == 1 && !kvr_node_session_info(T, t->req->sid, t->node_ms, &ns, code) &&
-            ns.found && (int)ns.tokens == *h && (int)ns.cached == cached && ns.idle)
+            ns.found && (int)ns.tokens == *h && (int)ns.cached == cached && ns.idle &&
+            same_tokens(t, ns.sha256, *h))
             return KVL_OK;                                  /* the import left it as it was */
         if ((st = kvr_node_drop(T, t->req->sid, t->node_ms, code))) return st;
         if ((st = open_session(t, ti, code))) return st;

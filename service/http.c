@@ -95,9 +95,17 @@ kvl_status kvl__svc_http_start(const char *what, const char *addr, int allow_por
     h->prom = prom;
     h->health = health;
     h->arg = arg;
-    h->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL,
-                              on_request, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
+    /* bounded: epoll (select stops at FD_SETSIZE), at most KVL_SVC_HTTP_MAX_CONN connections
+     * and KVL_SVC_HTTP_MAX_PER_IP from one address (excess ones are closed at once), idle ones
+     * closed after KVL_SVC_HTTP_IDLE_S: a flood of slow clients from one host cannot keep a
+     * probe from another host out */
+    h->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG,
+                              0, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
+                              (struct sockaddr *)&sa,
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)KVL_SVC_HTTP_IDLE_S,
+                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)KVL_SVC_HTTP_MAX_CONN,
+                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)KVL_SVC_HTTP_MAX_PER_IP,
+                              MHD_OPTION_END);
     if (!h->mhd) {
         free(h);
         return kvl__errorf(KVL_ERR_IO, "metrics: cannot listen on %s", addr);

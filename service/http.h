@@ -10,6 +10,12 @@
 
 typedef struct kvl__svc_http kvl__svc_http;
 
+/* The endpoint's bounds: connections at once, from one client address, and seconds a
+ * connection may stay idle (no complete request) before it is closed. */
+#define KVL_SVC_HTTP_MAX_CONN 256
+#define KVL_SVC_HTTP_MAX_PER_IP 32
+#define KVL_SVC_HTTP_IDLE_S 5
+
 struct sockaddr_in;
 
 /* Parse "HOST:PORT" (HOST an IPv4 address or "localhost"; PORT 0 allowed when allow_port0) into

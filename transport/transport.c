@@ -2,6 +2,7 @@
 #include "transport_internal.h"
 
 #include <string.h>
+#include <sys/random.h>
 
 #include "error.h"
 
@@ -23,7 +24,18 @@ void kvl__transport_address(const kvl__transport *t, const uint8_t **addr, size_
 }
 
 uint64_t kvl__transport_new_tag(kvl__transport *t) {
-    return __atomic_add_fetch(&t->next_tag, 1, __ATOMIC_RELAXED);
+    /* random, so that whoever can reach the transport cannot aim messages at a receive it
+     * does not know the tag of; the counter only backs a failed random source (never in
+     * practice on Linux, where getrandom waits for the pool once at boot) */
+    uint64_t tag = 0;
+    for (int i = 0; i < 4 && tag == 0; i++)
+        if (getrandom(&tag, sizeof tag, 0) != (ssize_t)sizeof tag) tag = 0;
+    if (tag == 0) tag = __atomic_add_fetch(&t->next_tag, 1, __ATOMIC_RELAXED) * 0x9E3779B97F4A7C15ull;
+    return tag ? tag : 1;
+}
+
+uint64_t kvl__transport_unmatched_dropped(const kvl__transport *t) {
+    return t ? __atomic_load_n(&t->unmatched_dropped, __ATOMIC_RELAXED) : 0;
 }
 
 kvl_status kvl__transport_recv_post(kvl__transport *t, uint64_t tag, void *buf, size_t len,

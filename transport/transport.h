@@ -39,8 +39,13 @@ const char *kvl__transport_kind(const kvl__transport *t);
 /* Opaque address peers send to (UCX worker address), owned by t. */
 void kvl__transport_address(const kvl__transport *t, const uint8_t **addr, size_t *len);
 
-/* A tag no other receive of this transport uses (monotonic, never 0). */
+/* A fresh random 64-bit tag (never 0) for one receive: a sender learns it only from the
+ * receiver's reply, so nobody else can aim a message at that receive. */
 uint64_t kvl__transport_new_tag(kvl__transport *t);
+
+/* Messages that arrived for no posted receive (a guessed tag, a transfer whose import had
+ * already ended): each is received into scratch memory and dropped, so they never pile up. */
+uint64_t kvl__transport_unmatched_dropped(const kvl__transport *t);
 
 /* Post a receive of up to `len` bytes with exactly `tag` into `buf` (caller-owned; must stay
  * valid until kvl__transport_recv_free returns).  Free the handle with kvl__transport_recv_free. */

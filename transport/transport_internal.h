@@ -24,6 +24,7 @@ typedef struct kvl__transport_ops {
 struct kvl__transport {
     const kvl__transport_ops *ops;
     uint64_t next_tag;   /* atomic */
+    uint64_t unmatched_dropped;   /* atomic: messages no posted receive expected, dropped */
 };
 
 kvl_status kvl__transport_ucx_create(kvl__transport **out);

@@ -59,7 +59,19 @@ typedef struct ucx_transport {
     int outstanding;
     ucx_peer *peers;
     struct op_with_t *orphans;   /* sends abandoned on a stalled peer (see ucx_send) */
+    uint8_t *scratch;            /* where unexpected messages are received to be dropped */
+    int drains;                  /* such receives in flight */
 } ucx_transport;
+
+/* Unexpected messages (no posted receive matched their tag: a guessed tag, or a transfer whose
+ * import already ended) would stay in UCX's unexpected queue for ever; they are received into
+ * one scratch buffer (a longer one is truncated, which releases it too) and dropped.  Bounded
+ * work per pass so that a flood cannot starve the worker. */
+#define DRAIN_SCRATCH (64 * 1024)
+#define DRAIN_PER_PASS 256
+#define DRAIN_IN_FLIGHT 64
+
+static void drain_unexpected(ucx_transport *u);
 
 static void cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, int ms) {
     struct timespec ts;
@@ -81,6 +93,7 @@ static void *progress_main(void *arg) {
     while (!u->stop) {
         unsigned n = 0;
         while (ucp_worker_progress(u->worker)) n++;
+        drain_unexpected(u);
         int busy = u->outstanding > 0;
         pthread_mutex_unlock(&u->mu);
         if (busy && n > 0) {
@@ -134,6 +147,36 @@ static void recv_cb(void *request, ucs_status_t status, const ucp_tag_recv_info_
     op_with_t *o = user_data;
     if (status == UCS_OK && info) o->op.length = info->length;
     complete(o->u, &o->op, status, request);
+}
+
+static void drain_cb(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
+                     void *user_data) {
+    ucx_transport *u = user_data;
+    u->outstanding--;
+    u->drains--;
+    __atomic_add_fetch(&u->base.unmatched_dropped, 1, __ATOMIC_RELAXED);
+    ucp_request_free(request);
+}
+
+/* mu held */
+static void drain_unexpected(ucx_transport *u) {
+    for (int i = 0; i < DRAIN_PER_PASS && u->drains < DRAIN_IN_FLIGHT; i++) {
+        ucp_tag_recv_info_t info;
+        ucp_tag_message_h m = ucp_tag_probe_nb(u->worker, 0, 0, 1, &info);
+        if (!m) return;
+        ucp_request_param_t prm;
+        memset(&prm, 0, sizeof prm);
+        prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+        prm.cb.recv = drain_cb;
+        prm.user_data = u;
+        ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(u->worker, u->scratch, DRAIN_SCRATCH, m, &prm);
+        if (r == NULL || UCS_PTR_IS_ERR(r)) {   /* done at once (or refused): gone either way */
+            __atomic_add_fetch(&u->base.unmatched_dropped, 1, __ATOMIC_RELAXED);
+            continue;
+        }
+        u->outstanding++;
+        u->drains++;
+    }
 }
 
 static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status) {
@@ -416,6 +459,11 @@ kvl_status kvl__transport_ucx_create(kvl__transport **out) {
     if (!u) return kvl__errorf(KVL_ERR_NOMEM, "transport: ucx");
     u->base.ops = &ucx_ops;
     pthread_mutex_init(&u->mu, NULL);
+    if (!(u->scratch = malloc(DRAIN_SCRATCH))) {
+        pthread_mutex_destroy(&u->mu);
+        free(u);
+        return kvl__errorf(KVL_ERR_NOMEM, "transport: ucx scratch buffer");
+    }
     pthread_cond_init(&u->cv, NULL);
     const char *em = getenv("KVL_UCX_ERR_MODE");
     u->err_mode_peer = em && strcmp(em, "peer") == 0;
@@ -489,5 +537,6 @@ static void ucx_free(kvl__transport *t) {
     if (u->ctx) ucp_cleanup(u->ctx);
     pthread_mutex_destroy(&u->mu);
     pthread_cond_destroy(&u->cv);
+    free(u->scratch);
     free(u);
 }

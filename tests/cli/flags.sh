@@ -40,14 +40,32 @@ kvld)
     && ok "kvld --help gives descriptions and defaults" || bad "kvld help: $out"
   out=$("$P" --model="$SRC/models/qwen3-a" --max-sessions=0 2>&1); rc=$?
   [ $rc -eq 2 ] && grep -q "max_sessions = '0'" <<<"$out" && ok "kvld --max-sessions=0 parsed (and refused)" || bad "kvld =: $out"
-  out=$("$P" --model="$SRC/models/qwen3-a" --listen=127.0.0.1:0 --insecure --check); rc=$?
+  head -c 48 /dev/urandom | base64 > "$T/fleet.key"
+  out=$("$P" --model="$SRC/models/qwen3-a" --listen=127.0.0.1:0 --insecure --ticket-key-file="$T/fleet.key" --check); rc=$?
   [ $rc -eq 0 ] && grep -q "^model: $SRC/models/qwen3-a" <<<"$out" && grep -q '^listen: 127.0.0.1:0' <<<"$out" \
+    && grep -q "^transfer tickets: key $T/fleet.key" <<<"$out" \
     && ok "kvld --check --key=value" || bad "kvld check: $rc $out"
   grep -q '^insecure: yes' <<<"$out" && ok "kvld --insecure shown by --check" || bad "kvld --insecure: $out"
   out=$("$P" --model="$SRC/models/qwen3-a" --check 2>&1); rc=$?
   [ $rc -eq 1 ] && grep -q '^insecure: no' <<<"$out" \
     && grep -qF 'no TLS certificate: set tls_cert/tls_key/tls_ca or pass --insecure to run plaintext' <<<"$out" \
     && ok "kvld --check without TLS files nor --insecure refused" || bad "kvld no tls: $rc $out"
+  # transfer tickets: a key, or --insecure; a bad key file is named
+  out=$("$P" --model="$SRC/models/qwen3-a" --check 2>&1); rc=$?
+  [ $rc -ne 0 ] && grep -q "no transfer-ticket key: give --ticket-key-file" <<<"$out" \
+    && ok "kvld --check: no ticket key and not insecure refused" || bad "kvld no key: $rc $out"
+  out=$("$P" --model="$SRC/models/qwen3-a" 2>&1); rc=$?
+  [ $rc -eq 2 ] && grep -q "no transfer-ticket key" <<<"$out" && ok "kvld: no ticket key refuses to start" || bad "kvld start no key: $rc $out"
+  out=$("$P" --model="$SRC/models/qwen3-a" --ticket-key-file "$T/none.key" --check 2>&1); rc=$?
+  [ $rc -ne 0 ] && grep -q "ticket key file '$T/none.key': missing" <<<"$out" && ok "kvld --check: missing key file named" || bad "kvld missing key: $rc $out"
+  printf 'short\n' > "$T/short.key"
+  out=$("$P" --model="$SRC/models/qwen3-a" --ticket-key-file "$T/short.key" --check 2>&1); rc=$?
+  [ $rc -ne 0 ] && grep -q "ticket key file '$T/short.key': too short" <<<"$out" && ok "kvld --check: short key file named" || bad "kvld short key: $rc $out"
+  out=$("$P" --model="$SRC/models/qwen3-a" --ticket-key-file "$T" --check 2>&1); rc=$?
+  [ $rc -ne 0 ] && grep -q "ticket key file '$T': unreadable" <<<"$out" && ok "kvld --check: unreadable key file named" || bad "kvld unreadable key: $rc $out"
+  grep -q '^insecure: no' <<<"$out" && ok "kvld --check: not insecure by default" || bad "kvld insecure default: $out"
+  out=$("$P" --model="$SRC/models/qwen3-a" --insecure --check); rc=$?
+  [ $rc -eq 0 ] && grep -q '^insecure: yes' <<<"$out" && ok "kvld --insecure shown by --check" || bad "kvld --insecure: $rc $out"
   printf 'model: %s\ninsecure: true\n' "$SRC/models/qwen3-a" > "$T/kvld.yaml"
   out=$("$P" --config "$T/kvld.yaml" --check); rc=$?
   [ $rc -eq 0 ] && grep -q '^insecure: yes' <<<"$out" && ok "kvld insecure: true (YAML)" || bad "kvld yaml insecure: $rc $out"
@@ -57,6 +75,22 @@ kvld)
   ;;
 kvlingo-router)
   printf 'listen: 127.0.0.1:0\ntokenizer: %s\npolicy:\n  name: pinned\nnodes:\n  - {name: a, address: 127.0.0.1:1, model: qwen3-a}\n' "$SRC/models/qwen3-a" > "$T/fleet.yaml"
+  head -c 48 /dev/urandom | base64 > "$T/fleet.key"
+  out=$("$P" --config="$T/fleet.yaml" --ticket-key-file="$T/fleet.key" --check); rc=$?
+  [ $rc -eq 0 ] && grep -q 'ok' <<<"$out" && grep -q "^transfer tickets: key $T/fleet.key" <<<"$out" \
+    && ok "router --config=FILE --check" || bad "router check: $rc $out"
+  grep -q '^insecure: no' <<<"$out" && ok "router --check: not insecure by default" || bad "router insecure default: $out"
+  out=$("$P" --config="$T/fleet.yaml" --check 2>&1); rc=$?
+  [ $rc -eq 1 ] && grep -q "no transfer-ticket key: give ticket_key_file:" <<<"$out" \
+    && ok "router --check: no ticket key and not insecure refused" || bad "router no key: $rc $out"
+  { cat "$T/fleet.yaml"; echo 'ticket_key_file: missing.key'; } > "$T/fleetk.yaml"
+  out=$("$P" --config="$T/fleetk.yaml" --check 2>&1); rc=$?
+  [ $rc -eq 1 ] && grep -q "ticket key file '$T/missing.key': missing" <<<"$out" \
+    && ok "router --check: missing key file named (relative to the file)" || bad "router missing key: $rc $out"
+  printf 'short\n' > "$T/short.key"
+  out=$("$P" --config="$T/fleet.yaml" --ticket-key-file "$T/short.key" --check 2>&1); rc=$?
+  [ $rc -eq 1 ] && grep -q "ticket key file '$T/short.key': too short" <<<"$out" \
+    && ok "router --check: short key file named" || bad "router short key: $rc $out"
   out=$("$P" --config="$T/fleet.yaml" --insecure --check); rc=$?
   [ $rc -eq 0 ] && grep -q 'ok' <<<"$out" && ok "router --config=FILE --check" || bad "router check: $rc $out"
   grep -q '^insecure: yes' <<<"$out" && ok "router --insecure shown by --check" || bad "router --insecure: $out"

@@ -351,6 +351,11 @@ def main():
         return 1
     print(f"ok: translator qwen3-a -> qwen3-b fitted (stage 1) in {time.time() - t0:.1f} s")
 
+    # the Secret kvlingo-ticket-key of the pods: one transfer-ticket key for the whole fleet
+    key_file = os.path.join(work, "ticket.key")
+    with open(key_file, "w") as kf:
+        kf.write(os.urandom(24).hex() + "\n")
+
     # ---- every fleet.yaml the manifests ship passes the router's own check
     import glob
     # the API key file the pods mount from the Secret kvlingo-api-keys: a local one with a key
@@ -365,6 +370,7 @@ def main():
         text = text.replace("/var/lib/kvlingo/", os.path.join(work, "check-"))
         text = text.replace("/etc/kvlingo-tls/", tls_dirs["router"] + "/")
         text = text.replace("/etc/kvlingo-keys/api-keys.yaml", keys)
+        text = text.replace("/etc/kvlingo-ticket/key", key_file)
         local = os.path.join(work, "check-fleet.yaml")
         open(local, "w").write(text)
         # a ledger from the environment is the Secret's URI in a pod; --check does not contact it
@@ -396,6 +402,7 @@ def main():
     fleet["tokenizer"] = os.path.join(src, "models", "qwen3-a")
     if "api_keys" in fleet:
         fleet["api_keys"] = keys
+    fleet["ticket_key_file"] = key_file
     fleet.setdefault("guardrail", {})["shadow_fraction"] = 1.0
     for f in ("router.db", "router.db-wal", "router.db-shm"):
         if os.path.exists(os.path.join(work, f)):
@@ -413,10 +420,15 @@ def main():
                 raise RuntimeError(f"deploy/k8s/base has no StatefulSet kvld-{m}")
             tls_paths = {f"/etc/kvlingo-tls/{f}": os.path.join(tls_dirs["kvld"], f)
                          for f in ("tls.crt", "tls.key", "ca.crt")}
+            # pod DNS names (--advertise, --peers) become the loopback addresses fleet.yaml got
             argv, env = localise(c, args.kvld,
                                  dict({f"/models/{m}": os.path.join(src, "models", m),
-                                       "/models/translators": trdir}, **tls_paths),
-                                 {7100: ports[p], 7101: ports[pm], 7102: ports[ph]}, {"KVL_THREADS": "1"})
+                                       "/models/translators": trdir, "/etc/kvlingo-ticket/key": key_file,
+                                       "kvld-qwen3-a-0.kvld-qwen3-a:7100": f"127.0.0.1:{ports['a']}",
+                                       "kvld-qwen3-b-0.kvld-qwen3-b:7100": f"127.0.0.1:{ports['b']}"},
+                                      **tls_paths),
+                                 {7100: ports[p], 7101: ports[pm], 7102: ports[ph]},
+                                 {"KVL_THREADS": "1", "POD_NAME": f"kvld-{m}-0"})
             fl.start(f"kvld-{m}", argv, env)
         # (name, plaintext health port: what the probes ask, metrics port)
         servers = [("kvld-qwen3-a", ports["ah"], ports["am"]),

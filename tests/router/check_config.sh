@@ -109,16 +109,17 @@ out=$("$R" --config "$SRC/router/fleet.example.yaml" --api-keys "$SRC/router/api
   || bad "api-keys.example.yaml: $rc $out"
 # kvld: the same strict YAML
 printf 'model: %s\nmax_sessions: 4\nmax_sessions: 8\n' "$SRC/models/qwen3-a" > "$T/kd.yaml"
-out=$("$K" --config "$T/kd.yaml" --check 2>&1); rc=$?
+out=$("$K" --insecure --config "$T/kd.yaml" --check 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -qF "kd.yaml:3: key 'max_sessions' given twice (first on line 2)" <<<"$out" && ok "kvld: duplicate key refused" || bad "kvld dup: $rc $out"
 printf 'model: &m %s\ntranslators: *m\n' "$SRC/models/qwen3-a" > "$T/ka.yaml"
-out=$("$K" --config "$T/ka.yaml" --check 2>&1); rc=$?
+out=$("$K" --insecure --config "$T/ka.yaml" --check 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -qF "ka.yaml:1: YAML anchor '&m' refused" <<<"$out" && ok "kvld: alias refused" || bad "kvld alias: $rc $out"
 printf 'model: %s\nmax_sessions: 4\n' "$SRC/models/qwen3-a" > "$T/kg.yaml"
 out=$("$K" --insecure --config "$T/kg.yaml" --check 2>&1); rc=$?
 [ $rc -eq 0 ] && grep -q '^max_sessions: 4' <<<"$out" && ok "kvld: good YAML passes --check" || bad "kvld good: $rc $out"
 # the sample fleet the README starts by hand passes the check (paths relative to its folder)
-out=$("$R" --config "$SRC/router/fleet.example.yaml" --check 2>&1) && grep -q "tokenizer: .*models/qwen3-a (vocabulary" <<<"$out" \
+head -c 48 /dev/urandom | base64 > "$T/fleet.key"
+out=$("$R" --config "$SRC/router/fleet.example.yaml" --ticket-key-file "$T/fleet.key" --check 2>&1) && grep -q "tokenizer: .*models/qwen3-a (vocabulary" <<<"$out" \
     && ok "router/fleet.example.yaml passes --check" || bad "fleet.example.yaml: $out"
 # TLS files: each wrong one is named with its key and path (a throw-away CA made here)
 P="$T/pki"; mkdir -p "$P"

@@ -141,7 +141,7 @@ class Fleet:
 
     def __init__(self, build, work, models=("qwen3-a", "qwen3-b"), policy=None, guardrail=None,
                  transfer=None, extra_top=None, translators=True, kvld_args=(), pairs=None,
-                 peers=False, ledger=None, tls=None, api_keys=None):
+                 peers=False, ledger=None, tls=None, api_keys=None, tickets=True):
         """tls: None runs every process plaintext (kvld --insecure, insecure: true in the fleet
         file); a PKI of tlscerts.make() runs TLS: each node its own certificate and mutual TLS,
         the router its certificate, the clients verify it with the fleet CA.
@@ -153,9 +153,16 @@ class Fleet:
         self.api_keys = api_keys
         self.default_key = None
         self.peers = peers   # give each kvld the others' addresses (--peers): connected at start
+        # transfer tickets: one fleet key for the nodes and the router (spans then go only to
+        # --peers members, so tickets imply --peers); tickets=False: an insecure fleet
+        self.tickets = tickets
+        self.key_file = os.path.join(work, "fleet.key")
         self.ledger = ledger or os.path.join(work, "ledger.db")
         self.replicas = {}
         os.makedirs(work, exist_ok=True)
+        if tickets:
+            with open(self.key_file, "wb") as f:
+                f.write(os.urandom(24).hex().encode() + b"\n")
         self.nodes = {}
         self.node_ports = {}
         self.router = None
@@ -186,10 +193,14 @@ class Fleet:
         if os.path.isdir(trdir):
             args += ["--translators", trdir]
         args += self.node_tls_args(m)
-        if self.peers:
+        if self.peers or self.tickets:
             others = ["127.0.0.1:%d" % q for o, q in self.node_ports.items() if o != m]
             if others:
                 args += ["--peers", ",".join(others)]
+        if self.tickets:
+            args += ["--ticket-key-file", self.key_file]
+        elif "--insecure" not in args:
+            args += ["--insecure"]
         p = Proc(args + list(kvld_args), os.path.join(self.work, "kvld-%s.log" % m))
         wait_port(port, p.proc, what="kvld " + m)
         self.nodes[m] = p
@@ -224,6 +235,10 @@ class Fleet:
             lines.append("insecure: true")
         if self.api_keys:
             lines.append("api_keys: %s" % self.api_keys)
+        if self.tickets:
+            lines.append("ticket_key_file: %s" % self.key_file)
+        elif self.tls:
+            raise ValueError("Fleet: a TLS fleet needs transfer tickets (tickets=True)")
         for k, v in (extra_top or {}).items():
             lines.append("%s: %s" % (k, yv(v)))
         lines.append("nodes:")

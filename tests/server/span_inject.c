@@ -6,7 +6,12 @@
  *   corrupt   flip one payload byte (the header keeps the original checksum)
  *   vanish    exit right after the node answered with its endpoint (peer gone mid-transfer)
  *   hang      never send; cancel the call after 300 ms
+ *   stall     never send, keep the call open: print how the node ends it
+ * Environment KVL_TICKET_HEX: a transfer ticket (hex) to put in the ImportSpan request.
  * usage: span_inject NODE_ADDR MODEL_DIR SESSION MODE [N_TOKENS]
+ *        span_inject --flood NODE_ADDR COUNT BYTES   COUNT tagged UCX messages of BYTES each,
+ *                             on tags 1..COUNT, to the node's transport address (from its
+ *                             Info): what anybody who can call Info can aim at its transport
  *        span_inject --sink   a fake importer: prints "port=N", answers ImportSpan with a UCX
  *                             endpoint that never receives, then exits (importer gone
  *                             mid-transfer, seen from the exporter)
@@ -82,8 +87,53 @@ static int run_sink(void) {
     return 0;
 }
 
+/* ---- flood mode: unsolicited UCX messages ------------------------------------------------ */
+
+static int run_flood(const char *addr, long count, long bytes) {
+    kvl__rpc_client *cli;
+    if (kvl__rpc_client_create(addr, 0, &cli)) return die("client");
+    Kvlingo__V1__InfoRequest iq = KVLINGO__V1__INFO_REQUEST__INIT;
+    ProtobufCMessage *ir;
+    kvl__rpc_result res;
+    if (kvl__rpc_client_unary_pb(cli, "/kvlingo.v1.Node/Info", &iq.base,
+                                &kvlingo__v1__info_response__descriptor, 10000, &ir, &res) ||
+        res.code != GRPC_STATUS_OK)
+        return die("Info");
+    Kvlingo__V1__InfoResponse *info = (Kvlingo__V1__InfoResponse *)ir;
+    kvl__transport *t;
+    if (kvl__transport_create("ucx", &t)) return die("transport");
+    uint8_t *buf = calloc(1, (size_t)bytes + 1);
+    long sent = 0;
+    for (long i = 1; i <= count; i++) {
+        buf[0] = (uint8_t)i;
+        if (kvl__transport_send(t, info->transport_address.data, info->transport_address.len,
+                                (uint64_t)i, buf, (size_t)bytes, 5000, NULL) == KVL_OK)
+            sent++;
+    }
+    printf("sent=%ld\n", sent);
+    fflush(stdout);
+    usleep(200 * 1000);   /* let the last ones leave before the worker goes */
+    kvl__transport_free(t);
+    free(buf);
+    protobuf_c_message_free_unpacked(ir, NULL);
+    kvl__rpc_result_clear(&res);
+    kvl__rpc_client_free(cli);
+    return sent == count ? 0 : 1;
+}
+
+static size_t unhex(const char *hx, uint8_t *out, size_t cap) {
+    size_t n = 0;
+    for (; hx[0] && hx[1] && n < cap; hx += 2) {
+        unsigned v;
+        if (sscanf(hx, "%2x", &v) != 1) break;
+        out[n++] = (uint8_t)v;
+    }
+    return n;
+}
+
 int main(int argc, char **argv) {
     if (argc == 2 && !strcmp(argv[1], "--sink")) return run_sink();
+    if (argc == 5 && !strcmp(argv[1], "--flood")) return run_flood(argv[2], atol(argv[3]), atol(argv[4]));
     if (argc < 5) {
         fprintf(stderr, "usage: span_inject NODE_ADDR MODEL_DIR SESSION MODE [N_TOKENS]\n");
         return 2;
@@ -121,6 +171,12 @@ int main(int argc, char **argv) {
     Kvlingo__V1__ImportSpanRequest rq = KVLINGO__V1__IMPORT_SPAN_REQUEST__INIT;
     rq.session_id = argv[3];
     rq.header = &h;
+    static uint8_t ticket[2048];
+    const char *thex = getenv("KVL_TICKET_HEX");
+    if (thex && thex[0]) {
+        rq.ticket.data = ticket;
+        rq.ticket.len = unhex(thex, ticket, sizeof ticket);
+    }
     size_t rl = kvlingo__v1__import_span_request__get_packed_size(&rq);
     uint8_t *rb = malloc(rl);
     kvlingo__v1__import_span_request__pack(&rq, rb);
@@ -145,6 +201,8 @@ int main(int argc, char **argv) {
         if (!strcmp(mode, "hang")) {
             usleep(300 * 1000);
             kvl__rpc_stream_cancel(st);
+        } else if (!strcmp(mode, "stall")) {
+            /* the announced span never comes: the node must end the import by itself */
         } else if (kvl__transport_send(t, ep->transport_address.data, ep->transport_address.len,
                                       ep->tag, buf, send_len, 10000, NULL)) {
             fprintf(stderr, "span_inject: send: %s\n", kvl_last_error());
