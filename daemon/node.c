@@ -150,7 +150,6 @@ void kvld_node_free(kvld_node *n) {
     kvl_tokenizer_free(n->tok);
     kvl_model_free(n->model);
     kvl__svc_tls_free(&n->tls);
-    }
     kvl__ticket_replay_free(&n->replay);
     memset(&n->ticket_key, 0, sizeof n->ticket_key);
     pthread_mutex_destroy(&n->peers_mu);

@@ -91,7 +91,7 @@ static int run_sink(void) {
 
 static int run_flood(const char *addr, long count, long bytes) {
     kvl__rpc_client *cli;
-    if (kvl__rpc_client_create(addr, 0, &cli)) return die("client");
+    if (kvl__rpc_client_create(addr, 0, &(kvl__rpc_tls){.insecure = 1}, &cli)) return die("client");
     Kvlingo__V1__InfoRequest iq = KVLINGO__V1__INFO_REQUEST__INIT;
     ProtobufCMessage *ir;
     kvl__rpc_result res;
