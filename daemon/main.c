@@ -165,6 +165,15 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (mode == KVLD_CLI_CHECK) return check_settings(&cfg);
+    if (!cfg.insecure && (!cfg.ticket_key_file[0] || (!cfg.tls_cert[0] && !cfg.tls_key[0] && !cfg.tls_ca[0]))) {
+        /* a node that is not insecure needs TLS and the fleet's ticket key: one line names both */
+        int no_tls = !cfg.tls_cert[0] && !cfg.tls_key[0] && !cfg.tls_ca[0], no_key = !cfg.ticket_key_file[0];
+        fprintf(stderr, "kvld: %s%s%s; or --insecure for a development fleet (plaintext gRPC, spans "
+                "without tickets)\n", no_tls ? KVL_SVC_TLS_REQUIRED_MSG : "", no_tls && no_key ? "; " : "",
+                no_key ? "no transfer-ticket key: give --ticket-key-file FILE (YAML ticket_key_file:, the "
+                         "fleet's key, the router's too)" : "");
+        return 1;
+    }
     if (!tickets_settled(&cfg, "")) return 2;
     if (!cfg.ticket_key_file[0])
         kvl__svc_log("warn", "msg=tickets_off note=\"insecure and no ticket_key_file: spans move on any "

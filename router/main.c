@@ -16,6 +16,7 @@
 #include "loop.h"
 #include "openai.h"
 #include "router.h"
+#include "tls.h"
 #include "error.h"
 #include "kvlingo/version.h"
 
@@ -151,13 +152,28 @@ int main(int argc, char **argv) {
         kvr_config_free(cfg);
         return 1;
     }
-    if (!cfg->ticket_key_file && !cfg->insecure) {
-        fprintf(stderr, "kvlingo-router: %sno transfer-ticket key: give ticket_key_file: in %s (or "
-                "--ticket-key-file FILE; the nodes' key), or insecure: true / --insecure for a development "
-                "fleet where spans move without tickets (and gRPC runs without TLS)\n",
-                check ? "--check: " : "", config);
-        kvr_config_free(cfg);
-        return 1;
+    if (!cfg->insecure) {
+        /* a fleet that is not insecure needs TLS, transfer tickets and API keys: one line names
+         * every piece that is missing */
+        char why[2048];
+        size_t n = 0;
+        why[0] = 0;
+        if (!cfg->tls_cert && !cfg->tls_key && !cfg->tls_ca)
+            n += (size_t)snprintf(why + n, sizeof why - n, "%s", KVL_SVC_TLS_REQUIRED_MSG);
+        if (!cfg->ticket_key_file && n < sizeof why)
+            n += (size_t)snprintf(why + n, sizeof why - n, "%sno transfer-ticket key: give ticket_key_file: "
+                                  "in %s (or --ticket-key-file FILE; the nodes' key)", n ? "; " : "", config);
+        if (!cfg->api_keys && n < sizeof why)
+            n += (size_t)snprintf(why + n, sizeof why - n, "%sno api_keys: without a key file every client "
+                                  "could read every session; give api_keys: FILE (or --api-keys FILE)",
+                                  n ? "; " : "");
+        if (n) {
+            fprintf(stderr, "kvlingo-router: %s%s; or insecure: true / --insecure for a development fleet "
+                    "(plaintext gRPC, anonymous clients as tenant \"default\", spans without tickets)\n",
+                    check ? "--check: " : "", why);
+            kvr_config_free(cfg);
+            return 1;
+        }
     }
     if (!check && !cfg->ticket_key_file)
         kvl__svc_log_text("warn", "insecure and no ticket_key_file: span moves carry no transfer ticket");

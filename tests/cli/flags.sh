@@ -55,7 +55,8 @@ kvld)
   [ $rc -ne 0 ] && grep -q "no transfer-ticket key: give --ticket-key-file" <<<"$out" \
     && ok "kvld --check: no ticket key and not insecure refused" || bad "kvld no key: $rc $out"
   out=$("$P" --model="$SRC/models/qwen3-a" 2>&1); rc=$?
-  [ $rc -eq 2 ] && grep -q "no transfer-ticket key" <<<"$out" && ok "kvld: no ticket key refuses to start" || bad "kvld start no key: $rc $out"
+  [ $rc -eq 1 ] && grep -q "no transfer-ticket key" <<<"$out" && grep -qF 'no TLS certificate' <<<"$out" \
+    && ok "kvld: no ticket key and no TLS refuses to start, naming both" || bad "kvld start no key: $rc $out"
   out=$("$P" --model="$SRC/models/qwen3-a" --ticket-key-file "$T/none.key" --check 2>&1); rc=$?
   [ $rc -ne 0 ] && grep -q "ticket key file '$T/none.key': missing" <<<"$out" && ok "kvld --check: missing key file named" || bad "kvld missing key: $rc $out"
   printf 'short\n' > "$T/short.key"
@@ -76,19 +77,18 @@ kvld)
 kvlingo-router)
   printf 'listen: 127.0.0.1:0\ntokenizer: %s\npolicy:\n  name: pinned\nnodes:\n  - {name: a, address: 127.0.0.1:1, model: qwen3-a}\n' "$SRC/models/qwen3-a" > "$T/fleet.yaml"
   head -c 48 /dev/urandom | base64 > "$T/fleet.key"
-  out=$("$P" --config="$T/fleet.yaml" --ticket-key-file="$T/fleet.key" --check); rc=$?
+  out=$("$P" --config="$T/fleet.yaml" --ticket-key-file="$T/fleet.key" --insecure --check); rc=$?
   [ $rc -eq 0 ] && grep -q 'ok' <<<"$out" && grep -q "^transfer tickets: key $T/fleet.key" <<<"$out" \
-    && ok "router --config=FILE --check" || bad "router check: $rc $out"
-  grep -q '^insecure: no' <<<"$out" && ok "router --check: not insecure by default" || bad "router insecure default: $out"
+    && ok "router --config=FILE --ticket-key-file --check" || bad "router check: $rc $out"
   out=$("$P" --config="$T/fleet.yaml" --check 2>&1); rc=$?
-  [ $rc -eq 1 ] && grep -q "no transfer-ticket key: give ticket_key_file:" <<<"$out" \
-    && ok "router --check: no ticket key and not insecure refused" || bad "router no key: $rc $out"
+  [ $rc -eq 1 ] && grep -q "no transfer-ticket key: give ticket_key_file:" <<<"$out" && grep -q "no api_keys" <<<"$out" \
+    && ok "router --check: no ticket key, no TLS, no keys and not insecure refused, naming each" || bad "router no key: $rc $out"
   { cat "$T/fleet.yaml"; echo 'ticket_key_file: missing.key'; } > "$T/fleetk.yaml"
-  out=$("$P" --config="$T/fleetk.yaml" --check 2>&1); rc=$?
+  out=$("$P" --config="$T/fleetk.yaml" --insecure --check 2>&1); rc=$?
   [ $rc -eq 1 ] && grep -q "ticket key file '$T/missing.key': missing" <<<"$out" \
     && ok "router --check: missing key file named (relative to the file)" || bad "router missing key: $rc $out"
   printf 'short\n' > "$T/short.key"
-  out=$("$P" --config="$T/fleet.yaml" --ticket-key-file "$T/short.key" --check 2>&1); rc=$?
+  out=$("$P" --config="$T/fleet.yaml" --ticket-key-file "$T/short.key" --insecure --check 2>&1); rc=$?
   [ $rc -eq 1 ] && grep -q "ticket key file '$T/short.key': too short" <<<"$out" \
     && ok "router --check: short key file named" || bad "router short key: $rc $out"
   out=$("$P" --config="$T/fleet.yaml" --insecure --check); rc=$?

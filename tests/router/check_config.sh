@@ -90,21 +90,25 @@ refuse "replica_id with a space" "$T/conf/rep.yaml" "key 'replica_id'"
 # api_keys: the key file is checked too (file, line and field named); --api-keys overrides
 printf 'tenants:\n  - name: acme\n    keys: ["sk-acme-0123456789abcdef"]\n    max_sessions: 4\n' > "$T/conf/keys.yaml"
 { good; echo "api_keys: keys.yaml"; } > "$T/conf/keys1.yaml"
-out=$("$R" --config "$T/conf/keys1.yaml" --check 2>&1); rc=$?
+out=$("$R" --insecure --config "$T/conf/keys1.yaml" --check 2>&1); rc=$?
 [ $rc -eq 0 ] && grep -q "^api_keys: $T/conf/keys.yaml (1 tenants, 1 keys)" <<<"$out" && ok "api_keys resolved and shown" || bad "api_keys: $rc $out"
+out=$("$R" --insecure --config "$T/conf/good.yaml" --check 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q '^api_keys: none: every client is tenant "default"' <<<"$out" \
+  && ok "no api_keys, insecure: every client is tenant default" || bad "no api_keys: $rc $out"
 out=$("$R" --config "$T/conf/good.yaml" --check 2>&1); rc=$?
-[ $rc -eq 0 ] && grep -q '^api_keys: none: every client is tenant "default" (a start refuses this without insecure)' <<<"$out" \
-  && ok "no api_keys: --check says a start needs insecure" || bad "no api_keys: $rc $out"
+[ $rc -eq 1 ] && grep -q 'no api_keys: without a key file every client could read every session' <<<"$out" \
+  && ok "no api_keys, not insecure: --check refuses, naming it" || bad "no api_keys refused: $rc $out"
 printf 'tenants:\n  - name: acme\n    keys: ["sk-acme-0123456789abcdef"]\n    max_sesions: 4\n' > "$T/conf/keys-typo.yaml"
 { good; echo "api_keys: keys-typo.yaml"; } > "$T/conf/keys2.yaml"
 refuse "key file with a typo" "$T/conf/keys2.yaml" "keys2.yaml:10: key 'api_keys'" "keys-typo.yaml:4: unknown key 'tenants[0].max_sesions'"
 printf 'tenants:\n  - name: acme\n    keys: [short]\n' > "$T/conf/keys-short.yaml"
-out=$("$R" --config "$T/conf/keys1.yaml" --api-keys "$T/conf/keys-short.yaml" --check 2>&1); rc=$?
+out=$("$R" --insecure --config "$T/conf/keys1.yaml" --api-keys "$T/conf/keys-short.yaml" --check 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -qF -- "--api-keys: $T/conf/keys-short.yaml:3: key 'tenants[0].keys' [0]: 5 characters" <<<"$out" \
   && ok "--api-keys overrides api_keys, its errors named" || bad "--api-keys: $rc $out"
 { good; echo "api_keys: nope.yaml"; } > "$T/conf/keys3.yaml"
 refuse "missing key file" "$T/conf/keys3.yaml" "keys3.yaml:10: key 'api_keys'" "nope.yaml"
-out=$("$R" --config "$SRC/router/fleet.example.yaml" --api-keys "$SRC/router/api-keys.example.yaml" --check 2>&1); rc=$?
+head -c 48 /dev/urandom | base64 > "$T/fleet.key"
+out=$("$R" --config "$SRC/router/fleet.example.yaml" --api-keys "$SRC/router/api-keys.example.yaml" --ticket-key-file "$T/fleet.key" --check 2>&1); rc=$?
 [ $rc -eq 0 ] && grep -q "api-keys.example.yaml (2 tenants, 2 keys)" <<<"$out" && ok "router/api-keys.example.yaml passes --check" \
   || bad "api-keys.example.yaml: $rc $out"
 # kvld: the same strict YAML
@@ -128,7 +132,8 @@ ossl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "
 ossl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$P/other-key.pem" -out "$P/other.pem" -days 2 -subj /CN=other-ca
 ossl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$P/r-key.pem" -out "$P/r.csr" -subj /CN=router
 ossl x509 -req -in "$P/r.csr" -CA "$P/ca.pem" -CAkey "$P/ca-key.pem" -set_serial 7 -days 2 -out "$P/r.pem"
-tlsgood() { good; printf 'tls_cert: %s\ntls_key: %s\ntls_ca: %s\n' "$1" "$2" "$3"; }
+# a secure fleet file has TLS, transfer tickets and API keys
+tlsgood() { good; printf 'tls_cert: %s\ntls_key: %s\ntls_ca: %s\nticket_key_file: %s\napi_keys: keys.yaml\n' "$1" "$2" "$3" "$T/fleet.key"; }
 tlsgood "$P/r.pem" "$P/r-key.pem" "$P/ca.pem" > "$T/conf/tls.yaml"
 out=$("$R" --config "$T/conf/tls.yaml" --check 2>&1); rc=$?
 [ $rc -eq 0 ] && grep -q '^tls: CN=router (until ' <<<"$out" && grep -q '^insecure: no' <<<"$out" \
@@ -147,12 +152,12 @@ out=$("$R" --config "$T/conf/tls3.yaml" --check 2>&1); rc=$?
 tlsgood "$P/r.csr" "$P/r-key.pem" "$P/ca.pem" > "$T/conf/tls4.yaml"
 out=$("$R" --config "$T/conf/tls4.yaml" --check 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -qF "tls_cert '$P/r.csr': no PEM certificate" <<<"$out" && ok "refused: a CSR as tls_cert" || bad "tls4: $rc $out"
-{ good; printf 'tls_cert: %s\ntls_key: %s\n' "$P/r.pem" "$P/r-key.pem"; } > "$T/conf/tls5.yaml"
+{ good; printf 'tls_cert: %s\ntls_key: %s\nticket_key_file: %s\napi_keys: keys.yaml\n' "$P/r.pem" "$P/r-key.pem" "$T/fleet.key"; } > "$T/conf/tls5.yaml"
 out=$("$R" --config "$T/conf/tls5.yaml" --check 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -qF "tls_ca is not set" <<<"$out" && ok "refused: tls_ca missing" || bad "tls5: $rc $out"
 out=$("$K" --model "$SRC/models/qwen3-a" --tls-cert "$P/r.pem" --tls-key "$P/r-key.pem" --tls-ca "$P/other.pem" --check 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -qF "does not verify against tls_ca '$P/other.pem'" <<<"$out" && ok "kvld: certificate of another CA refused" || bad "kvld tls: $rc $out"
-out=$("$K" --model "$SRC/models/qwen3-a" --tls-cert "$P/r.pem" --tls-key "$P/r-key.pem" --tls-ca "$P/ca.pem" --check 2>&1); rc=$?
+out=$("$K" --model "$SRC/models/qwen3-a" --tls-cert "$P/r.pem" --tls-key "$P/r-key.pem" --tls-ca "$P/ca.pem" --ticket-key-file "$T/fleet.key" --check 2>&1); rc=$?
 [ $rc -eq 0 ] && grep -q '^tls: CN=router (until .*client certificates required' <<<"$out" && ok "kvld: TLS files pass --check" || bad "kvld tls good: $rc $out"
 out=$("$K" --model "$SRC/models/qwen3-a" --tls-cert "$P/r.pem" --check 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -qF "TLS needs tls_cert, tls_key and tls_ca; tls_key is not set" <<<"$out" && ok "kvld: tls_key missing refused" || bad "kvld tls partial: $rc $out"

@@ -300,7 +300,7 @@ def main():
         ttl = rtest.Proc([os.path.join(a.build, "daemon", "kvld"), "--model", qa, "--listen",
                           "127.0.0.1:%d" % ttl_port, "--max-sessions", "4", "--session-idle-ttl-s", "2",
                           "--metrics", "127.0.0.1:%d" % ttl_m, "--warmup", "0", "--ticket-key-file",
-                          fleet.key_file],
+                          fleet.key_file, "--insecure"],
                          os.path.join(a.work, "kvld-ttl.log"))
         fleet.procs.append(ttl)
         rtest.wait_port(ttl_port, ttl.proc, what="kvld ttl")

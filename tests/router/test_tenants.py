@@ -284,7 +284,8 @@ def main():
             print("note: the openai package is not installed: its part is left out")
 
         # ---- 6. kvlingo chat and the Python package
-        chat = [os.path.join(a.build, "kvlingo"), "chat", "--router", fleet.addr, "--max-tokens", "3"]
+        chat = [os.path.join(a.build, "kvlingo"), "chat", "--router", fleet.addr, "--max-tokens", "3"] + \
+            fleet.cli_security()
         p = subprocess.run(chat + ["Once upon a time"], capture_output=True, text=True, timeout=60,
                            env={k: v for k, v in os.environ.items() if k != "KVL_API_KEY"})
         check(p.returncode == 1 and "UNAUTHENTICATED" in p.stderr, "chat without a key: %d %s" % (p.returncode, p.stderr))
@@ -294,8 +295,8 @@ def main():
                            env=dict(os.environ, KVL_API_KEY=KO))
         check(p.returncode == 0, "chat with KVL_API_KEY: %d %s" % (p.returncode, p.stderr))
         pkg = ("import sys; sys.path.insert(0, %r); import kvlingo_client as k; "
-               "c = k.RouterClient(%r, api_key=%r); s = c.create_session(); print(c.get_session(s).open); "
-               "print(k.main(['--router', %r, '--api-key', %r, '--max-tokens', '2', 'Hello']))"
+               "c = k.RouterClient(%r, api_key=%r, insecure=True); s = c.create_session(); print(c.get_session(s).open); "
+               "print(k.main(['--router', %r, '--insecure', '--api-key', %r, '--max-tokens', '2', 'Hello']))"
                % (os.path.join(SRC, "clients", "python"), fleet.addr, KO, fleet.addr, KO))
         # the package's stubs need the protobuf runtime its pyproject pins (build/venv has it)
         if py:

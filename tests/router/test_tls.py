@@ -145,7 +145,8 @@ def main():
 
         # the OpenAI door serves HTTPS with the router's certificate; plain HTTP gets no answer
         url = "https://127.0.0.1:%d/v1/models" % oport
-        r = subprocess.run(["curl", "-sS", "--max-time", "20", "--cacert", pki["ca"], url],
+        r = subprocess.run(["curl", "-sS", "--max-time", "20", "--cacert", pki["ca"], "-H",
+                            "Authorization: Bearer %s" % fleet.default_key, url],
                            capture_output=True, text=True, timeout=60)
         check(r.returncode == 0 and "qwen3-b" in r.stdout, "HTTPS /v1/models: rc %d %r %r" % (
             r.returncode, r.stdout[:200], r.stderr))
@@ -169,7 +170,7 @@ def main():
               "TTFT %.1f ms); the client presented no certificate" % (s2.span_tokens, s2.ttft_seconds * 1e3))
         kv = os.path.join(a.build, "kvlingo")
         r = subprocess.run([kv, "chat", "--router", fleet.addr, "--tls-ca", pki["ca"], "--max-tokens", "3",
-                            "Hello"], capture_output=True, text=True, timeout=120)
+                            "--api-key", fleet.default_key, "Hello"], capture_output=True, text=True, timeout=120)
         check(r.returncode == 0 and "qwen3-a" in r.stdout, "kvlingo chat --tls-ca: rc %d %r %r" % (
             r.returncode, r.stdout, r.stderr))
         print("  ok: kvlingo chat --tls-ca: %s" % r.stdout.strip().split("\n")[-1])
