@@ -17,6 +17,7 @@
 #include "loop.h"
 #include "node.h"
 #include "peers.h"
+#include "tls.h"
 #include "kvlingo/backend.h"
 #include "kvlingo/version.h"
 
@@ -53,6 +54,16 @@ static int check_settings(const kvld_config *cfg) {
     }
     printf("peers: %s\n", cfg->peers[0] ? cfg->peers : "none");
     printf("insecure: %s\n", cfg->insecure ? "yes (plaintext gRPC)" : "no");
+    kvl__svc_tls tls;
+    if (kvld_config_tls(cfg, &tls) != KVL_OK) {
+        fprintf(stderr, "kvld: --check: %s\n", kvl_last_error());
+        bad = 1;
+    } else if (tls.cert_pem) {
+        printf("tls: %s (until %s), client certificates required, CA %s\n", tls.subject,
+               tls.not_after, cfg->tls_ca);
+    }
+    kvl__svc_tls_free(&tls);
+    printf("health_listen: %s\n", cfg->health_listen[0] ? cfg->health_listen : "off");
     printf("listen: %s\nmetrics: %s\ntransport: %s\ndevice: %s\nmax_sessions: %d\n%s\n", cfg->listen,
            cfg->metrics[0] ? cfg->metrics : "off", cfg->transport, cfg->device, cfg->max_sessions,
            bad ? "check failed" : "ok");
@@ -94,12 +105,13 @@ static void on_start(void *arg) {
     /* the port line is what scripts wait for (it says which port "HOST:0" got) */
     kvl__svc_log("info", "msg=serving model=%s hash=%s arch=%s listen=%s port=%d metrics=%s "
                  "transport=%s translators=%d max_sessions=%d max_context=%d device=%s "
-                 "weights_dtype=%s warmup_ms=%.1f peers=%s",
+                 "weights_dtype=%s warmup_ms=%.1f peers=%s tls=%s health_port=%d",
                  kvl_model_name(n->model), kvl_model_hash(n->model), mc->architecture,
                  cfg->listen, kvl__rpc_server_port(n->rpc), cfg->metrics[0] ? cfg->metrics : "-",
                  cfg->transport, n->translators.n, cfg->max_sessions, n->max_context, cfg->device,
                  kvl_weights_dtype_name(kvl_model_weights_dtype(n->model)), n->warmup_ms,
-                 cfg->peers[0] ? cfg->peers : "-");
+                 cfg->peers[0] ? cfg->peers : "-", cfg->insecure ? "off" : "mutual",
+                 n->health_rpc ? kvl__rpc_server_port(n->health_rpc) : 0);
 }
 
 int main(int argc, char **argv) {

@@ -60,6 +60,8 @@ static void on_start(void *arg) {
            kvl__rpc_server_port(a->r->server));
     if (a->r->cfg->metrics) printf(", metrics port %d", kvr_metrics_port(a->r->metrics));
     if (a->r->http) printf(", http port %d", kvr_oai_http_port(a->r->http));
+    if (a->r->health_server) printf(", health port %d", kvl__rpc_server_port(a->r->health_server));
+    printf(", %s", a->r->cfg->insecure ? "plaintext" : "TLS");
     printf("\n");
     fflush(stdout);
 }

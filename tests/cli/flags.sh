@@ -33,12 +33,14 @@ kvld)
     && ok "kvld --help gives descriptions and defaults" || bad "kvld help: $out"
   out=$("$P" --model="$SRC/models/qwen3-a" --max-sessions=0 2>&1); rc=$?
   [ $rc -eq 2 ] && grep -q "max_sessions = '0'" <<<"$out" && ok "kvld --max-sessions=0 parsed (and refused)" || bad "kvld =: $out"
-  out=$("$P" --model="$SRC/models/qwen3-a" --listen=127.0.0.1:0 --check); rc=$?
+  out=$("$P" --model="$SRC/models/qwen3-a" --listen=127.0.0.1:0 --insecure --check); rc=$?
   [ $rc -eq 0 ] && grep -q "^model: $SRC/models/qwen3-a" <<<"$out" && grep -q '^listen: 127.0.0.1:0' <<<"$out" \
     && ok "kvld --check --key=value" || bad "kvld check: $rc $out"
-  grep -q '^insecure: no' <<<"$out" && ok "kvld --check: not insecure by default" || bad "kvld insecure default: $out"
-  out=$("$P" --model="$SRC/models/qwen3-a" --insecure --check); rc=$?
-  [ $rc -eq 0 ] && grep -q '^insecure: yes' <<<"$out" && ok "kvld --insecure shown by --check" || bad "kvld --insecure: $rc $out"
+  grep -q '^insecure: yes' <<<"$out" && ok "kvld --insecure shown by --check" || bad "kvld --insecure: $out"
+  out=$("$P" --model="$SRC/models/qwen3-a" --check 2>&1); rc=$?
+  [ $rc -eq 1 ] && grep -q '^insecure: no' <<<"$out" \
+    && grep -qF 'no TLS certificate: set tls_cert/tls_key/tls_ca or pass --insecure to run plaintext' <<<"$out" \
+    && ok "kvld --check without TLS files nor --insecure refused" || bad "kvld no tls: $rc $out"
   printf 'model: %s\ninsecure: true\n' "$SRC/models/qwen3-a" > "$T/kvld.yaml"
   out=$("$P" --config "$T/kvld.yaml" --check); rc=$?
   [ $rc -eq 0 ] && grep -q '^insecure: yes' <<<"$out" && ok "kvld insecure: true (YAML)" || bad "kvld yaml insecure: $rc $out"
@@ -48,11 +50,12 @@ kvld)
   ;;
 kvlingo-router)
   printf 'listen: 127.0.0.1:0\ntokenizer: %s\npolicy:\n  name: pinned\nnodes:\n  - {name: a, address: 127.0.0.1:1, model: qwen3-a}\n' "$SRC/models/qwen3-a" > "$T/fleet.yaml"
-  out=$("$P" --config="$T/fleet.yaml" --check); rc=$?
-  [ $rc -eq 0 ] && grep -q 'ok' <<<"$out" && ok "router --config=FILE --check" || bad "router check: $rc $out"
-  grep -q '^insecure: no' <<<"$out" && ok "router --check: not insecure by default" || bad "router insecure default: $out"
   out=$("$P" --config="$T/fleet.yaml" --insecure --check); rc=$?
-  [ $rc -eq 0 ] && grep -q '^insecure: yes' <<<"$out" && ok "router --insecure shown by --check" || bad "router --insecure: $rc $out"
+  [ $rc -eq 0 ] && grep -q 'ok' <<<"$out" && ok "router --config=FILE --check" || bad "router check: $rc $out"
+  grep -q '^insecure: yes' <<<"$out" && ok "router --insecure shown by --check" || bad "router --insecure: $out"
+  out=$("$P" --config="$T/fleet.yaml" --check 2>&1); rc=$?
+  [ $rc -eq 1 ] && grep -qF 'no TLS certificate: set tls_cert/tls_key/tls_ca or pass --insecure to run plaintext' <<<"$out" \
+    && ok "router --check without TLS keys nor --insecure refused" || bad "router no tls: $rc $out"
   { cat "$T/fleet.yaml"; echo 'insecure: true'; } > "$T/fleet2.yaml"
   out=$("$P" --config="$T/fleet2.yaml" --check); rc=$?
   [ $rc -eq 0 ] && grep -q '^insecure: yes' <<<"$out" && ok "router insecure: true (YAML)" || bad "router yaml insecure: $rc $out"

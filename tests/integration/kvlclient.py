@@ -49,7 +49,8 @@ class Kvld:
         self.port = free_port()
         self.metrics_port = free_port()
         self.addr = "127.0.0.1:%d" % self.port
-        args = [kvld, "--model", model, "--listen", self.addr,
+        # plaintext, by name: these tests call the Node API directly with grpc.insecure_channel
+        args = [kvld, "--model", model, "--listen", self.addr, "--insecure",
                 "--metrics", "127.0.0.1:%d" % self.metrics_port]
         if translators:
             args += ["--translators", translators]

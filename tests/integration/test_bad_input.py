@@ -276,7 +276,7 @@ def main():
         for dev, want in [("gpu", "device = 'gpu'"), ("cuda:x", "device = 'cuda:x'"),
                           ("cuda", "cuda")]:
             r = subprocess.run([args.kvld, "--model", qa, "--listen", "127.0.0.1:0",
-                                "--transport", "none", "--device", dev],
+                                "--transport", "none", "--insecure", "--device", dev],
                                capture_output=True, text=True, timeout=120)
             t.check(r.returncode != 0 and want in r.stderr,
                     "kvld --device %s refused at start with a message (%s)" %

@@ -23,14 +23,14 @@ YAML
 }
 refuse() {   # refuse NAME FILE PATTERN...
   local name=$1 f=$2; shift 2
-  local out; out=$("$R" --config "$f" --check 2>&1); local rc=$?
+  local out; out=$("$R" --insecure --config "$f" --check 2>&1); local rc=$?
   local okp=1
   for p in "$@"; do grep -qF -- "$p" <<<"$out" || okp=0; done
   [ $rc -eq 1 ] && [ $okp = 1 ] && ok "refused: $name" || bad "$name: rc $rc: $out"
 }
 mkdir -p "$T/conf"
 good > "$T/conf/good.yaml"
-out=$("$R" --config "$T/conf/good.yaml" --check); rc=$?
+out=$("$R" --insecure --config "$T/conf/good.yaml" --check); rc=$?
 [ $rc -eq 0 ] && grep -q "^tokenizer: $SRC/models/qwen3-a (vocabulary " <<<"$out" \
   && grep -q "^ledger: $T/conf/ledger.db (will be created)" <<<"$out" && grep -q '^  b0  127.0.0.1:7101  model qwen3-b' <<<"$out" \
   && ok "good file passes, resolved paths shown" || bad "good: $rc $out"
@@ -43,12 +43,12 @@ refuse "http_listen without host" "$T/conf/http1.yaml" "http1.yaml:10: key 'http
 { good; echo "http_listen: 127.0.0.1:8000"; echo "http_max_body_bytes: 10"; } > "$T/conf/http2.yaml"
 refuse "http_max_body_bytes too small" "$T/conf/http2.yaml" "http2.yaml:11" "http_max_body_bytes"
 { good; echo "http_listen: 127.0.0.1:8000"; } > "$T/conf/http3.yaml"
-out=$("$R" --config "$T/conf/http3.yaml" --check); rc=$?
+out=$("$R" --insecure --config "$T/conf/http3.yaml" --check); rc=$?
 [ $rc -eq 0 ] && grep -q '^http (OpenAI API): 127.0.0.1:8000 (body <= 1048576 bytes' <<<"$out" \
   && ok "http_listen shown by --check" || bad "http3: $rc $out"
-out=$("$R" --config "$T/conf/good.yaml" --http-listen 127.0.0.1:8123 --check); rc=$?
+out=$("$R" --insecure --config "$T/conf/good.yaml" --http-listen 127.0.0.1:8123 --check); rc=$?
 [ $rc -eq 0 ] && grep -q '^http (OpenAI API): 127.0.0.1:8123' <<<"$out" && ok "--http-listen overrides" || bad "flag: $rc $out"
-out=$("$R" --config "$T/conf/good.yaml" --http-listen nonsense --check 2>&1); rc=$?
+out=$("$R" --insecure --config "$T/conf/good.yaml" --http-listen nonsense --check 2>&1); rc=$?
 [ $rc -ne 0 ] && grep -q "http-listen 'nonsense' is not host:port" <<<"$out" && ok "bad --http-listen refused" || bad "bad flag: $rc $out"
 # 5,001 nodes
 { good | sed '/^  - /d; /^nodes:/d'; echo "nodes:"; for i in $(seq 1 5001); do echo "  - {name: n$i, address: 127.0.0.1:$((10000 + i % 50000)), model: qwen3-a}"; done; } > "$T/conf/many.yaml"
@@ -70,16 +70,16 @@ good | sed 's|^  models: .*|  models: [qwen3-a, qwen3-z]|' > "$T/conf/model.yaml
 refuse "policy naming a model no node serves" "$T/conf/model.yaml" "model 'qwen3-z' is served by no node"
 # ledger forms: sqlite:PATH, a PostgreSQL URI (not contacted, password hidden), env:NAME
 good | sed 's|^ledger: .*|ledger: sqlite:l2.db|' > "$T/conf/sq.yaml"
-out=$("$R" --config "$T/conf/sq.yaml" --check 2>&1); rc=$?
+out=$("$R" --insecure --config "$T/conf/sq.yaml" --check 2>&1); rc=$?
 [ $rc -eq 0 ] && grep -q "^ledger: $T/conf/l2.db (will be created)" <<<"$out" && ok "ledger sqlite:PATH resolved" || bad "sqlite: $rc $out"
 good | sed 's|^ledger: .*|ledger: postgresql://kvr:hunter2@127.0.0.1:1/db|' > "$T/conf/pg.yaml"
-out=$("$R" --config "$T/conf/pg.yaml" --check 2>&1); rc=$?
+out=$("$R" --insecure --config "$T/conf/pg.yaml" --check 2>&1); rc=$?
 [ $rc -eq 0 ] && grep -qF "ledger: postgresql://kvr:***@127.0.0.1:1/db (postgresql, not contacted by --check)" <<<"$out" \
   && ! grep -q hunter2 <<<"$out" && ok "ledger PostgreSQL URI, password hidden" || bad "pg: $rc $out"
 good | sed 's|^ledger: .*|ledger: env:KVR_TEST_NO_SUCH_VAR|' > "$T/conf/env.yaml"
 refuse "ledger env:NAME unset" "$T/conf/env.yaml" "env.yaml:2: key 'ledger': environment variable 'KVR_TEST_NO_SUCH_VAR'" "not set"
 good | sed 's|^ledger: .*|ledger: env:KVR_TEST_LEDGER_URI|' > "$T/conf/env2.yaml"
-out=$(KVR_TEST_LEDGER_URI="postgresql://u:pw@h/db" "$R" --config "$T/conf/env2.yaml" --check 2>&1); rc=$?
+out=$(KVR_TEST_LEDGER_URI="postgresql://u:pw@h/db" "$R" --insecure --config "$T/conf/env2.yaml" --check 2>&1); rc=$?
 [ $rc -eq 0 ] && grep -qF "ledger: postgresql://u:***@h/db" <<<"$out" && ok "ledger env:NAME read" || bad "env: $rc $out"
 good | sed 's|^ledger: .*|ledger: mysql://h/db|' > "$T/conf/my.yaml"
 refuse "ledger of an unknown scheme" "$T/conf/my.yaml" "my.yaml:2: key 'ledger'" "neither a path"
@@ -90,16 +90,16 @@ refuse "replica_id with a space" "$T/conf/rep.yaml" "key 'replica_id'"
 # api_keys: the key file is checked too (file, line and field named); --api-keys overrides
 printf 'tenants:\n  - name: acme\n    keys: ["sk-acme-0123456789abcdef"]\n    max_sessions: 4\n' > "$T/conf/keys.yaml"
 { good; echo "api_keys: keys.yaml"; } > "$T/conf/keys1.yaml"
-out=$("$R" --config "$T/conf/keys1.yaml" --check 2>&1); rc=$?
+out=$("$R" --config "$T/conf/keys1.yaml" --insecure --check 2>&1); rc=$?
 [ $rc -eq 0 ] && grep -q "^api_keys: $T/conf/keys.yaml (1 tenants, 1 keys)" <<<"$out" && ok "api_keys resolved and shown" || bad "api_keys: $rc $out"
-out=$("$R" --config "$T/conf/good.yaml" --check 2>&1); rc=$?
-[ $rc -eq 0 ] && grep -q '^api_keys: none: every client is tenant "default" (a start refuses this without insecure)' <<<"$out" \
-  && ok "no api_keys: --check says a start needs insecure" || bad "no api_keys: $rc $out"
+out=$("$R" --config "$T/conf/good.yaml" --insecure --check 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q '^api_keys: none: every client is tenant "default"$' <<<"$out" \
+  && ok "no api_keys: --check says every client is tenant default" || bad "no api_keys: $rc $out"
 printf 'tenants:\n  - name: acme\n    keys: ["sk-acme-0123456789abcdef"]\n    max_sesions: 4\n' > "$T/conf/keys-typo.yaml"
 { good; echo "api_keys: keys-typo.yaml"; } > "$T/conf/keys2.yaml"
 refuse "key file with a typo" "$T/conf/keys2.yaml" "keys2.yaml:10: key 'api_keys'" "keys-typo.yaml:4: unknown key 'tenants[0].max_sesions'"
 printf 'tenants:\n  - name: acme\n    keys: [short]\n' > "$T/conf/keys-short.yaml"
-out=$("$R" --config "$T/conf/keys1.yaml" --api-keys "$T/conf/keys-short.yaml" --check 2>&1); rc=$?
+out=$("$R" --config "$T/conf/keys1.yaml" --insecure --api-keys "$T/conf/keys-short.yaml" --check 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -qF -- "--api-keys: $T/conf/keys-short.yaml:3: key 'tenants[0].keys' [0]: 5 characters" <<<"$out" \
   && ok "--api-keys overrides api_keys, its errors named" || bad "--api-keys: $rc $out"
 { good; echo "api_keys: nope.yaml"; } > "$T/conf/keys3.yaml"
@@ -115,9 +115,44 @@ printf 'model: &m %s\ntranslators: *m\n' "$SRC/models/qwen3-a" > "$T/ka.yaml"
 out=$("$K" --config "$T/ka.yaml" --check 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -qF "ka.yaml:1: YAML anchor '&m' refused" <<<"$out" && ok "kvld: alias refused" || bad "kvld alias: $rc $out"
 printf 'model: %s\nmax_sessions: 4\n' "$SRC/models/qwen3-a" > "$T/kg.yaml"
-out=$("$K" --config "$T/kg.yaml" --check 2>&1); rc=$?
+out=$("$K" --insecure --config "$T/kg.yaml" --check 2>&1); rc=$?
 [ $rc -eq 0 ] && grep -q '^max_sessions: 4' <<<"$out" && ok "kvld: good YAML passes --check" || bad "kvld good: $rc $out"
 # the sample fleet the README starts by hand passes the check (paths relative to its folder)
 out=$("$R" --config "$SRC/router/fleet.example.yaml" --check 2>&1) && grep -q "tokenizer: .*models/qwen3-a (vocabulary" <<<"$out" \
     && ok "router/fleet.example.yaml passes --check" || bad "fleet.example.yaml: $out"
+# TLS files: each wrong one is named with its key and path (a throw-away CA made here)
+P="$T/pki"; mkdir -p "$P"
+ossl() { openssl "$@" >/dev/null 2>&1 || bad "openssl $*"; }
+ossl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$P/ca-key.pem" -out "$P/ca.pem" -days 2 -subj /CN=test-ca
+ossl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$P/other-key.pem" -out "$P/other.pem" -days 2 -subj /CN=other-ca
+ossl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$P/r-key.pem" -out "$P/r.csr" -subj /CN=router
+ossl x509 -req -in "$P/r.csr" -CA "$P/ca.pem" -CAkey "$P/ca-key.pem" -set_serial 7 -days 2 -out "$P/r.pem"
+tlsgood() { good; printf 'tls_cert: %s\ntls_key: %s\ntls_ca: %s\n' "$1" "$2" "$3"; }
+tlsgood "$P/r.pem" "$P/r-key.pem" "$P/ca.pem" > "$T/conf/tls.yaml"
+out=$("$R" --config "$T/conf/tls.yaml" --check 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q '^tls: CN=router (until ' <<<"$out" && grep -q '^insecure: no' <<<"$out" \
+  && ok "TLS files pass --check, subject shown" || bad "tls good: $rc $out"
+out=$("$R" --config "$T/conf/tls.yaml" --insecure --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -qF 'insecure is set together with tls_cert' <<<"$out" && ok "refused: --insecure with TLS keys" || bad "tls+insecure: $rc $out"
+tlsgood "$P/nope.pem" "$P/r-key.pem" "$P/ca.pem" > "$T/conf/tls1.yaml"
+out=$("$R" --config "$T/conf/tls1.yaml" --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -qF "tls_cert '$P/nope.pem': no such file" <<<"$out" && ok "refused: missing tls_cert" || bad "tls1: $rc $out"
+tlsgood "$P/r.pem" "$P/other-key.pem" "$P/ca.pem" > "$T/conf/tls2.yaml"
+out=$("$R" --config "$T/conf/tls2.yaml" --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -qF "tls_key '$P/other-key.pem' is not the key of tls_cert '$P/r.pem'" <<<"$out" && ok "refused: key of another certificate" || bad "tls2: $rc $out"
+tlsgood "$P/r.pem" "$P/r-key.pem" "$P/other.pem" > "$T/conf/tls3.yaml"
+out=$("$R" --config "$T/conf/tls3.yaml" --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -qF "tls_cert '$P/r.pem' (CN=router) does not verify against tls_ca '$P/other.pem'" <<<"$out" && ok "refused: certificate of another CA" || bad "tls3: $rc $out"
+tlsgood "$P/r.csr" "$P/r-key.pem" "$P/ca.pem" > "$T/conf/tls4.yaml"
+out=$("$R" --config "$T/conf/tls4.yaml" --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -qF "tls_cert '$P/r.csr': no PEM certificate" <<<"$out" && ok "refused: a CSR as tls_cert" || bad "tls4: $rc $out"
+{ good; printf 'tls_cert: %s\ntls_key: %s\n' "$P/r.pem" "$P/r-key.pem"; } > "$T/conf/tls5.yaml"
+out=$("$R" --config "$T/conf/tls5.yaml" --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -qF "tls_ca is not set" <<<"$out" && ok "refused: tls_ca missing" || bad "tls5: $rc $out"
+out=$("$K" --model "$SRC/models/qwen3-a" --tls-cert "$P/r.pem" --tls-key "$P/r-key.pem" --tls-ca "$P/other.pem" --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -qF "does not verify against tls_ca '$P/other.pem'" <<<"$out" && ok "kvld: certificate of another CA refused" || bad "kvld tls: $rc $out"
+out=$("$K" --model "$SRC/models/qwen3-a" --tls-cert "$P/r.pem" --tls-key "$P/r-key.pem" --tls-ca "$P/ca.pem" --check 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q '^tls: CN=router (until .*client certificates required' <<<"$out" && ok "kvld: TLS files pass --check" || bad "kvld tls good: $rc $out"
+out=$("$K" --model "$SRC/models/qwen3-a" --tls-cert "$P/r.pem" --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -qF "TLS needs tls_cert, tls_key and tls_ca; tls_key is not set" <<<"$out" && ok "kvld: tls_key missing refused" || bad "kvld tls partial: $rc $out"
 exit $fail

@@ -141,10 +141,21 @@ class Fleet:
 
     def __init__(self, build, work, models=("qwen3-a", "qwen3-b"), policy=None, guardrail=None,
                  transfer=None, extra_top=None, translators=True, kvld_args=(), pairs=None,
-                 peers=False, ledger=None, api_keys=None):
+                 peers=False, ledger=None, tls=None, api_keys=None):
+        """tls: None runs every process plaintext (kvld --insecure, insecure: true in the fleet
+        file); a PKI of tlscerts.make() runs TLS: each node its own certificate and mutual TLS,
+        the router its certificate, the clients verify it with the fleet CA.
+        api_keys: the router's key file (api_keys:).  A TLS fleet without one gets a key file of
+        one admin tenant, "fleet", whose key (default_key) the clients send by default."""
         self.build, self.work = build, work
-        # the key file (api_keys:); without one the router runs insecure, every client "default"
-        self.api_keys = api_keys
+        self.tls = tls
+        self.api_keys, self.default_key = api_keys, None
+        if tls and not api_keys:
+            os.makedirs(work, exist_ok=True)
+            self.default_key = "sk-fleet-test-key-0000000001"
+            self.api_keys = os.path.join(work, "api-keys.yaml")
+            with open(self.api_keys, "w") as f:
+                f.write('tenants:\n  - {name: fleet, keys: ["%s"], admin: true}\n' % self.default_key)
         self.peers = peers   # give each kvld the others' addresses (--peers): connected at start
         self.ledger = ledger or os.path.join(work, "ledger.db")
         self.replicas = {}
@@ -178,6 +189,7 @@ class Fleet:
                 os.path.join(SRC, "models", m), "--listen", "127.0.0.1:%d" % port]
         if os.path.isdir(trdir):
             args += ["--translators", trdir]
+        args += self.node_tls_args(m)
         if self.peers:
             others = ["127.0.0.1:%d" % q for o, q in self.node_ports.items() if o != m]
             if others:
@@ -188,6 +200,14 @@ class Fleet:
         self.procs.append(p)
         return p
 
+    def node_tls_args(self, m):
+        """kvld's TLS flags for model m (node-a, node-b, node-c certificates in model order)."""
+        if not self.tls:
+            return ["--insecure"]
+        leaf = "node-" + "abc"[list(self.node_ports).index(m) % 3]
+        cert, key = self.tls[leaf]
+        return ["--tls-cert", cert, "--tls-key", key, "--tls-ca", self.tls["ca"]]
+
     def write_config(self, policy, guardrail=None, transfer=None, extra_top=None):
         def yv(v):
             return "[" + ", ".join(v) + "]" if isinstance(v, (list, tuple)) else str(v).lower() \
@@ -196,7 +216,13 @@ class Fleet:
                  "metrics: 127.0.0.1:%d" % self.metrics_port,
                  "ledger: %s" % self.ledger,
                  "tokenizer: %s" % os.path.join(SRC, "models", "qwen3-a")]
-        lines.append("api_keys: %s" % self.api_keys if self.api_keys else "insecure: true")
+        if self.tls:
+            lines += ["tls_cert: %s" % self.tls["router"][0], "tls_key: %s" % self.tls["router"][1],
+                      "tls_ca: %s" % self.tls["ca"]]
+        else:
+            lines.append("insecure: true")
+        if self.api_keys:
+            lines.append("api_keys: %s" % self.api_keys)
         for k, v in (extra_top or {}).items():
             lines.append("%s: %s" % (k, yv(v)))
         lines.append("nodes:")
@@ -253,9 +279,20 @@ class Fleet:
         rep["proc"] = p
         return rep
 
+    def client_security(self):
+        """RouterClient keyword arguments: verify the router with the fleet CA, or plaintext."""
+        return {"tls_ca": self.tls["ca"]} if self.tls else {"insecure": True}
+
+    def cli_security(self):
+        """The same for `kvlingo chat` and the Python command-line clients (with the fleet's
+        default key, when it has one)."""
+        key = ["--api-key", self.default_key] if self.default_key else []
+        return (["--tls-ca", self.tls["ca"]] if self.tls else ["--insecure"]) + key
+
     def replica_client(self, name, timeout=120.0):
         return FixedLengthClient(self.replicas[name]["addr"], timeout=timeout,
-                                          stub_dir=os.path.join(self.work, "stubs"))
+                                 stub_dir=os.path.join(self.work, "stubs"), api_key=self.default_key,
+                                 **self.client_security())
 
     def replica_metrics(self, name):
         import urllib.request
@@ -264,7 +301,9 @@ class Fleet:
 
     def client(self, timeout=120.0, api_key=None):
         return FixedLengthClient(self.addr, timeout=timeout,
-                                 stub_dir=os.path.join(self.work, "stubs"), api_key=api_key)
+                                 stub_dir=os.path.join(self.work, "stubs"),
+                                 api_key=api_key if api_key is not None else self.default_key,
+                                 **self.client_security())
 
     def metrics(self):
         import urllib.request
@@ -303,7 +342,15 @@ class Fleet:
         self.client()
         node_pb2 = importlib.import_module("kvlingo.v1.node_pb2")
         node_grpc = importlib.import_module("kvlingo.v1.node_pb2_grpc")
-        ch = grpc.insecure_channel("127.0.0.1:%d" % self.node_ports[model])
+        addr = "127.0.0.1:%d" % self.node_ports[model]
+        if self.tls:   # the Node API is mutual TLS: present a certificate of the fleet CA
+            cert, key = self.tls["client"]
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=open(self.tls["ca"], "rb").read(),
+                private_key=open(key, "rb").read(), certificate_chain=open(cert, "rb").read())
+            ch = grpc.secure_channel(addr, creds)
+        else:
+            ch = grpc.insecure_channel(addr)
         return node_grpc.NodeStub(ch).Info(node_pb2.InfoRequest(), timeout=10)
 
 

@@ -42,7 +42,7 @@ def main():
     kport, mport = rtest.free_port(), rtest.free_port()
     node = rtest.Proc([os.path.join(a.build, "daemon", "kvld"), "--model",
                        os.path.join(rtest.SRC, "models", "qwen3-a"), "--listen", "127.0.0.1:%d" % kport,
-                       "--metrics", "127.0.0.1:%d" % mport, "--transport", "none"],
+                       "--metrics", "127.0.0.1:%d" % mport, "--transport", "none", "--insecure"],
                       os.path.join(a.work, "kvld-metrics.log"))
     try:
         rtest.wait_port(mport, node.proc, what="kvld --metrics")

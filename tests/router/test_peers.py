@@ -56,10 +56,10 @@ def main():
     # bad entries: refused at start, the entry named; --check shows the list
     for bad, needle in (("127.0.0.1", "not HOST:PORT"), ("127.0.0.1:70x1", "port is not a number"),
                         (",".join("127.0.0.1:%d" % (1000 + i) for i in range(65)), "more than 64")):
-        r = subprocess.run([kvld, "--model", model("qwen3-a"), "--peers", bad], capture_output=True,
+        r = subprocess.run([kvld, "--insecure", "--model", model("qwen3-a"), "--peers", bad], capture_output=True,
                            text=True, timeout=60)
         check(r.returncode == 2 and needle in r.stderr, "--peers %r: rc %d, %r" % (bad[:40], r.returncode, r.stderr))
-    r = subprocess.run([kvld, "--model", model("qwen3-a"), "--peers", "127.0.0.1:1,[::1]:2", "--check"],
+    r = subprocess.run([kvld, "--insecure", "--model", model("qwen3-a"), "--peers", "127.0.0.1:1,[::1]:2", "--check"],
                        capture_output=True, text=True, timeout=60)
     check(r.returncode == 0 and "peers: 127.0.0.1:1,[::1]:2" in r.stdout, "--check: %r %r" % (r.stdout, r.stderr))
     print("ok   bad --peers refused, --check lists them")
@@ -70,21 +70,21 @@ def main():
     for p in (la, lb):
         if os.path.exists(p):
             os.remove(p)
-    na = rtest.Proc([kvld, "--model", model("qwen3-a"), "--listen", "127.0.0.1:%d" % pa, "--metrics",
+    na = rtest.Proc([kvld, "--insecure", "--model", model("qwen3-a"), "--listen", "127.0.0.1:%d" % pa, "--metrics",
                      "127.0.0.1:%d" % ma, "--peers", "127.0.0.1:%d" % pb], la)
     nb = None
     try:
         rtest.wait_port(pa, na.proc, what="kvld a")
         time.sleep(0.6)   # a retries against a port nobody listens on
-        nb = rtest.Proc([kvld, "--model", model("qwen3-b"), "--listen", "127.0.0.1:%d" % pb, "--metrics",
+        nb = rtest.Proc([kvld, "--insecure", "--model", model("qwen3-b"), "--listen", "127.0.0.1:%d" % pb, "--metrics",
                          "127.0.0.1:%d" % mb, "--peers", "127.0.0.1:%d" % pa, "--warmup", "0"], lb)
         rtest.wait_port(pb, nb.proc, what="kvld b")
-        r = subprocess.run([kvld, "--model", model("qwen3-b"), "--listen", "127.0.0.1:%d" % pa,
+        r = subprocess.run([kvld, "--insecure", "--model", model("qwen3-b"), "--listen", "127.0.0.1:%d" % pa,
                             "--transport", "none", "--warmup", "0"], capture_output=True, text=True, timeout=60)
         check(r.returncode == 1 and "cannot listen on '127.0.0.1:%d'" % pa in r.stdout + r.stderr,
               "second kvld on a held port: rc %d, %r" % (r.returncode, (r.stdout + r.stderr)[-300:]))
         print("ok   a second kvld on a held port fails at start")
-        r = subprocess.run([kvld, "--model", model("qwen3-b"), "--listen", "127.0.0.1:0", "--metrics",
+        r = subprocess.run([kvld, "--insecure", "--model", model("qwen3-b"), "--listen", "127.0.0.1:0", "--metrics",
                             "127.0.0.1:%d" % ma, "--transport", "none", "--warmup", "0"],
                            capture_output=True, text=True, timeout=60)
         check(r.returncode == 1 and "metrics: cannot listen on 127.0.0.1:%d" % ma in r.stdout + r.stderr,

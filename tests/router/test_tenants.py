@@ -284,7 +284,7 @@ def main():
             print("note: the openai package is not installed: its part is left out")
 
         # ---- 6. kvlingo chat and the Python package
-        chat = [os.path.join(a.build, "kvlingo"), "chat", "--router", fleet.addr, "--max-tokens", "3"]
+        chat = [os.path.join(a.build, "kvlingo"), "chat", "--router", fleet.addr, "--insecure", "--max-tokens", "3"]
         p = subprocess.run(chat + ["Once upon a time"], capture_output=True, text=True, timeout=60,
                            env={k: v for k, v in os.environ.items() if k != "KVL_API_KEY"})
         check(p.returncode == 1 and "UNAUTHENTICATED" in p.stderr, "chat without a key: %d %s" % (p.returncode, p.stderr))
@@ -294,8 +294,8 @@ def main():
                            env=dict(os.environ, KVL_API_KEY=KO))
         check(p.returncode == 0, "chat with KVL_API_KEY: %d %s" % (p.returncode, p.stderr))
         pkg = ("import sys; sys.path.insert(0, %r); import kvlingo_client as k; "
-               "c = k.RouterClient(%r, api_key=%r); s = c.create_session(); print(c.get_session(s).open); "
-               "print(k.main(['--router', %r, '--api-key', %r, '--max-tokens', '2', 'Hello']))"
+               "c = k.RouterClient(%r, insecure=True, api_key=%r); s = c.create_session(); print(c.get_session(s).open); "
+               "print(k.main(['--router', %r, '--insecure', '--api-key', %r, '--max-tokens', '2', 'Hello']))"
                % (os.path.join(SRC, "clients", "python"), fleet.addr, KO, fleet.addr, KO))
         # the package's stubs need the protobuf runtime its pyproject pins (build/venv has it)
         if py:
@@ -368,12 +368,15 @@ def main():
     finally:
         fleet.stop()
 
-    # ---- 9. no key file and no insecure: no start
+    # ---- 9. no key file and no insecure (TLS on): no start
+    import tlscerts
+    pki = tlscerts.make(os.path.join(a.work, "pki"))
     cfg = os.path.join(a.work, "nokeys.yaml")
     with open(fleet.config) as f:
         lines = [ln for ln in f.read().split("\n") if not ln.startswith(("api_keys:", "insecure:", "http_listen:"))]
+    lines += ["tls_cert: %s" % pki["router"][0], "tls_key: %s" % pki["router"][1], "tls_ca: %s" % pki["ca"]]
     with open(cfg, "w") as f:
-        f.write("\n".join(lines))
+        f.write("\n".join(lines) + "\n")
     p = subprocess.run([os.path.join(a.build, "kvlingo-router"), "--config", cfg], capture_output=True,
                        text=True, timeout=30)
     check(p.returncode == 1 and "no api_keys" in p.stderr and "insecure" in p.stderr,
