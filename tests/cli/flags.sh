@@ -26,6 +26,13 @@ kvlingo)
     && python3 -c 'import json,sys; assert len(json.loads(sys.argv[1])["ids"]) == 3' "$out" \
     && ok "kvlingo --max-tokens=3" || bad "kvlingo --max-tokens=3: $out"
   out=$("$P" generate -h) && grep -q 'max-tokens' <<<"$out" && ok "kvlingo generate -h" || bad "generate -h: $out"
+  if "$P" chat -h 2>/dev/null | grep -q -- '--tls-ca'; then   # built with the server components
+    out=$("$P" chat --router 127.0.0.1:1 hi 2>&1); rc=$?
+    [ $rc -eq 2 ] && grep -qF -- '--tls-ca FILE (the CA that signed the router' <<<"$out" && grep -qF -- '--insecure' <<<"$out" \
+      && ok "kvlingo chat without --tls-ca nor --insecure refused" || bad "chat no tls: $rc $out"
+    out=$("$P" chat --router 127.0.0.1:1 --tls-ca "$T/nope.pem" hi 2>&1); rc=$?
+    [ $rc -ne 0 ] && grep -qF "tls_ca '$T/nope.pem': no such file" <<<"$out" && ok "kvlingo chat --tls-ca missing file named" || bad "chat bad ca: $rc $out"
+  fi
   ;;
 kvld)
   out=$("$P" --help)

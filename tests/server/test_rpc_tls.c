@@ -151,7 +151,9 @@ static void test_mutual_tls(void **state) {
     kvl__rpc_tls plain = {.insecure = 1};
     assert_int_equal(call_who(srv, "127.0.0.1", &plain, buf, sizeof buf), GRPC_STATUS_UNAVAILABLE);
     /* after the refusals the server still serves */
-    assert_int_equal(call_who(srv, "localhost", &good, buf, sizeof buf), GRPC_STATUS_OK);
+    /* (127.0.0.1, not localhost: name resolution goes through c-ares, whose resolver leaks a
+     * few bytes per process that LeakSanitizer reports) */
+    assert_int_equal(call_who(srv, "127.0.0.1", &good, buf, sizeof buf), GRPC_STATUS_OK);
     kvl__rpc_server_free(srv);
 }
 
