@@ -84,6 +84,8 @@ def main():
     pki = tlscerts.make(os.path.join(a.work, "pki"))
     fleet = rtest.Fleet(a.build, os.path.join(a.work, "fleet"), models=("qwen3-a",), translators=False,
                         policy={"name": "pinned", "default_model": "qwen3-a"}, tls=pki)
+    # the fleet's API key, which the installed client and its command read from the environment
+    os.environ["KVL_API_KEY"] = fleet.default_key
     try:
         p = subprocess.run([py, "-c", USE, fleet.addr, pki["ca"]], capture_output=True, text=True, cwd=a.work,
                            timeout=120)
