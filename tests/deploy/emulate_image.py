@@ -151,7 +151,6 @@ def smoke(root, env, user, ins):
             sys.exit(f"FAIL: the seed-model init script for {m}")
     fleet = {"listen": "127.0.0.1:17000", "metrics": "127.0.0.1:17001",
              "ledger": "/var/lib/kvlingo/router.db", "tokenizer": "/opt/kvlingo/models/qwen3-a",
-             "insecure": True,   # loopback in one container: anonymous clients, tenant "default"
              "nodes": [{"name": "qwen3-a-0", "address": "127.0.0.1:17100", "model": "qwen3-a"},
                        {"name": "qwen3-b-0", "address": "127.0.0.1:17200", "model": "qwen3-b"}],
              "policy": {"name": "cascade", "models": ["qwen3-a", "qwen3-b"]},
