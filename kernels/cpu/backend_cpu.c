@@ -100,7 +100,9 @@ static kvl_status model_pool_sync(cpu_model *m) {
     if (m->workers && kvl__pool_threads(m->workers) == want) return KVL_OK;
     kvl__pool_free(m->workers);
     m->workers = NULL;
-    return kvl__pool_create(want, &m->workers);
+    /* OpenBLAS runs the GEMMs on threads of its own between two attention calls: workers that
+     * spun there would take their cores */
+    return kvl__pool_create_spin(want, 0, &m->workers);
 }
 
 static kvl__pool *model_pool(cpu_model *m) { return m->bf ? m->bf->exec.pool : m->workers; }
@@ -421,10 +423,13 @@ static void attend_blocks(void *pctx, int l, int T, const float *q, const float 
         }
     }
     if (n_dec > 0) {
-        /* below ~64k multiply-adds a worker hand-off costs more than it saves */
+        /* a worker hand-off costs more than it saves below ~64k multiply-adds (bf16 mode: its
+         * workers spin between the matmuls), and below ~512k in float32 mode, whose workers
+         * sleep between calls and take ~10-20 us to wake */
         decode_job j = {m, ac->seqs, m->dec.seq_of, m->dec.t0_of, n_dec, l, q, att, cost};
         kvl__pool *pool = model_pool(m);
-        if (pool && cost * 2.0 * (Hq / Hkv) * D >= 65536.0 && n_dec * Hkv > 1) kvl__pool_run(pool, decode_part, &j);
+        double macs = cost * 2.0 * (Hq / Hkv) * D, min_macs = m->bf ? 65536.0 : 524288.0;
+        if (pool && macs >= min_macs && n_dec * Hkv > 1) kvl__pool_run(pool, decode_part, &j);
         else decode_part(&j, 0, 1);
     }
     for (int i = 0, t0 = 0; i < ac->n_seqs; t0 += ac->seqs[i].n_tokens, i++) {

@@ -19,6 +19,7 @@
 
 struct kvl__pool {
     int n_threads;
+    int spin;                 /* pause iterations a worker waits for the next job before sleeping */
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -50,7 +51,7 @@ static void *worker_main(void *pa) {
     unsigned seen = 0;   /* the generation at creation: a job posted before this thread ran is not missed */
     for (;;) {
         int spins = 0;
-        while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop) && spins < KVL_POOL_SPIN) {
+        while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop) && spins < p->spin) {
             cpu_relax();
             spins++;
         }
@@ -69,11 +70,16 @@ static void *worker_main(void *pa) {
 }
 
 kvl_status kvl__pool_create(int n_threads, kvl__pool **out) {
+    return kvl__pool_create_spin(n_threads, KVL_POOL_SPIN, out);
+}
+
+kvl_status kvl__pool_create_spin(int n_threads, int spin, kvl__pool **out) {
     *out = NULL;
     if (n_threads < 1) n_threads = 1;
     kvl__pool *p = calloc(1, sizeof *p);
     if (!p) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
     p->n_threads = n_threads;
+    p->spin = spin < 0 ? 0 : spin;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     atomic_init(&p->gen, 0);

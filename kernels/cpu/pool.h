@@ -18,6 +18,10 @@ typedef void (*kvl__pool_fn)(void *ctx, int part, int n_parts);
 /* A pool running jobs on n_threads threads in all: the caller and n_threads - 1 workers
  * (n_threads >= 1; 1 runs everything in the caller).  KVL_ERR_NOMEM / KVL_ERR_IO (thread start). */
 kvl_status kvl__pool_create(int n_threads, kvl__pool **out);
+/* The same with workers that wait `spin` pause iterations for the next job before they sleep
+ * (kvl__pool_create: about 0.1 ms).  0: they sleep at once, for a pool whose jobs are far apart
+ * and whose spinning would take a core from other threads (OpenBLAS's, in float32 mode). */
+kvl_status kvl__pool_create_spin(int n_threads, int spin, kvl__pool **out);
 void kvl__pool_free(kvl__pool *pool);
 int kvl__pool_threads(const kvl__pool *pool);
 
