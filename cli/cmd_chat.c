@@ -26,6 +26,7 @@
 #include "cli.h"
 #include "kvlingo/tokenizer.h"
 #include "kvlingo/v1/router.pb-c.h"
+#include "tls.h"
 #include "rpc.h"
 
 #define ROUTER "/kvlingo.v1.Router/"
@@ -33,10 +34,10 @@
 #define MAX_MESSAGES 512
 
 static void chat_usage(FILE *f) {
-    fputs("usage: kvlingo chat --router HOST:PORT [--session ID] [--model NAME] [--max-tokens N]\n"
-          "                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--escalate]\n"
+    fputs("usage: kvlingo chat --router HOST:PORT (--tls-ca FILE | --insecure) [--session ID]\n"
+          "                    [--model NAME] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--escalate]\n"
           "                    [--force-reprefill] [--ignore-eos] [--special] [--timeout-ms N] TEXT\n"
-          "       kvlingo chat --router HOST:PORT --tokenizer DIR [--system TEXT] [--interactive]\n"
+          "       kvlingo chat --router HOST:PORT (--tls-ca FILE | --insecure) --tokenizer DIR [--system TEXT] [--interactive]\n"
           "                    [options above] [TEXT]\n"
           "  One turn of a session through kvlingo-router: streams the text as it is generated,\n"
           "  then a one-line summary (model, switch mode, span tokens, TTFT, tokens, tokens/s).\n"
@@ -45,7 +46,9 @@ static void chat_usage(FILE *f) {
           "  Chat mode (--system or --interactive): messages with roles, rendered by the chat\n"
           "  template of --tokenizer DIR (the fleet's tokenizer, e.g. models/qwen3-a); --system\n"
           "  sets the system message; --interactive reads one user message per line from stdin\n"
-          "  (TEXT, when given, is the first) and keeps the session until end of input.\n", f);
+          "  (TEXT, when given, is the first) and keeps the session until end of input.\n"
+          "  --tls-ca FILE: the CA (PEM) that signed the router's certificate (TLS); --insecure:\n"
+          "  plaintext, for a router started with --insecure.  One of the two is required.\n", f);
 }
 
 static int rpc_fail(const char *what, const kvl__rpc_result *res) {
@@ -258,6 +261,8 @@ int cmd_chat(int argc, char **argv) {
     if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) { chat_usage(stdout); cli_args_free(&a); return 0; }
     chat_opts o = {0};
     const char *router = cli_opt(&a, "--router", &err);
+    const char *tls_ca = cli_opt(&a, "--tls-ca", &err);
+    int insecure = cli_flag(&a, "--insecure");
     const char *session = cli_opt(&a, "--session", &err);
     const char *tokdir = cli_opt(&a, "--tokenizer", &err);
     const char *system = cli_opt(&a, "--system", &err);
@@ -301,8 +306,22 @@ int cmd_chat(int argc, char **argv) {
         return 2;
     }
 
+    if (!tls_ca == !insecure) {
+        fprintf(stderr, "kvlingo chat: %s\n", insecure ? "--tls-ca and --insecure exclude each other"
+                : "--tls-ca FILE (the CA that signed the router's certificate) or --insecure "
+                  "(plaintext) is required");
+        return 2;
+    }
+    kvl__svc_tls ca = {0};
+    kvl__rpc_tls tls = {.insecure = 1};
+    if (tls_ca) {
+        kvl_status ts = kvl__svc_tls_load(NULL, NULL, tls_ca, &ca);
+        if (ts) return cli_fail("chat", ts);
+        tls = (kvl__rpc_tls){.ca_pem = ca.ca_pem};
+    }
     kvl__rpc_client *cli = NULL;
-    kvl_status s = kvl__rpc_client_create(router, 0, &cli);
+    kvl_status s = kvl__rpc_client_create(router, 0, &tls, &cli);
+    kvl__svc_tls_free(&ca);   /* the channel keeps its own copy */
     if (s) return cli_fail("chat", s);
     int rc = 0, summary = 0;
     char *sid = NULL;

@@ -12,6 +12,7 @@
 
 #include "error.h"
 #include "kvlingo/backend.h"
+#include "tls.h"
 #include "yamlcfg.h"
 
 void kvld_config_defaults(kvld_config *cfg) {
@@ -66,7 +67,15 @@ static const kvld_flag k_flags[] = {
     {"stream-buffer-mb", "N", "unread output of all Generate streams on the node before they pause", "64"},
     {"config", "FILE.yaml", "read these keys from YAML (key names with '_'); flags override", NULL},
     {"quiet", NULL, "no per-request log lines (YAML: quiet: 1)", "off"},
-    {"insecure", NULL, "serve and call peers in plaintext, without TLS (YAML: insecure: true)", "off"},
+    {"tls-cert", "FILE.pem", "this node's certificate: its server identity and its client certificate "
+                             "towards peers (mutual TLS)", NULL},
+    {"tls-key", "FILE.pem", "the certificate's private key (unencrypted PEM)", NULL},
+    {"tls-ca", "FILE.pem", "the fleet CA: callers of the Node API (router, other nodes) must present a "
+                           "certificate it signed; peers' certificates are checked against it", NULL},
+    {"health-listen", "HOST:PORT", "plaintext gRPC port serving only grpc.health.v1 (the Node API's "
+                                   "health), for probes that cannot speak TLS (Kubernetes grpc probes)", "off"},
+    {"insecure", NULL, "serve and call peers in plaintext, without TLS (YAML: insecure: true); "
+                       "without it the three tls keys are required", "off"},
     {"check", NULL, "validate the settings (and the files they name) and exit", NULL},
     {"version", NULL, "print version, git commit, build options and backends, and exit", NULL},
     {"help", NULL, "this text (also -h)", NULL},
@@ -131,6 +140,10 @@ static kvl_status set_key(kvld_config *cfg, const char *key_in, const char *v) {
     STR(metrics);
     STR(ticket_key_file);
     STR(advertise);
+    STR(tls_cert);
+    STR(tls_key);
+    STR(tls_ca);
+    STR(health_listen);
     if (!strcmp(key, "peers")) {   /* checked here so a bad entry fails at start, naming it */
         static __thread char list[KVLD_MAX_PEERS][KVLD_PEER_ADDR_MAX];
         int n;
@@ -261,4 +274,21 @@ kvl_status kvld_config_parse_cli(kvld_config *cfg, int argc, char **argv, kvld_c
         return kvl__errorf(KVL_ERR_INVALID_ARG, "--transport '%s': expected ucx or none",
                           cfg->transport);
     return KVL_OK;
+}
+
+kvl_status kvld_config_tls(const kvld_config *cfg, kvl__svc_tls *out) {
+    memset(out, 0, sizeof *out);
+    int hc = cfg->tls_cert[0] != 0, hk = cfg->tls_key[0] != 0, ha = cfg->tls_ca[0] != 0;
+    if (cfg->insecure) {
+        /* both at once is a contradiction an operator must resolve, not one kvld guesses */
+        if (hc || hk || ha)
+            return kvl__errorf(KVL_ERR_INVALID_ARG, "insecure is set together with %s: choose TLS or "
+                              "plaintext", hc ? "tls_cert" : hk ? "tls_key" : "tls_ca");
+        return KVL_OK;
+    }
+    if (!hc && !hk && !ha) return kvl__errorf(KVL_ERR_INVALID_ARG, "%s", KVL_SVC_TLS_REQUIRED_MSG);
+    if (!hc || !hk || !ha)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "TLS needs tls_cert, tls_key and tls_ca; %s is not set",
+                          !hc ? "tls_cert" : !hk ? "tls_key" : "tls_ca");
+    return kvl__svc_tls_load(cfg->tls_cert, cfg->tls_key, cfg->tls_ca, out);
 }

@@ -32,6 +32,10 @@ typedef struct kvld_config {
     int stream_backlog_kb;           /* a Generate stream's unread output; beyond it, it pauses */
     int stream_buffer_mb;            /* all streams' unread output on the node; default 64      */
     int insecure;                    /* 1: plaintext gRPC (no TLS); must be asked for by name   */
+    char tls_cert[KVLD_STR_MAX];     /* PEM certificate (chain) of this node: server and client */
+    char tls_key[KVLD_STR_MAX];      /* its PEM private key                                     */
+    char tls_ca[KVLD_STR_MAX];       /* PEM fleet CA: verifies callers (mTLS) and peers         */
+    char health_listen[KVLD_STR_MAX]; /* plaintext grpc.health.v1-only "host:port"; "" = off   */
 } kvld_config;
 
 void kvld_config_defaults(kvld_config *cfg);
@@ -47,6 +51,13 @@ typedef enum kvld_cli_mode { KVLD_CLI_RUN, KVLD_CLI_HELP, KVLD_CLI_VERSION, KVLD
 /* As kvld_config_parse_args (getopt_long: --key value, --key=value, -h), telling whether the
  * line asks for help, the version, a check of the settings, or a run. */
 kvl_status kvld_config_parse_cli(kvld_config *cfg, int argc, char **argv, kvld_cli_mode *mode);
+
+/* The node's TLS files, read and checked (service/tls.h): all three keys set and not insecure
+ * -> KVL_OK with *out loaded; insecure and no key set -> KVL_OK with *out empty; neither ->
+ * KVL_ERR_INVALID_ARG with KVL_SVC_TLS_REQUIRED_MSG; insecure with TLS files, or only some of
+ * the three -> KVL_ERR_INVALID_ARG naming the keys.  Free *out with kvl__svc_tls_free. */
+struct kvl__svc_tls;
+kvl_status kvld_config_tls(const kvld_config *cfg, struct kvl__svc_tls *out);
 
 /* The --help text: every flag with what it does and its default. */
 const char *kvld_config_usage(void);

@@ -17,6 +17,7 @@
 #include "loop.h"
 #include "node.h"
 #include "peers.h"
+#include "tls.h"
 #include "kvlingo/backend.h"
 #include "kvlingo/version.h"
 
@@ -75,6 +76,16 @@ static int check_settings(const kvld_config *cfg) {
     else printf("transfer tickets: %s%s\n", cfg->ticket_key_file[0] ? "key " : "off (insecure, no ticket key)",
                 cfg->ticket_key_file);
     printf("session_idle_ttl_s: %d\nimport_timeout_ms: %d\n", cfg->session_idle_ttl_s, cfg->import_timeout_ms);
+    kvl__svc_tls tls;
+    if (kvld_config_tls(cfg, &tls) != KVL_OK) {
+        fprintf(stderr, "kvld: --check: %s\n", kvl_last_error());
+        bad = 1;
+    } else if (tls.cert_pem) {
+        printf("tls: %s (until %s), client certificates required, CA %s\n", tls.subject,
+               tls.not_after, cfg->tls_ca);
+    }
+    kvl__svc_tls_free(&tls);
+    printf("health_listen: %s\n", cfg->health_listen[0] ? cfg->health_listen : "off");
     printf("listen: %s\nmetrics: %s\ntransport: %s\ndevice: %s\nmax_sessions: %d\n%s\n", cfg->listen,
            cfg->metrics[0] ? cfg->metrics : "off", cfg->transport, cfg->device, cfg->max_sessions,
            bad ? "check failed" : "ok");
@@ -127,12 +138,13 @@ static void on_start(void *arg) {
     /* the port line is what scripts wait for (it says which port "HOST:0" got) */
     kvl__svc_log("info", "msg=serving model=%s hash=%s arch=%s listen=%s port=%d metrics=%s "
                  "transport=%s translators=%d max_sessions=%d max_context=%d device=%s "
-                 "weights_dtype=%s warmup_ms=%.1f peers=%s",
+                 "weights_dtype=%s warmup_ms=%.1f peers=%s tls=%s health_port=%d",
                  kvl_model_name(n->model), kvl_model_hash(n->model), mc->architecture,
                  cfg->listen, kvl__rpc_server_port(n->rpc), cfg->metrics[0] ? cfg->metrics : "-",
                  cfg->transport, n->translators.n, cfg->max_sessions, n->max_context, cfg->device,
                  kvl_weights_dtype_name(kvl_model_weights_dtype(n->model)), n->warmup_ms,
-                 cfg->peers[0] ? cfg->peers : "-");
+                 cfg->peers[0] ? cfg->peers : "-", cfg->insecure ? "off" : "mutual",
+                 n->health_rpc ? kvl__rpc_server_port(n->health_rpc) : 0);
 }
 
 int main(int argc, char **argv) {
@@ -153,7 +165,15 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (mode == KVLD_CLI_CHECK) return check_settings(&cfg);
-    if (!tickets_settled(&cfg, "")) return 2;
+    {   /* TLS first (its files, or --insecure), then the transfer-ticket key */
+        kvl__svc_tls tls;
+        if (kvld_config_tls(&cfg, &tls) != KVL_OK) {
+            kvl__svc_log("error", "msg=startup_failed err=\"%s\"", kvl_last_error());
+            return 1;
+        }
+        kvl__svc_tls_free(&tls);
+    }
+    if (!tickets_settled(&cfg, "")) return 1;
     if (!cfg.ticket_key_file[0])
         kvl__svc_log("warn", "msg=tickets_off note=\"insecure and no ticket_key_file: spans move on any "
                      "caller's ExportSpan/ImportSpan, without a router-issued ticket\"");

@@ -19,9 +19,24 @@ kvl_status kvld_node_create(const kvld_config *cfg, kvld_node **out) {
     if (!n) return kvl__errorf(KVL_ERR_NOMEM, "node");
     n->cfg = *cfg;
     pthread_mutex_init(&n->peers_mu, NULL);
+    /* TLS first: a wrong certificate should fail in a second, not after the weights load */
+    kvl_status st = kvld_config_tls(cfg, &n->tls);
+    if (st != KVL_OK) goto fail;
+    if (cfg->insecure) {
+        n->server_tls = n->client_tls = (kvl__rpc_tls){.insecure = 1};
+        kvl__svc_log("warn", "msg=plaintext note=\"insecure: the Node API and the channels to peers "
+                     "run without TLS; callers are not authenticated\"");
+    } else {
+        n->server_tls = (kvl__rpc_tls){.cert_pem = n->tls.cert_pem, .key_pem = n->tls.key_pem,
+                                       .ca_pem = n->tls.ca_pem, .require_client_cert = 1};
+        n->client_tls = (kvl__rpc_tls){.cert_pem = n->tls.cert_pem, .key_pem = n->tls.key_pem,
+                                       .ca_pem = n->tls.ca_pem};
+        kvl__svc_log("info", "msg=tls cert=\"%s\" subject=\"%s\" not_after=\"%s\" ca=\"%s\" "
+                     "client_certs=required", cfg->tls_cert, n->tls.subject, n->tls.not_after, cfg->tls_ca);
+    }
     kvl_model_params mp = kvl_model_default_params();
     mp.n_threads = cfg->threads;
-    kvl_status st = kvl_device_parse(cfg->device, &mp.device, &mp.device_index);
+    st = kvl_device_parse(cfg->device, &mp.device, &mp.device_index);
     if (st == KVL_OK && cfg->weights_dtype[0]) st = kvl_weights_dtype_parse(cfg->weights_dtype, &mp.weights_dtype);
     if (st == KVL_OK) st = kvl_model_load(cfg->model, &mp, &n->model);
     if (st != KVL_OK) {
@@ -71,6 +86,7 @@ fail:
 kvl_status kvld_node_serve(kvld_node *n) {
     kvl__rpc_server_params p = kvl__rpc_server_default_params();
     p.listen = n->cfg.listen;
+    p.tls = &n->server_tls;
     kvl_status st = kvl__rpc_server_create(&p, &n->rpc);
     if (st != KVL_OK) return st;
     static const struct {
@@ -98,6 +114,17 @@ kvl_status kvld_node_serve(kvld_node *n) {
             snprintf(n->self, sizeof n->self, "%.*s:%d", (int)(colon - n->cfg.listen), n->cfg.listen,
                      kvl__rpc_server_port(n->rpc));
     }
+    if (n->cfg.health_listen[0]) {
+        /* probes that cannot speak TLS read the Node API's health here, and nothing else */
+        static const kvl__rpc_tls plain = {.insecure = 1};
+        kvl__rpc_server_params hp = kvl__rpc_server_default_params();
+        hp.listen = n->cfg.health_listen;
+        hp.tls = &plain;
+        hp.max_calls = 4;
+        hp.health_of = n->rpc;
+        if ((st = kvl__rpc_server_create(&hp, &n->health_rpc)) != KVL_OK) return kvl__error_prefix(st, "health_listen");
+        if ((st = kvl__rpc_server_start(n->health_rpc)) != KVL_OK) return st;
+    }
     if (n->cfg.metrics[0] &&
         (st = kvld_metrics_serve(n->metrics, n->cfg.metrics, &n->draining)) != KVL_OK)
         return st;
@@ -108,6 +135,8 @@ void kvld_node_free(kvld_node *n) {
     if (!n) return;
     /* order: stop taking calls, then the scheduler (fails queued jobs), then the rest */
     kvld_peers_stop(n);
+    kvl__rpc_server_free(n->health_rpc);   /* it reads n->rpc's health: goes first */
+    n->health_rpc = NULL;
     if (n->rpc) kvl__rpc_server_shutdown(n->rpc, 0);
     kvld_sched_free(n->sched);
     kvl__rpc_server_free(n->rpc);
@@ -121,6 +150,7 @@ void kvld_node_free(kvld_node *n) {
     kvl_model_free(n->model);
     kvl__ticket_replay_free(&n->replay);
     memset(&n->ticket_key, 0, sizeof n->ticket_key);
+    kvl__svc_tls_free(&n->tls);
     pthread_mutex_destroy(&n->peers_mu);
     free(n);
 }
@@ -153,7 +183,7 @@ kvl_status kvld_node_peer(kvld_node *n, const char *target, int64_t timeout_ms,
         p = &np[n->n_peers];
         memset(p, 0, sizeof *p);
         snprintf(p->target, sizeof p->target, "%s", target);
-        st = kvl__rpc_client_create(target, 0, &p->cli);
+        st = kvl__rpc_client_create(target, 0, &n->client_tls, &p->cli);
         if (st != KVL_OK) {
             pthread_mutex_unlock(&n->peers_mu);
             return st;

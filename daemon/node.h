@@ -14,6 +14,7 @@
 #include "scheduler.h"
 #include "session.h"
 #include "ticket.h"
+#include "tls.h"
 #include "translators.h"
 #include "transport.h"
 
@@ -39,6 +40,7 @@ typedef struct kvld_node {
     kvl__transport *transport;         /* NULL with --transport none */
     kvld_metrics *metrics;
     kvl__rpc_server *rpc;
+    kvl__rpc_server *health_rpc;      /* --health-listen: plaintext health mirror, or NULL */
     int max_context;
     volatile int draining;            /* SIGTERM: refuse new work */
     int work_in_flight;               /* Node calls that do work (atomic) */
@@ -55,6 +57,9 @@ typedef struct kvld_node {
     int peers_started;
     volatile int peers_stop;
     double warmup_ms;                 /* the warm-up run before serving (warmup.c), 0 if off */
+    kvl__svc_tls tls;                 /* the TLS files (empty with insecure)                */
+    kvl__rpc_tls server_tls;          /* the Node API: mutual TLS with the fleet CA         */
+    kvl__rpc_tls client_tls;          /* channels to peers: the node's cert as client cert  */
 } kvld_node;
 
 /* Create everything but the servers: model, tokenizer, translators, sessions, scheduler,

@@ -8,14 +8,14 @@ $XDG_CACHE_HOME/kvlingo-stubs/<hash of the protos> or ~/.cache/...), so the clie
 
 Command line:
 
-    python3 examples/python_client.py --router 127.0.0.1:7000 "Once upon a time"
-    python3 examples/python_client.py --router 127.0.0.1:7000 --session s-1 --model qwen3-b "..."
-    python3 examples/python_client.py --router 127.0.0.1:7000 --list-nodes
+    python3 examples/python_client.py --router 127.0.0.1:7000 --tls-ca ca.pem "Once upon a time"
+    python3 examples/python_client.py --router 127.0.0.1:7000 --tls-ca ca.pem --session s-1 --model qwen3-b "..."
+    python3 examples/python_client.py --router 127.0.0.1:7000 --insecure --list-nodes   # plaintext router
 
 As a library:
 
     from python_client import RouterClient
-    c = RouterClient("127.0.0.1:7000")
+    c = RouterClient("127.0.0.1:7000", tls_ca="ca.pem")   # or insecure=True (plaintext)
     sid = c.create_session()
     for piece, summary in c.send(sid, "Once upon a time", max_tokens=16):
         if summary is None:
@@ -79,10 +79,20 @@ MODES = {0: "none", 1: "translate", 2: "re-prefill"}
 class RouterClient:
     """Thin wrapper over the generated Router stub."""
 
-    def __init__(self, address, timeout=120.0, proto_dir=None, stub_dir=None):
+    def __init__(self, address, timeout=120.0, proto_dir=None, stub_dir=None, tls_ca=None,
+                 insecure=False):
+        """TLS verified with tls_ca (PEM: the CA that signed the router's certificate), or
+        plaintext with insecure=True (a router started with --insecure); one is required."""
         import grpc
         self.pb, self.pb_grpc = load_stubs(proto_dir, stub_dir)
-        self.channel = grpc.insecure_channel(address)
+        if bool(tls_ca) == bool(insecure):
+            raise ValueError("RouterClient: pass tls_ca=PATH or insecure=True (exactly one)")
+        if tls_ca:
+            with open(tls_ca, "rb") as f:
+                creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+            self.channel = grpc.secure_channel(address, creds)
+        else:
+            self.channel = grpc.insecure_channel(address)
         self.stub = self.pb_grpc.RouterStub(self.channel)
         self.timeout = timeout
 
@@ -131,6 +141,8 @@ class RouterClient:
 def main():
     ap = argparse.ArgumentParser(description="kvlingo-router Python client")
     ap.add_argument("--router", required=True, help="router address host:port")
+    ap.add_argument("--tls-ca", help="CA (PEM) that signed the router's certificate (TLS)")
+    ap.add_argument("--insecure", action="store_true", help="plaintext (a router run with --insecure)")
     ap.add_argument("--session", default="", help="continue this session (default: a new one)")
     ap.add_argument("--model", default="", help="ask for this model")
     ap.add_argument("--max-tokens", type=int, default=32)
@@ -142,7 +154,9 @@ def main():
     ap.add_argument("text", nargs="?", default="")
     a = ap.parse_args()
     import grpc
-    c = RouterClient(a.router)
+    if bool(a.tls_ca) == a.insecure:
+        ap.error("one of --tls-ca FILE or --insecure is required")
+    c = RouterClient(a.router, tls_ca=a.tls_ca, insecure=a.insecure)
     sid, summary = "", False
     try:
         if a.list_nodes:

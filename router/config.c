@@ -205,6 +205,11 @@ static kvl_status parse_root(kvl__svc_yaml *y, kvr_config *c, const char *name) 
         if (!c->http_listen) s = kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
         if (!s) s = check_address(name, kvl__svc_kv_line(&top, "http_listen"), "http_listen", c->http_listen);
     }
+    if (!s && (tmp = kvl__svc_kv_str(&top, "health_listen", NULL)) && tmp[0]) {
+        c->health_listen = strdup(tmp);
+        if (!c->health_listen) s = kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
+        if (!s) s = check_address(name, kvl__svc_kv_line(&top, "health_listen"), "health_listen", c->health_listen);
+    }
     if (!s) s = kvl__svc_kv_int(&top, "http_max_body_bytes", 1 << 20, 1024, 1 << 28, &c->http_max_body);
     if (!s) s = kvl__svc_kv_int(&top, "http_max_connections", 64, 1, 4096, &c->http_max_conn);
     if (!s) s = kvl__svc_kv_int(&top, "prefix_index_blocks", 65536, 16, 1 << 24, &c->prefix_blocks);
@@ -239,6 +244,19 @@ static kvl_status parse_root(kvl__svc_yaml *y, kvr_config *c, const char *name) 
         if (!c->ticket_key_file) s = kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
     }
     if (!s) s = kvl__svc_kv_bool(&top, "insecure", 0, &c->insecure);
+    static const char *const tls_keys[] = {"tls_cert", "tls_key", "tls_ca"};
+    for (int i = 0; i < 3 && !s; i++) {
+        tmp = kvl__svc_kv_str(&top, tls_keys[i], NULL);
+        if (!tmp) continue;
+        if (!tmp[0]) {
+            s = kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s' is empty", name,
+                           kvl__svc_kv_line(&top, tls_keys[i]), tls_keys[i]);
+            break;
+        }
+        char **dst = i == 0 ? &c->tls_cert : i == 1 ? &c->tls_key : &c->tls_ca;
+        *dst = resolve_path(name, tmp);
+        if (!*dst) s = kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
+    }
     if (!s) s = kvl__svc_kv_check_unused(&top);
     kvl__svc_kvlist_clear(&top);
     if (s) return s;
@@ -322,6 +340,10 @@ void kvr_config_free(kvr_config *c) {
     free(c->tokenizer);
     free(c->tokenizer_given);
     free(c->ticket_key_file);
+    free(c->health_listen);
+    free(c->tls_cert);
+    free(c->tls_key);
+    free(c->tls_ca);
     for (int i = 0; i < c->n_nodes; i++) {
         free(c->nodes[i].name);
         free(c->nodes[i].address);

@@ -27,8 +27,16 @@
  *   max_busy_sessions: 1024         # turns running at once (router memory bound)
  *   ticket_key_file: fleet.key      # the fleet's transfer-ticket key (>= 32 bytes; the nodes'
  *                                   #   --ticket-key-file): every span move gets a ticket
- *   insecure: false                 # true: plaintext gRPC to clients and nodes (no TLS);
- *                                   #   --insecure sets it too
+ *   tls_cert: router.pem            # the router's certificate: its server identity towards
+ *                                   #   clients and its client certificate towards nodes
+ *   tls_key: router-key.pem         # its private key (unencrypted PEM)
+ *   tls_ca: ca.pem                  # the fleet CA: verifies the nodes' certificates (and is the
+ *                                   #   CA clients use to verify the router)
+ *   health_listen: 0.0.0.0:7002     # plaintext gRPC port serving only grpc.health.v1 (the
+ *                                   #   Router API's health), for probes without TLS (optional)
+ *   insecure: false                 # true: plaintext gRPC to clients and nodes (no TLS; then
+ *                                   #   no tls_* key); --insecure sets it too.  Without TLS keys
+ *                                   #   and without insecure the router refuses to start
  *   nodes:                          # at least one
  *     - {name: a0, address: 127.0.0.1:7100, model: qwen3-a}
  *   policy:                         # name + the policy's own keys (see router/policy_*.c)
@@ -103,6 +111,8 @@ typedef struct kvr_config {
     long transfer_retries;
     double node_timeout_ms;
     int insecure;             /* 1: plaintext gRPC (YAML insecure: true or --insecure) */
+    char *tls_cert, *tls_key, *tls_ca;   /* resolved paths; NULL when not set */
+    char *health_listen;      /* NULL: no plaintext health port */
 } kvr_config;
 
 /* Parse `path`.  Checks every key of the file but the policy's own (`policy.name` must be

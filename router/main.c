@@ -57,6 +57,8 @@ static void on_start(void *arg) {
            kvl__rpc_server_port(a->r->server));
     if (a->r->cfg->metrics) printf(", metrics port %d", kvr_metrics_port(a->r->metrics));
     if (a->r->http) printf(", http port %d", kvr_oai_http_port(a->r->http));
+    if (a->r->health_server) printf(", health port %d", kvl__rpc_server_port(a->r->health_server));
+    printf(", %s", a->r->cfg->insecure ? "plaintext" : "TLS");
     printf("\n");
     fflush(stdout);
 }
@@ -132,23 +134,35 @@ int main(int argc, char **argv) {
         kvr_config_free(cfg);
         return 1;
     }
-    if (!cfg->ticket_key_file && !cfg->insecure) {
+    /* transfer tickets: a key, or insecure (then none); --check reports this after the rest */
+    int no_key = !cfg->ticket_key_file && !cfg->insecure;
+    if (!check) {   /* TLS first (its files, or insecure), as kvr_router_create checks it */
+        kvl__svc_tls tls;
+        if (kvr_router_tls(cfg, &tls)) {
+            fprintf(stderr, "kvlingo-router: %s\n", kvl_last_error());
+            kvr_config_free(cfg);
+            return 1;
+        }
+        kvl__svc_tls_free(&tls);
+    }
+    if (no_key)
         fprintf(stderr, "kvlingo-router: %sno transfer-ticket key: give ticket_key_file: in %s (or "
                 "--ticket-key-file FILE; the nodes' key), or insecure: true / --insecure for a development "
                 "fleet where spans move without tickets (and gRPC runs without TLS)\n",
                 check ? "--check: " : "", config);
-        kvr_config_free(cfg);
-        return 1;
-    }
-    if (!check && !cfg->ticket_key_file)
-        kvl__svc_log_text("warn", "insecure and no ticket_key_file: span moves carry no transfer ticket");
     if (check) {
         s = kvr_router_check(cfg, stdout);
         if (s) fprintf(stderr, "kvlingo-router: --check: %s\n", kvl_last_error());
-        else printf("%s: ok (policy %s, %d nodes)\n", config, cfg->policy_name, cfg->n_nodes);
+        else if (!no_key) printf("%s: ok (policy %s, %d nodes)\n", config, cfg->policy_name, cfg->n_nodes);
         kvr_config_free(cfg);
-        return s ? 1 : 0;
+        return s || no_key ? 1 : 0;
     }
+    if (no_key) {
+        kvr_config_free(cfg);
+        return 1;
+    }
+    if (!cfg->ticket_key_file)
+        kvl__svc_log_text("warn", "insecure and no ticket_key_file: span moves carry no transfer ticket");
 
     app a;
     memset(&a, 0, sizeof a);

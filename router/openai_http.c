@@ -443,15 +443,33 @@ kvl_status kvr_oai_http_start(kvr_router *r, const char *addr, long max_conn, lo
     if (!h) return kvl__errorf(KVL_ERR_NOMEM, "http server");
     h->r = r;
     h->max_body = max_body;
-    h->mhd = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                              MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request, h,
-                              MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conn,
-                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
-                              MHD_OPTION_NOTIFY_COMPLETED, on_done, (void *)NULL, MHD_OPTION_END);
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+    if (r->tls.cert_pem) {
+        /* a router that runs TLS serves the OpenAI API over HTTPS with the same certificate
+         * (the API key of a request must not cross the network in clear either) */
+        if (!MHD_is_feature_supported(MHD_FEATURE_TLS)) {
+            free(h);
+            return kvl__errorf(KVL_ERR_UNSUPPORTED, "http_listen: this libmicrohttpd has no TLS; "
+                               "the OpenAI API cannot serve HTTPS (run the router with insecure, "
+                               "behind a TLS proxy)");
+        }
+        h->mhd = MHD_start_daemon(flags | MHD_USE_TLS, 0, NULL, NULL, on_request, h,
+                                  MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conn,
+                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                                  MHD_OPTION_NOTIFY_COMPLETED, on_done, (void *)NULL,
+                                  MHD_OPTION_HTTPS_MEM_KEY, r->tls.key_pem,
+                                  MHD_OPTION_HTTPS_MEM_CERT, r->tls.cert_pem, MHD_OPTION_END);
+    } else {
+        h->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h,
+                                  MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conn,
+                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                                  MHD_OPTION_NOTIFY_COMPLETED, on_done, (void *)NULL, MHD_OPTION_END);
+    }
     if (!h->mhd) {
         free(h);
-        return kvl__errorf(KVL_ERR_IO, "http_listen: cannot listen on %s", addr);
+        return kvl__errorf(KVL_ERR_IO, "http_listen: cannot %s on %s", r->tls.cert_pem ? "serve HTTPS" : "listen", addr);
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);
     h->port = info && info->port ? info->port : (int)port;

@@ -13,7 +13,7 @@
  * stealing the CPU) does not flip the cost policy. */
 #define RATE_ALPHA 0.3
 
-kvl_status kvr_registry_create(const kvr_config *cfg, kvr_registry **out) {
+kvl_status kvr_registry_create(const kvr_config *cfg, const kvl__rpc_tls *tls, kvr_registry **out) {
     *out = NULL;
     if (cfg->n_nodes > KVR_MAX_NODES)
         return kvl__errorf(KVL_ERR_RANGE, "%s: %d nodes, at most %d", cfg->path, cfg->n_nodes,
@@ -39,7 +39,7 @@ kvl_status kvr_registry_create(const kvr_config *cfg, kvr_registry **out) {
         n->prefill_tps = 5000;
         n->decode_tps = 400;
         n->translate_tps = 200000;
-        kvl_status s = kvl__rpc_client_create(n->address, 0, &n->cli);
+        kvl_status s = kvl__rpc_client_create(n->address, 0, tls, &n->cli);
         r->n = i + 1;
         if (s) { kvr_registry_free(r); return s; }
     }

@@ -52,7 +52,7 @@ typedef struct kvr_registry {
     pthread_mutex_t mu;
 } kvr_registry;
 
-kvl_status kvr_registry_create(const kvr_config *cfg, kvr_registry **out);
+kvl_status kvr_registry_create(const kvr_config *cfg, const kvl__rpc_tls *tls, kvr_registry **out);
 void kvr_registry_free(kvr_registry *r);
 
 /* Ask every node (or only the unhealthy ones) for Info with `timeout_ms`; update health,

@@ -107,6 +107,26 @@ static kvl_status check_ledger(const kvr_config *cfg, char *shown, size_t cap) {
     return KVL_OK;
 }
 
+/* The TLS files of the router (see router.h): loaded and checked, or empty with insecure. */
+kvl_status kvr_router_tls(const kvr_config *cfg, kvl__svc_tls *out) {
+    memset(out, 0, sizeof *out);
+    int hc = cfg->tls_cert != NULL, hk = cfg->tls_key != NULL, ha = cfg->tls_ca != NULL;
+    if (cfg->insecure) {
+        if (hc || hk || ha)
+            return kvl__errorf(KVL_ERR_INVALID_ARG, "%s: insecure is set together with %s: choose TLS "
+                              "or plaintext", cfg->path, hc ? "tls_cert" : hk ? "tls_key" : "tls_ca");
+        return KVL_OK;
+    }
+    if (!hc && !hk && !ha)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "%s: %s", cfg->path, KVL_SVC_TLS_REQUIRED_MSG);
+    if (!hc || !hk || !ha)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "%s: TLS needs tls_cert, tls_key and tls_ca; %s is "
+                          "not set", cfg->path, !hc ? "tls_cert" : !hk ? "tls_key" : "tls_ca");
+    kvl_status s = kvl__svc_tls_load(cfg->tls_cert, cfg->tls_key, cfg->tls_ca, out);
+    if (s) kvl__error_prefix(s, cfg->path);
+    return s;
+}
+
 kvl_status kvr_router_check(const kvr_config *cfg, FILE *out) {
     char ledger[PATH_MAX + 64], tokp[PATH_MAX + 64], cfgp[PATH_MAX + 64];
     kvl_tokenizer *tok = NULL;
@@ -120,7 +140,13 @@ kvl_status kvr_router_check(const kvr_config *cfg, FILE *out) {
         s = kvl__ticket_key_load(cfg->ticket_key_file, &k);
         memset(&k, 0, sizeof k);
     }
+    kvl__svc_tls tls;
+    if (!s) s = kvr_router_tls(cfg, &tls);
     if (s) return s;
+    if (tls.cert_pem)
+        fprintf(out, "tls: %s (until %s), CA %s\n", tls.subject, tls.not_after, cfg->tls_ca);
+    fprintf(out, "health_listen: %s\n", cfg->health_listen ? cfg->health_listen : "off");
+    kvl__svc_tls_free(&tls);
     shown_path(cfg->path, cfgp, sizeof cfgp);
     shown_path(cfg->tokenizer, tokp, sizeof tokp);
     fprintf(out, "config: %s\nlisten: %s\nmetrics: %s\nhttp (OpenAI API): %s (body <= %ld bytes, <= %ld "
@@ -150,6 +176,20 @@ kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
     r->max_busy = (int)cfg->max_busy_sessions;
     r->busy = calloc((size_t)r->max_busy, sizeof *r->busy);
     kvl_status s = r->busy ? KVL_OK : kvl__errorf(KVL_ERR_NOMEM, "router busy table");
+    if (!s) s = kvr_router_tls(cfg, &r->tls);
+    if (!s && cfg->insecure) {
+        r->server_tls = r->client_tls = (kvl__rpc_tls){.insecure = 1};
+        kvl__svc_log_text("warn", "insecure: the Router API and the channels to nodes run plaintext, "
+                          "without TLS");
+    } else if (!s) {
+        /* clients verify the router but authenticate with API keys, not certificates; nodes
+         * require the router's certificate (mutual TLS) */
+        r->server_tls = (kvl__rpc_tls){.cert_pem = r->tls.cert_pem, .key_pem = r->tls.key_pem,
+                                       .ca_pem = r->tls.ca_pem};
+        r->client_tls = r->server_tls;
+        kvl__svc_log_text("info", "tls: %s (until %s), CA %s", r->tls.subject, r->tls.not_after,
+                          cfg->tls_ca);
+    }
     if (!s) s = kvr_metrics_create(&r->metrics);
     if (!s) {   /* every series at zero from the start, for each model of the fleet */
         const char **models = calloc((size_t)cfg->n_nodes + 1, sizeof *models);
@@ -173,7 +213,7 @@ kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
     }
     if (!s) s = kvr_leases_create(r->ledger, cfg->replica_id, cfg->lease_ms / 1000.0, r->max_busy, &r->leases);
     if (!s) s = load_tokenizer(cfg, &r->tok);
-    if (!s) s = kvr_registry_create(cfg, &r->reg);
+    if (!s) s = kvr_registry_create(cfg, &r->client_tls, &r->reg);
     if (!s) s = kvr_policy_create(cfg, &r->policy);
     if (!s) s = kvr_guard_create(cfg, r->reg, r->metrics, &r->guard);
     if (!s) s = kvr_prefix_create((int)cfg->prefix_blocks, &r->prefix);
@@ -194,6 +234,7 @@ void kvr_router_free(kvr_router *r) {
     if (!r) return;
     kvr_oai_http_stop(r->http);     /* its running turns end before what they use goes */
     if (r->server) kvl__rpc_server_shutdown(r->server, 2000);
+    kvl__rpc_server_free(r->health_server);   /* it reads r->server's health: goes first */
     kvl__rpc_server_free(r->server);
     /* releases what it holds through the ledger, whose observer feeds the metrics */
     kvr_leases_free(r->leases);
@@ -205,6 +246,7 @@ void kvr_router_free(kvr_router *r) {
     kvr_prefix_free(r->prefix);
     kvl_tokenizer_free(r->tok);
     kvr_config_free(r->cfg);
+    kvl__svc_tls_free(&r->tls);
     free(r->busy);
     pthread_mutex_destroy(&r->busy_mu);
     pthread_rwlock_destroy(&r->policy_lock);

@@ -29,6 +29,7 @@
 #include "registry.h"
 #include "rpc.h"
 #include "ticket.h"
+#include "tls.h"
 
 typedef struct kvr_router {
     kvr_config *cfg;              /* the loaded config; SIGHUP swaps policy + guardrail only   */
@@ -41,6 +42,7 @@ typedef struct kvr_router {
     kvr_metrics *metrics;
     kvl_tokenizer *tok;
     kvl__rpc_server *server;
+    kvl__rpc_server *health_server;  /* health_listen: plaintext health mirror, or NULL      */
     struct kvr_prefix *prefix;    /* token prefixes -> sessions, for stateless HTTP clients     */
     struct kvr_oai_http *http;    /* the OpenAI-compatible HTTP server (NULL: off)             */
     /* sessions with a turn running (a second Send on one is refused) */
@@ -50,6 +52,9 @@ typedef struct kvr_router {
     int turns_in_flight;
     int tickets;                  /* 1: every span move carries a ticket under ticket_key      */
     kvl__ticket_key ticket_key;
+    kvl__svc_tls tls;             /* the TLS files (empty with insecure)                        */
+    kvl__rpc_tls server_tls;      /* the Router API: server TLS, client certificates optional   */
+    kvl__rpc_tls client_tls;      /* channels to nodes: mutual TLS with the router's cert       */
 } kvr_router;
 
 /* Build the context from a loaded config (takes ownership of cfg): ledger, tokenizer, registry
@@ -60,6 +65,11 @@ kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out);
  * model weights (the tokenizer loads; the ledger's location must be writable; the policy is
  * built), then the settings with resolved paths on `out`.  Errors name file:line and key. */
 kvl_status kvr_router_check(const kvr_config *cfg, FILE *out);
+/* The router's TLS files (tls_cert, tls_key, tls_ca), read and checked: all three set ->
+ * loaded; insecure and none set -> empty; neither -> KVL_ERR_INVALID_ARG with
+ * KVL_SVC_TLS_REQUIRED_MSG; insecure with TLS keys, or only some of them -> an error naming
+ * them.  Free with kvl__svc_tls_free. */
+kvl_status kvr_router_tls(const kvr_config *cfg, kvl__svc_tls *out);
 /* Register the Router service and start gRPC (+ metrics HTTP when configured). */
 kvl_status kvr_router_serve(kvr_router *r);
 void kvr_router_free(kvr_router *r);

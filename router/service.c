@@ -399,6 +399,7 @@ static void h_list(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
 kvl_status kvr_router_serve(kvr_router *r) {
     kvl__rpc_server_params p = kvl__rpc_server_default_params();
     p.listen = r->cfg->listen;
+    p.tls = &r->server_tls;
     kvl_status s = kvl__rpc_server_create(&p, &r->server);
     if (s) return s;
     if ((s = kvl__rpc_server_add_method(r->server, SVC "CreateSession", KVL_RPC_UNARY, h_create, r)) ||
@@ -409,6 +410,17 @@ kvl_status kvr_router_serve(kvr_router *r) {
         return s;
     if ((s = kvl__rpc_server_set_health(r->server, "kvlingo.v1.Router", 1))) return s;
     if ((s = kvl__rpc_server_start(r->server))) return s;
+    if (r->cfg->health_listen) {
+        /* probes that cannot speak TLS read the Router API's health here, and nothing else */
+        static const kvl__rpc_tls plain = {.insecure = 1};
+        kvl__rpc_server_params hp = kvl__rpc_server_default_params();
+        hp.listen = r->cfg->health_listen;
+        hp.tls = &plain;
+        hp.max_calls = 4;
+        hp.health_of = r->server;
+        if ((s = kvl__rpc_server_create(&hp, &r->health_server))) return kvl__error_prefix(s, "health_listen");
+        if ((s = kvl__rpc_server_start(r->health_server))) return s;
+    }
     if (r->cfg->metrics && (s = kvr_metrics_serve(r->metrics, r->cfg->metrics))) return s;
     if (r->cfg->http_listen &&
         (s = kvr_oai_http_start(r, r->cfg->http_listen, r->cfg->http_max_conn, r->cfg->http_max_body, &r->http)))

@@ -40,10 +40,30 @@ struct kvl__rpc_stream {
     char tag_start, tag_read, tag_status;
 };
 
+static grpc_channel_credentials *channel_credentials(const kvl__rpc_tls *t) {
+    if (t->insecure) return grpc_insecure_credentials_create();
+    grpc_ssl_pem_key_cert_pair pair = {.private_key = t->key_pem, .cert_chain = t->cert_pem};
+    int with_cert = t->cert_pem && t->cert_pem[0];
+    return grpc_ssl_credentials_create(t->ca_pem, with_cert ? &pair : NULL, NULL, NULL);
+}
+
 kvl_status kvl__rpc_client_create(const char *target, int max_message_bytes,
-                                 kvl__rpc_client **out) {
+                                 const kvl__rpc_tls *tls, kvl__rpc_client **out) {
     if (!target || !out) return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: client target required");
     *out = NULL;
+    if (!tls)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: client of %s: no TLS settings (TLS, or "
+                          "insecure by name)", target);
+    if (!tls->insecure) {
+        /* without our own roots gRPC would fall back to the system's: a fleet trusts its CA */
+        if (!tls->ca_pem || !tls->ca_pem[0])
+            return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: client of %s: TLS needs the CA that signed "
+                              "the server's certificate", target);
+        int c = tls->cert_pem && tls->cert_pem[0], k = tls->key_pem && tls->key_pem[0];
+        if (c != k)
+            return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: client of %s: a client certificate needs "
+                              "its key (and a key its certificate)", target);
+    }
     kvl__rpc_client *cli = calloc(1, sizeof *cli);
     if (!cli) return kvl__errorf(KVL_ERR_NOMEM, "rpc: client");
     cli->target = strdup(target);
@@ -53,12 +73,18 @@ kvl_status kvl__rpc_client_create(const char *target, int max_message_bytes,
     }
     pthread_mutex_init(&cli->md_mu, NULL);
     kvl__rpc_init();
-    grpc_arg args[2];
+    grpc_arg args[3];
     grpc_channel_args cargs;
     kvl__rpc_message_limits(max_message_bytes, args, &cargs);
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
-    cli->channel = grpc_channel_create(target, creds, &cargs);
-    grpc_channel_credentials_release(creds);
+    if (!tls->insecure && tls->target_name && tls->target_name[0]) {
+        args[2].type = GRPC_ARG_STRING;
+        args[2].key = (char *)GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
+        args[2].value.string = (char *)tls->target_name;
+        cargs.num_args = 3;
+    }
+    grpc_channel_credentials *creds = channel_credentials(tls);
+    cli->channel = creds ? grpc_channel_create(target, creds, &cargs) : NULL;
+    if (creds) grpc_channel_credentials_release(creds);
     if (!cli->channel) {
         kvl__rpc_client_free(cli);
         return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: cannot create a channel to '%s'", target);

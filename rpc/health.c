@@ -43,6 +43,13 @@ void kvl__rpc_health_free(kvl__rpc_server *srv) {
 /* -1: unknown service; else 0/1 */
 static int lookup(kvl__rpc_server *srv, const char *service) {
     int v = -1;
+    if (srv->health_src) {   /* a health-only server answers for the server it mirrors */
+        pthread_mutex_lock(&srv->mu);
+        int stopping = srv->stopping;
+        pthread_mutex_unlock(&srv->mu);
+        v = lookup(srv->health_src, service);
+        return stopping && v > 0 ? 0 : v;
+    }
     pthread_mutex_lock(&srv->mu);
     for (int i = 0; i < srv->n_health; i++)
         if (strcmp(srv->health[i].service, service) == 0) v = srv->health[i].serving;

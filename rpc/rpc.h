@@ -1,7 +1,9 @@
 /* rpc/rpc.h: a small gRPC layer on the gRPC C core API (libgrpc, completion queues,
  * grpc_call_start_batch), shared by kvld (daemon/) and kvlingo-router (router/).
  *
- * Wire: HTTP/2 gRPC, insecure credentials (fleets run on a private network), method paths of the
+ * Wire: HTTP/2 gRPC over TLS (gRPC core's SSL credentials; kvl__rpc_tls below: a server may
+ * require client certificates signed by its CA, i.e. mutual TLS), or plaintext when the caller
+ * asks for it by name (kvl__rpc_tls.insecure), method paths of the
  * form "/kvlingo.v1.Node/Info", payloads are protobuf bytes carried in raw byte buffers; a grpcio
  * or grpc-go client generated from the same .proto files interoperates.  This layer moves BYTES;
  * the *_pb helpers pack/unpack protobuf-c messages for callers that want that.
@@ -66,6 +68,27 @@ kvl_status kvl__rpc_status_to_kvl(grpc_status_code code);
 const char *kvl__rpc_status_name(grpc_status_code code);
 
 
+/* ---- transport security ------------------------------------------------------------------ */
+
+/* TLS settings of a server or a client.  PEM texts, not paths (service/tls.h reads and checks
+ * the files); the layer copies what it needs, so they may be freed after the create call.
+ * Either insecure = 1 (plaintext; everything else ignored) or TLS with:
+ *   server: cert_pem + key_pem (its identity); ca_pem: the CA client certificates must chain to,
+ *           required when require_client_cert; require_client_cert = 1: a client without a
+ *           certificate signed by ca_pem fails the handshake (mutual TLS).
+ *   client: ca_pem (required): the roots the server certificate must chain to; cert_pem +
+ *           key_pem (optional, both or neither): the client certificate for mutual TLS;
+ *           target_name: check the server certificate against this name instead of the target
+ *           host (NULL: the host of the target). */
+typedef struct kvl__rpc_tls {
+    int insecure;
+    const char *cert_pem;
+    const char *key_pem;
+    const char *ca_pem;
+    int require_client_cert;
+    const char *target_name;
+} kvl__rpc_tls;
+
 /* ---- server -------------------------------------------------------------------------------- */
 
 typedef struct kvl__rpc_server kvl__rpc_server;
@@ -86,12 +109,18 @@ typedef struct kvl__rpc_server_params {
     const char *listen;         /* "host:port" ("127.0.0.1:0" picks a free port)               */
     int max_calls;              /* handlers running at once; 0 = 256                            */
     int max_message_bytes;      /* largest request/response message; 0 = 64 MiB                */
+    const kvl__rpc_tls *tls;    /* required: TLS settings, or {.insecure = 1} for plaintext    */
+    /* A health-only server: its grpc.health.v1 answers with the health of `health_of` (which
+     * must outlive it), e.g. a plaintext port for orchestrator probes that cannot speak TLS
+     * while the real server requires it.  NULL: the server's own health. */
+    kvl__rpc_server *health_of;
 } kvl__rpc_server_params;
 
 kvl__rpc_server_params kvl__rpc_server_default_params(void);
 
 /* Create a server bound to params->listen (the port is bound here, so a taken port fails
- * early: KVL_ERR_IO naming the address).  Free with kvl__rpc_server_free. */
+ * early: KVL_ERR_IO naming the address).  params->tls NULL, or TLS without cert/key (or
+ * require_client_cert without a CA) -> KVL_ERR_INVALID_ARG.  Free with kvl__rpc_server_free. */
 kvl_status kvl__rpc_server_create(const kvl__rpc_server_params *params, kvl__rpc_server **out);
 
 /* Register `path` (e.g. "/kvlingo.v1.Node/Generate", copied).  Only before start.
@@ -131,6 +160,11 @@ const char *kvl__rpc_call_peer(const kvl__rpc_call *call);
  * NUL-terminated into buf[0..cap).  Returns its length; 0 when the key is absent (or its value
  * empty); SIZE_MAX, writing nothing, when the value needs more than cap - 1 bytes. */
 size_t kvl__rpc_call_metadata(const kvl__rpc_call *call, const char *key, char *buf, size_t cap);
+/* The client's identity from its TLS certificate: the subject common name, copied
+ * NUL-terminated into buf[0..cap); returns its length, 0 for a plaintext call or a client
+ * without a certificate (or one without a CN), SIZE_MAX when it does not fit.  With
+ * require_client_cert the handshake already checked the chain; this is for logs and policy. */
+size_t kvl__rpc_call_peer_cn(const kvl__rpc_call *call, char *buf, size_t cap);
 /* Milliseconds until the client's deadline (INT64_MAX when none; <= 0 when passed). */
 int64_t kvl__rpc_call_deadline_left_ms(const kvl__rpc_call *call);
 /* 1 when the client cancelled, the deadline passed, the connection dropped, or the server
@@ -180,10 +214,12 @@ typedef struct kvl__rpc_result {
 
 void kvl__rpc_result_clear(kvl__rpc_result *res);
 
-/* Open a channel to "host:port".  `max_message_bytes` 0 = 64 MiB.  Connects lazily: a wrong
- * address shows as UNAVAILABLE on the first call.  Free with kvl__rpc_client_free. */
+/* Open a channel to "host:port".  `max_message_bytes` 0 = 64 MiB.  `tls` is required: TLS
+ * settings (see kvl__rpc_tls; a CA is required), or {.insecure = 1} for plaintext; NULL ->
+ * KVL_ERR_INVALID_ARG.  Connects lazily: a wrong address, or a server whose certificate does not
+ * verify, shows as UNAVAILABLE on the first call.  Free with kvl__rpc_client_free. */
 kvl_status kvl__rpc_client_create(const char *target, int max_message_bytes,
-                                 kvl__rpc_client **out);
+                                 const kvl__rpc_tls *tls, kvl__rpc_client **out);
 void kvl__rpc_client_free(kvl__rpc_client *cli);
 const char *kvl__rpc_client_target(const kvl__rpc_client *cli);
 

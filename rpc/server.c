@@ -20,16 +20,47 @@ kvl__rpc_server_params kvl__rpc_server_default_params(void) {
     return p;
 }
 
+/* Checked before anything is created, so the caller learns which setting is missing. */
+static kvl_status check_server_tls(const kvl__rpc_tls *t, const char *listen) {
+    if (!t)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: server %s: no TLS settings (TLS, or insecure "
+                          "by name)", listen);
+    if (t->insecure) return KVL_OK;
+    if (!t->cert_pem || !t->cert_pem[0] || !t->key_pem || !t->key_pem[0])
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: server %s: TLS needs a certificate and its key",
+                          listen);
+    if (t->require_client_cert && (!t->ca_pem || !t->ca_pem[0]))
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: server %s: client certificates are required "
+                          "but no CA is given to verify them", listen);
+    return KVL_OK;
+}
+
+static grpc_server_credentials *server_credentials(const kvl__rpc_tls *t) {
+    if (t->insecure) return grpc_insecure_server_credentials_create();
+    grpc_ssl_pem_key_cert_pair pair = {.private_key = t->key_pem, .cert_chain = t->cert_pem};
+    const char *ca = t->ca_pem && t->ca_pem[0] ? t->ca_pem : NULL;
+    /* mutual TLS: the handshake itself refuses a client whose certificate does not chain to
+     * the fleet CA, before any method runs */
+    grpc_ssl_client_certificate_request_type req =
+        t->require_client_cert ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+        : ca ? GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY
+             : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
+    return grpc_ssl_server_credentials_create_ex(ca, &pair, 1, req, NULL);
+}
+
 kvl_status kvl__rpc_server_create(const kvl__rpc_server_params *params, kvl__rpc_server **out) {
     if (!params || !params->listen || !out)
         return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: server params and listen address required");
     *out = NULL;
+    kvl_status tst = check_server_tls(params->tls, params->listen);
+    if (tst != KVL_OK) return tst;
     kvl__rpc_server *srv = calloc(1, sizeof *srv);
     if (!srv) return kvl__errorf(KVL_ERR_NOMEM, "rpc: server");
     kvl__rpc_init();
     pthread_mutex_init(&srv->mu, NULL);
     pthread_cond_init(&srv->cv, NULL);
     srv->max_calls = params->max_calls > 0 ? params->max_calls : 256;
+    srv->health_src = params->health_of;
     grpc_arg args[3];
     grpc_channel_args cargs;
     kvl__rpc_message_limits(params->max_message_bytes, args, &cargs);
@@ -46,7 +77,11 @@ kvl_status kvl__rpc_server_create(const kvl__rpc_server_params *params, kvl__rpc
         return kvl__errorf(KVL_ERR_NOMEM, "rpc: grpc_server_create failed");
     }
     grpc_server_register_completion_queue(srv->server, srv->cq, NULL);
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    grpc_server_credentials *creds = server_credentials(params->tls);
+    if (!creds) {
+        kvl__rpc_server_free(srv);
+        return kvl__errorf(KVL_ERR_INTERNAL, "rpc: gRPC refused the TLS settings of %s", params->listen);
+    }
     srv->port = grpc_server_add_http2_port(srv->server, params->listen, creds);
     grpc_server_credentials_release(creds);
     if (srv->port <= 0) {

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <grpc/grpc_security.h>
 #include <grpc/slice.h>
 #include <grpc/support/alloc.h>
 
@@ -96,6 +97,27 @@ size_t kvl__rpc_call_metadata(const kvl__rpc_call *call, const char *key, char *
         return n;
     }
     return 0;
+}
+
+size_t kvl__rpc_call_peer_cn(const kvl__rpc_call *call, char *buf, size_t cap) {
+    if (!call || !call->call) return 0;
+    grpc_auth_context *ctx = grpc_call_auth_context(call->call);
+    if (!ctx) return 0;
+    size_t n = 0;
+    grpc_auth_property_iterator it =
+        grpc_auth_context_find_properties_by_name(ctx, GRPC_X509_CN_PROPERTY_NAME);
+    const grpc_auth_property *p = grpc_auth_property_iterator_next(&it);
+    if (p && p->value_length > 0) {
+        n = p->value_length;
+        if (!buf || cap == 0 || n > cap - 1) {
+            n = SIZE_MAX;
+        } else {
+            memcpy(buf, p->value, n);
+            buf[n] = '\0';
+        }
+    }
+    grpc_auth_context_release(ctx);
+    return n;
 }
 
 int64_t kvl__rpc_call_deadline_left_ms(const kvl__rpc_call *call) {

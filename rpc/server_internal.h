@@ -80,6 +80,7 @@ struct kvl__rpc_server {
     int n_watch;                   /* of which Health/Watch streams (capped)                  */
     kvl__rpc_health_entry *health;
     int n_health;
+    kvl__rpc_server *health_src;   /* params.health_of: Health answers with that server's table */
     kvl__rpc_tag t_shutdown;
 };
 

@@ -47,6 +47,8 @@ def main():
 
     print("kvlingo demo: kvld qwen3-a + kvld qwen3-b (device %s) + kvlingo-router (cascade) on "
           "loopback; work dir %s" % (a.device, work))
+    print("  plaintext gRPC (--insecure, loopback only); a deployment runs TLS with mutual TLS "
+          "between fleet members (deploy/README.md)")
     fleet = rtest.Fleet(a.build, work,
                         policy={"name": "cascade", "models": ["qwen3-a", "qwen3-b"],
                                 "entropy_threshold": 6.0, "calm_turns": 2},

@@ -11,7 +11,7 @@ PACKAGES=(
   libcjson-dev libpcre2-dev libutf8proc-dev libxxhash-dev
   libcmocka-dev
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libucx-dev ucx-utils
-  libmicrohttpd-dev libyaml-dev libsqlite3-dev libpq-dev postgresql libssl-dev
+  libmicrohttpd-dev libyaml-dev libsqlite3-dev libpq-dev postgresql libssl-dev openssl
   python3 python3-venv python3-grpcio python3-grpc-tools python3-protobuf python3-yaml
   gnuplot-nox
 )

@@ -26,6 +26,13 @@ kvlingo)
     && python3 -c 'import json,sys; assert len(json.loads(sys.argv[1])["ids"]) == 3' "$out" \
     && ok "kvlingo --max-tokens=3" || bad "kvlingo --max-tokens=3: $out"
   out=$("$P" generate -h) && grep -q 'max-tokens' <<<"$out" && ok "kvlingo generate -h" || bad "generate -h: $out"
+  if "$P" chat -h 2>/dev/null | grep -q -- '--tls-ca'; then   # built with the server components
+    out=$("$P" chat --router 127.0.0.1:1 hi 2>&1); rc=$?
+    [ $rc -eq 2 ] && grep -qF -- '--tls-ca FILE (the CA that signed the router' <<<"$out" && grep -qF -- '--insecure' <<<"$out" \
+      && ok "kvlingo chat without --tls-ca nor --insecure refused" || bad "chat no tls: $rc $out"
+    out=$("$P" chat --router 127.0.0.1:1 --tls-ca "$T/nope.pem" hi 2>&1); rc=$?
+    [ $rc -ne 0 ] && grep -qF "tls_ca '$T/nope.pem': no such file" <<<"$out" && ok "kvlingo chat --tls-ca missing file named" || bad "chat bad ca: $rc $out"
+  fi
   ;;
 kvld)
   out=$("$P" --help)
@@ -34,26 +41,27 @@ kvld)
   out=$("$P" --model="$SRC/models/qwen3-a" --max-sessions=0 2>&1); rc=$?
   [ $rc -eq 2 ] && grep -q "max_sessions = '0'" <<<"$out" && ok "kvld --max-sessions=0 parsed (and refused)" || bad "kvld =: $out"
   head -c 48 /dev/urandom | base64 > "$T/fleet.key"
-  out=$("$P" --model="$SRC/models/qwen3-a" --listen=127.0.0.1:0 --ticket-key-file="$T/fleet.key" --check); rc=$?
+  out=$("$P" --model="$SRC/models/qwen3-a" --listen=127.0.0.1:0 --insecure --ticket-key-file="$T/fleet.key" --check); rc=$?
   [ $rc -eq 0 ] && grep -q "^model: $SRC/models/qwen3-a" <<<"$out" && grep -q '^listen: 127.0.0.1:0' <<<"$out" \
     && grep -q "^transfer tickets: key $T/fleet.key" <<<"$out" \
     && ok "kvld --check --key=value" || bad "kvld check: $rc $out"
-  # transfer tickets: a key, or --insecure; a bad key file is named
+  grep -q '^insecure: yes' <<<"$out" && ok "kvld --insecure shown by --check" || bad "kvld --insecure: $out"
   out=$("$P" --model="$SRC/models/qwen3-a" --check 2>&1); rc=$?
-  [ $rc -ne 0 ] && grep -q "no transfer-ticket key: give --ticket-key-file" <<<"$out" \
+  [ $rc -eq 1 ] && grep -q '^insecure: no' <<<"$out" \
+    && grep -qF 'no TLS certificate: set tls_cert/tls_key/tls_ca or pass --insecure to run plaintext' <<<"$out" \
+    && ok "kvld --check without TLS files nor --insecure refused" || bad "kvld no tls: $rc $out"
+  # transfer tickets: a key, or --insecure (tickets off); a bad key file is named
+  grep -q "no transfer-ticket key: give --ticket-key-file" <<<"$out" \
     && ok "kvld --check: no ticket key and not insecure refused" || bad "kvld no key: $rc $out"
-  out=$("$P" --model="$SRC/models/qwen3-a" 2>&1); rc=$?
-  [ $rc -eq 2 ] && grep -q "no transfer-ticket key" <<<"$out" && ok "kvld: no ticket key refuses to start" || bad "kvld start no key: $rc $out"
-  out=$("$P" --model="$SRC/models/qwen3-a" --ticket-key-file "$T/none.key" --check 2>&1); rc=$?
+  out=$("$P" --model="$SRC/models/qwen3-a" --insecure --check 2>&1); rc=$?
+  [ $rc -eq 0 ] && grep -q '^transfer tickets: off' <<<"$out" && ok "kvld --insecure without a key: tickets off" || bad "kvld insecure no key: $rc $out"
+  out=$("$P" --model="$SRC/models/qwen3-a" --insecure --ticket-key-file "$T/none.key" --check 2>&1); rc=$?
   [ $rc -ne 0 ] && grep -q "ticket key file '$T/none.key': missing" <<<"$out" && ok "kvld --check: missing key file named" || bad "kvld missing key: $rc $out"
   printf 'short\n' > "$T/short.key"
-  out=$("$P" --model="$SRC/models/qwen3-a" --ticket-key-file "$T/short.key" --check 2>&1); rc=$?
+  out=$("$P" --model="$SRC/models/qwen3-a" --insecure --ticket-key-file "$T/short.key" --check 2>&1); rc=$?
   [ $rc -ne 0 ] && grep -q "ticket key file '$T/short.key': too short" <<<"$out" && ok "kvld --check: short key file named" || bad "kvld short key: $rc $out"
-  out=$("$P" --model="$SRC/models/qwen3-a" --ticket-key-file "$T" --check 2>&1); rc=$?
+  out=$("$P" --model="$SRC/models/qwen3-a" --insecure --ticket-key-file "$T" --check 2>&1); rc=$?
   [ $rc -ne 0 ] && grep -q "ticket key file '$T': unreadable" <<<"$out" && ok "kvld --check: unreadable key file named" || bad "kvld unreadable key: $rc $out"
-  grep -q '^insecure: no' <<<"$out" && ok "kvld --check: not insecure by default" || bad "kvld insecure default: $out"
-  out=$("$P" --model="$SRC/models/qwen3-a" --insecure --check); rc=$?
-  [ $rc -eq 0 ] && grep -q '^insecure: yes' <<<"$out" && ok "kvld --insecure shown by --check" || bad "kvld --insecure: $rc $out"
   printf 'model: %s\ninsecure: true\n' "$SRC/models/qwen3-a" > "$T/kvld.yaml"
   out=$("$P" --config "$T/kvld.yaml" --check); rc=$?
   [ $rc -eq 0 ] && grep -q '^insecure: yes' <<<"$out" && ok "kvld insecure: true (YAML)" || bad "kvld yaml insecure: $rc $out"
@@ -64,23 +72,25 @@ kvld)
 kvlingo-router)
   printf 'listen: 127.0.0.1:0\ntokenizer: %s\npolicy:\n  name: pinned\nnodes:\n  - {name: a, address: 127.0.0.1:1, model: qwen3-a}\n' "$SRC/models/qwen3-a" > "$T/fleet.yaml"
   head -c 48 /dev/urandom | base64 > "$T/fleet.key"
-  out=$("$P" --config="$T/fleet.yaml" --ticket-key-file="$T/fleet.key" --check); rc=$?
+  out=$("$P" --config="$T/fleet.yaml" --insecure --ticket-key-file="$T/fleet.key" --check); rc=$?
   [ $rc -eq 0 ] && grep -q 'ok' <<<"$out" && grep -q "^transfer tickets: key $T/fleet.key" <<<"$out" \
-    && ok "router --config=FILE --check" || bad "router check: $rc $out"
-  grep -q '^insecure: no' <<<"$out" && ok "router --check: not insecure by default" || bad "router insecure default: $out"
-  out=$("$P" --config="$T/fleet.yaml" --check 2>&1); rc=$?
-  [ $rc -eq 1 ] && grep -q "no transfer-ticket key: give ticket_key_file:" <<<"$out" \
-    && ok "router --check: no ticket key and not insecure refused" || bad "router no key: $rc $out"
+    && ok "router --check with a ticket key" || bad "router check key: $rc $out"
+  out=$("$P" --config="$T/fleet.yaml" --insecure --check 2>&1); rc=$?
+  [ $rc -eq 0 ] && grep -q '^transfer tickets: off' <<<"$out" && ok "router --insecure without a key: tickets off" || bad "router insecure no key: $rc $out"
   { cat "$T/fleet.yaml"; echo 'ticket_key_file: missing.key'; } > "$T/fleetk.yaml"
-  out=$("$P" --config="$T/fleetk.yaml" --check 2>&1); rc=$?
+  out=$("$P" --config="$T/fleetk.yaml" --insecure --check 2>&1); rc=$?
   [ $rc -eq 1 ] && grep -q "ticket key file '$T/missing.key': missing" <<<"$out" \
     && ok "router --check: missing key file named (relative to the file)" || bad "router missing key: $rc $out"
   printf 'short\n' > "$T/short.key"
-  out=$("$P" --config="$T/fleet.yaml" --ticket-key-file "$T/short.key" --check 2>&1); rc=$?
+  out=$("$P" --config="$T/fleet.yaml" --insecure --ticket-key-file "$T/short.key" --check 2>&1); rc=$?
   [ $rc -eq 1 ] && grep -q "ticket key file '$T/short.key': too short" <<<"$out" \
     && ok "router --check: short key file named" || bad "router short key: $rc $out"
   out=$("$P" --config="$T/fleet.yaml" --insecure --check); rc=$?
-  [ $rc -eq 0 ] && grep -q '^insecure: yes' <<<"$out" && ok "router --insecure shown by --check" || bad "router --insecure: $rc $out"
+  [ $rc -eq 0 ] && grep -q 'ok' <<<"$out" && ok "router --config=FILE --check" || bad "router check: $rc $out"
+  grep -q '^insecure: yes' <<<"$out" && ok "router --insecure shown by --check" || bad "router --insecure: $out"
+  out=$("$P" --config="$T/fleet.yaml" --check 2>&1); rc=$?
+  [ $rc -eq 1 ] && grep -qF 'no TLS certificate: set tls_cert/tls_key/tls_ca or pass --insecure to run plaintext' <<<"$out" \
+    && ok "router --check without TLS keys nor --insecure refused" || bad "router no tls: $rc $out"
   { cat "$T/fleet.yaml"; echo 'insecure: true'; } > "$T/fleet2.yaml"
   out=$("$P" --config="$T/fleet2.yaml" --check); rc=$?
   [ $rc -eq 0 ] && grep -q '^insecure: yes' <<<"$out" && ok "router insecure: true (YAML)" || bad "router yaml insecure: $rc $out"

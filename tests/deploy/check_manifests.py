@@ -7,11 +7,14 @@
 What a schema validator cannot see, checked here on the objects `kubectl kustomize` printed:
   - one namespace for everything, and its Namespace object;
   - every container: CPU and memory requests and limits; readiness and liveness probes on the
-    gRPC health of the container port named "grpc" (Kubernetes-native `grpc:` probes);
+    gRPC health of the container port named "health" (Kubernetes-native `grpc:` probes, which
+    speak no TLS: the plaintext health-only port, --health-listen / health_listen);
     prometheus.io/* annotations naming the port called "metrics"; a pinned image tag;
   - every StatefulSet: a headless Service (serviceName) selecting its pods, a
     PodDisruptionBudget selecting them, a "models" volume claim; kvld's flags agree with the
-    ports (--listen, --metrics) and the model label (--model /models/<model>);
+    ports (--listen, --metrics, --health-listen) and the model label (--model /models/<model>);
+  - TLS everywhere: kvld's --tls-cert/--tls-key/--tls-ca and fleet.yaml's tls_cert/tls_key/tls_ca
+    name files of a mounted Secret volume whose items provide them; nothing runs --insecure;
   - every Service selects some pods and its target ports exist; a ServiceMonitor exactly in the
     *-monitoring overlays, selecting Services that have its endpoint port; every referenced
     ConfigMap / PVC exists;
@@ -63,6 +66,27 @@ def port_by_name(container, name):
         if p.get("name") == name:
             return p.get("containerPort")
     return None
+
+
+def secret_file(spec, container, path):
+    """Why `path` is not a file of a Secret volume mounted in `container` ('' when it is)."""
+    if not path:
+        return "not set"
+    path = str(path)
+    vols = {v["name"]: v for v in spec.get("volumes", [])}
+    for m in container.get("volumeMounts", []):
+        mp = m["mountPath"].rstrip("/") + "/"
+        if not path.startswith(mp):
+            continue
+        sec = vols.get(m["name"], {}).get("secret")
+        if not sec:
+            return f"mount {m['mountPath']} is not a Secret volume"
+        items = sec.get("items")
+        rel = path[len(mp):]
+        if items is not None and rel not in {i["path"] for i in items}:
+            return f"Secret {sec.get('secretName')} mounted at {m['mountPath']} has no item {rel}"
+        return ""
+    return "no Secret volume is mounted there"
 
 
 def parse_flags(args):
@@ -157,15 +181,19 @@ def check_overlay(name, objs):
             cid = f"{wid} container {c['name']}"
             grpc = port_by_name(c, "grpc")
             metrics = port_by_name(c, "metrics")
-            if grpc is None or metrics is None:
-                bad(f"{cid}: needs container ports named grpc and metrics")
+            health = port_by_name(c, "health")
+            if grpc is None or metrics is None or health is None:
+                bad(f"{cid}: needs container ports named grpc, metrics and health")
                 continue
-            for probe in ("readinessProbe", "livenessProbe"):
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                 p = c.get(probe)
                 if not p or "grpc" not in p:
                     bad(f"{cid}: {probe} is not a gRPC health probe")
-                elif p["grpc"].get("port") != grpc:
-                    bad(f"{cid}: {probe} probes port {p['grpc'].get('port')}, gRPC is {grpc}")
+                elif p["grpc"].get("port") != health:
+                    bad(f"{cid}: {probe} probes port {p['grpc'].get('port')}, the plaintext health "
+                        f"port is {health} (the kubelet's gRPC probe speaks no TLS)")
+            if "--insecure" in [str(a) for a in c.get("args", [])]:
+                bad(f"{cid}: runs --insecure (plaintext gRPC)")
             if ann.get("prometheus.io/scrape") != "true" or \
                     str(ann.get("prometheus.io/port")) != str(metrics) or \
                     ann.get("prometheus.io/path") != "/metrics":
@@ -214,6 +242,12 @@ def check_overlay(name, objs):
             bad(f"{wid}: --listen {flags.get('listen')} is not the grpc port")
         if port_of(flags.get("metrics", ""))[1] != port_by_name(c, "metrics"):
             bad(f"{wid}: --metrics {flags.get('metrics')} is not the metrics port")
+        if port_of(flags.get("health-listen", ""))[1] != port_by_name(c, "health"):
+            bad(f"{wid}: --health-listen {flags.get('health-listen')} is not the health port")
+        for k in ("tls-cert", "tls-key", "tls-ca"):
+            why = secret_file(pod_spec(w), c, flags.get(k))
+            if why:
+                bad(f"{wid}: --{k} {flags.get(k)}: {why}")
         for i in range(int(w["spec"].get("replicas", 1))):
             kvld_pods[(w["metadata"]["name"], i)] = (sname, port_by_name(c, "grpc"), model)
 
@@ -275,6 +309,14 @@ def check_overlay(name, objs):
         bad(f"fleet.yaml listen {fleet.get('listen')} is not the router's grpc port")
     if port_of(fleet.get("metrics"))[1] != port_by_name(rc, "metrics"):
         bad(f"fleet.yaml metrics {fleet.get('metrics')} is not the router's metrics port")
+    if port_of(fleet.get("health_listen"))[1] != port_by_name(rc, "health"):
+        bad(f"fleet.yaml health_listen {fleet.get('health_listen')} is not the router's health port")
+    if fleet.get("insecure") not in (None, False) or "--insecure" in [str(a) for a in rc.get("args", [])]:
+        bad("the router runs insecure (plaintext gRPC)")
+    for k in ("tls_cert", "tls_key", "tls_ca"):
+        why = secret_file(pod_spec(router), rc, fleet.get(k))
+        if why:
+            bad(f"fleet.yaml {k} {fleet.get(k)}: {why}")
     ledger = str(fleet.get("ledger", ""))
     replicas = int(router["spec"].get("replicas", 1))
     env = {e["name"]: e for e in rc.get("env", [])}

@@ -9,7 +9,8 @@ train --stage1-only` (none the other way), starts kvld for qwen3-a and qwen3-b a
 kvlingo-router with the command lines and environment of deploy/k8s/base's StatefulSets and
 Deployment (pod paths, 0.0.0.0 addresses and $(VAR)s replaced by local ones) and its fleet.yaml
 (every key kept, only addresses and paths moved to this machine; the guardrail shadows every
-switch), checks gRPC health (grpc.health.v1, what
+switch; the TLS Secret's files are a throw-away PKI made here with openssl, so the fleet runs
+TLS as deployed), checks gRPC health on the plaintext health ports (grpc.health.v1, what
 the Kubernetes probes ask) and /healthz on each, and drives one session:
   turn 1 on qwen3-a, turn 2 on qwen3-b (translated switch: span shipped and translated),
   turn 3 back on qwen3-a (no qwen3-b -> qwen3-a translator: fallback, re-prefill),
@@ -320,6 +321,19 @@ def main():
     os.makedirs(work, exist_ok=True)
     problems = []
 
+    # ---- the Secret kvlingo-tls as the pods see it: /etc/kvlingo-tls/{tls.crt,tls.key,ca.crt}
+    sys.path.insert(0, os.path.join(src, "tests", "router"))
+    import shutil
+    import tlscerts
+    pki = tlscerts.make(os.path.join(work, "pki"))
+    tls_dirs = {}
+    for who, leaf in (("router", "router"), ("kvld", "node-a")):
+        d = os.path.join(work, "tls-" + who)
+        os.makedirs(d, exist_ok=True)
+        for src_path, name in ((pki[leaf][0], "tls.crt"), (pki[leaf][1], "tls.key"), (pki["ca"], "ca.crt")):
+            shutil.copyfile(src_path, os.path.join(d, name))
+        tls_dirs[who] = d
+
     # ---- translator qwen3-a -> qwen3-b (stage 1 only: seconds); none the other way
     trdir = os.path.join(work, "translators")
     os.makedirs(trdir, exist_ok=True)
@@ -349,6 +363,7 @@ def main():
         text = open(f).read().replace("/opt/kvlingo/models/", os.path.join(src, "models") + "/")
         text = text.replace("/var/lib/kvlingo/", os.path.join(work, "check-"))
         text = text.replace("/etc/kvlingo-ticket/key", key_file)
+        text = text.replace("/etc/kvlingo-tls/", tls_dirs["router"] + "/")
         local = os.path.join(work, "check-fleet.yaml")
         open(local, "w").write(text)
         # a ledger from the environment is the Secret's URI in a pod; --check does not contact it
@@ -363,7 +378,7 @@ def main():
 
     # ---- fleet.yaml: the shipped one, moved to loopback
     fleet = yaml.safe_load(open(os.path.join(src, "deploy", "k8s", "base", "fleet.yaml")))
-    ports = {k: free_port() for k in ("a", "am", "b", "bm", "r", "rm")}
+    ports = {k: free_port() for k in ("a", "am", "ah", "b", "bm", "bh", "r", "rm", "rh")}
     nodes = {n["model"]: n for n in fleet["nodes"]}
     if set(nodes) != {"qwen3-a", "qwen3-b"}:
         print(f"FAIL: deploy/k8s/base/fleet.yaml serves {sorted(nodes)}, this test expects "
@@ -373,6 +388,9 @@ def main():
     nodes["qwen3-b"]["address"] = f"127.0.0.1:{ports['b']}"
     fleet["listen"] = f"127.0.0.1:{ports['r']}"
     fleet["metrics"] = f"127.0.0.1:{ports['rm']}"
+    fleet["health_listen"] = f"127.0.0.1:{ports['rh']}"
+    for k in ("tls_cert", "tls_key", "tls_ca"):
+        fleet[k] = str(fleet[k]).replace("/etc/kvlingo-tls", tls_dirs["router"])
     fleet["ledger"] = os.path.join(work, "router.db")
     fleet["tokenizer"] = os.path.join(src, "models", "qwen3-a")
     fleet["ticket_key_file"] = key_file
@@ -387,21 +405,25 @@ def main():
     try:
         # the kvld command lines of the StatefulSets, as the pods run them
         containers = manifest_commands(src)
-        for m, p, pm in (("qwen3-a", "a", "am"), ("qwen3-b", "b", "bm")):
+        for m, p, pm, ph in (("qwen3-a", "a", "am", "ah"), ("qwen3-b", "b", "bm", "bh")):
             c = containers.get(f"kvld-{m}")
             if not c:
                 raise RuntimeError(f"deploy/k8s/base has no StatefulSet kvld-{m}")
+            tls_paths = {f"/etc/kvlingo-tls/{f}": os.path.join(tls_dirs["kvld"], f)
+                         for f in ("tls.crt", "tls.key", "ca.crt")}
             # pod DNS names (--advertise, --peers) become the loopback addresses fleet.yaml got
             argv, env = localise(c, args.kvld,
-                                 {f"/models/{m}": os.path.join(src, "models", m),
-                                  "/models/translators": trdir, "/etc/kvlingo-ticket/key": key_file,
-                                  "kvld-qwen3-a-0.kvld-qwen3-a:7100": f"127.0.0.1:{ports['a']}",
-                                  "kvld-qwen3-b-0.kvld-qwen3-b:7100": f"127.0.0.1:{ports['b']}"},
-                                 {7100: ports[p], 7101: ports[pm]},
+                                 dict({f"/models/{m}": os.path.join(src, "models", m),
+                                       "/models/translators": trdir, "/etc/kvlingo-ticket/key": key_file,
+                                       "kvld-qwen3-a-0.kvld-qwen3-a:7100": f"127.0.0.1:{ports['a']}",
+                                       "kvld-qwen3-b-0.kvld-qwen3-b:7100": f"127.0.0.1:{ports['b']}"},
+                                      **tls_paths),
+                                 {7100: ports[p], 7101: ports[pm], 7102: ports[ph]},
                                  {"KVL_THREADS": "1", "POD_NAME": f"kvld-{m}-0"})
             fl.start(f"kvld-{m}", argv, env)
-        servers = [("kvld-qwen3-a", ports["a"], ports["am"]),
-                   ("kvld-qwen3-b", ports["b"], ports["bm"])]
+        # (name, plaintext health port: what the probes ask, metrics port)
+        servers = [("kvld-qwen3-a", ports["ah"], ports["am"]),
+                   ("kvld-qwen3-b", ports["bh"], ports["bm"])]
 
         def wait_healthy(name, gport, mport, limit=90):
             deadline = time.time() + limit
@@ -424,20 +446,22 @@ def main():
             raise RuntimeError("deploy/k8s/base has no Deployment kvlingo-router")
         argv, env = localise(c, args.router, {"/etc/kvlingo/fleet.yaml": cfg}, {}, {})
         fl.start("kvlingo-router", argv, env)
-        wait_healthy("kvlingo-router", ports["r"], ports["rm"])
+        wait_healthy("kvlingo-router", ports["rh"], ports["rm"])
         print("ok: kvld qwen3-a, kvld qwen3-b and kvlingo-router SERVING (grpc.health.v1) and "
               "200 on /healthz")
 
         # ---- one session: a, b (translate), a (fallback: no b -> a translator), an error
         pb2, pbg = load_router_stubs(src, os.path.join(work, "stubs"))
-        ch = grpc.insecure_channel(f"127.0.0.1:{ports['r']}")
+        # clients verify the router with the fleet CA (server TLS; no client certificate)
+        ch = grpc.secure_channel(f"127.0.0.1:{ports['r']}", grpc.ssl_channel_credentials(
+            root_certificates=open(pki["ca"], "rb").read()))
         stub = pbg.RouterStub(ch)
         sid = stub.CreateSession(pb2.CreateSessionRequest(), timeout=30).session_id
         text = open(os.path.join(src, "testdata", "corpus", "valid.txt")).read().split("\n")
         text = [t for t in text if len(t) > 200]
         prom = None
         if args_prometheus():
-            prom = start_prometheus(fl, work, src, servers + [("kvlingo-router", ports["r"], ports["rm"])])
+            prom = start_prometheus(fl, work, src, servers + [("kvlingo-router", ports["rh"], ports["rm"])])
 
         # two rounds, a few scrapes apart, so that rate() sees every counter move (the router
         # creates a labelled series at its first event)
@@ -481,7 +505,7 @@ def main():
         # ---- scrape
         exported = {}
         expositions = {}
-        for name, _, mport in servers + [("kvlingo-router", ports["r"], ports["rm"])]:
+        for name, _, mport in servers + [("kvlingo-router", ports["rh"], ports["rm"])]:
             code, body = http_get(f"http://127.0.0.1:{mport}/metrics")
             if code != 200:
                 problems.append(f"{name}: /metrics answered {code}")

@@ -153,7 +153,8 @@ def smoke(root, env, user, ins):
              "ledger": "/var/lib/kvlingo/router.db", "tokenizer": "/opt/kvlingo/models/qwen3-a",
              "nodes": [{"name": "qwen3-a-0", "address": "127.0.0.1:17100", "model": "qwen3-a"},
                        {"name": "qwen3-b-0", "address": "127.0.0.1:17200", "model": "qwen3-b"}],
-             "policy": {"name": "cascade", "models": ["qwen3-a", "qwen3-b"]}}
+             "policy": {"name": "cascade", "models": ["qwen3-a", "qwen3-b"]},
+             "insecure": True}   # loopback inside the emulated container: plaintext, by name
     yaml.safe_dump(fleet, open(root + "/tmp/fleet.yaml", "w"))
     procs, ok = [], True
     try:
@@ -162,7 +163,7 @@ def smoke(root, env, user, ins):
                 ["chroot", f"--userspec={user}", root, "/usr/bin/env", f"PATH={env['PATH']}",
                  "UCX_TLS=tcp,self", "kvld", "--model", f"/models/{m}", "--listen", f"127.0.0.1:{p}",
                  "--metrics", f"127.0.0.1:{p + 1}", "--translators", "/models/translators",
-                 "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                 "--threads", "1", "--insecure"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         time.sleep(3)
         procs.append(subprocess.Popen(
             ["chroot", f"--userspec={user}", root, "/usr/bin/env", f"PATH={env['PATH']}",
@@ -175,7 +176,7 @@ def smoke(root, env, user, ins):
             ok &= r.returncode == 0
         sid = ""
         for i, m in enumerate(("qwen3-a", "qwen3-b", "qwen3-a")):
-            cmd = ["kvlingo", "chat", "--router", "127.0.0.1:17000", "--model", m,
+            cmd = ["kvlingo", "chat", "--router", "127.0.0.1:17000", "--insecure", "--model", m,
                    "--max-tokens", "8"] + (["--session", sid] if sid else []) + \
                   [f"Turn {i}: she opened the door slowly, and the light from the hall fell in."]
             out = as_user(cmd, capture_output=True, text=True).stdout.strip().splitlines()

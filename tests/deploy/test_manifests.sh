@@ -2,7 +2,7 @@
 # tests/deploy/test_manifests.sh SOURCE_DIR
 #
 # Renders every kustomize overlay under deploy/k8s/overlays with `kubectl kustomize` and checks
-# the objects for consistency (tests/deploy/check_manifests.py: probes on the gRPC port, resource
+# the objects for consistency (tests/deploy/check_manifests.py: probes on the health port, TLS files from a Secret, resource
 # requests/limits, a headless Service and a PodDisruptionBudget per StatefulSet, fleet.yaml's
 # nodes = the StatefulSets' pods, GPU requests only in the gpu overlay, ...).
 #
@@ -67,11 +67,16 @@ for d in docs:
         d["spec"]["replicas"] = 5
         d["spec"]["template"]["spec"]["containers"][0]["resources"].pop("limits")
         d["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["grpc"]["port"] = 7999
+        d["spec"]["template"]["spec"]["containers"][0]["args"].append("--insecure")
+        for v in d["spec"]["template"]["spec"]["volumes"]:
+            if "secret" in v:   # the TLS Secret without the key item
+                v["secret"]["items"] = [i for i in v["secret"]["items"] if i["path"] != "tls.key"]
         break
 yaml.safe_dump_all(docs, open(sys.argv[2], "w"))
 PY
   out=$("$py" "$here/check_manifests.py" --overlay "$(basename "$first" .first.yaml)" "$tmp/mut3.yaml")
-  for want in "fleet.yaml does not list it" "readinessProbe probes port 7999" "no resources.limits.cpu"; do
+  for want in "fleet.yaml does not list it" "readinessProbe probes port 7999" "no resources.limits.cpu" \
+              "runs --insecure" "has no item tls.key"; do
     if ! grep -q "$want" <<< "$out"; then
       echo "FAIL: check_manifests.py missed a planted fault ($want)"; fail=1
     fi

@@ -275,8 +275,8 @@ def main():
                           A.metrics(), re.M) is not None, "A exports kvlingo_node_info{device=cpu}")
         for dev, want in [("gpu", "device = 'gpu'"), ("cuda:x", "device = 'cuda:x'"),
                           ("cuda", "cuda")]:
-            r = subprocess.run([args.kvld, "--insecure", "--model", qa, "--listen", "127.0.0.1:0",
-                                "--transport", "none", "--device", dev],
+            r = subprocess.run([args.kvld, "--model", qa, "--listen", "127.0.0.1:0",
+                                "--transport", "none", "--insecure", "--device", dev],
                                capture_output=True, text=True, timeout=120)
             t.check(r.returncode != 0 and want in r.stderr,
                     "kvld --device %s refused at start with a message (%s)" %

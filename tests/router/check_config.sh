@@ -101,4 +101,45 @@ out=$("$K" --insecure --config "$T/kg.yaml" --check 2>&1); rc=$?
 head -c 48 /dev/urandom | base64 > "$T/fleet.key"
 out=$("$R" --config "$SRC/router/fleet.example.yaml" --ticket-key-file "$T/fleet.key" --check 2>&1) && grep -q "tokenizer: .*models/qwen3-a (vocabulary" <<<"$out" \
     && ok "router/fleet.example.yaml passes --check" || bad "fleet.example.yaml: $out"
+# TLS files: each wrong one is named with its key and path (a throw-away CA made here)
+P="$T/pki"; mkdir -p "$P"
+ossl() { openssl "$@" >/dev/null 2>&1 || bad "openssl $*"; }
+ossl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$P/ca-key.pem" -out "$P/ca.pem" -days 2 -subj /CN=test-ca
+ossl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$P/other-key.pem" -out "$P/other.pem" -days 2 -subj /CN=other-ca
+ossl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$P/r-key.pem" -out "$P/r.csr" -subj /CN=router
+ossl x509 -req -in "$P/r.csr" -CA "$P/ca.pem" -CAkey "$P/ca-key.pem" -set_serial 7 -days 2 -out "$P/r.pem"
+head -c 48 /dev/urandom | base64 > "$T/tk.key"   # a TLS fleet needs its transfer-ticket key too
+tlsgood() { good; printf 'tls_cert: %s\ntls_key: %s\ntls_ca: %s\nticket_key_file: %s\n' "$1" "$2" "$3" "$T/tk.key"; }
+tlsgood "$P/r.pem" "$P/r-key.pem" "$P/ca.pem" > "$T/conf/tls.yaml"
+out=$("$R" --config "$T/conf/tls.yaml" --check 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q '^tls: CN=router (until ' <<<"$out" && grep -q '^insecure: no' <<<"$out" \
+  && ok "TLS files pass --check, subject shown" || bad "tls good: $rc $out"
+out=$("$R" --config "$T/conf/tls.yaml" --insecure --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -qF 'insecure is set together with tls_cert' <<<"$out" && ok "refused: --insecure with TLS keys" || bad "tls+insecure: $rc $out"
+tlsgood "$P/nope.pem" "$P/r-key.pem" "$P/ca.pem" > "$T/conf/tls1.yaml"
+out=$("$R" --config "$T/conf/tls1.yaml" --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -qF "tls_cert '$P/nope.pem': no such file" <<<"$out" && ok "refused: missing tls_cert" || bad "tls1: $rc $out"
+tlsgood "$P/r.pem" "$P/other-key.pem" "$P/ca.pem" > "$T/conf/tls2.yaml"
+out=$("$R" --config "$T/conf/tls2.yaml" --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -qF "tls_key '$P/other-key.pem' is not the key of tls_cert '$P/r.pem'" <<<"$out" && ok "refused: key of another certificate" || bad "tls2: $rc $out"
+tlsgood "$P/r.pem" "$P/r-key.pem" "$P/other.pem" > "$T/conf/tls3.yaml"
+out=$("$R" --config "$T/conf/tls3.yaml" --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -qF "tls_cert '$P/r.pem' (CN=router) does not verify against tls_ca '$P/other.pem'" <<<"$out" && ok "refused: certificate of another CA" || bad "tls3: $rc $out"
+tlsgood "$P/r.csr" "$P/r-key.pem" "$P/ca.pem" > "$T/conf/tls4.yaml"
+out=$("$R" --config "$T/conf/tls4.yaml" --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -qF "tls_cert '$P/r.csr': no PEM certificate" <<<"$out" && ok "refused: a CSR as tls_cert" || bad "tls4: $rc $out"
+{ good; printf 'tls_cert: %s\ntls_key: %s\n' "$P/r.pem" "$P/r-key.pem"; } > "$T/conf/tls5.yaml"
+out=$("$R" --config "$T/conf/tls5.yaml" --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -qF "tls_ca is not set" <<<"$out" && ok "refused: tls_ca missing" || bad "tls5: $rc $out"
+out=$("$K" --model "$SRC/models/qwen3-a" --tls-cert "$P/r.pem" --tls-key "$P/r-key.pem" --tls-ca "$P/other.pem" --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -qF "does not verify against tls_ca '$P/other.pem'" <<<"$out" && ok "kvld: certificate of another CA refused" || bad "kvld tls: $rc $out"
+out=$("$K" --model "$SRC/models/qwen3-a" --tls-cert "$P/r.pem" --tls-key "$P/r-key.pem" --tls-ca "$P/ca.pem" --ticket-key-file "$T/tk.key" --check 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q '^tls: CN=router (until .*client certificates required' <<<"$out" && ok "kvld: TLS files pass --check" || bad "kvld tls good: $rc $out"
+out=$("$K" --model "$SRC/models/qwen3-a" --tls-cert "$P/r.pem" --tls-key "$P/r-key.pem" --tls-ca "$P/ca.pem" --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q 'no transfer-ticket key' <<<"$out" && ok "kvld: TLS without a ticket key refused" || bad "kvld tls no key: $rc $out"
+grep -v '^ticket_key_file' "$T/conf/tls.yaml" > "$T/conf/tls-nokey.yaml"
+out=$("$R" --config "$T/conf/tls-nokey.yaml" --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q 'no transfer-ticket key: give ticket_key_file' <<<"$out" && ok "router: TLS without a ticket key refused" || bad "router tls no key: $rc $out"
+out=$("$K" --model "$SRC/models/qwen3-a" --tls-cert "$P/r.pem" --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -qF "TLS needs tls_cert, tls_key and tls_ca; tls_key is not set" <<<"$out" && ok "kvld: tls_key missing refused" || bad "kvld tls partial: $rc $out"
 exit $fail

@@ -141,8 +141,13 @@ class Fleet:
 
     def __init__(self, build, work, models=("qwen3-a", "qwen3-b"), policy=None, guardrail=None,
                  transfer=None, extra_top=None, translators=True, kvld_args=(), pairs=None,
-                 peers=False, ledger=None, tickets=True):
+                 peers=False, ledger=None, tls=None, tickets=True):
+        """tls: None runs every process plaintext (kvld --insecure, insecure: true in the fleet
+        file); a PKI of tlscerts.make() runs TLS: each node its own certificate and mutual TLS,
+        the router its certificate, the clients verify it with the fleet CA.  tickets: one
+        transfer-ticket key for the fleet (False: spans move without tickets)."""
         self.build, self.work = build, work
+        self.tls = tls
         self.peers = peers   # give each kvld the others' addresses (--peers): connected at start
         # transfer tickets: one fleet key for the nodes and the router (spans then go only to
         # --peers members, so tickets imply --peers); tickets=False: an insecure fleet
@@ -183,16 +188,26 @@ class Fleet:
                 os.path.join(SRC, "models", m), "--listen", "127.0.0.1:%d" % port]
         if os.path.isdir(trdir):
             args += ["--translators", trdir]
+        args += self.node_tls_args(m)
         if self.peers or self.tickets:
             others = ["127.0.0.1:%d" % q for o, q in self.node_ports.items() if o != m]
             if others:
                 args += ["--peers", ",".join(others)]
-        args += ["--ticket-key-file", self.key_file] if self.tickets else ["--insecure"]
+        if self.tickets:
+            args += ["--ticket-key-file", self.key_file]
         p = Proc(args + list(kvld_args), os.path.join(self.work, "kvld-%s.log" % m))
         wait_port(port, p.proc, what="kvld " + m)
         self.nodes[m] = p
         self.procs.append(p)
         return p
+
+    def node_tls_args(self, m):
+        """kvld's TLS flags for model m (node-a, node-b, node-c certificates in model order)."""
+        if not self.tls:
+            return ["--insecure"]
+        leaf = "node-" + "abc"[list(self.node_ports).index(m) % 3]
+        cert, key = self.tls[leaf]
+        return ["--tls-cert", cert, "--tls-key", key, "--tls-ca", self.tls["ca"]]
 
     def write_config(self, policy, guardrail=None, transfer=None, extra_top=None):
         def yv(v):
@@ -201,8 +216,14 @@ class Fleet:
         lines = ["listen: 127.0.0.1:%d" % self.router_port,
                  "metrics: 127.0.0.1:%d" % self.metrics_port,
                  "ledger: %s" % self.ledger,
-                 "tokenizer: %s" % os.path.join(SRC, "models", "qwen3-a"),
-                 "ticket_key_file: %s" % self.key_file if self.tickets else "insecure: true"]
+                 "tokenizer: %s" % os.path.join(SRC, "models", "qwen3-a")]
+        if self.tickets:
+            lines.append("ticket_key_file: %s" % self.key_file)
+        if self.tls:
+            lines += ["tls_cert: %s" % self.tls["router"][0], "tls_key: %s" % self.tls["router"][1],
+                      "tls_ca: %s" % self.tls["ca"]]
+        else:
+            lines.append("insecure: true")
         for k, v in (extra_top or {}).items():
             lines.append("%s: %s" % (k, yv(v)))
         lines.append("nodes:")
@@ -259,9 +280,17 @@ class Fleet:
         rep["proc"] = p
         return rep
 
+    def client_security(self):
+        """RouterClient keyword arguments: verify the router with the fleet CA, or plaintext."""
+        return {"tls_ca": self.tls["ca"]} if self.tls else {"insecure": True}
+
+    def cli_security(self):
+        """The same for `kvlingo chat` and the Python command-line clients."""
+        return ["--tls-ca", self.tls["ca"]] if self.tls else ["--insecure"]
+
     def replica_client(self, name, timeout=120.0):
         return FixedLengthClient(self.replicas[name]["addr"], timeout=timeout,
-                                          stub_dir=os.path.join(self.work, "stubs"))
+                                 stub_dir=os.path.join(self.work, "stubs"), **self.client_security())
 
     def replica_metrics(self, name):
         import urllib.request
@@ -270,7 +299,7 @@ class Fleet:
 
     def client(self, timeout=120.0):
         return FixedLengthClient(self.addr, timeout=timeout,
-                                 stub_dir=os.path.join(self.work, "stubs"))
+                                 stub_dir=os.path.join(self.work, "stubs"), **self.client_security())
 
     def metrics(self):
         import urllib.request
@@ -309,7 +338,15 @@ class Fleet:
         self.client()
         node_pb2 = importlib.import_module("kvlingo.v1.node_pb2")
         node_grpc = importlib.import_module("kvlingo.v1.node_pb2_grpc")
-        ch = grpc.insecure_channel("127.0.0.1:%d" % self.node_ports[model])
+        addr = "127.0.0.1:%d" % self.node_ports[model]
+        if self.tls:   # the Node API is mutual TLS: present a certificate of the fleet CA
+            cert, key = self.tls["client"]
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=open(self.tls["ca"], "rb").read(),
+                private_key=open(key, "rb").read(), certificate_chain=open(cert, "rb").read())
+            ch = grpc.secure_channel(addr, creds)
+        else:
+            ch = grpc.insecure_channel(addr)
         return node_grpc.NodeStub(ch).Info(node_pb2.InfoRequest(), timeout=10)
 
 

@@ -62,7 +62,7 @@ def clients_name_the_session(a):
                         policy={"name": "pinned"}, translators=False)
     try:
         fleet.nodes["qwen3-a"].kill9()
-        r = subprocess.run([os.path.join(a.build, "kvlingo"), "chat", "--router", fleet.addr, "Hello"],
+        r = subprocess.run([os.path.join(a.build, "kvlingo"), "chat", "--router", fleet.addr] + fleet.cli_security() + ["Hello"],
                            capture_output=True, text=True, timeout=60)
         check(r.returncode == 1 and "UNAVAILABLE" in r.stderr and "kvlingo chat: session s" in r.stderr
               and "--session" in r.stderr, "kvlingo chat on a dead fleet: rc %d %r" % (r.returncode, r.stderr))
@@ -71,7 +71,7 @@ def clients_name_the_session(a):
         check(got.session_id == sid, "the printed session exists: %s" % got)
         print("  ok: kvlingo chat printed session %s after UNAVAILABLE" % sid)
         r = subprocess.run(["/usr/bin/python3", os.path.join(rtest.SRC, "examples", "python_client.py"),
-                            "--router", fleet.addr, "Hello"], capture_output=True, text=True, timeout=60,
+                            "--router", fleet.addr, "--insecure", "Hello"], capture_output=True, text=True, timeout=60,
                            env=dict(os.environ, PYTHONPATH=os.path.join(fleet.work, "stubs")))
         check(r.returncode == 1 and "UNAVAILABLE" in r.stderr and "session s" in r.stderr,
               "python_client on a dead fleet: rc %d %r" % (r.returncode, r.stderr))

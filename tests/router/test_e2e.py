@@ -158,11 +158,11 @@ def main():
 
         # kvlingo chat (the C client)
         kv = os.path.join(a.build, "kvlingo")
-        r = subprocess.run([kv, "chat", "--router", fleet.addr, "--session", sid, "--max-tokens", "5",
+        r = subprocess.run([kv, "chat", "--router", fleet.addr] + fleet.cli_security() + ["--session", sid, "--max-tokens", "5",
                             " The end"], capture_output=True, text=True, timeout=60)
         check(r.returncode == 0 and "[session %s turn" % sid in r.stdout and "TTFT" in r.stdout,
               "kvlingo chat: rc %d %r %r" % (r.returncode, r.stdout, r.stderr))
-        r2 = subprocess.run([kv, "chat", "--router", fleet.addr, "--session", "nope", "hi"],
+        r2 = subprocess.run([kv, "chat", "--router", fleet.addr] + fleet.cli_security() + ["--session", "nope", "hi"],
                             capture_output=True, text=True, timeout=60)
         check(r2.returncode == 1 and "NOT_FOUND" in r2.stderr and "unknown session" in r2.stderr,
               "kvlingo chat bad session: %r" % r2.stderr)

@@ -211,7 +211,7 @@ def main():
         # kvlingo chat in chat mode: roles through the same template, one session across turns,
         # the same greedy replies as the HTTP API
         lines = ["Once upon a time there was a king", "What did he do next?"]
-        cp = subprocess.run([os.path.join(a.build, "kvlingo"), "chat", "--router", fleet.addr, "--tokenizer",
+        cp = subprocess.run([os.path.join(a.build, "kvlingo"), "chat", "--router", fleet.addr] + fleet.cli_security() + ["--tokenizer",
                              os.path.join(SRC, "models", "qwen3-a"), "--system", "You tell stories.",
                              "--interactive", "--model", "qwen3-a", "--max-tokens", "8"],
                             input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=120)

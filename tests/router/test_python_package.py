@@ -34,7 +34,7 @@ def venv_python():
 USE = r"""
 import json, sys
 from kvlingo_client import RouterClient
-c = RouterClient(sys.argv[1])
+c = RouterClient(sys.argv[1], insecure=True)
 sid = c.create_session()
 ids, text, s = c.send_all(sid, "Once upon a time", max_tokens=6, ignore_eos=True)
 print(json.dumps({"ids": ids, "text": text, "model": s.model, "n": s.n_generated,
@@ -85,12 +85,12 @@ def main():
               got["closed"], "installed client %r vs repository client %r" % (got, (ids, text)))
         print("  ok: the installed client: %r" % got["text"])
         cli = os.path.join(os.path.dirname(py), "kvlingo-client")
-        p = subprocess.run([cli, "--router", fleet.addr, "--max-tokens", "3", "Hello"], capture_output=True,
+        p = subprocess.run([cli, "--router", fleet.addr, "--insecure", "--max-tokens", "3", "Hello"], capture_output=True,
                            text=True, timeout=120)
         check(p.returncode == 0 and "turn 0: qwen3-a on a0" in p.stdout, "kvlingo-client: %r %r" % (p.stdout, p.stderr))
-        p = subprocess.run([cli, "--router", fleet.addr, "--list-nodes"], capture_output=True, text=True, timeout=60)
+        p = subprocess.run([cli, "--router", fleet.addr, "--insecure", "--list-nodes"], capture_output=True, text=True, timeout=60)
         check(p.returncode == 0 and "qwen3-a" in p.stdout, "kvlingo-client --list-nodes: %r" % p.stderr)
-        p = subprocess.run([cli, "--router", fleet.addr, "--session", "nope", "x"], capture_output=True, text=True,
+        p = subprocess.run([cli, "--router", fleet.addr, "--insecure", "--session", "nope", "x"], capture_output=True, text=True,
                            timeout=60)
         check(p.returncode == 1 and "NOT_FOUND" in p.stderr, "unknown session: %r" % p.stderr)
         print("  ok: the kvlingo-client command")

@@ -299,7 +299,7 @@ def main():
         ttl_port, ttl_m = rtest.free_port(), rtest.free_port()
         ttl = rtest.Proc([os.path.join(a.build, "daemon", "kvld"), "--model", qa, "--listen",
                           "127.0.0.1:%d" % ttl_port, "--max-sessions", "4", "--session-idle-ttl-s", "2",
-                          "--metrics", "127.0.0.1:%d" % ttl_m, "--warmup", "0", "--ticket-key-file",
+                          "--metrics", "127.0.0.1:%d" % ttl_m, "--warmup", "0", "--insecure", "--ticket-key-file",
                           fleet.key_file],
                          os.path.join(a.work, "kvld-ttl.log"))
         fleet.procs.append(ttl)

@@ -29,6 +29,9 @@
 #include "span_source.h"
 #include "transport.h"
 
+/* the kvld processes of the integration tests run plaintext (--insecure) */
+static const kvl__rpc_tls plaintext = {.insecure = 1};
+
 static int die(const char *what) {
     fprintf(stderr, "span_inject: %s: %s\n", what, kvl_last_error());
     return 1;
@@ -70,6 +73,7 @@ static int run_sink(void) {
     sink sk;
     if (kvl__transport_create("ucx", &sk.t)) return die("transport");
     kvl__rpc_server_params p = kvl__rpc_server_default_params();
+    p.tls = &plaintext;
     kvl__rpc_server *srv;
     if (kvl__rpc_server_create(&p, &srv) ||
         kvl__rpc_server_add_method(srv, "/kvlingo.v1.Node/Info", KVL_RPC_UNARY, sink_info, &sk) ||
@@ -87,7 +91,7 @@ static int run_sink(void) {
 
 static int run_flood(const char *addr, long count, long bytes) {
     kvl__rpc_client *cli;
-    if (kvl__rpc_client_create(addr, 0, &cli)) return die("client");
+    if (kvl__rpc_client_create(addr, 0, &plaintext, &cli)) return die("client");
     Kvlingo__V1__InfoRequest iq = KVLINGO__V1__INFO_REQUEST__INIT;
     ProtobufCMessage *ir;
     kvl__rpc_result res;
@@ -146,7 +150,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n; i++) ids[i] = 200 + i;
     if (kvl_model_prefill(m, c, ids, n, KVL_LOGITS_NONE, NULL)) return die("prefill");
     kvl__rpc_client *cli;
-    if (kvl__rpc_client_create(addr, 0, &cli)) return die("client");
+    if (kvl__rpc_client_create(addr, 0, &plaintext, &cli)) return die("client");
     /* target identity from the node itself */
     Kvlingo__V1__InfoRequest iq = KVLINGO__V1__INFO_REQUEST__INIT;
     ProtobufCMessage *ir;

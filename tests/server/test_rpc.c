@@ -17,6 +17,8 @@
 #include "rpc.h"
 #include "grpc/health/v1/health.pb-c.h"
 
+static const kvl__rpc_tls plaintext = {.insecure = 1};
+
 typedef struct fixture {
     kvl__rpc_server *srv;
     kvl__rpc_client *cli;
@@ -92,6 +94,7 @@ static int setup(void **state) {
     pthread_mutex_init(&f->mu, NULL);
     pthread_cond_init(&f->cv, NULL);
     kvl__rpc_server_params p = kvl__rpc_server_default_params();
+    p.tls = &plaintext;
     p.listen = "127.0.0.1:0";
     assert_int_equal(kvl__rpc_server_create(&p, &f->srv), KVL_OK);
     assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/Echo", KVL_RPC_UNARY, echo, f), 0);
@@ -107,7 +110,7 @@ static int setup(void **state) {
     assert_int_equal(kvl__rpc_server_start(f->srv), KVL_OK);
     char target[64];
     snprintf(target, sizeof target, "127.0.0.1:%d", kvl__rpc_server_port(f->srv));
-    assert_int_equal(kvl__rpc_client_create(target, 0, &f->cli), KVL_OK);
+    assert_int_equal(kvl__rpc_client_create(target, 0, &plaintext, &f->cli), KVL_OK);
     *state = f;
     return 0;
 }
@@ -290,7 +293,7 @@ static void test_metadata(void **state) {
     kvl__rpc_client *cli;
     char target[64];
     snprintf(target, sizeof target, "127.0.0.1:%d", kvl__rpc_server_port(f->srv));
-    assert_int_equal(kvl__rpc_client_create(target, 0, &cli), KVL_OK);
+    assert_int_equal(kvl__rpc_client_create(target, 0, &plaintext, &cli), KVL_OK);
     expect_md(cli, 0, "0:");                                 /* absent */
     assert_int_equal(kvl__rpc_client_set_metadata(cli, "x-test", "hello world"), KVL_OK);
     expect_md(cli, 0, "11:hello world");
@@ -340,9 +343,70 @@ static void test_metadata(void **state) {
     kvl__rpc_client_free(cli);
 }
 
+/* a plaintext health-only server that mirrors another server's health (params.health_of) */
+static void test_health_mirror(void **state) {
+    fixture *f = *state;
+    kvl__rpc_server_params p = kvl__rpc_server_default_params();
+    p.tls = &plaintext;
+    p.health_of = f->srv;
+    kvl__rpc_server *hs;
+    assert_int_equal(kvl__rpc_server_create(&p, &hs), KVL_OK);
+    assert_int_equal(kvl__rpc_server_start(hs), KVL_OK);
+    char target[64];
+    snprintf(target, sizeof target, "127.0.0.1:%d", kvl__rpc_server_port(hs));
+    kvl__rpc_client *cli;
+    assert_int_equal(kvl__rpc_client_create(target, 0, &plaintext, &cli), KVL_OK);
+    Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    req.service = "kvlingo.v1.Mirror";
+    ProtobufCMessage *resp;
+    kvl__rpc_result r;
+    int want[3] = {-1, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING,
+                   GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING};
+    for (int i = 0; i < 3; i++) {
+        if (i == 1) assert_int_equal(kvl__rpc_server_set_health(f->srv, "kvlingo.v1.Mirror", 1), KVL_OK);
+        if (i == 2) assert_int_equal(kvl__rpc_server_set_health(f->srv, "kvlingo.v1.Mirror", 0), KVL_OK);
+        assert_int_equal(kvl__rpc_client_unary_pb(cli, "/grpc.health.v1.Health/Check", &req.base,
+                                                 &grpc__health__v1__health_check_response__descriptor,
+                                                 5000, &resp, &r), KVL_OK);
+        if (want[i] < 0) {   /* unknown to the mirrored server */
+            assert_int_equal(r.code, GRPC_STATUS_NOT_FOUND);
+        } else {
+            assert_int_equal(r.code, GRPC_STATUS_OK);
+            assert_int_equal(((Grpc__Health__V1__HealthCheckResponse *)resp)->status, want[i]);
+            protobuf_c_message_free_unpacked(resp, NULL);
+        }
+        kvl__rpc_result_clear(&r);
+    }
+    /* only health is served there */
+    assert_int_equal(kvl__rpc_client_unary(cli, "/t.S/Echo", NULL, 0, 5000, &r), KVL_OK);
+    assert_int_equal(r.code, GRPC_STATUS_UNIMPLEMENTED);
+    kvl__rpc_result_clear(&r);
+    kvl__rpc_client_free(cli);
+    kvl__rpc_server_free(hs);
+}
+
+/* TLS settings are explicit: none at all is refused, naming what is missing */
+static void test_tls_required(void **state) {
+    (void)state;
+    kvl__rpc_server_params p = kvl__rpc_server_default_params();
+    kvl__rpc_server *srv = NULL;
+    assert_int_equal(kvl__rpc_server_create(&p, &srv), KVL_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvl_last_error(), "no TLS settings"));
+    kvl__rpc_tls half = {.cert_pem = "x"};
+    p.tls = &half;
+    assert_int_equal(kvl__rpc_server_create(&p, &srv), KVL_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvl_last_error(), "certificate and its key"));
+    kvl__rpc_client *cli = NULL;
+    assert_int_equal(kvl__rpc_client_create("127.0.0.1:1", 0, NULL, &cli), KVL_ERR_INVALID_ARG);
+    kvl__rpc_tls noca = {.insecure = 0};
+    assert_int_equal(kvl__rpc_client_create("127.0.0.1:1", 0, &noca, &cli), KVL_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvl_last_error(), "CA"));
+    assert_null(cli);
+}
+
 static void test_unreachable(void **state) {
     kvl__rpc_client *cli;
-    assert_int_equal(kvl__rpc_client_create("127.0.0.1:1", 0, &cli), KVL_OK);
+    assert_int_equal(kvl__rpc_client_create("127.0.0.1:1", 0, &plaintext, &cli), KVL_OK);
     kvl__rpc_result r;
     assert_int_equal(kvl__rpc_client_unary(cli, "/t.S/Echo", NULL, 0, 2000, &r), KVL_OK);
     assert_true(r.code == GRPC_STATUS_UNAVAILABLE || r.code == GRPC_STATUS_DEADLINE_EXCEEDED);
@@ -356,6 +420,7 @@ int main(void) {
         cmocka_unit_test(test_stream),  cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_health),  cmocka_unit_test(test_health_watch),
         cmocka_unit_test(test_unreachable), cmocka_unit_test(test_metadata),
+        cmocka_unit_test(test_health_mirror), cmocka_unit_test(test_tls_required),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,7 +1,7 @@
 """kvlingo_client: the Python gRPC client of kvlingo-router (kvlingo.v1.Router).
 
     from kvlingo_client import RouterClient
-    c = RouterClient("127.0.0.1:7000")
+    c = RouterClient("127.0.0.1:7000", tls_ca="ca.pem")   # or insecure=True (plaintext)
     sid = c.create_session()
     ids, text, summary = c.send_all(sid, "Once upon a time", max_tokens=16)
     c.close_session(sid)
@@ -19,19 +19,33 @@ import grpc
 from kvlingo.v1 import router_pb2 as pb
 from kvlingo.v1 import router_pb2_grpc as pb_grpc
 
-__all__ = ["RouterClient", "pb", "main"]
+__all__ = ["RouterClient", "channel", "pb", "main"]
 
 MODES = {pb.SWITCH_MODE_NONE: "none", pb.SWITCH_MODE_TRANSLATE: "translate",
          pb.SWITCH_MODE_REPREFILL: "re-prefill"}
 
 
+def channel(address, tls_ca=None, insecure=False):
+    """A gRPC channel to the router: TLS verified with the CA file `tls_ca` (PEM: the CA that
+    signed the router's certificate), or plaintext when insecure=True.  One is required."""
+    if tls_ca and insecure:
+        raise ValueError("tls_ca and insecure exclude each other")
+    if tls_ca:
+        with open(tls_ca, "rb") as f:
+            return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=f.read()))
+    if insecure:
+        return grpc.insecure_channel(address)
+    raise ValueError("pass tls_ca=PATH (the CA that signed the router's certificate) or insecure=True "
+                     "(plaintext, for a router started with --insecure)")
+
+
 class RouterClient:
     """A connection to kvlingo-router; `pb` is the generated router_pb2 module."""
 
-    def __init__(self, address, timeout=120.0):
+    def __init__(self, address, timeout=120.0, tls_ca=None, insecure=False):
         self.pb = pb
         self.timeout = timeout
-        self.channel = grpc.insecure_channel(address)
+        self.channel = channel(address, tls_ca, insecure)
         self.stub = pb_grpc.RouterStub(self.channel)
 
     def create_session(self, model="", session_id=""):
@@ -79,6 +93,8 @@ class RouterClient:
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="kvlingo-client", description="kvlingo-router gRPC client")
     ap.add_argument("--router", required=True, help="router address host:port")
+    ap.add_argument("--tls-ca", help="CA (PEM) that signed the router's certificate (TLS)")
+    ap.add_argument("--insecure", action="store_true", help="plaintext (a router run with --insecure)")
     ap.add_argument("--session", default="", help="continue this session (default: a new one)")
     ap.add_argument("--model", default="", help="ask for this model")
     ap.add_argument("--max-tokens", type=int, default=32)
@@ -88,7 +104,9 @@ def main(argv=None):
     ap.add_argument("--list-nodes", action="store_true")
     ap.add_argument("text", nargs="?", default="")
     a = ap.parse_args(argv)
-    c = RouterClient(a.router)
+    if bool(a.tls_ca) == a.insecure:
+        ap.error("one of --tls-ca FILE or --insecure is required")
+    c = RouterClient(a.router, tls_ca=a.tls_ca, insecure=a.insecure)
     sid, done = "", False
     try:
         if a.list_nodes:

@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""bench/bench_tls.py: what TLS costs a turn: switch TTFT and re-prefill TTFT with TLS on every
+gRPC hop (client -> router server TLS, router -> nodes and node -> node mutual TLS) against the
+same fleet in plaintext (--insecure), on loopback.
+
+Two fleets run side by side (kvld qwen3-a + qwen3-b + kvlingo-router each, certificates made
+with openssl by tests/router/tlscerts.py); every repeat runs the same turns on both, in
+alternating order, so that load from other processes falls on both alike.  A turn is the one of
+bench_switch.py: a fresh session reads C tokens on the source model, then the target answers
+8 new tokens either by translating the shipped span (switch) or by re-reading everything
+(re-prefill, force_reprefill).  TTFT as the client measures it (request sent -> first token);
+medians of the repeats.
+usage: bench_tls.py --build BUILD_DIR [--contexts 64,512,2048] [--repeats 7] [--threads 1]
+"""
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "router"))
+sys.path.insert(0, HERE)
+import rtest  # noqa: E402
+import tlscerts  # noqa: E402
+from bench_switch import client_turn  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--contexts", default="64,512,2048")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--src", default="qwen3-a")
+    ap.add_argument("--dst", default="qwen3-b")
+    ap.add_argument("--threads", type=int, default=1, help="OPENBLAS_NUM_THREADS of the nodes")
+    ap.add_argument("--new-tokens", type=int, default=8)
+    ap.add_argument("--work", default=None)
+    a = ap.parse_args()
+    os.environ["OPENBLAS_NUM_THREADS"] = str(a.threads)
+    work = a.work or tempfile.mkdtemp(prefix="kvlingo-bench-tls-")
+    contexts = [int(x) for x in a.contexts.split(",")]
+    pki = tlscerts.make(os.path.join(work, "pki"))
+    kw = dict(policy={"name": "pinned"}, guardrail={"shadow_fraction": 0.0}, peers=True)
+    fleets = {}
+    try:
+        fleets["plain"] = rtest.Fleet(a.build, os.path.join(work, "plain"), **kw)
+        fleets["tls"] = rtest.Fleet(a.build, os.path.join(work, "tls"), tls=pki, **kw)
+        clients = {k: f.client(timeout=300) for k, f in fleets.items()}
+        c0 = clients["plain"]
+        sid = c0.create_session()
+        c0.send_all(sid, rtest.corpus_text(0, 12000), max_tokens=1, model=a.src)
+        corpus = list(c0.get_session(sid, include_tokens=True).tokens)[:-1]
+        c0.close_session(sid)
+        user = corpus[2100:2100 + a.new_tokens]
+        print("bench_tls: client -> kvlingo-router -> kvld x2 on loopback, %s -> %s; plaintext vs TLS "
+              "(mutual between fleet members); OPENBLAS_NUM_THREADS=%d; medians of %d interleaved "
+              "repeats; client-measured TTFT" % (a.src, a.dst, a.threads, a.repeats))
+        print("%8s | %10s %10s %8s | %10s %10s %8s" % ("context", "switch", "switch", "TLS", "re-prefill",
+                                                      "re-prefill", "TLS"))
+        print("%8s | %10s %10s %8s | %10s %10s %8s" % ("", "plain", "TLS", "cost", "plain", "TLS", "cost"))
+        for ctx in contexts:
+            prompt = corpus[:ctx]
+            res = {(k, m): [] for k in fleets for m in ("t", "p")}
+            for r in range(a.repeats + 1):           # repeat 0 warms every path up
+                order = ("plain", "tls") if r % 2 == 0 else ("tls", "plain")
+                for k in order:
+                    c = clients[k]
+                    for mode in ("t", "p"):
+                        sid = c.create_session()
+                        c.send_all(sid, tokens=prompt, max_tokens=1, model=a.src)
+                        ttft, s = client_turn(c, sid, tokens=user, max_tokens=1, model=a.dst,
+                                              force_reprefill=(mode == "p"))
+                        if s.switch_mode != (1 if mode == "t" else 2):
+                            raise SystemExit("%s: unexpected switch mode %d (%s)" % (k, s.switch_mode,
+                                                                                     s.fallback_reason))
+                        if r > 0:
+                            res[(k, mode)].append(ttft * 1e3)
+                        c.close_session(sid)
+            med = {key: statistics.median(v) for key, v in res.items()}
+            print("%8d | %7.2f ms %7.2f ms %+6.2f ms | %7.2f ms %7.2f ms %+6.2f ms" % (
+                ctx, med[("plain", "t")], med[("tls", "t")], med[("tls", "t")] - med[("plain", "t")],
+                med[("plain", "p")], med[("tls", "p")], med[("tls", "p")] - med[("plain", "p")]))
+        print("(TLS cost = TLS median - plaintext median; channels are long-lived, so the handshakes "
+              "happen once, before the first repeat: what remains is encryption of the messages)")
+    finally:
+        for f in fleets.values():
+            f.stop()
+        if not a.work:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
