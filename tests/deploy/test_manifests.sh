@@ -69,7 +69,7 @@ for d in docs:
         d["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["grpc"]["port"] = 7999
         d["spec"]["template"]["spec"]["containers"][0]["args"].append("--insecure")
         for v in d["spec"]["template"]["spec"]["volumes"]:
-            if "secret" in v:   # the TLS Secret without the key item
+            if "items" in v.get("secret", {}):   # the TLS Secret (not the ticket key) without the key item
                 v["secret"]["items"] = [i for i in v["secret"]["items"] if i["path"] != "tls.key"]
         break
 yaml.safe_dump_all(docs, open(sys.argv[2], "w"))
