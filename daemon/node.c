@@ -303,11 +303,15 @@ void kvld_req_end(kvld_req *r, grpc_status_code code, const char *msg, const cha
         r->counted_work = 0;
     }
     if (r->node->cfg.quiet) return;
-    char q[600];
+    char q[600], cn[128], cnq[160];
+    /* who called, by certificate (mutual TLS): the fleet member behind the address */
+    size_t cnl = kvl__rpc_call_peer_cn(r->call, cn, sizeof cn);
+    if (cnl == 0 || cnl == SIZE_MAX) snprintf(cn, sizeof cn, "-");
     kvl__svc_log(code == GRPC_STATUS_OK ? "info" : "warn",
-             "msg=request method=%s session=%s code=%s ms=%.3f peer=%s%s%s%s", r->method,
+             "msg=request method=%s session=%s code=%s ms=%.3f peer=%s cn=%s%s%s%s", r->method,
              r->session[0] ? r->session : "-", kvl__rpc_status_name(code),
              (kvl__now_s() - r->t0) * 1e3, kvl__rpc_call_peer(r->call),
+             cn[0] == '-' && !cn[1] ? "-" : kvl__svc_log_q(cnq, sizeof cnq, cn),
              code != GRPC_STATUS_OK ? " err=" : "",
              code != GRPC_STATUS_OK ? kvl__svc_log_q(q, sizeof q, msg ? msg : "") : "",
              extra ? extra : "");

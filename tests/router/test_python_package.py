@@ -4,7 +4,9 @@
   1. its generated stubs (kvlingo/v1/) are what generate_stubs.py makes from proto/ now;
   2. `pip install` of a copy of clients/python into the test venv ($KVL_PYTHON or build/venv)
      works, and the installed package (module and the kvlingo-client command) talks to a real
-     kvld + kvlingo-router on loopback: the same greedy tokens as the repository's client.
+     kvld + kvlingo-router on loopback, over TLS (tls_ca= / --tls-ca with the fleet CA): the
+     same greedy tokens as the repository's client; --insecure against the TLS router fails,
+     and neither option is refused (ValueError, usage error).
 usage: test_python_package.py --build BUILD_DIR --work WORK_DIR
 """
 import argparse
@@ -17,6 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rtest  # noqa: E402
+import tlscerts  # noqa: E402
 from rtest import check  # noqa: E402
 
 PKG = os.path.join(rtest.SRC, "clients", "python")
@@ -34,7 +37,12 @@ def venv_python():
 USE = r"""
 import json, sys
 from kvlingo_client import RouterClient
-c = RouterClient(sys.argv[1], insecure=True)
+try:
+    RouterClient(sys.argv[1])
+    sys.exit("RouterClient without tls_ca or insecure did not refuse")
+except ValueError:
+    pass
+c = RouterClient(sys.argv[1], tls_ca=sys.argv[2])   # TLS, verified with the fleet CA
 sid = c.create_session()
 ids, text, s = c.send_all(sid, "Once upon a time", max_tokens=6, ignore_eos=True)
 print(json.dumps({"ids": ids, "text": text, "model": s.model, "n": s.n_generated,
@@ -72,10 +80,13 @@ def main():
     p = subprocess.run([py, "-m", "pip", "check"], capture_output=True, text=True)
     check(p.returncode == 0, "pip check: %s" % (p.stdout + p.stderr)[-2000:])
     print("  ok: pip install ./clients/python")
+    # a TLS fleet: the package's clients verify the router with the fleet CA
+    pki = tlscerts.make(os.path.join(a.work, "pki"))
     fleet = rtest.Fleet(a.build, os.path.join(a.work, "fleet"), models=("qwen3-a",), translators=False,
-                        policy={"name": "pinned", "default_model": "qwen3-a"})
+                        policy={"name": "pinned", "default_model": "qwen3-a"}, tls=pki)
     try:
-        p = subprocess.run([py, "-c", USE, fleet.addr], capture_output=True, text=True, cwd=a.work, timeout=120)
+        p = subprocess.run([py, "-c", USE, fleet.addr, pki["ca"]], capture_output=True, text=True, cwd=a.work,
+                           timeout=120)
         check(p.returncode == 0, "kvlingo_client: %s" % p.stderr[-2000:])
         got = json.loads(p.stdout)
         c = fleet.client()
@@ -85,14 +96,21 @@ def main():
               got["closed"], "installed client %r vs repository client %r" % (got, (ids, text)))
         print("  ok: the installed client: %r" % got["text"])
         cli = os.path.join(os.path.dirname(py), "kvlingo-client")
-        p = subprocess.run([cli, "--router", fleet.addr, "--insecure", "--max-tokens", "3", "Hello"], capture_output=True,
+        tls = ["--tls-ca", pki["ca"]]
+        p = subprocess.run([cli, "--router", fleet.addr] + tls + ["--max-tokens", "3", "Hello"], capture_output=True,
                            text=True, timeout=120)
         check(p.returncode == 0 and "turn 0: qwen3-a on a0" in p.stdout, "kvlingo-client: %r %r" % (p.stdout, p.stderr))
-        p = subprocess.run([cli, "--router", fleet.addr, "--insecure", "--list-nodes"], capture_output=True, text=True, timeout=60)
+        p = subprocess.run([cli, "--router", fleet.addr] + tls + ["--list-nodes"], capture_output=True, text=True, timeout=60)
         check(p.returncode == 0 and "qwen3-a" in p.stdout, "kvlingo-client --list-nodes: %r" % p.stderr)
-        p = subprocess.run([cli, "--router", fleet.addr, "--insecure", "--session", "nope", "x"], capture_output=True, text=True,
+        p = subprocess.run([cli, "--router", fleet.addr] + tls + ["--session", "nope", "x"], capture_output=True, text=True,
                            timeout=60)
         check(p.returncode == 1 and "NOT_FOUND" in p.stderr, "unknown session: %r" % p.stderr)
+        # plaintext against the TLS router fails; neither option is a usage error
+        p = subprocess.run([cli, "--router", fleet.addr, "--insecure", "--list-nodes"], capture_output=True,
+                           text=True, timeout=60)
+        check(p.returncode != 0 and "UNAVAILABLE" in p.stderr, "--insecure against TLS: %r" % p.stderr[-300:])
+        p = subprocess.run([cli, "--router", fleet.addr, "--list-nodes"], capture_output=True, text=True, timeout=60)
+        check(p.returncode == 2 and "--tls-ca" in p.stderr, "no --tls-ca/--insecure: %d %r" % (p.returncode, p.stderr))
         print("  ok: the kvlingo-client command")
     finally:
         fleet.stop()

@@ -165,6 +165,9 @@ def main():
         check(rtest.MODES[s2.switch_mode] == "translate",
               "switch over TLS: %s (%s)" % (rtest.MODES[s2.switch_mode], s2.fallback_reason))
         check(s2.span_tokens > 0, "the translated switch shipped a span (%d tokens)" % s2.span_tokens)
+        for m in ("qwen3-a", "qwen3-b"):   # kvld logs the caller's certificate name per request
+            check('cn="kvlingo-router"' in open(fleet.nodes[m].log_path).read(),
+                  "kvld %s request lines name the router's certificate" % m)
         print("  ok: TLS fleet: turn on qwen3-a, then a translated switch to qwen3-b (%d span tokens, "
               "TTFT %.1f ms); the client presented no certificate" % (s2.span_tokens, s2.ttft_seconds * 1e3))
         kv = os.path.join(a.build, "kvlingo")
