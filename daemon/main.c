@@ -85,7 +85,8 @@ static int check_settings(const kvld_config *cfg) {
     if (!tickets_settled(cfg, "--check: ")) bad = 1;
     else printf("transfer tickets: %s%s\n", cfg->ticket_key_file[0] ? "key " : "off (insecure, no ticket key)",
                 cfg->ticket_key_file);
-    printf("session_idle_ttl_s: %d\nimport_timeout_ms: %d\n", cfg->session_idle_ttl_s, cfg->import_timeout_ms);
+    printf("advertise: %s\nsession_idle_ttl_s: %d\nimport_timeout_ms: %d\n",
+           cfg->advertise[0] ? cfg->advertise : cfg->listen, cfg->session_idle_ttl_s, cfg->import_timeout_ms);
     printf("listen: %s\nmetrics: %s\ntransport: %s\ndevice: %s\nmax_sessions: %d\n%s\n", cfg->listen,
            cfg->metrics[0] ? cfg->metrics : "off", cfg->transport, cfg->device, cfg->max_sessions,
            bad ? "check failed" : "ok");

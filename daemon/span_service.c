@@ -426,7 +426,9 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     kvl__rpc_client *peer;
     const char *peer_name, *peer_hash;
     st = kvld_node_peer(n, in->peer, tmo, &peer, &peer_name, &peer_hash);
-    if (st != KVL_OK) FAIL(GRPC_STATUS_UNAVAILABLE, "%s", kvl_last_error());
+    if (st != KVL_OK)
+        FAIL(st == KVL_ERR_RANGE ? GRPC_STATUS_RESOURCE_EXHAUSTED : GRPC_STATUS_UNAVAILABLE, "%s",
+             kvl_last_error());
     Kvlingo__V1__SpanHeader h = KVLINGO__V1__SPAN_HEADER__INIT;
     kvl__span_ids ids;
     const kvl_model_config *mc = kvl_model_config_get(n->model);

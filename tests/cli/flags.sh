@@ -67,6 +67,8 @@ kvld)
   grep -q '^insecure: no' <<<"$out" && ok "kvld --check: not insecure by default" || bad "kvld insecure default: $out"
   out=$("$P" --model="$SRC/models/qwen3-a" --insecure --check); rc=$?
   [ $rc -eq 0 ] && grep -q '^insecure: yes' <<<"$out" && ok "kvld --insecure shown by --check" || bad "kvld --insecure: $rc $out"
+  out=$("$P" --model="$SRC/models/qwen3-a" --insecure --check 2>&1); rc=$?
+  [ $rc -eq 0 ] && grep -q '^transfer tickets: off' <<<"$out" && ok "kvld --insecure without a key: tickets off" || bad "kvld insecure no key: $rc $out"
   printf 'model: %s\ninsecure: true\n' "$SRC/models/qwen3-a" > "$T/kvld.yaml"
   out=$("$P" --config "$T/kvld.yaml" --check); rc=$?
   [ $rc -eq 0 ] && grep -q '^insecure: yes' <<<"$out" && ok "kvld insecure: true (YAML)" || bad "kvld yaml insecure: $rc $out"
@@ -93,6 +95,7 @@ kvlingo-router)
     && ok "router --check: short key file named" || bad "router short key: $rc $out"
   out=$("$P" --config="$T/fleet.yaml" --insecure --check); rc=$?
   [ $rc -eq 0 ] && grep -q 'ok' <<<"$out" && ok "router --config=FILE --check" || bad "router check: $rc $out"
+  grep -q '^transfer tickets: off' <<<"$out" && ok "router --insecure without a key: tickets off" || bad "router insecure no key: $out"
   grep -q '^insecure: yes' <<<"$out" && ok "router --insecure shown by --check" || bad "router --insecure: $out"
   out=$("$P" --config="$T/fleet.yaml" --check 2>&1); rc=$?
   [ $rc -eq 1 ] && grep -qF 'no TLS certificate: set tls_cert/tls_key/tls_ca or pass --insecure to run plaintext' <<<"$out" \

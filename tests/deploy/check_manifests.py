@@ -15,6 +15,8 @@ What a schema validator cannot see, checked here on the objects `kubectl kustomi
     ports (--listen, --metrics, --health-listen) and the model label (--model /models/<model>);
   - TLS everywhere: kvld's --tls-cert/--tls-key/--tls-ca and fleet.yaml's tls_cert/tls_key/tls_ca
     name files of a mounted Secret volume whose items provide them; nothing runs --insecure;
+  - transfer tickets: kvld's --ticket-key-file and fleet.yaml's ticket_key_file are files of a
+    mounted Secret; kvld --advertise is its pod's DNS name $(POD_NAME).<service>:<grpc port>;
   - every Service selects some pods and its target ports exist; a ServiceMonitor exactly in the
     *-monitoring overlays, selecting Services that have its endpoint port; every referenced
     ConfigMap / PVC exists;
@@ -252,6 +254,13 @@ def check_overlay(name, objs):
             why = secret_file(pod_spec(w), c, flags.get(k))
             if why:
                 bad(f"{wid}: --{k} {flags.get(k)}: {why}")
+        # transfer tickets: the fleet key from a Secret, and the pod's name as fleet.yaml gives it
+        why = secret_file(pod_spec(w), c, flags.get("ticket-key-file"))
+        if why:
+            bad(f"{wid}: --ticket-key-file {flags.get('ticket-key-file')}: {why}")
+        if flags.get("advertise") != f"$(POD_NAME).{sname}:{port_by_name(c, 'grpc')}":
+            bad(f"{wid}: --advertise {flags.get('advertise')} is not $(POD_NAME).{sname}:"
+                f"{port_by_name(c, 'grpc')} (the address fleet.yaml names the pod by)")
         for i in range(int(w["spec"].get("replicas", 1))):
             kvld_pods[(w["metadata"]["name"], i)] = (sname, port_by_name(c, "grpc"), model)
 
@@ -317,7 +326,7 @@ def check_overlay(name, objs):
         bad(f"fleet.yaml health_listen {fleet.get('health_listen')} is not the router's health port")
     if fleet.get("insecure") not in (None, False) or "--insecure" in [str(a) for a in rc.get("args", [])]:
         bad("the router runs insecure (plaintext gRPC)")
-    for k in ("tls_cert", "tls_key", "tls_ca"):
+    for k in ("tls_cert", "tls_key", "tls_ca", "ticket_key_file"):
         why = secret_file(pod_spec(router), rc, fleet.get(k))
         if why:
             bad(f"fleet.yaml {k} {fleet.get(k)}: {why}")

@@ -68,15 +68,19 @@ for d in docs:
         d["spec"]["template"]["spec"]["containers"][0]["resources"].pop("limits")
         d["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["grpc"]["port"] = 7999
         d["spec"]["template"]["spec"]["containers"][0]["args"].append("--insecure")
+        a = d["spec"]["template"]["spec"]["containers"][0]["args"]
+        a[a.index("--advertise") + 1] = "0.0.0.0:7100"   # tickets would name another node
+        a[a.index("--ticket-key-file") + 1] = "/tmp/ticket.key"   # not from the Secret
         for v in d["spec"]["template"]["spec"]["volumes"]:
-            if "secret" in v and "items" in v["secret"]:   # the TLS Secret without the key item
+            if "items" in v.get("secret", {}):   # the TLS Secret (not the ticket key) without the key item
                 v["secret"]["items"] = [i for i in v["secret"]["items"] if i["path"] != "tls.key"]
         break
 yaml.safe_dump_all(docs, open(sys.argv[2], "w"))
 PY
   out=$("$py" "$here/check_manifests.py" --overlay "$(basename "$first" .first.yaml)" "$tmp/mut3.yaml")
   for want in "fleet.yaml does not list it" "readinessProbe probes port 7999" "no resources.limits.cpu" \
-              "runs --insecure" "has no item tls.key"; do
+              "runs --insecure" "has no item tls.key" "advertise 0.0.0.0:7100 is not" \
+              "ticket-key-file /tmp/ticket.key: mount /tmp is not a Secret volume"; do
     if ! grep -q "$want" <<< "$out"; then
       echo "FAIL: check_manifests.py missed a planted fault ($want)"; fail=1
     fi

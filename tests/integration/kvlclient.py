@@ -49,14 +49,13 @@ class Kvld:
         self.port = free_port()
         self.metrics_port = free_port()
         self.addr = "127.0.0.1:%d" % self.port
-        # plaintext, by name: these tests call the Node API directly with grpc.insecure_channel
+        # plaintext, by name: these tests call the Node API directly with grpc.insecure_channel,
+        # and move spans by hand, without transfer tickets (insecure and no ticket key)
         args = [kvld, "--model", model, "--listen", self.addr, "--insecure",
                 "--metrics", "127.0.0.1:%d" % self.metrics_port]
         if translators:
             args += ["--translators", translators]
         args += list(extra)
-        if "--ticket-key-file" not in args:   # these tests move spans by hand, without tickets
-            args.append("--insecure")
         self.log_path = log_path
         self.log = open(log_path, "w")
         env = dict(os.environ)

@@ -161,4 +161,9 @@ out=$("$K" --model "$SRC/models/qwen3-a" --tls-cert "$P/r.pem" --tls-key "$P/r-k
 [ $rc -eq 0 ] && grep -q '^tls: CN=router (until .*client certificates required' <<<"$out" && ok "kvld: TLS files pass --check" || bad "kvld tls good: $rc $out"
 out=$("$K" --model "$SRC/models/qwen3-a" --tls-cert "$P/r.pem" --check 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -qF "TLS needs tls_cert, tls_key and tls_ca; tls_key is not set" <<<"$out" && ok "kvld: tls_key missing refused" || bad "kvld tls partial: $rc $out"
+out=$("$K" --model "$SRC/models/qwen3-a" --tls-cert "$P/r.pem" --tls-key "$P/r-key.pem" --tls-ca "$P/ca.pem" --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q 'no transfer-ticket key' <<<"$out" && ok "kvld: TLS without a ticket key refused" || bad "kvld tls no key: $rc $out"
+grep -v '^ticket_key_file' "$T/conf/tls.yaml" > "$T/conf/tls-nokey.yaml"
+out=$("$R" --config "$T/conf/tls-nokey.yaml" --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q 'no transfer-ticket key: give ticket_key_file' <<<"$out" && ok "router: TLS without a ticket key refused" || bad "router tls no key: $rc $out"
 exit $fail
