@@ -473,6 +473,21 @@ kvl_status kvl__transport_ucx_create(kvl__transport **out) {
         ucx_free(&u->base);
         return kvl__errorf(KVL_ERR_IO, "transport: ucp_config_read: %s", ucs_status_string(s));
     }
+    /* Without failure handling (above), a CMA zero-copy read from a peer that died in the middle
+     * of a transfer is a fatal error in UCX 1.13 (process_vm_readv fails and UCX aborts the
+     * reader): a source killed mid-export would take its target down with it.  So CMA is left
+     * out unless the operator names the transports (UCX_TLS) or asks for failure handling;
+     * same-host spans then go through shared memory, a dead peer's transfer stalls, and the
+     * send deadline and the ImportSpan call end it as for any other peer. */
+    if (!u->err_mode_peer && !getenv("UCX_TLS")) {
+        s = ucp_config_modify(cfg, "TLS", "^cma");
+        if (s != UCS_OK) {
+            ucp_config_release(cfg);
+            ucx_free(&u->base);
+            return kvl__errorf(KVL_ERR_IO, "transport: ucp_config_modify(TLS=^cma): %s",
+                               ucs_status_string(s));
+        }
+    }
     ucp_params_t prm;
     memset(&prm, 0, sizeof prm);
     prm.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
