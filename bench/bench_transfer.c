@@ -1,17 +1,10 @@
-/* bench/bench_transfer.c: two benches (run both with bench/bench_transfer.sh, which
- * also runs ucx_perftest for comparison).
+/* bench/bench_transfer.c: the span transfer bench (bench/bench_transfer.sh runs it beside
+ * ucx_perftest; the batched-decode bench of the same script is bench_batch.c).
  *
  *   bench_transfer transfer [--sizes-mb 1,4,16,64,256] [--seconds 1]
  *       Span payload transfer over kvlingo's UCX transport between two processes on this host
  *       (fork: the child receives), one tagged message at a time, as ExportSpan sends them.
  *       Prints "transfer size_mb=S iters=N gbps=X" per size (GB = 1e9 bytes).
- *
- *   bench_transfer decode --model DIR [--sessions 1,4,16] [--tokens 64] [--prompt 32]
- *                         [--repeat 3]
- *       Decode throughput of kvld's continuous-batching scheduler in process: N sessions, each
- *       prefilled with a prompt, generate `tokens` tokens concurrently (one reader thread per
- *       session, as the gRPC handlers do).  Prints "decode sessions=N tokens_per_s=X
- *       mean_batch=B" and the speed-up over one session.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +23,6 @@ int main(void) {
 
 #include "clock.h"
 #include "kvlingo/status.h"
-#include "kvld.h"
 #include "transport.h"
 
 static int parse_list(const char *s, int *out, int cap) {
@@ -143,119 +135,9 @@ static int bench_transfer(int argc, char **argv) {
     return rc || !WIFEXITED(status) || WEXITSTATUS(status) != 0;
 }
 
-/* ---- decode --------------------------------------------------------------------------------- */
-
-typedef struct reader {
-    kvld_job *job;
-    int got;
-} reader;
-
-static void *read_tokens(void *arg) {
-    reader *r = arg;
-    kvld_token tok;
-    while (kvld_job_next(r->job, &tok)) r->got++;
-    return NULL;
-}
-
-static int bench_decode(int argc, char **argv) {
-    const char *model_dir = NULL, *sessions_s = "1,4,16";
-    int tokens = 64, prompt = 32, repeat = 3;
-    for (int i = 2; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--model")) model_dir = argv[i + 1];
-        else if (!strcmp(argv[i], "--sessions")) sessions_s = argv[i + 1];
-        else if (!strcmp(argv[i], "--tokens")) tokens = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--prompt")) prompt = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--repeat")) repeat = atoi(argv[i + 1]);
-    }
-    if (repeat < 1) repeat = 1;
-    if (!model_dir) {
-        fprintf(stderr, "decode: --model DIR required\n");
-        return 2;
-    }
-    kvl_model *m;
-    kvl_model_params mp = kvl_model_default_params();
-    if (kvl_model_load(model_dir, &mp, &m) != KVL_OK) {
-        fprintf(stderr, "decode: %s\n", kvl_last_error());
-        return 1;
-    }
-    int counts[16];
-    int nc = parse_list(sessions_s, counts, 16);
-    double best[16] = {0}, best_batch[16] = {0};
-    /* the counts are interleaved and repeated, and the best run of each kept: on a shared
-     * machine that compares the least disturbed runs with each other */
-    for (int rep = 0; rep < repeat * nc; rep++) {
-        int c = rep % nc;
-        int ns = counts[c];
-        kvld_metrics *met;
-        kvld_sessions *tab;
-        kvld_sched *sch;
-        kvld_sched_params sp = {.max_batch = 64, .prefill_chunk = 256};
-        if (kvld_metrics_create(&met) || kvld_sessions_create(m, ns, prompt + tokens + 8, &tab) ||
-            kvld_sched_create(m, met, &sp, &sch))
-            return 1;
-        kvld_session **ss = calloc((size_t)ns, sizeof *ss);
-        reader *rd = calloc((size_t)ns, sizeof *rd);
-        pthread_t *th = calloc((size_t)ns, sizeof *th);
-        for (int i = 0; i < ns; i++) {
-            char id[KVLD_ID_MAX], name[32];
-            snprintf(name, sizeof name, "b%d", i);
-            if (kvld_sessions_open(tab, name, 0, id) ||
-                kvld_session_acquire(tab, name, KVLD_DECODE, 0, &ss[i], NULL))
-                return 1;
-            for (int k = 0; k < prompt; k++) ss[i]->ledger[k] = (int32_t)(100 + 7 * i + k);
-            ss[i]->n_ledger = prompt;
-            if (kvld_sched_prefill(sch, ss[i], NULL) != KVL_OK) return 1;
-        }
-        kvld_gen_params gp = {.max_tokens = tokens, .stop_at_eos = 0,
-                              .sampler = kvl_sampler_default_params()};
-        gp.sampler.temperature = 0;
-        double t0 = kvl__now_s();
-        for (int i = 0; i < ns; i++) {
-            if (kvld_sched_generate(sch, ss[i], &gp, &rd[i].job) != KVL_OK) return 1;
-            pthread_create(&th[i], NULL, read_tokens, &rd[i]);
-        }
-        long total = 0;
-        for (int i = 0; i < ns; i++) {
-            pthread_join(th[i], NULL);
-            total += rd[i].got;
-        }
-        double dt = kvl__now_s() - t0;
-        size_t len;
-        char *text = kvld_metrics_render(met, &len);
-        double bsum = 0, bcnt = 0;
-        const char *p = text ? strstr(text, "kvlingo_decode_batch_size_sum ") : NULL;
-        if (p) bsum = atof(p + strlen("kvlingo_decode_batch_size_sum "));
-        p = text ? strstr(text, "kvlingo_decode_batch_size_count ") : NULL;
-        if (p) bcnt = atof(p + strlen("kvlingo_decode_batch_size_count "));
-        free(text);
-        double tps = (double)total / dt;
-        if (tps > best[c]) {
-            best[c] = tps;
-            best_batch[c] = bcnt > 0 ? bsum / bcnt : 0;
-        }
-        fprintf(stderr, "decode run: sessions=%d tokens=%ld seconds=%.3f tokens_per_s=%.1f\n", ns,
-                total, dt, tps);
-        for (int i = 0; i < ns; i++) {
-            kvld_job_free(rd[i].job);
-            kvld_session_release(tab, ss[i]);
-        }
-        kvld_sched_free(sch);
-        kvld_sessions_free(tab);
-        kvld_metrics_free(met);
-        free(ss), free(rd), free(th);
-    }
-    for (int c = 0; c < nc; c++)
-        printf("decode sessions=%d tokens_per_s=%.1f mean_batch=%.2f speedup=%.2f (best of %d)\n",
-               counts[c], best[c], best_batch[c], best[0] > 0 ? best[c] / best[0] : 0, repeat);
-    kvl_model_free(m);
-    return 0;
-}
-
 int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "transfer")) return bench_transfer(argc, argv);
-    if (argc >= 2 && !strcmp(argv[1], "decode")) return bench_decode(argc, argv);
-    fprintf(stderr, "usage: bench_transfer transfer [--sizes-mb 1,4,16,64,256] [--seconds 1]\n"
-                    "       bench_transfer decode --model DIR [--sessions 1,4,16] [--tokens 64] [--repeat 3]\n");
+    fprintf(stderr, "usage: bench_transfer transfer [--sizes-mb 1,4,16,64,256] [--seconds 1]\n");
     return 2;
 }
 #endif

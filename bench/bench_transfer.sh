@@ -3,8 +3,8 @@
 #   1. span transfer GB/s over kvlingo's UCX transport (bench_transfer transfer) beside
 #      ucx_perftest -t tag_bw (package ucx-utils) for 1-256 MB messages, interleaved size by
 #      size so both see the same machine load; ratio = kvlingo / ucx_perftest (goal >= 0.8).
-#   2. decode tokens/s of kvld's continuous-batching scheduler with 1, 4, 16 concurrent sessions
-#      (goal: 16 sessions >= 3x one session).
+#   2. decode tokens/s of kvld's continuous-batching scheduler with 1, 4, 16, 32 concurrent
+#      sessions, inter-token latency, and a 2k-token prompt arriving mid-run (bench_batch).
 # usage: bench/bench_transfer.sh BUILD_DIR [MODEL_DIR] [SIZES_MB]
 # GB = 1e9 bytes; ucx_perftest reports MB/s with MB = 2^20 bytes, converted here.
 set -u
@@ -46,5 +46,5 @@ for s in $sizes; do
     printf "%-8s %8s %14s %14s %7s   (runs: kvlingo%s; perftest%s)\n" $s $iters "${ours:-fail}" "$pt_gbps" $ratio "$ourss" "$pts"
 done
 echo
-echo "# decode throughput, model $(basename "$model"), 64 tokens per session, greedy"
-"$bench" decode --model "$model" --sessions 1,4,16 --tokens 64 --repeat $((repeat * 2)) 2>/dev/null
+echo
+"$build/bench_batch" --model "$model" --repeat "$repeat"

@@ -368,6 +368,42 @@ class Fleet:
         return node_grpc.NodeStub(ch).Info(node_pb2.InfoRequest(), timeout=10)
 
 
+def switching_sessions(c, w, stop_at, text, stats, lock, turns=8, on_session=None):
+    """One worker of the soak tests, until stop_at: sessions of `turns` turns on client c that
+    escalate every other turn (so the cascade switches models), each turn's ledger length
+    checked; counts go to stats (turns, switches, translate, sessions) under lock, and the first
+    error ends the worker with a line in stats["errors"].  on_session(sid) sees each new id."""
+    k = 0
+    while time.time() < stop_at:
+        try:
+            sid = c.create_session()
+            if on_session:
+                on_session(sid)
+            ctx = 0
+            for t in range(turns):
+                if time.time() >= stop_at:
+                    break
+                off = (w * 997 + k * 131) % 19000
+                k += 1
+                ids, _, s = c.send_all(sid, text[off:off + (300 if t == 0 else 40)],
+                                       max_tokens=6, escalate=(t % 2 == 1))
+                check(s.context_tokens == ctx + s.user_tokens + len(ids),
+                      "ledger length %d != %d + %d + %d" % (s.context_tokens, ctx, s.user_tokens, len(ids)))
+                ctx = s.context_tokens
+                with lock:
+                    stats["turns"] += 1
+                    if s.from_model:
+                        stats["switches"] += 1
+                        stats["translate"] += s.switch_mode == 1
+            check(c.close_session(sid), "close")
+            with lock:
+                stats["sessions"] += 1
+        except Exception as e:  # noqa: BLE001
+            with lock:
+                stats["errors"].append("worker %d: %r" % (w, e))
+            return
+
+
 def corpus_text(start=0, chars=400):
     with open(os.path.join(SRC, "testdata", "corpus", "valid.txt"), encoding="utf-8") as f:
         t = f.read()

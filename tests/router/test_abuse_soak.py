@@ -103,36 +103,11 @@ def main():
 
     # ---- honest traffic ------------------------------------------------------------------------
     def worker(w):
-        c = fleet.client(timeout=120, api_key=HONEST_KEY)
-        k = 0
-        while time.time() < stop_at:
-            try:
-                sid = c.create_session()
-                with lock:
-                    honest_ids.append(sid)
-                ctx = 0
-                for t in range(6):
-                    if time.time() >= stop_at:
-                        break
-                    off = (w * 997 + k * 131) % 19000
-                    k += 1
-                    ids, _, s = c.send_all(sid, text[off:off + (300 if t == 0 else 40)],
-                                           max_tokens=6, escalate=(t % 2 == 1))
-                    check(s.context_tokens == ctx + s.user_tokens + len(ids),
-                          "ledger length %d != %d + %d + %d" % (s.context_tokens, ctx, s.user_tokens, len(ids)))
-                    ctx = s.context_tokens
-                    with lock:
-                        stats["turns"] += 1
-                        if s.from_model:
-                            stats["switches"] += 1
-                            stats["translate"] += s.switch_mode == 1
-                check(c.close_session(sid), "close")
-                with lock:
-                    stats["sessions"] += 1
-            except Exception as e:  # noqa: BLE001
-                with lock:
-                    stats["errors"].append("worker %d: %r" % (w, e))
-                return
+        def seen(sid):
+            with lock:
+                honest_ids.append(sid)
+        rtest.switching_sessions(fleet.client(timeout=120, api_key=HONEST_KEY), w, stop_at, text,
+                                 stats, lock, turns=6, on_session=seen)
 
     honest_ids = []
     victim = honest.create_session()

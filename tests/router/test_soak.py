@@ -38,34 +38,8 @@ def main():
     text = rtest.corpus_text(0, 20000)
 
     def worker(w):
-        c = fleet.client(timeout=120)
-        k = 0
-        while time.time() < stop_at:
-            try:
-                sid = c.create_session()
-                ctx = 0
-                for t in range(a.turns_per_session):
-                    if time.time() >= stop_at:
-                        break
-                    off = (w * 997 + k * 131) % 19000
-                    k += 1
-                    ids, _, s = c.send_all(sid, text[off:off + (300 if t == 0 else 40)],
-                                           max_tokens=6, escalate=(t % 2 == 1))
-                    check(s.context_tokens == ctx + s.user_tokens + len(ids),
-                          "ledger length %d != %d + %d + %d" % (s.context_tokens, ctx, s.user_tokens, len(ids)))
-                    ctx = s.context_tokens
-                    with lock:
-                        stats["turns"] += 1
-                        if s.from_model:
-                            stats["switches"] += 1
-                            stats["translate"] += s.switch_mode == 1
-                check(c.close_session(sid), "close")
-                with lock:
-                    stats["sessions"] += 1
-            except Exception as e:  # noqa: BLE001
-                with lock:
-                    stats["errors"].append("worker %d: %r" % (w, e))
-                return
+        rtest.switching_sessions(fleet.client(timeout=120), w, stop_at, text, stats, lock,
+                                 turns=a.turns_per_session)
 
     try:
         threads = [threading.Thread(target=worker, args=(w,)) for w in range(a.sessions)]
