@@ -32,7 +32,7 @@ def client_turn(c, sid, **kw):
     req = c.pb.SendRequest(session_id=sid, **kw)
     t0 = time.perf_counter()
     ttft, summary = None, None
-    for m in c.stub.Send(req, timeout=300):
+    for m in c.stub.Send(req, timeout=300, metadata=c.metadata):
         if ttft is None and not m.HasField("summary"):
             ttft = time.perf_counter() - t0
         if m.HasField("summary"):

@@ -55,8 +55,13 @@ static void chat_usage(FILE *f) {
 }
 
 static int rpc_fail(const char *what, const kvl__rpc_result *res) {
-    fprintf(stderr, "kvlingo chat: %s: %s: %s\n", what, kvl__rpc_status_name(res->code),
-            res->message && res->message[0] ? res->message : "(no details)");
+    const char *msg = res->message && res->message[0] ? res->message : "(no details)";
+    /* a plaintext client of a TLS router (or the reverse) sees only a closed socket */
+    int tls_hint = res->code == GRPC_STATUS_UNAVAILABLE &&
+                   (strstr(msg, "Socket closed") || strstr(msg, "handshake") || strstr(msg, "ssl"));
+    fprintf(stderr, "kvlingo chat: %s: %s: %s%s\n", what, kvl__rpc_status_name(res->code), msg,
+            tls_hint ? " (does the router run TLS? --tls-ca CA.pem for a TLS router, --insecure "
+                       "for a plaintext one)" : "");
     return 1;
 }
 
@@ -351,9 +356,10 @@ int cmd_chat(int argc, char **argv) {
     }
     if (!rc && chat) rc = chat_mode(cli, tokdir, &sid, &o, system, text, interactive, &summary);
     else if (!rc) rc = send_turn(cli, sid, &o, text, NULL, 0, 0, NULL, &summary);
-    /* the session exists (given or created) even when the turn failed: say which, so the
-     * conversation can be continued with --session */
-    if (sid && (!summary || rc)) fprintf(stderr, "kvlingo chat: session %s (continue with --session %s)\n", sid, sid);
+    /* a session this call created exists even when its turn failed: say which, so the
+     * conversation can be continued with --session (one given with --session the user knows) */
+    if (sid && !(session && session[0]) && (!summary || rc))
+        fprintf(stderr, "kvlingo chat: session %s (continue with --session %s)\n", sid, sid);
     free(sid);
     kvl__rpc_client_free(cli);
     return rc;
