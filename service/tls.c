@@ -1,6 +1,7 @@
 /* service/tls.c: reading and checking the TLS files (see tls.h), on OpenSSL's libcrypto. */
 #include "tls.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <openssl/x509v3.h>
 #include <openssl/x509_vfy.h>
 
 #include "error.h"
@@ -98,6 +100,18 @@ static kvl_status check(const char *cert, const char *key, const char *ca, kvl__
         if (X509_cmp_current_time(X509_get0_notAfter(leaf)) < 0) {
             st = kvl__errorf(KVL_ERR_FORMAT, "tls_cert '%s' (%s): expired on %s", cert, t->subject,
                             t->not_after);
+            goto out;
+        }
+        /* a fleet member's certificate is a server's and, towards the other members, a
+         * client's: a certificate that limits its use must allow both (UINT32_MAX: no
+         * extendedKeyUsage extension, any use), or the handshake fails later with only a closed
+         * socket to show for it */
+        uint32_t xku = X509_get_extended_key_usage(leaf);
+        if (xku != UINT32_MAX && (!(xku & XKU_SSL_SERVER) || !(xku & XKU_SSL_CLIENT))) {
+            st = kvl__errorf(KVL_ERR_FORMAT, "tls_cert '%s' (%s): its extendedKeyUsage lacks %s; a "
+                            "fleet member's certificate needs serverAuth and clientAuth (it serves, "
+                            "and is a client of the other members)", cert, t->subject,
+                            !(xku & XKU_SSL_SERVER) ? "serverAuth" : "clientAuth");
             goto out;
         }
         BIO *b = BIO_new_mem_buf(t->key_pem, -1);

@@ -132,6 +132,9 @@ ossl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "
 ossl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$P/other-key.pem" -out "$P/other.pem" -days 2 -subj /CN=other-ca
 ossl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$P/r-key.pem" -out "$P/r.csr" -subj /CN=router
 ossl x509 -req -in "$P/r.csr" -CA "$P/ca.pem" -CAkey "$P/ca-key.pem" -set_serial 7 -days 2 -out "$P/r.pem"
+# the usual web-server recipe: serverAuth only (a fleet member is also a client of the others)
+printf 'extendedKeyUsage=serverAuth\n' > "$P/srv.ext"
+ossl x509 -req -in "$P/r.csr" -CA "$P/ca.pem" -CAkey "$P/ca-key.pem" -set_serial 8 -days 2 -out "$P/r-srv.pem" -extfile "$P/srv.ext"
 # a secure fleet file has TLS, transfer tickets and API keys
 tlsgood() { good; printf 'tls_cert: %s\ntls_key: %s\ntls_ca: %s\nticket_key_file: %s\napi_keys: keys.yaml\n' "$1" "$2" "$3" "$T/fleet.key"; }
 tlsgood "$P/r.pem" "$P/r-key.pem" "$P/ca.pem" > "$T/conf/tls.yaml"
@@ -149,6 +152,10 @@ out=$("$R" --config "$T/conf/tls2.yaml" --check 2>&1); rc=$?
 tlsgood "$P/r.pem" "$P/r-key.pem" "$P/other.pem" > "$T/conf/tls3.yaml"
 out=$("$R" --config "$T/conf/tls3.yaml" --check 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -qF "tls_cert '$P/r.pem' (CN=router) does not verify against tls_ca '$P/other.pem'" <<<"$out" && ok "refused: certificate of another CA" || bad "tls3: $rc $out"
+tlsgood "$P/r-srv.pem" "$P/r-key.pem" "$P/ca.pem" > "$T/conf/tls6.yaml"
+out=$("$R" --config "$T/conf/tls6.yaml" --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -qF "tls_cert '$P/r-srv.pem' (CN=router): its extendedKeyUsage lacks clientAuth" <<<"$out" \
+  && ok "refused: a serverAuth-only certificate, clientAuth named" || bad "tls6: $rc $out"
 tlsgood "$P/r.csr" "$P/r-key.pem" "$P/ca.pem" > "$T/conf/tls4.yaml"
 out=$("$R" --config "$T/conf/tls4.yaml" --check 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -qF "tls_cert '$P/r.csr': no PEM certificate" <<<"$out" && ok "refused: a CSR as tls_cert" || bad "tls4: $rc $out"
