@@ -23,6 +23,7 @@ typedef enum kvld_counter {
     KVLD_C_TOKENS_PREFILLED,      /* kvlingo_tokens_prefilled_total                          */
     KVLD_C_TOKENS_DECODED,        /* kvlingo_tokens_decoded_total                            */
     KVLD_C_FORWARD_PASSES,        /* kvlingo_forward_passes_total                            */
+    KVLD_C_PREFILL_CHUNKS,        /* kvlingo_prefill_chunks_total                            */
     KVLD_C_SPANS_SENT,            /* kvlingo_spans_sent_total                                */
     KVLD_C_SPANS_RECEIVED,        /* kvlingo_spans_received_total (imported)                 */
     KVLD_C_SPAN_BYTES_SENT,       /* kvlingo_span_bytes_sent_total                           */

@@ -217,7 +217,7 @@ static void *sched_main(void *arg) {
             continue;
         }
         /* decode tokens first (one each), then prefill chunks within the token budget */
-        int n = 0, budget, n_decode = 0, n_prefill_tok = 0;
+        int n = 0, budget, n_decode = 0, n_prefill_tok = 0, n_chunks = 0;
         /* keep one slot for prefill when some is waiting: decoders must not starve a new
          * session's prompt any more than a long prompt may starve them */
         int has_prefill = 0;
@@ -243,6 +243,7 @@ static void *sched_main(void *arg) {
             int chunk = pending < budget ? pending : budget;
             budget -= chunk;
             n_prefill_tok += chunk;
+            n_chunks++;
             s->seqs[n] = (kvl_batch_seq){ss->cache, ss->ledger + cached, chunk,
                                          chunk == pending ? KVL_LOGITS_LAST : KVL_LOGITS_NONE,
                                          chunk == pending ? ss->logits : NULL};
@@ -284,6 +285,7 @@ static void *sched_main(void *arg) {
         }
         kvld_metrics_add(s->metrics, KVLD_C_TOKENS_DECODED, (uint64_t)n_decode);
         kvld_metrics_add(s->metrics, KVLD_C_TOKENS_PREFILLED, (uint64_t)n_prefill_tok);
+        kvld_metrics_add(s->metrics, KVLD_C_PREFILL_CHUNKS, (uint64_t)n_chunks);
         for (int i = 0; i < n; i++) {
             kvld_session *ss = s->seq_jobs[i]->sess;
             /* logits are current only when the cache reached the end of the ledger */
