@@ -232,11 +232,18 @@ static kvl_status parse_metadata(const char *label, const cJSON *m) {
     if (!cJSON_IsObject(m))
         return kvl__errorf(KVL_ERR_FORMAT, "%s: field '__metadata__': expected an object, got %s",
                           label, json_kind(m));
-    for (const cJSON *v = m->child; v; v = v->next)
+    for (const cJSON *v = m->child; v; v = v->next) {
         if (!cJSON_IsString(v))
             return kvl__errorf(KVL_ERR_FORMAT,
                               "%s: field '__metadata__': key '%s': expected a string, got %s", label,
                               v->string, json_kind(v));
+        /* cJSON keeps duplicate keys: a lookup would see the first, a copy of the whole map
+         * both (metadata headers are small: the quadratic scan costs nothing) */
+        for (const cJSON *w = m->child; w != v; w = w->next)
+            if (strcmp(w->string, v->string) == 0)
+                return kvl__errorf(KVL_ERR_FORMAT, "%s: field '__metadata__': key '%s' appears twice",
+                                  label, v->string);
+    }
     return KVL_OK;
 }
 

@@ -331,6 +331,8 @@ static void test_parse_malformed(void **state) {
     expect_bad("{\"__metadata__\":{\"k\":\"v\",\"n\":null}}", 0, KVL_ERR_FORMAT, "__metadata__",
                "'n'");
     expect_bad("{\"__metadata__\":[\"k\"]}", 0, KVL_ERR_FORMAT, "__metadata__", "object");
+    expect_bad("{\"__metadata__\":{\"k\":\"1\",\"j\":\"2\",\"k\":\"3\"}}", 0, KVL_ERR_FORMAT,
+               "'k'", "appears twice");
     expect_bad("{\"__metadata__\":{},\"__metadata__\":{}}", 0, KVL_ERR_FORMAT, "__metadata__",
                "twice");
 
