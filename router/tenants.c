@@ -59,9 +59,11 @@ int kvr_bucket_admit(kvr_bucket *b, double now) {
 
 void kvr_bucket_charge(kvr_bucket *b, double n, double now) {
     refill(b, now);
-    if (n > 0) b->level -= n;
-    /* bounded debt: one minute's worth, so a huge turn cannot lock a tenant out for hours */
-    if (b->level < -b->cap) b->level = -b->cap;
+    b->level -= n;   /* n < 0: the unused part of a reservation comes back */
+    /* debt is kept, never forgiven (that would let big or concurrent turns use several times
+     * the quota); it is bounded by one turn's reservation, since a turn starts only with a
+     * token in the bucket */
+    if (b->level > b->cap) b->level = b->cap;
 }
 
 double kvr_bucket_wait(const kvr_bucket *b, double now) {
@@ -183,6 +185,12 @@ static kvl_status parse_tenant(kvl__svc_yaml *y, kvr_tenants *t, yaml_node_t *m,
     if (!s && !name_ok(name))
         s = kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s.name': '%.80s' must be 1-%d of [A-Za-z0-9._-]",
                        y->file, kvl__svc_kv_line(&l, "name"), sect, name, KVR_TENANT_NAME_MAX - 1);
+    /* "default" owns the sessions of anonymous clients (insecure) and of ledgers from before
+     * tenants: a key for it would open all of those to whoever holds it */
+    if (!s && !strcmp(name, KVR_DEFAULT_TENANT))
+        s = kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s.name': '%s' is reserved (the tenant of anonymous "
+                       "clients and of sessions from before tenants); name the tenant otherwise", y->file,
+                       kvl__svc_kv_line(&l, "name"), sect, name);
     for (int j = 0; !s && j < t->n; j++)
         if (!strcmp(t->tn[j].info.name, name))
             s = kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s.name': tenant '%s' named twice", y->file,

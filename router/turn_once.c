@@ -101,14 +101,16 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
     if (rid && !kvr_session_id_valid(rid))
         return kvl__errorf(KVL_ERR_INVALID_ARG, "request_id '%.80s' is invalid (1-64 of A-Za-z0-9._:-)", rid);
     /* tokens per minute: refused before anything runs while the tenant's bucket is empty; the
-     * prompt is charged now (concurrent turns of one tenant see it), the reply at the end */
+     * turn reserves its most (prompt + max_tokens) now, so that concurrent turns of one tenant
+     * see it, and gives back what it did not generate at the end */
     double wait_s = 0;
     if (req->tenant && !kvr_tenants_admit(r->tenants, req->tenant, kvr_wall_now(), &wait_s)) {
         kvr_quota_refused(r, req->tenant, "tokens_per_minute");
         return kvl__errorf(KVL_ERR_NOMEM, "quota: tenant '%s' used its tokens_per_minute; retry in %.1f s",
                           req->tenant, wait_s);
     }
-    if (req->tenant) kvr_tenants_charge(r->tenants, req->tenant, req->n_user, kvr_wall_now());
+    const long reserved = (long)req->n_user + (long)req->max_tokens;
+    if (req->tenant) kvr_tenants_charge(r->tenants, req->tenant, reserved, kvr_wall_now());
     kvl_status s = kvr_leases_add(r->leases, req->sid);
     if (s) return s;
     kvr_lease lease;
@@ -145,6 +147,10 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
     }
     if (kvr_leases_drop(r->leases, req->sid))
         kvl__svc_log_text("warn", "session %s: the lease was lost while the turn ran", req->sid);
-    if (req->tenant && !replayed) kvr_tenants_charge(r->tenants, req->tenant, out->n_generated, kvr_wall_now());
+    /* a replay costs nothing (its turn was charged when it ran); else the unused reply goes back */
+    if (req->tenant)
+        kvr_tenants_charge(r->tenants, req->tenant,
+                           replayed ? -reserved : (long)out->n_generated - (long)req->max_tokens,
+                           kvr_wall_now());
     return s;
 }

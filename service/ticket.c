@@ -83,10 +83,16 @@ static int put_str(wbuf *w, const char *s) {
     return 0;
 }
 
-static void mac_of(const kvl__ticket_key *key, const uint8_t *msg, size_t len,
-                   uint8_t mac[KVL_TICKET_MAC]) {
+/* 0 on success; -1 when HMAC fails (no memory, a provider refusing it): callers refuse the
+ * ticket rather than compare against a MAC that was never computed */
+static int mac_of(const kvl__ticket_key *key, const uint8_t *msg, size_t len,
+                  uint8_t mac[KVL_TICKET_MAC]) {
     unsigned ml = KVL_TICKET_MAC;
-    if (!HMAC(EVP_sha256(), key->key, (int)key->len, msg, len, mac, &ml)) memset(mac, 0, KVL_TICKET_MAC);
+    if (!HMAC(EVP_sha256(), key->key, (int)key->len, msg, len, mac, &ml) || ml != KVL_TICKET_MAC) {
+        memset(mac, 0, KVL_TICKET_MAC);
+        return -1;
+    }
+    return 0;
 }
 
 kvl_status kvl__ticket_encode(const kvl__ticket_key *key, const kvl__ticket *t, uint8_t *out,
@@ -105,7 +111,8 @@ kvl_status kvl__ticket_encode(const kvl__ticket_key *key, const kvl__ticket *t, 
         return kvl__errorf(KVL_ERR_RANGE, "ticket: a name is longer than %d bytes", KVL_TICKET_STR_MAX - 1);
     if (w.over || cap - w.n < KVL_TICKET_MAC)
         return kvl__errorf(KVL_ERR_RANGE, "ticket: buffer of %zu bytes too small", cap);
-    mac_of(key, out, w.n, out + w.n);
+    if (mac_of(key, out, w.n, out + w.n))
+        return kvl__errorf(KVL_ERR_INTERNAL, "ticket: HMAC-SHA256 failed");
     *len = w.n + KVL_TICKET_MAC;
     return KVL_OK;
 }
@@ -168,7 +175,8 @@ kvl_status kvl__ticket_verify(const kvl__ticket_key *key, const uint8_t *buf, si
     kvl_status st = kvl__ticket_parse(buf, len, out);
     if (st != KVL_OK) return st;
     uint8_t mac[KVL_TICKET_MAC];
-    mac_of(key, buf, len - KVL_TICKET_MAC, mac);
+    if (mac_of(key, buf, len - KVL_TICKET_MAC, mac))
+        return kvl__errorf(KVL_ERR_MISMATCH, "ticket MAC cannot be computed (HMAC-SHA256 failed)");
     if (CRYPTO_memcmp(mac, buf + len - KVL_TICKET_MAC, KVL_TICKET_MAC) != 0)
         return kvl__errorf(KVL_ERR_MISMATCH, "ticket MAC does not verify (another fleet's key, or altered)");
     if (out->expiry_ms <= now_ms)

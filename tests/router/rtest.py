@@ -230,7 +230,7 @@ class Fleet:
                 self.default_key = "sk-fleet-default-0123456789abcdef"
                 self.api_keys = os.path.join(self.work, "api-keys.yaml")
                 with open(self.api_keys, "w") as f:
-                    f.write("tenants:\n  - {name: default, keys: [%s], admin: true}\n" % self.default_key)
+                    f.write("tenants:\n  - {name: fleet-admin, keys: [%s], admin: true}\n" % self.default_key)
         else:
             lines.append("insecure: true")
         if self.api_keys:

@@ -119,6 +119,8 @@ static void test_refusals(void **state) {
     snprintf(y, sizeof y, "tenants:\n  - name: acme\n    keys: [\"" KEY_A "\"]\n    key_sha256: [%s]\n", h);
     refused(y, "tenants[0].key_sha256' [0]", "given twice");
     refused("tenants:\n  - name: acme\n    keys: [\"" KEY_A "\"\n", "keys.yaml", "YAML");
+    /* the tenant of anonymous clients and of sessions from before tenants */
+    refused("tenants:\n  - name: default\n    keys: [\"" KEY_A "\"]\n", "'tenants[0].name'", "reserved");
 }
 
 static void test_bounds(void **state) {
@@ -153,10 +155,15 @@ static void test_bucket(void **state) {
     /* never above its capacity, however long idle */
     assert_true(kvr_bucket_admit(&b, 1e6));
     assert_true(b.level <= 60.0);
-    /* debt is bounded at one capacity */
-    kvr_bucket_charge(&b, 1e9, 1e6);
-    assert_true(b.level >= -60.0);
-    assert_true(kvr_bucket_wait(&b, 1e6) <= 121.0);
+    /* debt is kept: a reservation beyond the bucket keeps the tenant out until it is paid back */
+    kvr_bucket_charge(&b, 600, 1e6);
+    assert_false(kvr_bucket_admit(&b, 1e6));
+    assert_true(kvr_bucket_wait(&b, 1e6) > 540.0 && kvr_bucket_wait(&b, 1e6) < 542.0);
+    /* a refund (the unused part of a reservation) comes back, never above the capacity */
+    kvr_bucket_charge(&b, -580, 1e6);
+    assert_true(kvr_bucket_admit(&b, 1e6));
+    kvr_bucket_charge(&b, -1e9, 1e6);
+    assert_true(b.level <= 60.0);
     /* a clock going back neither refills nor breaks it */
     kvr_bucket_init(&b, 60, 50.0);
     kvr_bucket_charge(&b, 60, 50.0);
