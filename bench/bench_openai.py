@@ -37,7 +37,7 @@ def grpc_turn(c, prompt, model, max_tokens, time_create):
         t0 = time.perf_counter()
     ttft, summary = None, None
     for m in c.stub.Send(c.pb.SendRequest(session_id=sid, text=prompt, model=model, max_tokens=max_tokens,
-                                          temperature=0), timeout=120):
+                                          temperature=0), timeout=120, metadata=c.metadata):
         if m.HasField("summary"):
             summary = m.summary
         elif ttft is None:

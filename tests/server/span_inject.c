@@ -89,17 +89,31 @@ static int run_sink(void) {
 
 /* ---- flood mode: unsolicited UCX messages ------------------------------------------------ */
 
-static int run_flood(const char *addr, long count, long bytes) {
-    kvl__rpc_client *cli;
-    if (kvl__rpc_client_create(addr, 0, &(kvl__rpc_tls){.insecure = 1}, &cli)) return die("client");
+/* A plaintext client of the node at addr and its Info (model identity, transport address);
+ * NULL after saying why. */
+static Kvlingo__V1__InfoResponse *node_info(const char *addr, kvl__rpc_client **cli) {
+    if (kvl__rpc_client_create(addr, 0, &plaintext, cli)) {
+        die("client");
+        return NULL;
+    }
     Kvlingo__V1__InfoRequest iq = KVLINGO__V1__INFO_REQUEST__INIT;
     ProtobufCMessage *ir;
     kvl__rpc_result res;
-    if (kvl__rpc_client_unary_pb(cli, "/kvlingo.v1.Node/Info", &iq.base,
+    if (kvl__rpc_client_unary_pb(*cli, "/kvlingo.v1.Node/Info", &iq.base,
                                 &kvlingo__v1__info_response__descriptor, 10000, &ir, &res) ||
-        res.code != GRPC_STATUS_OK)
-        return die("Info");
-    Kvlingo__V1__InfoResponse *info = (Kvlingo__V1__InfoResponse *)ir;
+        res.code != GRPC_STATUS_OK) {
+        die("Info");
+        kvl__rpc_result_clear(&res);
+        return NULL;
+    }
+    kvl__rpc_result_clear(&res);   /* ir is unpacked: it owns its memory */
+    return (Kvlingo__V1__InfoResponse *)ir;
+}
+
+static int run_flood(const char *addr, long count, long bytes) {
+    kvl__rpc_client *cli;
+    Kvlingo__V1__InfoResponse *info = node_info(addr, &cli);
+    if (!info) return 1;
     kvl__transport *t;
     if (kvl__transport_create("ucx", &t)) return die("transport");
     uint8_t *buf = calloc(1, (size_t)bytes + 1);
@@ -115,8 +129,7 @@ static int run_flood(const char *addr, long count, long bytes) {
     usleep(200 * 1000);   /* let the last ones leave before the worker goes */
     kvl__transport_free(t);
     free(buf);
-    protobuf_c_message_free_unpacked(ir, NULL);
-    kvl__rpc_result_clear(&res);
+    protobuf_c_message_free_unpacked(&info->base, NULL);
     kvl__rpc_client_free(cli);
     return sent == count ? 0 : 1;
 }
@@ -150,16 +163,9 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n; i++) ids[i] = 200 + i;
     if (kvl_model_prefill(m, c, ids, n, KVL_LOGITS_NONE, NULL)) return die("prefill");
     kvl__rpc_client *cli;
-    if (kvl__rpc_client_create(addr, 0, &plaintext, &cli)) return die("client");
     /* target identity from the node itself */
-    Kvlingo__V1__InfoRequest iq = KVLINGO__V1__INFO_REQUEST__INIT;
-    ProtobufCMessage *ir;
-    kvl__rpc_result res;
-    if (kvl__rpc_client_unary_pb(cli, "/kvlingo.v1.Node/Info", &iq.base,
-                                &kvlingo__v1__info_response__descriptor, 10000, &ir, &res) ||
-        res.code != GRPC_STATUS_OK)
-        return die("Info");
-    Kvlingo__V1__InfoResponse *info = (Kvlingo__V1__InfoResponse *)ir;
+    Kvlingo__V1__InfoResponse *info = node_info(addr, &cli);
+    if (!info) return 1;
     Kvlingo__V1__SpanHeader h = KVLINGO__V1__SPAN_HEADER__INIT;
     kvl__span_ids sid;
     uint8_t *payload;
@@ -224,8 +230,7 @@ int main(int argc, char **argv) {
     kvl__rpc_stream_free(st);
     free(rb);
     free(payload);
-    protobuf_c_message_free_unpacked(ir, NULL);
-    kvl__rpc_result_clear(&res);
+    protobuf_c_message_free_unpacked(&info->base, NULL);
     kvl__rpc_client_free(cli);
     kvl_cache_free(c);
     free(ids);
