@@ -103,6 +103,7 @@ kvl_status kvld_node_serve(kvld_node *n) {
         {"/kvlingo.v1.Node/ImportSpan", KVL_RPC_SERVER_STREAM, kvld_rpc_import_span},
         {"/kvlingo.v1.Node/DropSession", KVL_RPC_UNARY, kvld_rpc_drop_session},
         {"/kvlingo.v1.Node/SessionInfo", KVL_RPC_UNARY, kvld_rpc_session_info},
+        {"/kvlingo.v1.Node/ContinueTurn", KVL_RPC_SERVER_STREAM, kvld_rpc_continue},
     };
     for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
         if ((st = kvl__rpc_server_add_method(n->rpc, methods[i].path, methods[i].kind,

@@ -8,6 +8,7 @@
 #include "config.h"
 #include "kvlingo/model.h"
 #include "kvlingo/tokenizer.h"
+#include "kvlingo/v1/node.pb-c.h"
 #include "metrics.h"
 #include "peers.h"
 #include "rpc.h"
@@ -98,6 +99,7 @@ void kvld_rpc_drop_session(kvl__rpc_call *call, const uint8_t *req, size_t len, 
 void kvld_rpc_session_info(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user);
 void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user);
 void kvld_rpc_import_span(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user);
+void kvld_rpc_continue(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user);
 
 /* Per-request bookkeeping shared by the handlers: log line + request metrics. */
 typedef struct kvld_req {
@@ -116,5 +118,17 @@ int kvld_req_refuse_if_draining(kvld_req *r);
  * `extra` is appended to the log line (may be NULL). */
 void kvld_req_end(kvld_req *r, grpc_status_code code, const char *msg, const char *extra);
 void kvld_req_fail(kvld_req *r, kvl_status st, const char *extra);
+
+/* A GenerateRequest's sampling settings, checked against the node (stop ids in the
+ * vocabulary, at most KVLD_MAX_STOP_IDS; max_tokens clipped to the max context).
+ * KVL_ERR_INVALID_ARG naming the field. */
+kvl_status kvld_gen_params_from_pb(const kvld_node *n, const Kvlingo__V1__GenerateRequest *in,
+                                   kvld_gen_params *gp);
+
+/* Run a turn on session `s` (acquired by the caller; released here) and stream it on r->call:
+ * one message per token, a final message with the timings (and `result`, when non-NULL, its
+ * after-turn figures filled in here), then the status and the request's log line. */
+void kvld_stream_turn(kvld_req *r, kvld_session *s, const kvld_gen_params *gp,
+                      Kvlingo__V1__ContinueResult *result);
 
 #endif

@@ -54,6 +54,7 @@ void kvld_rpc_info(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
     out.head_dim = (uint32_t)c->head_dim;
     out.hidden_size = (uint32_t)c->hidden_size;
     out.vocab_size = (uint32_t)c->vocab_size;
+    out.continue_rpc = 1;
     out.dtype = dtype_pb(c->weight_dtype);
     int nt = n->translators.n;
     Kvlingo__V1__TranslatorInfo *ti = calloc((size_t)nt + 1, sizeof *ti);
@@ -219,58 +220,52 @@ void kvld_rpc_append(kvl__rpc_call *call, const uint8_t *req, size_t len, void *
 
 static void cancel_job(void *arg) { kvld_job_cancel(arg); }
 
-void kvld_rpc_generate(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
-    kvld_node *n = user;
-    kvld_req r;
-    kvld_req_begin(&r, n, call, "Generate");
-    UNPACK_OR_FAIL(in, Kvlingo__V1__GenerateRequest, kvlingo__v1__generate_request__unpack, &r,
-                   req, len);
-    snprintf(r.session, sizeof r.session, "%s", in->session_id);
-    if (kvld_req_refuse_if_draining(&r)) {
-        kvlingo__v1__generate_request__free_unpacked(in, NULL);
-        return;
+kvl_status kvld_gen_params_from_pb(const kvld_node *n, const Kvlingo__V1__GenerateRequest *in,
+                                   kvld_gen_params *gp) {
+    memset(gp, 0, sizeof *gp);
+    gp->max_tokens = (int)in->max_tokens;
+    gp->stop_at_eos = in->stop_at_eos;
+    gp->want_logprobs = in->return_logprobs;
+    gp->sampler = kvl_sampler_default_params();
+    gp->sampler.temperature = in->temperature;
+    gp->sampler.top_k = (int)in->top_k;
+    gp->sampler.top_p = in->top_p > 0 && in->top_p < 1 ? in->top_p : 1.0f;
+    gp->sampler.seed = in->seed;
+    /* stop ids: bounded, and each a real id */
+    int vocab = kvl_model_config_get(n->model)->vocab_size;
+    if (in->n_stop_tokens > KVLD_MAX_STOP_IDS)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "stop_tokens: at most %d ids, got %zu", KVLD_MAX_STOP_IDS,
+                          in->n_stop_tokens);
+    for (size_t i = 0; i < in->n_stop_tokens; i++) {
+        if (in->stop_tokens[i] < 0 || in->stop_tokens[i] >= vocab)
+            return kvl__errorf(KVL_ERR_INVALID_ARG, "stop_tokens[%zu] = %d is outside the vocabulary [0, %d)",
+                              i, in->stop_tokens[i], vocab);
+        gp->stop_ids[gp->n_stop++] = in->stop_tokens[i];
     }
-    kvld_gen_params gp = {0};
-    gp.max_tokens = (int)in->max_tokens;
-    gp.stop_at_eos = in->stop_at_eos;
-    gp.want_logprobs = in->return_logprobs;
-    gp.sampler = kvl_sampler_default_params();
-    gp.sampler.temperature = in->temperature;
-    gp.sampler.top_k = (int)in->top_k;
-    gp.sampler.top_p = in->top_p > 0 && in->top_p < 1 ? in->top_p : 1.0f;
-    gp.sampler.seed = in->seed;
-    /* stop ids: bounded, and each a real id (checked against the vocabulary below) */
-    int bad_stop = in->n_stop_tokens > KVLD_MAX_STOP_IDS;
-    for (size_t i = 0; !bad_stop && i < in->n_stop_tokens; i++) {
-        bad_stop = in->stop_tokens[i] < 0 ||
-                   in->stop_tokens[i] >= kvl_model_config_get(n->model)->vocab_size;
-        gp.stop_ids[gp.n_stop++] = in->stop_tokens[i];
-    }
-    kvlingo__v1__generate_request__free_unpacked(in, NULL);
-    if (bad_stop) {
-        kvld_req_end(&r, GRPC_STATUS_INVALID_ARGUMENT,
-                     "stop_tokens: at most 8 ids, each inside the vocabulary", NULL);
-        return;
-    }
-    if (gp.max_tokens > n->max_context) gp.max_tokens = n->max_context;
+    if (gp->max_tokens > n->max_context) gp->max_tokens = n->max_context;
+    return KVL_OK;
+}
 
-    kvld_session *s = NULL;
+void kvld_stream_turn(kvld_req *r, kvld_session *s, const kvld_gen_params *gp,
+                      Kvlingo__V1__ContinueResult *result) {
+    kvld_node *n = r->node;
+    kvl__rpc_call *call = r->call;
     kvld_job *job = NULL;
     kvl_detok *dt = NULL;
     char *piece = NULL;
     size_t piece_cap = n->tok ? kvl_detok_push_capacity(n->tok) : 0;
-    kvl_status st = kvld_session_acquire(n->sessions, r.session, KVLD_DECODE, 0, &s, NULL);
-    if (st == KVL_OK && n->tok) {
+    kvl_status st = KVL_OK;
+    if (n->tok) {
         st = kvl_detok_create(n->tok, &dt);
         if (st == KVL_OK && !(piece = malloc(piece_cap + 1)))
             st = kvl__errorf(KVL_ERR_NOMEM, "detokenizer buffer");
     }
-    if (st == KVL_OK) st = kvld_sched_generate(n->sched, s, &gp, &job);
+    if (st == KVL_OK) st = kvld_sched_generate(n->sched, s, gp, &job);
     if (st != KVL_OK) {
         kvl_detok_free(dt);
         free(piece);
         kvld_session_release(n->sessions, s);
-        kvld_req_fail(&r, st, NULL);
+        kvld_req_fail(r, st, NULL);
         return;
     }
     kvl__rpc_call_on_cancel(call, cancel_job, job);
@@ -307,8 +302,24 @@ void kvld_rpc_generate(kvl__rpc_call *call, const uint8_t *req, size_t len, void
     st = kvld_job_result(job, &err, &reason, &ttft);
     char errcopy[512];
     snprintf(errcopy, sizeof errcopy, "%s", err);
-    char extra[160];
-    snprintf(extra, sizeof extra, " generated=%d finish=%s ttft_ms=%.3f", sent, reason, ttft * 1e3);
+    char extra[400];
+    int el = snprintf(extra, sizeof extra, " generated=%d finish=%s ttft_ms=%.3f", sent, reason, ttft * 1e3);
+    char sha[65] = "";
+    if (result) {
+        /* the session is still ours: what it holds after the turn, for the caller's commit */
+        result->token_count = (uint32_t)s->n_ledger;
+        result->cached_count = (uint32_t)kvl_cache_n_tokens(s->cache);
+        kvl__tokens_sha256_hex(s->ledger, (size_t)s->n_ledger, sha);
+        result->tokens_sha256 = sha;
+        result->forward_seconds = ttft;
+        if (el > 0 && (size_t)el < sizeof extra)
+            snprintf(extra + el, sizeof extra - (size_t)el,
+                     " mode=%s span=%u prefill=%u pull_ms=%.3f%s%s", result->mode == 1 ? "translate"
+                     : result->mode == 2 ? "reprefill" : "none", result->span_t1 - result->span_t0,
+                     result->prefill_tokens, result->pull_seconds * 1e3,
+                     result->fallback && result->fallback[0] ? " fallback=" : "",
+                     result->fallback ? result->fallback : "");
+    }
     if (st == KVL_OK && !send_failed) {
         Kvlingo__V1__GenerateResponse fin = KVLINGO__V1__GENERATE_RESPONSE__INIT;
         size_t pl = 0;
@@ -318,8 +329,9 @@ void kvld_rpc_generate(kvl__rpc_call *call, const uint8_t *req, size_t len, void
         fin.done = 1;
         fin.generated_count = (uint32_t)sent;
         fin.ttft_seconds = ttft;
-        fin.total_seconds = kvl__now_s() - r.t0;
+        fin.total_seconds = kvl__now_s() - r->t0;
         fin.finish_reason = (char *)reason;
+        fin.result = result;
         kvl__rpc_call_send_pb(call, &fin.base);
     }
     kvld_job_free(job);
@@ -327,13 +339,40 @@ void kvld_rpc_generate(kvl__rpc_call *call, const uint8_t *req, size_t len, void
     free(piece);
     kvld_session_release(n->sessions, s);
     if (send_failed || st == KVL_ERR_CANCELLED)
-        kvld_req_end(&r, GRPC_STATUS_CANCELLED, "generation cancelled by the client", extra);
+        kvld_req_end(r, GRPC_STATUS_CANCELLED, "generation cancelled by the client", extra);
     else if (st != KVL_OK)
-        kvld_req_end(&r, kvl__rpc_status_from_kvl(st), errcopy, extra);
+        kvld_req_end(r, kvl__rpc_status_from_kvl(st), errcopy, extra);
     else {
         kvl__rpc_call_finish(call, GRPC_STATUS_OK, NULL);
-        kvld_req_end(&r, GRPC_STATUS_OK, NULL, extra);
+        kvld_req_end(r, GRPC_STATUS_OK, NULL, extra);
     }
+}
+
+void kvld_rpc_generate(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    kvld_node *n = user;
+    kvld_req r;
+    kvld_req_begin(&r, n, call, "Generate");
+    UNPACK_OR_FAIL(in, Kvlingo__V1__GenerateRequest, kvlingo__v1__generate_request__unpack, &r,
+                   req, len);
+    snprintf(r.session, sizeof r.session, "%s", in->session_id);
+    if (kvld_req_refuse_if_draining(&r)) {
+        kvlingo__v1__generate_request__free_unpacked(in, NULL);
+        return;
+    }
+    kvld_gen_params gp;
+    kvl_status st = kvld_gen_params_from_pb(n, in, &gp);
+    kvlingo__v1__generate_request__free_unpacked(in, NULL);
+    if (st != KVL_OK) {
+        kvld_req_fail(&r, st, NULL);
+        return;
+    }
+    kvld_session *s = NULL;
+    st = kvld_session_acquire(n->sessions, r.session, KVLD_DECODE, 0, &s, NULL);
+    if (st != KVL_OK) {
+        kvld_req_fail(&r, st, NULL);
+        return;
+    }
+    kvld_stream_turn(&r, s, &gp, NULL);
 }
 
 void kvld_rpc_drop_session(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {

@@ -401,23 +401,36 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
         FAIL(GRPC_STATUS_PERMISSION_DENIED, "peer '%s' is not a member of this node's fleet (--peers%s)",
              in->peer, n->n_fleet ? "" : " is empty and tickets are on");
     }
+    if (!n->transport) FAIL(GRPC_STATUS_UNAVAILABLE, "this node runs without a transport");
+    kvl_status st = kvld_session_acquire(n->sessions, in->session_id, KVLD_EXPORT, 0, &s, NULL);
+    if (st != KVL_OK) FAIL(kvl__rpc_status_from_kvl(st), "%s", kvl_last_error());
+    if (in->expect_sha256 && in->expect_sha256[0]) {
+        /* what the caller's ledger says this session holds: by content, not by count */
+        char have[65];
+        kvl__tokens_sha256_hex(s->ledger, (size_t)s->n_ledger, have);
+        if ((uint32_t)s->n_ledger != in->expect_tokens || strcmp(have, in->expect_sha256))
+            FAIL(GRPC_STATUS_FAILED_PRECONDITION, "session '%s' holds %d tokens%s, the ledger says %u",
+                 s->id, s->n_ledger, (uint32_t)s->n_ledger == in->expect_tokens ? " with other ids" : "",
+                 in->expect_tokens);
+    }
+    uint32_t to = in->to_cached ? (uint32_t)kvl_cache_n_tokens(s->cache)
+                : in->to ? in->to : (uint32_t)s->n_ledger;
+    if (in->to_cached && in->to && to > in->to) to = in->to;
+    if (to > (uint32_t)s->n_ledger || in->from >= to)
+        FAIL(GRPC_STATUS_OUT_OF_RANGE, "range [%u, %u) is not within session '%s''s %d %s tokens",
+             in->from, to, s->id, in->to_cached ? kvl_cache_n_tokens(s->cache) : s->n_ledger,
+             in->to_cached ? "cached" : "ledger");
     {
+        /* checked once the range is settled: a window ticket allows any range inside its own */
         kvl__ticket_expect e = {.source = n->self, .target = in->peer, .src_session = in->session_id,
                                 .dst_session = in->peer_session_id && in->peer_session_id[0]
                                                    ? in->peer_session_id : in->session_id,
-                                .t0 = in->from, .t1 = in->to, .replace = in->replace};
+                                .t0 = in->from, .t1 = to, .replace = in->replace};
         char why_t[512];
         grpc_status_code tc = kvld_node_check_ticket(n, in->ticket.data, in->ticket.len, &e, why_t,
                                                      sizeof why_t);
         if (tc != GRPC_STATUS_OK) FAIL(tc, "%s", why_t);
     }
-    if (!n->transport) FAIL(GRPC_STATUS_UNAVAILABLE, "this node runs without a transport");
-    kvl_status st = kvld_session_acquire(n->sessions, in->session_id, KVLD_EXPORT, 0, &s, NULL);
-    if (st != KVL_OK) FAIL(kvl__rpc_status_from_kvl(st), "%s", kvl_last_error());
-    uint32_t to = in->to ? in->to : (uint32_t)s->n_ledger;
-    if (to > (uint32_t)s->n_ledger || in->from >= to)
-        FAIL(GRPC_STATUS_OUT_OF_RANGE, "range [%u, %u) is not within session '%s''s %d tokens",
-             in->from, to, s->id, s->n_ledger);
     if ((int)to > kvl_cache_n_tokens(s->cache)) {
         /* tokens known but not yet run through the model (e.g. the last sampled one) */
         st = kvld_sched_prefill(n->sched, s, &fl.cancelled);
@@ -438,6 +451,7 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
                             kvl_cache_tokens(s->cache), read_cache_prenorm, s->cache};
     st = kvl__span_encode(&src, in->from, to, peer_name, peer_hash, &ids, &h, &payload, &plen);
     if (st != KVL_OK) FAIL(kvl__rpc_status_from_kvl(st), "%s", kvl_last_error());
+    double encode_s = kvl__now_s() - t_start;
     Kvlingo__V1__ImportSpanRequest ir = KVLINGO__V1__IMPORT_SPAN_REQUEST__INIT;
     ir.session_id = in->peer_session_id && in->peer_session_id[0] ? in->peer_session_id : s->id;
     ir.header = &h;
@@ -520,6 +534,7 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     out.total_seconds = kvl__now_s() - t_start;
     out.peer_token_count = verdict->token_count;
     out.peer_tokens_sha256 = verdict->tokens_sha256;   /* verdict outlives the reply */
+    out.export_seconds = encode_s;
 #undef FAIL
 out:
     if (watching) {   /* a FAIL between starting the watcher and joining it */

@@ -298,6 +298,7 @@ static kvl_status parse_root(kvl__svc_yaml *y, kvr_config *c, const char *name) 
     if (!s) s = kvl__svc_kv_double(&l, "base_timeout_ms", 2000, 1, 3.6e6, &c->transfer_base_ms);
     if (!s) s = kvl__svc_kv_double(&l, "bytes_per_second", 1e8, 1e3, 1e13, &c->transfer_bytes_per_s);
     if (!s) s = kvl__svc_kv_int(&l, "retries", 1, 0, 10, &c->transfer_retries);
+    if (!s) s = kvl__svc_kv_bool(&l, "one_call", 1, &c->transfer_one_call);
     if (!s) s = kvl__svc_kv_double(&l, "node_timeout_ms", 5000, 10, 3.6e6, &c->node_timeout_ms);
     if (!s) s = kvl__svc_kv_check_unused(&l);
     kvl__svc_kvlist_clear(&l);

@@ -118,6 +118,7 @@ typedef struct kvr_config {
     double transfer_base_ms;
     double transfer_bytes_per_s;
     long transfer_retries;
+    int transfer_one_call;    /* 1: a turn is one ContinueTurn call on nodes that serve it */
     double node_timeout_ms;
     int insecure;             /* 1: plaintext gRPC (YAML insecure: true or --insecure) */
     char *tls_cert, *tls_key, *tls_ca;   /* resolved paths; NULL when not set */

@@ -30,6 +30,10 @@ static const kvl__svc_metric_def k_defs[] = {
      KVL_SVC_HISTOGRAM, BOUNDS(k_ttft_bounds)},
     {"kvlingo_router_turn_ttft_seconds", "Time to first token of every turn.", KVL_SVC_HISTOGRAM,
      BOUNDS(k_ttft_bounds)},
+    {"kvlingo_router_switch_phase_seconds", "Where a translated switch's time to first token went, "
+     "by phase: ledger (session read), export (source reads its cache), transfer (the wire), "
+     "translate (translate-apply on the target), forward (the target's queue and forward pass).",
+     KVL_SVC_HISTOGRAM, BOUNDS(k_ttft_bounds)},
     {"kvlingo_router_shadow_kl_nats", "Guardrail: KL(native || translated) of the first token.",
      KVL_SVC_HISTOGRAM, BOUNDS(k_kl_bounds)},
     {"kvlingo_router_ledger_write_seconds", "Duration of ledger write transactions.",
@@ -101,6 +105,11 @@ void kvr_metrics_declare(kvr_metrics *m, const char *const *models, int n_models
     for (int k = 1; k < N_OF(k_modes); k++) {
         snprintf(lab, sizeof lab, "mode=\"%s\"", k_modes[k]);
         kvr_metrics_observe_zero(m, "kvlingo_router_switch_ttft_seconds", lab);
+    }
+    static const char *const phases[] = {"ledger", "export", "transfer", "translate", "forward"};
+    for (int k = 0; k < N_OF(phases); k++) {
+        snprintf(lab, sizeof lab, "phase=\"%s\"", phases[k]);
+        kvr_metrics_observe_zero(m, "kvlingo_router_switch_phase_seconds", lab);
     }
     for (int i = 0; i < N_OF(k_fallback_reasons); i++) {
         snprintf(lab, sizeof lab, "reason=\"%s\"", k_fallback_reasons[i]);

@@ -40,6 +40,7 @@ typedef struct kvr_export_result {
     unsigned t0, t1, peer_tokens;
     uint64_t payload_bytes;
     double transfer_s, translate_s, total_s;
+    double export_s;             /* the source reading its cache and encoding the span          */
     char peer_sha256[65];        /* SHA-256 (hex) of the target's ledger after the import      */
 } kvr_export_result;
 
@@ -66,6 +67,32 @@ typedef struct kvr_gen_params {
 /* Open a Generate stream; read with kvr_node_gen_next; free with kvl__rpc_stream_free. */
 kvl_status kvr_node_generate(kvr_node *n, const char *sid, const kvr_gen_params *p,
                              int64_t timeout_ms, kvl__rpc_stream **out);
+/* What a ContinueTurn asks of the node (see node.proto): the session must hold ledger tokens
+ * [0, held) (SHA-256 held_sha256); context = ledger tokens [held, N) (n_context of them), input =
+ * the turn's; a pull (source != NULL) ships and translates [the node's cache, what the source
+ * caches) from `source` first, on a window ticket for [0, source_tokens) issued here when `key`
+ * is non-NULL. */
+typedef struct kvr_continue_req {
+    const char *sid;
+    unsigned held;
+    const char *held_sha256;
+    const int32_t *context;
+    int n_context;
+    const int32_t *input;
+    int n_input;
+    const kvr_node *source;           /* NULL: no pull */
+    unsigned source_tokens;
+    const char *source_sha256;
+    int64_t pull_timeout_ms;
+    int native_only;
+    const kvl__ticket_key *key;
+} kvr_continue_req;
+
+/* Open a ContinueTurn stream on node n (the GenerateResponse messages of kvr_node_gen_next; the
+ * final one carries the ContinueResult); free with kvl__rpc_stream_free. */
+kvl_status kvr_node_continue(kvr_node *n, const kvr_continue_req *c, const kvr_gen_params *p,
+                             int64_t timeout_ms, kvl__rpc_stream **out);
+
 /* 1: *msg set (free with protobuf_c_message_free_unpacked); 0: end of stream (then *code and
  * the thread error say how it ended; KVL_OK status only when code == OK); negative: failure. */
 int kvr_node_gen_next(kvr_node *n, kvl__rpc_stream *st, Kvlingo__V1__GenerateResponse **msg,

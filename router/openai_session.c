@@ -363,7 +363,7 @@ int kvr_oai_run_turn(kvr_router *r, const kvr_oai_req *q, const char *session_hd
             if (q->n_stop && check_stop(&e)) e.stopped = 1;
             sink_text(&e, u->len);
         }
-        if (!e.started) fill_result(&e);
+        fill_result(&e);   /* again when started: the turn's final figures */
         u->res.completion_tokens = e.n_gen;
         const char *fr = o.finish_reason;
         snprintf(u->finish, sizeof u->finish, "%s",

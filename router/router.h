@@ -130,6 +130,11 @@ typedef struct kvr_turn_out {
     float mean_entropy, shadow_kl;
     char policy_reason[320];
     char failover_from[KVR_NAME_MAX];   /* the model chosen but served by no healthy node, or "" */
+    /* where the time to first token went (seconds; 0 when the phase did not happen): the
+     * ledger read, the span's move (export on the source, the wire, translate-apply on the
+     * target), and the target's forward up to the first token (node clock) */
+    double ledger_s, export_s, transfer_s, translate_s, forward_s;
+    int one_call;                 /* the turn was one ContinueTurn call on the node */
 } kvr_turn_out;
 
 /* Called for every generated token; return non-zero to stop: KVR_EMIT_STOP ends the turn as

@@ -243,16 +243,25 @@ static void h_send(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
         sum.user_tokens = o.user_tokens;
         sum.policy_reason = o.policy_reason;
         sum.failover_from = o.failover_from;
+        sum.ledger_seconds = o.ledger_s;
+        sum.export_seconds = o.export_s;
+        sum.transfer_seconds = o.transfer_s;
+        sum.translate_seconds = o.translate_s;
+        sum.forward_seconds = o.forward_s;
+        sum.one_call = o.one_call;
         /* logged before the summary goes out: a client that saw the summary finds the line */
         static const char *modes[] = {"none", "translate", "reprefill"};
         char qfb[330], qpol[330];   /* room for every character escaped */
         kvl__svc_log("info",
                      "msg=turn session=%s turn=%u node=%s model=%s mode=%s from=%s span=%u "
-                     "user=%u ttft_ms=%.2f switch_ms=%.2f tokens=%u tok_s=%.1f entropy=%.3f "
-                     "ctx=%u fallback=%s policy=%s",
+                     "user=%u ttft_ms=%.2f switch_ms=%.2f ledger_ms=%.2f export_ms=%.2f "
+                     "transfer_ms=%.2f translate_ms=%.2f forward_ms=%.2f calls=%s tokens=%u "
+                     "tok_s=%.1f entropy=%.3f ctx=%u fallback=%s policy=%s",
                      tr.sid, o.turn, o.node, o.model, modes[o.mode % 3],
                      o.from_model[0] ? o.from_model : "-", o.span_tokens, o.user_tokens,
-                     o.ttft_s * 1e3, o.switch_s * 1e3, o.n_generated, o.tps, o.mean_entropy,
+                     o.ttft_s * 1e3, o.switch_s * 1e3, o.ledger_s * 1e3, o.export_s * 1e3,
+                     o.transfer_s * 1e3, o.translate_s * 1e3, o.forward_s * 1e3,
+                     o.one_call ? "one" : "several", o.n_generated, o.tps, o.mean_entropy,
                      o.context_tokens, kvl__svc_log_q(qfb, sizeof qfb, o.fallback),
                      kvl__svc_log_q(qpol, sizeof qpol, o.policy_reason));
         Kvlingo__V1__SendResponse m = KVLINGO__V1__SEND_RESPONSE__INIT;

@@ -210,6 +210,9 @@ static int try_translate(turn *t, int ti, int from, int tgt_tokens, int *to_out,
                 return 0;
             }
             *to_out = to;
+            t->out->export_s = ex.export_s;
+            t->out->transfer_s = ex.transfer_s;
+            t->out->translate_s = ex.translate_s;
             return 1;
         }
         char label[40];
@@ -365,9 +368,36 @@ static void keep_cancelled_input(turn *t, int ti, const kvr_policy_decision *d, 
 
 /* Decode on node ti after prepare; fills out, the generated ids and (when asked) the first
  * token's log-distribution.  *started = 1 once a token reached the client. */
+typedef struct one_result {
+    int got;                      /* the final message carried a ContinueResult */
+    int mode;                     /* KVLINGO__V1__CONTINUE_RESULT__MODE__* */
+    char fallback[160];
+    unsigned span_t0, span_t1, prefill_tokens, token_count;
+    char sha256[65];
+    double pull_s, transfer_s, translate_s, export_s, forward_s;
+} one_result;
+
+static void keep_result(one_result *nr, const Kvlingo__V1__ContinueResult *r) {
+    nr->got = 1;
+    nr->mode = r->mode;
+    snprintf(nr->fallback, sizeof nr->fallback, "%s", r->fallback ? r->fallback : "");
+    nr->span_t0 = r->span_t0;
+    nr->span_t1 = r->span_t1;
+    nr->prefill_tokens = r->prefill_tokens;
+    nr->token_count = r->token_count;
+    snprintf(nr->sha256, sizeof nr->sha256, "%s", r->tokens_sha256 ? r->tokens_sha256 : "");
+    nr->pull_s = r->pull_seconds;
+    nr->transfer_s = r->transfer_seconds;
+    nr->translate_s = r->translate_seconds;
+    nr->export_s = r->export_seconds;
+    nr->forward_s = r->forward_seconds;
+}
+
+/* Stream the turn from node ti: a Generate opened here after prepare, or the ContinueTurn
+ * stream `opened` (its ContinueResult kept in *nr). */
 static kvl_status decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void *arg, double t_start,
                          int32_t *gen, float **first_lp, int *vocab, int *started,
-                         grpc_status_code *code) {
+                         grpc_status_code *code, kvl__rpc_stream *opened, one_result *nr) {
     kvr_router *r = t->r;
     kvr_node *T = &r->reg->nodes[ti];
     kvr_turn_out *o = t->out;
@@ -376,9 +406,12 @@ static kvl_status decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void *a
                          .stop_at_eos = t->req->stop_at_eos, .stop_ids = t->req->stop_ids,
                          .n_stop = t->req->n_stop, .return_logprobs = want_lp};
     int64_t timeout = t->node_ms * 2 + (int64_t)(t->req->max_tokens * 200.0 + (t->N + t->req->n_user) * 2.0);
-    kvl__rpc_stream *st = NULL;
-    kvl_status s = kvr_node_generate(T, t->req->sid, &gp, timeout, &st);
-    if (s) { *code = GRPC_STATUS_UNAVAILABLE; return s; }
+    kvl__rpc_stream *st = opened;
+    kvl_status s = KVL_OK;
+    if (!st && (s = kvr_node_generate(T, t->req->sid, &gp, timeout, &st))) {
+        *code = GRPC_STATUS_UNAVAILABLE;
+        return s;
+    }
     double ent_sum = 0, t_first = 0, t_last = 0, node_tps = 0;
     int n_ent = 0;
     for (;;) {
@@ -391,6 +424,8 @@ static kvl_status decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void *a
         }
         if (m->done) {
             snprintf(o->finish_reason, sizeof o->finish_reason, "%s", m->finish_reason ? m->finish_reason : "");
+            if (m->result && nr) keep_result(nr, m->result);
+            o->forward_s = m->ttft_seconds;
             /* the node's own clock: tokens reach the router in bursts, its arrival times would
              * overstate the decode rate */
             if (m->total_seconds > m->ttft_seconds && o->n_generated > 1)
@@ -441,6 +476,133 @@ static kvl_status decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void *a
     return s;
 }
 
+/* The turn as one ContinueTurn call on node ti: what prepare, Append and decode do in four to
+ * six calls, the node does in one.  It checks what it holds against the ledger (count and
+ * token hash sent here), pulls the span it lacks from the source when asked (the same checks:
+ * the source's tokens by hash, the imported ids against the ledger's, one ticket for the move),
+ * re-reads what is still missing from the ledger tokens sent along, and streams the turn.
+ * KVL_ERR_UNSUPPORTED when the node refused its session state before any token (it holds other
+ * tokens than the ledger says, or translated K/V of a disabled pair): nothing happened there,
+ * and the caller takes the several-call path, which resets it. */
+static kvl_status one_call(turn *t, int ti, int needs_entropy, kvr_emit_fn emit, void *arg,
+                           double t_start, int32_t *gen, float **first_lp, int *vocab, int *started,
+                           grpc_status_code *code, one_result *nr, int *shadow) {
+    kvr_router *r = t->r;
+    kvr_node *T = &r->reg->nodes[ti];
+    kvr_turn_out *o = t->out;
+    const kvr_turn_req *req = t->req;
+    int held = kvr_session_held(&t->s, T->name);
+    if (held < 0 || held > t->N) return KVL_ERR_UNSUPPORTED;
+    char held_sha[65] = "", src_sha[65] = "";
+    if (held > 0) kvl__tokens_sha256_hex(t->s.tokens, (size_t)held, held_sha);
+    kvr_continue_req c = {.sid = req->sid, .held = (unsigned)held, .held_sha256 = held_sha,
+                          .context = t->s.tokens + held, .n_context = t->N - held, .input = req->user,
+                          .n_input = req->n_user, .key = r->tickets ? &r->ticket_key : NULL};
+    o->mode = KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_NONE;
+    if (t->cur >= 0 && t->cur != ti) {
+        snprintf(o->from_node, sizeof o->from_node, "%s", r->reg->nodes[t->cur].name);
+        snprintf(o->from_model, sizeof o->from_model, "%s", r->reg->nodes[t->cur].model);
+    }
+    *shadow = 0;
+    if (held < t->N) {
+        if (t->cur < 0 || t->cur == ti) {
+            set_fallback(t, "node_state", "%s held %d of %d tokens", T->name, held, t->N);
+        } else {
+            kvr_node *src = &r->reg->nodes[t->cur];
+            int src_held = kvr_session_held(&t->s, src->name);
+            if (req->force_reprefill) set_fallback(t, "forced", NULL);
+            else if (!kvr_registry_can_translate(r->reg, src->model, ti))
+                set_fallback(t, "no_translator", "%s -> %s", src->model, T->model);
+            else if (!kvr_guard_pair_ok(r->guard, src->model, T->model)) {
+                set_fallback(t, "pair_disabled", "guardrail: %s -> %s", src->model, T->model);
+                c.native_only = 1;   /* translated K/V it holds are as suspect as new ones */
+            } else if (src_held <= held || src_held > t->N) {
+                set_fallback(t, "source_state", "%s holds %d tokens, target %d", src->name, src_held, held);
+            } else {
+                unsigned L, H, D;
+                kvr_registry_geometry(r->reg, t->cur, &L, &H, &D, NULL);
+                double bytes = 2.0 * L * H * D * 4.0 * (src_held - held) + 4.0 * (src_held - held);
+                kvl__tokens_sha256_hex(t->s.tokens, (size_t)src_held, src_sha);
+                c.source = src;
+                c.source_tokens = (unsigned)src_held;
+                c.source_sha256 = src_sha;
+                c.pull_timeout_ms = (int64_t)(r->cfg->transfer_base_ms + bytes / r->cfg->transfer_bytes_per_s * 1000.0);
+                /* counted when asked: a pull that falls back is counted too (a shadow then
+                 * compares a native turn with itself, at no harm) */
+                *shadow = kvr_guard_count_switch(r->guard, src->model, T->model);
+            }
+        }
+    }
+    /* what the first token's readers see (the OpenAI door's headers): the several-call path's
+     * figures, corrected from the node's result when the turn ends */
+    o->mode = c.source ? KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE
+            : held < t->N ? KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_REPREFILL
+                          : KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_NONE;
+    o->prefill_tokens = (unsigned)(c.source ? t->N - (int)c.source_tokens + 1 + req->n_user
+                                            : t->N - held + req->n_user);
+    o->span_tokens = c.source ? c.source_tokens - 1 - (unsigned)held : o->prefill_tokens;
+    int want_lp = needs_entropy || *shadow || req->compare_reprefill;
+    kvr_gen_params gp = {.max_tokens = req->max_tokens, .temperature = req->temperature,
+                         .top_k = req->top_k, .top_p = req->top_p, .seed = req->seed,
+                         .stop_at_eos = req->stop_at_eos, .stop_ids = req->stop_ids,
+                         .n_stop = req->n_stop, .return_logprobs = want_lp};
+    int64_t timeout = t->node_ms * 2 + c.pull_timeout_ms +
+                      (int64_t)(req->max_tokens * 200.0 + (t->N + req->n_user) * 2.0);
+    kvl_status s = KVL_OK;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        kvl__rpc_stream *st = NULL;
+        memset(nr, 0, sizeof *nr);
+        if ((s = kvr_node_continue(T, &c, &gp, timeout, &st))) {
+            *code = GRPC_STATUS_UNAVAILABLE;
+            return s;
+        }
+        s = decode(t, ti, want_lp, emit, arg, t_start, gen, first_lp, vocab, started, code, st, nr);
+        if (!s || *started) break;
+        if (*code == GRPC_STATUS_FAILED_PRECONDITION) {
+            kvl__svc_log_text("info", "session %s: %s: the several-call path resets it", req->sid,
+                              kvl_last_error());
+            return KVL_ERR_UNSUPPORTED;
+        }
+        /* the node's session table is full: drop its least recently used idle session, once */
+        if (attempt || !table_full(*code, kvl_last_error()) || !make_room(t, ti)) break;
+    }
+    if (s) return s;
+    if (!nr->got) return kvl__errorf(KVL_ERR_INTERNAL, "node %s: ContinueTurn ended without its result", T->name);
+    o->one_call = 1;
+    o->switch_s = nr->pull_s;
+    o->export_s = nr->export_s;
+    o->transfer_s = nr->transfer_s;
+    o->translate_s = nr->translate_s;
+    o->forward_s = nr->forward_s;
+    if (nr->mode == KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_TRANSLATE) {
+        o->mode = KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE;
+        o->span_tokens = nr->span_t1 - nr->span_t0;
+        o->prefill_tokens = (unsigned)(t->N - (int)nr->span_t1 + req->n_user);
+        t->fb_code[0] = 0;
+        o->fallback[0] = 0;
+    } else {
+        o->mode = nr->mode == KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_REPREFILL
+                      ? KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_REPREFILL
+                      : KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_NONE;
+        o->prefill_tokens = (unsigned)(t->N - held + req->n_user);
+        o->span_tokens = o->prefill_tokens;
+        if (c.source && nr->fallback[0]) {
+            /* the node's reason, "label: detail"; the label is the metric's */
+            const char *colon = strchr(nr->fallback, ':');
+            size_t n = colon ? (size_t)(colon - nr->fallback) : strlen(nr->fallback);
+            if (n >= sizeof t->fb_code) n = sizeof t->fb_code - 1;
+            memcpy(t->fb_code, nr->fallback, n);
+            t->fb_code[n] = 0;
+            snprintf(o->fallback, sizeof o->fallback, "%s", nr->fallback);
+            kvl__svc_log_text("warn", "session %s: %s could not pull the span from %s: %s", req->sid,
+                              T->name, r->reg->nodes[t->cur].name, nr->fallback);
+            if (!strcmp(t->fb_code, "source_unavailable"))
+                kvr_registry_mark(r->reg, t->cur, 0, nr->fallback);
+        }
+    }
+    return KVL_OK;
+}
+
 kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit, void *arg,
                              kvr_turn_out *out) {
     double t_start = kvl__now_s();
@@ -454,6 +616,7 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
         kvr_session_clear(&t.s);
         return s;
     }
+    out->ledger_s = kvl__now_s() - t_start;
     t.N = t.s.n_tokens;
     t.cur = kvr_registry_find(r->reg, t.s.current_node);
     out->turn = (unsigned)t.s.n_turns;
@@ -510,35 +673,53 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
         out->span_tokens = 0;
         out->switch_s = 0;
         kvr_registry_turn_begin(r->reg, ti);
-        int h = 0, started = 0;
-        s = prepare(&t, ti, &h, &code);
-        if (!s) {
-            if (out->mode != KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE)
-                out->span_tokens = (unsigned)(t.N - h + req->n_user);
-            /* the tail the node lacks (re-prefill) plus this turn's input, in one append */
-            int n_tail = t.N - h + req->n_user;
-            out->prefill_tokens = (unsigned)n_tail;
-            int32_t *tail = malloc(sizeof(int32_t) * (size_t)(n_tail ? n_tail : 1));
-            if (!tail) s = kvl__errorf(KVL_ERR_NOMEM, "turn tail");
-            else {
-                memcpy(tail, t.s.tokens + h, sizeof(int32_t) * (size_t)(t.N - h));
-                memcpy(tail + (t.N - h), req->user, sizeof(int32_t) * (size_t)req->n_user);
-                unsigned count = 0;
-                s = kvr_node_append(T, req->sid, tail, n_tail, t.node_ms, &count, &code);
-                free(tail);
-                if (!s && (int)count != t.N + req->n_user)
-                    s = kvl__errorf(KVL_ERR_INTERNAL, "node %s holds %u tokens after append, ledger expects %d",
-                                   T->name, count, t.N + req->n_user);
+        int h = 0, started = 0, shadow = 0, one = 0;
+        one_result nr = {0};
+        if (tc.one_call && r->cfg->transfer_one_call) {
+            s = one_call(&t, ti, needs_entropy, emit, arg, t_start, gen, &first_lp, &vocab, &started,
+                         &code, &nr, &shadow);
+            if (s == KVL_ERR_UNSUPPORTED) {
+                kvl_clear_error();
+                s = KVL_OK;
+                out->fallback[0] = 0;
+                t.fb_code[0] = 0;
+                out->span_tokens = 0;
+                out->switch_s = 0;
+            } else {
+                one = 1;
             }
         }
-        int shadow = 0;
-        if (!s) {
-            shadow = out->mode == KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE &&
-                     kvr_guard_count_switch(r->guard, out->from_model, out->model);
-            int want_lp = needs_entropy || shadow || req->compare_reprefill;
-            s = decode(&t, ti, want_lp, emit, arg, t_start, gen, &first_lp, &vocab, &started, &code);
+        if (!one) {
+            s = prepare(&t, ti, &h, &code);
+            if (!s) {
+                if (out->mode != KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE)
+                    out->span_tokens = (unsigned)(t.N - h + req->n_user);
+                /* the tail the node lacks (re-prefill) plus this turn's input, in one append */
+                int n_tail = t.N - h + req->n_user;
+                out->prefill_tokens = (unsigned)n_tail;
+                int32_t *tail = malloc(sizeof(int32_t) * (size_t)(n_tail ? n_tail : 1));
+                if (!tail) s = kvl__errorf(KVL_ERR_NOMEM, "turn tail");
+                else {
+                    memcpy(tail, t.s.tokens + h, sizeof(int32_t) * (size_t)(t.N - h));
+                    memcpy(tail + (t.N - h), req->user, sizeof(int32_t) * (size_t)req->n_user);
+                    unsigned count = 0;
+                    s = kvr_node_append(T, req->sid, tail, n_tail, t.node_ms, &count, &code);
+                    free(tail);
+                    if (!s && (int)count != t.N + req->n_user)
+                        s = kvl__errorf(KVL_ERR_INTERNAL, "node %s holds %u tokens after append, ledger expects %d",
+                                       T->name, count, t.N + req->n_user);
+                }
+            }
+            if (!s) {
+                shadow = out->mode == KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE &&
+                         kvr_guard_count_switch(r->guard, out->from_model, out->model);
+                int want_lp = needs_entropy || shadow || req->compare_reprefill;
+                s = decode(&t, ti, want_lp, emit, arg, t_start, gen, &first_lp, &vocab, &started, &code,
+                           NULL, NULL);
+            }
         }
         kvr_registry_turn_end(r->reg, ti);
+        int tail_replaced = 0;
         if (s == KVL_ERR_CANCELLED && code == GRPC_STATUS_CANCELLED) {
             keep_cancelled_input(&t, ti, &d, out);
             break;
@@ -549,6 +730,7 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
              * the template's end-of-turn token, so the ledger (and the node, where the last
              * sampled token is not in the KV cache yet) say that, and the session continues */
             unsigned last = (unsigned)(t.N + req->n_user) + out->n_generated - 1, cnt = 0;
+            tail_replaced = 1;
             if (!kvr_node_replace_tail(T, req->sid, last, &req->end_token, 1, t.node_ms, &cnt, NULL) &&
                 cnt == last + 1)
                 gen[out->n_generated - 1] = req->end_token;
@@ -560,7 +742,25 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
             /* success: commit */
             kvr_node_session ns;
             int after = t.N + req->n_user + (int)out->n_generated;
-            if (kvr_node_session_info(T, req->sid, t.node_ms, &ns, NULL) || !ns.found || (int)ns.tokens != after) {
+            if (one && !tail_replaced) {
+                /* the node said what it holds after the turn: count and ids */
+                int32_t *all = malloc(sizeof(int32_t) * (size_t)(after ? after : 1));
+                char want[65] = "";
+                if (all) {
+                    memcpy(all, t.s.tokens, sizeof(int32_t) * (size_t)t.N);
+                    memcpy(all + t.N, req->user, sizeof(int32_t) * (size_t)req->n_user);
+                    memcpy(all + t.N + req->n_user, gen, sizeof(int32_t) * out->n_generated);
+                    kvl__tokens_sha256_hex(all, (size_t)after, want);
+                    free(all);
+                }
+                if ((int)nr.token_count != after || !want[0] || strcmp(want, nr.sha256)) {
+                    kvl__svc_log_text("warn", "session %s: node %s holds %u tokens after the turn (%s), "
+                                      "expected %d", req->sid, T->name, nr.token_count,
+                                      (int)nr.token_count == after ? "other ids" : "count", after);
+                    after = 0;
+                }
+            } else if (kvr_node_session_info(T, req->sid, t.node_ms, &ns, NULL) || !ns.found ||
+                       (int)ns.tokens != after) {
                 kvl__svc_log_text("warn", "session %s: node %s holds %u tokens after the turn, expected %d",
                         req->sid, T->name, ns.tokens, after);
                 after = 0;
@@ -654,6 +854,15 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
         kvr_metrics_inc(r->metrics, "kvlingo_router_switches_total", labels, 1);
         snprintf(labels, sizeof labels, "mode=\"%s\"", mode);
         kvr_metrics_observe(r->metrics, "kvlingo_router_switch_ttft_seconds", labels, out->ttft_s);
+        if (out->mode == KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE) {
+            const struct { const char *phase; double s; } ph[] = {
+                {"ledger", out->ledger_s}, {"export", out->export_s}, {"transfer", out->transfer_s},
+                {"translate", out->translate_s}, {"forward", out->forward_s}};
+            for (size_t k = 0; k < sizeof ph / sizeof ph[0]; k++) {
+                snprintf(labels, sizeof labels, "phase=\"%s\"", ph[k].phase);
+                kvr_metrics_observe(r->metrics, "kvlingo_router_switch_phase_seconds", labels, ph[k].s);
+            }
+        }
     }
     if (out->failover_from[0]) {
         snprintf(labels, sizeof labels, "from=\"%s\",to=\"%s\",mode=\"%s\"", out->failover_from,

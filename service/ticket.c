@@ -101,7 +101,7 @@ kvl_status kvl__ticket_encode(const kvl__ticket_key *key, const kvl__ticket *t, 
     if (!key || key->len < KVL_TICKET_KEY_MIN) return kvl__errorf(KVL_ERR_INVALID_ARG, "ticket: no key");
     wbuf w = {out, cap, 0, 0};
     put(&w, MAGIC, sizeof MAGIC);
-    put_u(&w, t->replace ? 1 : 0, 1);
+    put_u(&w, (t->replace ? 1u : 0u) | (t->window ? 2u : 0u), 1);
     put_u(&w, t->expiry_ms, 8);
     put(&w, t->nonce, KVL_TICKET_NONCE);
     put_u(&w, t->t0, 4);
@@ -158,9 +158,10 @@ kvl_status kvl__ticket_parse(const uint8_t *buf, size_t len, kvl__ticket *out) {
     if (get_u(&r, &flags, 1) || get_u(&r, &out->expiry_ms, 8) || get(&r, out->nonce, KVL_TICKET_NONCE) ||
         get_u(&r, &t0, 4) || get_u(&r, &t1, 4))
         return kvl__errorf(KVL_ERR_FORMAT, "ticket is malformed: truncated header");
-    if (flags > 1) return kvl__errorf(KVL_ERR_FORMAT, "ticket is malformed: unknown flags 0x%llx",
+    if (flags > 3) return kvl__errorf(KVL_ERR_FORMAT, "ticket is malformed: unknown flags 0x%llx",
                                      (unsigned long long)flags);
-    out->replace = (int)flags;
+    out->replace = (int)(flags & 1);
+    out->window = (int)(flags >> 1 & 1);
     out->t0 = (uint32_t)t0;
     out->t1 = (uint32_t)t1;
     if (get_str(&r, out->src_session) || get_str(&r, out->dst_session) || get_str(&r, out->source) ||
@@ -200,7 +201,14 @@ kvl_status kvl__ticket_match(const kvl__ticket *t, const kvl__ticket_expect *e) 
         (st = str_field("source session", t->src_session, e->src_session)) ||
         (st = str_field("target session", t->dst_session, e->dst_session)))
         return st;
-    if ((e->t0 >= 0 && (int64_t)t->t0 != e->t0) || (e->t1 >= 0 && (int64_t)t->t1 != e->t1))
+    if (t->window) {
+        /* a window ticket: the nodes settle the exact range (the target's cache, the source's)
+         * inside it */
+        if ((e->t0 >= 0 && (int64_t)t->t0 > e->t0) || (e->t1 >= 0 && (int64_t)t->t1 < e->t1))
+            return kvl__errorf(KVL_ERR_MISMATCH, "ticket allows range [%u, %u), not [%lld, %lld)",
+                              t->t0, t->t1, (long long)(e->t0 >= 0 ? e->t0 : t->t0),
+                              (long long)(e->t1 >= 0 ? e->t1 : t->t1));
+    } else if ((e->t0 >= 0 && (int64_t)t->t0 != e->t0) || (e->t1 >= 0 && (int64_t)t->t1 != e->t1))
         return kvl__errorf(KVL_ERR_MISMATCH, "ticket names range [%u, %u), not [%lld, %lld)", t->t0,
                           t->t1, (long long)(e->t0 >= 0 ? e->t0 : t->t0),
                           (long long)(e->t1 >= 0 ? e->t1 : t->t1));

@@ -6,7 +6,7 @@
  * again and refuses a nonce it has seen (kvl__ticket_replay) until the ticket expires.
  *
  * Wire form (little-endian), what kvl__ticket_encode writes and kvl__ticket_verify reads:
- *   "KVT1" | u8 flags (bit 0: replace) | u64 expiry (Unix ms) | nonce[16] | u32 t0 | u32 t1 |
+ *   "KVT1" | u8 flags (bit 0: replace, bit 1: window) | u64 expiry (Unix ms) | nonce[16] | u32 t0 | u32 t1 |
  *   4 strings, each u16 length + bytes: source session, target session, source node,
  *   target node | HMAC-SHA256(key, every byte before it)[32]
  */
@@ -39,6 +39,7 @@ typedef struct kvl__ticket {
     char target[KVL_TICKET_STR_MAX];     /* importing node's                                 */
     uint32_t t0, t1;                     /* tokens [t0, t1)                                   */
     int replace;
+    int window;                          /* 1: any range inside [t0, t1) (the nodes settle it) */
     uint64_t expiry_ms;                  /* Unix time in ms                                   */
     uint8_t nonce[KVL_TICKET_NONCE];
 } kvl__ticket;

@@ -1,7 +1,8 @@
 /* tests/server/test_ticket.c: transfer tickets (service/ticket.c): encode + verify round trip,
  * and each way a ticket must be refused: expired, too far ahead, wrong target, wrong range,
  * wrong session, wrong replace flag, tampered MAC, tampered body, another key, replay, a full
- * replay cache; key files (missing, short, fine); the token hash against a known vector. */
+ * replay cache; a window ticket (any range inside its own, nothing outside, the flag under the
+ * MAC); key files (missing, short, fine); the token hash against a known vector. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -120,6 +121,49 @@ static void test_wrong_fields(void **st) {
     assert_int_equal(kvl__ticket_match(&t, &loose), KVL_OK);
 }
 
+static void test_window(void **st) {
+    (void)st;
+    kvl__ticket_key k = test_key('k');
+    uint64_t now = kvl__ticket_now_ms();
+    kvl__ticket orig = sample(now), t;
+    orig.window = 1;
+    orig.t1 = 65;
+    uint8_t buf[KVL_TICKET_MAX];
+    size_t len;
+    assert_int_equal(kvl__ticket_encode(&k, &orig, buf, sizeof buf, &len), KVL_OK);
+    assert_int_equal(kvl__ticket_verify(&k, buf, len, now, &t), KVL_OK);
+    assert_int_equal(t.window, 1);
+    assert_int_equal(t.replace, 0);
+    kvl__ticket_expect e = expect_of(&t);
+    /* the nodes settle the range inside the window: the target's cache to the source's */
+    e.t0 = 12;
+    e.t1 = 64;
+    assert_int_equal(kvl__ticket_match(&t, &e), KVL_OK);
+    e.t0 = 0;
+    e.t1 = 65;
+    assert_int_equal(kvl__ticket_match(&t, &e), KVL_OK);
+    e.t1 = 66;   /* past the window */
+    assert_int_equal(kvl__ticket_match(&t, &e), KVL_ERR_MISMATCH);
+    assert_non_null(strstr(kvl_last_error(), "allows range [0, 65)"));
+    /* a window does not widen the other fields */
+    e = expect_of(&t);
+    e.target = "127.0.0.1:9999";
+    assert_int_equal(kvl__ticket_match(&t, &e), KVL_ERR_MISMATCH);
+    /* the flag is under the MAC: clearing it breaks the ticket (flags byte follows "KVT1") */
+    buf[4] &= (uint8_t)~2u;
+    assert_int_equal(kvl__ticket_verify(&k, buf, len, now, &t), KVL_ERR_MISMATCH);
+    /* an exact ticket still wants the exact range */
+    kvl__ticket exact = sample(now);
+    assert_int_equal(kvl__ticket_encode(&k, &exact, buf, sizeof buf, &len), KVL_OK);
+    assert_int_equal(kvl__ticket_verify(&k, buf, len, now, &t), KVL_OK);
+    e = expect_of(&t);
+    e.t0 = 1;
+    assert_int_equal(kvl__ticket_match(&t, &e), KVL_ERR_MISMATCH);
+    /* unknown flag bits are malformed */
+    buf[4] = 4;
+    assert_int_equal(kvl__ticket_parse(buf, len, &t), KVL_ERR_FORMAT);
+}
+
 static void test_tampered(void **st) {
     (void)st;
     kvl__ticket_key k = test_key('k'), other = test_key('o');
@@ -203,7 +247,8 @@ static void test_token_hash(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip), cmocka_unit_test(test_expired),
-        cmocka_unit_test(test_wrong_fields), cmocka_unit_test(test_tampered),
+        cmocka_unit_test(test_wrong_fields), cmocka_unit_test(test_window),
+        cmocka_unit_test(test_tampered),
         cmocka_unit_test(test_replay), cmocka_unit_test(test_key_file),
         cmocka_unit_test(test_token_hash),
     };

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kvlingo.v1 import span_pb2 as kvlingo_dot_v1_dot_span__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15kvlingo/v1/node.proto\x12\nkvlingo.v1\x1a\x15kvlingo/v1/span.proto\"\r\n\x0bInfoRequest\"h\n\x0eTranslatorInfo\x12#\n\x06source\x18\x01 \x01(\x0b\x32\x13.kvlingo.v1.ModelId\x12#\n\x06target\x18\x02 \x01(\x0b\x32\x13.kvlingo.v1.ModelId\x12\x0c\n\x04path\x18\x03 \x01(\t\"\xe7\x02\n\x0cInfoResponse\x12\"\n\x05model\x18\x01 \x01(\x0b\x32\x13.kvlingo.v1.ModelId\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x10\n\x08n_layers\x18\x03 \x01(\r\x12\x12\n\nn_kv_heads\x18\x04 \x01(\r\x12\x10\n\x08head_dim\x18\x05 \x01(\r\x12\x13\n\x0bhidden_size\x18\x06 \x01(\r\x12\x12\n\nvocab_size\x18\x07 \x01(\r\x12 \n\x05\x64type\x18\x08 \x01(\x0e\x32\x11.kvlingo.v1.DType\x12/\n\x0btranslators\x18\t \x03(\x0b\x32\x1a.kvlingo.v1.TranslatorInfo\x12\x11\n\ttransport\x18\n \x01(\t\x12\x19\n\x11transport_address\x18\x0b \x01(\x0c\x12\x13\n\x0bmax_context\x18\x0c \x01(\r\x12\x14\n\x0cmax_sessions\x18\r \x01(\r\x12\x10\n\x08sessions\x18\x0e \x01(\r\"=\n\x12OpenSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bmax_context\x18\x02 \x01(\r\")\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\"y\n\rAppendRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x0f\n\x07prefill\x18\x04 \x01(\x08\x12\x10\n\x08truncate\x18\x05 \x01(\x08\x12\x13\n\x0btruncate_to\x18\x06 \x01(\r\"d\n\x0e\x41ppendResponse\x12\x13\n\x0btoken_count\x18\x01 \x01(\r\x12\x14\n\x0c\x63\x61\x63hed_count\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\x12\x17\n\x0fprefill_seconds\x18\x04 \x01(\x01\"\xbd\x01\n\x0fGenerateRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nmax_tokens\x18\x02 \x01(\r\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\r\n\x05top_p\x18\x05 \x01(\x02\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12\x13\n\x0bstop_at_eos\x18\x07 \x01(\x08\x12\x17\n\x0freturn_logprobs\x18\x08 \x01(\x08\x12\x13\n\x0bstop_tokens\x18\t \x03(\x05\"\xbd\x01\n\x10GenerateResponse\x12\r\n\x05token\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12\x0c\n\x04\x64one\x18\x05 \x01(\x08\x12\x17\n\x0fgenerated_count\x18\x06 \x01(\r\x12\x14\n\x0cttft_seconds\x18\x07 \x01(\x01\x12\x15\n\rtotal_seconds\x18\x08 \x01(\x01\x12\x15\n\rfinish_reason\x18\t \x01(\t\"\x9d\x01\n\x11\x45xportSpanRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04\x66rom\x18\x02 \x01(\r\x12\n\n\x02to\x18\x03 \x01(\r\x12\x0c\n\x04peer\x18\x04 \x01(\t\x12\x17\n\x0fpeer_session_id\x18\x05 \x01(\t\x12\x0f\n\x07replace\x18\x06 \x01(\x08\x12\x12\n\ntimeout_ms\x18\x07 \x01(\r\x12\x0e\n\x06ticket\x18\x14 \x01(\x0c\"\xc5\x01\n\x12\x45xportSpanResponse\x12\n\n\x02t0\x18\x01 \x01(\r\x12\n\n\x02t1\x18\x02 \x01(\r\x12\x15\n\rpayload_bytes\x18\x03 \x01(\x04\x12\x18\n\x10transfer_seconds\x18\x04 \x01(\x01\x12\x19\n\x11translate_seconds\x18\x05 \x01(\x01\x12\x15\n\rtotal_seconds\x18\x06 \x01(\x01\x12\x18\n\x10peer_token_count\x18\x07 \x01(\r\x12\x1a\n\x12peer_tokens_sha256\x18\x14 \x01(\t\"\x88\x01\n\x11ImportSpanRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12&\n\x06header\x18\x02 \x01(\x0b\x32\x16.kvlingo.v1.SpanHeader\x12\x0f\n\x07replace\x18\x03 \x01(\x08\x12\x16\n\x0esender_address\x18\x04 \x01(\x0c\x12\x0e\n\x06ticket\x18\x14 \x01(\x0c\"\xc1\x01\n\x12ImportSpanResponse\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\x19\n\x11transport_address\x18\x02 \x01(\x0c\x12\x0b\n\x03tag\x18\x03 \x01(\x04\x12\x10\n\x08imported\x18\x04 \x01(\x08\x12\x13\n\x0btoken_count\x18\x05 \x01(\r\x12\x19\n\x11translate_seconds\x18\x06 \x01(\x01\x12\x17\n\x0freceive_seconds\x18\x07 \x01(\x01\x12\x15\n\rtokens_sha256\x18\x14 \x01(\t\"(\n\x12\x44ropSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"&\n\x13\x44ropSessionResponse\x12\x0f\n\x07\x64ropped\x18\x01 \x01(\x08\"(\n\x12SessionInfoRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\xd6\x01\n\x13SessionInfoResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0btoken_count\x18\x02 \x01(\r\x12\x14\n\x0c\x63\x61\x63hed_count\x18\x03 \x01(\r\x12\x13\n\x0bmax_context\x18\x04 \x01(\r\x12\x13\n\x0b\x63\x61\x63he_bytes\x18\x05 \x01(\x04\x12\r\n\x05state\x18\x06 \x01(\t\x12\x16\n\x0eimported_count\x18\x07 \x01(\r\x12\x15\n\rtokens_sha256\x18\x14 \x01(\t\x12\x18\n\x10idle_ttl_seconds\x18\x15 \x01(\r2\xd7\x04\n\x04Node\x12\x39\n\x04Info\x12\x17.kvlingo.v1.InfoRequest\x1a\x18.kvlingo.v1.InfoResponse\x12N\n\x0bOpenSession\x12\x1e.kvlingo.v1.OpenSessionRequest\x1a\x1f.kvlingo.v1.OpenSessionResponse\x12?\n\x06\x41ppend\x12\x19.kvlingo.v1.AppendRequest\x1a\x1a.kvlingo.v1.AppendResponse\x12G\n\x08Generate\x12\x1b.kvlingo.v1.GenerateRequest\x1a\x1c.kvlingo.v1.GenerateResponse0\x01\x12K\n\nExportSpan\x12\x1d.kvlingo.v1.ExportSpanRequest\x1a\x1e.kvlingo.v1.ExportSpanResponse\x12M\n\nImportSpan\x12\x1d.kvlingo.v1.ImportSpanRequest\x1a\x1e.kvlingo.v1.ImportSpanResponse0\x01\x12N\n\x0b\x44ropSession\x12\x1e.kvlingo.v1.DropSessionRequest\x1a\x1f.kvlingo.v1.DropSessionResponse\x12N\n\x0bSessionInfo\x12\x1e.kvlingo.v1.SessionInfoRequest\x1a\x1f.kvlingo.v1.SessionInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15kvlingo/v1/node.proto\x12\nkvlingo.v1\x1a\x15kvlingo/v1/span.proto\"\r\n\x0bInfoRequest\"h\n\x0eTranslatorInfo\x12#\n\x06source\x18\x01 \x01(\x0b\x32\x13.kvlingo.v1.ModelId\x12#\n\x06target\x18\x02 \x01(\x0b\x32\x13.kvlingo.v1.ModelId\x12\x0c\n\x04path\x18\x03 \x01(\t\"\xfd\x02\n\x0cInfoResponse\x12\"\n\x05model\x18\x01 \x01(\x0b\x32\x13.kvlingo.v1.ModelId\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x10\n\x08n_layers\x18\x03 \x01(\r\x12\x12\n\nn_kv_heads\x18\x04 \x01(\r\x12\x10\n\x08head_dim\x18\x05 \x01(\r\x12\x13\n\x0bhidden_size\x18\x06 \x01(\r\x12\x12\n\nvocab_size\x18\x07 \x01(\r\x12 \n\x05\x64type\x18\x08 \x01(\x0e\x32\x11.kvlingo.v1.DType\x12/\n\x0btranslators\x18\t \x03(\x0b\x32\x1a.kvlingo.v1.TranslatorInfo\x12\x11\n\ttransport\x18\n \x01(\t\x12\x19\n\x11transport_address\x18\x0b \x01(\x0c\x12\x13\n\x0bmax_context\x18\x0c \x01(\r\x12\x14\n\x0cmax_sessions\x18\r \x01(\r\x12\x10\n\x08sessions\x18\x0e \x01(\r\x12\x14\n\x0c\x63ontinue_rpc\x18\x14 \x01(\x08\"=\n\x12OpenSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bmax_context\x18\x02 \x01(\r\")\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\"y\n\rAppendRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x0f\n\x07prefill\x18\x04 \x01(\x08\x12\x10\n\x08truncate\x18\x05 \x01(\x08\x12\x13\n\x0btruncate_to\x18\x06 \x01(\r\"d\n\x0e\x41ppendResponse\x12\x13\n\x0btoken_count\x18\x01 \x01(\r\x12\x14\n\x0c\x63\x61\x63hed_count\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\x12\x17\n\x0fprefill_seconds\x18\x04 \x01(\x01\"\xbd\x01\n\x0fGenerateRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nmax_tokens\x18\x02 \x01(\r\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\r\n\x05top_p\x18\x05 \x01(\x02\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12\x13\n\x0bstop_at_eos\x18\x07 \x01(\x08\x12\x17\n\x0freturn_logprobs\x18\x08 \x01(\x08\x12\x13\n\x0bstop_tokens\x18\t \x03(\x05\"\xe9\x01\n\x10GenerateResponse\x12\r\n\x05token\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12\x0c\n\x04\x64one\x18\x05 \x01(\x08\x12\x17\n\x0fgenerated_count\x18\x06 \x01(\r\x12\x14\n\x0cttft_seconds\x18\x07 \x01(\x01\x12\x15\n\rtotal_seconds\x18\x08 \x01(\x01\x12\x15\n\rfinish_reason\x18\t \x01(\t\x12*\n\x06result\x18\x14 \x01(\x0b\x32\x1a.kvlingo.v1.ContinueResult\"l\n\x08SpanPull\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x15\n\rsource_tokens\x18\x02 \x01(\r\x12\x15\n\rsource_sha256\x18\x03 \x01(\t\x12\x0e\n\x06ticket\x18\x04 \x01(\x0c\x12\x12\n\ntimeout_ms\x18\x05 \x01(\r\"\xd0\x01\n\x0f\x43ontinueRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04held\x18\x02 \x01(\r\x12\x13\n\x0bheld_sha256\x18\x03 \x01(\t\x12\x0f\n\x07\x63ontext\x18\x04 \x03(\x05\x12\r\n\x05input\x18\x05 \x03(\x05\x12\"\n\x04pull\x18\x06 \x01(\x0b\x32\x14.kvlingo.v1.SpanPull\x12\x13\n\x0bnative_only\x18\x07 \x01(\x08\x12-\n\x08generate\x18\x08 \x01(\x0b\x32\x1b.kvlingo.v1.GenerateRequest\"\x88\x03\n\x0e\x43ontinueResult\x12-\n\x04mode\x18\x01 \x01(\x0e\x32\x1f.kvlingo.v1.ContinueResult.Mode\x12\x10\n\x08\x66\x61llback\x18\x02 \x01(\t\x12\x0f\n\x07span_t0\x18\x03 \x01(\r\x12\x0f\n\x07span_t1\x18\x04 \x01(\r\x12\x16\n\x0eprefill_tokens\x18\x05 \x01(\r\x12\x13\n\x0btoken_count\x18\x06 \x01(\r\x12\x14\n\x0c\x63\x61\x63hed_count\x18\x07 \x01(\r\x12\x15\n\rtokens_sha256\x18\x08 \x01(\t\x12\x14\n\x0cpull_seconds\x18\t \x01(\x01\x12\x18\n\x10transfer_seconds\x18\n \x01(\x01\x12\x19\n\x11translate_seconds\x18\x0b \x01(\x01\x12\x16\n\x0e\x65xport_seconds\x18\x0c \x01(\x01\x12\x17\n\x0f\x66orward_seconds\x18\r \x01(\x01\"=\n\x04Mode\x12\r\n\tMODE_NONE\x10\x00\x12\x12\n\x0eMODE_TRANSLATE\x10\x01\x12\x12\n\x0eMODE_REPREFILL\x10\x02\"\xde\x01\n\x11\x45xportSpanRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04\x66rom\x18\x02 \x01(\r\x12\n\n\x02to\x18\x03 \x01(\r\x12\x0c\n\x04peer\x18\x04 \x01(\t\x12\x17\n\x0fpeer_session_id\x18\x05 \x01(\t\x12\x0f\n\x07replace\x18\x06 \x01(\x08\x12\x12\n\ntimeout_ms\x18\x07 \x01(\r\x12\x0e\n\x06ticket\x18\x14 \x01(\x0c\x12\x11\n\tto_cached\x18\x15 \x01(\x08\x12\x15\n\rexpect_tokens\x18\x16 \x01(\r\x12\x15\n\rexpect_sha256\x18\x17 \x01(\t\"\xdd\x01\n\x12\x45xportSpanResponse\x12\n\n\x02t0\x18\x01 \x01(\r\x12\n\n\x02t1\x18\x02 \x01(\r\x12\x15\n\rpayload_bytes\x18\x03 \x01(\x04\x12\x18\n\x10transfer_seconds\x18\x04 \x01(\x01\x12\x19\n\x11translate_seconds\x18\x05 \x01(\x01\x12\x15\n\rtotal_seconds\x18\x06 \x01(\x01\x12\x18\n\x10peer_token_count\x18\x07 \x01(\r\x12\x1a\n\x12peer_tokens_sha256\x18\x14 \x01(\t\x12\x16\n\x0e\x65xport_seconds\x18\x15 \x01(\x01\"\x88\x01\n\x11ImportSpanRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12&\n\x06header\x18\x02 \x01(\x0b\x32\x16.kvlingo.v1.SpanHeader\x12\x0f\n\x07replace\x18\x03 \x01(\x08\x12\x16\n\x0esender_address\x18\x04 \x01(\x0c\x12\x0e\n\x06ticket\x18\x14 \x01(\x0c\"\xc1\x01\n\x12ImportSpanResponse\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\x19\n\x11transport_address\x18\x02 \x01(\x0c\x12\x0b\n\x03tag\x18\x03 \x01(\x04\x12\x10\n\x08imported\x18\x04 \x01(\x08\x12\x13\n\x0btoken_count\x18\x05 \x01(\r\x12\x19\n\x11translate_seconds\x18\x06 \x01(\x01\x12\x17\n\x0freceive_seconds\x18\x07 \x01(\x01\x12\x15\n\rtokens_sha256\x18\x14 \x01(\t\"(\n\x12\x44ropSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"&\n\x13\x44ropSessionResponse\x12\x0f\n\x07\x64ropped\x18\x01 \x01(\x08\"(\n\x12SessionInfoRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\xd6\x01\n\x13SessionInfoResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0btoken_count\x18\x02 \x01(\r\x12\x14\n\x0c\x63\x61\x63hed_count\x18\x03 \x01(\r\x12\x13\n\x0bmax_context\x18\x04 \x01(\r\x12\x13\n\x0b\x63\x61\x63he_bytes\x18\x05 \x01(\x04\x12\r\n\x05state\x18\x06 \x01(\t\x12\x16\n\x0eimported_count\x18\x07 \x01(\r\x12\x15\n\rtokens_sha256\x18\x14 \x01(\t\x12\x18\n\x10idle_ttl_seconds\x18\x15 \x01(\r2\xa4\x05\n\x04Node\x12\x39\n\x04Info\x12\x17.kvlingo.v1.InfoRequest\x1a\x18.kvlingo.v1.InfoResponse\x12N\n\x0bOpenSession\x12\x1e.kvlingo.v1.OpenSessionRequest\x1a\x1f.kvlingo.v1.OpenSessionResponse\x12?\n\x06\x41ppend\x12\x19.kvlingo.v1.AppendRequest\x1a\x1a.kvlingo.v1.AppendResponse\x12G\n\x08Generate\x12\x1b.kvlingo.v1.GenerateRequest\x1a\x1c.kvlingo.v1.GenerateResponse0\x01\x12K\n\nExportSpan\x12\x1d.kvlingo.v1.ExportSpanRequest\x1a\x1e.kvlingo.v1.ExportSpanResponse\x12M\n\nImportSpan\x12\x1d.kvlingo.v1.ImportSpanRequest\x1a\x1e.kvlingo.v1.ImportSpanResponse0\x01\x12N\n\x0b\x44ropSession\x12\x1e.kvlingo.v1.DropSessionRequest\x1a\x1f.kvlingo.v1.DropSessionResponse\x12N\n\x0bSessionInfo\x12\x1e.kvlingo.v1.SessionInfoRequest\x1a\x1f.kvlingo.v1.SessionInfoResponse\x12K\n\x0c\x43ontinueTurn\x12\x1b.kvlingo.v1.ContinueRequest\x1a\x1c.kvlingo.v1.GenerateResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,35 +37,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRANSLATORINFO']._serialized_start=75
   _globals['_TRANSLATORINFO']._serialized_end=179
   _globals['_INFORESPONSE']._serialized_start=182
-  _globals['_INFORESPONSE']._serialized_end=541
-  _globals['_OPENSESSIONREQUEST']._serialized_start=543
-  _globals['_OPENSESSIONREQUEST']._serialized_end=604
-  _globals['_OPENSESSIONRESPONSE']._serialized_start=606
-  _globals['_OPENSESSIONRESPONSE']._serialized_end=647
-  _globals['_APPENDREQUEST']._serialized_start=649
-  _globals['_APPENDREQUEST']._serialized_end=770
-  _globals['_APPENDRESPONSE']._serialized_start=772
-  _globals['_APPENDRESPONSE']._serialized_end=872
-  _globals['_GENERATEREQUEST']._serialized_start=875
-  _globals['_GENERATEREQUEST']._serialized_end=1064
-  _globals['_GENERATERESPONSE']._serialized_start=1067
-  _globals['_GENERATERESPONSE']._serialized_end=1256
-  _globals['_EXPORTSPANREQUEST']._serialized_start=1259
-  _globals['_EXPORTSPANREQUEST']._serialized_end=1416
-  _globals['_EXPORTSPANRESPONSE']._serialized_start=1419
-  _globals['_EXPORTSPANRESPONSE']._serialized_end=1616
-  _globals['_IMPORTSPANREQUEST']._serialized_start=1619
-  _globals['_IMPORTSPANREQUEST']._serialized_end=1755
-  _globals['_IMPORTSPANRESPONSE']._serialized_start=1758
-  _globals['_IMPORTSPANRESPONSE']._serialized_end=1951
-  _globals['_DROPSESSIONREQUEST']._serialized_start=1953
-  _globals['_DROPSESSIONREQUEST']._serialized_end=1993
-  _globals['_DROPSESSIONRESPONSE']._serialized_start=1995
-  _globals['_DROPSESSIONRESPONSE']._serialized_end=2033
-  _globals['_SESSIONINFOREQUEST']._serialized_start=2035
-  _globals['_SESSIONINFOREQUEST']._serialized_end=2075
-  _globals['_SESSIONINFORESPONSE']._serialized_start=2078
-  _globals['_SESSIONINFORESPONSE']._serialized_end=2292
-  _globals['_NODE']._serialized_start=2295
-  _globals['_NODE']._serialized_end=2894
+  _globals['_INFORESPONSE']._serialized_end=563
+  _globals['_OPENSESSIONREQUEST']._serialized_start=565
+  _globals['_OPENSESSIONREQUEST']._serialized_end=626
+  _globals['_OPENSESSIONRESPONSE']._serialized_start=628
+  _globals['_OPENSESSIONRESPONSE']._serialized_end=669
+  _globals['_APPENDREQUEST']._serialized_start=671
+  _globals['_APPENDREQUEST']._serialized_end=792
+  _globals['_APPENDRESPONSE']._serialized_start=794
+  _globals['_APPENDRESPONSE']._serialized_end=894
+  _globals['_GENERATEREQUEST']._serialized_start=897
+  _globals['_GENERATEREQUEST']._serialized_end=1086
+  _globals['_GENERATERESPONSE']._serialized_start=1089
+  _globals['_GENERATERESPONSE']._serialized_end=1322
+  _globals['_SPANPULL']._serialized_start=1324
+  _globals['_SPANPULL']._serialized_end=1432
+  _globals['_CONTINUEREQUEST']._serialized_start=1435
+  _globals['_CONTINUEREQUEST']._serialized_end=1643
+  _globals['_CONTINUERESULT']._serialized_start=1646
+  _globals['_CONTINUERESULT']._serialized_end=2038
+  _globals['_CONTINUERESULT_MODE']._serialized_start=1977
+  _globals['_CONTINUERESULT_MODE']._serialized_end=2038
+  _globals['_EXPORTSPANREQUEST']._serialized_start=2041
+  _globals['_EXPORTSPANREQUEST']._serialized_end=2263
+  _globals['_EXPORTSPANRESPONSE']._serialized_start=2266
+  _globals['_EXPORTSPANRESPONSE']._serialized_end=2487
+  _globals['_IMPORTSPANREQUEST']._serialized_start=2490
+  _globals['_IMPORTSPANREQUEST']._serialized_end=2626
+  _globals['_IMPORTSPANRESPONSE']._serialized_start=2629
+  _globals['_IMPORTSPANRESPONSE']._serialized_end=2822
+  _globals['_DROPSESSIONREQUEST']._serialized_start=2824
+  _globals['_DROPSESSIONREQUEST']._serialized_end=2864
+  _globals['_DROPSESSIONRESPONSE']._serialized_start=2866
+  _globals['_DROPSESSIONRESPONSE']._serialized_end=2904
+  _globals['_SESSIONINFOREQUEST']._serialized_start=2906
+  _globals['_SESSIONINFOREQUEST']._serialized_end=2946
+  _globals['_SESSIONINFORESPONSE']._serialized_start=2949
+  _globals['_SESSIONINFORESPONSE']._serialized_end=3163
+  _globals['_NODE']._serialized_start=3166
+  _globals['_NODE']._serialized_end=3842
 # @@protoc_insertion_point(module_scope)

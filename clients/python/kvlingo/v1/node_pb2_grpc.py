@@ -74,6 +74,11 @@ class NodeStub:
                 request_serializer=kvlingo_dot_v1_dot_node__pb2.SessionInfoRequest.SerializeToString,
                 response_deserializer=kvlingo_dot_v1_dot_node__pb2.SessionInfoResponse.FromString,
                 _registered_method=True)
+        self.ContinueTurn = channel.unary_stream(
+                '/kvlingo.v1.Node/ContinueTurn',
+                request_serializer=kvlingo_dot_v1_dot_node__pb2.ContinueRequest.SerializeToString,
+                response_deserializer=kvlingo_dot_v1_dot_node__pb2.GenerateResponse.FromString,
+                _registered_method=True)
 
 
 class NodeServicer:
@@ -133,6 +138,19 @@ class NodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ContinueTurn(self, request, context):
+        """One call per turn on the router's critical path: the node checks that its session holds
+        what the router's ledger says, pulls the span it lacks from a peer and translates it when
+        asked (the peer pushes it with ExportSpan -> ImportSpan, as above), re-reads what is still
+        missing from the ledger tokens sent along, appends the turn's input and streams the turn
+        like Generate.  Its final message says how the context was made whole (ContinueResult).
+        FAILED_PRECONDITION before any token: the session holds other tokens than the ledger says
+        (the caller resets it and re-prefills).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -175,6 +193,11 @@ def add_NodeServicer_to_server(servicer, server):
                     servicer.SessionInfo,
                     request_deserializer=kvlingo_dot_v1_dot_node__pb2.SessionInfoRequest.FromString,
                     response_serializer=kvlingo_dot_v1_dot_node__pb2.SessionInfoResponse.SerializeToString,
+            ),
+            'ContinueTurn': grpc.unary_stream_rpc_method_handler(
+                    servicer.ContinueTurn,
+                    request_deserializer=kvlingo_dot_v1_dot_node__pb2.ContinueRequest.FromString,
+                    response_serializer=kvlingo_dot_v1_dot_node__pb2.GenerateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -393,6 +416,33 @@ class Node:
             '/kvlingo.v1.Node/SessionInfo',
             kvlingo_dot_v1_dot_node__pb2.SessionInfoRequest.SerializeToString,
             kvlingo_dot_v1_dot_node__pb2.SessionInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ContinueTurn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kvlingo.v1.Node/ContinueTurn',
+            kvlingo_dot_v1_dot_node__pb2.ContinueRequest.SerializeToString,
+            kvlingo_dot_v1_dot_node__pb2.GenerateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,268 @@
+/* daemon/continue.c: ContinueTurn, the one Node call of a turn on the router's critical path.
+ *
+ *   check the session against the router's ledger (count and SHA-256 of the ids it holds)
+ *   -> pull the span it lacks from the peer holding the context: ExportSpan on the peer, which
+ *      pushes it here through ImportSpan and the transport (span_service.c), translated on
+ *      arrival
+ *   -> append the ledger tokens still missing and the turn's input
+ *   -> stream the turn (kvld_stream_turn, service.c), the final message saying how the
+ *      context was made whole and where the time to first token went (ContinueResult).
+ *
+ * Compared with the router driving SessionInfo x2, ExportSpan, Append and Generate itself,
+ * three round trips leave the critical path, and this node starts its forward the moment the
+ * import lands.  A pull that fails leaves the session as it was (an import is atomic) and the
+ * missing tokens are prefilled from the ledger tokens that came with the request: the turn is
+ * never lost to a failed switch, and the result names the reason.  Only a session that holds
+ * other tokens than the ledger says is refused (FAILED_PRECONDITION, before any token): the
+ * caller resets it. */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "error.h"
+#include "kvlingo/v1/node.pb-c.h"
+#include "log.h"
+#include "node.h"
+
+typedef struct cont {
+    kvld_req r;
+    kvld_node *n;
+    const Kvlingo__V1__ContinueRequest *in;
+    Kvlingo__V1__ContinueResult res;
+    char fallback[400];
+    int absent;                  /* the session is not on this node (yet) */
+    int cached;                  /* tokens in its KV cache before the turn */
+} cont;
+
+static void set_fallback(cont *c, grpc_status_code code, const char *msg) {
+    char label[48];
+    const char *name = kvl__rpc_status_name(code);
+    size_t i = 0;
+    for (; name[i] && i + 1 < sizeof label; i++) label[i] = (char)tolower((unsigned char)name[i]);
+    label[i] = 0;
+    /* the router's fallback labels: the source not holding what its ledger says is its state */
+    const char *code_name = code == GRPC_STATUS_FAILED_PRECONDITION && strstr(msg, "the ledger says")
+                                ? "source_state"
+                          : code == GRPC_STATUS_OUT_OF_RANGE && strstr(msg, "cached tokens")
+                                ? "source_behind"
+                          : code == GRPC_STATUS_DEADLINE_EXCEEDED ? "export_deadline"
+                          : code == GRPC_STATUS_UNAVAILABLE ? "export_failed"
+                                                            : NULL;
+    if (code_name) snprintf(c->fallback, sizeof c->fallback, "%s: %s", code_name, msg);
+    else snprintf(c->fallback, sizeof c->fallback, "rejected_%s: %s", label, msg);
+    c->res.fallback = c->fallback;
+}
+
+/* The session as the ledger says: 1 when it matches (or is absent with held = 0), 0 with the
+ * call answered FAILED_PRECONDITION / the error otherwise. */
+static int check_state(cont *c) {
+    const Kvlingo__V1__ContinueRequest *in = c->in;
+    kvld_session_info si;
+    kvl_status st = kvld_sessions_info(c->n->sessions, in->session_id, &si);
+    if (st == KVL_ERR_NOT_FOUND) {
+        kvl_clear_error();
+        if (in->held == 0) {
+            c->absent = 1;
+            return 1;
+        }
+        kvld_req_end(&c->r, GRPC_STATUS_FAILED_PRECONDITION, "session unknown here; the ledger says "
+                     "this node holds some of it", NULL);
+        return 0;
+    }
+    if (st != KVL_OK) {
+        kvld_req_fail(&c->r, st, NULL);
+        return 0;
+    }
+    const char *why = NULL;
+    char msg[256];
+    if (si.state != KVLD_IDLE) why = "busy";
+    else if ((uint32_t)si.n_ledger != in->held) why = "count";
+    else if (in->held > 0 && (!in->held_sha256 || strcmp(si.tokens_sha256, in->held_sha256))) why = "ids";
+    else if (in->native_only && si.n_imported > 0) why = "translated";
+    if (!why) {
+        c->cached = si.n_cached;
+        return 1;
+    }
+    if (in->held == 0 && si.state == KVLD_IDLE) {
+        /* the whole context came with the request: start this node's copy afresh */
+        kvld_sessions_drop(c->n->sessions, in->session_id);
+        c->absent = 1;
+        return 1;
+    }
+    snprintf(msg, sizeof msg, "session '%s' holds %d tokens (%s, %d translated), the ledger says %u: %s",
+             in->session_id, si.n_ledger, kvld_state_name(si.state), si.n_imported, in->held,
+             !strcmp(why, "ids") ? "other ids" : !strcmp(why, "translated")
+                                                     ? "translated K/V are not trusted for this pair"
+                                                     : why);
+    kvld_req_end(&c->r, GRPC_STATUS_FAILED_PRECONDITION, msg, NULL);
+    return 0;
+}
+
+/* Ask the peer to push the span [cached, what it caches) here. */
+static void pull(cont *c) {
+    kvld_node *n = c->n;
+    const Kvlingo__V1__SpanPull *p = c->in->pull;
+    double t0 = kvl__now_s();
+    int64_t tmo = p->timeout_ms ? (int64_t)p->timeout_ms : n->cfg.span_timeout_ms;
+    kvl__rpc_client *cli = NULL;
+    kvl_status st = KVL_OK;
+    if (!p->source || !p->source[0] || !kvld_node_peer_allowed(n, p->source)) {
+        char m[300];
+        snprintf(m, sizeof m, "pull source '%s' is not a member of this node's fleet (--peers)",
+                 p->source ? p->source : "");
+        set_fallback(c, GRPC_STATUS_PERMISSION_DENIED, m);
+        return;
+    }
+    const char *peer_name = NULL, *peer_hash = NULL;
+    st = kvld_node_peer(n, p->source, tmo, &cli, &peer_name, &peer_hash);
+    if (st != KVL_OK) {
+        set_fallback(c, GRPC_STATUS_UNAVAILABLE, kvl_last_error());
+        return;
+    }
+    Kvlingo__V1__ExportSpanRequest er = KVLINGO__V1__EXPORT_SPAN_REQUEST__INIT;
+    er.session_id = c->in->session_id;
+    er.from = (uint32_t)c->cached;
+    er.to = p->source_tokens;
+    er.to_cached = 1;
+    er.peer = n->self;
+    er.timeout_ms = (uint32_t)tmo;
+    er.ticket = p->ticket;
+    er.expect_tokens = p->source_tokens;
+    er.expect_sha256 = p->source_sha256;
+    Kvlingo__V1__ExportSpanResponse *resp = NULL;
+    kvl__rpc_result rr = {0};
+    st = kvl__rpc_client_unary_pb(cli, "/kvlingo.v1.Node/ExportSpan", &er.base,
+                                  &kvlingo__v1__export_span_response__descriptor, tmo + 1000,
+                                  (ProtobufCMessage **)&resp, &rr);
+    c->res.pull_seconds = kvl__now_s() - t0;
+    const char *rmsg = st != KVL_OK ? kvl_last_error() : rr.message ? rr.message : "";
+    if ((st != KVL_OK || rr.code == GRPC_STATUS_UNAVAILABLE) && !strstr(rmsg, n->self)) {
+        /* the call to the source failed, not its transfer to this node (whose messages name
+         * this node): the router takes the source for down */
+        snprintf(c->fallback, sizeof c->fallback, "source_unavailable: %s: %s", p->source, rmsg);
+        c->res.fallback = c->fallback;
+    } else if (rr.code != GRPC_STATUS_OK) {
+        set_fallback(c, rr.code, rmsg);
+    } else if (resp->t0 != (uint32_t)c->cached) {
+        char m[160];
+        snprintf(m, sizeof m, "the peer shipped [%u, %u), this node caches %d", resp->t0, resp->t1, c->cached);
+        set_fallback(c, GRPC_STATUS_OUT_OF_RANGE, m);
+    } else {
+        c->res.mode = KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_TRANSLATE;
+        c->res.span_t0 = resp->t0;
+        c->res.span_t1 = resp->t1;
+        c->res.transfer_seconds = resp->transfer_seconds;
+        c->res.translate_seconds = resp->translate_seconds;
+        c->res.export_seconds = resp->export_seconds;
+    }
+    kvl__rpc_result_clear(&rr);
+    if (resp) protobuf_c_message_free_unpacked(&resp->base, NULL);
+}
+
+/* After the pull: does the session hold ledger ids, and how many?  Returns the tokens it
+ * holds that agree with the ledger (>= held), or -1 when it holds something else. */
+static int agreed(const cont *c, const kvld_session *s) {
+    const Kvlingo__V1__ContinueRequest *in = c->in;
+    int nl = s->n_ledger, held = (int)in->held;
+    if (nl < held || (size_t)(nl - held) > in->n_context) return -1;
+    if (held > 0) {
+        char have[65];
+        kvl__tokens_sha256_hex(s->ledger, (size_t)held, have);
+        if (!in->held_sha256 || strcmp(have, in->held_sha256)) return -1;
+    }
+    if (nl > held && memcmp(s->ledger + held, in->context, sizeof(int32_t) * (size_t)(nl - held))) return -1;
+    return nl;
+}
+
+void kvld_rpc_continue(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    kvld_node *n = user;
+    cont c;
+    memset(&c, 0, sizeof c);
+    c.n = n;
+    kvlingo__v1__continue_result__init(&c.res);
+    kvld_req_begin(&c.r, n, call, "ContinueTurn");
+    Kvlingo__V1__ContinueRequest *in = kvlingo__v1__continue_request__unpack(NULL, len, req);
+    if (!in) {
+        kvld_req_end(&c.r, GRPC_STATUS_INVALID_ARGUMENT, "malformed ContinueRequest (protobuf does not parse)",
+                     NULL);
+        return;
+    }
+    c.in = in;
+    snprintf(c.r.session, sizeof c.r.session, "%s", in->session_id ? in->session_id : "");
+    if (kvld_req_refuse_if_draining(&c.r)) goto done;
+    kvld_gen_params gp;
+    kvl_status st = KVL_OK;
+    if (!in->generate) st = kvl__errorf(KVL_ERR_INVALID_ARG, "ContinueRequest.generate is required");
+    else st = kvld_gen_params_from_pb(n, in->generate, &gp);
+    const int vocab = kvl_model_config_get(n->model)->vocab_size;
+    for (size_t i = 0; st == KVL_OK && i < in->n_context; i++)
+        if (in->context[i] < 0 || in->context[i] >= vocab)
+            st = kvl__errorf(KVL_ERR_INVALID_ARG, "context[%zu] has id %d outside the vocabulary [0, %d)", i,
+                            in->context[i], vocab);
+    for (size_t i = 0; st == KVL_OK && i < in->n_input; i++)
+        if (in->input[i] < 0 || in->input[i] >= vocab)
+            st = kvl__errorf(KVL_ERR_INVALID_ARG, "input[%zu] has id %d outside the vocabulary [0, %d)", i,
+                            in->input[i], vocab);
+    if (st == KVL_OK && (uint64_t)in->held + in->n_context + in->n_input > (uint64_t)n->max_context)
+        st = kvl__errorf(KVL_ERR_RANGE, "input too long: %u held + %zu context + %zu input tokens exceed the "
+                        "max context of %d tokens (--max-context)", in->held, in->n_context, in->n_input,
+                        n->max_context);
+    if (st == KVL_OK && in->n_context + in->n_input == 0 && in->held == 0)
+        st = kvl__errorf(KVL_ERR_INVALID_ARG, "nothing to continue: no context and no input");
+    if (st != KVL_OK) {
+        kvld_req_fail(&c.r, st, NULL);
+        goto done;
+    }
+    if (!check_state(&c)) goto done;
+    if (in->pull && in->pull->source_tokens > in->held) pull(&c);
+    /* the session, created here when neither it nor an import existed */
+    kvld_session *s = NULL;
+    int created = 0;
+    st = kvld_session_acquire(n->sessions, in->session_id, KVLD_DECODE, 1, &s, &created);
+    if (st != KVL_OK) {
+        kvld_req_fail(&c.r, st, NULL);
+        goto done;
+    }
+    if (created) {
+        kvld_metrics_add(n->metrics, KVLD_C_SESSIONS_OPENED, 1);
+        kvld_metrics_set(n->metrics, KVLD_G_SESSIONS, kvld_sessions_count(n->sessions));
+    }
+    int have = agreed(&c, s);
+    if (have < 0) {
+        /* an import brought other ids than the ledger's (the token hash the source checked
+         * should make this impossible): nothing of it may be decoded */
+        char id[KVLD_ID_MAX];
+        snprintf(id, sizeof id, "%s", s->id);
+        int nl = s->n_ledger;
+        kvld_session_release(n->sessions, s);
+        kvld_sessions_drop(n->sessions, id);
+        char m[200];
+        snprintf(m, sizeof m, "session '%s' holds %d tokens after the pull, not the ledger's ids: dropped",
+                 id, nl);
+        kvld_req_end(&c.r, GRPC_STATUS_FAILED_PRECONDITION, m, NULL);
+        goto done;
+    }
+    if (c.res.mode != KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_TRANSLATE && have > (int)in->held &&
+        s->n_imported > 0) {
+        /* the peer's verdict was lost but its span landed whole (checked above): keep it */
+        c.res.mode = KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_TRANSLATE;
+        c.res.span_t0 = (uint32_t)c.cached;
+        c.res.span_t1 = (uint32_t)have;
+    }
+    const size_t from_ctx = (size_t)(have - (int)in->held);
+    const size_t n_new = in->n_context - from_ctx + in->n_input;
+    if (n_new > 0) {
+        memcpy(s->ledger + s->n_ledger, in->context + from_ctx, sizeof(int32_t) * (in->n_context - from_ctx));
+        memcpy(s->ledger + s->n_ledger + (in->n_context - from_ctx), in->input, sizeof(int32_t) * in->n_input);
+        __atomic_store_n(&s->n_ledger, s->n_ledger + (int)n_new, __ATOMIC_RELAXED);
+    }
+    if (c.res.mode != KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_TRANSLATE)
+        c.res.mode = in->n_context > from_ctx ? KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_REPREFILL
+                                              : KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_NONE;
+    c.res.prefill_tokens = (uint32_t)(s->n_ledger - kvl_cache_n_tokens(s->cache));
+    kvld_stream_turn(&c.r, s, &gp, &c.res);
+done:
+    kvlingo__v1__continue_request__free_unpacked(in, NULL);
+}
