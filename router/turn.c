@@ -24,18 +24,7 @@
 #include "clock.h"
 #include "error.h"
 #include "nodecall.h"
-
-typedef struct turn {
-    kvr_router *r;
-    const kvr_turn_req *req;
-    kvr_turn_out *out;
-    kvr_session s;
-    int N;                        /* ledger tokens before the turn                            */
-    int cur;                      /* node holding the latest context (-1 none)                */
-    char fb_code[48];             /* short fallback reason (metric label)                     */
-    int64_t node_ms;
-    int hash_bad;                 /* a node held the right count of tokens but other ids       */
-} turn;
+#include "turn_internal.h"
 
 /* Does a node's SHA-256 of its ledger equal the hash of ledger tokens [0, n)?  What a node
  * holds is checked by content, not by count: a cache someone else filled (a span imported
@@ -47,9 +36,7 @@ static int same_tokens(const turn *t, const char *node_sha, int n) {
     return want[0] && !strcmp(node_sha, want);
 }
 
-static void set_fallback(turn *t, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_fallback(turn *t, const char *code, const char *fmt, ...) {
+void kvr__turn_fallback(turn *t, const char *code, const char *fmt, ...) {
     snprintf(t->fb_code, sizeof t->fb_code, "%s", code);
     char detail[128] = "";
     if (fmt) {
@@ -78,7 +65,7 @@ static int transient(grpc_status_code c) {
 /* Node ti's session table is full (it refused a session "at its maximum"): drop the least
  * recently used idle session it holds, so this one fits.  The dropped session keeps its ledger:
  * its next turn rebuilds it there (re-prefill) or elsewhere.  1 when a place was freed. */
-static int make_room(turn *t, int ti) {
+int kvr__turn_make_room(turn *t, int ti) {
     kvr_router *r = t->r;
     kvr_node *T = &r->reg->nodes[ti];
     char ids[8][KVR_ID_MAX];
@@ -98,7 +85,7 @@ static int make_room(turn *t, int ti) {
     return 0;
 }
 
-static int table_full(grpc_status_code code, const char *msg) {
+int kvr__turn_table_full(grpc_status_code code, const char *msg) {
     return code == GRPC_STATUS_OUT_OF_RANGE && strstr(msg, "maximum of");
 }
 
@@ -106,7 +93,7 @@ static kvl_status open_session(turn *t, int ti, grpc_status_code *code) {
     kvr_node *T = &t->r->reg->nodes[ti];
     grpc_status_code c = GRPC_STATUS_OK;
     kvl_status st = kvr_node_open(T, t->req->sid, t->node_ms, &c);
-    if (st && table_full(c, kvl_last_error()) && make_room(t, ti))
+    if (st && kvr__turn_table_full(c, kvl_last_error()) && kvr__turn_make_room(t, ti))
         st = kvr_node_open(T, t->req->sid, t->node_ms, &c);
     if (code) *code = c;
     return st;
@@ -163,23 +150,23 @@ static int try_translate(turn *t, int ti, int from, int tgt_tokens, int *to_out,
     kvr_node_session si;
     if (kvr_node_session_info(src, t->req->sid, t->node_ms, &si, &code)) {
         if (code == GRPC_STATUS_UNAVAILABLE) kvr_registry_mark(r->reg, t->cur, 0, kvl_last_error());
-        set_fallback(t, "source_unavailable", "%s", kvl_last_error());
+        kvr__turn_fallback(t, "source_unavailable", "%s", kvl_last_error());
         return 0;
     }
     int src_held = kvr_session_held(&t->s, src->name);
     if (!si.found || (int)si.tokens != src_held || !si.idle) {
-        set_fallback(t, "source_state", "%s holds %u tokens%s, ledger says %d", src->name,
+        kvr__turn_fallback(t, "source_state", "%s holds %u tokens%s, ledger says %d", src->name,
                      si.found ? si.tokens : 0, si.idle ? "" : " (busy)", src_held);
         return 0;
     }
     if (!same_tokens(t, si.sha256, src_held)) {
         t->hash_bad = 1;
-        set_fallback(t, "hash_mismatch", "%s holds %u tokens but not the ledger's ids", src->name, si.tokens);
+        kvr__turn_fallback(t, "hash_mismatch", "%s holds %u tokens but not the ledger's ids", src->name, si.tokens);
         return 0;
     }
     int to = (int)si.cached;
     if (to <= from) {
-        set_fallback(t, "source_behind", "%s caches %d tokens, target holds %d", src->name, to, from);
+        kvr__turn_fallback(t, "source_behind", "%s caches %d tokens, target holds %d", src->name, to, from);
         return 0;
     }
     unsigned L, H, D;
@@ -197,14 +184,14 @@ static int try_translate(turn *t, int ti, int from, int tgt_tokens, int *to_out,
             /* the imported range must be exactly what the ledger expects: an off-by-one span is
              * not decoded, it is thrown away and re-prefilled */
             if ((int)ex.t0 != from || (int)ex.t1 != to || (int)ex.peer_tokens != to) {
-                set_fallback(t, "range_mismatch", "imported [%u,%u) -> %u tokens, expected [%d,%d)",
+                kvr__turn_fallback(t, "range_mismatch", "imported [%u,%u) -> %u tokens, expected [%d,%d)",
                              ex.t0, ex.t1, ex.peer_tokens, from, to);
                 *reset = 1;
                 return 0;
             }
             if (!same_tokens(t, ex.peer_sha256, to)) {
                 t->hash_bad = 1;
-                set_fallback(t, "hash_mismatch", "%s imported [%u,%u) but holds other ids than the "
+                kvr__turn_fallback(t, "hash_mismatch", "%s imported [%u,%u) but holds other ids than the "
                              "ledger", dst->name, ex.t0, ex.t1);
                 *reset = 1;
                 return 0;
@@ -221,7 +208,7 @@ static int try_translate(turn *t, int ti, int from, int tgt_tokens, int *to_out,
         snprintf(msg, sizeof msg, "%s", kvl_last_error());
         kvl__svc_log_text("warn", "session %s: export %s->%s [%d,%d) attempt %d failed: %s",
                 t->req->sid, src->name, dst->name, from, to, attempt + 1, msg);
-        if (table_full(code, msg) && !evicted && make_room(t, ti)) {
+        if (kvr__turn_table_full(code, msg) && !evicted && kvr__turn_make_room(t, ti)) {
             evicted = 1;      /* the target had no room for the import: once more, not a retry */
             attempt--;
             continue;
@@ -229,10 +216,10 @@ static int try_translate(turn *t, int ti, int from, int tgt_tokens, int *to_out,
         if (!transient(code)) {
             char lab[64];
             snprintf(lab, sizeof lab, "rejected_%s", label);
-            set_fallback(t, lab, "%s", msg);
+            kvr__turn_fallback(t, lab, "%s", msg);
             break;
         }
-        set_fallback(t, code == GRPC_STATUS_DEADLINE_EXCEEDED ? "export_deadline" : "export_failed",
+        kvr__turn_fallback(t, code == GRPC_STATUS_DEADLINE_EXCEEDED ? "export_deadline" : "export_failed",
                      "%s (deadline %lld ms for %.0f bytes)", msg, (long long)timeout, bytes);
         if (code == GRPC_STATUS_UNAVAILABLE && strstr(msg, src->address))
             kvr_registry_mark(r->reg, t->cur, 0, msg);
@@ -276,17 +263,17 @@ static kvl_status prepare_inner(turn *t, int ti, int *h, int *absent, grpc_statu
     if (t->cur < 0 || t->cur == ti) {
         /* the node holding the context lost (part of) it: it re-reads the ledger */
         o->mode = KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_REPREFILL;
-        if (t->hash_bad) set_fallback(t, "hash_mismatch", "%s held other ids than the ledger", T->name);
-        else set_fallback(t, "node_state", "%s held %d of %d tokens", T->name, *h, t->N);
+        if (t->hash_bad) kvr__turn_fallback(t, "hash_mismatch", "%s held other ids than the ledger", T->name);
+        else kvr__turn_fallback(t, "node_state", "%s held %d of %d tokens", T->name, *h, t->N);
         return KVL_OK;
     }
     const char *sm = r->reg->nodes[t->cur].model;
     double xfer = 0;
     int ok = 0, reset = 0, to = 0;
-    if (t->req->force_reprefill) set_fallback(t, "forced", NULL);
-    else if (!kvr_registry_can_translate(r->reg, sm, ti)) set_fallback(t, "no_translator", "%s -> %s", sm, T->model);
+    if (t->req->force_reprefill) kvr__turn_fallback(t, "forced", NULL);
+    else if (!kvr_registry_can_translate(r->reg, sm, ti)) kvr__turn_fallback(t, "no_translator", "%s -> %s", sm, T->model);
     else if (!kvr_guard_pair_ok(r->guard, sm, T->model)) {
-        set_fallback(t, "pair_disabled", "guardrail: %s -> %s", sm, T->model);
+        kvr__turn_fallback(t, "pair_disabled", "guardrail: %s -> %s", sm, T->model);
         /* translated K/V the target already holds are as suspect as new ones: rebuild natively */
         kvr_node_session ns;
         if (!kvr_node_session_info(T, t->req->sid, t->node_ms, &ns, code) && ns.found && ns.imported > 0)
@@ -368,241 +355,6 @@ static void keep_cancelled_input(turn *t, int ti, const kvr_policy_decision *d, 
 
 /* Decode on node ti after prepare; fills out, the generated ids and (when asked) the first
  * token's log-distribution.  *started = 1 once a token reached the client. */
-typedef struct one_result {
-    int got;                      /* the final message carried a ContinueResult */
-    int mode;                     /* KVLINGO__V1__CONTINUE_RESULT__MODE__* */
-    char fallback[160];
-    unsigned span_t0, span_t1, prefill_tokens, token_count;
-    char sha256[65];
-    double pull_s, transfer_s, translate_s, export_s, forward_s;
-} one_result;
-
-static void keep_result(one_result *nr, const Kvlingo__V1__ContinueResult *r) {
-    nr->got = 1;
-    nr->mode = r->mode;
-    snprintf(nr->fallback, sizeof nr->fallback, "%s", r->fallback ? r->fallback : "");
-    nr->span_t0 = r->span_t0;
-    nr->span_t1 = r->span_t1;
-    nr->prefill_tokens = r->prefill_tokens;
-    nr->token_count = r->token_count;
-    snprintf(nr->sha256, sizeof nr->sha256, "%s", r->tokens_sha256 ? r->tokens_sha256 : "");
-    nr->pull_s = r->pull_seconds;
-    nr->transfer_s = r->transfer_seconds;
-    nr->translate_s = r->translate_seconds;
-    nr->export_s = r->export_seconds;
-    nr->forward_s = r->forward_seconds;
-}
-
-/* Stream the turn from node ti: a Generate opened here after prepare, or the ContinueTurn
- * stream `opened` (its ContinueResult kept in *nr). */
-static kvl_status decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void *arg, double t_start,
-                         int32_t *gen, float **first_lp, int *vocab, int *started,
-                         grpc_status_code *code, kvl__rpc_stream *opened, one_result *nr) {
-    kvr_router *r = t->r;
-    kvr_node *T = &r->reg->nodes[ti];
-    kvr_turn_out *o = t->out;
-    kvr_gen_params gp = {.max_tokens = t->req->max_tokens, .temperature = t->req->temperature,
-                         .top_k = t->req->top_k, .top_p = t->req->top_p, .seed = t->req->seed,
-                         .stop_at_eos = t->req->stop_at_eos, .stop_ids = t->req->stop_ids,
-                         .n_stop = t->req->n_stop, .return_logprobs = want_lp};
-    int64_t timeout = t->node_ms * 2 + (int64_t)(t->req->max_tokens * 200.0 + (t->N + t->req->n_user) * 2.0);
-    kvl__rpc_stream *st = opened;
-    kvl_status s = KVL_OK;
-    if (!st && (s = kvr_node_generate(T, t->req->sid, &gp, timeout, &st))) {
-        *code = GRPC_STATUS_UNAVAILABLE;
-        return s;
-    }
-    double ent_sum = 0, t_first = 0, t_last = 0, node_tps = 0;
-    int n_ent = 0;
-    for (;;) {
-        Kvlingo__V1__GenerateResponse *m = NULL;
-        int rr = kvr_node_gen_next(T, st, &m, code);
-        if (rr < 0) { s = (kvl_status)rr; break; }
-        if (rr == 0) {
-            if (*code != GRPC_STATUS_OK) { s = kvl__rpc_status_to_kvl(*code); if (!s) s = KVL_ERR_INTERNAL; }
-            break;
-        }
-        if (m->done) {
-            snprintf(o->finish_reason, sizeof o->finish_reason, "%s", m->finish_reason ? m->finish_reason : "");
-            if (m->result && nr) keep_result(nr, m->result);
-            o->forward_s = m->ttft_seconds;
-            /* the node's own clock: tokens reach the router in bursts, its arrival times would
-             * overstate the decode rate */
-            if (m->total_seconds > m->ttft_seconds && o->n_generated > 1)
-                node_tps = (o->n_generated - 1) / (m->total_seconds - m->ttft_seconds);
-            protobuf_c_message_free_unpacked(&m->base, NULL);
-            continue;
-        }
-        double now = kvl__now_s();
-        if (o->n_generated == 0) { t_first = now; o->ttft_s = now - t_start; }
-        t_last = now;
-        if (m->n_logprobs) {
-            ent_sum += kvr_entropy_logprobs(m->logprobs, (int)m->n_logprobs);
-            n_ent++;
-            if (o->n_generated == 0 && first_lp && !*first_lp) {
-                *first_lp = malloc(m->n_logprobs * sizeof(float));
-                if (*first_lp) {
-                    memcpy(*first_lp, m->logprobs, m->n_logprobs * sizeof(float));
-                    *vocab = (int)m->n_logprobs;
-                }
-            }
-        }
-        if (o->n_generated < t->req->max_tokens) gen[o->n_generated] = m->token;
-        o->n_generated++;
-        *started = 1;
-        int stop = emit(arg, m->token, m->text ? m->text : "", m->logprob);
-        protobuf_c_message_free_unpacked(&m->base, NULL);
-        if (stop == KVR_EMIT_STOP) {
-            /* a stop sequence: the turn ends here as finished; the node may have gone a token
-             * further before the cancel, which the commit's SessionInfo check catches */
-            kvl__rpc_stream_cancel(st);
-            snprintf(o->finish_reason, sizeof o->finish_reason, "stop");
-            break;
-        }
-        if (stop) {
-            kvl__rpc_stream_cancel(st);
-            s = kvl__errorf(KVL_ERR_CANCELLED, "client cancelled the turn");
-            *code = GRPC_STATUS_CANCELLED;
-            break;
-        }
-    }
-    kvl__rpc_stream_free(st);
-    if (o->n_generated > t->req->max_tokens && !s)
-        s = kvl__errorf(KVL_ERR_INTERNAL, "node %s generated %u tokens, asked %u", T->name,
-                       o->n_generated, t->req->max_tokens);
-    if (n_ent) o->mean_entropy = (float)(ent_sum / n_ent);
-    if (node_tps > 0) o->tps = node_tps;
-    else if (o->n_generated > 1 && t_last > t_first) o->tps = (o->n_generated - 1) / (t_last - t_first);
-    return s;
-}
-
-/* The turn as one ContinueTurn call on node ti: what prepare, Append and decode do in four to
- * six calls, the node does in one.  It checks what it holds against the ledger (count and
- * token hash sent here), pulls the span it lacks from the source when asked (the same checks:
- * the source's tokens by hash, the imported ids against the ledger's, one ticket for the move),
- * re-reads what is still missing from the ledger tokens sent along, and streams the turn.
- * KVL_ERR_UNSUPPORTED when the node refused its session state before any token (it holds other
- * tokens than the ledger says, or translated K/V of a disabled pair): nothing happened there,
- * and the caller takes the several-call path, which resets it. */
-static kvl_status one_call(turn *t, int ti, int needs_entropy, kvr_emit_fn emit, void *arg,
-                           double t_start, int32_t *gen, float **first_lp, int *vocab, int *started,
-                           grpc_status_code *code, one_result *nr, int *shadow) {
-    kvr_router *r = t->r;
-    kvr_node *T = &r->reg->nodes[ti];
-    kvr_turn_out *o = t->out;
-    const kvr_turn_req *req = t->req;
-    int held = kvr_session_held(&t->s, T->name);
-    if (held < 0 || held > t->N) return KVL_ERR_UNSUPPORTED;
-    char held_sha[65] = "", src_sha[65] = "";
-    if (held > 0) kvl__tokens_sha256_hex(t->s.tokens, (size_t)held, held_sha);
-    kvr_continue_req c = {.sid = req->sid, .held = (unsigned)held, .held_sha256 = held_sha,
-                          .context = t->s.tokens + held, .n_context = t->N - held, .input = req->user,
-                          .n_input = req->n_user, .key = r->tickets ? &r->ticket_key : NULL};
-    o->mode = KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_NONE;
-    if (t->cur >= 0 && t->cur != ti) {
-        snprintf(o->from_node, sizeof o->from_node, "%s", r->reg->nodes[t->cur].name);
-        snprintf(o->from_model, sizeof o->from_model, "%s", r->reg->nodes[t->cur].model);
-    }
-    *shadow = 0;
-    if (held < t->N) {
-        if (t->cur < 0 || t->cur == ti) {
-            set_fallback(t, "node_state", "%s held %d of %d tokens", T->name, held, t->N);
-        } else {
-            kvr_node *src = &r->reg->nodes[t->cur];
-            int src_held = kvr_session_held(&t->s, src->name);
-            if (req->force_reprefill) set_fallback(t, "forced", NULL);
-            else if (!kvr_registry_can_translate(r->reg, src->model, ti))
-                set_fallback(t, "no_translator", "%s -> %s", src->model, T->model);
-            else if (!kvr_guard_pair_ok(r->guard, src->model, T->model)) {
-                set_fallback(t, "pair_disabled", "guardrail: %s -> %s", src->model, T->model);
-                c.native_only = 1;   /* translated K/V it holds are as suspect as new ones */
-            } else if (src_held <= held || src_held > t->N) {
-                set_fallback(t, "source_state", "%s holds %d tokens, target %d", src->name, src_held, held);
-            } else {
-                unsigned L, H, D;
-                kvr_registry_geometry(r->reg, t->cur, &L, &H, &D, NULL);
-                double bytes = 2.0 * L * H * D * 4.0 * (src_held - held) + 4.0 * (src_held - held);
-                kvl__tokens_sha256_hex(t->s.tokens, (size_t)src_held, src_sha);
-                c.source = src;
-                c.source_tokens = (unsigned)src_held;
-                c.source_sha256 = src_sha;
-                c.pull_timeout_ms = (int64_t)(r->cfg->transfer_base_ms + bytes / r->cfg->transfer_bytes_per_s * 1000.0);
-                /* counted when asked: a pull that falls back is counted too (a shadow then
-                 * compares a native turn with itself, at no harm) */
-                *shadow = kvr_guard_count_switch(r->guard, src->model, T->model);
-            }
-        }
-    }
-    /* what the first token's readers see (the OpenAI door's headers): the several-call path's
-     * figures, corrected from the node's result when the turn ends */
-    o->mode = c.source ? KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE
-            : held < t->N ? KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_REPREFILL
-                          : KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_NONE;
-    o->prefill_tokens = (unsigned)(c.source ? t->N - (int)c.source_tokens + 1 + req->n_user
-                                            : t->N - held + req->n_user);
-    o->span_tokens = c.source ? c.source_tokens - 1 - (unsigned)held : o->prefill_tokens;
-    int want_lp = needs_entropy || *shadow || req->compare_reprefill;
-    kvr_gen_params gp = {.max_tokens = req->max_tokens, .temperature = req->temperature,
-                         .top_k = req->top_k, .top_p = req->top_p, .seed = req->seed,
-                         .stop_at_eos = req->stop_at_eos, .stop_ids = req->stop_ids,
-                         .n_stop = req->n_stop, .return_logprobs = want_lp};
-    int64_t timeout = t->node_ms * 2 + c.pull_timeout_ms +
-                      (int64_t)(req->max_tokens * 200.0 + (t->N + req->n_user) * 2.0);
-    kvl_status s = KVL_OK;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        kvl__rpc_stream *st = NULL;
-        memset(nr, 0, sizeof *nr);
-        if ((s = kvr_node_continue(T, &c, &gp, timeout, &st))) {
-            *code = GRPC_STATUS_UNAVAILABLE;
-            return s;
-        }
-        s = decode(t, ti, want_lp, emit, arg, t_start, gen, first_lp, vocab, started, code, st, nr);
-        if (!s || *started) break;
-        if (*code == GRPC_STATUS_FAILED_PRECONDITION) {
-            kvl__svc_log_text("info", "session %s: %s: the several-call path resets it", req->sid,
-                              kvl_last_error());
-            return KVL_ERR_UNSUPPORTED;
-        }
-        /* the node's session table is full: drop its least recently used idle session, once */
-        if (attempt || !table_full(*code, kvl_last_error()) || !make_room(t, ti)) break;
-    }
-    if (s) return s;
-    if (!nr->got) return kvl__errorf(KVL_ERR_INTERNAL, "node %s: ContinueTurn ended without its result", T->name);
-    o->one_call = 1;
-    o->switch_s = nr->pull_s;
-    o->export_s = nr->export_s;
-    o->transfer_s = nr->transfer_s;
-    o->translate_s = nr->translate_s;
-    o->forward_s = nr->forward_s;
-    if (nr->mode == KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_TRANSLATE) {
-        o->mode = KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE;
-        o->span_tokens = nr->span_t1 - nr->span_t0;
-        o->prefill_tokens = (unsigned)(t->N - (int)nr->span_t1 + req->n_user);
-        t->fb_code[0] = 0;
-        o->fallback[0] = 0;
-    } else {
-        o->mode = nr->mode == KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_REPREFILL
-                      ? KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_REPREFILL
-                      : KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_NONE;
-        o->prefill_tokens = (unsigned)(t->N - held + req->n_user);
-        o->span_tokens = o->prefill_tokens;
-        if (c.source && nr->fallback[0]) {
-            /* the node's reason, "label: detail"; the label is the metric's */
-            const char *colon = strchr(nr->fallback, ':');
-            size_t n = colon ? (size_t)(colon - nr->fallback) : strlen(nr->fallback);
-            if (n >= sizeof t->fb_code) n = sizeof t->fb_code - 1;
-            memcpy(t->fb_code, nr->fallback, n);
-            t->fb_code[n] = 0;
-            snprintf(o->fallback, sizeof o->fallback, "%s", nr->fallback);
-            kvl__svc_log_text("warn", "session %s: %s could not pull the span from %s: %s", req->sid,
-                              T->name, r->reg->nodes[t->cur].name, nr->fallback);
-            if (!strcmp(t->fb_code, "source_unavailable"))
-                kvr_registry_mark(r->reg, t->cur, 0, nr->fallback);
-        }
-    }
-    return KVL_OK;
-}
-
 kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit, void *arg,
                              kvr_turn_out *out) {
     double t_start = kvl__now_s();
@@ -676,7 +428,7 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
         int h = 0, started = 0, shadow = 0, one = 0;
         one_result nr = {0};
         if (tc.one_call && r->cfg->transfer_one_call) {
-            s = one_call(&t, ti, needs_entropy, emit, arg, t_start, gen, &first_lp, &vocab, &started,
+            s = kvr__turn_one_call(&t, ti, needs_entropy, emit, arg, t_start, gen, &first_lp, &vocab, &started,
                          &code, &nr, &shadow);
             if (s == KVL_ERR_UNSUPPORTED) {
                 kvl_clear_error();
@@ -714,7 +466,7 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
                 shadow = out->mode == KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE &&
                          kvr_guard_count_switch(r->guard, out->from_model, out->model);
                 int want_lp = needs_entropy || shadow || req->compare_reprefill;
-                s = decode(&t, ti, want_lp, emit, arg, t_start, gen, &first_lp, &vocab, &started, &code,
+                s = kvr__turn_decode(&t, ti, want_lp, emit, arg, t_start, gen, &first_lp, &vocab, &started, &code,
                            NULL, NULL);
             }
         }
