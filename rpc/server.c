@@ -59,6 +59,7 @@ kvl_status kvl__rpc_server_create(const kvl__rpc_server_params *params, kvl__rpc
     kvl__rpc_init();
     pthread_mutex_init(&srv->mu, NULL);
     pthread_cond_init(&srv->cv, NULL);
+    pthread_cond_init(&srv->work_cv, NULL);
     srv->max_calls = params->max_calls > 0 ? params->max_calls : 256;
     srv->health_src = params->health_of;
     grpc_arg args[3];
@@ -173,7 +174,15 @@ typedef struct handler_job {
     uint8_t *req;
     size_t len;
     call_class cls;
+    struct handler_job *next;
 } handler_job;
+
+/* Handler threads outlive their call: a thread that finished waits up to KVL_RPC_IDLE_S for
+ * the next one, and at most KVL_RPC_IDLE_MAX wait at once, so a burst's threads go away and a
+ * steady stream of calls creates none (a thread start costs tens of microseconds, an
+ * appreciable part of a sub-millisecond call). */
+#define KVL_RPC_IDLE_MAX 16
+#define KVL_RPC_IDLE_S 30
 
 /* srv->mu held: the call's place is given back */
 static void release_slot(kvl__rpc_server *srv, call_class cls) {
@@ -183,8 +192,7 @@ static void release_slot(kvl__rpc_server *srv, call_class cls) {
     pthread_cond_broadcast(&srv->cv);
 }
 
-static void *handler_main(void *arg) {
-    handler_job *job = arg;
+static void run_job(handler_job *job) {
     kvl__rpc_call *c = job->call;
     kvl_clear_error();
     c->m->fn(c, job->req, job->len, c->m->user);
@@ -203,7 +211,46 @@ static void *handler_main(void *arg) {
     release_slot(srv, cls);
     pthread_mutex_unlock(&srv->mu);
     kvl__rpc_call_unref(c);
-    return NULL;
+}
+
+typedef struct worker_start {
+    kvl__rpc_server *srv;
+    handler_job *job;
+} worker_start;
+
+static void *handler_main(void *arg) {
+    worker_start *w = arg;
+    kvl__rpc_server *srv = w->srv;
+    handler_job *job = w->job;
+    free(w);
+    for (;;) {
+        run_job(job);
+        job = NULL;
+        pthread_mutex_lock(&srv->mu);
+        if (!srv->stopping && srv->n_idle < KVL_RPC_IDLE_MAX) {
+            srv->n_idle++;
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_sec += KVL_RPC_IDLE_S;
+            int rc = 0;
+            while (!srv->jobs && !srv->stopping && rc == 0)
+                rc = pthread_cond_timedwait(&srv->work_cv, &srv->mu, &until);
+            if (srv->jobs) {
+                /* the dispatcher counted this thread out of n_idle when it queued the job */
+                job = srv->jobs;
+                srv->jobs = job->next;
+            } else {
+                srv->n_idle--;
+            }
+        }
+        if (!job) {
+            srv->n_threads--;
+            pthread_cond_broadcast(&srv->cv);
+            pthread_mutex_unlock(&srv->mu);
+            return NULL;
+        }
+        pthread_mutex_unlock(&srv->mu);
+    }
 }
 
 static const kvl__rpc_method *find_method(kvl__rpc_server *srv, const char *path) {
@@ -299,15 +346,37 @@ static void on_request_message(kvl__rpc_server *srv, kvl__rpc_call *c, int ok) {
         kvl__rpc_call_unref(c);
         return;
     }
-    /* the recv ref becomes the handler's ref */
-    pthread_t th;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    int rc = pthread_create(&th, &attr, handler_main, job);
-    pthread_attr_destroy(&attr);
+    /* the recv ref becomes the handler's ref: an idle handler thread takes the job, else a
+     * new thread runs it */
+    pthread_mutex_lock(&srv->mu);
+    if (srv->n_idle > 0) {
+        srv->n_idle--;
+        job->next = NULL;
+        handler_job **tail = &srv->jobs;
+        while (*tail) tail = &(*tail)->next;
+        *tail = job;
+        pthread_cond_signal(&srv->work_cv);
+        pthread_mutex_unlock(&srv->mu);
+        return;
+    }
+    srv->n_threads++;
+    pthread_mutex_unlock(&srv->mu);
+    int rc = -1;
+    worker_start *w = malloc(sizeof *w);
+    if (w) {
+        w->srv = srv;
+        w->job = job;
+        pthread_t th;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        rc = pthread_create(&th, &attr, handler_main, w);
+        pthread_attr_destroy(&attr);
+        if (rc != 0) free(w);
+    }
     if (rc != 0) {
         pthread_mutex_lock(&srv->mu);
+        srv->n_threads--;
         release_slot(srv, job->cls);
         pthread_mutex_unlock(&srv->mu);
         free(job->req);
@@ -394,6 +463,7 @@ void kvl__rpc_server_shutdown(kvl__rpc_server *srv, int64_t grace_ms) {
     srv->stopping = 1;
     for (int i = 0; i < srv->n_health; i++) srv->health[i].serving = 0;
     pthread_cond_broadcast(&srv->cv);
+    pthread_cond_broadcast(&srv->work_cv);   /* idle handler threads exit */
     pthread_mutex_unlock(&srv->mu);
     if (!srv->started) {
         /* a server that bound its port but never started (a later start-up step failed) must
@@ -422,6 +492,10 @@ void kvl__rpc_server_shutdown(kvl__rpc_server *srv, int64_t grace_ms) {
 void kvl__rpc_server_free(kvl__rpc_server *srv) {
     if (!srv) return;
     kvl__rpc_server_shutdown(srv, 0);
+    /* idle handler threads hold no call but wait on srv: they leave at once on stopping */
+    pthread_mutex_lock(&srv->mu);
+    while (srv->n_threads > srv->active) pthread_cond_wait(&srv->cv, &srv->mu);
+    pthread_mutex_unlock(&srv->mu);
     if (srv->server) grpc_server_destroy(srv->server);
     if (srv->cq) {
         if (!srv->freed_cq) {
@@ -437,6 +511,7 @@ void kvl__rpc_server_free(kvl__rpc_server *srv) {
     kvl__rpc_health_free(srv);
     pthread_mutex_destroy(&srv->mu);
     pthread_cond_destroy(&srv->cv);
+    pthread_cond_destroy(&srv->work_cv);
     free(srv);
     kvl__rpc_shutdown();
 }

@@ -82,6 +82,11 @@ struct kvl__rpc_server {
     int n_health;
     kvl__rpc_server *health_src;   /* params.health_of: Health answers with that server's table */
     kvl__rpc_tag t_shutdown;
+    /* handler threads, kept for the next call instead of one thread per call (server.c) */
+    pthread_cond_t work_cv;        /* an idle thread waits here for a job                      */
+    struct handler_job *jobs;      /* handed to idle threads, not yet taken                    */
+    int n_threads;                 /* handler threads alive (running or idle)                  */
+    int n_idle;                    /* idle threads not yet promised a job                      */
 };
 
 /* server_call.c */

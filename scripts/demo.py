@@ -4,8 +4,10 @@
 Starts kvld for models/qwen3-a and models/qwen3-b and kvlingo-router (cascade policy) on
 loopback, runs a scripted 6-turn conversation from testdata/corpus/valid.txt that moves between
 the models (the cascade escalates on a request flag, steps down after calm turns), prints one
-line per turn, then compares each switch's time to first token with a re-prefill of the same
-context on the same node, and stops everything it started.
+line per turn with where a switch's time to first token went (export, transfer, translate,
+forward), then compares each switch's time to first token with a re-prefill of the same
+context on the same node, timed the same way (a real turn with force_reprefill, router clock),
+and stops everything it started.
 
 Translators: the trained ones in models/translators/ when present, else stage-1 (ridge) fits
 made on the spot (a few seconds).
@@ -78,22 +80,41 @@ def main():
             if s.fallback_reason:
                 print("     fallback: %s" % s.fallback_reason)
         sw = [s for s in rows if s.from_model]
+        # the comparison: each switched turn again as a forced re-prefill, a real turn on the same
+        # (now warm) node with as many context and input tokens, timed by the same router clock
+        g = c.get_session(sid, include_tokens=True)
+        toks = list(g.tokens)
+        ref = {}
+        for s in rows:
+            n_ctx = s.context_tokens - s.n_generated - s.user_tokens
+            if s.from_model:
+                sid_r = c.create_session()
+                c.send_all(sid_r, tokens=toks[:n_ctx - 1], max_tokens=1, model=s.from_model)
+                _, _, r = c.send_all(sid_r, tokens=toks[n_ctx:n_ctx + s.user_tokens], max_tokens=1,
+                                     model=s.model, force_reprefill=True)
+                ref[s.turn] = r.ttft_seconds
+                c.close_session(sid_r)
         print("(each turn generates %d tokens: the demo sets ignore_eos, since these small models "
               "often end a document's sentence with EOS at once; clients stop at EOS by default)"
               % a.max_tokens)
         print("\nswitches: %d (translated %d); context %d tokens at the end" % (
             len(sw), sum(s.switch_mode == 1 for s in sw), rows[-1].context_tokens))
-        print("\n%-4s %-20s %8s %12s %14s %7s %14s" % (
-            "turn", "switch", "context", "switch TTFT", "re-prefill TTFT", "ratio", "KL nats"))
+        print("\n%-4s %-20s %8s %12s %14s %7s %10s   %s" % (
+            "turn", "switch", "context", "switch TTFT", "re-prefill TTFT", "ratio", "KL nats",
+            "switch phases ms: export transfer translate forward"))
         for s in sw:
-            ratio = s.reprefill_ttft_seconds / s.ttft_seconds if s.ttft_seconds > 0 else 0
-            print("%-4d %-20s %8d %9.2f ms %11.2f ms %6.1fx %14s" % (
+            rp = ref[s.turn]
+            ratio = rp / s.ttft_seconds if s.ttft_seconds > 0 else 0
+            print("%-4d %-20s %8d %9.2f ms %11.2f ms %6.1fx %10s   %6.2f %8.2f %9.2f %7.2f" % (
                 s.turn + 1, "%s->%s %s" % (s.from_model, s.model, "T" if s.switch_mode == 1 else "P"),
-                s.context_tokens - s.n_generated, s.ttft_seconds * 1e3,
-                s.reprefill_ttft_seconds * 1e3, ratio,
-                "%.4f" % s.shadow_kl if s.switch_mode == 1 else "-"))
-        print("(T: translated span; P: re-prefill.  Re-prefill TTFT: the same node reads the same "
-              "context natively in a scratch session; KL(native||translated) of the first token.)")
+                s.context_tokens - s.n_generated, s.ttft_seconds * 1e3, rp * 1e3, ratio,
+                "%.4f" % s.shadow_kl if s.switch_mode == 1 else "-", s.export_seconds * 1e3,
+                s.transfer_seconds * 1e3, s.translate_seconds * 1e3, s.forward_seconds * 1e3))
+        print("(T: translated span; P: re-prefill.  Re-prefill TTFT: the same turn again, forced to "
+              "re-prefill, on the same node after the run, measured by the router like the switch.  "
+              "KL(native||translated) of the first token.  Phases: the source reading its cache, the "
+              "wire, translate-apply, the target's queue + forward to the first token; the rest of "
+              "the TTFT is RPC and router time.)")
         c.close_session(sid)
     finally:
         fleet.stop()

@@ -1,5 +1,6 @@
 /* tests/server/test_rpc.c: the rpc/ layer end to end in one process: unary, server streaming,
- * deadlines, client cancellation seen by the handler, unknown methods, health checking. */
+ * deadlines, client cancellation seen by the handler, unknown methods, health checking, handler
+ * threads kept for the next call (and a burst of concurrent calls still served). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 #include <pthread.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
 
 #include <cmocka.h>
 
@@ -84,6 +87,15 @@ static void hang(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user
     assert_int_equal(kvl__rpc_call_send(call, &b, 1), KVL_ERR_CANCELLED);
 }
 
+/* replies with the handler thread's kernel id (not reused soon after a thread ends, unlike
+ * pthread_t) */
+static void whoami(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    (void)req, (void)len, (void)user;
+    pid_t me = (pid_t)syscall(SYS_gettid);
+    if (len > 0) usleep(20000);   /* a slow call: concurrent calls need threads of their own */
+    kvl__rpc_call_reply(call, (const uint8_t *)&me, sizeof me);
+}
+
 static void slow(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     while (!kvl__rpc_call_cancelled(call)) usleep(10000);
     kvl__rpc_call_finish(call, GRPC_STATUS_ABORTED, "too late");
@@ -103,6 +115,7 @@ static int setup(void **state) {
     assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/Hang", KVL_RPC_SERVER_STREAM,
                                                hang, f), 0);
     assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/Slow", KVL_RPC_UNARY, slow, f), 0);
+    assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/Who", KVL_RPC_UNARY, whoami, f), 0);
     assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/Md", KVL_RPC_UNARY, md_echo, NULL), 0);
     assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/MdStream", KVL_RPC_SERVER_STREAM,
                                                md_echo, f), 0);
@@ -150,6 +163,61 @@ static void test_unary(void **state) {
     assert_int_equal(r.code, GRPC_STATUS_UNIMPLEMENTED);
     assert_non_null(strstr(r.message, "/t.S/Nope"));
     kvl__rpc_result_clear(&r);
+}
+
+typedef struct who_arg {
+    kvl__rpc_client *cli;
+    pid_t got;
+    int ok;
+} who_arg;
+
+static void *call_who_slow(void *p) {
+    who_arg *w = p;
+    kvl__rpc_result r;
+    w->ok = kvl__rpc_client_unary(w->cli, "/t.S/Who", (const uint8_t *)"s", 1, 5000, &r) == KVL_OK &&
+            r.code == GRPC_STATUS_OK && r.len == sizeof(pid_t);
+    if (w->ok) memcpy(&w->got, r.data, sizeof w->got);
+    kvl__rpc_result_clear(&r);
+    return NULL;
+}
+
+static void test_thread_reuse(void **state) {
+    fixture *f = *state;
+    pid_t seen[20];
+    int distinct = 0;
+    /* calls one after another run on kept threads, not a new one each (the few kept from the
+     * tests before take turns) */
+    for (int i = 0; i < 20; i++) {
+        kvl__rpc_result r;
+        assert_int_equal(kvl__rpc_client_unary(f->cli, "/t.S/Who", NULL, 0, 5000, &r), KVL_OK);
+        assert_int_equal(r.code, GRPC_STATUS_OK);
+        assert_int_equal(r.len, sizeof(pid_t));
+        pid_t t;
+        memcpy(&t, r.data, sizeof t);
+        kvl__rpc_result_clear(&r);
+        int known = 0;
+        for (int j = 0; j < distinct; j++) known |= seen[j] == t;
+        if (!known) seen[distinct++] = t;
+        usleep(2000);   /* the thread is back waiting before the next call */
+    }
+    assert_true(distinct <= 8);
+    /* a burst of concurrent slow calls: each gets a thread, all answer */
+    enum { N = 24 };
+    who_arg w[N];
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        w[i] = (who_arg){.cli = f->cli};
+        assert_int_equal(pthread_create(&th[i], NULL, call_who_slow, &w[i]), 0);
+    }
+    for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+    int side_by_side = 0;
+    for (int i = 0; i < N; i++) {
+        assert_true(w[i].ok);
+        int dup = 0;
+        for (int j = 0; j < i; j++) dup |= w[i].got == w[j].got;
+        side_by_side += !dup;
+    }
+    assert_true(side_by_side >= 8);   /* ran side by side, not queued behind one thread */
 }
 
 static void test_deadline(void **state) {
@@ -417,6 +485,7 @@ static void test_unreachable(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unary),   cmocka_unit_test(test_deadline),
+        cmocka_unit_test(test_thread_reuse),
         cmocka_unit_test(test_stream),  cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_health),  cmocka_unit_test(test_health_watch),
         cmocka_unit_test(test_unreachable), cmocka_unit_test(test_metadata),
