@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <float.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -164,6 +166,36 @@ static void test_span_codec(void **state) {
     assert_int_not_equal(kvl__span_payload_check(&h, p, len, cfg->vocab_size, NULL, &why), 0);
     assert_int_equal(why, KVL_SPAN_CHECKSUM);
     p[17] ^= 1;
+    /* non-finite values, wherever they are: the check names the plane and the element; the
+     * largest finite float and a denormal pass */
+    {
+        size_t nf = (size_t)cfg->n_layers * 15 * row;
+        float *kf = (float *)p;
+        const float bad_values[] = {NAN, INFINITY, -INFINITY};
+        const size_t at[] = {0, 4095, 4096, nf - 1, nf, 2 * nf - 1};
+        for (size_t a = 0; a < sizeof at / sizeof at[0]; a++)
+            for (size_t b = 0; b < 3; b++) {
+                float keep = kf[at[a]];
+                kf[at[a]] = bad_values[b];
+                h.checksum = kvl__span_checksum(p, len);
+                assert_int_equal(kvl__span_payload_check(&h, p, len, cfg->vocab_size, NULL, &why),
+                                 KVL_ERR_NUMERIC);
+                assert_int_equal(why, KVL_SPAN_BAD_VALUES);
+                char want[80];
+                snprintf(want, sizeof want, "%s value at element %zu", at[a] < nf ? "K" : "V",
+                         at[a] < nf ? at[a] : at[a] - nf);
+                assert_non_null(strstr(kvl_last_error(), want));
+                kf[at[a]] = keep;
+            }
+        float keep = kf[7], keep2 = kf[nf + 3];
+        kf[7] = FLT_MAX;
+        kf[nf + 3] = 1e-40f;
+        h.checksum = kvl__span_checksum(p, len);
+        assert_int_equal(kvl__span_payload_check(&h, p, len, cfg->vocab_size, NULL, &why), KVL_OK);
+        kf[7] = keep;
+        kf[nf + 3] = keep2;
+        h.checksum = kvl__span_checksum(p, len);
+    }
     /* inconsistent geometry */
     h.n_layers += 1;
     assert_int_not_equal(kvl__span_header_check(&h, 0, &why), 0);
