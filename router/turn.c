@@ -494,7 +494,7 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
             /* success: commit */
             kvr_node_session ns;
             int after = t.N + req->n_user + (int)out->n_generated;
-            if (one && !tail_replaced) {
+            if (one && nr.got && !tail_replaced) {
                 /* the node said what it holds after the turn: count and ids */
                 int32_t *all = malloc(sizeof(int32_t) * (size_t)(after ? after : 1));
                 char want[65] = "";
