@@ -56,6 +56,8 @@ kvl_status kvld_node_create(const kvld_config *cfg, kvld_node **out) {
                            kvl_model_backend(n->model)->name);
     if ((st = kvld_translators_load(cfg->translators, n->model, &n->translators)) != KVL_OK)
         goto fail;
+    /* span payloads: a few buffers kept, faulted in, for the next switch (spanbuf.h) */
+    if ((st = kvl__spanbufs_create(KVLD_SPANBUFS, KVLD_SPANBUF_BYTES, &n->spanbufs))) goto fail;
     if ((st = kvld_sessions_create(n->model, cfg->max_sessions, n->max_context, &n->sessions)))
         goto fail;
     kvld_sched_params sp = {.max_batch = cfg->max_batch, .prefill_chunk = cfg->prefill_chunk,
@@ -145,6 +147,7 @@ void kvld_node_free(kvld_node *n) {
     for (int i = 0; i < n->n_peers; i++) kvl__rpc_client_free(n->peers[i].cli);
     free(n->peers);
     kvl__transport_free(n->transport);
+    kvl__spanbufs_free(n->spanbufs);
     kvld_sessions_free(n->sessions);
     kvld_translators_free(&n->translators);
     kvld_metrics_free(n->metrics);

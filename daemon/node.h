@@ -18,9 +18,12 @@
 #include "ticket.h"
 #include "translators.h"
 #include "transport.h"
+#include "spanbuf.h"
 
 #define KVLD_PEER_TRANSPORT_MAX 4096  /* bytes of a peer's transport (UCX worker) address */
 #define KVLD_REPLAY_CAP 16384         /* live ticket nonces remembered (tickets live minutes) */
+#define KVLD_SPANBUFS 4               /* span payload buffers kept for the next switch ...     */
+#define KVLD_SPANBUF_BYTES ((size_t)128 << 20)   /* ... and their bytes at most              */
 
 typedef struct kvld_peer {
     char target[256];
@@ -39,6 +42,7 @@ typedef struct kvld_node {
     kvld_sessions *sessions;
     kvld_sched *sched;
     kvl__transport *transport;         /* NULL with --transport none */
+    kvl__spanbufs *spanbufs;          /* payload buffers of spans sent and received */
     kvld_metrics *metrics;
     kvl__rpc_server *rpc;
     kvl__rpc_server *health_rpc;      /* --health-listen: plaintext health mirror, or NULL */

@@ -203,7 +203,7 @@ void kvld_rpc_import_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
         goto out;
     }
     /* 3. receive */
-    payload = malloc((size_t)h->payload_bytes);
+    payload = kvl__spanbuf_take(n->spanbufs, (size_t)h->payload_bytes);
     if (!payload) {
         import_reject(&x, KVL_SPAN_RANGE, GRPC_STATUS_RESOURCE_EXHAUSTED,
                       "cannot allocate %llu bytes for the span", (unsigned long long)h->payload_bytes);
@@ -304,7 +304,7 @@ void kvld_rpc_import_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
 out:
     kvl__rpc_call_on_cancel(call, NULL, NULL);
     kvl__transport_recv_free(n->transport, rv);
-    free(payload);
+    kvl__spanbuf_give(n->spanbufs, payload);
     if (s) {
         char id[KVLD_ID_MAX];
         snprintf(id, sizeof id, "%s", s->id);
@@ -448,7 +448,8 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     kvl__span_source src = {kvl_model_name(n->model), kvl_model_hash(n->model),
                             (uint32_t)mc->n_layers, (uint32_t)mc->n_kv_heads,
                             (uint32_t)mc->head_dim, (uint32_t)kvl_cache_n_tokens(s->cache),
-                            kvl_cache_tokens(s->cache), read_cache_prenorm, s->cache};
+                            kvl_cache_tokens(s->cache), read_cache_prenorm, s->cache,
+                            n->spanbufs};
     st = kvl__span_encode(&src, in->from, to, peer_name, peer_hash, &ids, &h, &payload, &plen);
     if (st != KVL_OK) FAIL(kvl__rpc_status_from_kvl(st), "%s", kvl_last_error());
     double encode_s = kvl__now_s() - t_start;
@@ -556,6 +557,6 @@ out:
     if (verdict) kvlingo__v1__import_span_response__free_unpacked(verdict, NULL);
     free(msg);
     kvl__rpc_stream_free(stream);
-    free(payload);
+    kvl__spanbuf_give(n->spanbufs, payload);
     kvlingo__v1__export_span_request__free_unpacked(in, NULL);
 }

@@ -1,5 +1,6 @@
 /* transport/span.c: span header/payload encoding and the receiver's checks. */
 #include "span.h"
+#include "spanbuf.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -160,7 +161,7 @@ kvl_status kvl__span_encode(const kvl__span_source *src, uint32_t t0, uint32_t t
     uint64_t bytes = kvl__span_payload_bytes(src->n_layers, src->n_kv_heads, src->head_dim, n);
     if (bytes == 0 || bytes > SIZE_MAX)
         return kvl__errorf(KVL_ERR_RANGE, "span: %u tokens is too large a span", n);
-    uint8_t *buf = malloc((size_t)bytes);
+    uint8_t *buf = kvl__spanbuf_take(src->bufs, (size_t)bytes);
     if (!buf) return kvl__errorf(KVL_ERR_NOMEM, "span: payload of %llu bytes",
                                 (unsigned long long)bytes);
     size_t row = (size_t)src->n_kv_heads * src->head_dim;
@@ -172,7 +173,7 @@ kvl_status kvl__span_encode(const kvl__span_source *src, uint32_t t0, uint32_t t
         kvl_status st = src->read_prenorm(src->ctx, (int)l, (int)t0, (int)t1, k + l * per_layer,
                                           v + l * per_layer);
         if (st != KVL_OK) {
-            free(buf);
+            kvl__spanbuf_give(src->bufs, buf);
             return st;
         }
     }

@@ -82,11 +82,14 @@ typedef struct kvl__span_source {
     const int32_t *ids;                         /* [n_held] token ids                    */
     kvl__span_read_fn read_prenorm;             /* layer l, tokens [t0, t1) -> k, v      */
     const void *ctx;                            /*   [t1-t0, Hs*Ds] float32 each         */
+    struct kvl__spanbufs *bufs;                 /* where the payload buffer comes from   */
+                                                /*   (spanbuf.h; NULL: a plain allocation) */
 } kvl__span_source;
 
 /* Build the payload of tokens [t0, t1) of `src`, and fill `h` (the caller's header,
  * initialised with KVLINGO__V1__SPAN_HEADER__INIT; its `source`/`target` sub-messages point
- * into `ids_storage`, which must outlive h).  *payload is malloc'ed (caller frees).
+ * into `ids_storage`, which must outlive h).  *payload comes from kvl__spanbuf_take(src->bufs):
+ * the caller gives it back with kvl__spanbuf_give(src->bufs, *payload).
  * Errors: KVL_ERR_RANGE (empty range, past the held tokens, too large), KVL_ERR_NOMEM, and
  * whatever the reader returns. */
 typedef struct kvl__span_ids {

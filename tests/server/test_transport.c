@@ -20,6 +20,7 @@
 #include "span.h"
 #include "span_source.h"
 #include "transport.h"
+#include "spanbuf.h"
 
 static void test_send_recv(void **state) {
     kvl__transport *a, *b;
@@ -115,6 +116,57 @@ static void test_send_recv(void **state) {
     assert_int_equal(kvl__transport_create("carrier-pigeon", &x), KVL_ERR_UNSUPPORTED);
     kvl__transport_free(a);
     kvl__transport_free(b);
+}
+
+static void test_spanbufs(void **state) {
+    (void)state;
+    kvl__spanbufs *p;
+    assert_int_equal(kvl__spanbufs_create(0, 1 << 20, &p), KVL_ERR_INVALID_ARG);
+    assert_int_equal(kvl__spanbufs_create(2, 1 << 20, &p), KVL_OK);
+    /* a buffer given back is the one the next span of its size gets, faulted in already */
+    uint8_t *a = kvl__spanbuf_take(p, 300000);
+    assert_non_null(a);
+    assert_int_equal((uintptr_t)a % 64, 0);
+    memset(a, 7, 300000);
+    kvl__spanbuf_give(p, a);
+    uint8_t *b = kvl__spanbuf_take(p, 200000);
+    assert_ptr_equal(a, b);
+    /* two taken at once: two buffers; a third does not fit the pool (its own, freed on give) */
+    uint8_t *c = kvl__spanbuf_take(p, 100000);
+    assert_non_null(c);
+    assert_ptr_not_equal(b, c);
+    uint8_t *d = kvl__spanbuf_take(p, 100000);
+    assert_non_null(d);
+    int kept;
+    size_t bytes;
+    kvl__spanbufs_stats(p, &kept, &bytes);
+    assert_int_equal(kept, 2);
+    assert_true(bytes <= (1 << 20));
+    kvl__spanbuf_give(p, d);
+    kvl__spanbufs_stats(p, &kept, NULL);
+    assert_int_equal(kept, 2);
+    kvl__spanbuf_give(p, b);
+    kvl__spanbuf_give(p, c);
+    /* larger than max_bytes: never kept */
+    uint8_t *e = kvl__spanbuf_take(p, 2 << 20);
+    assert_non_null(e);
+    kvl__spanbuf_give(p, e);
+    kvl__spanbufs_stats(p, &kept, &bytes);
+    assert_true(bytes <= (1 << 20));
+    /* a buffer bigger than the idle ones replaces them when the bytes would not fit */
+    uint8_t *f = kvl__spanbuf_take(p, 900000);
+    assert_non_null(f);
+    kvl__spanbufs_stats(p, &kept, &bytes);
+    assert_true(bytes <= (1 << 20));
+    /* freed while one is taken: the taken one stays valid, given back later */
+    kvl__spanbufs_free(p);
+    memset(f, 1, 900000);
+    kvl__spanbuf_give(p, f);
+    /* no pool: plain allocations */
+    uint8_t *g = kvl__spanbuf_take(NULL, 1000);
+    assert_non_null(g);
+    kvl__spanbuf_give(NULL, g);
+    kvl__spanbuf_give(NULL, NULL);
 }
 
 static void test_span_codec(void **state) {
@@ -219,6 +271,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_send_recv),
         cmocka_unit_test(test_span_codec),
+        cmocka_unit_test(test_spanbufs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
