@@ -181,7 +181,7 @@ typedef struct handler_job {
  * the next one, and at most KVL_RPC_IDLE_MAX wait at once, so a burst's threads go away and a
  * steady stream of calls creates none (a thread start costs tens of microseconds, an
  * appreciable part of a sub-millisecond call). */
-#define KVL_RPC_IDLE_MAX 16
+#define KVL_RPC_IDLE_MAX 8
 #define KVL_RPC_IDLE_S 30
 
 /* srv->mu held: the call's place is given back */
