@@ -57,7 +57,7 @@ kvl_status kvld_node_create(const kvld_config *cfg, kvld_node **out) {
     if ((st = kvld_translators_load(cfg->translators, n->model, &n->translators)) != KVL_OK)
         goto fail;
     /* span payloads: a few buffers kept, faulted in, for the next switch (spanbuf.h) */
-    if (getenv("KVLD_NO_SPANBUFS") == NULL && (st = kvl__spanbufs_create(KVLD_SPANBUFS, KVLD_SPANBUF_BYTES, &n->spanbufs))) goto fail;
+    if ((st = kvl__spanbufs_create(KVLD_SPANBUFS, KVLD_SPANBUF_BYTES, &n->spanbufs))) goto fail;
     if ((st = kvld_sessions_create(n->model, cfg->max_sessions, n->max_context, &n->sessions)))
         goto fail;
     kvld_sched_params sp = {.max_batch = cfg->max_batch, .prefill_chunk = cfg->prefill_chunk,
