@@ -78,6 +78,8 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_chat(int argc, char **argv);   /* cli/cmd_chat.c: gRPC client of kvlingo-router */
 #endif
 int cmd_translator(int argc, char **argv);
+int cmd_translator_random(int argc, char **argv);   /* cli/cmd_random.c */
+int cmd_model(int argc, char **argv);              /* `model random` */
 int cmd_bench(int argc, char **argv);
 
 #endif
