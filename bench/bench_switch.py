@@ -224,6 +224,7 @@ def main():
     ap.add_argument("--no-pieces", action="store_true", help="skip the in-process pieces")
     ap.add_argument("--work", default=None)
     a = ap.parse_args()
+    a.build = os.path.abspath(a.build)
     if a.repeats is None:
         a.repeats = 3 if a.shapes else 5
     os.environ["OPENBLAS_NUM_THREADS"] = str(a.threads)

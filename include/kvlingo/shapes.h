@@ -33,7 +33,8 @@ const char *kvl_shape_names(void);
 kvl_status kvl_model_create_random(const kvl_model_config *cfg, uint64_t seed,
                                    const kvl_model_params *params, kvl_model **out);
 
-/* Write a model directory `dir` (created if missing; files replaced) that kvl_model_load reads:
+/* Write a model directory `dir` (created if missing, in an existing parent; files replaced) that
+ * kvl_model_load reads:
  * config.json (Hugging Face field names; default RoPE only, plus "kvlingo_random_seed") and
  * model.safetensors with the weights kvl_model_create_random(cfg, seed) makes, stored as
  * `dtype` KVL_DTYPE_F32 (loads to exactly those weights) or KVL_DTYPE_BF16 (rounded to
