@@ -14,7 +14,9 @@
  *   translate GB/s:  bytes the translation reads and writes / translate time, against the
  *                    measured copy bandwidth (cudaMemcpy device to device, or host memcpy).
  * --source / --target take a model directory or a SHAPE name (kvlingo/shapes.h: random weights
- * of a published geometry); the maps are random of the right shape (kvlingo/kv_maps.h). */
+ * of a published geometry); the maps are random of the right shape (kvlingo/kv_maps.h), applied
+ * on the CPU by the translator kvld uses (kvl_translator_translate_span), on a GPU by the CUDA
+ * backend's. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +31,7 @@
 #include "kvlingo/kv_maps.h"
 #include "kvlingo/model.h"
 #include "kvlingo/shapes.h"
+#include "kvlingo/translator_train.h"
 
 
 /* One model on one backend. */
@@ -123,6 +126,7 @@ static kvl_status b_decode(bmodel *b, bcache *c, int32_t tok, int32_t *next) {
 
 typedef struct btrans {
     const kvl_kv_maps *maps;
+    kvl_translator *host;      /* CPU: the translator kvld applies, holding the maps */
     kvl_cuda_translator *dev;
 } btrans;
 
@@ -132,7 +136,7 @@ static kvl_status b_translate(bmodel *dst, btrans *tr, bcache *src, bcache *dc, 
         return s == KVL_OK ? kvl_cuda_synchronize(dst->dev) : s;
     }
     *bytes = 0;
-    return kvl_kv_maps_apply_host(tr->maps, dst->host, src->host, 0, t1, dc->host);
+    return kvl_translator_translate_span(tr->host, src->host, 0, t1, dc->host);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -224,6 +228,7 @@ static int bench_switch(int argc, char **argv) {
     }
     if ((s = kvl_kv_maps_random(&src.cfg, &dst.cfg, (uint64_t)seed + 2, &maps)) != KVL_OK) goto done;
     if (cuda && (s = kvl_cuda_translator_create(&maps, &src.cfg, dst.dev, &tr.dev)) != KVL_OK) goto done;
+    if (!cuda && (s = cli_translator_from_maps(src.host, dst.host, &maps, &tr.host)) != KVL_OK) goto done;
     const int cap = max_len + (int)n_new;   /* context + the switched turn's tokens */
     if ((s = bcache_open(&src, max_len + 1, &sc)) != KVL_OK) goto done;
     if ((s = bcache_open(&dst, cap, &dc)) != KVL_OK) goto done;
@@ -323,6 +328,7 @@ done:
     bcache_close(&sc);
     bcache_close(&dc);
     kvl_cuda_translator_free(tr.dev);
+    kvl_translator_free(tr.host);
     kvl_kv_maps_free(&maps);
     bmodel_close(&src);
     bmodel_close(&dst);

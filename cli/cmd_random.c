@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "error.h"
 #include "kvlingo/kv_maps.h"
 #include "kvlingo/model.h"
 #include "kvlingo/safetensors.h"
@@ -64,6 +65,38 @@ int cmd_model(int argc, char **argv) {
     return help ? 0 : 2;
 }
 
+kvl_status cli_translator_from_maps(const kvl_model *src, const kvl_model *dst, const kvl_kv_maps *maps,
+                                    kvl_translator **out) {
+    *out = NULL;
+    kvl_translator *tr = NULL;
+    kvl_status s = kvl_translator_create(src, dst, NULL, &tr);
+    if (s != KVL_OK) return s;
+    kvl_translator_geometry g;
+    kvl_translator_get_geometry(tr, &g);
+    if (g.dst_layers != maps->dst_layers || g.src_kv_heads != maps->src_kv_heads ||
+        g.src_head_dim != maps->src_head_dim || g.dst_kv_heads != maps->dst_kv_heads ||
+        g.dst_head_dim != maps->dst_head_dim || kvl_translator_taps(tr) != 1) {
+        kvl_translator_free(tr);
+        return kvl__errorf(KVL_ERR_MISMATCH, "random maps: geometry differs from the translator of %s -> %s",
+                          kvl_model_name(src), kvl_model_name(dst));
+    }
+    size_t per = (size_t)maps->dst_kv_heads * maps->dst_head_dim * (size_t)maps->src_kv_heads * maps->src_head_dim;
+    for (int l = 0; l < maps->dst_layers; l++) {
+        /* both use the default layer map s(l) = round(l (Ls-1) / (Lt-1)) */
+        if (kvl_translator_layer_map(tr, l) != maps->layer_map[l]) {
+            kvl_status e = kvl__errorf(KVL_ERR_MISMATCH, "random maps: target layer %d reads source layer %d, "
+                                      "the translator's map says %d", l, maps->layer_map[l],
+                                      kvl_translator_layer_map(tr, l));
+            kvl_translator_free(tr);
+            return e;
+        }
+        memcpy(kvl_translator_wk(tr, l), maps->wk + (size_t)l * per, per * sizeof(float));
+        memcpy(kvl_translator_wv(tr, l), maps->wv + (size_t)l * per, per * sizeof(float));
+    }
+    *out = tr;
+    return KVL_OK;
+}
+
 int cmd_translator_random(int argc, char **argv) {
     cli_args a;
     if (cli_args_init(&a, argc, argv, 3)) return 1;
@@ -96,23 +129,10 @@ int cmd_translator_random(int argc, char **argv) {
     kvl_model_params mp = kvl_model_default_params();
     kvl_status s = kvl_model_load(src_dir, &mp, &src);
     if (s == KVL_OK) { what = "translator random --target"; s = kvl_model_load(dst_dir, &mp, &dst); }
-    if (s == KVL_OK) { what = "translator random"; s = kvl_translator_create(src, dst, NULL, &tr); }
-    if (s == KVL_OK)
-        s = kvl_kv_maps_random(kvl_model_config_get(src), kvl_model_config_get(dst), (uint64_t)seed, &maps);
-    if (s == KVL_OK) {
-        /* both use the default layer map s(l) = round(l (Ls-1) / (Lt-1)): check, then copy */
-        size_t per = (size_t)maps.dst_kv_heads * maps.dst_head_dim * (size_t)maps.src_kv_heads * maps.src_head_dim;
-        for (int l = 0; s == KVL_OK && l < maps.dst_layers; l++) {
-            if (kvl_translator_layer_map(tr, l) != maps.layer_map[l]) {
-                fprintf(stderr, "kvlingo translator random: layer map of target layer %d: %d vs %d\n", l,
-                        kvl_translator_layer_map(tr, l), maps.layer_map[l]);
-                s = KVL_ERR_MISMATCH;
-                break;
-            }
-            memcpy(kvl_translator_wk(tr, l), maps.wk + (size_t)l * per, per * sizeof(float));
-            memcpy(kvl_translator_wv(tr, l), maps.wv + (size_t)l * per, per * sizeof(float));
-        }
-    }
+    if (s == KVL_OK) { what = "translator random"; s = kvl_kv_maps_random(kvl_model_config_get(src),
+                                                                           kvl_model_config_get(dst),
+                                                                           (uint64_t)seed, &maps); }
+    if (s == KVL_OK) s = cli_translator_from_maps(src, dst, &maps, &tr);
     char meta[128];
     snprintf(meta, sizeof meta, "{\"seed\":%ld,\"purpose\":\"cost measurements only: untrained maps\"}", seed);
     if (s == KVL_OK) s = kvl_translator_set_meta(tr, "random", meta);
