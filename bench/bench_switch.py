@@ -6,24 +6,43 @@ For each context length C and each repeat: a fresh session reads C tokens of
 testdata/corpus/valid.txt on the source model (one generated token), then the client asks the
 target model for the next turn (--new-tokens input tokens, default 8; one generated token):
   switch     the router ships the source's KV span and the target translates it (TRANSLATE);
-  re-prefill the same turn with force_reprefill: the target re-reads all C+8 tokens.
-Both include the target's forward pass over the turn's new tokens (and the source's last sampled
-token, which it never ran): that pass bounds the ratio at short contexts.
+  re-prefill the same turn with force_reprefill: the target re-reads all C+1+8 tokens.
+Both include the target's forward pass over the turn's new tokens and the source's last sampled
+token, which the source never ran (9 tokens): that pass bounds the ratio at short contexts.
 TTFT is measured by the client (request sent -> first token received) and by the router (its
-summary); medians of the repeats, ratio = re-prefill / switch.
+summary); medians of the repeats (after one warm-up), ratio = re-prefill / switch.
+
+In the same run (unless --no-pieces), the switch's pieces: `kvlingo bench switch --json
+--new-tokens 9` on the same pair, lengths and OPENBLAS_NUM_THREADS (in-process translate and
+forward), and the wire time the nodes log for each switch (ImportSpan recv_ms, ExportSpan
+transfer_ms), so `stack / pieces` shows what the RPCs, the router and the client add.
+
+--cold: the first switch of a freshly started fleet (a new fleet per repeat, --cold-repeats),
+against a re-prefill that is the first turn on the target of another fresh fleet.
+
+--shapes SRC:DST[,...]: random-weight models of published geometries (kvlingo/shapes.h, e.g.
+qwen2.5-0.5b:qwen2.5-1.5b) made for the run with `kvlingo model random` (--dtype f32|bf16) and
+random translators (`kvlingo translator random`); the nodes serve them without a tokenizer
+(token ids only), the router tokenizes with the Qwen tokenizer (testdata/tokenizers/qwen3).
+
 usage: bench_switch.py --build BUILD_DIR [--contexts 64,512,2048] [--repeats 5]
-                       [--pairs qwen3-a:qwen3-b,qwen3-b:qwen3-a] [--threads 1]
+                       [--pairs qwen3-a:qwen3-b,qwen3-b:qwen3-a | --shapes A:B[,...] [--dtype f32]]
+                       [--threads 1] [--cold [--cold-repeats 3]] [--no-pieces] [--work DIR]
 """
 import argparse
+import json
 import os
+import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "router"))
+SRC = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(SRC, "tests", "router"))
 import rtest  # noqa: E402
 
 
@@ -32,7 +51,7 @@ def client_turn(c, sid, **kw):
     req = c.pb.SendRequest(session_id=sid, **kw)
     t0 = time.perf_counter()
     ttft, summary = None, None
-    for m in c.stub.Send(req, timeout=300, metadata=c.metadata):
+    for m in c.stub.Send(req, timeout=600, metadata=c.metadata):
         if ttft is None and not m.HasField("summary"):
             ttft = time.perf_counter() - t0
         if m.HasField("summary"):
@@ -40,73 +59,282 @@ def client_turn(c, sid, **kw):
     return ttft, summary
 
 
+def med(v):
+    return statistics.median(v) if v else float("nan")
+
+
+class LogTail:
+    """New lines of a node's log since the last call (the node writes a line per request)."""
+
+    def __init__(self, path):
+        self.path, self.off = path, 0
+
+    def skip(self):
+        self.off = os.path.getsize(self.path) if os.path.exists(self.path) else 0
+
+    def read(self):
+        with open(self.path, errors="replace") as f:
+            f.seek(self.off)
+            text = f.read()
+            self.off = f.tell()
+        return text.splitlines()
+
+
+def span_times(tail, method, sid, keys, wait_s=2.0):
+    """{key: value (ms)} of `method`'s request line for session sid among the new log lines
+    (None for each key when the line did not come within wait_s)."""
+    t0 = time.time()
+    seen = []
+    while True:
+        seen += tail.read()
+        for ln in seen:
+            if "method=%s" % method in ln and sid in ln:
+                vals = {}
+                for k in keys:
+                    m = re.search(r"\b%s=([0-9.]+)" % k, ln)
+                    vals[k] = float(m.group(1)) if m else None
+                return vals
+        if time.time() - t0 > wait_s:
+            return {k: None for k in keys}
+        time.sleep(0.02)
+
+
+def config_vocab(d):
+    with open(os.path.join(d, "config.json")) as f:
+        return int(json.load(f)["vocab_size"])
+
+
+def make_shapes(build, pairs, work, dtype, env):
+    """Model dirs and translators for --shapes: {name: dir}, translators dir."""
+    kvl = os.path.join(build, "kvlingo")
+    mdir, trdir = os.path.join(work, "models"), os.path.join(work, "translators")
+    os.makedirs(mdir, exist_ok=True)
+    os.makedirs(trdir, exist_ok=True)
+    dirs = {}
+    for i, name in enumerate(dict.fromkeys([m for p in pairs for m in p])):
+        dirs[name] = os.path.join(mdir, name)
+        t0 = time.time()
+        subprocess.run([kvl, "model", "random", "--shape", name, "--out", dirs[name], "--dtype", dtype,
+                        "--seed", str(i + 1)], check=True, stdout=subprocess.DEVNULL, env=env)
+        print("bench_switch: made %s (%s) in %.0f s" % (dirs[name], dtype, time.time() - t0), flush=True)
+    for s, d in pairs:
+        subprocess.run([kvl, "translator", "random", "--source", dirs[s], "--target", dirs[d], "--out",
+                        os.path.join(trdir, "%s_to_%s.safetensors" % (s, d))], check=True,
+                       stdout=subprocess.DEVNULL, env=env)
+    return dirs
+
+
+def pieces(build, src_dir, dst_dir, contexts, reps, new_tokens, env):
+    """`kvlingo bench switch --json` rows by context length."""
+    out = subprocess.run([os.path.join(build, "kvlingo"), "bench", "switch", "--json", "--source", src_dir,
+                          "--target", dst_dir, "--lengths", ",".join(map(str, contexts)), "--reps",
+                          str(reps), "--new-tokens", str(new_tokens)], check=True, capture_output=True,
+                         text=True, env=env).stdout
+    rows = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
+    return {int(r["tokens"]): r for r in rows}
+
+
+def new_fleet(a, work, models, dirs, pairs, tokenizer):
+    return rtest.Fleet(a.build, work, models=models, policy={"name": "pinned"},
+                       guardrail={"shadow_fraction": 0.0}, model_dirs=dirs, pairs=pairs,
+                       tokenizer=tokenizer)
+
+
+def run_pair_warm(fleet, c, src, dst, contexts, corpus, user, repeats):
+    """Warm switch / re-prefill per context: dict ctx -> measurements."""
+    tails = {m: LogTail(fleet.nodes[m].log_path) for m in (src, dst)}
+    out = {}
+    for ctx in contexts:
+        prompt = corpus[:ctx]
+        res = {"t": [], "p": [], "tr": [], "pr": [], "x": [], "recv": [], "ntr": [], "xfer": []}
+        span = 0
+        for r in range(repeats + 1):     # the first repeat warms up both paths
+            for mode in ("t", "p"):
+                sid = c.create_session()
+                c.send_all(sid, tokens=prompt, max_tokens=1, model=src)
+                for t in tails.values():
+                    t.skip()
+                ttft, s = client_turn(c, sid, tokens=user, max_tokens=1, model=dst,
+                                      force_reprefill=(mode == "p"), ignore_eos=True)
+                want = 1 if mode == "t" else 2
+                if s.switch_mode != want:
+                    raise SystemExit("%s -> %s at %d: unexpected switch mode %d (%s)" % (
+                        src, dst, ctx, s.switch_mode, s.fallback_reason))
+                if mode == "t":
+                    span = s.span_tokens
+                    imp = span_times(tails[dst], "ImportSpan", sid, ("recv_ms", "translate_ms"))
+                    recv, ntr = imp["recv_ms"], imp["translate_ms"]
+                    xfer = span_times(tails[src], "ExportSpan", sid, ("transfer_ms",))["transfer_ms"]
+                if r > 0:
+                    res[mode].append(ttft)
+                    res[mode + "r"].append(s.ttft_seconds)
+                    if mode == "t":
+                        res["x"].append(s.switch_seconds)
+                        for k, v in (("recv", recv), ("ntr", ntr), ("xfer", xfer)):
+                            if v is not None:
+                                res[k].append(v / 1e3)
+                c.close_session(sid)
+        res["span"] = span
+        out[ctx] = res
+    return out
+
+
+def run_cold(a, work, models, dirs, pairs, tokenizer, src, dst, contexts, corpus, user):
+    """First switch / first re-prefill of a fresh fleet: dict ctx -> {"t": [...], "p": [...]}."""
+    out = {}
+    k = 0
+    for ctx in contexts:
+        res = {"t": [], "p": [], "tr": [], "pr": []}
+        for r in range(a.cold_repeats):
+            for mode in ("t", "p"):
+                k += 1
+                w = os.path.join(work, "cold-%d" % k)
+                fleet = new_fleet(a, w, models, dirs, pairs, tokenizer)
+                try:
+                    c = fleet.client(timeout=600)
+                    sid = c.create_session()
+                    c.send_all(sid, tokens=corpus[:ctx], max_tokens=1, model=src)
+                    ttft, s = client_turn(c, sid, tokens=user, max_tokens=1, model=dst,
+                                          force_reprefill=(mode == "p"), ignore_eos=True)
+                    if s.switch_mode != (1 if mode == "t" else 2):
+                        raise SystemExit("cold %s -> %s at %d: unexpected switch mode %d (%s)" % (
+                            src, dst, ctx, s.switch_mode, s.fallback_reason))
+                    res[mode].append(ttft)
+                    res[mode + "r"].append(s.ttft_seconds)
+                finally:
+                    fleet.stop()
+                if not a.work:
+                    shutil.rmtree(w, ignore_errors=True)
+        out[ctx] = res
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
     ap.add_argument("--contexts", default="64,512,2048")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=None, help="default 5, 3 with --shapes")
     ap.add_argument("--pairs", default="qwen3-a:qwen3-b,qwen3-b:qwen3-a")
+    ap.add_argument("--shapes", default=None, help="SRC:DST[,...] of kvlingo/shapes.h names")
+    ap.add_argument("--dtype", default="f32", choices=("f32", "bf16"), help="weights of --shapes dirs")
     ap.add_argument("--threads", type=int, default=1, help="OPENBLAS_NUM_THREADS of the nodes")
     ap.add_argument("--new-tokens", type=int, default=8, help="input tokens of the switched turn")
+    ap.add_argument("--cold", action="store_true", help="also the first switch of fresh fleets")
+    ap.add_argument("--cold-repeats", type=int, default=3)
+    ap.add_argument("--no-pieces", action="store_true", help="skip the in-process pieces")
     ap.add_argument("--work", default=None)
     a = ap.parse_args()
+    a.build = os.path.abspath(a.build)
+    if a.repeats is None:
+        a.repeats = 3 if a.shapes else 5
     os.environ["OPENBLAS_NUM_THREADS"] = str(a.threads)
-    work = a.work or tempfile.mkdtemp(prefix="kvlingo-bench-")
+    env = dict(os.environ)
     if a.work and os.path.isdir(a.work) and os.listdir(a.work):
         raise SystemExit("--work %s is not empty: give a new or empty directory" % a.work)
+    work = a.work or tempfile.mkdtemp(prefix="kvlingo-bench-")
     contexts = [int(x) for x in a.contexts.split(",")]
-    pairs = [tuple(p.split(":")) for p in a.pairs.split(",")]
-    fleet = rtest.Fleet(a.build, work, policy={"name": "pinned"},
-                        guardrail={"shadow_fraction": 0.0})
+    pairs = [tuple(p.split(":")) for p in (a.shapes or a.pairs).split(",")]
+    if any(len(p) != 2 for p in pairs):
+        raise SystemExit("--pairs/--shapes: SRC:DST[,SRC:DST...]")
+    models = list(dict.fromkeys([m for p in pairs for m in p]))
     try:
-        c = fleet.client(timeout=300)
-        import kvlingo.v1.router_pb2  # noqa: F401  (stubs loaded by the client)
-        # the prompt: the corpus, tokenized by the router's tokenizer through a throwaway turn
-        sid = c.create_session()
-        g_ids, _, _ = c.send_all(sid, rtest.corpus_text(0, 12000), max_tokens=1,
-                                 model=pairs[0][0])
-        corpus = list(c.get_session(sid, include_tokens=True).tokens)[:-1]
-        c.close_session(sid)
-        user = corpus[2100:2100 + a.new_tokens]
+        if a.shapes:
+            dirs = make_shapes(a.build, pairs, os.path.join(work, "fleet"), a.dtype, env)
+            tokenizer = os.path.join(a.build, "testdata", "tokenizers", "qwen3", "tokenizer.json")
+            tok_args = ["--tokenizer", tokenizer]
+        else:
+            dirs = {m: os.path.join(SRC, "models", m) for m in models}
+            tokenizer = None   # the fleet's default, models/qwen3-a
+            tok_args = ["--model", os.path.join(SRC, "models", "qwen3-a")]
+        # the prompt: the corpus as the router's tokenizer reads it, each id folded into the
+        # smallest vocabulary of the models (a no-op for the Qwen tokenizer and vocab 151936)
+        vocab = min(config_vocab(d) for d in dirs.values())
+        out = subprocess.run([os.path.join(a.build, "kvlingo"), "tokenize"] + tok_args +
+                             ["--text", rtest.corpus_text(0, 20000), "--json"], check=True,
+                             capture_output=True, text=True).stdout
+        corpus = [i % vocab for i in json.loads(out)["ids"]]
+        u0 = max(2100, max(contexts) + 52)
+        if len(corpus) < u0 + a.new_tokens:
+            raise SystemExit("the corpus has %d tokens: too few for context %d" % (len(corpus), max(contexts)))
+        user = corpus[u0:u0 + a.new_tokens]
+        # in-process pieces first: no fleet holds memory or cores meanwhile
+        inproc = {}
+        if not a.no_pieces:
+            for src, dst in pairs:
+                inproc[(src, dst)] = pieces(a.build, dirs[src], dirs[dst], contexts, a.repeats,
+                                            a.new_tokens + 1, env)
+        load = os.getloadavg()
         print("bench_switch: client -> kvlingo-router -> kvld x2 on loopback; OPENBLAS_NUM_THREADS=%d; "
-              "median of %d repeats; %d new tokens per switched turn" % (a.threads, a.repeats, a.new_tokens))
+              "median of %d repeats; %d new tokens per switched turn; models %s; load %.2f %.2f %.2f" % (
+                  a.threads, a.repeats, a.new_tokens,
+                  ", ".join("%s (%s)" % (m, dirs[m]) for m in models), *load), flush=True)
+        fpairs = tuple(pairs) if a.shapes else None
+        fleet = new_fleet(a, os.path.join(work, "fleet"), models, dirs, fpairs, tokenizer)
+        warm = {}
+        try:
+            c = fleet.client(timeout=600)
+            for src, dst in pairs:
+                warm[(src, dst)] = run_pair_warm(fleet, c, src, dst, contexts, corpus, user, a.repeats)
+        finally:
+            fleet.stop()
+        cold = {}
+        if a.cold:
+            for src, dst in pairs:
+                cold[(src, dst)] = run_cold(a, work, models, dirs, fpairs, tokenizer, src, dst, contexts,
+                                            corpus, user)
         for src, dst in pairs:
             print("\n%s -> %s" % (src, dst))
             print("%8s | %12s %12s %8s | %12s %12s %8s | %7s %10s" % (
                 "context", "switch", "re-prefill", "ratio", "switch*", "re-prefill*", "ratio*", "span",
                 "export*"))
             for ctx in contexts:
-                prompt = corpus[:ctx]
-                res = {"t": [], "p": [], "tr": [], "pr": [], "x": []}
-                span = 0
-                for r in range(a.repeats + 1):     # the first repeat warms up both paths
-                    for mode in ("t", "p"):
-                        sid = c.create_session()
-                        c.send_all(sid, tokens=prompt, max_tokens=1, model=src)
-                        ttft, s = client_turn(c, sid, tokens=user, max_tokens=1, model=dst,
-                                              force_reprefill=(mode == "p"))
-                        want = 1 if mode == "t" else 2
-                        if s.switch_mode != want:
-                            raise SystemExit("unexpected switch mode %d (%s)" % (s.switch_mode, s.fallback_reason))
-                        if r > 0:
-                            res[mode].append(ttft)
-                            res[mode + "r"].append(s.ttft_seconds)
-                            if mode == "t":
-                                res["x"].append(s.switch_seconds)
-                        if mode == "t":
-                            span = s.span_tokens
-                        c.close_session(sid)
-                mt, mp = statistics.median(res["t"]), statistics.median(res["p"])
-                rt, rp = statistics.median(res["tr"]), statistics.median(res["pr"])
+                res = warm[(src, dst)][ctx]
+                mt, mp, rt, rp = med(res["t"]), med(res["p"]), med(res["tr"]), med(res["pr"])
                 print("%8d | %9.2f ms %9.2f ms %7.1fx | %9.2f ms %9.2f ms %7.1fx | %7d %7.2f ms" % (
-                    ctx, mt * 1e3, mp * 1e3, mp / mt, rt * 1e3, rp * 1e3, rp / rt, span,
-                    statistics.median(res["x"]) * 1e3))
+                    ctx, mt * 1e3, mp * 1e3, mp / mt, rt * 1e3, rp * 1e3, rp / rt, res["span"],
+                    med(res["x"]) * 1e3))
+            if a.cold:
+                print("%8s | %12s %12s %8s | %12s %12s %8s   (cold: first turn of a fresh fleet, median of %d)" % (
+                    "context", "cold switch", "cold re-pf", "ratio", "switch*", "re-prefill*", "ratio*",
+                    a.cold_repeats))
+                for ctx in contexts:
+                    res = cold[(src, dst)][ctx]
+                    mt, mp, rt, rp = med(res["t"]), med(res["p"]), med(res["tr"]), med(res["pr"])
+                    print("%8d | %9.2f ms %9.2f ms %7.1fx | %9.2f ms %9.2f ms %7.1fx" % (
+                        ctx, mt * 1e3, mp * 1e3, mp / mt, rt * 1e3, rp * 1e3, rp / rt))
+            if not a.no_pieces:
+                print("%8s | %12s | %10s %10s %10s %10s | %11s | %10s %10s %10s" % (
+                    "context", "stack switch", "translate", "forward", "wire", "sum", "stack / sum",
+                    "in-proc RP", "node transl", "export tx"))
+                for ctx in contexts:
+                    res, p = warm[(src, dst)][ctx], inproc[(src, dst)].get(ctx)
+                    if not p:
+                        continue
+                    st, wire = med(res["t"]), med(res["recv"])
+                    tr_, fw = p["translate_ms"] / 1e3, p["forward_ms"] / 1e3
+                    tot = tr_ + fw + (wire if wire == wire else 0.0)
+                    print("%8d | %9.2f ms | %7.2f ms %7.2f ms %7.2f ms %7.2f ms | %10.2fx | %7.2f ms %7.2f ms %7.2f ms" % (
+                        ctx, st * 1e3, tr_ * 1e3, fw * 1e3, wire * 1e3, tot * 1e3, st / tot,
+                        p["reprefill_ttft_ms"], med(res["ntr"]) * 1e3, med(res["xfer"]) * 1e3))
         print("\n(columns: client-measured TTFT; * = router-measured TTFT from its turn summary; "
               "span = tokens shipped and translated; export* = the router's ExportSpan call: read, "
               "ship, translate on the target; the rest of a switch's TTFT is the target's forward "
               "pass over the turn's new tokens)")
+        if a.cold:
+            print("(cold: each measurement on a fleet started for it: the source turn, untimed, then "
+                  "the timed switch or re-prefill, the target's first turn; the same client timing)")
+        if not a.no_pieces:
+            print("(pieces: stack switch = the client's warm switch TTFT above; translate and forward = "
+                  "`kvlingo bench switch --json --new-tokens %d` in one process, same models and "
+                  "OPENBLAS_NUM_THREADS, median of %d: translate = the target's translation of the C-token "
+                  "span into an empty cache, forward = its forward pass over the %d new tokens on it until "
+                  "the first token; wire = the target's ImportSpan recv_ms from its log: from offering "
+                  "its receive endpoint to the whole span's arrival; sum = translate + forward + wire; "
+                  "stack / sum: what the RPCs, the router, the client and the source's export add; "
+                  "in-proc RP = the in-process re-prefill of C+%d tokens; node transl = the target's "
+                  "translate_ms, export tx = the source's ExportSpan transfer_ms, both from the logs)" % (
+                      a.new_tokens + 1, a.repeats, a.new_tokens + 1, a.new_tokens + 1))
     finally:
-        fleet.stop()
         if not a.work:
             shutil.rmtree(work, ignore_errors=True)   # logs kept only with --work
 

@@ -78,6 +78,16 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_chat(int argc, char **argv);   /* cli/cmd_chat.c: gRPC client of kvlingo-router */
 #endif
 int cmd_translator(int argc, char **argv);
+int cmd_translator_random(int argc, char **argv);
+/* A translator src -> dst holding `maps` (kvlingo/kv_maps.h, the default layer map, one tap):
+ * what kvld applies, for benchmarks and random translator files.  KVL_ERR_MISMATCH when the
+ * maps' geometry or layer map is not the pair's; free with kvl_translator_free. */
+struct kvl_kv_maps;
+struct kvl_model;
+struct kvl_translator;
+kvl_status cli_translator_from_maps(const struct kvl_model *src, const struct kvl_model *dst,
+                                    const struct kvl_kv_maps *maps, struct kvl_translator **out);   /* cli/cmd_random.c */
+int cmd_model(int argc, char **argv);              /* `model random` */
 int cmd_bench(int argc, char **argv);
 
 #endif

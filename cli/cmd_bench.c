@@ -1,17 +1,22 @@
 /* cli/cmd_bench.c: `kvlingo bench switch`: the cost of a model switch by KV-Lingo translation
  * against a re-prefill of the target, on the CPU or one CUDA GPU.
  *
- * For each context length n: the source model prefills n random tokens (untimed); then on the
- * target, timed (median of --reps after one warm-up):
- *   re-prefill TTFT: prefill of the n tokens from an empty cache until the greedy first token;
+ * For each context length n: the source model prefills n random tokens (untimed); the switched
+ * turn then brings N = --new-tokens more (default 9: a turn of 8 input tokens plus the source's
+ * last sampled token, which the source never ran: what the target runs in kvlingo-router's
+ * switch).  On the target, timed (median of --reps after one warm-up):
+ *   re-prefill TTFT: prefill of the n + N tokens from an empty cache until the greedy first token;
  *   translate:       translation of the source span [0, n) into an empty target cache;
- *   switch TTFT:     translation of [0, n-1) plus one decode step of token n-1 (the target's
- *                    own computation of the last position), until the first token;
+ *   forward:         then the target's forward pass over the N new tokens (appended at
+ *                    positions [n, n+N)) until the greedy first token;
+ *   switch TTFT:     translate + forward, timed as one;
  *   ratio:           re-prefill TTFT / switch TTFT;
  *   translate GB/s:  bytes the translation reads and writes / translate time, against the
  *                    measured copy bandwidth (cudaMemcpy device to device, or host memcpy).
  * --source / --target take a model directory or a SHAPE name (kvlingo/shapes.h: random weights
- * of a published geometry); the maps are random of the right shape (kvlingo/kv_maps.h). */
+ * of a published geometry); the maps are random of the right shape (kvlingo/kv_maps.h), applied
+ * on the CPU by the translator kvld uses (kvl_translator_translate_span), on a GPU by the CUDA
+ * backend's. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,11 +25,13 @@
 
 #include "cli.h"
 #include "clock.h"
+#include "error.h"
 #include "kvlingo/cache.h"
 #include "kvlingo/cuda.h"
 #include "kvlingo/kv_maps.h"
 #include "kvlingo/model.h"
 #include "kvlingo/shapes.h"
+#include "kvlingo/translator_train.h"
 
 
 /* One model on one backend. */
@@ -119,6 +126,7 @@ static kvl_status b_decode(bmodel *b, bcache *c, int32_t tok, int32_t *next) {
 
 typedef struct btrans {
     const kvl_kv_maps *maps;
+    kvl_translator *host;      /* CPU: the translator kvld applies, holding the maps */
     kvl_cuda_translator *dev;
 } btrans;
 
@@ -128,7 +136,7 @@ static kvl_status b_translate(bmodel *dst, btrans *tr, bcache *src, bcache *dc, 
         return s == KVL_OK ? kvl_cuda_synchronize(dst->dev) : s;
     }
     *bytes = 0;
-    return kvl_kv_maps_apply_host(tr->maps, dst->host, src->host, 0, t1, dc->host);
+    return kvl_translator_translate_span(tr->host, src->host, 0, t1, dc->host);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -160,7 +168,8 @@ static double host_copy_gbps(void) {
 static void usage(FILE *f) {
     fprintf(f, "usage: kvlingo bench switch --source DIR|SHAPE --target DIR|SHAPE [--device cpu|cuda]\n"
                "                            [--lengths 64,1024,8192,32768] [--dtype bf16|f32] [--reps N]\n"
-               "                            [--seed S] [--json]\n"
+               "                            [--new-tokens N] [--seed S] [--json]\n"
+               "--new-tokens N: tokens of the switched turn the target runs after the context (default 9)\n"
                "SHAPE: %s (random weights of that geometry)\n", kvl_shape_names());
 }
 
@@ -176,6 +185,7 @@ static int bench_switch(int argc, char **argv) {
     const char *dtype = cli_opt(&a, "--dtype", &err);
     long reps = cli_opt_long(&a, "--reps", 3, 1, 1000, &err);
     long seed = cli_opt_long(&a, "--seed", 1, 0, 1L << 62, &err);
+    long n_new = cli_opt_long(&a, "--new-tokens", 9, 1, 4096, &err);
     int json = cli_flag(&a, "--json");
     if (err || cli_args_leftover(&a, "bench switch")) { cli_args_free(&a); return 2; }
     cli_args_free(&a);
@@ -191,7 +201,11 @@ static int bench_switch(int argc, char **argv) {
     if (cli_parse_ids(lengths ? lengths : (cuda ? "64,1024,8192,32768" : "16,64"), &lens, &n_lens)) return 2;
     int max_len = 0;
     for (size_t i = 0; i < n_lens; i++) {
-        if (lens[i] < 2) { fprintf(stderr, "kvlingo bench: lengths must be >= 2\n"); free(lens); return 2; }
+        if (lens[i] < 1 || lens[i] > (1 << 24)) {
+            fprintf(stderr, "kvlingo bench: --lengths: %d is not in [1, 16777216]\n", lens[i]);
+            free(lens);
+            return 2;
+        }
         if (lens[i] > max_len) max_len = lens[i];
     }
     if (cuda) {
@@ -214,8 +228,10 @@ static int bench_switch(int argc, char **argv) {
     }
     if ((s = kvl_kv_maps_random(&src.cfg, &dst.cfg, (uint64_t)seed + 2, &maps)) != KVL_OK) goto done;
     if (cuda && (s = kvl_cuda_translator_create(&maps, &src.cfg, dst.dev, &tr.dev)) != KVL_OK) goto done;
+    if (!cuda && (s = cli_translator_from_maps(src.host, dst.host, &maps, &tr.host)) != KVL_OK) goto done;
+    const int cap = max_len + (int)n_new;   /* context + the switched turn's tokens */
     if ((s = bcache_open(&src, max_len + 1, &sc)) != KVL_OK) goto done;
-    if ((s = bcache_open(&dst, max_len + 1, &dc)) != KVL_OK) goto done;
+    if ((s = bcache_open(&dst, cap, &dc)) != KVL_OK) goto done;
     double copy_gbps = 0.0;
     if (cuda) {
         if ((s = kvl_cuda_copy_bandwidth((size_t)1 << 30, 10, &copy_gbps)) != KVL_OK) goto done;
@@ -223,24 +239,25 @@ static int bench_switch(int argc, char **argv) {
         copy_gbps = host_copy_gbps();
     }
     int vocab = src.cfg.vocab_size < dst.cfg.vocab_size ? src.cfg.vocab_size : dst.cfg.vocab_size;
-    prompt = malloc(sizeof(int32_t) * (size_t)max_len);
-    if (!prompt) { s = KVL_ERR_NOMEM; goto done; }
+    prompt = malloc(sizeof(int32_t) * (size_t)cap);
+    if (!prompt) { s = kvl__errorf(KVL_ERR_NOMEM, "prompt of %d tokens", cap); goto done; }
     uint64_t st = (uint64_t)seed * 2654435761u + 12345;
-    for (int i = 0; i < max_len; i++) {
+    for (int i = 0; i < cap; i++) {
         st = st * 6364136223846793005ull + 1442695040888963407ull;
         prompt[i] = (int32_t)((st >> 33) % (uint64_t)vocab);
     }
     char devname[256] = "cpu";
     if (cuda) kvl_cuda_device_name(devname, sizeof devname, NULL);
     if (!json) {
-        printf("switch bench: %s -> %s on %s (%s), reps %ld, copy bandwidth %.1f GB/s\n", src_spec,
-               dst_spec, devname, cuda ? (dt == KVL_CUDA_F32 ? "f32" : "bf16") : "f32", reps, copy_gbps);
-        printf("%8s %14s %13s %12s %8s %15s %7s\n", "tokens", "re-prefill ms", "translate ms",
-               "switch ms", "ratio", "translate GB/s", "% copy");
+        printf("switch bench: %s -> %s on %s (%s), reps %ld, %ld new tokens per switched turn, "
+               "copy bandwidth %.1f GB/s\n", src_spec, dst_spec, devname,
+               cuda ? (dt == KVL_CUDA_F32 ? "f32" : "bf16") : "f32", reps, n_new, copy_gbps);
+        printf("%8s %14s %13s %11s %12s %8s %15s %7s\n", "tokens", "re-prefill ms", "translate ms",
+               "forward ms", "switch ms", "ratio", "translate GB/s", "% copy");
     }
     for (size_t li = 0; li < n_lens; li++) {
         const int n = lens[li];
-        double t_pre[1000], t_tr[1000], t_sw[1000];
+        double t_pre[1000], t_tr[1000], t_fw[1000], t_sw[1000];
         int32_t next = 0;
         size_t bytes = 0;
         if ((s = bcache_reset(&sc)) != KVL_OK) goto done;
@@ -248,21 +265,23 @@ static int bench_switch(int argc, char **argv) {
         for (long r = -1; r < reps; r++) {   /* r = -1: warm-up (graph capture, cuBLAS heuristics) */
             if ((s = bcache_reset(&dc)) != KVL_OK) goto done;
             double t0 = kvl__now_s();
-            if ((s = b_prefill(&dst, &dc, prompt, n, &next)) != KVL_OK) goto done;
+            if ((s = b_prefill(&dst, &dc, prompt, n + (int)n_new, &next)) != KVL_OK) goto done;
             double t1 = kvl__now_s();
             if ((s = bcache_reset(&dc)) != KVL_OK) goto done;
             double t2 = kvl__now_s();
             if ((s = b_translate(&dst, &tr, &sc, &dc, n, &bytes)) != KVL_OK) goto done;
             double t3 = kvl__now_s();
-            if ((s = bcache_reset(&dc)) != KVL_OK) goto done;
+            /* the turn's tokens on the translated cache: one decode step for one token (what a
+             * node runs for a single token), one prefill pass for more */
+            if (n_new == 1) s = b_decode(&dst, &dc, prompt[n], &next);
+            else s = b_prefill(&dst, &dc, prompt + n, (int)n_new, &next);
+            if (s != KVL_OK) goto done;
             double t4 = kvl__now_s();
-            if ((s = b_translate(&dst, &tr, &sc, &dc, n - 1, &bytes)) != KVL_OK) goto done;
-            if ((s = b_decode(&dst, &dc, prompt[n - 1], &next)) != KVL_OK) goto done;
-            double t5 = kvl__now_s();
             if (r >= 0) {
                 t_pre[r] = t1 - t0;
                 t_tr[r] = t3 - t2;
-                t_sw[r] = t5 - t4;
+                t_fw[r] = t4 - t3;
+                t_sw[r] = t4 - t2;
             }
         }
         if (!cuda) {   /* the same byte count as the CUDA kernel, float32 */
@@ -272,6 +291,7 @@ static int bench_switch(int argc, char **argv) {
                          (size_t)dst.cfg.n_layers * n * kt * (dst.cfg.qk_norm ? 3 : 2));
         }
         double pre = median(t_pre, (int)reps), trn = median(t_tr, (int)reps), sw = median(t_sw, (int)reps);
+        double fwd = median(t_fw, (int)reps);
         double gbps = trn > 0 ? (double)bytes / trn / 1e9 : 0.0;
         double pct = copy_gbps > 0 ? 100.0 * gbps / copy_gbps : 0.0;
         if (json) {
@@ -281,8 +301,11 @@ static int bench_switch(int argc, char **argv) {
                 cJSON_AddStringToObject(j, "target", dst_spec);
                 cJSON_AddStringToObject(j, "device", devname);
                 cJSON_AddNumberToObject(j, "tokens", n);
+                cJSON_AddNumberToObject(j, "new_tokens", (double)n_new);
                 cJSON_AddNumberToObject(j, "reprefill_ttft_ms", pre * 1e3);
                 cJSON_AddNumberToObject(j, "translate_ms", trn * 1e3);
+                cJSON_AddNumberToObject(j, "forward_ms", fwd * 1e3);
+                cJSON_AddNumberToObject(j, "reps", (double)reps);
                 cJSON_AddNumberToObject(j, "switch_ttft_ms", sw * 1e3);
                 cJSON_AddNumberToObject(j, "ratio", sw > 0 ? pre / sw : 0.0);
                 cJSON_AddNumberToObject(j, "translate_bytes", (double)bytes);
@@ -292,7 +315,8 @@ static int bench_switch(int argc, char **argv) {
             if (cli_print_json(j)) { rc = 2; goto done; }   /* reported by cli_print_json */
         }
         else
-            printf("%8d %14.3f %13.3f %12.3f %7.1fx %15.1f %6.1f%%\n", n, pre * 1e3, trn * 1e3, sw * 1e3,
+            printf("%8d %14.3f %13.3f %11.3f %12.3f %7.1fx %15.1f %6.1f%%\n", n, pre * 1e3, trn * 1e3,
+                   fwd * 1e3, sw * 1e3,
                    sw > 0 ? pre / sw : 0.0, gbps, pct);
         fflush(stdout);
     }
@@ -304,6 +328,7 @@ done:
     bcache_close(&sc);
     bcache_close(&dc);
     kvl_cuda_translator_free(tr.dev);
+    kvl_translator_free(tr.host);
     kvl_kv_maps_free(&maps);
     bmodel_close(&src);
     bmodel_close(&dst);

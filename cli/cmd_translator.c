@@ -647,7 +647,8 @@ int cmd_translator(int argc, char **argv) {
     if (sub && !strcmp(sub, "info")) return cmd_tr_info(argc, argv);
     if (sub && !strcmp(sub, "import")) return cmd_import(argc, argv);
     if (sub && !strcmp(sub, "plot")) return cmd_plot(argc, argv);
+    if (sub && !strcmp(sub, "random")) return cmd_translator_random(argc, argv);
     int help = sub && (!strcmp(sub, "--help") || !strcmp(sub, "-h"));
-    fprintf(help ? stdout : stderr, "usage: kvlingo translator (train | eval | info | import | plot) [options]   (--help for each)\n");
+    fprintf(help ? stdout : stderr, "usage: kvlingo translator (train | eval | info | import | plot | random) [options]   (--help for each)\n");
     return help ? 0 : 2;
 }

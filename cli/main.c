@@ -29,7 +29,11 @@ static void usage(FILE *f) {
           "  translator  info FILE [--json]                          pair, geometry, figures\n"
           "  translator  import --layout plain --in FILE --source DIR --target DIR --out FILE\n"
           "  translator  plot --csv FILE[,FILE...] --out FILE.png       loss curve of training (gnuplot)\n"
+          "  translator  random --source DIR --target DIR --out FILE [--dtype f32|bf16] [--seed S]\n"
+          "              random maps of the right shape (cost measurements only)\n"
+          "  model       random --shape SHAPE --out DIR [--dtype f32|bf16] [--seed S]   random-weight model dir\n"
           "  bench switch --source DIR|SHAPE --target DIR|SHAPE [--device cpu|cuda] [--lengths 64,1024]\n"
+          "              [--new-tokens N] [--reps N] [--json]\n"
           "\n"
           "\n"
           "  --version   version, git commit, build options, backends\n"
@@ -55,6 +59,7 @@ int main(int argc, char **argv) {
 #endif
     if (!strcmp(cmd, "translator")) return cmd_translator(argc, argv);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc, argv);
+    if (!strcmp(cmd, "model")) return cmd_model(argc, argv);
     fprintf(stderr, "kvlingo: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;

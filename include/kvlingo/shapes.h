@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "kvlingo/model.h"
+#include "kvlingo/safetensors.h"
 #include "kvlingo/status.h"
 
 #ifdef __cplusplus
@@ -31,6 +32,19 @@ const char *kvl_shape_names(void);
  * kvl_model_free.  Errors: KVL_ERR_INVALID_ARG (bad geometry), KVL_ERR_NOMEM. */
 kvl_status kvl_model_create_random(const kvl_model_config *cfg, uint64_t seed,
                                    const kvl_model_params *params, kvl_model **out);
+
+/* Write a model directory `dir` (created if missing, in an existing parent; files replaced) that
+ * kvl_model_load reads:
+ * config.json (Hugging Face field names; default RoPE only, plus "kvlingo_random_seed") and
+ * model.safetensors with the weights kvl_model_create_random(cfg, seed) makes, stored as
+ * `dtype` KVL_DTYPE_F32 (loads to exactly those weights) or KVL_DTYPE_BF16 (rounded to
+ * nearest even).  Same cfg and seed give byte-identical files, hence the same model hash.
+ * Needs prod(weights) * (4 or 2) bytes of memory while writing.  config.json is written last,
+ * so a failed write leaves no loadable directory.  Errors: KVL_ERR_INVALID_ARG (bad geometry or
+ * dtype), KVL_ERR_UNSUPPORTED (RoPE scaling, a bias/norm layout config.json cannot say),
+ * KVL_ERR_IO (naming the file), KVL_ERR_NOMEM. */
+kvl_status kvl_model_write_random(const kvl_model_config *cfg, uint64_t seed, kvl_dtype dtype,
+                                  const char *dir);
 
 #ifdef __cplusplus
 }

@@ -141,13 +141,18 @@ class Fleet:
 
     def __init__(self, build, work, models=("qwen3-a", "qwen3-b"), policy=None, guardrail=None,
                  transfer=None, extra_top=None, translators=True, kvld_args=(), pairs=None,
-                 peers=False, ledger=None, tls=None, api_keys=None, tickets=True):
+                 peers=False, ledger=None, tls=None, api_keys=None, tickets=True, model_dirs=None,
+                 tokenizer=None):
         """tls: None runs every process plaintext (kvld --insecure, insecure: true in the fleet
         file); a PKI of tlscerts.make() runs TLS: each node its own certificate and mutual TLS,
         the router its certificate, the clients verify it with the fleet CA.
         api_keys: the router's key file (api_keys:).  Without one, a plaintext fleet lets every
         client in as tenant "default" (insecure), and a TLS fleet (which must check keys) gets a
-        key file of one admin tenant, whose key the clients of client() send by default."""
+        key file of one admin tenant, whose key the clients of client() send by default.
+        model_dirs: {model: directory} for models outside models/ (the directory's last component
+        is the model's name); tokenizer: the router's tokenizer (default models/qwen3-a)."""
+        self.model_dirs = dict(model_dirs or {})
+        self.tokenizer = tokenizer or os.path.join(SRC, "models", "qwen3-a")
         self.build, self.work = build, work
         self.tls = tls
         self.api_keys = api_keys
@@ -189,7 +194,7 @@ class Fleet:
             trdir = os.path.join(self.work, "translators")
         port = self.node_ports[m]
         args = [os.path.join(self.build, "daemon", "kvld"), "--model",
-                os.path.join(SRC, "models", m), "--listen", "127.0.0.1:%d" % port]
+                self.model_dirs.get(m, os.path.join(SRC, "models", m)), "--listen", "127.0.0.1:%d" % port]
         if os.path.isdir(trdir):
             args += ["--translators", trdir]
         args += self.node_tls_args(m)
@@ -222,7 +227,7 @@ class Fleet:
         lines = ["listen: 127.0.0.1:%d" % self.router_port,
                  "metrics: 127.0.0.1:%d" % self.metrics_port,
                  "ledger: %s" % self.ledger,
-                 "tokenizer: %s" % os.path.join(SRC, "models", "qwen3-a")]
+                 "tokenizer: %s" % self.tokenizer]
         if self.tls:
             lines += ["tls_cert: %s" % self.tls["router"][0], "tls_key: %s" % self.tls["router"][1],
                       "tls_ca: %s" % self.tls["ca"]]
