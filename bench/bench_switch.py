@@ -137,7 +137,7 @@ def pieces(build, src_dir, dst_dir, contexts, reps, new_tokens, env):
 def new_fleet(a, work, models, dirs, pairs, tokenizer):
     return rtest.Fleet(a.build, work, models=models, policy={"name": "pinned"},
                        guardrail={"shadow_fraction": 0.0}, model_dirs=dirs, pairs=pairs,
-                       tokenizer=tokenizer)
+                       tokenizer=tokenizer, start_timeout=600.0 if dirs else 30.0)
 
 
 def run_pair_warm(fleet, c, src, dst, contexts, corpus, user, repeats):

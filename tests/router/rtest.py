@@ -142,7 +142,7 @@ class Fleet:
     def __init__(self, build, work, models=("qwen3-a", "qwen3-b"), policy=None, guardrail=None,
                  transfer=None, extra_top=None, translators=True, kvld_args=(), pairs=None,
                  peers=False, ledger=None, tls=None, api_keys=None, tickets=True, model_dirs=None,
-                 tokenizer=None):
+                 tokenizer=None, start_timeout=30.0):
         """tls: None runs every process plaintext (kvld --insecure, insecure: true in the fleet
         file); a PKI of tlscerts.make() runs TLS: each node its own certificate and mutual TLS,
         the router its certificate, the clients verify it with the fleet CA.
@@ -154,6 +154,7 @@ class Fleet:
         self.model_dirs = dict(model_dirs or {})
         self.tokenizer = tokenizer or os.path.join(SRC, "models", "qwen3-a")
         self.build, self.work = build, work
+        self.start_timeout = start_timeout
         self.tls = tls
         self.api_keys = api_keys
         self.default_key = None
@@ -207,7 +208,8 @@ class Fleet:
         elif "--insecure" not in args:
             args += ["--insecure"]
         p = Proc(args + list(kvld_args), os.path.join(self.work, "kvld-%s.log" % m))
-        wait_port(port, p.proc, what="kvld " + m)
+        # a real-shape model (gigabytes of weights) takes longer to load than the shipped ones
+        wait_port(port, p.proc, timeout=self.start_timeout, what="kvld " + m)
         self.nodes[m] = p
         self.procs.append(p)
         return p
