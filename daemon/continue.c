@@ -150,6 +150,7 @@ static void pull(cont *c) {
         snprintf(m, sizeof m, "the peer shipped [%u, %u), this node caches %d", resp->t0, resp->t1, c->cached);
         set_fallback(c, GRPC_STATUS_OUT_OF_RANGE, m);
     } else {
+        /* t1 == t0: this node already caches all the peer does (a span pushed ahead) */
         c->res.mode = KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_TRANSLATE;
         c->res.span_t0 = resp->t0;
         c->res.span_t1 = resp->t1;

@@ -416,6 +416,13 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     uint32_t to = in->to_cached ? (uint32_t)kvl_cache_n_tokens(s->cache)
                 : in->to ? in->to : (uint32_t)s->n_ledger;
     if (in->to_cached && in->to && to > in->to) to = in->to;
+    if (in->to_cached && to == in->from && to > 0) {
+        /* the peer caches all this node caches (a span pushed ahead): nothing to ship, and
+         * nothing moves, so no ticket is spent */
+        out.t0 = out.t1 = to;
+        out.total_seconds = kvl__now_s() - t_start;
+        goto out;
+    }
     if (to > (uint32_t)s->n_ledger || in->from >= to)
         FAIL(GRPC_STATUS_OUT_OF_RANGE, "range [%u, %u) is not within session '%s''s %d %s tokens",
              in->from, to, s->id, in->to_cached ? kvl_cache_n_tokens(s->cache) : s->n_ledger,
