@@ -256,10 +256,10 @@ void kvld_rpc_continue(kvl__rpc_call *call, const uint8_t *req, size_t len, void
     const size_t n_new = in->n_context - from_ctx + in->n_input;
     if ((size_t)s->n_ledger + n_new > (size_t)s->max_context) {
         /* the session may have been opened with a smaller max context than the node's */
+        st = kvl__errorf(KVL_ERR_RANGE, "input too long: %zu new tokens + %d held exceed the session's "
+                        "max context of %d tokens", n_new, have, s->max_context);
         kvld_session_release(n->sessions, s);
-        kvld_req_fail(&c.r, kvl__errorf(KVL_ERR_RANGE, "input too long: %zu new tokens + %d held exceed "
-                                       "the session's max context of %d tokens", n_new, have,
-                                       s->max_context), NULL);
+        kvld_req_fail(&c.r, st, NULL);
         goto done;
     }
     if (n_new > 0) {
