@@ -244,6 +244,9 @@ static kvl_status parse_root(kvl__svc_yaml *y, kvr_config *c, const char *name) 
     if (!s) s = kvl__svc_kv_int(&top, "max_new_tokens", 1024, 1, 1 << 24, &c->max_new_tokens);
     if (!s) s = kvl__svc_kv_int(&top, "default_max_tokens", 32, 1, 1 << 24, &c->default_max_tokens);
     if (!s) s = kvl__svc_kv_int(&top, "max_busy_sessions", 1024, 1, 1 << 20, &c->max_busy_sessions);
+    if (!s) s = kvl__svc_kv_int(&top, "push_ahead_queue", 64, 0, 4096, &c->push_ahead_queue);
+    if (!s) s = kvl__svc_kv_int(&top, "push_ahead_workers", 1, 1, 4, &c->push_ahead_workers);
+    if (!s) s = kvl__svc_kv_int(&top, "push_ahead_max_tokens", 32768, 1, 1 << 24, &c->push_ahead_max_tokens);
     if (!s && (tmp = kvl__svc_kv_str(&top, "ticket_key_file", NULL)) && tmp[0]) {
         c->ticket_key_file = resolve_path(name, tmp);
         c->ticket_key_line = kvl__svc_kv_line(&top, "ticket_key_file");

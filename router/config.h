@@ -31,6 +31,10 @@
  *   max_new_tokens: 1024            # one turn's max_tokens
  *   default_max_tokens: 32
  *   max_busy_sessions: 1024         # turns running at once (router memory bound)
+ *   push_ahead_queue: 64            # span pushes waiting for a worker (router/push_ahead.h); a
+ *                                   #   full queue drops the push.  0: push-ahead off
+ *   push_ahead_workers: 1           # background threads shipping pushed spans (1..4)
+ *   push_ahead_max_tokens: 32768    # a longer span is not pushed (the next switch ships it)
  *   ticket_key_file: fleet.key      # the fleet's transfer-ticket key (>= 32 bytes; the nodes'
  *                                   #   --ticket-key-file): every span move gets a ticket
  *   tls_cert: router.pem            # the router's certificate: its server identity towards
@@ -105,6 +109,9 @@ typedef struct kvr_config {
     long max_new_tokens;
     long default_max_tokens;
     long max_busy_sessions;
+    long push_ahead_queue;    /* 0: push-ahead off router-wide */
+    long push_ahead_workers;
+    long push_ahead_max_tokens;
     char *ticket_key_file;    /* resolved path; NULL: none (--ticket-key-file overrides) */
     int ticket_key_line;
     kvr_node_cfg *nodes;

@@ -56,6 +56,10 @@ static const kvl__svc_metric_def k_defs[] = {
      "unknown, forbidden: the tenant lacks the right).", KVL_SVC_COUNTER, NULL, 0},
     {"kvlingo_router_quota_refused_total", "Requests refused for a tenant's quota, by tenant and quota "
      "(max_sessions, tokens_per_minute).", KVL_SVC_COUNTER, NULL, 0},
+    {"kvlingo_router_push_ahead_total", "Span pushes after a turn to the node likely next, by result "
+     "(shipped, used, unused, skipped_busy, skipped, dropped_full, failed).", KVL_SVC_COUNTER, NULL, 0},
+    {"kvlingo_router_push_ahead_seconds", "Duration of a pushed span's export and translation.",
+     KVL_SVC_HISTOGRAM, BOUNDS(k_ttft_bounds)},
     {"kvlingo_router_model_failovers_total", "Turns answered on another model because no healthy "
      "node served the chosen one, by chosen model, model used and switch mode.", KVL_SVC_COUNTER,
      NULL, 0},

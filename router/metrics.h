@@ -24,6 +24,8 @@
  *   kvlingo_router_errors_total{code}                  counter (turns that ended in an error)
  *   kvlingo_router_shadow_dropped_total                counter
  *   kvlingo_router_model_failovers_total{from,to,mode} counter (chosen model had no healthy node)
+ *   kvlingo_router_push_ahead_total{result}            counter (background span pushes, push_ahead.h)
+ *   kvlingo_router_push_ahead_seconds                  histogram (a push's export + translate)
  *   kvlingo_router_auth_refused_total{reason}          counter (missing, unknown, forbidden key)
  *   kvlingo_router_quota_refused_total{tenant,quota}   counter (max_sessions, tokens_per_minute)
  *   process_*                                          the process (service/process.c)

@@ -9,6 +9,7 @@
 struct kvr_policy {
     const kvr_policy_ops *ops;
     void *self;
+    int push_ahead;           /* policy.push_ahead */
 };
 
 static const kvr_policy_ops *const k_policies[] = {
@@ -37,7 +38,8 @@ kvl_status kvr_policy_create(kvr_config *c, kvr_policy **out) {
     kvr_policy *p = calloc(1, sizeof *p);
     if (!p) return kvl__errorf(KVL_ERR_NOMEM, "policy: out of memory");
     p->ops = ops;
-    kvl_status s = ops->create(&c->policy, c, &p->self);
+    kvl_status s = kvl__svc_kv_bool(&c->policy, "push_ahead", 1, &p->push_ahead);
+    if (!s) s = ops->create(&c->policy, c, &p->self);
     if (!s) s = kvl__svc_kv_check_unused(&c->policy);
     if (s) { kvr_policy_free(p); return s; }
     *out = p;
@@ -112,6 +114,15 @@ kvl_status kvr_policy_choose(kvr_policy *p, const kvr_policy_input *in, kvr_poli
 void kvr_policy_observe(kvr_policy *p, const kvr_policy_input *in, const kvr_turn_outcome *o,
                         kvr_policy_state *st) {
     if (p->ops->observe) p->ops->observe(p->self, in, o, st);
+}
+
+int kvr_policy_push_ahead(const kvr_policy *p) { return p->push_ahead; }
+
+int kvr_policy_predict(kvr_policy *p, const kvr_policy_input *in, const kvr_policy_state *st,
+                       char *model, size_t cap) {
+    if (!p->push_ahead || !p->ops->predict || !cap) return 0;
+    model[0] = 0;
+    return p->ops->predict(p->self, in, st, model, cap) && model[0];
 }
 
 /* ---- helpers ------------------------------------------------------------------------------ */

@@ -73,6 +73,11 @@ typedef struct kvr_policy_ops {
     /* Called after a completed turn; updates *st (starting from the decision's state). */
     void (*observe)(void *self, const kvr_policy_input *in, const kvr_turn_outcome *o,
                     kvr_policy_state *st);
+    /* Optional (NULL: no opinion): after a completed turn, the model the policy expects to
+     * answer the next one, given the state observe() left in *st; writes it into model[cap]
+     * and returns 1, or returns 0 when it expects no change of model. */
+    int (*predict)(void *self, const kvr_policy_input *in, const kvr_policy_state *st, char *model,
+                   size_t cap);
 } kvr_policy_ops;
 
 typedef struct kvr_policy kvr_policy;
@@ -101,6 +106,12 @@ int kvr_policy_needs_entropy(const kvr_policy *p);
 kvl_status kvr_policy_choose(kvr_policy *p, const kvr_policy_input *in, kvr_policy_decision *out);
 void kvr_policy_observe(kvr_policy *p, const kvr_policy_input *in, const kvr_turn_outcome *o,
                         kvr_policy_state *st);
+/* Push-ahead (router/push_ahead.h): `push_ahead: true|false` in the policy block, taken by
+ * kvr_policy_create for every policy (default true).  kvr_policy_push_ahead says whether it is
+ * on; kvr_policy_predict is the policy's predict op (0 when it has none or push-ahead is off). */
+int kvr_policy_push_ahead(const kvr_policy *p);
+int kvr_policy_predict(kvr_policy *p, const kvr_policy_input *in, const kvr_policy_state *st,
+                       char *model, size_t cap);
 
 /* ---- helpers shared by the policies ------------------------------------------------------- */
 

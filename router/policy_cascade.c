@@ -13,6 +13,9 @@
  *   entropy_threshold: 3.0      # nats, optional
  *   calm_turns: 2               # optional, >= 1
  *   escalate_on_flag: true      # optional: honour SendRequest.escalate
+ *   push_ahead: true            # optional (every policy): when a turn moves the session to
+ *                               #   another rung, its span is pushed to that rung's node
+ *                               #   right after the turn (router/push_ahead.h)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,6 +116,17 @@ static void cascade_observe(void *self, const kvr_policy_input *in, const kvr_tu
     }
 }
 
+/* The rung observe() left the session on is the next turn's model (unless the request names
+ * another or escalates): a prediction when it is not the model that just answered. */
+static int cascade_predict(void *self, const kvr_policy_input *in, const kvr_policy_state *st,
+                           char *model, size_t cap) {
+    cascade *p = self;
+    (void)in;
+    if (st->level < 0 || st->level >= p->n) return 0;
+    snprintf(model, cap, "%s", p->models[st->level]);
+    return 1;
+}
+
 const kvr_policy_ops kvr_policy_cascade = {
     .name = "cascade",
     .needs_entropy = 1,
@@ -120,4 +134,5 @@ const kvr_policy_ops kvr_policy_cascade = {
     .destroy = cascade_destroy,
     .choose = cascade_choose,
     .observe = cascade_observe,
+    .predict = cascade_predict,
 };

@@ -16,6 +16,7 @@
 
 #include "error.h"
 #include "nodecall.h"
+#include "push_ahead.h"
 
 /* Ended sessions stay visible to GetSession for this long before their rows are purged. */
 #define ENDED_KEEP_S 86400.0
@@ -231,6 +232,7 @@ kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
     if (!s) s = kvr_policy_create(cfg, &r->policy);
     if (!s) s = kvr_guard_create(cfg, r->reg, r->metrics, &r->guard);
     if (!s) s = kvr_prefix_create((int)cfg->prefix_blocks, &r->prefix);
+    if (!s) s = kvr_push_ahead_create(r, &r->push);
     if (s) { kvr_router_free(r); return s; }
     int healthy = kvr_registry_refresh(r->reg, 0, 2000);
     kvr_router_sync_pairs(r);
@@ -251,6 +253,7 @@ void kvr_router_free(kvr_router *r) {
     if (r->server) kvl__rpc_server_shutdown(r->server, 2000);
     kvl__rpc_server_free(r->health_server);   /* it reads r->server's health: goes first */
     kvl__rpc_server_free(r->server);
+    kvr_push_ahead_free(r->push);   /* its workers use the registry, ledger and metrics */
     /* releases what it holds through the ledger, whose observer feeds the metrics */
     kvr_leases_free(r->leases);
     kvr_guard_free(r->guard);

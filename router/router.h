@@ -10,6 +10,7 @@
  *   guard.c      quality guardrail (shadow KL)    metrics.c    /metrics (libmicrohttpd)
  *   service.c    Router gRPC handlers             main.c       process: args, libuv, signals
  *   tenants.c    key file, key lookup, buckets    auth.c       who calls: keys, refusals, quotas
+ *   push_ahead.c ship a session's span to the node likely next, after a turn, off the critical path
  */
 #ifndef KVR_ROUTER_H
 #define KVR_ROUTER_H
@@ -58,6 +59,7 @@ typedef struct kvr_router {
     kvl__svc_tls tls;             /* the TLS files (empty with insecure)                        */
     kvl__rpc_tls server_tls;      /* the Router API: server TLS, client certificates optional   */
     kvl__rpc_tls client_tls;      /* channels to nodes: mutual TLS with the router's cert       */
+    struct kvr_push_ahead *push;  /* background span pushes (push_ahead.h); NULL: off           */
     int tickets;                  /* 1: every span move carries a ticket under ticket_key      */
     kvl__ticket_key ticket_key;
 } kvr_router;
@@ -115,6 +117,7 @@ typedef struct kvr_turn_req {
     const char *tenant;           /* the caller's tenant: its tokens_per_minute bucket is
                                      checked before the turn and charged with its tokens; NULL
                                      none (in-process callers)                                 */
+    const char *prefetch_model;   /* push-ahead hint: the model likely next; "" or NULL none    */
 } kvr_turn_req;
 
 typedef struct kvr_turn_out {
@@ -135,6 +138,7 @@ typedef struct kvr_turn_out {
      * target), and the target's forward up to the first token (node clock) */
     double ledger_s, export_s, transfer_s, translate_s, forward_s;
     int one_call;                 /* the turn was one ContinueTurn call on the node */
+    unsigned pushed_ahead_tokens; /* span tokens a background push shipped to this node before */
 } kvr_turn_out;
 
 /* Called for every generated token; return non-zero to stop: KVR_EMIT_STOP ends the turn as

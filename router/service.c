@@ -149,6 +149,12 @@ static kvl_status validate_send(kvr_router *r, Kvlingo__V1__SendRequest *q, int3
         kvr_registry_models(r->reg, models, sizeof models);
         return kvl__errorf(KVL_ERR_NOT_FOUND, "unknown model '%.64s' (the fleet serves: %s)", q->model, models);
     }
+    if (q->prefetch_model && q->prefetch_model[0] && !kvr_registry_model_known(r->reg, q->prefetch_model)) {
+        char models[256];
+        kvr_registry_models(r->reg, models, sizeof models);
+        return kvl__errorf(KVL_ERR_NOT_FOUND, "prefetch_model: unknown model '%.64s' (the fleet serves: %s)",
+                          q->prefetch_model, models);
+    }
     if (q->request_id && q->request_id[0] && !kvr_session_id_valid(q->request_id))
         return kvl__errorf(KVL_ERR_INVALID_ARG, "request_id '%.64s' is invalid (1-64 of A-Za-z0-9._:-)",
                           q->request_id);
@@ -214,7 +220,8 @@ static void h_send(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
                        .n_stop = n_stop, .has_end_token = end_token >= 0, .end_token = end_token, .model = q->model ? q->model : "",
                        .escalate = q->escalate, .force_reprefill = q->force_reprefill,
                        .compare_reprefill = q->compare_reprefill,
-                       .request_id = q->request_id ? q->request_id : "", .tenant = t.name};
+                       .request_id = q->request_id ? q->request_id : "", .tenant = t.name,
+                       .prefetch_model = q->prefetch_model ? q->prefetch_model : ""};
     kvr_turn_out o;
     emit_ctx e = {.call = call, .tok = r->tok, .special_text = q->special_text};
     s = kvr_turn_run(r, &tr, emit_token, &e, &o);
@@ -249,6 +256,7 @@ static void h_send(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
         sum.translate_seconds = o.translate_s;
         sum.forward_seconds = o.forward_s;
         sum.one_call = o.one_call;
+        sum.pushed_ahead_tokens = o.pushed_ahead_tokens;
         /* logged before the summary goes out: a client that saw the summary finds the line */
         static const char *modes[] = {"none", "translate", "reprefill"};
         char qfb[330], qpol[330];   /* room for every character escaped */

@@ -25,6 +25,7 @@
 #include "error.h"
 #include "nodecall.h"
 #include "turn_internal.h"
+#include "push_ahead.h"
 
 /* Does a node's SHA-256 of its ledger equal the hash of ledger tokens [0, n)?  What a node
  * holds is checked by content, not by count: a cache someone else filled (a span imported
@@ -165,6 +166,12 @@ static int try_translate(turn *t, int ti, int from, int tgt_tokens, int *to_out,
         return 0;
     }
     int to = (int)si.cached;
+    if (to == from && from > 0) {
+        /* push-ahead: the target already caches all the source can ship (both checked against
+         * the ledger): a translated switch of 0 tokens */
+        *to_out = to;
+        return 1;
+    }
     if (to <= from) {
         kvr__turn_fallback(t, "source_behind", "%s caches %d tokens, target holds %d", src->name, to, from);
         return 0;
@@ -541,6 +548,8 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
             free(newtok);
             out->context_tokens = (unsigned)(t.N + n_new);
             if (s) break;
+            /* push-ahead: report a push this turn used, queue one for the next turn */
+            kvr_push_ahead_after_turn(r->push, req, ti, &in, &ps, out);
             /* rates for the cost policy */
             double pf_s = out->ttft_s - out->switch_s;
             int prefilled = out->mode == KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE ? req->n_user : (int)out->span_tokens;

@@ -24,43 +24,43 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kvlingo/v1/router.proto\x12\nkvlingo.v1\"9\n\x14\x43reateSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\"+\n\x15\x43reateSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\xca\x02\n\x0bSendRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x13\n\x0btemperature\x18\x05 \x01(\x02\x12\r\n\x05top_k\x18\x06 \x01(\r\x12\r\n\x05top_p\x18\x07 \x01(\x02\x12\x0c\n\x04seed\x18\x08 \x01(\x04\x12\x13\n\x0bstop_at_eos\x18\t \x01(\x08\x12\r\n\x05model\x18\n \x01(\t\x12\x10\n\x08\x65scalate\x18\x0b \x01(\x08\x12\x17\n\x0f\x66orce_reprefill\x18\x0c \x01(\x08\x12\x19\n\x11\x63ompare_reprefill\x18\r \x01(\x08\x12\x12\n\nignore_eos\x18\x0e \x01(\x08\x12\x0c\n\x04\x63hat\x18\x0f \x01(\x08\x12\x14\n\x0cspecial_text\x18\x10 \x01(\x08\x12\x12\n\nrequest_id\x18\x11 \x01(\t\"\xe3\x04\n\x0bTurnSummary\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12+\n\x0bswitch_mode\x18\x03 \x01(\x0e\x32\x16.kvlingo.v1.SwitchMode\x12\x12\n\nfrom_model\x18\x04 \x01(\t\x12\x11\n\tfrom_node\x18\x05 \x01(\t\x12\x13\n\x0bspan_tokens\x18\x06 \x01(\r\x12\x14\n\x0cttft_seconds\x18\x07 \x01(\x01\x12\x19\n\x11tokens_per_second\x18\x08 \x01(\x01\x12\x13\n\x0bn_generated\x18\t \x01(\r\x12\x17\n\x0f\x66\x61llback_reason\x18\n \x01(\t\x12\x0c\n\x04turn\x18\x0b \x01(\r\x12\x16\n\x0e\x63ontext_tokens\x18\x0c \x01(\r\x12\x16\n\x0eswitch_seconds\x18\r \x01(\x01\x12\x15\n\rfinish_reason\x18\x0e \x01(\t\x12\x14\n\x0cmean_entropy\x18\x0f \x01(\x02\x12\x1e\n\x16reprefill_ttft_seconds\x18\x10 \x01(\x01\x12\x11\n\tshadow_kl\x18\x11 \x01(\x02\x12\x13\n\x0buser_tokens\x18\x12 \x01(\r\x12\x15\n\rpolicy_reason\x18\x13 \x01(\t\x12\x15\n\rfailover_from\x18\x14 \x01(\t\x12\x16\n\x0eledger_seconds\x18( \x01(\x01\x12\x16\n\x0e\x65xport_seconds\x18) \x01(\x01\x12\x18\n\x10transfer_seconds\x18* \x01(\x01\x12\x19\n\x11translate_seconds\x18+ \x01(\x01\x12\x17\n\x0f\x66orward_seconds\x18, \x01(\x01\x12\x10\n\x08one_call\x18- \x01(\x08\"f\n\x0cSendResponse\x12\r\n\x05token\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12(\n\x07summary\x18\x04 \x01(\x0b\x32\x17.kvlingo.v1.TurnSummary\"?\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0einclude_tokens\x18\x02 \x01(\x08\"-\n\x0bNodeHolding\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x10\n\x08n_tokens\x18\x02 \x01(\r\"\xec\x01\n\x12GetSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04open\x18\x02 \x01(\x08\x12\x16\n\x0e\x63ontext_tokens\x18\x03 \x01(\r\x12\x0f\n\x07n_turns\x18\x04 \x01(\r\x12\x14\n\x0c\x63urrent_node\x18\x05 \x01(\t\x12\x15\n\rcurrent_model\x18\x06 \x01(\t\x12)\n\x08holdings\x18\x07 \x03(\x0b\x32\x17.kvlingo.v1.NodeHolding\x12\x0e\n\x06tokens\x18\x08 \x03(\x05\x12\x14\n\x0cidle_seconds\x18\t \x01(\x01\x12\r\n\x05state\x18\n \x01(\t\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"&\n\x14\x43loseSessionResponse\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08\"\x12\n\x10ListNodesRequest\"\xb2\x01\n\nPairStatus\x12\x14\n\x0csource_model\x18\x01 \x01(\t\x12\x14\n\x0ctarget_model\x18\x02 \x01(\t\x12\x0f\n\x07\x65nabled\x18\x03 \x01(\x08\x12\x17\n\x0f\x64isabled_reason\x18\x04 \x01(\t\x12\x11\n\tmoving_kl\x18\x05 \x01(\x01\x12\x11\n\tkl_budget\x18\x06 \x01(\x01\x12\x16\n\x0eshadow_samples\x18\x07 \x01(\r\x12\x10\n\x08switches\x18\x08 \x01(\x04\"\xc6\x02\n\nNodeStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0f\n\x07healthy\x18\x04 \x01(\x08\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x10\n\x08sessions\x18\x06 \x01(\r\x12\x14\n\x0c\x61\x63tive_turns\x18\x07 \x01(\r\x12\x13\n\x0bmax_context\x18\x08 \x01(\r\x12\x18\n\x10translators_from\x18\t \x03(\t\x12!\n\x19prefill_tokens_per_second\x18\n \x01(\x01\x12 \n\x18\x64\x65\x63ode_tokens_per_second\x18\x0b \x01(\x01\x12\x1c\n\x14prefill_rate_samples\x18\x0c \x01(\r\x12\x1b\n\x13\x64\x65\x63ode_rate_samples\x18\r \x01(\r\x12\x13\n\x0brate_status\x18\x0e \x01(\t\"\x88\x01\n\x11ListNodesResponse\x12%\n\x05nodes\x18\x01 \x03(\x0b\x32\x16.kvlingo.v1.NodeStatus\x12%\n\x05pairs\x18\x02 \x03(\x0b\x32\x16.kvlingo.v1.PairStatus\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12\x15\n\rsessions_open\x18\x04 \x01(\r*X\n\nSwitchMode\x12\x14\n\x10SWITCH_MODE_NONE\x10\x00\x12\x19\n\x15SWITCH_MODE_TRANSLATE\x10\x01\x12\x19\n\x15SWITCH_MODE_REPREFILL\x10\x02\x32\x85\x03\n\x06Router\x12T\n\rCreateSession\x12 .kvlingo.v1.CreateSessionRequest\x1a!.kvlingo.v1.CreateSessionResponse\x12;\n\x04Send\x12\x17.kvlingo.v1.SendRequest\x1a\x18.kvlingo.v1.SendResponse0\x01\x12K\n\nGetSession\x12\x1d.kvlingo.v1.GetSessionRequest\x1a\x1e.kvlingo.v1.GetSessionResponse\x12Q\n\x0c\x43loseSession\x12\x1f.kvlingo.v1.CloseSessionRequest\x1a .kvlingo.v1.CloseSessionResponse\x12H\n\tListNodes\x12\x1c.kvlingo.v1.ListNodesRequest\x1a\x1d.kvlingo.v1.ListNodesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kvlingo/v1/router.proto\x12\nkvlingo.v1\"9\n\x14\x43reateSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\"+\n\x15\x43reateSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\xe2\x02\n\x0bSendRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x13\n\x0btemperature\x18\x05 \x01(\x02\x12\r\n\x05top_k\x18\x06 \x01(\r\x12\r\n\x05top_p\x18\x07 \x01(\x02\x12\x0c\n\x04seed\x18\x08 \x01(\x04\x12\x13\n\x0bstop_at_eos\x18\t \x01(\x08\x12\r\n\x05model\x18\n \x01(\t\x12\x10\n\x08\x65scalate\x18\x0b \x01(\x08\x12\x17\n\x0f\x66orce_reprefill\x18\x0c \x01(\x08\x12\x19\n\x11\x63ompare_reprefill\x18\r \x01(\x08\x12\x12\n\nignore_eos\x18\x0e \x01(\x08\x12\x0c\n\x04\x63hat\x18\x0f \x01(\x08\x12\x14\n\x0cspecial_text\x18\x10 \x01(\x08\x12\x12\n\nrequest_id\x18\x11 \x01(\t\x12\x16\n\x0eprefetch_model\x18\x12 \x01(\t\"\x80\x05\n\x0bTurnSummary\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12+\n\x0bswitch_mode\x18\x03 \x01(\x0e\x32\x16.kvlingo.v1.SwitchMode\x12\x12\n\nfrom_model\x18\x04 \x01(\t\x12\x11\n\tfrom_node\x18\x05 \x01(\t\x12\x13\n\x0bspan_tokens\x18\x06 \x01(\r\x12\x14\n\x0cttft_seconds\x18\x07 \x01(\x01\x12\x19\n\x11tokens_per_second\x18\x08 \x01(\x01\x12\x13\n\x0bn_generated\x18\t \x01(\r\x12\x17\n\x0f\x66\x61llback_reason\x18\n \x01(\t\x12\x0c\n\x04turn\x18\x0b \x01(\r\x12\x16\n\x0e\x63ontext_tokens\x18\x0c \x01(\r\x12\x16\n\x0eswitch_seconds\x18\r \x01(\x01\x12\x15\n\rfinish_reason\x18\x0e \x01(\t\x12\x14\n\x0cmean_entropy\x18\x0f \x01(\x02\x12\x1e\n\x16reprefill_ttft_seconds\x18\x10 \x01(\x01\x12\x11\n\tshadow_kl\x18\x11 \x01(\x02\x12\x13\n\x0buser_tokens\x18\x12 \x01(\r\x12\x15\n\rpolicy_reason\x18\x13 \x01(\t\x12\x15\n\rfailover_from\x18\x14 \x01(\t\x12\x16\n\x0eledger_seconds\x18( \x01(\x01\x12\x16\n\x0e\x65xport_seconds\x18) \x01(\x01\x12\x18\n\x10transfer_seconds\x18* \x01(\x01\x12\x19\n\x11translate_seconds\x18+ \x01(\x01\x12\x17\n\x0f\x66orward_seconds\x18, \x01(\x01\x12\x10\n\x08one_call\x18- \x01(\x08\x12\x1b\n\x13pushed_ahead_tokens\x18\x15 \x01(\r\"f\n\x0cSendResponse\x12\r\n\x05token\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12(\n\x07summary\x18\x04 \x01(\x0b\x32\x17.kvlingo.v1.TurnSummary\"?\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0einclude_tokens\x18\x02 \x01(\x08\"-\n\x0bNodeHolding\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x10\n\x08n_tokens\x18\x02 \x01(\r\"\xec\x01\n\x12GetSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04open\x18\x02 \x01(\x08\x12\x16\n\x0e\x63ontext_tokens\x18\x03 \x01(\r\x12\x0f\n\x07n_turns\x18\x04 \x01(\r\x12\x14\n\x0c\x63urrent_node\x18\x05 \x01(\t\x12\x15\n\rcurrent_model\x18\x06 \x01(\t\x12)\n\x08holdings\x18\x07 \x03(\x0b\x32\x17.kvlingo.v1.NodeHolding\x12\x0e\n\x06tokens\x18\x08 \x03(\x05\x12\x14\n\x0cidle_seconds\x18\t \x01(\x01\x12\r\n\x05state\x18\n \x01(\t\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"&\n\x14\x43loseSessionResponse\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08\"\x12\n\x10ListNodesRequest\"\xb2\x01\n\nPairStatus\x12\x14\n\x0csource_model\x18\x01 \x01(\t\x12\x14\n\x0ctarget_model\x18\x02 \x01(\t\x12\x0f\n\x07\x65nabled\x18\x03 \x01(\x08\x12\x17\n\x0f\x64isabled_reason\x18\x04 \x01(\t\x12\x11\n\tmoving_kl\x18\x05 \x01(\x01\x12\x11\n\tkl_budget\x18\x06 \x01(\x01\x12\x16\n\x0eshadow_samples\x18\x07 \x01(\r\x12\x10\n\x08switches\x18\x08 \x01(\x04\"\xc6\x02\n\nNodeStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0f\n\x07healthy\x18\x04 \x01(\x08\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x10\n\x08sessions\x18\x06 \x01(\r\x12\x14\n\x0c\x61\x63tive_turns\x18\x07 \x01(\r\x12\x13\n\x0bmax_context\x18\x08 \x01(\r\x12\x18\n\x10translators_from\x18\t \x03(\t\x12!\n\x19prefill_tokens_per_second\x18\n \x01(\x01\x12 \n\x18\x64\x65\x63ode_tokens_per_second\x18\x0b \x01(\x01\x12\x1c\n\x14prefill_rate_samples\x18\x0c \x01(\r\x12\x1b\n\x13\x64\x65\x63ode_rate_samples\x18\r \x01(\r\x12\x13\n\x0brate_status\x18\x0e \x01(\t\"\x88\x01\n\x11ListNodesResponse\x12%\n\x05nodes\x18\x01 \x03(\x0b\x32\x16.kvlingo.v1.NodeStatus\x12%\n\x05pairs\x18\x02 \x03(\x0b\x32\x16.kvlingo.v1.PairStatus\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12\x15\n\rsessions_open\x18\x04 \x01(\r*X\n\nSwitchMode\x12\x14\n\x10SWITCH_MODE_NONE\x10\x00\x12\x19\n\x15SWITCH_MODE_TRANSLATE\x10\x01\x12\x19\n\x15SWITCH_MODE_REPREFILL\x10\x02\x32\x85\x03\n\x06Router\x12T\n\rCreateSession\x12 .kvlingo.v1.CreateSessionRequest\x1a!.kvlingo.v1.CreateSessionResponse\x12;\n\x04Send\x12\x17.kvlingo.v1.SendRequest\x1a\x18.kvlingo.v1.SendResponse0\x01\x12K\n\nGetSession\x12\x1d.kvlingo.v1.GetSessionRequest\x1a\x1e.kvlingo.v1.GetSessionResponse\x12Q\n\x0c\x43loseSession\x12\x1f.kvlingo.v1.CloseSessionRequest\x1a .kvlingo.v1.CloseSessionResponse\x12H\n\tListNodes\x12\x1c.kvlingo.v1.ListNodesRequest\x1a\x1d.kvlingo.v1.ListNodesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kvlingo.v1.router_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SWITCHMODE']._serialized_start=2297
-  _globals['_SWITCHMODE']._serialized_end=2385
+  _globals['_SWITCHMODE']._serialized_start=2350
+  _globals['_SWITCHMODE']._serialized_end=2438
   _globals['_CREATESESSIONREQUEST']._serialized_start=39
   _globals['_CREATESESSIONREQUEST']._serialized_end=96
   _globals['_CREATESESSIONRESPONSE']._serialized_start=98
   _globals['_CREATESESSIONRESPONSE']._serialized_end=141
   _globals['_SENDREQUEST']._serialized_start=144
-  _globals['_SENDREQUEST']._serialized_end=474
-  _globals['_TURNSUMMARY']._serialized_start=477
-  _globals['_TURNSUMMARY']._serialized_end=1088
-  _globals['_SENDRESPONSE']._serialized_start=1090
-  _globals['_SENDRESPONSE']._serialized_end=1192
-  _globals['_GETSESSIONREQUEST']._serialized_start=1194
-  _globals['_GETSESSIONREQUEST']._serialized_end=1257
-  _globals['_NODEHOLDING']._serialized_start=1259
-  _globals['_NODEHOLDING']._serialized_end=1304
-  _globals['_GETSESSIONRESPONSE']._serialized_start=1307
-  _globals['_GETSESSIONRESPONSE']._serialized_end=1543
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=1545
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=1586
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1588
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1626
-  _globals['_LISTNODESREQUEST']._serialized_start=1628
-  _globals['_LISTNODESREQUEST']._serialized_end=1646
-  _globals['_PAIRSTATUS']._serialized_start=1649
-  _globals['_PAIRSTATUS']._serialized_end=1827
-  _globals['_NODESTATUS']._serialized_start=1830
-  _globals['_NODESTATUS']._serialized_end=2156
-  _globals['_LISTNODESRESPONSE']._serialized_start=2159
-  _globals['_LISTNODESRESPONSE']._serialized_end=2295
-  _globals['_ROUTER']._serialized_start=2388
-  _globals['_ROUTER']._serialized_end=2777
+  _globals['_SENDREQUEST']._serialized_end=498
+  _globals['_TURNSUMMARY']._serialized_start=501
+  _globals['_TURNSUMMARY']._serialized_end=1141
+  _globals['_SENDRESPONSE']._serialized_start=1143
+  _globals['_SENDRESPONSE']._serialized_end=1245
+  _globals['_GETSESSIONREQUEST']._serialized_start=1247
+  _globals['_GETSESSIONREQUEST']._serialized_end=1310
+  _globals['_NODEHOLDING']._serialized_start=1312
+  _globals['_NODEHOLDING']._serialized_end=1357
+  _globals['_GETSESSIONRESPONSE']._serialized_start=1360
+  _globals['_GETSESSIONRESPONSE']._serialized_end=1596
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=1598
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=1639
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1641
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1679
+  _globals['_LISTNODESREQUEST']._serialized_start=1681
+  _globals['_LISTNODESREQUEST']._serialized_end=1699
+  _globals['_PAIRSTATUS']._serialized_start=1702
+  _globals['_PAIRSTATUS']._serialized_end=1880
+  _globals['_NODESTATUS']._serialized_start=1883
+  _globals['_NODESTATUS']._serialized_end=2209
+  _globals['_LISTNODESRESPONSE']._serialized_start=2212
+  _globals['_LISTNODESRESPONSE']._serialized_end=2348
+  _globals['_ROUTER']._serialized_start=2441
+  _globals['_ROUTER']._serialized_end=2830
 # @@protoc_insertion_point(module_scope)

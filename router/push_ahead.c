@@ -1,0 +1,349 @@
+/* router/push_ahead.c: span push-ahead (see push_ahead.h): the prediction after a turn, the
+ * bounded queue, the workers that ship a session's new span to the predicted node under the
+ * session's lease, and the record of recent pushes that the next turn's summary reports. */
+#include "push_ahead.h"
+#include "router.h"
+#include "log.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "clock.h"
+#include "error.h"
+#include "nodecall.h"
+
+#define MAX_WORKERS 4
+#define WAIT_TURN_S 2.0     /* how long a push waits for the turn that queued it to finish */
+#define POLL_S 0.005
+
+typedef struct push_job {
+    char sid[KVR_ID_MAX];
+    int src, dst;           /* registry indices                                            */
+    int n_ctx;              /* ledger length after the turn that queued the push           */
+} push_job;
+
+typedef struct pushed {
+    char sid[KVR_ID_MAX];   /* "" free                                                     */
+    int dst;
+    int from, to;           /* the span the push shipped: [from, to)                       */
+} pushed;
+
+struct kvr_push_ahead {
+    kvr_router *r;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    push_job *q;            /* ring [cap]                                                  */
+    int cap, head, n;
+    pushed *done;           /* recent pushes [n_done], replaced oldest first               */
+    int n_done, done_next;
+    pthread_t th[MAX_WORKERS];
+    int n_th, stop;
+    char owner[KVR_NAME_MAX];   /* lease owner of pushes: "REPLICA/push"                    */
+};
+
+static void sleep_s(double s) {
+    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+static void count(kvr_push_ahead *p, const char *result) {
+    char lab[48];
+    snprintf(lab, sizeof lab, "result=\"%s\"", result);
+    kvr_metrics_inc(p->r->metrics, "kvlingo_router_push_ahead_total", lab, 1);
+}
+
+static int same_tokens(const kvr_session *s, const char *node_sha, int n) {
+    if (n < 0 || n > s->n_tokens || !node_sha || !node_sha[0]) return 0;
+    char want[65];
+    kvl__tokens_sha256_hex(s->tokens, (size_t)n, want);
+    return want[0] && !strcmp(node_sha, want);
+}
+
+/* The target's state is unknown after a failed push: drop its copy and its holding, so the
+ * ledger never names tokens the node may not hold.  Only under the push's lease. */
+static void forget_target(kvr_push_ahead *p, const push_job *j, int64_t node_ms) {
+    kvr_router *r = p->r;
+    kvr_node *D = &r->reg->nodes[j->dst];
+    if (kvr_node_drop(D, j->sid, node_ms, NULL))
+        kvl__svc_log_text("warn", "push-ahead %s: dropping the session on %s after a failed push: %s",
+                          j->sid, D->name, kvl_last_error());
+    if (kvr_ledger_holding_set(r->ledger, j->sid, D->name, 0))
+        kvl__svc_log_text("warn", "push-ahead %s: clearing the holding of %s: %s", j->sid, D->name,
+                          kvl_last_error());
+}
+
+/* Wait until no turn of this replica runs on the session and take its lease with the push's
+ * owner name.  1: taken (*lease set); 0: busy past WAIT_TURN_S, or stopping. */
+static int take_lease(kvr_push_ahead *p, const push_job *j, kvr_lease *lease) {
+    kvr_router *r = p->r;
+    double deadline = kvl__now_s() + WAIT_TURN_S;
+    while (kvl__now_s() < deadline) {
+        pthread_mutex_lock(&p->mu);
+        int stop = p->stop;
+        pthread_mutex_unlock(&p->mu);
+        if (stop) return 0;
+        if (!kvr_router_is_busy(r, j->sid) &&
+            !kvr_ledger_lease_acquire(r->ledger, j->sid, p->owner, kvr_wall_now(),
+                                      r->cfg->lease_ms / 1000.0, lease)) {
+            if (!kvr_router_is_busy(r, j->sid)) return 1;
+            /* a Send took the session just now: it waits for this lease; let it switch */
+            kvr_ledger_lease_release(r->ledger, j->sid, p->owner, lease->gen);
+            return 0;
+        }
+        sleep_s(POLL_S);
+    }
+    return 0;
+}
+
+static void remember(kvr_push_ahead *p, const push_job *j, int from, int to) {
+    pthread_mutex_lock(&p->mu);
+    int slot = -1;
+    for (int i = 0; i < p->n_done && slot < 0; i++)
+        if (!strcmp(p->done[i].sid, j->sid)) slot = i;
+    if (slot < 0) { slot = p->done_next; p->done_next = (p->done_next + 1) % p->n_done; }
+    snprintf(p->done[slot].sid, sizeof p->done[slot].sid, "%s", j->sid);
+    p->done[slot].dst = j->dst;
+    p->done[slot].from = from;
+    p->done[slot].to = to;
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* One push, under the session's lease.  Returns the result label. */
+static const char *push_locked(kvr_push_ahead *p, const push_job *j, const kvr_lease *lease,
+                               kvr_session *s) {
+    kvr_router *r = p->r;
+    const kvr_config *c = r->cfg;
+    int64_t node_ms = (int64_t)c->node_timeout_ms;
+    kvr_node *S = &r->reg->nodes[j->src], *D = &r->reg->nodes[j->dst];
+    if (kvr_ledger_session_load(r->ledger, j->sid, 1, s)) {
+        kvl__svc_log_text("info", "push-ahead %s: %s", j->sid, kvl_last_error());
+        return "skipped";
+    }
+    if (s->state != KVR_SESSION_OPEN || s->n_tokens != j->n_ctx || strcmp(s->current_node, S->name) ||
+        kvr_session_held(s, S->name) != j->n_ctx) {
+        kvl__svc_log_text("info", "push-ahead %s: the session moved on (%d tokens on %s, the push was "
+                          "for %d on %s): skipped", j->sid, s->n_tokens, s->current_node, j->n_ctx, S->name);
+        return "skipped";
+    }
+    if (!kvr_registry_can_translate(r->reg, S->model, j->dst) || !kvr_guard_pair_ok(r->guard, S->model, D->model)) {
+        kvl__svc_log_text("info", "push-ahead %s: no usable translator %s -> %s: skipped", j->sid,
+                          S->model, D->model);
+        return "skipped";
+    }
+    /* the source must hold exactly the ledger: count, idle, ids */
+    kvr_node_session si;
+    if (kvr_node_session_info(S, j->sid, node_ms, &si, NULL) || !si.found || (int)si.tokens != j->n_ctx ||
+        !si.idle || !same_tokens(s, si.sha256, j->n_ctx)) {
+        kvl__svc_log_text("warn", "push-ahead %s: source %s does not hold the ledger's %d tokens: skipped",
+                          j->sid, S->name, j->n_ctx);
+        return "skipped";
+    }
+    int to = (int)si.cached;
+    /* what the target holds: kept only when it is exactly what the ledger says */
+    int held = kvr_session_held(s, D->name), from = 0, tgt_tokens = 0;
+    kvr_node_session di;
+    if (kvr_node_session_info(D, j->sid, node_ms, &di, NULL)) {
+        kvl__svc_log_text("warn", "push-ahead %s: target %s: %s: skipped", j->sid, D->name, kvl_last_error());
+        return "skipped";
+    }
+    if (di.found && (int)di.tokens == held && di.idle && (int)di.cached <= held && same_tokens(s, di.sha256, held)) {
+        from = (int)di.cached;
+        tgt_tokens = held;
+    } else if (di.found || held > 0) {
+        forget_target(p, j, node_ms);   /* disagrees with the ledger: the next turn would reset it */
+    }
+    (void)tgt_tokens;
+    if (to <= from) return "skipped";            /* the target holds all the source can ship */
+    if (to - from > c->push_ahead_max_tokens) {
+        kvl__svc_log_text("info", "push-ahead %s: span [%d,%d) exceeds push_ahead_max_tokens %ld: skipped",
+                          j->sid, from, to, c->push_ahead_max_tokens);
+        return "skipped";
+    }
+    unsigned L = 0, H = 0, Dh = 0;
+    kvr_registry_geometry(r->reg, j->src, &L, &H, &Dh, NULL);
+    double bytes = 2.0 * L * H * Dh * 4.0 * (to - from) + 4.0 * (to - from);
+    double timeout = c->transfer_base_ms + bytes / c->transfer_bytes_per_s * 1000.0;
+    /* a turn arriving now waits for the lease at most lease_wait_ms: the push must end first */
+    if (timeout > c->lease_wait_ms * 0.8) timeout = c->lease_wait_ms * 0.8;
+    if (timeout < 1) timeout = 1;
+    kvr_export_result ex;
+    grpc_status_code code = GRPC_STATUS_OK;
+    double t0 = kvl__now_s();
+    kvl_status st = kvr_node_export(S, D, j->sid, (unsigned)from, (unsigned)to, 0, (int64_t)timeout,
+                                    r->tickets ? &r->ticket_key : NULL, &ex, &code);
+    double took = kvl__now_s() - t0;
+    if (st) {
+        kvl__svc_log_text("warn", "push-ahead %s: export %s->%s [%d,%d) failed: %s", j->sid, S->name,
+                          D->name, from, to, kvl_last_error());
+        forget_target(p, j, node_ms);
+        return "failed";
+    }
+    if ((int)ex.t0 != from || (int)ex.t1 != to || (int)ex.peer_tokens != to || !same_tokens(s, ex.peer_sha256, to)) {
+        kvl__svc_log_text("warn", "push-ahead %s: %s imported [%u,%u) -> %u tokens, expected [%d,%d) of the "
+                          "ledger's ids: discarded", j->sid, D->name, ex.t0, ex.t1, ex.peer_tokens, from, to);
+        forget_target(p, j, node_ms);
+        return "failed";
+    }
+    /* record only while the lease is still this push's: else another replica drives the session
+     * and its reconcile resets the target's unrecorded copy */
+    if (kvr_ledger_lease_renew(r->ledger, j->sid, p->owner, lease->gen, kvr_wall_now(), c->lease_ms / 1000.0) ||
+        kvr_ledger_holding_set(r->ledger, j->sid, D->name, to)) {
+        kvl__svc_log_text("warn", "push-ahead %s: recording %s's %d tokens: %s", j->sid, D->name, to,
+                          kvl_last_error());
+        return "failed";
+    }
+    kvr_metrics_observe(r->metrics, "kvlingo_router_push_ahead_seconds", "", took);
+    remember(p, j, from, to);
+    kvl__svc_log_text("info", "push-ahead %s: shipped [%d,%d) %s -> %s in %.1f ms", j->sid, from, to,
+                      S->model, D->model, took * 1e3);
+    return "shipped";
+}
+
+static void run_job(kvr_push_ahead *p, const push_job *j) {
+    kvr_lease lease;
+    if (!take_lease(p, j, &lease)) { count(p, "skipped_busy"); return; }
+    kvr_session s;
+    memset(&s, 0, sizeof s);
+    const char *res = push_locked(p, j, &lease, &s);
+    kvr_session_clear(&s);
+    if (kvr_ledger_lease_release(p->r->ledger, j->sid, p->owner, lease.gen))
+        kvl__svc_log_text("warn", "push-ahead %s: releasing the lease: %s", j->sid, kvl_last_error());
+    count(p, res);
+}
+
+static void *worker(void *arg) {
+    kvr_push_ahead *p = arg;
+    for (;;) {
+        pthread_mutex_lock(&p->mu);
+        while (!p->stop && p->n == 0) pthread_cond_wait(&p->cv, &p->mu);
+        if (p->stop) { pthread_mutex_unlock(&p->mu); break; }
+        push_job j = p->q[p->head];
+        p->head = (p->head + 1) % p->cap;
+        p->n--;
+        pthread_mutex_unlock(&p->mu);
+        run_job(p, &j);
+    }
+    return NULL;
+}
+
+kvl_status kvr_push_ahead_create(kvr_router *r, kvr_push_ahead **out) {
+    *out = NULL;
+    const kvr_config *c = r->cfg;
+    static const char *const results[] = {"shipped", "used", "unused", "skipped_busy", "skipped",
+                                          "dropped_full", "failed"};
+    for (size_t i = 0; i < sizeof results / sizeof results[0]; i++) {
+        char lab[48];
+        snprintf(lab, sizeof lab, "result=\"%s\"", results[i]);
+        kvr_metrics_inc(r->metrics, "kvlingo_router_push_ahead_total", lab, 0);
+    }
+    kvr_metrics_observe_zero(r->metrics, "kvlingo_router_push_ahead_seconds", "");
+    if (c->push_ahead_queue <= 0) return KVL_OK;
+    if (c->lease_wait_ms <= 0) {
+        kvl__svc_log_text("warn", "%s: push-ahead is off: lease_wait_ms is 0, so a turn could not wait "
+                          "for a push", c->path);
+        return KVL_OK;
+    }
+    kvr_push_ahead *p = calloc(1, sizeof *p);
+    if (!p) return kvl__errorf(KVL_ERR_NOMEM, "push-ahead");
+    p->r = r;
+    p->cap = (int)c->push_ahead_queue;
+    p->n_done = p->cap * 2 < 16 ? 16 : p->cap * 2;
+    p->q = calloc((size_t)p->cap, sizeof *p->q);
+    p->done = calloc((size_t)p->n_done, sizeof *p->done);
+    if (!p->q || !p->done) {
+        free(p->q);
+        free(p->done);
+        free(p);
+        return kvl__errorf(KVL_ERR_NOMEM, "push-ahead queue of %d", (int)c->push_ahead_queue);
+    }
+    snprintf(p->owner, sizeof p->owner, "%.58s/push", c->replica_id);
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    int nw = (int)c->push_ahead_workers;
+    if (nw > MAX_WORKERS) nw = MAX_WORKERS;
+    for (int i = 0; i < nw; i++) {
+        if (pthread_create(&p->th[i], NULL, worker, p)) {
+            kvr_push_ahead_free(p);
+            return kvl__errorf(KVL_ERR_INTERNAL, "push-ahead: starting worker %d of %d failed", i + 1, nw);
+        }
+        p->n_th++;
+    }
+    *out = p;
+    return KVL_OK;
+}
+
+void kvr_push_ahead_free(kvr_push_ahead *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->n_th; i++) pthread_join(p->th[i], NULL);
+    pthread_cond_destroy(&p->cv);
+    pthread_mutex_destroy(&p->mu);
+    free(p->q);
+    free(p->done);
+    free(p);
+}
+
+/* Did this turn use the push made after the previous one?  It did when it answered on the
+ * pushed node by translation and the node's cache at the start of the turn reached the
+ * pushed end (a reset node re-ships everything: the push was lost). */
+static void claim(kvr_push_ahead *p, const kvr_turn_req *req, int node, kvr_turn_out *out) {
+    pthread_mutex_lock(&p->mu);
+    pushed hit = {.sid = ""};
+    for (int i = 0; i < p->n_done; i++)
+        if (p->done[i].sid[0] && !strcmp(p->done[i].sid, req->sid)) {
+            hit = p->done[i];
+            p->done[i].sid[0] = 0;
+            break;
+        }
+    pthread_mutex_unlock(&p->mu);
+    if (!hit.sid[0]) return;
+    long n_before = (long)out->context_tokens - out->user_tokens - out->n_generated;
+    long held = n_before - ((long)out->prefill_tokens - out->user_tokens);   /* after the span */
+    long cached = held - (long)out->span_tokens;                            /* before the span */
+    if (hit.dst == node && out->mode == KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE && cached >= hit.to) {
+        out->pushed_ahead_tokens = (unsigned)(hit.to - hit.from);
+        count(p, "used");
+    } else {
+        count(p, "unused");
+    }
+}
+
+void kvr_push_ahead_after_turn(kvr_push_ahead *p, const kvr_turn_req *req, int node,
+                               const kvr_policy_input *in, const kvr_policy_state *st,
+                               kvr_turn_out *out) {
+    if (!p) return;
+    kvr_router *r = p->r;
+    claim(p, req, node, out);
+    char model[KVR_CFG_NAME_MAX] = "";
+    pthread_rwlock_rdlock(&r->policy_lock);
+    int on = kvr_policy_push_ahead(r->policy);
+    if (on && req->prefetch_model && req->prefetch_model[0])
+        snprintf(model, sizeof model, "%s", req->prefetch_model);
+    else if (on && !kvr_policy_predict(r->policy, in, st, model, sizeof model))
+        model[0] = 0;
+    pthread_rwlock_unlock(&r->policy_lock);
+    if (!model[0] || !strcmp(model, out->model)) return;   /* no switch expected */
+    int dst = kvr_policy_pick_of_model(in, model);
+    if (dst < 0 || dst == node) {
+        kvl__svc_log_text("info", "push-ahead %s: no healthy node of %s to push to", req->sid, model);
+        count(p, "skipped");
+        return;
+    }
+    push_job j = {.src = node, .dst = dst, .n_ctx = (int)out->context_tokens};
+    snprintf(j.sid, sizeof j.sid, "%s", req->sid);
+    pthread_mutex_lock(&p->mu);
+    int full = p->n >= p->cap;
+    if (!full) {
+        p->q[(p->head + p->n) % p->cap] = j;
+        p->n++;
+        pthread_cond_signal(&p->cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (full) count(p, "dropped_full");
+}

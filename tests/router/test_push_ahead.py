@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""tests/router/test_push_ahead.py: span push-ahead (router/push_ahead.h) with real kvld nodes
+(qwen3-a, qwen3-b) and kvlingo-router on loopback.
+
+Two fleets run the same sessions, greedy, token for token: one with push-ahead on (cascade, its
+default), one with `push_ahead: false` in the policy block (the control, switching without it).
+  P  cascade prediction: entropy_threshold 0 sends every turn after one on qwen3-a to qwen3-b;
+     after turn 0 the router pushes the span to b0, the switch then ships 0 tokens, translates,
+     and its summary says how many tokens were pushed ahead;
+  H  the client hint: turn 0 asks for qwen3-b with prefetch_model qwen3-a, turn 1 asks for
+     qwen3-a: pushed back from b0 to a0 ahead of time;
+  W  a wrong guess: pushed to b0 after turn 0, turn 1 stays on qwen3-a (counted "unused"), turn 2
+     moves to qwen3-b and ships only the tokens after the push;
+and in every case the outputs equal the control's.  The control shows no push at all (metrics,
+summaries, holdings).
+usage: test_push_ahead.py --build BUILD_DIR --work WORK_DIR
+"""
+import argparse
+import os
+import re
+import shutil
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rtest  # noqa: E402
+from rtest import check  # noqa: E402
+
+TRANSLATE = 1
+
+
+def push_counts(fleet):
+    out = {}
+    for m in re.finditer(r'^kvlingo_router_push_ahead_total\{result="(\w+)"\} ([0-9.e+]+)$',
+                         fleet.metrics(), re.M):
+        out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def wait_pushes(fleet, done_before, timeout=30.0):
+    """Wait until one more push has finished (any result but used/unused); returns the counts."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        c = push_counts(fleet)
+        done = sum(v for k, v in c.items() if k not in ("used", "unused"))
+        if done > done_before:
+            return c
+        time.sleep(0.05)
+    raise AssertionError("no push finished within %.0f s: %r" % (timeout, push_counts(fleet)))
+
+
+def finished(c):
+    return sum(v for k, v in c.items() if k not in ("used", "unused"))
+
+
+def holding(client, sid, node):
+    for h in client.get_session(sid).holdings:
+        if h.node == node:
+            return h.n_tokens
+    return 0
+
+
+PLANS = {
+    "P": [({}, "qwen3-a"), ({}, "qwen3-b"), ({}, "qwen3-b")],
+    # a hint naming the answering model means "no switch next": it overrides the cascade's
+    # prediction (qwen3-b after every qwen3-a turn here), so no other push is made
+    "H": [({"model": "qwen3-b", "prefetch_model": "qwen3-a"}, "qwen3-b"),
+          ({"model": "qwen3-a", "prefetch_model": "qwen3-a"}, "qwen3-a")],
+    "W": [({}, "qwen3-a"), ({"model": "qwen3-a", "prefetch_model": "qwen3-a"}, "qwen3-a"),
+          ({"model": "qwen3-b"}, "qwen3-b")],
+}
+
+
+def run_plans(fleet, pushing):
+    """Run every plan on `fleet`; returns {name: [(ids, summary), ...]}.  With pushing, each
+    turn that should queue a push waits for it to finish before the next turn."""
+    c = fleet.client()
+    res = {}
+    for name, plan in PLANS.items():
+        sid = c.create_session()
+        turns = []
+        for i, (kw, want_model) in enumerate(plan):
+            before = finished(push_counts(fleet))
+            text = rtest.corpus_text(0 if i == 0 else 2000 + 131 * i, 300 if i == 0 else 50)
+            ids, _, s = c.send_all(sid, text, max_tokens=6, **kw)
+            check(s.model == want_model, "%s turn %d: answered by %s, expected %s (%s)" % (
+                name, i, s.model, want_model, s.policy_reason))
+            print("  %s turn %d: %s mode=%d span=%d pushed=%d ctx=%d fallback=%r" % (
+                name, i, s.model, s.switch_mode, s.span_tokens, s.pushed_ahead_tokens,
+                s.context_tokens, s.fallback_reason))
+            turns.append((list(ids), s, sid))
+            # a push follows P0, H0 and W0 only (P1, P2 predict qwen3-b, where they ran)
+            if pushing and i == 0:
+                cnt = wait_pushes(fleet, before)
+                check(cnt.get("failed", 0) == 0, "a push failed: %r (see router.log)" % cnt)
+        res[name] = turns
+    return res, c
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--work", required=True)
+    a = ap.parse_args()
+    shutil.rmtree(a.work, ignore_errors=True)
+    policy = {"name": "cascade", "models": ["qwen3-a", "qwen3-b"], "entropy_threshold": 0,
+              "calm_turns": 1000}
+
+    print("control fleet: push_ahead: false")
+    ctl = rtest.Fleet(a.build, os.path.join(a.work, "control"), policy=dict(policy, push_ahead=False))
+    try:
+        want, _ = run_plans(ctl, pushing=False)
+        cnt = push_counts(ctl)
+        check(cnt and all(v == 0 for v in cnt.values()), "control fleet pushed: %r" % cnt)
+        for name, turns in want.items():
+            for i, (_, s, _) in enumerate(turns):
+                check(s.pushed_ahead_tokens == 0, "control %s turn %d: pushed %d" % (name, i, s.pushed_ahead_tokens))
+            check(turns[1][1].span_tokens > 0 or name == "W", "control %s: the switch shipped nothing" % name)
+    finally:
+        ctl.stop()
+
+    print("push-ahead fleet")
+    fleet = rtest.Fleet(a.build, os.path.join(a.work, "push"), policy=policy)
+    try:
+        got, c = run_plans(fleet, pushing=True)
+        for name in PLANS:
+            for i, ((gi, gs, _), (wi, ws, _)) in enumerate(zip(got[name], want[name])):
+                check(gi == wi, "%s turn %d: tokens %r differ from the control's %r" % (name, i, gi, wi))
+                check(gs.context_tokens == ws.context_tokens, "%s turn %d: ledger length" % (name, i))
+        # P: the switch after the push ships nothing and translates
+        p0, p1 = got["P"][0][1], got["P"][1][1]
+        check(p1.switch_mode == TRANSLATE and p1.span_tokens == 0,
+              "P turn 1: mode %d span %d, expected a 0-token translated switch (%s)" % (
+                  p1.switch_mode, p1.span_tokens, p1.fallback_reason))
+        check(p1.pushed_ahead_tokens == p0.context_tokens - 1,
+              "P turn 1: pushed_ahead_tokens %d, expected %d" % (p1.pushed_ahead_tokens, p0.context_tokens - 1))
+        check(want["P"][1][1].span_tokens == p0.context_tokens - 1,
+              "control P turn 1 shipped %d" % want["P"][1][1].span_tokens)
+        # H: the hint pushed b0 -> a0
+        h1 = got["H"][1][1]
+        check(h1.switch_mode == TRANSLATE and h1.span_tokens == 0 and h1.pushed_ahead_tokens > 0,
+              "H turn 1: mode %d span %d pushed %d" % (h1.switch_mode, h1.span_tokens, h1.pushed_ahead_tokens))
+        # W: the wrong guess stayed on a0; the later switch ships only what came after the push
+        w0, w1, w2 = (t[1] for t in got["W"])
+        check(w1.switch_mode != TRANSLATE and w1.pushed_ahead_tokens == 0, "W turn 1 used a push")
+        check(w2.switch_mode == TRANSLATE and w2.span_tokens == w1.context_tokens - 1 - (w0.context_tokens - 1),
+              "W turn 2: span %d, expected %d (only the tokens after the push)" % (
+                  w2.span_tokens, w1.context_tokens - w0.context_tokens))
+        check(w2.span_tokens < want["W"][2][1].span_tokens, "W turn 2 shipped no less than the control")
+        cnt = push_counts(fleet)
+        print("  push metrics:", cnt)
+        check(cnt.get("shipped", 0) == 3 and cnt.get("used", 0) == 2 and cnt.get("unused", 0) == 1,
+              "push counts %r, expected shipped 3, used 2, unused 1" % cnt)
+        check(cnt.get("failed", 0) == 0 and cnt.get("dropped_full", 0) == 0, "push failures: %r" % cnt)
+        check(re.search(r"^kvlingo_router_push_ahead_seconds_count 3$", fleet.metrics(), re.M),
+              "push_ahead_seconds should have 3 samples")
+        # the ledger: b0 holds P's context (its last turn ran there); the holdings match the nodes
+        sid_p = got["P"][0][2]
+        check(holding(c, sid_p, "b0") == got["P"][-1][1].context_tokens, "P: b0's holding")
+        print("ok: push-ahead ships ahead, the next switch translates 0 or only new tokens, "
+              "outputs equal the control")
+    finally:
+        fleet.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
