@@ -76,7 +76,8 @@ static void forget_target(kvr_push_ahead *p, const push_job *j, int64_t node_ms)
 }
 
 /* Wait until no turn of this replica runs on the session and take its lease with the push's
- * owner name.  1: taken (*lease set); 0: busy past WAIT_TURN_S, or stopping. */
+ * owner name.  1: taken (*lease set); 0: busy past WAIT_TURN_S, or stopping; -1: the session
+ * is gone (closed, expired) or the ledger failed. */
 static int take_lease(kvr_push_ahead *p, const push_job *j, kvr_lease *lease) {
     kvr_router *r = p->r;
     double deadline = kvl__now_s() + WAIT_TURN_S;
@@ -85,13 +86,19 @@ static int take_lease(kvr_push_ahead *p, const push_job *j, kvr_lease *lease) {
         int stop = p->stop;
         pthread_mutex_unlock(&p->mu);
         if (stop) return 0;
-        if (!kvr_router_is_busy(r, j->sid) &&
-            !kvr_ledger_lease_acquire(r->ledger, j->sid, p->owner, kvr_wall_now(),
-                                      r->cfg->lease_ms / 1000.0, lease)) {
-            if (!kvr_router_is_busy(r, j->sid)) return 1;
-            /* a Send took the session just now: it waits for this lease; let it switch */
-            kvr_ledger_lease_release(r->ledger, j->sid, p->owner, lease->gen);
-            return 0;
+        if (!kvr_router_is_busy(r, j->sid)) {
+            kvl_status s = kvr_ledger_lease_acquire(r->ledger, j->sid, p->owner, kvr_wall_now(),
+                                                    r->cfg->lease_ms / 1000.0, lease);
+            if (!s) {
+                if (!kvr_router_is_busy(r, j->sid)) return 1;
+                /* a Send took the session just now: it waits for this lease; let it switch */
+                kvr_ledger_lease_release(r->ledger, j->sid, p->owner, lease->gen);
+                return 0;
+            }
+            if (s != KVL_ERR_MISMATCH || !strstr(kvl_last_error(), "is busy")) {
+                kvl__svc_log_text("info", "push-ahead %s: %s: skipped", j->sid, kvl_last_error());
+                return -1;
+            }
         }
         sleep_s(POLL_S);
     }
@@ -116,7 +123,10 @@ static const char *push_locked(kvr_push_ahead *p, const push_job *j, const kvr_l
                                kvr_session *s) {
     kvr_router *r = p->r;
     const kvr_config *c = r->cfg;
-    int64_t node_ms = (int64_t)c->node_timeout_ms;
+    /* a turn arriving now waits for this lease at most lease_wait_ms: every call of the push
+     * together (two SessionInfo, the export, a drop) must end well before that */
+    int64_t node_ms = (int64_t)(c->lease_wait_ms / 8 < c->node_timeout_ms ? c->lease_wait_ms / 8 : c->node_timeout_ms);
+    if (node_ms < 1) node_ms = 1;
     kvr_node *S = &r->reg->nodes[j->src], *D = &r->reg->nodes[j->dst];
     if (kvr_ledger_session_load(r->ledger, j->sid, 1, s)) {
         kvl__svc_log_text("info", "push-ahead %s: %s", j->sid, kvl_last_error());
@@ -166,8 +176,7 @@ static const char *push_locked(kvr_push_ahead *p, const push_job *j, const kvr_l
     kvr_registry_geometry(r->reg, j->src, &L, &H, &Dh, NULL);
     double bytes = 2.0 * L * H * Dh * 4.0 * (to - from) + 4.0 * (to - from);
     double timeout = c->transfer_base_ms + bytes / c->transfer_bytes_per_s * 1000.0;
-    /* a turn arriving now waits for the lease at most lease_wait_ms: the push must end first */
-    if (timeout > c->lease_wait_ms * 0.8) timeout = c->lease_wait_ms * 0.8;
+    if (timeout > c->lease_wait_ms / 2) timeout = c->lease_wait_ms / 2;
     if (timeout < 1) timeout = 1;
     kvr_export_result ex;
     grpc_status_code code = GRPC_STATUS_OK;
@@ -204,7 +213,8 @@ static const char *push_locked(kvr_push_ahead *p, const push_job *j, const kvr_l
 
 static void run_job(kvr_push_ahead *p, const push_job *j) {
     kvr_lease lease;
-    if (!take_lease(p, j, &lease)) { count(p, "skipped_busy"); return; }
+    int taken = take_lease(p, j, &lease);
+    if (taken <= 0) { count(p, taken ? "skipped" : "skipped_busy"); return; }
     kvr_session s;
     memset(&s, 0, sizeof s);
     const char *res = push_locked(p, j, &lease, &s);

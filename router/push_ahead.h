@@ -11,13 +11,14 @@
  *
  * A push runs on a worker thread, under the session's ledger lease taken with its own owner
  * name ("REPLICA/push"), so no turn of any replica runs while it moves the span (a turn arriving
- * meanwhile waits for the lease, at most the push's deadline, which is capped below
- * lease_wait_ms).  A push whose session is busy or has moved on is skipped: the next turn
- * switches by itself.  The push checks the source holds exactly the ledger's tokens (count,
- * idle, SHA-256), ships [what the target caches, what the source caches) with a transfer
- * ticket, verifies the imported range and the target's token hash, and only then records the
- * target's holding.  Any failure leaves the ledger saying nothing the nodes do not hold: a
- * wrong guess or a failed push costs background work, never a wrong answer.
+ * meanwhile waits for the lease, at most the push's deadlines, which together stay under
+ * lease_wait_ms: the export gets half of it, each node call an eighth).  A push whose
+ * session is busy or has moved on is skipped: the next turn switches by itself.  The push
+ * checks the source holds exactly the ledger's tokens (count, idle, SHA-256), ships [what the
+ * target caches, what the source caches) with a transfer ticket, verifies the imported range
+ * and the target's token hash, and only then records the target's holding.  Any failure
+ * leaves the ledger saying nothing the nodes do not hold: a wrong guess or a failed push costs
+ * background work, never a wrong answer.
  *
  * Metrics: kvlingo_router_push_ahead_total{result} (shipped, used, unused, skipped_busy,
  * skipped, dropped_full, failed) and kvlingo_router_push_ahead_seconds (export + translate).

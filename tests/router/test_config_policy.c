@@ -251,6 +251,44 @@ static void test_cascade(void **state) {
     kvr_policy_free(p);
 }
 
+/* push-ahead: the policy key (every policy, default on), the router-wide keys, the cascade's
+ * prediction (the rung observe() left, whatever the model that answered) */
+static void test_push_ahead(void **state) {
+    (void)state;
+    kvr_config *c = NULL;
+    assert_int_equal(load("policy: {name: pinned}\n", &c), KVL_OK);
+    assert_int_equal(c->push_ahead_queue, 64);
+    assert_int_equal(c->push_ahead_workers, 1);
+    assert_int_equal(c->push_ahead_max_tokens, 32768);
+    kvr_config_free(c);
+    assert_int_equal(load("push_ahead_queue: 0\npush_ahead_workers: 2\npolicy: {name: pinned, push_ahead: false}\n",
+                          &c), KVL_OK);
+    assert_int_equal(c->push_ahead_queue, 0);
+    assert_int_equal(c->push_ahead_workers, 2);
+    kvr_config_free(c);
+    expect_err("push_ahead_queue: 5000\npolicy: {name: pinned}\n", "fleet.yaml:", "push_ahead_queue");
+    expect_err("push_ahead_workers: 0\npolicy: {name: pinned}\n", "fleet.yaml:", "push_ahead_workers");
+    expect_err("policy: {name: cascade, models: [small, large], push_ahead: maybe}\n", "fleet.yaml:",
+               "push_ahead");
+    kvr_policy *p = make_policy("policy: {name: pinned}\n");
+    kvr_policy_input in = input(0, 20);
+    kvr_policy_state st = {0, 0};
+    char m[64] = "x";
+    assert_int_equal(kvr_policy_push_ahead(p), 1);
+    assert_int_equal(kvr_policy_predict(p, &in, &st, m, sizeof m), 0);   /* pinned: no opinion */
+    kvr_policy_free(p);
+    p = make_policy("policy: {name: cascade, models: [small, large], entropy_threshold: 3}\n");
+    kvr_turn_outcome o = {.node = 0, .mean_entropy = 4.0, .entropy_valid = 1};
+    kvr_policy_observe(p, &in, &o, &st);
+    assert_int_equal(kvr_policy_predict(p, &in, &st, m, sizeof m), 1);
+    assert_string_equal(m, "large");
+    kvr_policy_free(p);
+    p = make_policy("policy: {name: cascade, models: [small, large], push_ahead: false}\n");
+    assert_int_equal(kvr_policy_push_ahead(p), 0);
+    assert_int_equal(kvr_policy_predict(p, &in, &st, m, sizeof m), 0);
+    kvr_policy_free(p);
+}
+
 static void test_cost(void **state) {
     (void)state;
     kvr_policy *p = make_policy("policy: {name: cost}\n");
@@ -282,7 +320,7 @@ int main(void) {
         cmocka_unit_test(test_config_ok),       cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_pinned),          cmocka_unit_test(test_least_loaded),
         cmocka_unit_test(test_cascade),         cmocka_unit_test(test_cost),
-        cmocka_unit_test(test_failover),
+        cmocka_unit_test(test_failover),        cmocka_unit_test(test_push_ahead),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
