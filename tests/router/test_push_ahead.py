@@ -11,6 +11,8 @@ default), one with `push_ahead: false` in the policy block (the control, switchi
      qwen3-a: pushed back from b0 to a0 ahead of time;
   W  a wrong guess: pushed to b0 after turn 0, turn 1 stays on qwen3-a (counted "unused"), turn 2
      moves to qwen3-b and ships only the tokens after the push;
+  R  races: as P, but each next turn is sent at once, so the push and the turn meet (the push is
+     skipped, or the turn waits for it, or the push finds the session moved on);
 and in every case the outputs equal the control's.  The control shows no push at all (metrics,
 summaries, holdings).
 usage: test_push_ahead.py --build BUILD_DIR --work WORK_DIR
@@ -69,14 +71,15 @@ PLANS = {
     "W": [({}, "qwen3-a"), ({"model": "qwen3-a", "prefetch_model": "qwen3-a"}, "qwen3-a"),
           ({"model": "qwen3-b"}, "qwen3-b")],
 }
+RACES = {"R%d" % k: [({}, "qwen3-a"), ({}, "qwen3-b")] for k in range(4)}
 
 
-def run_plans(fleet, pushing):
+def run_plans(fleet, pushing, plans=PLANS):
     """Run every plan on `fleet`; returns {name: [(ids, summary), ...]}.  With pushing, each
     turn that should queue a push waits for it to finish before the next turn."""
     c = fleet.client()
     res = {}
-    for name, plan in PLANS.items():
+    for name, plan in plans.items():
         sid = c.create_session()
         turns = []
         for i, (kw, want_model) in enumerate(plan):
@@ -90,7 +93,7 @@ def run_plans(fleet, pushing):
                 s.context_tokens, s.fallback_reason))
             turns.append((list(ids), s, sid))
             # a push follows P0, H0 and W0 only (P1, P2 predict qwen3-b, where they ran)
-            if pushing and i == 0:
+            if pushing and i == 0 and plans is PLANS:
                 cnt = wait_pushes(fleet, before)
                 check(cnt.get("failed", 0) == 0, "a push failed: %r (see router.log)" % cnt)
         res[name] = turns
@@ -110,6 +113,7 @@ def main():
     ctl = rtest.Fleet(a.build, os.path.join(a.work, "control"), policy=dict(policy, push_ahead=False))
     try:
         want, _ = run_plans(ctl, pushing=False)
+        want_races, _ = run_plans(ctl, pushing=False, plans=RACES)
         cnt = push_counts(ctl)
         check(cnt and all(v == 0 for v in cnt.values()), "control fleet pushed: %r" % cnt)
         for name, turns in want.items():
@@ -157,6 +161,16 @@ def main():
         # the ledger: b0 holds P's context (its last turn ran there); the holdings match the nodes
         sid_p = got["P"][0][2]
         check(holding(c, sid_p, "b0") == got["P"][-1][1].context_tokens, "P: b0's holding")
+        # races: whatever the push did, the answers are the control's
+        races, _ = run_plans(fleet, pushing=True, plans=RACES)
+        for name in RACES:
+            for i, ((gi, gs, _), (wi, ws, _)) in enumerate(zip(races[name], want_races[name])):
+                check(gi == wi, "%s turn %d: tokens %r differ from the control's %r" % (name, i, gi, wi))
+                check(gs.context_tokens == ws.context_tokens, "%s turn %d: ledger length" % (name, i))
+        time.sleep(0.5)
+        cnt = push_counts(fleet)
+        print("  push metrics after the races:", cnt)
+        check(cnt.get("failed", 0) == 0, "a push failed in the races: %r" % cnt)
         print("ok: push-ahead ships ahead, the next switch translates 0 or only new tokens, "
               "outputs equal the control")
     finally:
