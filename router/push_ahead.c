@@ -16,7 +16,10 @@
 #include "nodecall.h"
 
 #define MAX_WORKERS 4
-#define WAIT_TURN_S 2.0     /* how long a push waits for the turn that queued it to finish */
+/* How long a push waits for the turn that queued it to finish (it ends right after its
+ * commit): a session busy longer runs its next turn, which switches by itself, and a worker
+ * waiting on it would hold up the pushes of other sessions. */
+#define WAIT_TURN_S 0.25
 #define POLL_S 0.005
 
 typedef struct push_job {
@@ -75,9 +78,18 @@ static void forget_target(kvr_push_ahead *p, const push_job *j, int64_t node_ms)
                           kvl_last_error());
 }
 
+/* 1 when the ledger still has the session open at the length the push was queued for. */
+static int current(kvr_push_ahead *p, const push_job *j) {
+    kvr_session s;
+    if (kvr_ledger_session_load(p->r->ledger, j->sid, 0, &s)) return 0;
+    int ok = s.state == KVR_SESSION_OPEN && s.n_tokens == j->n_ctx;
+    kvr_session_clear(&s);
+    return ok;
+}
+
 /* Wait until no turn of this replica runs on the session and take its lease with the push's
  * owner name.  1: taken (*lease set); 0: busy past WAIT_TURN_S, or stopping; -1: the session
- * is gone (closed, expired) or the ledger failed. */
+ * is gone (closed, expired), has moved on (a later turn committed), or the ledger failed. */
 static int take_lease(kvr_push_ahead *p, const push_job *j, kvr_lease *lease) {
     kvr_router *r = p->r;
     double deadline = kvl__now_s() + WAIT_TURN_S;
@@ -86,6 +98,10 @@ static int take_lease(kvr_push_ahead *p, const push_job *j, kvr_lease *lease) {
         int stop = p->stop;
         pthread_mutex_unlock(&p->mu);
         if (stop) return 0;
+        if (!current(p, j)) {
+            kvl__svc_log_text("info", "push-ahead %s: the session ended or moved on: skipped", j->sid);
+            return -1;
+        }
         if (!kvr_router_is_busy(r, j->sid)) {
             kvl_status s = kvr_ledger_lease_acquire(r->ledger, j->sid, p->owner, kvr_wall_now(),
                                                     r->cfg->lease_ms / 1000.0, lease);
@@ -196,14 +212,37 @@ static const char *push_locked(kvr_push_ahead *p, const push_job *j, const kvr_l
         forget_target(p, j, node_ms);
         return "failed";
     }
-    /* record only while the lease is still this push's: else another replica drives the session
-     * and its reconcile resets the target's unrecorded copy */
-    if (kvr_ledger_lease_renew(r->ledger, j->sid, p->owner, lease->gen, kvr_wall_now(), c->lease_ms / 1000.0) ||
-        kvr_ledger_holding_set(r->ledger, j->sid, D->name, to)) {
-        kvl__svc_log_text("warn", "push-ahead %s: recording %s's %d tokens: %s", j->sid, D->name, to,
-                          kvl_last_error());
-        return "failed";
+    /* Record under the session's reservation too: CloseSession (and expiry) take only that,
+     * so a close that ran during the export is seen here (the session is no longer open: the
+     * target's copy goes), and one that comes later sees the holding and drops it.  A Send
+     * holding the reservation waits for this lease: its turn would switch by itself. */
+    if (kvr_router_busy_take(r, j->sid)) {
+        kvl__svc_log_text("info", "push-ahead %s: the session is busy (%s): the pushed span on %s is "
+                          "dropped", j->sid, kvl_last_error(), D->name);
+        forget_target(p, j, node_ms);
+        return "skipped_busy";
     }
+    kvr_session now;
+    memset(&now, 0, sizeof now);
+    int loaded = !kvr_ledger_session_load(r->ledger, j->sid, 0, &now);
+    int ended = loaded && now.state != KVR_SESSION_OPEN;
+    int open = loaded && !ended && now.n_tokens == j->n_ctx;
+    if (loaded) kvr_session_clear(&now);
+    /* only while the lease is still this push's: else another replica drives the session and
+     * its reconcile resets the target's unrecorded copy */
+    kvl_status rs = !open ? KVL_ERR_MISMATCH
+                  : kvr_ledger_lease_renew(r->ledger, j->sid, p->owner, lease->gen, kvr_wall_now(),
+                                           c->lease_ms / 1000.0);
+    if (!rs) rs = kvr_ledger_holding_set(r->ledger, j->sid, D->name, to);
+    if (rs) {
+        kvl__svc_log_text("info", "push-ahead %s: not recording %s's %d tokens: %s", j->sid, D->name, to,
+                          open ? kvl_last_error() : ended ? "the session ended during the push"
+                                                          : "the session moved on during the push");
+        /* an ended session's copy goes; a session that moved on is another turn's now */
+        if (ended) forget_target(p, j, node_ms);
+    }
+    kvr_router_busy_release(r, j->sid);
+    if (rs) return open ? "failed" : "skipped";
     kvr_metrics_observe(r->metrics, "kvlingo_router_push_ahead_seconds", "", took);
     remember(p, j, from, to);
     kvl__svc_log_text("info", "push-ahead %s: shipped [%d,%d) %s -> %s in %.1f ms", j->sid, from, to,
