@@ -21,6 +21,8 @@
  * waiting on it would hold up the pushes of other sessions. */
 #define WAIT_TURN_S 0.25
 #define POLL_S 0.005
+#define SWEEP_AFTER_S 0.25  /* a close racing with a push's record has ended by then          */
+#define SWEEP_EVERY_S 0.1
 
 typedef struct push_job {
     char sid[KVR_ID_MAX];
@@ -32,6 +34,8 @@ typedef struct pushed {
     char sid[KVR_ID_MAX];   /* "" free                                                     */
     int dst;
     int from, to;           /* the span the push shipped: [from, to)                       */
+    double at;              /* when it was recorded (kvl__now_s)                            */
+    int checked;            /* the sweep saw the session after the push                    */
 } pushed;
 
 struct kvr_push_ahead {
@@ -65,17 +69,31 @@ static int same_tokens(const kvr_session *s, const char *node_sha, int n) {
     return want[0] && !strcmp(node_sha, want);
 }
 
-/* The target's state is unknown after a failed push: drop its copy and its holding, so the
- * ledger never names tokens the node may not hold.  Only under the push's lease. */
-static void forget_target(kvr_push_ahead *p, const push_job *j, int64_t node_ms) {
+/* After a failed push the target may hold some of the span.  Nothing is dropped here (a drop
+ * that times out may still run on the node later, under the next turn): the target stays
+ * listed in the holdings with what it says it holds, so the next turn there checks it (count
+ * and token hash) and resets it if needed, and CloseSession drops it.  Only under the lease. */
+static void list_target(kvr_push_ahead *p, const push_job *j, int64_t node_ms, int guess) {
     kvr_router *r = p->r;
     kvr_node *D = &r->reg->nodes[j->dst];
-    if (kvr_node_drop(D, j->sid, node_ms, NULL))
-        kvl__svc_log_text("warn", "push-ahead %s: dropping the session on %s after a failed push: %s",
-                          j->sid, D->name, kvl_last_error());
-    if (kvr_ledger_holding_set(r->ledger, j->sid, D->name, 0))
-        kvl__svc_log_text("warn", "push-ahead %s: clearing the holding of %s: %s", j->sid, D->name,
-                          kvl_last_error());
+    kvr_node_session di;
+    int n = guess;   /* a target that does not answer: listed with what the push meant to leave */
+    if (!kvr_node_session_info(D, j->sid, node_ms, &di, NULL)) n = di.found ? (int)di.tokens : 0;
+    if (kvr_ledger_holding_set(r->ledger, j->sid, D->name, n))
+        kvl__svc_log_text("warn", "push-ahead %s: listing %s's holding after a failed push: %s", j->sid,
+                          D->name, kvl_last_error());
+}
+
+/* An ended session runs no turn: its copy on the target can go without a lease. */
+static void drop_ended(kvr_push_ahead *p, const char *sid, int dst) {
+    kvr_router *r = p->r;
+    kvr_node *D = &r->reg->nodes[dst];
+    if (kvr_node_drop(D, sid, (int64_t)r->cfg->node_timeout_ms, NULL))
+        kvl__svc_log_text("warn", "push-ahead %s: dropping the ended session's copy on %s: %s", sid,
+                          D->name, kvl_last_error());
+    else
+        kvl__svc_log_text("info", "push-ahead %s: the session ended during the push: its copy on %s "
+                          "was dropped", sid, D->name);
 }
 
 /* 1 when the ledger still has the session open at the length the push was queued for. */
@@ -131,6 +149,8 @@ static void remember(kvr_push_ahead *p, const push_job *j, int from, int to) {
     p->done[slot].dst = j->dst;
     p->done[slot].from = from;
     p->done[slot].to = to;
+    p->done[slot].at = kvl__now_s();
+    p->done[slot].checked = 0;
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -140,7 +160,7 @@ static const char *push_locked(kvr_push_ahead *p, const push_job *j, const kvr_l
     kvr_router *r = p->r;
     const kvr_config *c = r->cfg;
     /* a turn arriving now waits for this lease at most lease_wait_ms: every call of the push
-     * together (two SessionInfo, the export, a drop) must end well before that */
+     * together (three SessionInfo, the export) must end well before that */
     int64_t node_ms = (int64_t)(c->lease_wait_ms / 8 < c->node_timeout_ms ? c->lease_wait_ms / 8 : c->node_timeout_ms);
     if (node_ms < 1) node_ms = 1;
     kvr_node *S = &r->reg->nodes[j->src], *D = &r->reg->nodes[j->dst];
@@ -169,7 +189,7 @@ static const char *push_locked(kvr_push_ahead *p, const push_job *j, const kvr_l
     }
     int to = (int)si.cached;
     /* what the target holds: kept only when it is exactly what the ledger says */
-    int held = kvr_session_held(s, D->name), from = 0, tgt_tokens = 0;
+    int held = kvr_session_held(s, D->name), from = 0;
     kvr_node_session di;
     if (kvr_node_session_info(D, j->sid, node_ms, &di, NULL)) {
         kvl__svc_log_text("warn", "push-ahead %s: target %s: %s: skipped", j->sid, D->name, kvl_last_error());
@@ -177,11 +197,11 @@ static const char *push_locked(kvr_push_ahead *p, const push_job *j, const kvr_l
     }
     if (di.found && (int)di.tokens == held && di.idle && (int)di.cached <= held && same_tokens(s, di.sha256, held)) {
         from = (int)di.cached;
-        tgt_tokens = held;
     } else if (di.found || held > 0) {
-        forget_target(p, j, node_ms);   /* disagrees with the ledger: the next turn would reset it */
+        kvl__svc_log_text("info", "push-ahead %s: target %s disagrees with the ledger (the next turn there "
+                          "resets it): skipped", j->sid, D->name);
+        return "skipped";
     }
-    (void)tgt_tokens;
     if (to <= from) return "skipped";            /* the target holds all the source can ship */
     if (to - from > c->push_ahead_max_tokens) {
         kvl__svc_log_text("info", "push-ahead %s: span [%d,%d) exceeds push_ahead_max_tokens %ld: skipped",
@@ -203,25 +223,18 @@ static const char *push_locked(kvr_push_ahead *p, const push_job *j, const kvr_l
     if (st) {
         kvl__svc_log_text("warn", "push-ahead %s: export %s->%s [%d,%d) failed: %s", j->sid, S->name,
                           D->name, from, to, kvl_last_error());
-        forget_target(p, j, node_ms);
+        list_target(p, j, node_ms, to);
         return "failed";
     }
     if ((int)ex.t0 != from || (int)ex.t1 != to || (int)ex.peer_tokens != to || !same_tokens(s, ex.peer_sha256, to)) {
         kvl__svc_log_text("warn", "push-ahead %s: %s imported [%u,%u) -> %u tokens, expected [%d,%d) of the "
                           "ledger's ids: discarded", j->sid, D->name, ex.t0, ex.t1, ex.peer_tokens, from, to);
-        forget_target(p, j, node_ms);
+        list_target(p, j, node_ms, (int)ex.peer_tokens > 0 ? (int)ex.peer_tokens : to);
         return "failed";
     }
-    /* Record under the session's reservation too: CloseSession (and expiry) take only that,
-     * so a close that ran during the export is seen here (the session is no longer open: the
-     * target's copy goes), and one that comes later sees the holding and drops it.  A Send
-     * holding the reservation waits for this lease: its turn would switch by itself. */
-    if (kvr_router_busy_take(r, j->sid)) {
-        kvl__svc_log_text("info", "push-ahead %s: the session is busy (%s): the pushed span on %s is "
-                          "dropped", j->sid, kvl_last_error(), D->name);
-        forget_target(p, j, node_ms);
-        return "skipped_busy";
-    }
+    /* CloseSession (and expiry) take no lease: a close that ended the session during the
+     * export is seen here (its copy goes now), one that loaded the holdings before this record
+     * and ends the session after it is caught by the sweep; one that comes later drops it. */
     kvr_session now;
     memset(&now, 0, sizeof now);
     int loaded = !kvr_ledger_session_load(r->ledger, j->sid, 0, &now);
@@ -239,9 +252,9 @@ static const char *push_locked(kvr_push_ahead *p, const push_job *j, const kvr_l
                           open ? kvl_last_error() : ended ? "the session ended during the push"
                                                           : "the session moved on during the push");
         /* an ended session's copy goes; a session that moved on is another turn's now */
-        if (ended) forget_target(p, j, node_ms);
+        if (ended) drop_ended(p, j->sid, j->dst);
+        else if (open) list_target(p, j, node_ms, to);
     }
-    kvr_router_busy_release(r, j->sid);
     if (rs) return open ? "failed" : "skipped";
     kvr_metrics_observe(r->metrics, "kvlingo_router_push_ahead_seconds", "", took);
     remember(p, j, from, to);
@@ -263,17 +276,53 @@ static void run_job(kvr_push_ahead *p, const push_job *j) {
     count(p, res);
 }
 
+/* Pushes recorded SWEEP_AFTER_S ago or more, not yet looked at: a session that ended since
+ * (a close that raced with the record) gets its target copy dropped.  One look per push. */
+static void sweep(kvr_push_ahead *p) {
+    double now = kvl__now_s();
+    for (int i = 0; i < p->n_done; i++) {
+        char sid[KVR_ID_MAX];
+        int dst;
+        pthread_mutex_lock(&p->mu);
+        pushed *d = &p->done[i];
+        int due = d->sid[0] && !d->checked && now - d->at >= SWEEP_AFTER_S;
+        if (due) {
+            d->checked = 1;
+            snprintf(sid, sizeof sid, "%s", d->sid);
+            dst = d->dst;
+        }
+        pthread_mutex_unlock(&p->mu);
+        if (!due) continue;
+        kvr_session s;
+        kvl_status st = kvr_ledger_session_load(p->r->ledger, sid, 0, &s);
+        int ended = st == KVL_ERR_NOT_FOUND || (!st && s.state != KVR_SESSION_OPEN);
+        if (!st) kvr_session_clear(&s);
+        if (ended) drop_ended(p, sid, dst);
+    }
+}
+
 static void *worker(void *arg) {
     kvr_push_ahead *p = arg;
     for (;;) {
         pthread_mutex_lock(&p->mu);
-        while (!p->stop && p->n == 0) pthread_cond_wait(&p->cv, &p->mu);
+        if (!p->stop && p->n == 0) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += (long)(SWEEP_EVERY_S * 1e9);
+            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+            pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+        }
         if (p->stop) { pthread_mutex_unlock(&p->mu); break; }
-        push_job j = p->q[p->head];
-        p->head = (p->head + 1) % p->cap;
-        p->n--;
+        int have = p->n > 0;
+        push_job j;
+        if (have) {
+            j = p->q[p->head];
+            p->head = (p->head + 1) % p->cap;
+            p->n--;
+        }
         pthread_mutex_unlock(&p->mu);
-        run_job(p, &j);
+        if (have) run_job(p, &j);
+        sweep(p);
     }
     return NULL;
 }
