@@ -28,6 +28,12 @@ random translators (`kvlingo translator random`); the nodes serve them without a
 usage: bench_switch.py --build BUILD_DIR [--contexts 64,512,2048] [--repeats 5]
                        [--pairs qwen3-a:qwen3-b,qwen3-b:qwen3-a | --shapes A:B[,...] [--dtype f32]]
                        [--threads 1] [--cold [--cold-repeats 3]] [--no-pieces] [--work DIR]
+                       [--push-ahead]
+
+--push-ahead: instead, the switch after a push-ahead (router/push_ahead.h): the source turn
+carries SendRequest.prefetch_model = the target's model, the bench waits until the router has
+shipped the span in the background (GetSession: the target holds it), then times the switch,
+which ships 0 tokens; against the plain translated switch and re-prefill of the same turn.
 """
 import argparse
 import json
@@ -209,6 +215,61 @@ def run_cold(a, work, models, dirs, pairs, tokenizer, src, dst, contexts, corpus
     return out
 
 
+def wait_pushed(c, sid, src_node, n, timeout=60.0):
+    """Wait until a node other than src_node holds n tokens of sid (the push is recorded)."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        for h in c.get_session(sid).holdings:
+            if h.node != src_node and h.n_tokens >= n:
+                return time.perf_counter() - t0
+        time.sleep(0.002)
+    raise SystemExit("session %s: no push of %d tokens within %.0f s (see the router's log)" % (sid, n, timeout))
+
+
+def push_ahead_tables(c, corpus, user, contexts, pairs, a):
+    """Per pair and context: median client TTFT of the switched turn after a push-ahead, a plain
+    translated switch and a re-prefill; the push's wait (client side, from the source turn's end
+    until GetSession shows the target's holding)."""
+    print("bench_switch --push-ahead: the switched turn after the router pushed the span ahead")
+    for src, dst in pairs:
+        print("\n%s -> %s" % (src, dst))
+        print("%8s | %12s %6s | %12s %6s | %12s | %8s %8s | %10s" % (
+            "context", "push-ahead", "span", "switch", "span", "re-prefill", "ratio", "ratio_t",
+            "push wait"))
+        for ctx in contexts:
+            prompt = corpus[:ctx]
+            res = {"a": [], "t": [], "p": [], "w": []}
+            spans = {}
+            for r in range(a.repeats + 1):     # the first repeat warms up every path
+                for mode in ("a", "t", "p"):
+                    sid = c.create_session()
+                    _, _, s0 = c.send_all(sid, tokens=prompt, max_tokens=1, model=src,
+                                          prefetch_model=dst if mode == "a" else "")
+                    if mode == "a":
+                        wait = wait_pushed(c, sid, s0.node, s0.context_tokens - 1)
+                    ttft, s = client_turn(c, sid, tokens=user, max_tokens=1, model=dst,
+                                          force_reprefill=(mode == "p"))
+                    want = 2 if mode == "p" else 1
+                    if s.switch_mode != want:
+                        raise SystemExit("unexpected switch mode %d (%s)" % (s.switch_mode, s.fallback_reason))
+                    if mode == "a" and s.pushed_ahead_tokens != s0.context_tokens - 1:
+                        raise SystemExit("the switch used %d pushed tokens, expected %d" % (
+                            s.pushed_ahead_tokens, s0.context_tokens - 1))
+                    spans[mode] = s.span_tokens
+                    if r > 0:
+                        res[mode].append(ttft)
+                        if mode == "a":
+                            res["w"].append(wait)
+                    c.close_session(sid)
+            ma, mt, mp = (statistics.median(res[k]) for k in ("a", "t", "p"))
+            print("%8d | %9.2f ms %6d | %9.2f ms %6d | %9.2f ms | %7.1fx %7.1fx | %7.2f ms" % (
+                ctx, ma * 1e3, spans["a"], mt * 1e3, spans["t"], mp * 1e3, mp / ma, mt / ma,
+                statistics.median(res["w"]) * 1e3))
+    print("\n(client-measured TTFT of the switched turn; push-ahead = after the router shipped the span "
+          "in the background; ratio = re-prefill / push-ahead, ratio_t = switch / push-ahead; push wait = "
+          "from the source turn's end until the target's holding was recorded)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
@@ -223,6 +284,8 @@ def main():
     ap.add_argument("--cold-repeats", type=int, default=3)
     ap.add_argument("--no-pieces", action="store_true", help="skip the in-process pieces")
     ap.add_argument("--work", default=None)
+    ap.add_argument("--push-ahead", action="store_true",
+                    help="time the switch after a push-ahead instead (own table)")
     a = ap.parse_args()
     a.build = os.path.abspath(a.build)
     if a.repeats is None:
@@ -259,7 +322,7 @@ def main():
         user = corpus[u0:u0 + a.new_tokens]
         # in-process pieces first: no fleet holds memory or cores meanwhile
         inproc = {}
-        if not a.no_pieces:
+        if not a.no_pieces and not a.push_ahead:
             for src, dst in pairs:
                 inproc[(src, dst)] = pieces(a.build, dirs[src], dirs[dst], contexts, a.repeats,
                                             a.new_tokens + 1, env)
@@ -269,6 +332,13 @@ def main():
                   a.threads, a.repeats, a.new_tokens,
                   ", ".join("%s (%s)" % (m, dirs[m]) for m in models), *load), flush=True)
         fpairs = tuple(pairs) if a.shapes else None
+        if a.push_ahead:
+            fleet = new_fleet(a, os.path.join(work, "fleet"), models, dirs, fpairs, tokenizer)
+            try:
+                push_ahead_tables(fleet.client(timeout=600), corpus, user, contexts, pairs, a)
+            finally:
+                fleet.stop()
+            return
         fleet = new_fleet(a, os.path.join(work, "fleet"), models, dirs, fpairs, tokenizer)
         warm = {}
         try:
