@@ -13,7 +13,8 @@ default), one with `push_ahead: false` in the policy block (the control, switchi
      moves to qwen3-b and ships only the tokens after the push;
   R  races: as P, but each next turn is sent at once, so the push and the turn meet (the push is
      skipped, or the turn waits for it, or the push finds the session moved on);
-and in every case the outputs equal the control's.  The control shows no push at all (metrics,
+and in every case the outputs equal the control's, with the turn as one ContinueTurn call on
+the node and as several calls (transfer.one_call false).  The control shows no push at all (metrics,
 summaries, holdings).
 usage: test_push_ahead.py --build BUILD_DIR --work WORK_DIR
 """
@@ -100,31 +101,10 @@ def run_plans(fleet, pushing, plans=PLANS):
     return res, c
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", required=True)
-    ap.add_argument("--work", required=True)
-    a = ap.parse_args()
-    shutil.rmtree(a.work, ignore_errors=True)
-    policy = {"name": "cascade", "models": ["qwen3-a", "qwen3-b"], "entropy_threshold": 0,
-              "calm_turns": 1000}
-
-    print("control fleet: push_ahead: false")
-    ctl = rtest.Fleet(a.build, os.path.join(a.work, "control"), policy=dict(policy, push_ahead=False))
-    try:
-        want, _ = run_plans(ctl, pushing=False)
-        want_races, _ = run_plans(ctl, pushing=False, plans=RACES)
-        cnt = push_counts(ctl)
-        check(cnt and all(v == 0 for v in cnt.values()), "control fleet pushed: %r" % cnt)
-        for name, turns in want.items():
-            for i, (_, s, _) in enumerate(turns):
-                check(s.pushed_ahead_tokens == 0, "control %s turn %d: pushed %d" % (name, i, s.pushed_ahead_tokens))
-            check(turns[1][1].span_tokens > 0 or name == "W", "control %s: the switch shipped nothing" % name)
-    finally:
-        ctl.stop()
-
-    print("push-ahead fleet")
-    fleet = rtest.Fleet(a.build, os.path.join(a.work, "push"), policy=policy)
+def check_push_fleet(a, policy, want, want_races, one_call):
+    print("push-ahead fleet, transfer.one_call: %s" % one_call)
+    fleet = rtest.Fleet(a.build, os.path.join(a.work, "push-%s" % ("one" if one_call else "calls")),
+                        policy=policy, transfer={"one_call": one_call})
     try:
         got, c = run_plans(fleet, pushing=True)
         for name in PLANS:
@@ -136,6 +116,7 @@ def main():
         check(p1.switch_mode == TRANSLATE and p1.span_tokens == 0,
               "P turn 1: mode %d span %d, expected a 0-token translated switch (%s)" % (
                   p1.switch_mode, p1.span_tokens, p1.fallback_reason))
+        check(p1.one_call == one_call, "P turn 1: one_call %s, the fleet says %s" % (p1.one_call, one_call))
         check(p1.pushed_ahead_tokens == p0.context_tokens - 1,
               "P turn 1: pushed_ahead_tokens %d, expected %d" % (p1.pushed_ahead_tokens, p0.context_tokens - 1))
         check(want["P"][1][1].span_tokens == p0.context_tokens - 1,
@@ -175,6 +156,35 @@ def main():
               "outputs equal the control")
     finally:
         fleet.stop()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--work", required=True)
+    a = ap.parse_args()
+    shutil.rmtree(a.work, ignore_errors=True)
+    policy = {"name": "cascade", "models": ["qwen3-a", "qwen3-b"], "entropy_threshold": 0,
+              "calm_turns": 1000}
+
+    print("control fleet: push_ahead: false")
+    ctl = rtest.Fleet(a.build, os.path.join(a.work, "control"), policy=dict(policy, push_ahead=False))
+    try:
+        want, _ = run_plans(ctl, pushing=False)
+        want_races, _ = run_plans(ctl, pushing=False, plans=RACES)
+        cnt = push_counts(ctl)
+        check(cnt and all(v == 0 for v in cnt.values()), "control fleet pushed: %r" % cnt)
+        for name, turns in want.items():
+            for i, (_, s, _) in enumerate(turns):
+                check(s.pushed_ahead_tokens == 0, "control %s turn %d: pushed %d" % (name, i, s.pushed_ahead_tokens))
+            check(turns[1][1].span_tokens > 0 or name == "W", "control %s: the switch shipped nothing" % name)
+    finally:
+        ctl.stop()
+
+    # the turn as one ContinueTurn call on the node, and as several calls (SessionInfo,
+    # ExportSpan, Append, Generate): both see the pushed span
+    for one_call in (True, False):
+        check_push_fleet(a, policy, want, want_races, one_call)
     return 0
 
 
