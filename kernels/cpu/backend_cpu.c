@@ -5,9 +5,13 @@
  * decode streams half the bytes; the host view stays float32 for translator training).
  * Cache: blocks of block_tokens tokens (kv_blocks.h), allocated as tokens arrive.
  * Forward: all tokens of a batch go through the projections and the MLP as one GEMM; attention
- * runs per sequence over that sequence's blocks (decode reads K/V in place; prefill gathers the
- * context once per layer), so prefill and decode share one code path: the decoder layer of
- * decoder.h, the same function translator training runs.
+ * reads each sequence's K/V in place from its blocks (attention_decode.c: decode rows one by
+ * one, prefill chunks in tiles of query rows), split over the model's pool, so prefill and
+ * decode share one code path: the decoder layer of decoder.h, the same function translator
+ * training runs.  Prefill used to gather the context and run the sgemm attention of ops.c; the
+ * in-place tiles measured faster at every chunk tried (9 to 2048 rows over contexts of 64 to
+ * 2048, one and two threads), causal keys being skipped and the exps vectorised, so that path
+ * is gone here (ops.c keeps it as the reference and for translator training).
  * Translate-apply: one sgemm per target layer and side, the target's k_norm and RoPE (angles
  * once per span), written straight into the cache blocks. */
 #include <math.h>
@@ -25,7 +29,7 @@
 
 typedef struct cpu_scratch {
     float *base;
-    int cap_tokens, cap_ctx;
+    int cap_tokens;
     float *x;           /* [T, H]      residual stream                          */
     float *xn;          /* [T, H]      normed input / projection outputs        */
     float *q;           /* [T, Hq*D]   queries (pre-norm, then normed + RoPE)   */
@@ -34,8 +38,6 @@ typedef struct cpu_scratch {
     float *v;           /* [T, Hkv*D]                                           */
     float *att;         /* [T, Hq*D]   attention output                         */
     float *gate, *up;   /* [T, F]                                               */
-    float *kctx, *vctx; /* [ctx, Hkv*D] one sequence's gathered keys / values   */
-    float *scores;      /* attention scratch                                    */
     float *logit_x;     /* [T, H]      rows that need logits (normed)           */
     int *pos;           /* [T]         absolute positions                       */
     float *rope_cos, *rope_sin; /* [T, D/2] RoPE angles of the batch's tokens   */
@@ -54,11 +56,13 @@ typedef struct cpu_bf16 {
 
 /* Decode attention of a batch over the pool: per-part scratch and the batch's decode rows. */
 typedef struct cpu_decode_att {
-    float *buf;              /* [parts][part_floats]: scores [group, cap_ctx], then K and V
+    float *buf;              /* [parts][part_floats]: attention scratch [att_floats] (decode
+                                scores [group, cap_ctx] or a prefill tile's), then K and V
                                 block-pointer tables [cap_blocks] each */
     int parts, cap_ctx, cap_blocks;
-    size_t part_floats;
+    size_t part_floats, att_floats;
     int *seq_of, *t0_of;     /* [cap_seqs] a decode row's sequence index and batch row */
+    int *pre_of, *pre_t0;    /* [cap_seqs] a prefill chunk's sequence index and first batch row */
     int cap_seqs;
 } cpu_decode_att;
 
@@ -186,6 +190,8 @@ static void cpu_model_free(void *pm) {
     free(m->dec.buf);
     free(m->dec.seq_of);
     free(m->dec.t0_of);
+    free(m->dec.pre_of);
+    free(m->dec.pre_t0);
     kvl__block_pool_unref(m->pool);   /* caches still alive keep it until they go */
     free(m->s.base);
     free(m);
@@ -212,28 +218,24 @@ static kvl_status cpu_model_create(const kvl_weights_view *w, const kvl_model_pa
 
 static void cpu_model_set_threads(void *pm, int n_threads) { ((cpu_model *)pm)->n_threads = n_threads; }
 
-/* Carve the scratch for T tokens of a batch whose longest sequence reaches ctx tokens, from one
- * allocation by a sizes table; grown geometrically so a growing decode context does not
- * reallocate every step. */
-static kvl_status scratch_prepare(cpu_model *m, int T, int ctx) {
+/* Carve the scratch for T tokens of a batch from one allocation by a sizes table (attention
+ * needs none here: it reads the blocks, with per-part scratch in cpu_decode_att). */
+static kvl_status scratch_prepare(cpu_model *m, int T) {
     cpu_scratch *s = &m->s;
-    if (s->base && T <= s->cap_tokens && ctx <= s->cap_ctx) return KVL_OK;
+    if (s->base && T <= s->cap_tokens) return KVL_OK;
     int nt = T > s->cap_tokens ? T : s->cap_tokens;
-    int nc = ctx > s->cap_ctx ? ctx : s->cap_ctx;
-    if (ctx > s->cap_ctx && nc < 2 * s->cap_ctx) nc = 2 * s->cap_ctx;
-    if (nc < 64) nc = 64;
     const kvl_model_config *c = &m->w->cfg;
     size_t H = c->hidden_size, QD = (size_t)c->n_heads * c->head_dim;
     size_t KD = (size_t)c->n_kv_heads * c->head_dim, F = c->intermediate_size;
     size_t sizes[] = {
         nt * H, nt * H, nt * QD, nt * KD, nt * KD, nt * KD, nt * QD, nt * F, nt * F,
-        (size_t)nc * KD, (size_t)nc * KD, kvl__cpu_attention_scratch(nt, nc), nt * H,
+        nt * H,
         (size_t)nt /* pos (ints fit in floats' space) */,
         nt * (size_t)c->head_dim / 2, nt * (size_t)c->head_dim / 2,   /* RoPE cos/sin tables */
         m->bf ? (kvl__bf16_xsplit_elems(nt, m->bf->k_max) + 1) / 2 : 0,  /* two bf16 per float */
     };
     float **dst[] = {&s->x, &s->xn, &s->q, &s->k, &s->kpre, &s->v, &s->att, &s->gate, &s->up,
-                     &s->kctx, &s->vctx, &s->scores, &s->logit_x, (float **)&s->pos,
+                     &s->logit_x, (float **)&s->pos,
                      &s->rope_cos, &s->rope_sin,
                      (float **)&s->xsplit};
     size_t n = sizeof sizes / sizeof sizes[0], total = 0;
@@ -243,7 +245,6 @@ static kvl_status scratch_prepare(cpu_model *m, int T, int ctx) {
     free(s->base);
     s->base = base;
     s->cap_tokens = nt;
-    s->cap_ctx = nc;
     float *cur = base;
     for (size_t i = 0; i < n; i++) {
         *dst[i] = cur;
@@ -343,7 +344,7 @@ static void decode_part(void *pj, int part, int n_parts) {
     const int D = c->head_dim, Hq = c->n_heads, Hkv = c->n_kv_heads, group = Hq / Hkv, QD = Hq * D;
     cpu_decode_att *da = &m->dec;
     float *scores = da->buf + (size_t)part * da->part_floats;
-    const float **kb = (const float **)(scores + (size_t)group * da->cap_ctx);
+    const float **kb = (const float **)(scores + da->att_floats);
     const float **vb = kb + da->cap_blocks;
     const double lo = j->total_cost * part / n_parts, hi = j->total_cost * (part + 1) / n_parts;
     double cum = 0;
@@ -371,6 +372,64 @@ static void decode_part(void *pj, int part, int n_parts) {
     }
 }
 
+/* One layer's prefill attention of a batch, split over the pool like decode_part: the items are
+ * (sequence, tile of query rows, KV head) triples of the batch's multi-token chunks, in
+ * contiguous runs of about equal cost per part; each reads its keys and values in place. */
+typedef struct prefill_job {
+    cpu_model *m;
+    const kvl_backend_seq *seqs;
+    const int *seq_of, *t0_of;   /* [n_pre] the prefill sequences and their first batch row */
+    int n_pre, layer;
+    const float *q;              /* [T, Hq*D] */
+    float *att;                  /* [T, Hq*D] */
+    double total_cost;
+} prefill_job;
+
+/* Relative cost of one tile over Tk keys with `lanes` query vectors: the scores pass costs the
+ * same for any number of lanes (all LANES run together), the values pass one per lane. */
+static double prefill_tile_cost(int Tk, int lanes) { return (double)Tk * (16.0 + lanes); }
+
+static void prefill_part(void *pj, int part, int n_parts) {
+    const prefill_job *j = pj;
+    cpu_model *m = j->m;
+    const kvl_model_config *c = &m->w->cfg;
+    const int D = c->head_dim, Hq = c->n_heads, Hkv = c->n_kv_heads, group = Hq / Hkv, QD = Hq * D;
+    const int tile = kvl__cpu_attention_prefill_rows(group);
+    cpu_decode_att *da = &m->dec;
+    float *scratch = da->buf + (size_t)part * da->part_floats;
+    const float **kb = (const float **)(scratch + da->att_floats);
+    const float **vb = kb + da->cap_blocks;
+    const double lo = j->total_cost * part / n_parts, hi = j->total_cost * (part + 1) / n_parts;
+    double cum = 0;
+    int loaded = -1;
+    for (int d = 0; d < j->n_pre; d++) {
+        const kvl_backend_seq *sq = &j->seqs[j->seq_of[d]];
+        const kvl__kv_blocks *kc = sq->cache;
+        const int n = sq->n_tokens, p0 = sq->n_past;
+        for (int i0 = 0; i0 < n; i0 += tile) {
+            const int r = n - i0 < tile ? n - i0 : tile, Tk = p0 + i0 + r;
+            const double w = prefill_tile_cost(Tk, r * group);
+            for (int g = 0; g < Hkv; g++) {
+                double mid = cum + 0.5 * w;   /* an item belongs to the part holding its midpoint */
+                cum += w;
+                if (mid < lo || mid >= hi) continue;
+                if (loaded != d) {
+                    const int nb = (p0 + n + kc->block_tokens - 1) / kc->block_tokens;
+                    for (int b = 0; b < nb; b++) {
+                        kb[b] = kvl__kv_blocks_slot(kc, j->layer, KVL_PLANE_K, b * kc->block_tokens);
+                        vb[b] = kvl__kv_blocks_slot(kc, j->layer, KVL_PLANE_V, b * kc->block_tokens);
+                    }
+                    loaded = d;
+                }
+                const size_t off = (size_t)(j->t0_of[d] + i0) * QD + (size_t)g * group * D;
+                kvl__cpu_attention_prefill_group(j->att + off, j->q + off, QD, kb, vb,
+                                                 kc->block_tokens, Hkv * D, g * D, p0 + i0, r,
+                                                 group, D, scratch);
+            }
+        }
+    }
+}
+
 /* Grow the per-part decode scratch for contexts up to ctx tokens (geometrically, so a growing
  * context does not reallocate every step). */
 static kvl_status decode_scratch_prepare(cpu_model *m, int parts, int ctx, int block_tokens) {
@@ -385,8 +444,10 @@ static kvl_status decode_scratch_prepare(cpu_model *m, int parts, int ctx, int b
     if (nc < 256) nc = 256;
     int np = parts > da->parts ? parts : da->parts;
     int blocks = (nc + block_tokens - 1) / block_tokens;
-    /* scores, then two pointer tables (a pointer takes at most two floats' room) */
-    size_t part_floats = ((size_t)group * nc + 4 * (size_t)blocks + 15) & ~(size_t)15;
+    /* attention scratch, then two pointer tables (a pointer takes at most two floats' room) */
+    size_t att = (size_t)group * nc, pre = kvl__cpu_attention_prefill_scratch(nc, c->head_dim);
+    att = ((att > pre ? att : pre) + 15) & ~(size_t)15;
+    size_t part_floats = (att + 4 * (size_t)blocks + 15) & ~(size_t)15;
     float *buf = aligned_alloc(64, (size_t)np * part_floats * sizeof(float));
     if (!buf) return kvl__errorf(KVL_ERR_NOMEM, "forward: out of memory for decode attention scratch");
     free(da->buf);
@@ -395,21 +456,22 @@ static kvl_status decode_scratch_prepare(cpu_model *m, int parts, int ctx, int b
     da->cap_ctx = nc;
     da->cap_blocks = blocks;
     da->part_floats = part_floats;
+    da->att_floats = att;
     return KVL_OK;
 }
 
-/* Write each sequence's new K/V into its blocks, then attend over its whole context: the
- * batch's decode rows together on the pool, the prefill chunks one by one. */
+/* Write each sequence's new K/V into its blocks, then attend over its whole context in place:
+ * the batch's decode rows together on the pool, then its prefill chunks together on the pool. */
 static void attend_blocks(void *pctx, int l, int T, const float *q, const float *k,
                           const float *kpre, const float *v, float *att) {
     (void)T;
     attend_ctx *ac = pctx;
     cpu_model *m = ac->m;
-    cpu_scratch *s = &m->s;
     const kvl_model_config *c = &m->w->cfg;
-    const int D = c->head_dim, Hq = c->n_heads, Hkv = c->n_kv_heads, QD = Hq * D, KD = Hkv * D;
-    int n_dec = 0;
-    double cost = 0;
+    const int D = c->head_dim, Hq = c->n_heads, Hkv = c->n_kv_heads, KD = Hkv * D;
+    const int group = Hq / Hkv, tile = kvl__cpu_attention_prefill_rows(group);
+    int n_dec = 0, n_pre = 0;
+    double cost = 0, pre_cost = 0, pre_macs = 0;
     for (int i = 0, t0 = 0; i < ac->n_seqs; t0 += ac->seqs[i].n_tokens, i++) {
         kvl__kv_blocks *kc = ac->seqs[i].cache;
         int n = ac->seqs[i].n_tokens, p0 = ac->seqs[i].n_past;
@@ -420,6 +482,14 @@ static void attend_blocks(void *pctx, int l, int T, const float *q, const float 
             m->dec.seq_of[n_dec] = i;
             m->dec.t0_of[n_dec++] = t0;
             cost += (double)(p0 + 1) * Hkv;
+        } else {
+            m->dec.pre_of[n_pre] = i;
+            m->dec.pre_t0[n_pre++] = t0;
+            for (int i0 = 0; i0 < n; i0 += tile) {
+                const int r = n - i0 < tile ? n - i0 : tile;
+                pre_cost += prefill_tile_cost(p0 + i0 + r, r * group) * Hkv;
+                pre_macs += (double)(p0 + i0 + r) * r * Hq;
+            }
         }
     }
     if (n_dec > 0) {
@@ -432,15 +502,12 @@ static void attend_blocks(void *pctx, int l, int T, const float *q, const float 
         if (pool && macs >= min_macs && n_dec * Hkv > 1) kvl__pool_run(pool, decode_part, &j);
         else decode_part(&j, 0, 1);
     }
-    for (int i = 0, t0 = 0; i < ac->n_seqs; t0 += ac->seqs[i].n_tokens, i++) {
-        kvl__kv_blocks *kc = ac->seqs[i].cache;
-        int n = ac->seqs[i].n_tokens, p0 = ac->seqs[i].n_past;
-        if (n == 1) continue;
-        kvl__kv_blocks_gather(kc, l, KVL_PLANE_K, 0, p0 + n, s->kctx);
-        kvl__kv_blocks_gather(kc, l, KVL_PLANE_V, 0, p0 + n, s->vctx);
-        kvl__cpu_attention_forward(att + (size_t)t0 * QD, NULL, q + (size_t)t0 * QD, s->kctx,
-                                   s->vctx, n, p0 + n, p0, Hq, Hkv, D, s->scores);
-    }
+    if (n_pre == 0) return;
+    prefill_job pj = {m, ac->seqs, m->dec.pre_of, m->dec.pre_t0, n_pre, l, q, att, pre_cost};
+    kvl__pool *pool = model_pool(m);
+    const double macs = pre_macs * 2.0 * D;
+    if (pool && macs >= (m->bf ? 65536.0 : 524288.0)) kvl__pool_run(pool, prefill_part, &pj);
+    else prefill_part(&pj, 0, 1);
 }
 
 static kvl_status cpu_forward(void *pm, const kvl_backend_seq *seqs, int n_seqs) {
@@ -452,7 +519,7 @@ static kvl_status cpu_forward(void *pm, const kvl_backend_seq *seqs, int n_seqs)
         T += seqs[i].n_tokens;
         if (seqs[i].n_past + seqs[i].n_tokens > ctx) ctx = seqs[i].n_past + seqs[i].n_tokens;
     }
-    kvl_status st = scratch_prepare(m, T, ctx);
+    kvl_status st = scratch_prepare(m, T);
     if (st != KVL_OK) return st;
     for (int i = 0; i < n_seqs; i++)
         if ((st = kvl__kv_blocks_reserve(seqs[i].cache, seqs[i].n_past + seqs[i].n_tokens)) != KVL_OK)
@@ -466,7 +533,11 @@ static kvl_status cpu_forward(void *pm, const kvl_backend_seq *seqs, int n_seqs)
         if (a) m->dec.seq_of = a;
         int *b = realloc(m->dec.t0_of, sizeof(int) * (size_t)n_seqs);
         if (b) m->dec.t0_of = b;
-        if (!a || !b) return kvl__errorf(KVL_ERR_NOMEM, "forward: out of memory for %d sequences", n_seqs);
+        int *e = realloc(m->dec.pre_of, sizeof(int) * (size_t)n_seqs);
+        if (e) m->dec.pre_of = e;
+        int *f = realloc(m->dec.pre_t0, sizeof(int) * (size_t)n_seqs);
+        if (f) m->dec.pre_t0 = f;
+        if (!a || !b || !e || !f) return kvl__errorf(KVL_ERR_NOMEM, "forward: out of memory for %d sequences", n_seqs);
         m->dec.cap_seqs = n_seqs;
     }
     int min_bt = n_seqs > 0 ? ((const kvl__kv_blocks *)seqs[0].cache)->block_tokens : 1;
