@@ -14,7 +14,9 @@
  * is gone here (ops.c keeps it as the reference and for translator training).
  * Translate-apply: one sgemm per target layer and side, the target's k_norm and RoPE (angles
  * once per span), written straight into the cache blocks. */
+#include <cblas.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -72,8 +74,14 @@ typedef struct cpu_model {
     cpu_scratch s;
     kvl__block_pool *pool;   /* idle KV blocks shared by this model's caches */
     cpu_bf16 *bf;            /* NULL in float32 mode */
-    kvl__pool *workers;      /* float32 mode: threads for decode attention (bf16: bf->exec.pool) */
+    kvl__pool *workers;      /* float32 mode: threads for attention (bf16: bf->exec.pool) */
     cpu_decode_att dec;
+    /* The pool serves one job at a time: a forward holds pool_lock throughout; a translate-apply
+     * (which may run beside a forward of this model, see cpu_translate_apply) only when it gets
+     * it at once, and otherwise runs on its caller's thread alone. */
+    pthread_mutex_t pool_lock;
+    float *tr_buf;           /* translate-apply working memory while holding pool_lock */
+    size_t tr_floats;
 } cpu_model;
 
 /* Idle KV blocks a model keeps for reuse (beyond what its sessions hold). */
@@ -194,6 +202,8 @@ static void cpu_model_free(void *pm) {
     free(m->dec.pre_t0);
     kvl__block_pool_unref(m->pool);   /* caches still alive keep it until they go */
     free(m->s.base);
+    free(m->tr_buf);
+    pthread_mutex_destroy(&m->pool_lock);
     free(m);
 }
 
@@ -202,9 +212,17 @@ static kvl_status cpu_model_create(const kvl_weights_view *w, const kvl_model_pa
     if (!m) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
     m->w = w;
     m->n_threads = p ? p->n_threads : 0;
+    if (pthread_mutex_init(&m->pool_lock, NULL) != 0) {
+        free(m);
+        return kvl__errorf(KVL_ERR_IO, "cpu backend: cannot create the thread pool's mutex");
+    }
     kvl_status s = kvl__block_pool_create(kvl__kv_blocks_block_floats(&w->cfg, CPU_DEFAULT_BLOCK_TOKENS),
                                           CPU_POOL_IDLE_BYTES, &m->pool);
-    if (s != KVL_OK) { free(m); return s; }
+    if (s != KVL_OK) {
+        pthread_mutex_destroy(&m->pool_lock);
+        free(m);
+        return s;
+    }
     if (p && p->weights_dtype == KVL_WEIGHTS_BF16) {
         s = bf16_create(m);
         if (s != KVL_OK) {
@@ -510,8 +528,7 @@ static void attend_blocks(void *pctx, int l, int T, const float *q, const float 
     else prefill_part(&pj, 0, 1);
 }
 
-static kvl_status cpu_forward(void *pm, const kvl_backend_seq *seqs, int n_seqs) {
-    cpu_model *m = pm;
+static kvl_status forward_locked(cpu_model *m, const kvl_backend_seq *seqs, int n_seqs) {
     const kvl_weights_view *w = m->w;
     const kvl_model_config *c = &w->cfg;
     int T = 0, ctx = 0;
@@ -598,13 +615,27 @@ static kvl_status cpu_forward(void *pm, const kvl_backend_seq *seqs, int n_seqs)
     return KVL_OK;
 }
 
+static kvl_status cpu_forward(void *pm, const kvl_backend_seq *seqs, int n_seqs) {
+    cpu_model *m = pm;
+    pthread_mutex_lock(&m->pool_lock);
+    kvl_status st = forward_locked(m, seqs, n_seqs);
+    pthread_mutex_unlock(&m->pool_lock);
+    return st;
+}
+
 /* ---- translate-apply ---------------------------------------------------------------------------- */
 
+/* A prepared translation: a view of the caller's parameters and the target model (its pool). */
+typedef struct cpu_translate {
+    kvl_translate_params p;   /* a view: the maps and k_norm arrays stay the caller's */
+    cpu_model *m;             /* NULL: translate on the caller's thread only */
+} cpu_translate;
+
 static kvl_status cpu_translate_prepare(void *model, const kvl_translate_params *p, void **out) {
-    (void)model;
-    kvl_translate_params *c = malloc(sizeof *c);
+    cpu_translate *c = malloc(sizeof *c);
     if (!c) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
-    *c = *p;   /* a view: the maps and k_norm arrays stay the caller's */
+    c->p = *p;
+    c->m = model;
     *out = c;
     return KVL_OK;
 }
@@ -645,35 +676,125 @@ static void fused_rows(const kvl_translate_params *p, kvl__kv_blocks *c, int l, 
     }
 }
 
+/* Translate-apply over the model's pool.  Two splits, both giving the bytes of the serial
+ * loop (the same sgemm calls, each row's k_norm and RoPE alone):
+ *   layers: OpenBLAS runs single-threaded (it would not use the other cores), so each part
+ *           runs whole layers, both matmuls and the rows, with its own kpre/vout buffers;
+ *   rows:   OpenBLAS threads its sgemm itself; the caller runs each layer's two matmuls and
+ *           the parts then split that layer's rows (norm, RoPE, the writes into the blocks). */
+typedef struct translate_job {
+    const kvl_translate_params *p;
+    kvl__kv_blocks *c;
+    const float *k_src, *v_src;   /* [Ls][n][ds] */
+    int t0, n, by_layers, layer;  /* layer: the rows split's current layer */
+    int parts;                    /* layers split: parts with work, <= the pool's (and <= Lt) */
+    float *buf;                   /* layers: [parts][2][n*dt]; rows: [2][n*dt] */
+    const float *rcos, *rsin;     /* [n, D/2] */
+} translate_job;
+
+static void translate_layer_mats(const kvl_translate_params *p, int l, const float *k_src,
+                                 const float *v_src, int n, float *kpre, float *vout) {
+    const kvl_kv_maps *mp = p->maps;
+    const int ds = mp->src_kv_heads * mp->src_head_dim, dt = mp->dst_kv_heads * mp->dst_head_dim;
+    const size_t wsz = (size_t)dt * ds;
+    const int sl = mp->layer_map[l];
+    const float *xk = k_src + (size_t)sl * n * ds, *xv = v_src + (size_t)sl * n * ds;
+    /* k_pre_t = W_K k_s ; v_t = W_V v_s (the method, kvlingo/translator.h) */
+    kvl__cpu_matmul_forward(kpre, xk, mp->wk + (size_t)l * wsz, NULL, n, ds, dt);
+    kvl__cpu_matmul_forward(vout, xv, mp->wv + (size_t)l * wsz, NULL, n, ds, dt);
+}
+
+static void translate_part(void *pj, int part, int n_parts) {
+    const translate_job *j = pj;
+    const kvl_kv_maps *mp = j->p->maps;
+    const int D = mp->dst_head_dim, half = D / 2;
+    const size_t per = (size_t)j->n * mp->dst_kv_heads * D;
+    if (j->by_layers) {
+        const int Lt = mp->dst_layers;
+        if (part >= j->parts) return;
+        n_parts = j->parts;
+        float *kpre = j->buf + (size_t)part * 2 * per, *vout = kpre + per;
+        for (int l = Lt * part / n_parts; l < Lt * (part + 1) / n_parts; l++) {
+            translate_layer_mats(j->p, l, j->k_src, j->v_src, j->n, kpre, vout);
+            fused_rows(j->p, j->c, l, j->t0, j->n, kpre, vout, j->rcos, j->rsin);
+        }
+        return;
+    }
+    const int a = (int)((long long)j->n * part / n_parts), b = (int)((long long)j->n * (part + 1) / n_parts);
+    const size_t dt = (size_t)mp->dst_kv_heads * D;
+    fused_rows(j->p, j->c, j->layer, j->t0 + a, b - a, j->buf + (size_t)a * dt,
+               j->buf + per + (size_t)a * dt, j->rcos + (size_t)a * half, j->rsin + (size_t)a * half);
+}
+
 static kvl_status cpu_translate_apply(void *pp, const float *k_src, const float *v_src, int t0,
                                       int n, void *pc) {
-    const kvl_translate_params *p = pp;
+    const cpu_translate *tr = pp;
+    const kvl_translate_params *p = &tr->p;
     const kvl_kv_maps *mp = p->maps;
     kvl__kv_blocks *c = pc;
     if (n == 0) return KVL_OK;
     const int Lt = mp->dst_layers, D = mp->dst_head_dim;
     const int ds = mp->src_kv_heads * mp->src_head_dim, dt = mp->dst_kv_heads * D;
-    const size_t per = (size_t)n * dt, wsz = (size_t)dt * ds, tab = (size_t)n * (D / 2);
-    /* working memory reused across spans: kpre [n, dt], v [n, dt], RoPE cos/sin [n, D/2],
-     * positions [n] (ints in floats' room) */
-    float *kpre = kvl__kv_blocks_scratch(c, 2 * per + 2 * tab + (size_t)n);
-    if (!kpre) return kvl__errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
-    float *vout = kpre + per, *rcos = vout + per, *rsin = rcos + tab;
-    int *pos = (int *)(rsin + tab);
+    const size_t per = (size_t)n * dt, tab = (size_t)n * (D / 2);
     kvl_status s = kvl__kv_blocks_reserve(c, t0 + n);
     if (s != KVL_OK) return s;
+    /* The pool when it is free and the span worth a hand-off (~1M multiply-adds): concurrent
+     * imports into one model, or one beside its forward, run on their callers' threads. */
+    cpu_model *m = tr->m;
+    const double macs = 2.0 * n * (double)ds * dt * Lt;
+    int parts = 1;
+    if (m && macs >= 1048576.0 && pthread_mutex_trylock(&m->pool_lock) == 0) {
+        if (model_pool_sync(m) == KVL_OK) parts = kvl__pool_threads(model_pool(m));
+        if (parts < 2) pthread_mutex_unlock(&m->pool_lock);
+    }
+    const int by_layers = parts > 1 && openblas_get_num_threads() == 1;
+    if (by_layers && parts > Lt) parts = Lt;
+    /* working memory: kpre and v [n, dt] (per part when split by layers), RoPE cos/sin [n, D/2],
+     * positions [n] (ints in floats' room); the model's, reused across switches, while the pool
+     * is held, else the cache's (reused across spans) */
+    const size_t bufs = 2 * per * (size_t)(by_layers ? parts : 1);
+    const size_t need = bufs + 2 * tab + (size_t)n;
+    float *buf;
+    if (parts > 1) {
+        if (need > m->tr_floats) {
+            float *nb = malloc(need * sizeof(float));
+            if (!nb) {
+                pthread_mutex_unlock(&m->pool_lock);
+                return kvl__errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
+            }
+            free(m->tr_buf);
+            m->tr_buf = nb;
+            m->tr_floats = need;
+        }
+        buf = m->tr_buf;
+    } else if (!(buf = kvl__kv_blocks_scratch(c, need))) {
+        return kvl__errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
+    }
+    float *rcos = buf + bufs, *rsin = rcos + tab;
+    int *pos = (int *)(rsin + tab);
     for (int i = 0; i < n; i++) pos[i] = t0 + i;
     /* the target's RoPE angles of the span, once for all layers */
     kvl__cpu_rope_table(rcos, rsin, pos, n, D, &p->rope);
-    for (int l = 0; l < Lt; l++) {
-        const int sl = mp->layer_map[l];
-        const float *xk = k_src + (size_t)sl * n * ds, *xv = v_src + (size_t)sl * n * ds;
-        /* k_pre_t = W_K k_s ; v_t = W_V v_s (the method, kvlingo/translator.h) */
-        kvl__cpu_matmul_forward(kpre, xk, mp->wk + (size_t)l * wsz, NULL, n, ds, dt);
-        kvl__cpu_matmul_forward(vout, xv, mp->wv + (size_t)l * wsz, NULL, n, ds, dt);
-        /* k_t = RoPE(k_norm(k_pre_t)), all three rows into the blocks */
-        fused_rows(p, c, l, t0, n, kpre, vout, rcos, rsin);
+    translate_job j = {p, c, k_src, v_src, t0, n, by_layers, 0, parts, buf, rcos, rsin};
+    if (parts == 1) {
+        for (int l = 0; l < Lt; l++) {
+            translate_layer_mats(p, l, k_src, v_src, n, buf, buf + per);
+            /* k_t = RoPE(k_norm(k_pre_t)), all three rows into the blocks */
+            fused_rows(p, c, l, t0, n, buf, buf + per, rcos, rsin);
+        }
+        return KVL_OK;
     }
+    kvl__pool *pool = model_pool(m);
+    if (by_layers) {
+        kvl__pool_run(pool, translate_part, &j);
+    } else {
+        for (int l = 0; l < Lt; l++) {
+            translate_layer_mats(p, l, k_src, v_src, n, buf, buf + per);
+            j.layer = l;
+            kvl__pool_run(pool, translate_part, &j);
+        }
+    }
+    pthread_mutex_unlock(&m->pool_lock);
     return KVL_OK;
 }
 
