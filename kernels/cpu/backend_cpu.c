@@ -628,7 +628,7 @@ static kvl_status cpu_forward(void *pm, const kvl_backend_seq *seqs, int n_seqs)
 /* A prepared translation: a view of the caller's parameters and the target model (its pool). */
 typedef struct cpu_translate {
     kvl_translate_params p;   /* a view: the maps and k_norm arrays stay the caller's */
-    cpu_model *m;             /* NULL: translate on the caller's thread only */
+    cpu_model *m;             /* NULL for a cache made without a model: the process's pool */
 } cpu_translate;
 
 static kvl_status cpu_translate_prepare(void *model, const kvl_translate_params *p, void **out) {
@@ -726,6 +726,41 @@ static void translate_part(void *pj, int part, int n_parts) {
                j->buf + per + (size_t)a * dt, j->rcos + (size_t)a * half, j->rsin + (size_t)a * half);
 }
 
+/* Where a translate-apply runs in parallel: its target model's pool, or for a cache made without
+ * a model (kvl_cache_create) one pool of the process, created at the first such translation
+ * (all cores; its workers sleep between jobs), with its working memory. */
+typedef struct translate_exec {
+    pthread_mutex_t *lock;   /* held from translate_exec_take until the translation ends */
+    kvl__pool *pool;
+    float **buf;
+    size_t *floats;
+} translate_exec;
+
+static pthread_mutex_t g_tr_lock = PTHREAD_MUTEX_INITIALIZER;
+static kvl__pool *g_tr_pool;   /* lives as long as the process */
+static float *g_tr_buf;
+static size_t g_tr_floats;
+
+/* The pool's thread count with its lock held, or 1 (lock not held) when it is busy or has one
+ * thread, or cannot be made: the caller then translates alone. */
+static int translate_exec_take(cpu_model *m, translate_exec *ex) {
+    int parts = 1;
+    if (m) {
+        *ex = (translate_exec){&m->pool_lock, NULL, &m->tr_buf, &m->tr_floats};
+        if (pthread_mutex_trylock(ex->lock) != 0) return 1;
+        if (model_pool_sync(m) == KVL_OK) ex->pool = model_pool(m);
+    } else {
+        *ex = (translate_exec){&g_tr_lock, NULL, &g_tr_buf, &g_tr_floats};
+        if (pthread_mutex_trylock(ex->lock) != 0) return 1;
+        if (!g_tr_pool && kvl__pool_create_spin(pool_threads_for(0), 0, &g_tr_pool) != KVL_OK)
+            g_tr_pool = NULL;
+        ex->pool = g_tr_pool;
+    }
+    if (ex->pool) parts = kvl__pool_threads(ex->pool);
+    if (parts < 2) pthread_mutex_unlock(ex->lock);
+    return parts < 2 ? 1 : parts;
+}
+
 static kvl_status cpu_translate_apply(void *pp, const float *k_src, const float *v_src, int t0,
                                       int n, void *pc) {
     const cpu_translate *tr = pp;
@@ -740,33 +775,29 @@ static kvl_status cpu_translate_apply(void *pp, const float *k_src, const float 
     if (s != KVL_OK) return s;
     /* The pool when it is free and the span worth a hand-off (~1M multiply-adds): concurrent
      * imports into one model, or one beside its forward, run on their callers' threads. */
-    cpu_model *m = tr->m;
     const double macs = 2.0 * n * (double)ds * dt * Lt;
-    int parts = 1;
-    if (m && macs >= 1048576.0 && pthread_mutex_trylock(&m->pool_lock) == 0) {
-        if (model_pool_sync(m) == KVL_OK) parts = kvl__pool_threads(model_pool(m));
-        if (parts < 2) pthread_mutex_unlock(&m->pool_lock);
-    }
+    translate_exec ex;
+    int parts = macs >= 1048576.0 ? translate_exec_take(tr->m, &ex) : 1;
     const int by_layers = parts > 1 && openblas_get_num_threads() == 1;
     if (by_layers && parts > Lt) parts = Lt;
     /* working memory: kpre and v [n, dt] (per part when split by layers), RoPE cos/sin [n, D/2],
-     * positions [n] (ints in floats' room); the model's, reused across switches, while the pool
-     * is held, else the cache's (reused across spans) */
+     * positions [n] (ints in floats' room); the pool's, reused across switches, while it is
+     * held, else the cache's (reused across spans) */
     const size_t bufs = 2 * per * (size_t)(by_layers ? parts : 1);
     const size_t need = bufs + 2 * tab + (size_t)n;
     float *buf;
     if (parts > 1) {
-        if (need > m->tr_floats) {
+        if (need > *ex.floats) {
             float *nb = malloc(need * sizeof(float));
             if (!nb) {
-                pthread_mutex_unlock(&m->pool_lock);
+                pthread_mutex_unlock(ex.lock);
                 return kvl__errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
             }
-            free(m->tr_buf);
-            m->tr_buf = nb;
-            m->tr_floats = need;
+            free(*ex.buf);
+            *ex.buf = nb;
+            *ex.floats = need;
         }
-        buf = m->tr_buf;
+        buf = *ex.buf;
     } else if (!(buf = kvl__kv_blocks_scratch(c, need))) {
         return kvl__errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
     }
@@ -784,7 +815,7 @@ static kvl_status cpu_translate_apply(void *pp, const float *k_src, const float 
         }
         return KVL_OK;
     }
-    kvl__pool *pool = model_pool(m);
+    kvl__pool *pool = ex.pool;
     if (by_layers) {
         kvl__pool_run(pool, translate_part, &j);
     } else {
@@ -794,7 +825,7 @@ static kvl_status cpu_translate_apply(void *pp, const float *k_src, const float 
             kvl__pool_run(pool, translate_part, &j);
         }
     }
-    pthread_mutex_unlock(&m->pool_lock);
+    pthread_mutex_unlock(ex.lock);
     return KVL_OK;
 }
 

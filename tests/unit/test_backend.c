@@ -367,19 +367,21 @@ static void check_translate(const backend_case *bc, const char *src_name, const 
 
 void openblas_set_num_threads(int n);   /* OpenBLAS's own (the CPU backend's BLAS) */
 
-/* A target model on n_threads (1: the serial loop), translated into with OpenBLAS on blas threads;
- * every plane of every layer of the span read back into out ([Lt][3][n][dt]). */
+/* A target model on n_threads (1: the serial loop; -1: a cache made without the model, which
+ * translates on the backend's process-wide pool), translated into with OpenBLAS on blas
+ * threads; every plane of every layer of the span read back into out ([Lt][3][n][dt]). */
 static void translate_with_threads(const kvl_model *ms, const kvl_cache *src, const kvl_kv_maps *maps,
                                    int n_threads, int blas, int n, float *out) {
     kvl_model_params p = kvl_model_default_params();
-    p.n_threads = n_threads;
+    p.n_threads = n_threads < 0 ? 0 : n_threads;
     p.weights_dtype = KVL_WEIGHTS_F32;
     kvl_model *mt = NULL;
     OK(kvl_model_load(kvl__test_path("models/qwen3-b"), &p, &mt));
     const kvl_model_config *tc = kvl_model_config_get(mt);
     const size_t span = (size_t)n * tc->n_kv_heads * tc->head_dim;
     kvl_cache *dst = NULL;
-    OK(kvl_model_cache_create(mt, NULL, &dst));
+    if (n_threads < 0) OK(kvl_cache_create(tc, NULL, &dst));
+    else OK(kvl_model_cache_create(mt, NULL, &dst));
     openblas_set_num_threads(blas);
     /* two spans: the second starts mid block, after the first */
     OK(kvl_kv_maps_apply_host(maps, mt, src, 0, n - 37, dst));
@@ -417,12 +419,12 @@ static void translate_threads(void **st) {
     const int blas[] = {1, 2};   /* the layers split, then the rows split */
     for (int b = 0; b < 2; b++) {
         translate_with_threads(ms, src, &maps, 1, blas[b], n, ref);
-        for (int threads = 2; threads <= 7; threads += 5) {   /* 7: more parts than layers */
+        for (int threads = -1; threads <= 7; threads += threads < 2 ? 3 : 5) {   /* -1, 2, 7 */
             memset(got, 0xff, sizeof(float) * total);
-            translate_with_threads(ms, src, &maps, threads, blas[b], n, got);
+            translate_with_threads(ms, src, &maps, threads, blas[b], n, got);   /* 7: > Lt parts */
             for (size_t i = 0; i < total; i++)
                 if (memcmp(&got[i], &ref[i], sizeof(float)))
-                    fail_msg("translate on %d threads, OpenBLAS on %d: float %zu of [layer][K,V,Kpre]"
+                    fail_msg("translate on %d threads (-1: no model), OpenBLAS on %d: float %zu of [layer][K,V,Kpre]"
                              "[token][dt] is %a, the serial loop's %a", threads, blas[b], i,
                              got[i], ref[i]);
         }
