@@ -395,12 +395,13 @@ __attribute__((target("avx512f"))) static void prefill_scores_avx512(
     }
 }
 
-/* AVX-512 form of prefill_pv for head_dim = 16 * DV: NL lanes' outputs (NL * DV vectors) held
- * in registers across all keys; rows of lanes >= L are computed and not stored. */
+/* AVX-512 form of prefill_pv for head_dim D in DV vectors (the last one masked by `tail` when D is
+ * not a multiple of 16): NL lanes' outputs (NL * DV vectors) held in registers across all keys;
+ * rows of lanes >= L are computed and not stored. */
 static inline __attribute__((always_inline, target("avx512f"))) void prefill_pv_avx512(
     float *out, int ldq, int nh, int L, const float *restrict S, const float *inv, int lg,
-    const float *const *v_blk, int block_tokens, int row, int head_off, int Tk, const int DV,
-    const int NL) {
+    const float *const *v_blk, int block_tokens, int row, int head_off, int Tk, int D,
+    __mmask16 tail, const int DV, const int NL) {
     __m512 o[16];   /* NL * DV <= 16 (a fixed size: a VLA would live in memory) */
 #pragma GCC unroll 16
     for (int i = 0; i < NL * DV; i++) o[i] = _mm512_setzero_ps();
@@ -412,7 +413,8 @@ static inline __attribute__((always_inline, target("avx512f"))) void prefill_pv_
             const float *p = S + (size_t)(j0 + t) * LANES + lg;
             __m512 v[8];
 #pragma GCC unroll 8
-            for (int e = 0; e < DV; e++) v[e] = _mm512_loadu_ps(vr + 16 * e);
+            for (int e = 0; e < DV; e++)
+                v[e] = e < DV - 1 ? _mm512_loadu_ps(vr + 16 * e) : _mm512_maskz_loadu_ps(tail, vr + 16 * e);
 #pragma GCC unroll 4
             for (int m = 0; m < NL; m++) {
                 const __m512 pm = _mm512_set1_ps(p[m]);
@@ -425,10 +427,11 @@ static inline __attribute__((always_inline, target("avx512f"))) void prefill_pv_
     for (int m = 0; m < NL; m++) {
         const int l = lg + m;
         if (l >= L) break;
-        float *dst = out + (size_t)(l / nh) * ldq + (size_t)(l % nh) * (16 * DV);
+        float *dst = out + (size_t)(l / nh) * ldq + (size_t)(l % nh) * D;
         const __m512 sc = _mm512_set1_ps(inv[l]);
 #pragma GCC unroll 8
-        for (int e = 0; e < DV; e++) _mm512_storeu_ps(dst + 16 * e, _mm512_mul_ps(o[m * DV + e], sc));
+        for (int e = 0; e < DV - 1; e++) _mm512_storeu_ps(dst + 16 * e, _mm512_mul_ps(o[m * DV + e], sc));
+        _mm512_mask_storeu_ps(dst + 16 * (DV - 1), tail, _mm512_mul_ps(o[m * DV + DV - 1], sc));
     }
 }
 
@@ -436,10 +439,10 @@ static inline __attribute__((always_inline, target("avx512f"))) void prefill_pv_
     case DV_:                                                                                    \
         for (int lg = 0; lg < L; lg += NL_)                                                      \
             prefill_pv_avx512(out, ldq, nh, L, S, inv, lg, v_blk, block_tokens, row, head_off,    \
-                              Tk, DV_, NL_);                                                     \
+                              Tk, D, tail, DV_, NL_);                                            \
         break;
 
-/* The tile of prefill_tile on AVX-512 for head_dim a multiple of 16 up to 128: the same
+/* The tile of prefill_tile on AVX-512 for head_dim up to 128: the same
  * arithmetic in the same order per lane (equal results up to the FMA contraction). */
 __attribute__((target("avx512f"))) static void prefill_tile_avx512(
     float *out, const float *q, int ldq, const float *const *k_blk, const float *const *v_blk,
@@ -478,7 +481,8 @@ __attribute__((target("avx512f"))) static void prefill_tile_avx512(
                 S[(size_t)j * LANES + l] = 0.0f;
             }
     for (int l = 0; l < LANES; l++) inv[l] = 1.0f / sum[l];
-    switch (D / 16) {
+    const __mmask16 tail = D % 16 ? (__mmask16)((1u << (D % 16)) - 1) : (__mmask16)0xFFFF;
+    switch ((D + 15) / 16) {
         KVL_PV_CASE(1, 4)
         KVL_PV_CASE(2, 4)
         KVL_PV_CASE(3, 4)
@@ -498,7 +502,7 @@ static inline __attribute__((always_inline)) void prefill_group_dim(
     float *scratch) {
     const int nh_max = group < LANES ? group : LANES, r_max = LANES / nh_max;
 #ifdef KVL_PREFILL_AVX512
-    const int use_avx512 = D % 16 == 0 && D <= 128 && __builtin_cpu_supports("avx512f");
+    const int use_avx512 = D <= 128 && __builtin_cpu_supports("avx512f");
 #endif
     for (int h0 = 0; h0 < group; h0 += nh_max) {
         const int nh = group - h0 < nh_max ? group - h0 : nh_max;
@@ -516,6 +520,15 @@ static inline __attribute__((always_inline)) void prefill_group_dim(
                          r, nh, D, scratch);
         }
     }
+}
+
+int kvl__cpu_attention_prefill_vectorised(int D) {
+#ifdef KVL_PREFILL_AVX512
+    return D <= 128 && __builtin_cpu_supports("avx512f");
+#else
+    (void)D;
+    return 0;
+#endif
 }
 
 KVL_MULTIVERSION

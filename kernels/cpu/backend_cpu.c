@@ -8,10 +8,11 @@
  * reads each sequence's K/V in place from its blocks (attention_decode.c: decode rows one by
  * one, prefill chunks in tiles of query rows), split over the model's pool, so prefill and
  * decode share one code path: the decoder layer of decoder.h, the same function translator
- * training runs.  Prefill used to gather the context and run the sgemm attention of ops.c; the
- * in-place tiles measured faster at every chunk tried (9 to 2048 rows over contexts of 64 to
- * 2048, one and two threads), causal keys being skipped and the exps vectorised, so that path
- * is gone here (ops.c keeps it as the reference and for translator training).
+ * training runs.  Where the tiles' AVX-512 kernel applies (AVX-512F, head_dim <= 128) they
+ * measured faster than gathering the context and running the sgemm attention of ops.c at every
+ * chunk tried (9 to 2048 rows over contexts of 512 and 2048, head_dim 20/32/64, one and two
+ * threads): causal keys skipped, exps vectorised, no copy.  Elsewhere prefill keeps the gather:
+ * the tiles' portable C measured slower at head_dim 20.
  * Translate-apply: one sgemm per target layer and side, the target's k_norm and RoPE (angles
  * once per span), written straight into the cache blocks. */
 #include <cblas.h>
@@ -31,7 +32,7 @@
 
 typedef struct cpu_scratch {
     float *base;
-    int cap_tokens;
+    int cap_tokens, cap_ctx;
     float *x;           /* [T, H]      residual stream                          */
     float *xn;          /* [T, H]      normed input / projection outputs        */
     float *q;           /* [T, Hq*D]   queries (pre-norm, then normed + RoPE)   */
@@ -40,6 +41,8 @@ typedef struct cpu_scratch {
     float *v;           /* [T, Hkv*D]                                           */
     float *att;         /* [T, Hq*D]   attention output                         */
     float *gate, *up;   /* [T, F]                                               */
+    float *kctx, *vctx; /* [ctx, Hkv*D] gathered keys / values (gather path only) */
+    float *scores;      /* kvl__cpu_attention_forward scratch (gather path only) */
     float *logit_x;     /* [T, H]      rows that need logits (normed)           */
     int *pos;           /* [T]         absolute positions                       */
     float *rope_cos, *rope_sin; /* [T, D/2] RoPE angles of the batch's tokens   */
@@ -76,6 +79,7 @@ typedef struct cpu_model {
     cpu_bf16 *bf;            /* NULL in float32 mode */
     kvl__pool *workers;      /* float32 mode: threads for attention (bf16: bf->exec.pool) */
     cpu_decode_att dec;
+    int prefill_gather;      /* prefill chunks gather their context (kvl__cpu_attention_prefill_vectorised) */
     /* The pool serves one job at a time: a forward holds pool_lock throughout; a translate-apply
      * (which may run beside a forward of this model, see cpu_translate_apply) only when it gets
      * it at once, and otherwise runs on its caller's thread alone. */
@@ -212,6 +216,11 @@ static kvl_status cpu_model_create(const kvl_weights_view *w, const kvl_model_pa
     if (!m) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
     m->w = w;
     m->n_threads = p ? p->n_threads : 0;
+    /* KVL_CPU_PREFILL=gather|tiles overrides the choice (to compare the two on one machine) */
+    const char *pf = getenv("KVL_CPU_PREFILL");
+    m->prefill_gather = pf && !strcmp(pf, "gather")  ? 1
+                        : pf && !strcmp(pf, "tiles") ? 0
+                                                     : !kvl__cpu_attention_prefill_vectorised(w->cfg.head_dim);
     if (pthread_mutex_init(&m->pool_lock, NULL) != 0) {
         free(m);
         return kvl__errorf(KVL_ERR_IO, "cpu backend: cannot create the thread pool's mutex");
@@ -236,24 +245,30 @@ static kvl_status cpu_model_create(const kvl_weights_view *w, const kvl_model_pa
 
 static void cpu_model_set_threads(void *pm, int n_threads) { ((cpu_model *)pm)->n_threads = n_threads; }
 
-/* Carve the scratch for T tokens of a batch from one allocation by a sizes table (attention
- * needs none here: it reads the blocks, with per-part scratch in cpu_decode_att). */
-static kvl_status scratch_prepare(cpu_model *m, int T) {
+/* Carve the scratch for T tokens of a batch whose longest sequence reaches ctx tokens, from one
+ * allocation by a sizes table (context-sized parts only for the gather path: in place, attention
+ * reads the blocks with per-part scratch in cpu_decode_att); grown geometrically so a growing
+ * context does not reallocate every step. */
+static kvl_status scratch_prepare(cpu_model *m, int T, int ctx) {
     cpu_scratch *s = &m->s;
-    if (s->base && T <= s->cap_tokens) return KVL_OK;
+    if (!m->prefill_gather) ctx = 0;
+    if (s->base && T <= s->cap_tokens && ctx <= s->cap_ctx) return KVL_OK;
     int nt = T > s->cap_tokens ? T : s->cap_tokens;
+    int nc = ctx > s->cap_ctx ? ctx : s->cap_ctx;
+    if (ctx > s->cap_ctx && nc < 2 * s->cap_ctx) nc = 2 * s->cap_ctx;
+    const size_t att = m->prefill_gather ? kvl__cpu_attention_scratch(nt, nc) : 0;
     const kvl_model_config *c = &m->w->cfg;
     size_t H = c->hidden_size, QD = (size_t)c->n_heads * c->head_dim;
     size_t KD = (size_t)c->n_kv_heads * c->head_dim, F = c->intermediate_size;
     size_t sizes[] = {
         nt * H, nt * H, nt * QD, nt * KD, nt * KD, nt * KD, nt * QD, nt * F, nt * F,
-        nt * H,
+        (size_t)nc * KD, (size_t)nc * KD, att, nt * H,
         (size_t)nt /* pos (ints fit in floats' space) */,
         nt * (size_t)c->head_dim / 2, nt * (size_t)c->head_dim / 2,   /* RoPE cos/sin tables */
         m->bf ? (kvl__bf16_xsplit_elems(nt, m->bf->k_max) + 1) / 2 : 0,  /* two bf16 per float */
     };
     float **dst[] = {&s->x, &s->xn, &s->q, &s->k, &s->kpre, &s->v, &s->att, &s->gate, &s->up,
-                     &s->logit_x, (float **)&s->pos,
+                     &s->kctx, &s->vctx, &s->scores, &s->logit_x, (float **)&s->pos,
                      &s->rope_cos, &s->rope_sin,
                      (float **)&s->xsplit};
     size_t n = sizeof sizes / sizeof sizes[0], total = 0;
@@ -263,6 +278,7 @@ static kvl_status scratch_prepare(cpu_model *m, int T) {
     free(s->base);
     s->base = base;
     s->cap_tokens = nt;
+    s->cap_ctx = nc;
     float *cur = base;
     for (size_t i = 0; i < n; i++) {
         *dst[i] = cur;
@@ -500,7 +516,7 @@ static void attend_blocks(void *pctx, int l, int T, const float *q, const float 
             m->dec.seq_of[n_dec] = i;
             m->dec.t0_of[n_dec++] = t0;
             cost += (double)(p0 + 1) * Hkv;
-        } else {
+        } else if (!m->prefill_gather) {
             m->dec.pre_of[n_pre] = i;
             m->dec.pre_t0[n_pre++] = t0;
             for (int i0 = 0; i0 < n; i0 += tile) {
@@ -520,6 +536,20 @@ static void attend_blocks(void *pctx, int l, int T, const float *q, const float 
         if (pool && macs >= min_macs && n_dec * Hkv > 1) kvl__pool_run(pool, decode_part, &j);
         else decode_part(&j, 0, 1);
     }
+    if (m->prefill_gather) {
+        /* no AVX-512 kernel here: each chunk gathers its context and runs the sgemm attention */
+        cpu_scratch *s = &m->s;
+        for (int i = 0, t0 = 0; i < ac->n_seqs; t0 += ac->seqs[i].n_tokens, i++) {
+            kvl__kv_blocks *kc = ac->seqs[i].cache;
+            int n = ac->seqs[i].n_tokens, p0 = ac->seqs[i].n_past;
+            if (n == 1) continue;
+            kvl__kv_blocks_gather(kc, l, KVL_PLANE_K, 0, p0 + n, s->kctx);
+            kvl__kv_blocks_gather(kc, l, KVL_PLANE_V, 0, p0 + n, s->vctx);
+            kvl__cpu_attention_forward(att + (size_t)t0 * Hq * D, NULL, q + (size_t)t0 * Hq * D,
+                                       s->kctx, s->vctx, n, p0 + n, p0, Hq, Hkv, D, s->scores);
+        }
+        return;
+    }
     if (n_pre == 0) return;
     prefill_job pj = {m, ac->seqs, m->dec.pre_of, m->dec.pre_t0, n_pre, l, q, att, pre_cost};
     kvl__pool *pool = model_pool(m);
@@ -536,7 +566,7 @@ static kvl_status forward_locked(cpu_model *m, const kvl_backend_seq *seqs, int 
         T += seqs[i].n_tokens;
         if (seqs[i].n_past + seqs[i].n_tokens > ctx) ctx = seqs[i].n_past + seqs[i].n_tokens;
     }
-    kvl_status st = scratch_prepare(m, T);
+    kvl_status st = scratch_prepare(m, T, ctx);
     if (st != KVL_OK) return st;
     for (int i = 0; i < n_seqs; i++)
         if ((st = kvl__kv_blocks_reserve(seqs[i].cache, seqs[i].n_past + seqs[i].n_tokens)) != KVL_OK)

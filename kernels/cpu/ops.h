@@ -91,6 +91,10 @@ void kvl__cpu_attention_decode_group(float *out, const float *q, const float *co
  * tiles of kvl__cpu_attention_prefill_rows(group) rows, whose keys are read once per tile: a
  * caller splitting work gives each part whole tiles. */
 int kvl__cpu_attention_prefill_rows(int group);
+/* 1 when the tiles run the AVX-512 kernel here (an AVX-512F CPU, head_dim <= 128); else they run
+ * compiler-vectorised C, which measured slower than a gather + kvl__cpu_attention_forward at
+ * head_dim 20 (the backend then keeps that path for prefill). */
+int kvl__cpu_attention_prefill_vectorised(int D);
 size_t kvl__cpu_attention_prefill_scratch(int Tk, int D);
 void kvl__cpu_attention_prefill_group(float *out, const float *q, int ldq,
                                       const float *const *k_blk, const float *const *v_blk,

@@ -10,7 +10,7 @@
  * and causal prefill attention of a chunk of query rows read in place from the blocks
  * (kvl__cpu_attention_prefill_group) against the same two references: chunks starting at 0, mid
  * block and on a block boundary, ragged block sizes, GQA 1/2/4 (and 3, 6: tiles that do not
- * fill the lanes), head_dim 48/64/80/128, and a chunk run as one call or tile by tile. */
+ * fill the lanes), head_dim 20/36/48/64/80/128, and a chunk run as one call or tile by tile. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -187,6 +187,8 @@ static void test_prefill(void **state) {
         run_prefill_case(p0, n, 4, 2, 48, 16, 1.0f);
         run_prefill_case(p0, n, 6, 2, 80, 7, 1.0f);     /* group of 3: 15 of 16 lanes */
         run_prefill_case(p0, n, 4, 1, 128, 5, 1.0f);    /* group of 4 on one KV head */
+        run_prefill_case(p0, n, 8, 2, 20, 16, 1.0f);    /* llama3-d: head_dim not a multiple of 16 */
+        run_prefill_case(p0, n, 6, 2, 36, 7, 1.0f);
     }
     run_prefill_case(40, 20, 12, 2, 64, 16, 1.0f);      /* group of 6: 2 rows a tile */
     run_prefill_case(70, 12, 4, 2, 64, 16, 40.0f);      /* large scores */
