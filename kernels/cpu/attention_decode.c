@@ -1,5 +1,6 @@
-/* kernels/cpu/attention_decode.c: single-query attention (decode) read in place from the cache
- * blocks, one KV head with the query heads of its GQA group at a time (see ops.h).
+/* kernels/cpu/attention_decode.c: attention read in place from the cache blocks, one KV head
+ * with the query heads of its GQA group at a time (see ops.h): single-query decode, and below
+ * it causal prefill over a tile of query rows.
  *
  * Why per group: the group's query heads share that KV head's keys and values, so one pass over
  * them serves the whole group; and a (sequence, KV head) pair is the unit a batched decode step
@@ -218,4 +219,330 @@ void kvl__cpu_attention_decode_blocks(float *out, const float *q, const float *c
         kvl__cpu_attention_decode_group(out + (size_t)g * group * D, q + (size_t)g * group * D,
                                         k_blk, v_blk, block_tokens, Hkv * D, g * D, Tk, group, D,
                                         scratch);
+}
+
+/* ---- prefill: a tile of query rows over the blocks ------------------------------------------
+ *
+ * Why a tile: the rows of one prefill chunk see the same keys but their last few, so one pass
+ * over a key block serves every row of the tile (the decode kernel per row would read the
+ * context once per row).  A tile holds up to LANES query vectors (rows x heads of the group),
+ * one per lane: scores are computed for all of them at once by broadcasting each key element
+ * against the tile's transposed queries (no reduction across lanes, keys read in place), the
+ * softmax runs lane-wise down the keys, and the weighted sum of values runs over head_dim for
+ * four query vectors at a time with the outputs held in registers. */
+
+int kvl__cpu_attention_prefill_rows(int group) {
+    const int nh = group < LANES ? group : LANES;
+    return LANES / nh;
+}
+
+size_t kvl__cpu_attention_prefill_scratch(int Tk, int D) {
+    return (size_t)LANES * ((size_t)Tk + (size_t)D);
+}
+
+/* Scores S[j][l] = q_l . k_j for keys [0, Tk) (Qt: [D][LANES] queries pre-scaled). */
+static inline __attribute__((always_inline)) void prefill_scores(
+    float *restrict S, const float *restrict Qt, const float *const *k_blk, int block_tokens,
+    int row, int head_off, int Tk, const int D) {
+    for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {
+        const float *kb = k_blk[b] + head_off;
+        const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;
+        int t = 0;
+        for (; t + 4 <= n; t += 4) {
+            const float *restrict k0 = kb + (size_t)t * row, *restrict k1 = k0 + row;
+            const float *restrict k2 = k1 + row, *restrict k3 = k2 + row;
+            float a0[LANES] = {0}, a1[LANES] = {0}, a2[LANES] = {0}, a3[LANES] = {0};
+            for (int d = 0; d < D; d++) {
+                const float *restrict qt = Qt + (size_t)d * LANES;
+                const float x0 = k0[d], x1 = k1[d], x2 = k2[d], x3 = k3[d];
+                for (int l = 0; l < LANES; l++) {
+                    a0[l] += x0 * qt[l];
+                    a1[l] += x1 * qt[l];
+                    a2[l] += x2 * qt[l];
+                    a3[l] += x3 * qt[l];
+                }
+            }
+            float *restrict s = S + (size_t)(j0 + t) * LANES;
+            for (int l = 0; l < LANES; l++) {
+                s[l] = a0[l];
+                s[LANES + l] = a1[l];
+                s[2 * LANES + l] = a2[l];
+                s[3 * LANES + l] = a3[l];
+            }
+        }
+        for (; t < n; t++) {
+            const float *restrict k0 = kb + (size_t)t * row;
+            float a0[LANES] = {0};
+            for (int d = 0; d < D; d++)
+                for (int l = 0; l < LANES; l++) a0[l] += k0[d] * Qt[(size_t)d * LANES + l];
+            for (int l = 0; l < LANES; l++) S[(size_t)(j0 + t) * LANES + l] = a0[l];
+        }
+    }
+}
+
+/* out_l = sum_j S[j][l] v_j * inv[l] for the NL lanes lg.. (NL <= 4), written to dst[m]. */
+static inline __attribute__((always_inline)) void prefill_pv(
+    float *const *dst, const float *restrict S, const float *inv, int lg, const float *const *v_blk,
+    int block_tokens, int row, int head_off, int Tk, const int D, const int NL) {
+    float o[4][D];
+    for (int m = 0; m < NL; m++)
+        for (int d = 0; d < D; d++) o[m][d] = 0.0f;
+    for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {
+        const float *vb = v_blk[b] + head_off;
+        const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;
+        for (int t = 0; t < n; t++) {
+            const float *restrict vr = vb + (size_t)t * row;
+            const float *restrict p = S + (size_t)(j0 + t) * LANES + lg;
+            for (int m = 0; m < NL; m++) {
+                const float pm = p[m];
+                for (int d = 0; d < D; d++) o[m][d] += pm * vr[d];
+            }
+        }
+    }
+    for (int m = 0; m < NL; m++)
+        for (int d = 0; d < D; d++) dst[m][d] = o[m][d] * inv[lg + m];
+}
+
+/* One tile: rows [0, r) at positions p0 + i, heads [0, nh) of q/out (lane l = i * nh + hh). */
+static inline __attribute__((always_inline)) void prefill_tile(
+    float *out, const float *q, int ldq, const float *const *k_blk, const float *const *v_blk,
+    int block_tokens, int row, int head_off, int p0, int r, int nh, const int D, float *scratch) {
+    const int L = r * nh, Tk = p0 + r, jall = p0 + 1;   /* keys [0, jall) are seen by all rows */
+    float *restrict S = scratch;                         /* [Tk][LANES] */
+    float *restrict Qt = scratch + (size_t)Tk * LANES;   /* [D][LANES]  */
+    const float scale = 1.0f / sqrtf((float)D);
+    for (int d = 0; d < D; d++)
+        for (int l = 0; l < LANES; l++)
+            Qt[(size_t)d * LANES + l] =
+                l < L ? q[(size_t)(l / nh) * ldq + (size_t)(l % nh) * D + d] * scale : 0.0f;
+    prefill_scores(S, Qt, k_blk, block_tokens, row, head_off, Tk, D);
+    int vis[LANES];
+    for (int l = 0; l < LANES; l++) vis[l] = l < L ? p0 + l / nh + 1 : jall;
+    float mx[LANES], sum[LANES], inv[LANES];
+    for (int l = 0; l < LANES; l++) { mx[l] = -INFINITY; sum[l] = 0.0f; }
+    for (int j = 0; j < jall; j++)
+        for (int l = 0; l < LANES; l++) mx[l] = S[(size_t)j * LANES + l] > mx[l] ? S[(size_t)j * LANES + l] : mx[l];
+    for (int j = jall; j < Tk; j++)   /* the causal tail: the last r - 1 keys */
+        for (int l = 0; l < LANES; l++)
+            if (j < vis[l] && S[(size_t)j * LANES + l] > mx[l]) mx[l] = S[(size_t)j * LANES + l];
+    for (int j = 0; j < jall; j++) {
+        float *restrict s = S + (size_t)j * LANES;
+        for (int l = 0; l < LANES; l++) {
+            s[l] = exp_nonpos(s[l] - mx[l]);
+            sum[l] += s[l];
+        }
+    }
+    for (int j = jall; j < Tk; j++) {
+        float *restrict s = S + (size_t)j * LANES;
+        for (int l = 0; l < LANES; l++) {
+            s[l] = j < vis[l] ? exp_nonpos(s[l] - mx[l]) : 0.0f;
+            sum[l] += s[l];
+        }
+    }
+    for (int l = 0; l < LANES; l++) inv[l] = 1.0f / sum[l];
+    for (int lg = 0; lg < L; lg += 4) {
+        float *dst[4];
+        const int nl = L - lg < 4 ? L - lg : 4;
+        for (int m = 0; m < 4; m++) {
+            const int l = lg + (m < nl ? m : 0);
+            dst[m] = out + (size_t)(l / nh) * ldq + (size_t)(l % nh) * D;
+        }
+        if (nl == 4) prefill_pv(dst, S, inv, lg, v_blk, block_tokens, row, head_off, Tk, D, 4);
+        else if (nl == 3) prefill_pv(dst, S, inv, lg, v_blk, block_tokens, row, head_off, Tk, D, 3);
+        else if (nl == 2) prefill_pv(dst, S, inv, lg, v_blk, block_tokens, row, head_off, Tk, D, 2);
+        else prefill_pv(dst, S, inv, lg, v_blk, block_tokens, row, head_off, Tk, D, 1);
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+#define KVL_PREFILL_AVX512 1
+
+/* AVX-512 form of prefill_scores: eight keys per pass over the tile's queries (eight
+ * independent FMA chains), each key element broadcast from the block in place. */
+__attribute__((target("avx512f"))) static void prefill_scores_avx512(
+    float *restrict S, const float *restrict Qt, const float *const *k_blk, int block_tokens,
+    int row, int head_off, int Tk, int D) {
+    for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {
+        const float *kb = k_blk[b] + head_off;
+        const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;
+        int t = 0;
+        for (; t + 8 <= n; t += 8) {
+            const float *k0 = kb + (size_t)t * row;
+            __m512 a[8];
+            for (int m = 0; m < 8; m++) a[m] = _mm512_setzero_ps();
+            for (int d = 0; d < D; d++) {
+                const __m512 qt = _mm512_loadu_ps(Qt + (size_t)d * LANES);
+#pragma GCC unroll 8
+                for (int m = 0; m < 8; m++)
+                    a[m] = _mm512_fmadd_ps(_mm512_set1_ps(k0[(size_t)m * row + d]), qt, a[m]);
+            }
+#pragma GCC unroll 8
+            for (int m = 0; m < 8; m++) _mm512_storeu_ps(S + (size_t)(j0 + t + m) * LANES, a[m]);
+        }
+        for (; t < n; t++) {
+            const float *k0 = kb + (size_t)t * row;
+            __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+            int d = 0;
+            for (; d + 2 <= D; d += 2) {
+                a0 = _mm512_fmadd_ps(_mm512_set1_ps(k0[d]), _mm512_loadu_ps(Qt + (size_t)d * LANES), a0);
+                a1 = _mm512_fmadd_ps(_mm512_set1_ps(k0[d + 1]),
+                                     _mm512_loadu_ps(Qt + (size_t)(d + 1) * LANES), a1);
+            }
+            if (d < D) a0 = _mm512_fmadd_ps(_mm512_set1_ps(k0[d]), _mm512_loadu_ps(Qt + (size_t)d * LANES), a0);
+            _mm512_storeu_ps(S + (size_t)(j0 + t) * LANES, _mm512_add_ps(a0, a1));
+        }
+    }
+}
+
+/* AVX-512 form of prefill_pv for head_dim D in DV vectors (the last one masked by `tail` when D is
+ * not a multiple of 16): NL lanes' outputs (NL * DV vectors) held in registers across all keys;
+ * rows of lanes >= L are computed and not stored. */
+static inline __attribute__((always_inline, target("avx512f"))) void prefill_pv_avx512(
+    float *out, int ldq, int nh, int L, const float *restrict S, const float *inv, int lg,
+    const float *const *v_blk, int block_tokens, int row, int head_off, int Tk, int D,
+    __mmask16 tail, const int DV, const int NL) {
+    __m512 o[16];   /* NL * DV <= 16 (a fixed size: a VLA would live in memory) */
+#pragma GCC unroll 16
+    for (int i = 0; i < NL * DV; i++) o[i] = _mm512_setzero_ps();
+    for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {
+        const float *vb = v_blk[b] + head_off;
+        const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;
+        for (int t = 0; t < n; t++) {
+            const float *vr = vb + (size_t)t * row;
+            const float *p = S + (size_t)(j0 + t) * LANES + lg;
+            __m512 v[8];
+#pragma GCC unroll 8
+            for (int e = 0; e < DV; e++)
+                v[e] = e < DV - 1 ? _mm512_loadu_ps(vr + 16 * e) : _mm512_maskz_loadu_ps(tail, vr + 16 * e);
+#pragma GCC unroll 4
+            for (int m = 0; m < NL; m++) {
+                const __m512 pm = _mm512_set1_ps(p[m]);
+#pragma GCC unroll 8
+                for (int e = 0; e < DV; e++) o[m * DV + e] = _mm512_fmadd_ps(pm, v[e], o[m * DV + e]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < NL; m++) {
+        const int l = lg + m;
+        if (l >= L) break;
+        float *dst = out + (size_t)(l / nh) * ldq + (size_t)(l % nh) * D;
+        const __m512 sc = _mm512_set1_ps(inv[l]);
+#pragma GCC unroll 8
+        for (int e = 0; e < DV - 1; e++) _mm512_storeu_ps(dst + 16 * e, _mm512_mul_ps(o[m * DV + e], sc));
+        _mm512_mask_storeu_ps(dst + 16 * (DV - 1), tail, _mm512_mul_ps(o[m * DV + DV - 1], sc));
+    }
+}
+
+#define KVL_PV_CASE(DV_, NL_)                                                                    \
+    case DV_:                                                                                    \
+        for (int lg = 0; lg < L; lg += NL_)                                                      \
+            prefill_pv_avx512(out, ldq, nh, L, S, inv, lg, v_blk, block_tokens, row, head_off,    \
+                              Tk, D, tail, DV_, NL_);                                            \
+        break;
+
+/* The tile of prefill_tile on AVX-512 for head_dim up to 128: the same
+ * arithmetic in the same order per lane (equal results up to the FMA contraction). */
+__attribute__((target("avx512f"))) static void prefill_tile_avx512(
+    float *out, const float *q, int ldq, const float *const *k_blk, const float *const *v_blk,
+    int block_tokens, int row, int head_off, int p0, int r, int nh, int D, float *scratch) {
+    const int L = r * nh, Tk = p0 + r, jall = p0 + 1;
+    float *restrict S = scratch;
+    float *restrict Qt = scratch + (size_t)Tk * LANES;
+    const float scale = 1.0f / sqrtf((float)D);
+    for (int d = 0; d < D; d++)
+        for (int l = 0; l < LANES; l++)
+            Qt[(size_t)d * LANES + l] =
+                l < L ? q[(size_t)(l / nh) * ldq + (size_t)(l % nh) * D + d] * scale : 0.0f;
+    prefill_scores_avx512(S, Qt, k_blk, block_tokens, row, head_off, Tk, D);
+    /* causal tail: lane l (row l / nh) sees keys [0, p0 + l/nh + 1) */
+    for (int j = jall; j < Tk; j++)
+        for (int l = 0; l < LANES; l++)
+            if (l < L && j >= p0 + l / nh + 1) S[(size_t)j * LANES + l] = -INFINITY;
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int j = 0; j < Tk; j++) mx = _mm512_max_ps(mx, _mm512_loadu_ps(S + (size_t)j * LANES));
+    float mxs[LANES], sum[LANES], inv[LANES];
+    _mm512_storeu_ps(mxs, mx);
+    for (int l = 0; l < LANES; l++) sum[l] = 0.0f;
+    /* exp_nonpos over whole rows (compiled 16 wide here); -inf - max clamps to e^-87.3, so the
+     * masked keys are zeroed after */
+    for (int j = 0; j < Tk; j++) {
+        float *restrict sj = S + (size_t)j * LANES;
+        for (int l = 0; l < LANES; l++) {
+            sj[l] = exp_nonpos(sj[l] - mxs[l]);
+            sum[l] += sj[l];
+        }
+    }
+    for (int j = jall; j < Tk; j++)
+        for (int l = 0; l < LANES; l++)
+            if (l < L && j >= p0 + l / nh + 1) {
+                sum[l] -= S[(size_t)j * LANES + l];
+                S[(size_t)j * LANES + l] = 0.0f;
+            }
+    for (int l = 0; l < LANES; l++) inv[l] = 1.0f / sum[l];
+    const __mmask16 tail = D % 16 ? (__mmask16)((1u << (D % 16)) - 1) : (__mmask16)0xFFFF;
+    switch ((D + 15) / 16) {
+        KVL_PV_CASE(1, 4)
+        KVL_PV_CASE(2, 4)
+        KVL_PV_CASE(3, 4)
+        KVL_PV_CASE(4, 4)
+        KVL_PV_CASE(5, 2)
+        KVL_PV_CASE(6, 2)
+        KVL_PV_CASE(7, 2)
+        KVL_PV_CASE(8, 2)
+    }
+}
+#undef KVL_PV_CASE
+#endif
+
+static inline __attribute__((always_inline)) void prefill_group_dim(
+    float *out, const float *q, int ldq, const float *const *k_blk, const float *const *v_blk,
+    int block_tokens, int row, int head_off, int p0, int n_rows, int group, const int D,
+    float *scratch) {
+    const int nh_max = group < LANES ? group : LANES, r_max = LANES / nh_max;
+#ifdef KVL_PREFILL_AVX512
+    const int use_avx512 = D <= 128 && __builtin_cpu_supports("avx512f");
+#endif
+    for (int h0 = 0; h0 < group; h0 += nh_max) {
+        const int nh = group - h0 < nh_max ? group - h0 : nh_max;
+        for (int i0 = 0; i0 < n_rows; i0 += r_max) {
+            const int r = n_rows - i0 < r_max ? n_rows - i0 : r_max;
+            const size_t off = (size_t)i0 * ldq + (size_t)h0 * D;
+#ifdef KVL_PREFILL_AVX512
+            if (use_avx512) {
+                prefill_tile_avx512(out + off, q + off, ldq, k_blk, v_blk, block_tokens, row,
+                                    head_off, p0 + i0, r, nh, D, scratch);
+                continue;
+            }
+#endif
+            prefill_tile(out + off, q + off, ldq, k_blk, v_blk, block_tokens, row, head_off, p0 + i0,
+                         r, nh, D, scratch);
+        }
+    }
+}
+
+int kvl__cpu_attention_prefill_vectorised(int D) {
+#ifdef KVL_PREFILL_AVX512
+    return D <= 128 && __builtin_cpu_supports("avx512f");
+#else
+    (void)D;
+    return 0;
+#endif
+}
+
+KVL_MULTIVERSION
+void kvl__cpu_attention_prefill_group(float *out, const float *q, int ldq,
+                                      const float *const *k_blk, const float *const *v_blk,
+                                      int block_tokens, int row, int head_off, int p0, int n_rows,
+                                      int group, int D, float *scratch) {
+    if (D == 64)
+        prefill_group_dim(out, q, ldq, k_blk, v_blk, block_tokens, row, head_off, p0, n_rows, group,
+                          64, scratch);
+    else if (D == 128)
+        prefill_group_dim(out, q, ldq, k_blk, v_blk, block_tokens, row, head_off, p0, n_rows, group,
+                          128, scratch);
+    else
+        prefill_group_dim(out, q, ldq, k_blk, v_blk, block_tokens, row, head_off, p0, n_rows, group,
+                          D, scratch);
 }

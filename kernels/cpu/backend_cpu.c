@@ -5,16 +5,22 @@
  * decode streams half the bytes; the host view stays float32 for translator training).
  * Cache: blocks of block_tokens tokens (kv_blocks.h), allocated as tokens arrive.
  * Forward: all tokens of a batch go through the projections and the MLP as one GEMM; attention
- * runs per sequence over that sequence's blocks (decode reads K/V in place; prefill gathers the
- * context once per layer), so prefill and decode share one code path: the decoder layer of
- * decoder.h, the same function translator training runs.
- * Translate-apply: one sgemm per target layer and side, the target's k_norm and RoPE (angles
- * once per span), written straight into the cache blocks. */
+ * reads each sequence's K/V in place from its blocks (attention_decode.c: decode rows one by
+ * one, prefill chunks in tiles of query rows), split over the model's pool, so prefill and
+ * decode share one code path: the decoder layer of decoder.h, the same function translator
+ * training runs.  Where the tiles' AVX-512 kernel applies (AVX-512F, head_dim <= 128) they
+ * measured faster than gathering the context and running the sgemm attention of ops.c at every
+ * chunk tried (9 to 2048 rows over contexts of 512 and 2048, head_dim 20/32/64, one and two
+ * threads): causal keys skipped, exps vectorised, no copy.  Elsewhere prefill keeps the gather:
+ * the tiles' portable C measured slower at head_dim 20.
+ * Translate-apply: translate_cpu.c, on this model's pool when it is free. */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "backend_cpu_internal.h"
 #include "decoder.h"
 #include "error.h"
 #include "kv_blocks.h"
@@ -34,8 +40,8 @@ typedef struct cpu_scratch {
     float *v;           /* [T, Hkv*D]                                           */
     float *att;         /* [T, Hq*D]   attention output                         */
     float *gate, *up;   /* [T, F]                                               */
-    float *kctx, *vctx; /* [ctx, Hkv*D] one sequence's gathered keys / values   */
-    float *scores;      /* attention scratch                                    */
+    float *kctx, *vctx; /* [ctx, Hkv*D] gathered keys / values (gather path only) */
+    float *scores;      /* kvl__cpu_attention_forward scratch (gather path only) */
     float *logit_x;     /* [T, H]      rows that need logits (normed)           */
     int *pos;           /* [T]         absolute positions                       */
     float *rope_cos, *rope_sin; /* [T, D/2] RoPE angles of the batch's tokens   */
@@ -54,11 +60,13 @@ typedef struct cpu_bf16 {
 
 /* Decode attention of a batch over the pool: per-part scratch and the batch's decode rows. */
 typedef struct cpu_decode_att {
-    float *buf;              /* [parts][part_floats]: scores [group, cap_ctx], then K and V
+    float *buf;              /* [parts][part_floats]: attention scratch [att_floats] (decode
+                                scores [group, cap_ctx] or a prefill tile's), then K and V
                                 block-pointer tables [cap_blocks] each */
     int parts, cap_ctx, cap_blocks;
-    size_t part_floats;
+    size_t part_floats, att_floats;
     int *seq_of, *t0_of;     /* [cap_seqs] a decode row's sequence index and batch row */
+    int *pre_of, *pre_t0;    /* [cap_seqs] a prefill chunk's sequence index and first batch row */
     int cap_seqs;
 } cpu_decode_att;
 
@@ -68,8 +76,15 @@ typedef struct cpu_model {
     cpu_scratch s;
     kvl__block_pool *pool;   /* idle KV blocks shared by this model's caches */
     cpu_bf16 *bf;            /* NULL in float32 mode */
-    kvl__pool *workers;      /* float32 mode: threads for decode attention (bf16: bf->exec.pool) */
+    kvl__pool *workers;      /* float32 mode: threads for attention (bf16: bf->exec.pool) */
     cpu_decode_att dec;
+    int prefill_gather;      /* prefill chunks gather their context (kvl__cpu_attention_prefill_vectorised) */
+    /* The pool serves one job at a time: a forward holds pool_lock throughout; a translate-apply
+     * (which may run beside a forward of this model, see cpu_translate_apply) only when it gets
+     * it at once, and otherwise runs on its caller's thread alone. */
+    pthread_mutex_t pool_lock;
+    float *tr_buf;           /* translate-apply working memory while holding pool_lock */
+    size_t tr_floats;
 } cpu_model;
 
 /* Idle KV blocks a model keeps for reuse (beyond what its sessions hold). */
@@ -186,8 +201,12 @@ static void cpu_model_free(void *pm) {
     free(m->dec.buf);
     free(m->dec.seq_of);
     free(m->dec.t0_of);
+    free(m->dec.pre_of);
+    free(m->dec.pre_t0);
     kvl__block_pool_unref(m->pool);   /* caches still alive keep it until they go */
     free(m->s.base);
+    free(m->tr_buf);
+    pthread_mutex_destroy(&m->pool_lock);
     free(m);
 }
 
@@ -196,9 +215,22 @@ static kvl_status cpu_model_create(const kvl_weights_view *w, const kvl_model_pa
     if (!m) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
     m->w = w;
     m->n_threads = p ? p->n_threads : 0;
+    /* KVL_CPU_PREFILL=gather|tiles overrides the choice (to compare the two on one machine) */
+    const char *pf = getenv("KVL_CPU_PREFILL");
+    m->prefill_gather = pf && !strcmp(pf, "gather")  ? 1
+                        : pf && !strcmp(pf, "tiles") ? 0
+                                                     : !kvl__cpu_attention_prefill_vectorised(w->cfg.head_dim);
+    if (pthread_mutex_init(&m->pool_lock, NULL) != 0) {
+        free(m);
+        return kvl__errorf(KVL_ERR_IO, "cpu backend: cannot create the thread pool's mutex");
+    }
     kvl_status s = kvl__block_pool_create(kvl__kv_blocks_block_floats(&w->cfg, CPU_DEFAULT_BLOCK_TOKENS),
                                           CPU_POOL_IDLE_BYTES, &m->pool);
-    if (s != KVL_OK) { free(m); return s; }
+    if (s != KVL_OK) {
+        pthread_mutex_destroy(&m->pool_lock);
+        free(m);
+        return s;
+    }
     if (p && p->weights_dtype == KVL_WEIGHTS_BF16) {
         s = bf16_create(m);
         if (s != KVL_OK) {
@@ -213,21 +245,23 @@ static kvl_status cpu_model_create(const kvl_weights_view *w, const kvl_model_pa
 static void cpu_model_set_threads(void *pm, int n_threads) { ((cpu_model *)pm)->n_threads = n_threads; }
 
 /* Carve the scratch for T tokens of a batch whose longest sequence reaches ctx tokens, from one
- * allocation by a sizes table; grown geometrically so a growing decode context does not
- * reallocate every step. */
+ * allocation by a sizes table (context-sized parts only for the gather path: in place, attention
+ * reads the blocks with per-part scratch in cpu_decode_att); grown geometrically so a growing
+ * context does not reallocate every step. */
 static kvl_status scratch_prepare(cpu_model *m, int T, int ctx) {
     cpu_scratch *s = &m->s;
+    if (!m->prefill_gather) ctx = 0;
     if (s->base && T <= s->cap_tokens && ctx <= s->cap_ctx) return KVL_OK;
     int nt = T > s->cap_tokens ? T : s->cap_tokens;
     int nc = ctx > s->cap_ctx ? ctx : s->cap_ctx;
     if (ctx > s->cap_ctx && nc < 2 * s->cap_ctx) nc = 2 * s->cap_ctx;
-    if (nc < 64) nc = 64;
+    const size_t att = m->prefill_gather ? kvl__cpu_attention_scratch(nt, nc) : 0;
     const kvl_model_config *c = &m->w->cfg;
     size_t H = c->hidden_size, QD = (size_t)c->n_heads * c->head_dim;
     size_t KD = (size_t)c->n_kv_heads * c->head_dim, F = c->intermediate_size;
     size_t sizes[] = {
         nt * H, nt * H, nt * QD, nt * KD, nt * KD, nt * KD, nt * QD, nt * F, nt * F,
-        (size_t)nc * KD, (size_t)nc * KD, kvl__cpu_attention_scratch(nt, nc), nt * H,
+        (size_t)nc * KD, (size_t)nc * KD, att, nt * H,
         (size_t)nt /* pos (ints fit in floats' space) */,
         nt * (size_t)c->head_dim / 2, nt * (size_t)c->head_dim / 2,   /* RoPE cos/sin tables */
         m->bf ? (kvl__bf16_xsplit_elems(nt, m->bf->k_max) + 1) / 2 : 0,  /* two bf16 per float */
@@ -343,7 +377,7 @@ static void decode_part(void *pj, int part, int n_parts) {
     const int D = c->head_dim, Hq = c->n_heads, Hkv = c->n_kv_heads, group = Hq / Hkv, QD = Hq * D;
     cpu_decode_att *da = &m->dec;
     float *scores = da->buf + (size_t)part * da->part_floats;
-    const float **kb = (const float **)(scores + (size_t)group * da->cap_ctx);
+    const float **kb = (const float **)(scores + da->att_floats);
     const float **vb = kb + da->cap_blocks;
     const double lo = j->total_cost * part / n_parts, hi = j->total_cost * (part + 1) / n_parts;
     double cum = 0;
@@ -371,6 +405,64 @@ static void decode_part(void *pj, int part, int n_parts) {
     }
 }
 
+/* One layer's prefill attention of a batch, split over the pool like decode_part: the items are
+ * (sequence, tile of query rows, KV head) triples of the batch's multi-token chunks, in
+ * contiguous runs of about equal cost per part; each reads its keys and values in place. */
+typedef struct prefill_job {
+    cpu_model *m;
+    const kvl_backend_seq *seqs;
+    const int *seq_of, *t0_of;   /* [n_pre] the prefill sequences and their first batch row */
+    int n_pre, layer;
+    const float *q;              /* [T, Hq*D] */
+    float *att;                  /* [T, Hq*D] */
+    double total_cost;
+} prefill_job;
+
+/* Relative cost of one tile over Tk keys with `lanes` query vectors: the scores pass costs the
+ * same for any number of lanes (all LANES run together), the values pass one per lane. */
+static double prefill_tile_cost(int Tk, int lanes) { return (double)Tk * (16.0 + lanes); }
+
+static void prefill_part(void *pj, int part, int n_parts) {
+    const prefill_job *j = pj;
+    cpu_model *m = j->m;
+    const kvl_model_config *c = &m->w->cfg;
+    const int D = c->head_dim, Hq = c->n_heads, Hkv = c->n_kv_heads, group = Hq / Hkv, QD = Hq * D;
+    const int tile = kvl__cpu_attention_prefill_rows(group);
+    cpu_decode_att *da = &m->dec;
+    float *scratch = da->buf + (size_t)part * da->part_floats;
+    const float **kb = (const float **)(scratch + da->att_floats);
+    const float **vb = kb + da->cap_blocks;
+    const double lo = j->total_cost * part / n_parts, hi = j->total_cost * (part + 1) / n_parts;
+    double cum = 0;
+    int loaded = -1;
+    for (int d = 0; d < j->n_pre; d++) {
+        const kvl_backend_seq *sq = &j->seqs[j->seq_of[d]];
+        const kvl__kv_blocks *kc = sq->cache;
+        const int n = sq->n_tokens, p0 = sq->n_past;
+        for (int i0 = 0; i0 < n; i0 += tile) {
+            const int r = n - i0 < tile ? n - i0 : tile, Tk = p0 + i0 + r;
+            const double w = prefill_tile_cost(Tk, r * group);
+            for (int g = 0; g < Hkv; g++) {
+                double mid = cum + 0.5 * w;   /* an item belongs to the part holding its midpoint */
+                cum += w;
+                if (mid < lo || mid >= hi) continue;
+                if (loaded != d) {
+                    const int nb = (p0 + n + kc->block_tokens - 1) / kc->block_tokens;
+                    for (int b = 0; b < nb; b++) {
+                        kb[b] = kvl__kv_blocks_slot(kc, j->layer, KVL_PLANE_K, b * kc->block_tokens);
+                        vb[b] = kvl__kv_blocks_slot(kc, j->layer, KVL_PLANE_V, b * kc->block_tokens);
+                    }
+                    loaded = d;
+                }
+                const size_t off = (size_t)(j->t0_of[d] + i0) * QD + (size_t)g * group * D;
+                kvl__cpu_attention_prefill_group(j->att + off, j->q + off, QD, kb, vb,
+                                                 kc->block_tokens, Hkv * D, g * D, p0 + i0, r,
+                                                 group, D, scratch);
+            }
+        }
+    }
+}
+
 /* Grow the per-part decode scratch for contexts up to ctx tokens (geometrically, so a growing
  * context does not reallocate every step). */
 static kvl_status decode_scratch_prepare(cpu_model *m, int parts, int ctx, int block_tokens) {
@@ -385,8 +477,10 @@ static kvl_status decode_scratch_prepare(cpu_model *m, int parts, int ctx, int b
     if (nc < 256) nc = 256;
     int np = parts > da->parts ? parts : da->parts;
     int blocks = (nc + block_tokens - 1) / block_tokens;
-    /* scores, then two pointer tables (a pointer takes at most two floats' room) */
-    size_t part_floats = ((size_t)group * nc + 4 * (size_t)blocks + 15) & ~(size_t)15;
+    /* attention scratch, then two pointer tables (a pointer takes at most two floats' room) */
+    size_t att = (size_t)group * nc, pre = kvl__cpu_attention_prefill_scratch(nc, c->head_dim);
+    att = ((att > pre ? att : pre) + 15) & ~(size_t)15;
+    size_t part_floats = (att + 4 * (size_t)blocks + 15) & ~(size_t)15;
     float *buf = aligned_alloc(64, (size_t)np * part_floats * sizeof(float));
     if (!buf) return kvl__errorf(KVL_ERR_NOMEM, "forward: out of memory for decode attention scratch");
     free(da->buf);
@@ -395,21 +489,22 @@ static kvl_status decode_scratch_prepare(cpu_model *m, int parts, int ctx, int b
     da->cap_ctx = nc;
     da->cap_blocks = blocks;
     da->part_floats = part_floats;
+    da->att_floats = att;
     return KVL_OK;
 }
 
-/* Write each sequence's new K/V into its blocks, then attend over its whole context: the
- * batch's decode rows together on the pool, the prefill chunks one by one. */
+/* Write each sequence's new K/V into its blocks, then attend over its whole context in place:
+ * the batch's decode rows together on the pool, then its prefill chunks together on the pool. */
 static void attend_blocks(void *pctx, int l, int T, const float *q, const float *k,
                           const float *kpre, const float *v, float *att) {
     (void)T;
     attend_ctx *ac = pctx;
     cpu_model *m = ac->m;
-    cpu_scratch *s = &m->s;
     const kvl_model_config *c = &m->w->cfg;
-    const int D = c->head_dim, Hq = c->n_heads, Hkv = c->n_kv_heads, QD = Hq * D, KD = Hkv * D;
-    int n_dec = 0;
-    double cost = 0;
+    const int D = c->head_dim, Hq = c->n_heads, Hkv = c->n_kv_heads, KD = Hkv * D;
+    const int group = Hq / Hkv, tile = kvl__cpu_attention_prefill_rows(group);
+    int n_dec = 0, n_pre = 0;
+    double cost = 0, pre_cost = 0, pre_macs = 0;
     for (int i = 0, t0 = 0; i < ac->n_seqs; t0 += ac->seqs[i].n_tokens, i++) {
         kvl__kv_blocks *kc = ac->seqs[i].cache;
         int n = ac->seqs[i].n_tokens, p0 = ac->seqs[i].n_past;
@@ -420,6 +515,14 @@ static void attend_blocks(void *pctx, int l, int T, const float *q, const float 
             m->dec.seq_of[n_dec] = i;
             m->dec.t0_of[n_dec++] = t0;
             cost += (double)(p0 + 1) * Hkv;
+        } else if (!m->prefill_gather) {
+            m->dec.pre_of[n_pre] = i;
+            m->dec.pre_t0[n_pre++] = t0;
+            for (int i0 = 0; i0 < n; i0 += tile) {
+                const int r = n - i0 < tile ? n - i0 : tile;
+                pre_cost += prefill_tile_cost(p0 + i0 + r, r * group) * Hkv;
+                pre_macs += (double)(p0 + i0 + r) * r * Hq;
+            }
         }
     }
     if (n_dec > 0) {
@@ -432,19 +535,29 @@ static void attend_blocks(void *pctx, int l, int T, const float *q, const float 
         if (pool && macs >= min_macs && n_dec * Hkv > 1) kvl__pool_run(pool, decode_part, &j);
         else decode_part(&j, 0, 1);
     }
-    for (int i = 0, t0 = 0; i < ac->n_seqs; t0 += ac->seqs[i].n_tokens, i++) {
-        kvl__kv_blocks *kc = ac->seqs[i].cache;
-        int n = ac->seqs[i].n_tokens, p0 = ac->seqs[i].n_past;
-        if (n == 1) continue;
-        kvl__kv_blocks_gather(kc, l, KVL_PLANE_K, 0, p0 + n, s->kctx);
-        kvl__kv_blocks_gather(kc, l, KVL_PLANE_V, 0, p0 + n, s->vctx);
-        kvl__cpu_attention_forward(att + (size_t)t0 * QD, NULL, q + (size_t)t0 * QD, s->kctx,
-                                   s->vctx, n, p0 + n, p0, Hq, Hkv, D, s->scores);
+    if (m->prefill_gather) {
+        /* no AVX-512 kernel here: each chunk gathers its context and runs the sgemm attention */
+        cpu_scratch *s = &m->s;
+        for (int i = 0, t0 = 0; i < ac->n_seqs; t0 += ac->seqs[i].n_tokens, i++) {
+            kvl__kv_blocks *kc = ac->seqs[i].cache;
+            int n = ac->seqs[i].n_tokens, p0 = ac->seqs[i].n_past;
+            if (n == 1) continue;
+            kvl__kv_blocks_gather(kc, l, KVL_PLANE_K, 0, p0 + n, s->kctx);
+            kvl__kv_blocks_gather(kc, l, KVL_PLANE_V, 0, p0 + n, s->vctx);
+            kvl__cpu_attention_forward(att + (size_t)t0 * Hq * D, NULL, q + (size_t)t0 * Hq * D,
+                                       s->kctx, s->vctx, n, p0 + n, p0, Hq, Hkv, D, s->scores);
+        }
+        return;
     }
+    if (n_pre == 0) return;
+    prefill_job pj = {m, ac->seqs, m->dec.pre_of, m->dec.pre_t0, n_pre, l, q, att, pre_cost};
+    kvl__pool *pool = model_pool(m);
+    const double macs = pre_macs * 2.0 * D;
+    if (pool && macs >= (m->bf ? 65536.0 : 524288.0)) kvl__pool_run(pool, prefill_part, &pj);
+    else prefill_part(&pj, 0, 1);
 }
 
-static kvl_status cpu_forward(void *pm, const kvl_backend_seq *seqs, int n_seqs) {
-    cpu_model *m = pm;
+static kvl_status forward_locked(cpu_model *m, const kvl_backend_seq *seqs, int n_seqs) {
     const kvl_weights_view *w = m->w;
     const kvl_model_config *c = &w->cfg;
     int T = 0, ctx = 0;
@@ -466,7 +579,11 @@ static kvl_status cpu_forward(void *pm, const kvl_backend_seq *seqs, int n_seqs)
         if (a) m->dec.seq_of = a;
         int *b = realloc(m->dec.t0_of, sizeof(int) * (size_t)n_seqs);
         if (b) m->dec.t0_of = b;
-        if (!a || !b) return kvl__errorf(KVL_ERR_NOMEM, "forward: out of memory for %d sequences", n_seqs);
+        int *e = realloc(m->dec.pre_of, sizeof(int) * (size_t)n_seqs);
+        if (e) m->dec.pre_of = e;
+        int *f = realloc(m->dec.pre_t0, sizeof(int) * (size_t)n_seqs);
+        if (f) m->dec.pre_t0 = f;
+        if (!a || !b || !e || !f) return kvl__errorf(KVL_ERR_NOMEM, "forward: out of memory for %d sequences", n_seqs);
         m->dec.cap_seqs = n_seqs;
     }
     int min_bt = n_seqs > 0 ? ((const kvl__kv_blocks *)seqs[0].cache)->block_tokens : 1;
@@ -527,83 +644,27 @@ static kvl_status cpu_forward(void *pm, const kvl_backend_seq *seqs, int n_seqs)
     return KVL_OK;
 }
 
-/* ---- translate-apply ---------------------------------------------------------------------------- */
-
-static kvl_status cpu_translate_prepare(void *model, const kvl_translate_params *p, void **out) {
-    (void)model;
-    kvl_translate_params *c = malloc(sizeof *c);
-    if (!c) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
-    *c = *p;   /* a view: the maps and k_norm arrays stay the caller's */
-    *out = c;
-    return KVL_OK;
+static kvl_status cpu_forward(void *pm, const kvl_backend_seq *seqs, int n_seqs) {
+    cpu_model *m = pm;
+    pthread_mutex_lock(&m->pool_lock);
+    kvl_status st = forward_locked(m, seqs, n_seqs);
+    pthread_mutex_unlock(&m->pool_lock);
+    return st;
 }
 
-static void cpu_translate_release(void *p) { free(p); }
+/* ---- the pool for translate-apply (translate_cpu.c) ------------------------------------------- */
 
-/* One token row of one layer after the maps: k_norm over each head (when the target has one),
- * RoPE at the token's position, written straight into the block slots (K, V, Kpre): one pass
- * over the row instead of a norm pass, a rotation pass and three scatter copies. */
-static void fused_rows(const kvl_translate_params *p, kvl__kv_blocks *c, int l, int t0, int n,
-                       const float *kpre, const float *vout, const float *rcos, const float *rsin) {
-    const int Ht = p->maps->dst_kv_heads, D = p->maps->dst_head_dim, half = D / 2;
-    const size_t dt = (size_t)Ht * D;
-    const float *kn = p->k_norm ? p->k_norm + (size_t)l * D : NULL;
-    for (int t = 0; t < n; t++) {
-        const float *x = kpre + (size_t)t * dt;
-        const float *cs = rcos + (size_t)t * half, *sn = rsin + (size_t)t * half;
-        float *ko = kvl__kv_blocks_slot(c, l, KVL_PLANE_K, t0 + t);
-        memcpy(kvl__kv_blocks_slot(c, l, KVL_PLANE_V, t0 + t), vout + (size_t)t * dt,
-               sizeof(float) * dt);
-        if (c->planes == 3) memcpy(kvl__kv_blocks_slot(c, l, KVL_PLANE_KPRE, t0 + t), x, sizeof(float) * dt);
-        for (int h = 0; h < Ht; h++) {
-            const float *xh = x + (size_t)h * D;
-            float *yh = ko + (size_t)h * D;
-            float r = 1.0f;
-            if (kn) {   /* Qwen3RMSNorm: variance in float32 over head_dim */
-                float ss = 0.0f;
-                for (int i = 0; i < D; i++) ss += xh[i] * xh[i];
-                r = 1.0f / sqrtf(ss / (float)D + p->k_norm_eps);
-            }
-            for (int i = 0; i < half; i++) {   /* rotate_half RoPE of the normed key */
-                float x1 = kn ? kn[i] * (xh[i] * r) : xh[i];
-                float x2 = kn ? kn[i + half] * (xh[i + half] * r) : xh[i + half];
-                yh[i] = x1 * cs[i] - x2 * sn[i];
-                yh[i + half] = x2 * cs[i] + x1 * sn[i];
-            }
-        }
+int kvl__cpu_model_exec_take(void *model, kvl__cpu_exec *ex) {
+    cpu_model *m = model;
+    *ex = (kvl__cpu_exec){&m->pool_lock, NULL, &m->tr_buf, &m->tr_floats};
+    if (pthread_mutex_trylock(ex->lock) != 0) return 1;
+    int parts = 1;
+    if (model_pool_sync(m) == KVL_OK) {
+        ex->pool = model_pool(m);
+        parts = kvl__pool_threads(ex->pool);
     }
-}
-
-static kvl_status cpu_translate_apply(void *pp, const float *k_src, const float *v_src, int t0,
-                                      int n, void *pc) {
-    const kvl_translate_params *p = pp;
-    const kvl_kv_maps *mp = p->maps;
-    kvl__kv_blocks *c = pc;
-    if (n == 0) return KVL_OK;
-    const int Lt = mp->dst_layers, D = mp->dst_head_dim;
-    const int ds = mp->src_kv_heads * mp->src_head_dim, dt = mp->dst_kv_heads * D;
-    const size_t per = (size_t)n * dt, wsz = (size_t)dt * ds, tab = (size_t)n * (D / 2);
-    /* working memory reused across spans: kpre [n, dt], v [n, dt], RoPE cos/sin [n, D/2],
-     * positions [n] (ints in floats' room) */
-    float *kpre = kvl__kv_blocks_scratch(c, 2 * per + 2 * tab + (size_t)n);
-    if (!kpre) return kvl__errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
-    float *vout = kpre + per, *rcos = vout + per, *rsin = rcos + tab;
-    int *pos = (int *)(rsin + tab);
-    kvl_status s = kvl__kv_blocks_reserve(c, t0 + n);
-    if (s != KVL_OK) return s;
-    for (int i = 0; i < n; i++) pos[i] = t0 + i;
-    /* the target's RoPE angles of the span, once for all layers */
-    kvl__cpu_rope_table(rcos, rsin, pos, n, D, &p->rope);
-    for (int l = 0; l < Lt; l++) {
-        const int sl = mp->layer_map[l];
-        const float *xk = k_src + (size_t)sl * n * ds, *xv = v_src + (size_t)sl * n * ds;
-        /* k_pre_t = W_K k_s ; v_t = W_V v_s (the method, kvlingo/translator.h) */
-        kvl__cpu_matmul_forward(kpre, xk, mp->wk + (size_t)l * wsz, NULL, n, ds, dt);
-        kvl__cpu_matmul_forward(vout, xv, mp->wv + (size_t)l * wsz, NULL, n, ds, dt);
-        /* k_t = RoPE(k_norm(k_pre_t)), all three rows into the blocks */
-        fused_rows(p, c, l, t0, n, kpre, vout, rcos, rsin);
-    }
-    return KVL_OK;
+    if (parts < 2) pthread_mutex_unlock(ex->lock);
+    return parts < 2 ? 1 : parts;
 }
 
 /* ---- the table ------------------------------------------------------------------------------------ */
@@ -628,9 +689,9 @@ static const kvl_backend_ops cpu_ops = {
     .cache_read = cpu_cache_read,
     .cache_export_prenorm = cpu_cache_export_prenorm,
     .forward = cpu_forward,
-    .translate_prepare = cpu_translate_prepare,
-    .translate_release = cpu_translate_release,
-    .translate_apply = cpu_translate_apply,
+    .translate_prepare = kvl__cpu_translate_prepare,
+    .translate_release = kvl__cpu_translate_release,
+    .translate_apply = kvl__cpu_translate_apply,
 };
 
 const kvl_backend_ops *kvl_backend_cpu(void) { return &cpu_ops; }

@@ -80,6 +80,27 @@ void kvl__cpu_attention_decode_group(float *out, const float *q, const float *co
                                      const float *const *v_blk, int block_tokens, int row,
                                      int head_off, int Tk, int group, int D, float *scratch);
 
+/* Causal prefill attention of n_rows query rows read straight from cache blocks, for one KV head
+ * g and its `group` query heads (the unit a prefill chunk splits over threads).
+ *   q, out   row i's heads of the group at q + i*ldq (ldq = Hq*D floats; q pre-offset to head
+ *            g*group), [group*D] each; row i sits at absolute position p0 + i and sees keys
+ *            [0, p0 + i + 1) (the chunk's own keys already in the blocks)
+ *   k_blk, v_blk, block_tokens, row, head_off as kvl__cpu_attention_decode_group
+ *   scratch  at least kvl__cpu_attention_prefill_scratch(p0 + n_rows, D) floats.
+ * Same math as kvl__cpu_attention_forward (equal up to float rounding).  Rows are processed in
+ * tiles of kvl__cpu_attention_prefill_rows(group) rows, whose keys are read once per tile: a
+ * caller splitting work gives each part whole tiles. */
+int kvl__cpu_attention_prefill_rows(int group);
+/* 1 when the tiles run the AVX-512 kernel here (an AVX-512F CPU, head_dim <= 128); else they run
+ * compiler-vectorised C, which measured slower than a gather + kvl__cpu_attention_forward at
+ * head_dim 20 (the backend then keeps that path for prefill). */
+int kvl__cpu_attention_prefill_vectorised(int D);
+size_t kvl__cpu_attention_prefill_scratch(int Tk, int D);
+void kvl__cpu_attention_prefill_group(float *out, const float *q, int ldq,
+                                      const float *const *k_blk, const float *const *v_blk,
+                                      int block_tokens, int row, int head_off, int p0, int n_rows,
+                                      int group, int D, float *scratch);
+
 /* RoPE with precomputed angles, so a forward pass (or a translation) computes the cos/sin of each
  * position once for all layers instead of once per layer and per q/k.
  *   kvl__cpu_rope_table: cos_tab, sin_tab [T, D/2] for positions pos[T] (the float32 values of

@@ -6,7 +6,11 @@
  *   - contexts that end inside a block, on a block boundary, and shorter than one block;
  *   - block sizes 16 and 7 (odd rows), with the K/V head picked by head_off;
  *   - large-magnitude scores (softmax max subtraction);
- *   - the per-group entry point equals the whole-layer one head group by head group. */
+ *   - the per-group entry point equals the whole-layer one head group by head group;
+ * and causal prefill attention of a chunk of query rows read in place from the blocks
+ * (kvl__cpu_attention_prefill_group) against the same two references: chunks starting at 0, mid
+ * block and on a block boundary, ragged block sizes, GQA 1/2/4 (and 3, 6: tiles that do not
+ * fill the lanes), head_dim 20/36/48/64/80/128, and a chunk run as one call or tile by tile. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -92,6 +96,104 @@ static void run_case(int Tk, int Hq, int Hkv, int D, int bt, float qscale) {
     free(scratch); free(ref_scratch);
 }
 
+/* One prefill case: a chunk of n query rows at positions [p0, p0 + n) over Tk = p0 + n keys. */
+static void run_prefill_case(int p0, int n, int Hq, int Hkv, int D, int bt, float qscale) {
+    const int Tk = p0 + n, row = Hkv * D, QD = Hq * D, group = Hq / Hkv;
+    const int nb = (Tk + bt - 1) / bt;
+    float *k = malloc(sizeof(float) * (size_t)Tk * row), *v = malloc(sizeof(float) * (size_t)Tk * row);
+    float *q = malloc(sizeof(float) * (size_t)n * QD);
+    float *out = malloc(sizeof(float) * (size_t)n * QD), *out_t = malloc(sizeof(float) * (size_t)n * QD);
+    float *ref = malloc(sizeof(float) * (size_t)n * QD);
+    float *scratch = malloc(sizeof(float) * kvl__cpu_attention_prefill_scratch(Tk, D));
+    float *ref_scratch = malloc(sizeof(float) * kvl__cpu_attention_scratch(n, Tk));
+    float **kb = malloc(sizeof(float *) * nb), **vb = malloc(sizeof(float *) * nb);
+    double *p = malloc(sizeof(double) * Tk);
+    assert_non_null(k); assert_non_null(v); assert_non_null(q); assert_non_null(out);
+    assert_non_null(out_t); assert_non_null(ref); assert_non_null(scratch);
+    assert_non_null(ref_scratch); assert_non_null(kb); assert_non_null(vb); assert_non_null(p);
+    for (size_t i = 0; i < (size_t)Tk * row; i++) { k[i] = urand(); v[i] = urand(); }
+    for (size_t i = 0; i < (size_t)n * QD; i++) q[i] = urand() * qscale;
+    for (int b = 0; b < nb; b++) {
+        kb[b] = malloc(sizeof(float) * (size_t)bt * row);
+        vb[b] = malloc(sizeof(float) * (size_t)bt * row);
+        assert_non_null(kb[b]); assert_non_null(vb[b]);
+        int m = Tk - b * bt < bt ? Tk - b * bt : bt;
+        memcpy(kb[b], k + (size_t)b * bt * row, sizeof(float) * (size_t)m * row);
+        memcpy(vb[b], v + (size_t)b * bt * row, sizeof(float) * (size_t)m * row);
+        /* rows of the last block past the context hold garbage the kernel must not read */
+        for (size_t i = (size_t)m * row; i < (size_t)bt * row; i++) kb[b][i] = vb[b][i] = NAN;
+    }
+    const int tile = kvl__cpu_attention_prefill_rows(group);
+    for (int g = 0; g < Hkv; g++) {
+        const size_t h0 = (size_t)g * group * D;
+        kvl__cpu_attention_prefill_group(out + h0, q + h0, QD, (const float *const *)kb,
+                                         (const float *const *)vb, bt, row, g * D, p0, n, group, D,
+                                         scratch);
+        for (int i0 = 0; i0 < n; i0 += tile) {   /* as the backend splits a chunk over threads */
+            const int r = n - i0 < tile ? n - i0 : tile;
+            const size_t off = (size_t)i0 * QD + h0;
+            kvl__cpu_attention_prefill_group(out_t + off, q + off, QD, (const float *const *)kb,
+                                             (const float *const *)vb, bt, row, g * D, p0 + i0, r,
+                                             group, D, scratch);
+        }
+    }
+    kvl__cpu_attention_forward(ref, NULL, q, k, v, n, Tk, p0, Hq, Hkv, D, ref_scratch);
+    double max_err = 0, max_err64 = 0;
+    for (int i = 0; i < n; i++) {
+        const int vis = p0 + i + 1;
+        for (int h = 0; h < Hq; h++) {
+            const int g = h / group;
+            const float *qh = q + (size_t)i * QD + (size_t)h * D;
+            double m = -INFINITY, sum = 0;
+            for (int j = 0; j < vis; j++) {
+                double s = 0;
+                for (int d = 0; d < D; d++) s += (double)qh[d] * k[(size_t)j * row + g * D + d];
+                p[j] = s / sqrt((double)D);
+                if (p[j] > m) m = p[j];
+            }
+            for (int j = 0; j < vis; j++) { p[j] = exp(p[j] - m); sum += p[j]; }
+            for (int d = 0; d < D; d++) {
+                const size_t at = (size_t)i * QD + (size_t)h * D + d;
+                double o = 0;
+                for (int j = 0; j < vis; j++) o += p[j] / sum * v[(size_t)j * row + g * D + d];
+                double e = fabs(o - out[at]);
+                if (!(e <= max_err64)) max_err64 = e;   /* NaN counts as an error */
+                e = fabs((double)ref[at] - out[at]);
+                if (!(e <= max_err)) max_err = e;
+                if (out[at] != out_t[at])
+                    fail_msg("prefill p0=%d n=%d D=%d group=%d: tile-by-tile output differs at row "
+                             "%d head %d dim %d", p0, n, D, group, i, h, d);
+            }
+        }
+    }
+    if (!(max_err <= 2e-5) || !(max_err64 <= 2e-5))
+        fail_msg("prefill p0=%d n=%d Hq=%d Hkv=%d D=%d bt=%d: max error %.3g against the gathered "
+                 "reference, %.3g against float64", p0, n, Hq, Hkv, D, bt, max_err, max_err64);
+    for (int b = 0; b < nb; b++) { free(kb[b]); free(vb[b]); }
+    free(kb); free(vb); free(k); free(v); free(q); free(out); free(out_t); free(ref);
+    free(scratch); free(ref_scratch); free(p);
+}
+
+static void test_prefill(void **state) {
+    (void)state;
+    /* (p0, n): from an empty cache, mid block, on a block boundary, a short chunk over a long
+     * context, one row, a chunk longer than a tile */
+    const int cases[][2] = {{0, 9}, {0, 37}, {5, 9}, {16, 16}, {301, 9}, {200, 1}, {23, 40}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int p0 = cases[c][0], n = cases[c][1];
+        run_prefill_case(p0, n, 4, 2, 64, 16, 1.0f);    /* qwen3-b */
+        run_prefill_case(p0, n, 8, 2, 128, 16, 1.0f);   /* group of 4 */
+        run_prefill_case(p0, n, 2, 2, 64, 7, 1.0f);     /* no GQA, odd block size */
+        run_prefill_case(p0, n, 4, 2, 48, 16, 1.0f);
+        run_prefill_case(p0, n, 6, 2, 80, 7, 1.0f);     /* group of 3: 15 of 16 lanes */
+        run_prefill_case(p0, n, 4, 1, 128, 5, 1.0f);    /* group of 4 on one KV head */
+        run_prefill_case(p0, n, 8, 2, 20, 16, 1.0f);    /* llama3-d: head_dim not a multiple of 16 */
+        run_prefill_case(p0, n, 6, 2, 36, 7, 1.0f);
+    }
+    run_prefill_case(40, 20, 12, 2, 64, 16, 1.0f);      /* group of 6: 2 rows a tile */
+    run_prefill_case(70, 12, 4, 2, 64, 16, 40.0f);      /* large scores */
+}
+
 static void test_fixed_dims(void **state) {
     (void)state;
     const int tks[] = {1, 3, 15, 16, 17, 64, 301};
@@ -122,6 +224,7 @@ int main(void) {
         cmocka_unit_test(test_fixed_dims),
         cmocka_unit_test(test_generic_dims),
         cmocka_unit_test(test_large_scores),
+        cmocka_unit_test(test_prefill),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,7 +13,9 @@
  *   translate   translate-apply of random maps == a float64 reference of the method
  *               (K = RoPE(k_norm(W_K k_s)), V = W_V v_s, Kpre = W_K k_s) computed here, for
  *               qwen2-c -> qwen3-b and for llama3-d (llama3 RoPE, rotated back at export) ->
- *               qwen2-yarn (YaRN frequencies and attention factor in the target's RoPE).
+ *               qwen2-yarn (YaRN frequencies and attention factor in the target's RoPE);
+ *   threads     CPU translate-apply split over the model's pool (by layers with single-threaded
+ *               OpenBLAS, by rows with threaded OpenBLAS) writes the bytes of the serial loop.
  * The CPU backend runs everywhere, in float32 and with bf16 weights; the CUDA backend where a
  * GPU is present (skipped with the
  * reason otherwise), with bf16 tolerances and the ops it does not implement yet reported. */
@@ -361,6 +363,79 @@ static void check_translate(const backend_case *bc, const char *src_name, const 
     kvl_model_free(mt);
 }
 
+/* ---- translate-apply on the pool == the serial loop, bit for bit ------------------------------- */
+
+void openblas_set_num_threads(int n);   /* OpenBLAS's own (the CPU backend's BLAS) */
+
+/* A target model on n_threads (1: the serial loop; -1: a cache made without the model, which
+ * translates on the backend's process-wide pool), translated into with OpenBLAS on blas
+ * threads; every plane of every layer of the span read back into out ([Lt][3][n][dt]). */
+static void translate_with_threads(const kvl_model *ms, const kvl_cache *src, const kvl_kv_maps *maps,
+                                   int n_threads, int blas, int n, float *out) {
+    kvl_model_params p = kvl_model_default_params();
+    p.n_threads = n_threads < 0 ? 0 : n_threads;
+    p.weights_dtype = KVL_WEIGHTS_F32;
+    kvl_model *mt = NULL;
+    OK(kvl_model_load(kvl__test_path("models/qwen3-b"), &p, &mt));
+    const kvl_model_config *tc = kvl_model_config_get(mt);
+    const size_t span = (size_t)n * tc->n_kv_heads * tc->head_dim;
+    kvl_cache *dst = NULL;
+    if (n_threads < 0) OK(kvl_cache_create(tc, NULL, &dst));
+    else OK(kvl_model_cache_create(mt, NULL, &dst));
+    openblas_set_num_threads(blas);
+    /* two spans: the second starts mid block, after the first */
+    OK(kvl_kv_maps_apply_host(maps, mt, src, 0, n - 37, dst));
+    OK(kvl_kv_maps_apply_host(maps, mt, src, n - 37, n, dst));
+    assert_int_equal(kvl_cache_n_tokens(dst), n);
+    for (int l = 0; l < tc->n_layers; l++) {
+        float *o = out + (size_t)l * 3 * span;
+        OK(kvl_cache_read_kv(dst, l, 0, n, o, o + span));
+        OK(kvl_cache_read_prenorm(dst, l, 0, n, o + 2 * span, NULL));
+    }
+    (void)ms;
+    kvl_cache_free(dst);
+    kvl_model_free(mt);
+}
+
+static void translate_threads(void **st) {
+    (void)st;
+    kvl_model *ms = load_on("qwen2-c", &CASES[0]);
+    kvl_model_params p = kvl_model_default_params();
+    kvl_model *probe = NULL;
+    OK(kvl_model_load(kvl__test_path("models/qwen3-b"), &p, &probe));
+    const kvl_model_config sc = *kvl_model_config_get(ms), tc = *kvl_model_config_get(probe);
+    kvl_model_free(probe);
+    kvl_kv_maps maps;
+    OK(kvl_kv_maps_random(&sc, &tc, 11, &maps));
+    const int n = 300;
+    int32_t ids[300];
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)(7 + 31 * i) % sc.vocab_size;
+    kvl_cache *src = NULL;
+    OK(kvl_model_cache_create(ms, NULL, &src));
+    OK(kvl_model_prefill(ms, src, ids, n, KVL_LOGITS_NONE, NULL));
+    const size_t total = (size_t)tc.n_layers * 3 * n * tc.n_kv_heads * tc.head_dim;
+    float *ref = malloc(sizeof(float) * total), *got = malloc(sizeof(float) * total);
+    assert_true(ref && got);
+    const int blas[] = {1, 2};   /* the layers split, then the rows split */
+    for (int b = 0; b < 2; b++) {
+        translate_with_threads(ms, src, &maps, 1, blas[b], n, ref);
+        for (int threads = -1; threads <= 7; threads += threads < 2 ? 3 : 5) {   /* -1, 2, 7 */
+            memset(got, 0xff, sizeof(float) * total);
+            translate_with_threads(ms, src, &maps, threads, blas[b], n, got);   /* 7: > Lt parts */
+            for (size_t i = 0; i < total; i++)
+                if (memcmp(&got[i], &ref[i], sizeof(float)))
+                    fail_msg("translate on %d threads (-1: no model), OpenBLAS on %d: float %zu of [layer][K,V,Kpre]"
+                             "[token][dt] is %a, the serial loop's %a", threads, blas[b], i,
+                             got[i], ref[i]);
+        }
+    }
+    openblas_set_num_threads(2);
+    free(ref); free(got);
+    kvl_kv_maps_free(&maps);
+    kvl_cache_free(src);
+    kvl_model_free(ms);
+}
+
 /* ---- every check on every backend ----------------------------------------------------------------- */
 
 #define PER_BACKEND(i)                                                                           \
@@ -386,6 +461,7 @@ int main(void) {
         cmocka_unit_test(forward_qwen3_a_2), cmocka_unit_test(forward_qwen2_c_2),
         cmocka_unit_test(contract_2),        cmocka_unit_test(write_read_2),
         cmocka_unit_test(translate_2),       cmocka_unit_test(translate_scaled_2),
+        cmocka_unit_test(translate_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,209 @@
+/* kernels/cpu/translate_cpu.c: the CPU backend's translate-apply (kvl_backend_ops.translate_*):
+ * one sgemm per target layer and side, the target's k_norm and RoPE (angles once per span),
+ * written straight into the cache blocks; target layers (or each layer's rows) split over the
+ * target model's pool when it is free. */
+#include <cblas.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend_cpu_internal.h"
+#include "error.h"
+#include "kv_blocks.h"
+#include "ops.h"
+
+/* A prepared translation: a view of the caller's parameters and the target model (its pool). */
+typedef struct cpu_translate {
+    kvl_translate_params p;   /* a view: the maps and k_norm arrays stay the caller's */
+    void *m;                  /* the target model; NULL for a cache made without one: the process's pool */
+} cpu_translate;
+
+kvl_status kvl__cpu_translate_prepare(void *model, const kvl_translate_params *p, void **out) {
+    cpu_translate *c = malloc(sizeof *c);
+    if (!c) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+    c->p = *p;
+    c->m = model;
+    *out = c;
+    return KVL_OK;
+}
+
+void kvl__cpu_translate_release(void *p) { free(p); }
+
+/* One token row of one layer after the maps: k_norm over each head (when the target has one),
+ * RoPE at the token's position, written straight into the block slots (K, V, Kpre): one pass
+ * over the row instead of a norm pass, a rotation pass and three scatter copies. */
+static void fused_rows(const kvl_translate_params *p, kvl__kv_blocks *c, int l, int t0, int n,
+                       const float *kpre, const float *vout, const float *rcos, const float *rsin) {
+    const int Ht = p->maps->dst_kv_heads, D = p->maps->dst_head_dim, half = D / 2;
+    const size_t dt = (size_t)Ht * D;
+    const float *kn = p->k_norm ? p->k_norm + (size_t)l * D : NULL;
+    for (int t = 0; t < n; t++) {
+        const float *x = kpre + (size_t)t * dt;
+        const float *cs = rcos + (size_t)t * half, *sn = rsin + (size_t)t * half;
+        float *ko = kvl__kv_blocks_slot(c, l, KVL_PLANE_K, t0 + t);
+        memcpy(kvl__kv_blocks_slot(c, l, KVL_PLANE_V, t0 + t), vout + (size_t)t * dt,
+               sizeof(float) * dt);
+        if (c->planes == 3) memcpy(kvl__kv_blocks_slot(c, l, KVL_PLANE_KPRE, t0 + t), x, sizeof(float) * dt);
+        for (int h = 0; h < Ht; h++) {
+            const float *xh = x + (size_t)h * D;
+            float *yh = ko + (size_t)h * D;
+            float r = 1.0f;
+            if (kn) {   /* Qwen3RMSNorm: variance in float32 over head_dim */
+                float ss = 0.0f;
+                for (int i = 0; i < D; i++) ss += xh[i] * xh[i];
+                r = 1.0f / sqrtf(ss / (float)D + p->k_norm_eps);
+            }
+            for (int i = 0; i < half; i++) {   /* rotate_half RoPE of the normed key */
+                float x1 = kn ? kn[i] * (xh[i] * r) : xh[i];
+                float x2 = kn ? kn[i + half] * (xh[i + half] * r) : xh[i + half];
+                yh[i] = x1 * cs[i] - x2 * sn[i];
+                yh[i + half] = x2 * cs[i] + x1 * sn[i];
+            }
+        }
+    }
+}
+
+/* Translate-apply over the model's pool.  Two splits, both giving the bytes of the serial
+ * loop (the same sgemm calls, each row's k_norm and RoPE alone):
+ *   layers: OpenBLAS runs single-threaded (it would not use the other cores), so each part
+ *           runs whole layers, both matmuls and the rows, with its own kpre/vout buffers;
+ *   rows:   OpenBLAS threads its sgemm itself; the caller runs each layer's two matmuls and
+ *           the parts then split that layer's rows (norm, RoPE, the writes into the blocks). */
+typedef struct translate_job {
+    const kvl_translate_params *p;
+    kvl__kv_blocks *c;
+    const float *k_src, *v_src;   /* [Ls][n][ds] */
+    int t0, n, by_layers, layer;  /* layer: the rows split's current layer */
+    int parts;                    /* layers split: parts with work, <= the pool's (and <= Lt) */
+    float *buf;                   /* layers: [parts][2][n*dt]; rows: [2][n*dt] */
+    const float *rcos, *rsin;     /* [n, D/2] */
+} translate_job;
+
+static void translate_layer_mats(const kvl_translate_params *p, int l, const float *k_src,
+                                 const float *v_src, int n, float *kpre, float *vout) {
+    const kvl_kv_maps *mp = p->maps;
+    const int ds = mp->src_kv_heads * mp->src_head_dim, dt = mp->dst_kv_heads * mp->dst_head_dim;
+    const size_t wsz = (size_t)dt * ds;
+    const int sl = mp->layer_map[l];
+    const float *xk = k_src + (size_t)sl * n * ds, *xv = v_src + (size_t)sl * n * ds;
+    /* k_pre_t = W_K k_s ; v_t = W_V v_s (the method, kvlingo/translator.h) */
+    kvl__cpu_matmul_forward(kpre, xk, mp->wk + (size_t)l * wsz, NULL, n, ds, dt);
+    kvl__cpu_matmul_forward(vout, xv, mp->wv + (size_t)l * wsz, NULL, n, ds, dt);
+}
+
+static void translate_part(void *pj, int part, int n_parts) {
+    const translate_job *j = pj;
+    const kvl_kv_maps *mp = j->p->maps;
+    const int D = mp->dst_head_dim, half = D / 2;
+    const size_t per = (size_t)j->n * mp->dst_kv_heads * D;
+    if (j->by_layers) {
+        const int Lt = mp->dst_layers;
+        if (part >= j->parts) return;
+        n_parts = j->parts;
+        float *kpre = j->buf + (size_t)part * 2 * per, *vout = kpre + per;
+        for (int l = Lt * part / n_parts; l < Lt * (part + 1) / n_parts; l++) {
+            translate_layer_mats(j->p, l, j->k_src, j->v_src, j->n, kpre, vout);
+            fused_rows(j->p, j->c, l, j->t0, j->n, kpre, vout, j->rcos, j->rsin);
+        }
+        return;
+    }
+    const int a = (int)((long long)j->n * part / n_parts), b = (int)((long long)j->n * (part + 1) / n_parts);
+    const size_t dt = (size_t)mp->dst_kv_heads * D;
+    fused_rows(j->p, j->c, j->layer, j->t0 + a, b - a, j->buf + (size_t)a * dt,
+               j->buf + per + (size_t)a * dt, j->rcos + (size_t)a * half, j->rsin + (size_t)a * half);
+}
+
+/* A cache made without a model (kvl_cache_create) translates on one pool of the process,
+ * created at the first such translation (all cores; its workers sleep between jobs), with its
+ * working memory. */
+static pthread_mutex_t g_tr_lock = PTHREAD_MUTEX_INITIALIZER;
+static kvl__pool *g_tr_pool;   /* lives as long as the process */
+static float *g_tr_buf;
+static size_t g_tr_floats;
+
+/* The pool's thread count with its lock held, or 1 (lock not held) when it is busy or has one
+ * thread, or cannot be made: the caller then translates alone. */
+static int exec_take(void *model, kvl__cpu_exec *ex) {
+    if (model) return kvl__cpu_model_exec_take(model, ex);
+    *ex = (kvl__cpu_exec){&g_tr_lock, NULL, &g_tr_buf, &g_tr_floats};
+    if (pthread_mutex_trylock(ex->lock) != 0) return 1;
+    if (!g_tr_pool) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        if (kvl__pool_create_spin(nc > 0 ? (int)nc : 1, 0, &g_tr_pool) != KVL_OK) g_tr_pool = NULL;
+    }
+    ex->pool = g_tr_pool;
+    int parts = ex->pool ? kvl__pool_threads(ex->pool) : 1;
+    if (parts < 2) pthread_mutex_unlock(ex->lock);
+    return parts < 2 ? 1 : parts;
+}
+
+kvl_status kvl__cpu_translate_apply(void *pp, const float *k_src, const float *v_src, int t0,
+                                      int n, void *pc) {
+    const cpu_translate *tr = pp;
+    const kvl_translate_params *p = &tr->p;
+    const kvl_kv_maps *mp = p->maps;
+    kvl__kv_blocks *c = pc;
+    if (n == 0) return KVL_OK;
+    const int Lt = mp->dst_layers, D = mp->dst_head_dim;
+    const int ds = mp->src_kv_heads * mp->src_head_dim, dt = mp->dst_kv_heads * D;
+    const size_t per = (size_t)n * dt, tab = (size_t)n * (D / 2);
+    kvl_status s = kvl__kv_blocks_reserve(c, t0 + n);
+    if (s != KVL_OK) return s;
+    /* The pool when it is free and the span worth a hand-off (~1M multiply-adds): concurrent
+     * imports into one model, or one beside its forward, run on their callers' threads. */
+    const double macs = 2.0 * n * (double)ds * dt * Lt;
+    kvl__cpu_exec ex;
+    int parts = macs >= 1048576.0 ? exec_take(tr->m, &ex) : 1;
+    const int by_layers = parts > 1 && openblas_get_num_threads() == 1;
+    if (by_layers && parts > Lt) parts = Lt;
+    /* working memory: kpre and v [n, dt] (per part when split by layers), RoPE cos/sin [n, D/2],
+     * positions [n] (ints in floats' room); the pool's, reused across switches, while it is
+     * held, else the cache's (reused across spans) */
+    const size_t bufs = 2 * per * (size_t)(by_layers ? parts : 1);
+    const size_t need = bufs + 2 * tab + (size_t)n;
+    float *buf;
+    if (parts > 1) {
+        if (need > *ex.floats) {
+            float *nb = malloc(need * sizeof(float));
+            if (!nb) {
+                pthread_mutex_unlock(ex.lock);
+                return kvl__errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
+            }
+            free(*ex.buf);
+            *ex.buf = nb;
+            *ex.floats = need;
+        }
+        buf = *ex.buf;
+    } else if (!(buf = kvl__kv_blocks_scratch(c, need))) {
+        return kvl__errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
+    }
+    float *rcos = buf + bufs, *rsin = rcos + tab;
+    int *pos = (int *)(rsin + tab);
+    for (int i = 0; i < n; i++) pos[i] = t0 + i;
+    /* the target's RoPE angles of the span, once for all layers */
+    kvl__cpu_rope_table(rcos, rsin, pos, n, D, &p->rope);
+    translate_job j = {p, c, k_src, v_src, t0, n, by_layers, 0, parts, buf, rcos, rsin};
+    if (parts == 1) {
+        for (int l = 0; l < Lt; l++) {
+            translate_layer_mats(p, l, k_src, v_src, n, buf, buf + per);
+            /* k_t = RoPE(k_norm(k_pre_t)), all three rows into the blocks */
+            fused_rows(p, c, l, t0, n, buf, buf + per, rcos, rsin);
+        }
+        return KVL_OK;
+    }
+    kvl__pool *pool = ex.pool;
+    if (by_layers) {
+        kvl__pool_run(pool, translate_part, &j);
+    } else {
+        for (int l = 0; l < Lt; l++) {
+            translate_layer_mats(p, l, k_src, v_src, n, buf, buf + per);
+            j.layer = l;
+            kvl__pool_run(pool, translate_part, &j);
+        }
+    }
+    pthread_mutex_unlock(ex.lock);
+    return KVL_OK;
+}
+
