@@ -262,11 +262,10 @@ void kvld_rpc_continue(kvl__rpc_call *call, const uint8_t *req, size_t len, void
         kvld_req_fail(&c.r, st, NULL);
         goto done;
     }
-    if (n_new > 0) {
-        memcpy(s->ledger + s->n_ledger, in->context + from_ctx, sizeof(int32_t) * (in->n_context - from_ctx));
-        memcpy(s->ledger + s->n_ledger + (in->n_context - from_ctx), in->input, sizeof(int32_t) * in->n_input);
-        __atomic_store_n(&s->n_ledger, s->n_ledger + (int)n_new, __ATOMIC_RELAXED);
-    }
+    const size_t n_ctx_new = in->n_context - from_ctx;
+    if (n_ctx_new > 0) memcpy(s->ledger + s->n_ledger, in->context + from_ctx, sizeof(int32_t) * n_ctx_new);
+    if (in->n_input > 0) memcpy(s->ledger + s->n_ledger + n_ctx_new, in->input, sizeof(int32_t) * in->n_input);
+    if (n_new > 0) __atomic_store_n(&s->n_ledger, s->n_ledger + (int)n_new, __ATOMIC_RELAXED);
     if (c.res.mode != KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_TRANSLATE)
         c.res.mode = in->n_context > from_ctx ? KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_REPREFILL
                                               : KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_NONE;

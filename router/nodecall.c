@@ -264,7 +264,7 @@ int kvr_node_gen_next(kvr_node *n, kvl__rpc_stream *st, Kvlingo__V1__GenerateRes
         if (s) return s;
         if (code) *code = res.code;
         if (res.code != GRPC_STATUS_OK)
-            kvl__errorf(kvl__rpc_status_to_kvl(res.code), "node %s (%s): Generate: %s: %s", n->name,
+            kvl__errorf(kvl__rpc_status_to_kvl(res.code), "node %s (%s): turn stream (Generate or ContinueTurn): %s: %s", n->name,
                        n->address, kvl__rpc_status_name(res.code), res.message ? res.message : "");
         kvl__rpc_result_clear(&res);
         return 0;
@@ -273,7 +273,7 @@ int kvr_node_gen_next(kvr_node *n, kvl__rpc_stream *st, Kvlingo__V1__GenerateRes
     free(data);
     if (!*msg) {
         if (code) *code = GRPC_STATUS_INTERNAL;
-        return kvl__errorf(KVL_ERR_FORMAT, "node %s: Generate: malformed message", n->name);
+        return kvl__errorf(KVL_ERR_FORMAT, "node %s: turn stream: malformed message", n->name);
     }
     return 1;
 }

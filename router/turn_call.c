@@ -131,7 +131,8 @@ kvl_status kvr__turn_one_call(turn *t, int ti, int needs_entropy, kvr_emit_fn em
     char held_sha[65] = "", src_sha[65] = "";
     if (held > 0) kvl__tokens_sha256_hex(t->s.tokens, (size_t)held, held_sha);
     kvr_continue_req c = {.sid = req->sid, .held = (unsigned)held, .held_sha256 = held_sha,
-                          .context = t->s.tokens + held, .n_context = t->N - held, .input = req->user,
+                          .context = t->N > held ? t->s.tokens + held : NULL, .n_context = t->N - held,
+                          .input = req->user,
                           .n_input = req->n_user, .key = r->tickets ? &r->ticket_key : NULL};
     o->mode = KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_NONE;
     if (t->cur >= 0 && t->cur != ti) {
