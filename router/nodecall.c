@@ -264,7 +264,8 @@ int kvr_node_gen_next(kvr_node *n, kvl__rpc_stream *st, Kvlingo__V1__GenerateRes
         if (s) return s;
         if (code) *code = res.code;
         if (res.code != GRPC_STATUS_OK)
-            kvl__errorf(kvl__rpc_status_to_kvl(res.code), "node %s (%s): turn stream (Generate or ContinueTurn): %s: %s", n->name,
+            kvl__errorf(kvl__rpc_status_to_kvl(res.code),
+                        "node %s (%s): turn stream (Generate or ContinueTurn): %s: %s", n->name,
                        n->address, kvl__rpc_status_name(res.code), res.message ? res.message : "");
         kvl__rpc_result_clear(&res);
         return 0;
