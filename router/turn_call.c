@@ -28,6 +28,21 @@ static void keep_result(one_result *nr, const Kvlingo__V1__ContinueResult *r) {
     nr->forward_s = r->forward_seconds;
 }
 
+/* A turn's deadline on node ti: twice the node timeout, the pull's deadline, and the tokens to
+ * prefill and to generate at a quarter of the rates measured on this node's earlier turns (at
+ * least 2 ms and 200 ms a token), or at 50 ms and 200 ms a token before any measurement: a
+ * large model's first long prefill is not cut short, a node that stopped answering is still
+ * given up on. */
+static int64_t turn_deadline_ms(const turn *t, int ti, int64_t pull_ms) {
+    kvr_node c;
+    kvr_registry_copy(t->r->reg, ti, &c);
+    double pf_ms = c.n_prefill_samples ? 2.0 : 50.0, dec_ms = 200.0;
+    if (c.n_prefill_samples && c.prefill_tps > 0 && 4000.0 / c.prefill_tps > pf_ms) pf_ms = 4000.0 / c.prefill_tps;
+    if (c.n_decode_samples && c.decode_tps > 0 && 4000.0 / c.decode_tps > dec_ms) dec_ms = 4000.0 / c.decode_tps;
+    return t->node_ms * 2 + pull_ms +
+           (int64_t)(t->req->max_tokens * dec_ms + (t->N + t->req->n_user) * pf_ms);
+}
+
 /* Stream the turn from node ti: a Generate opened here after prepare, or the ContinueTurn
  * stream `opened` (its ContinueResult kept in *nr). */
 kvl_status kvr__turn_decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void *arg, double t_start,
@@ -40,7 +55,7 @@ kvl_status kvr__turn_decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void
                          .top_k = t->req->top_k, .top_p = t->req->top_p, .seed = t->req->seed,
                          .stop_at_eos = t->req->stop_at_eos, .stop_ids = t->req->stop_ids,
                          .n_stop = t->req->n_stop, .return_logprobs = want_lp};
-    int64_t timeout = t->node_ms * 2 + (int64_t)(t->req->max_tokens * 200.0 + (t->N + t->req->n_user) * 2.0);
+    int64_t timeout = turn_deadline_ms(t, ti, 0);
     kvl__rpc_stream *st = opened;
     kvl_status s = KVL_OK;
     if (!st && (s = kvr_node_generate(T, t->req->sid, &gp, timeout, &st))) {
@@ -182,8 +197,7 @@ kvl_status kvr__turn_one_call(turn *t, int ti, int needs_entropy, kvr_emit_fn em
                          .top_k = req->top_k, .top_p = req->top_p, .seed = req->seed,
                          .stop_at_eos = req->stop_at_eos, .stop_ids = req->stop_ids,
                          .n_stop = req->n_stop, .return_logprobs = want_lp};
-    int64_t timeout = t->node_ms * 2 + c.pull_timeout_ms +
-                      (int64_t)(req->max_tokens * 200.0 + (t->N + req->n_user) * 2.0);
+    int64_t timeout = turn_deadline_ms(t, ti, c.pull_timeout_ms);
     kvl_status s = KVL_OK;
     for (int attempt = 0; attempt < 2; attempt++) {
         kvl__rpc_stream *st = NULL;
