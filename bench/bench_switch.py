@@ -356,7 +356,7 @@ def main():
             print("\n%s -> %s" % (src, dst))
             print("%8s | %12s %12s %8s | %12s %12s %8s | %7s %10s" % (
                 "context", "switch", "re-prefill", "ratio", "switch*", "re-prefill*", "ratio*", "span",
-                "export*"))
+                "pull*"))
             for ctx in contexts:
                 res = warm[(src, dst)][ctx]
                 mt, mp, rt, rp = med(res["t"]), med(res["p"]), med(res["tr"]), med(res["pr"])
@@ -387,9 +387,10 @@ def main():
                         ctx, st * 1e3, tr_ * 1e3, fw * 1e3, wire * 1e3, tot * 1e3, st / tot,
                         p["reprefill_ttft_ms"], med(res["ntr"]) * 1e3, med(res["xfer"]) * 1e3))
         print("\n(columns: client-measured TTFT; * = router-measured TTFT from its turn summary; "
-              "span = tokens shipped and translated; export* = the router's ExportSpan call: read, "
-              "ship, translate on the target; the rest of a switch's TTFT is the target's forward "
-              "pass over the turn's new tokens)")
+              "span = tokens shipped and translated; pull* = the summary's switch_seconds, the "
+              "span's move: the source reading its cache, the wire, translate-apply on the target; "
+              "the rest of a switch's TTFT is the target's forward pass over the turn's new tokens "
+              "and the RPCs)")
         if a.cold:
             print("(cold: each measurement on a fleet started for it: the source turn, untimed, then "
                   "the timed switch or re-prefill, the target's first turn; the same client timing)")

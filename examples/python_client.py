@@ -151,6 +151,8 @@ def main():
     ap.add_argument("--model", default="", help="ask for this model")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--escalate", action="store_true", help="cascade: use the larger model now")
+    ap.add_argument("--prefetch-model", default="",
+                    help="after this turn, ship the span to this model ahead of the next switch")
     ap.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS (the router does by default)")
     ap.add_argument("--special-text", action="store_true",
                     help="show special tokens' text (<|endoftext|>, ...), left out by default")
@@ -170,8 +172,8 @@ def main():
         sid = a.session or c.create_session()
         summary = False
         for piece, s in c.send(sid, a.text, max_tokens=a.max_tokens, model=a.model,
-                               escalate=a.escalate, ignore_eos=a.ignore_eos,
-                               special_text=a.special_text):
+                               escalate=a.escalate, prefetch_model=a.prefetch_model,
+                               ignore_eos=a.ignore_eos, special_text=a.special_text):
             if s is None:
                 sys.stdout.write(piece)
                 sys.stdout.flush()
@@ -181,7 +183,8 @@ def main():
                           sid, s.turn, s.model, s.node, MODES.get(s.switch_mode, "?"),
                           s.span_tokens, s.ttft_seconds * 1e3, s.n_generated,
                           s.tokens_per_second,
-                          ", fallback: " + s.fallback_reason if s.fallback_reason else ""))
+                          ", fallback: " + s.fallback_reason if s.fallback_reason else "") +
+                      (" [%d tokens pushed ahead]" % s.pushed_ahead_tokens if s.pushed_ahead_tokens else ""))
                 if s.failover_from:
                     print("[failover from %s: %s]" % (s.failover_from, s.policy_reason))
                 summary = True

@@ -101,7 +101,7 @@ def main():
             len(sw), sum(s.switch_mode == 1 for s in sw), rows[-1].context_tokens))
         print("\n%-4s %-20s %8s %12s %14s %7s %10s   %s" % (
             "turn", "switch", "context", "switch TTFT", "re-prefill TTFT", "ratio", "KL nats",
-            "switch phases ms: export transfer translate forward"))
+            "phases (ms): export transfer translate forward"))
         for s in sw:
             rp = ref[s.turn]
             ratio = rp / s.ttft_seconds if s.ttft_seconds > 0 else 0

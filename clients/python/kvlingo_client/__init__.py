@@ -104,6 +104,8 @@ def main(argv=None):
     ap.add_argument("--model", default="", help="ask for this model")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--escalate", action="store_true", help="cascade: use the larger model now")
+    ap.add_argument("--prefetch-model", default="",
+                    help="after this turn, ship the span to this model ahead of the next switch")
     ap.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS")
     ap.add_argument("--special-text", action="store_true", help="show special tokens' text")
     ap.add_argument("--list-nodes", action="store_true")
@@ -122,7 +124,8 @@ def main(argv=None):
             ap.error("TEXT is required (or --list-nodes)")
         sid = a.session or c.create_session()
         for piece, s in c.send(sid, a.text, max_tokens=a.max_tokens, model=a.model, escalate=a.escalate,
-                               ignore_eos=a.ignore_eos, special_text=a.special_text):
+                               prefetch_model=a.prefetch_model, ignore_eos=a.ignore_eos,
+                               special_text=a.special_text):
             if s is None:
                 sys.stdout.write(piece)
                 sys.stdout.flush()
@@ -130,7 +133,8 @@ def main(argv=None):
                 print("\n[session %s turn %d: %s on %s, switch %s, span %d tokens, TTFT %.2f ms, "
                       "%d tokens%s]" % (sid, s.turn, s.model, s.node, MODES.get(s.switch_mode, "?"),
                                         s.span_tokens, s.ttft_seconds * 1e3, s.n_generated,
-                                        ", fallback: " + s.fallback_reason if s.fallback_reason else ""))
+                                        ", fallback: " + s.fallback_reason if s.fallback_reason else "") +
+                      (" [%d tokens pushed ahead]" % s.pushed_ahead_tokens if s.pushed_ahead_tokens else ""))
                 done = True
     except grpc.RpcError as e:
         print("error: %s: %s" % (e.code().name, e.details()), file=sys.stderr)
