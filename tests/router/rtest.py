@@ -356,15 +356,16 @@ class Fleet:
         if bad:
             raise AssertionError("; ".join(bad))
 
-    def node_info(self, model):
-        """Info of a node, straight from its Node service (stubs generated with the client's)."""
+    def node_stub(self, model):
+        """(node_pb2, a Node stub) for a node's own Service, with the client's stubs; a TLS fleet
+        presents a certificate of the fleet CA (the Node API is mutual TLS)."""
         import grpc
         import importlib
         self.client()
         node_pb2 = importlib.import_module("kvlingo.v1.node_pb2")
         node_grpc = importlib.import_module("kvlingo.v1.node_pb2_grpc")
         addr = "127.0.0.1:%d" % self.node_ports[model]
-        if self.tls:   # the Node API is mutual TLS: present a certificate of the fleet CA
+        if self.tls:
             cert, key = self.tls["client"]
             creds = grpc.ssl_channel_credentials(
                 root_certificates=open(self.tls["ca"], "rb").read(),
@@ -372,7 +373,12 @@ class Fleet:
             ch = grpc.secure_channel(addr, creds)
         else:
             ch = grpc.insecure_channel(addr)
-        return node_grpc.NodeStub(ch).Info(node_pb2.InfoRequest(), timeout=10)
+        return node_pb2, node_grpc.NodeStub(ch)
+
+    def node_info(self, model):
+        """Info of a node, straight from its Node service."""
+        pb, stub = self.node_stub(model)
+        return stub.Info(pb.InfoRequest(), timeout=10)
 
 
 def switching_sessions(c, w, stop_at, text, stats, lock, turns=8, on_session=None):

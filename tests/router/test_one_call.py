@@ -29,16 +29,6 @@ import rtest  # noqa: E402
 from rtest import check  # noqa: E402
 
 
-def node_stub(fleet, model):
-    import grpc
-    import importlib
-    fleet.client()
-    pb = importlib.import_module("kvlingo.v1.node_pb2")
-    g = importlib.import_module("kvlingo.v1.node_pb2_grpc")
-    ch = grpc.insecure_channel("127.0.0.1:%d" % fleet.node_ports[model])
-    return pb, g.NodeStub(ch)
-
-
 def log_lines(fleet, model, sid):
     with open(os.path.join(fleet.work, "kvld-%s.log" % model)) as f:
         return [ln for ln in f if ("session=%s " % sid) in ln and "msg=request" in ln]
@@ -116,8 +106,8 @@ def main():
                   "+".join(first_b[:2]), sw.export_seconds * 1e3, sw.transfer_seconds * 1e3,
                   sw.translate_seconds * 1e3, sw.forward_seconds * 1e3, sw.ttft_seconds * 1e3))
 
-        pb, stub_b = node_stub(fleet, "qwen3-b")
-        _, stub_a = node_stub(fleet, "qwen3-a")
+        pb, stub_b = fleet.node_stub("qwen3-b")
+        _, stub_a = fleet.node_stub("qwen3-a")
         # ---- 3: the target's copy dropped: its next turn there (a -> b) resets it
         sid3 = c.create_session()
         c.send_all(sid3, prompt, max_tokens=6, model="qwen3-a")
