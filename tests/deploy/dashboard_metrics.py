@@ -38,17 +38,16 @@ import urllib.parse
 import urllib.request
 
 import yaml
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import testports  # noqa: E402
 
 METRIC = re.compile(r"\bkvlingo_[a-zA-Z0-9_]+")
 STANDARD_LABELS = {"instance", "job", "le"}     # added by Prometheus / histogram buckets
 
 
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A loopback port no other test process holds (see tests/testports.py)."""
+    return testports.free_port()
 
 
 def http_get(url, timeout=5):

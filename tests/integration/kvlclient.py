@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import time
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import testports  # noqa: E402
 
 
 def load_stubs(src_dir, out_dir):
@@ -35,11 +37,8 @@ def load_stubs(src_dir, out_dir):
 
 
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A loopback port no other test process holds (see tests/testports.py)."""
+    return testports.free_port()
 
 
 class Kvld:

@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 import time
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import testports  # noqa: E402
 
 
 class Missing(Exception):
@@ -38,11 +40,8 @@ def find_bin():
 
 
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+    """A loopback port no other test process holds (see tests/testports.py)."""
+    return testports.free_port()
 
 
 class Postgres:

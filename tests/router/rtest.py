@@ -16,29 +16,41 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(SRC, "examples"))
 import python_client  # noqa: E402
+sys.path.insert(0, os.path.dirname(HERE))
+import testports  # noqa: E402
 
 MODES = {0: "none", 1: "translate", 2: "re-prefill"}
 
 
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+    """A loopback port no other test process holds (see tests/testports.py)."""
+    return testports.free_port()
 
 
-def wait_port(port, proc, timeout=30.0, what="process"):
+def log_tail(path, n=12):
+    """The last n lines of a process log, indented, for an error message ('' when unreadable)."""
+    try:
+        with open(path, errors="replace") as f:
+            lines = f.read().splitlines()[-n:]
+    except (OSError, TypeError):
+        return ""
+    return "".join("\n    | " + ln for ln in lines)
+
+
+def wait_port(port, proc, timeout=30.0, what="process", log=None):
+    """Wait until something listens on 127.0.0.1:port; raise (with the tail of `log`, the
+    process's log file, when given) when `proc` exits first or `timeout` seconds pass."""
     t0 = time.time()
     while time.time() - t0 < timeout:
         if proc.poll() is not None:
-            raise RuntimeError("%s exited with %s before listening" % (what, proc.returncode))
+            raise RuntimeError("%s exited with %s before listening on %d%s"
+                               % (what, proc.returncode, port, log_tail(log)))
         try:
             socket.create_connection(("127.0.0.1", port), 0.2).close()
             return
         except OSError:
             time.sleep(0.05)
-    raise RuntimeError("%s did not listen on %d within %.0f s" % (what, port, timeout))
+    raise RuntimeError("%s did not listen on %d within %.0f s%s" % (what, port, timeout, log_tail(log)))
 
 
 def translator_pair(path):
@@ -209,7 +221,7 @@ class Fleet:
             args += ["--insecure"]
         p = Proc(args + list(kvld_args), os.path.join(self.work, "kvld-%s.log" % m))
         # a real-shape model (gigabytes of weights) takes longer to load than the shipped ones
-        wait_port(port, p.proc, timeout=self.start_timeout, what="kvld " + m)
+        wait_port(port, p.proc, timeout=self.start_timeout, what="kvld " + m, log=p.log_path)
         self.nodes[m] = p
         self.procs.append(p)
         return p
@@ -261,29 +273,57 @@ class Fleet:
             f.write("\n".join(lines) + "\n")
 
     def start_router(self):
-        p = Proc([os.path.join(self.build, "kvlingo-router"), "--config", self.config],
-                 os.path.join(self.work, "router.log"))
-        wait_port(self.router_port, p.proc, what="kvlingo-router")
+        # a port taken between free_port() and the router's bind: new ports, up to three tries
+        for attempt in range(3):
+            p = Proc([os.path.join(self.build, "kvlingo-router"), "--config", self.config],
+                     os.path.join(self.work, "router.log"))
+            try:
+                wait_port(self.router_port, p.proc, what="kvlingo-router", log=p.log_path)
+                break
+            except RuntimeError as e:
+                if attempt == 2 or p.alive() or "cannot listen" not in str(e):
+                    p.kill9()
+                    raise
+                print("  (router: %s; again on new ports)" % str(e).split("\n")[-1].strip(" |"))
+                self.router_port, self.metrics_port = free_port(), free_port()
+                self.rewrite_ports(self.config, self.router_port, self.metrics_port)
         self.router = p
         self.procs.append(p)
         self.addr = "127.0.0.1:%d" % self.router_port
         return p
 
+    @staticmethod
+    def rewrite_ports(path, port, mport):
+        """Point a fleet file's listen: and metrics: keys at new ports."""
+        with open(path) as f:
+            lines = f.read().split("\n")
+        lines = ["listen: 127.0.0.1:%d" % port if ln.startswith("listen:") else
+                 "metrics: 127.0.0.1:%d" % mport if ln.startswith("metrics:") else ln for ln in lines]
+        with open(path, "w") as f:
+            f.write("\n".join(lines))
+
     def add_replica(self, name, extra=None):
         """One more kvlingo-router on the same nodes and ledger (its own ports and replica_id);
         returns a dict: proc, addr, metrics_port, config."""
-        port, mport = free_port(), free_port()
         with open(self.config) as f:
             lines = [ln for ln in f.read().split("\n")
                      if not ln.startswith(("listen:", "metrics:", "replica_id:"))]
-        lines = ["listen: 127.0.0.1:%d" % port, "metrics: 127.0.0.1:%d" % mport,
-                 "replica_id: %s" % name] + ["%s: %s" % kv for kv in (extra or {}).items()] + lines
         cfg = os.path.join(self.work, "fleet-%s.yaml" % name)
-        with open(cfg, "w") as f:
-            f.write("\n".join(lines))
-        p = Proc([os.path.join(self.build, "kvlingo-router"), "--config", cfg],
-                 os.path.join(self.work, "router-%s.log" % name))
-        wait_port(port, p.proc, what="kvlingo-router " + name)
+        for attempt in range(3):   # new ports when one was taken before the bind
+            port, mport = free_port(), free_port()
+            with open(cfg, "w") as f:
+                f.write("\n".join(["listen: 127.0.0.1:%d" % port, "metrics: 127.0.0.1:%d" % mport,
+                                   "replica_id: %s" % name] +
+                                  ["%s: %s" % kv for kv in (extra or {}).items()] + lines))
+            p = Proc([os.path.join(self.build, "kvlingo-router"), "--config", cfg],
+                     os.path.join(self.work, "router-%s.log" % name))
+            try:
+                wait_port(port, p.proc, what="kvlingo-router " + name, log=p.log_path)
+                break
+            except RuntimeError as e:
+                if attempt == 2 or p.alive() or "cannot listen" not in str(e):
+                    p.kill9()
+                    raise
         self.procs.append(p)
         rep = {"proc": p, "addr": "127.0.0.1:%d" % port, "metrics_port": mport, "config": cfg,
                "port": port, "name": name}
@@ -295,9 +335,18 @@ class Fleet:
         rep = self.replicas[name]
         if rep["proc"] in self.procs:
             self.procs.remove(rep["proc"])
-        p = Proc([os.path.join(self.build, "kvlingo-router"), "--config", rep["config"]],
-                 os.path.join(self.work, "router-%s.log" % name))
-        wait_port(rep["port"], p.proc, what="kvlingo-router " + name)
+        # its own port, which a connection may hold for a moment after the kill: a few tries
+        for attempt in range(5):
+            p = Proc([os.path.join(self.build, "kvlingo-router"), "--config", rep["config"]],
+                     os.path.join(self.work, "router-%s.log" % name))
+            try:
+                wait_port(rep["port"], p.proc, timeout=60.0, what="kvlingo-router " + name, log=p.log_path)
+                break
+            except RuntimeError as e:
+                if attempt == 4 or p.alive() or "cannot listen" not in str(e):
+                    p.kill9()
+                    raise
+                time.sleep(1.0)
         self.procs.append(p)
         rep["proc"] = p
         return rep
