@@ -14,8 +14,8 @@ summary); medians of the repeats (after one warm-up), ratio = re-prefill / switc
 
 In the same run (unless --no-pieces), the switch's pieces: `kvlingo bench switch --json
 --new-tokens 9` on the same pair, lengths and OPENBLAS_NUM_THREADS (in-process translate and
-forward), and the wire time the nodes log for each switch (ImportSpan recv_ms, ExportSpan
-transfer_ms), so `stack / pieces` shows what the RPCs, the router and the client add.
+forward), and the wire time the nodes log for each switch (the target's ContinueTurn
+transfer_ms, the source's ExportSpan transfer_ms), so `stack / pieces` shows what the RPCs, the router and the client add.
 
 --cold: the first switch of a freshly started fleet (a new fleet per repeat, --cold-repeats),
 against a re-prefill that is the first turn on the target of another fresh fleet.
@@ -28,7 +28,7 @@ random translators (`kvlingo translator random`); the nodes serve them without a
 usage: bench_switch.py --build BUILD_DIR [--contexts 64,512,2048] [--repeats 5]
                        [--pairs qwen3-a:qwen3-b,qwen3-b:qwen3-a | --shapes A:B[,...] [--dtype f32]]
                        [--threads 1] [--cold [--cold-repeats 3]] [--no-pieces] [--work DIR]
-                       [--push-ahead]
+                       [--push-ahead] [--kvld-args "--span-push 0"]
 
 --push-ahead: instead, the switch after a push-ahead (router/push_ahead.h): the source turn
 carries SendRequest.prefetch_model = the target's model, the bench waits until the router has
@@ -143,7 +143,8 @@ def pieces(build, src_dir, dst_dir, contexts, reps, new_tokens, env):
 def new_fleet(a, work, models, dirs, pairs, tokenizer):
     return rtest.Fleet(a.build, work, models=models, policy={"name": "pinned"},
                        guardrail={"shadow_fraction": 0.0}, model_dirs=dirs, pairs=pairs,
-                       tokenizer=tokenizer, start_timeout=600.0 if dirs else 30.0)
+                       tokenizer=tokenizer, start_timeout=600.0 if dirs else 30.0,
+                       kvld_args=tuple(a.kvld_args.split()))
 
 
 def run_pair_warm(fleet, c, src, dst, contexts, corpus, user, repeats):
@@ -168,8 +169,10 @@ def run_pair_warm(fleet, c, src, dst, contexts, corpus, user, repeats):
                         src, dst, ctx, s.switch_mode, s.fallback_reason))
                 if mode == "t":
                     span = s.span_tokens
-                    imp = span_times(tails[dst], "ImportSpan", sid, ("recv_ms", "translate_ms"))
-                    recv, ntr = imp["recv_ms"], imp["translate_ms"]
+                    # the target's ContinueTurn line: the span's transfer (the source's send,
+                    # plus in push mode the wait for its arrival) and its translate-apply
+                    imp = span_times(tails[dst], "ContinueTurn", sid, ("transfer_ms", "translate_ms"))
+                    recv, ntr = imp["transfer_ms"], imp["translate_ms"]
                     xfer = span_times(tails[src], "ExportSpan", sid, ("transfer_ms",))["transfer_ms"]
                 if r > 0:
                     res[mode].append(ttft)
@@ -284,6 +287,7 @@ def main():
     ap.add_argument("--cold-repeats", type=int, default=3)
     ap.add_argument("--no-pieces", action="store_true", help="skip the in-process pieces")
     ap.add_argument("--work", default=None)
+    ap.add_argument("--kvld-args", default="", help="more kvld flags for every node, e.g. '--span-push 0'")
     ap.add_argument("--push-ahead", action="store_true",
                     help="time the switch after a push-ahead instead (own table)")
     a = ap.parse_args()
@@ -399,8 +403,8 @@ def main():
                   "`kvlingo bench switch --json --new-tokens %d` in one process, same models and "
                   "OPENBLAS_NUM_THREADS, median of %d: translate = the target's translation of the C-token "
                   "span into an empty cache, forward = its forward pass over the %d new tokens on it until "
-                  "the first token; wire = the target's ImportSpan recv_ms from its log: from offering "
-                  "its receive endpoint to the whole span's arrival; sum = translate + forward + wire; "
+                  "the first token; wire = the target's ContinueTurn transfer_ms from its log: the source's "
+                  "send and the wait for the whole span's arrival; sum = translate + forward + wire; "
                   "stack / sum: what the RPCs, the router, the client and the source's export add; "
                   "in-proc RP = the in-process re-prefill of C+%d tokens; node transl = the target's "
                   "translate_ms, export tx = the source's ExportSpan transfer_ms, both from the logs)" % (

@@ -31,6 +31,7 @@ void kvld_config_defaults(kvld_config *cfg) {
     cfg->warmup = 1;
     cfg->session_idle_ttl_s = 600;
     cfg->import_timeout_ms = 5000;
+    cfg->span_push = 1;
     cfg->stream_backlog_kb = 1024;
     cfg->stream_buffer_mb = 64;
 }
@@ -67,6 +68,8 @@ static const kvld_flag k_flags[] = {
     {"session-idle-ttl-s", "N", "drop a session unused for N seconds (0: never)", "600"},
     {"import-timeout-ms", "N", "an announced span must arrive within N ms, else the import ends "
                                "and frees its session", "5000"},
+    {"span-push", "0|1", "a switch's span comes in one call: this node posts its receive, the peer "
+                         "sends straight to it (0: the peer pushes it through ImportSpan)", "1"},
     {"stream-backlog-kb", "N", "unread output one Generate stream may buffer before it pauses", "1024"},
     {"stream-buffer-mb", "N", "unread output of all Generate streams on the node before they pause", "64"},
     {"config", "FILE.yaml", "read these keys from YAML (key names with '_'); flags override", NULL},
@@ -191,6 +194,7 @@ static kvl_status set_key(kvld_config *cfg, const char *key_in, const char *v) {
     INT(warmup, 0, 1);
     INT(session_idle_ttl_s, 0, 30 * 24 * 3600);
     INT(import_timeout_ms, 100, 3600 * 1000);
+    INT(span_push, 0, 1);
     INT(stream_backlog_kb, 16, 1 << 20);
     INT(stream_buffer_mb, 1, 1 << 16);
     if (!strcmp(key, "insecure")) return set_bool(&cfg->insecure, key, v);

@@ -1,9 +1,10 @@
 /* daemon/continue.c: ContinueTurn, the one Node call of a turn on the router's critical path.
  *
  *   check the session against the router's ledger (count and SHA-256 of the ids it holds)
- *   -> pull the span it lacks from the peer holding the context: ExportSpan on the peer, which
- *      pushes it here through ImportSpan and the transport (span_service.c), translated on
- *      arrival
+ *   -> pull the span it lacks from the peer holding the context: post a transport receive,
+ *      then ExportSpan on the peer in push mode, which sends the payload straight to it and
+ *      answers the header; check, translate and keep it here (an older peer instead pushes it
+ *      through ImportSpan, span_service.c)
  *   -> append the ledger tokens still missing and the turn's input
  *   -> stream the turn (kvld_stream_turn, service.c), the final message saying how the
  *      context was made whole and where the time to first token went (ContinueResult).
@@ -25,6 +26,7 @@
 #include "kvlingo/v1/node.pb-c.h"
 #include "log.h"
 #include "node.h"
+#include "span.h"
 
 typedef struct cont {
     kvld_req r;
@@ -100,7 +102,154 @@ static int check_state(cont *c) {
     return 0;
 }
 
-/* Ask the peer to push the span [cached, what it caches) here. */
+/* After the source's answer: the fallback reason of a failed call, or 0 when it shipped
+ * [cached, t1) (t1 == cached: this node already caches all the source does, a span pushed
+ * ahead, and nothing moved). */
+static int pull_answered(cont *c, const char *source, kvl_status st, const kvl__rpc_result *rr,
+                         const Kvlingo__V1__ExportSpanResponse *resp) {
+    const char *rmsg = st != KVL_OK ? kvl_last_error() : rr->message ? rr->message : "";
+    if ((st != KVL_OK || rr->code == GRPC_STATUS_UNAVAILABLE) && !strstr(rmsg, c->n->self)) {
+        /* the call to the source failed, not its transfer to this node (whose messages name
+         * this node): the router takes the source for down */
+        snprintf(c->fallback, sizeof c->fallback, "source_unavailable: %s: %s", source, rmsg);
+        c->res.fallback = c->fallback;
+        return 1;
+    }
+    if (rr->code != GRPC_STATUS_OK) {
+        set_fallback(c, rr->code, rmsg);
+        return 1;
+    }
+    if (resp->t0 != (uint32_t)c->cached) {
+        char m[160];
+        snprintf(m, sizeof m, "the peer shipped [%u, %u), this node caches %d", resp->t0, resp->t1, c->cached);
+        set_fallback(c, GRPC_STATUS_OUT_OF_RANGE, m);
+        return 1;
+    }
+    return 0;
+}
+
+static void pull_shipped(cont *c, const Kvlingo__V1__ExportSpanResponse *resp, double translate_s) {
+    c->res.mode = KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_TRANSLATE;
+    c->res.span_t0 = resp->t0;
+    c->res.span_t1 = resp->t1;
+    c->res.transfer_seconds = resp->transfer_seconds;
+    c->res.translate_seconds = translate_s;
+    c->res.export_seconds = resp->export_seconds;
+}
+
+/* Push mode: post the receive first, then ask the source to send straight to it; the span is
+ * checked and translated here, on this call's thread.  One node-to-node call, no ImportSpan
+ * back and no verdict: the source's answer carries the header the payload is checked against
+ * (its xxh3-64 came over the authenticated channel), and the receive's tag is random and
+ * known only to the two nodes. */
+static void pull_push(cont *c, kvl__rpc_client *cli, const char *src_name, const char *src_hash,
+                      int64_t tmo, Kvlingo__V1__ExportSpanRequest *er) {
+    kvld_node *n = c->n;
+    const Kvlingo__V1__SpanPull *p = c->in->pull;
+    const kvld_translator_entry *te = kvld_translators_find(&n->translators, src_name, src_hash);
+    char m[400];
+    if (!te) {
+        snprintf(m, sizeof m, "no translator from source model '%s' (hash %s) to '%s' on this node", src_name,
+                 src_hash, kvl_model_name(n->model));
+        set_fallback(c, GRPC_STATUS_FAILED_PRECONDITION, m);
+        return;
+    }
+    /* the receive holds what the ledger says the source holds past this node's cache */
+    uint64_t max = kvl__span_payload_bytes((uint32_t)te->src_layers, (uint32_t)te->src_kv_heads,
+                                           (uint32_t)te->src_head_dim, p->source_tokens - (uint32_t)c->cached);
+    kvld_session *s = NULL;
+    int created = 0, landed = 0;
+    uint8_t *payload = NULL;
+    kvl__transport_recv *rv = NULL;
+    Kvlingo__V1__ExportSpanResponse *resp = NULL;
+    kvl__rpc_result rr = {0};
+    kvld_span_err e = {0};
+    if (!max) {
+        snprintf(m, sizeof m, "a span of %u tokens of '%s' is beyond the span limits",
+                 p->source_tokens - (uint32_t)c->cached, src_name);
+        set_fallback(c, GRPC_STATUS_OUT_OF_RANGE, m);
+        return;
+    }
+    kvl_status st = kvld_session_acquire(n->sessions, c->in->session_id, KVLD_IMPORT, 1, &s, &created);
+    if (st != KVL_OK) {
+        set_fallback(c, kvl__rpc_status_from_kvl(st), kvl_last_error());
+        return;
+    }
+    if (created) {
+        kvld_metrics_add(n->metrics, KVLD_C_SESSIONS_OPENED, 1);
+        kvld_metrics_set(n->metrics, KVLD_G_SESSIONS, kvld_sessions_count(n->sessions));
+    }
+    if (!(payload = kvl__spanbuf_take(n->spanbufs, (size_t)max))) {
+        snprintf(m, sizeof m, "cannot allocate %llu bytes for the span", (unsigned long long)max);
+        set_fallback(c, GRPC_STATUS_RESOURCE_EXHAUSTED, m);
+        goto out;
+    }
+    er->push_tag = kvl__transport_new_tag(n->transport);
+    er->push_max_bytes = max;
+    if (kvl__transport_recv_post(n->transport, er->push_tag, payload, (size_t)max, &rv) != KVL_OK) {
+        set_fallback(c, GRPC_STATUS_UNAVAILABLE, kvl_last_error());
+        goto out;
+    }
+    st = kvl__rpc_client_unary_pb(cli, "/kvlingo.v1.Node/ExportSpan", &er->base,
+                                  &kvlingo__v1__export_span_response__descriptor, tmo + 1000,
+                                  (ProtobufCMessage **)&resp, &rr);
+    if (pull_answered(c, p->source, st, &rr, resp)) goto out;
+    if (resp->t1 == resp->t0) {
+        pull_shipped(c, resp, 0);
+        goto out;
+    }
+    const Kvlingo__V1__SpanHeader *h = resp->header;
+    if (!h || h->t0 != resp->t0 || h->t1 != resp->t1) {
+        set_fallback(c, GRPC_STATUS_INTERNAL, "the source answered no header for the span it sent");
+        goto out;
+    }
+    /* sent before it answered: the payload is here or about to be */
+    volatile int never = 0;
+    size_t got = 0;
+    double t_w = kvl__now_s();
+    int64_t wait_ms = n->cfg.import_timeout_ms + (int64_t)(max / 100000);
+    st = kvl__transport_recv_wait(n->transport, rv, wait_ms, &never, &got);
+    double wait_s = kvl__now_s() - t_w;
+    if (st != KVL_OK) {
+        e.why = st == KVL_ERR_RANGE ? KVL_SPAN_TRUNCATED : KVL_SPAN_TRANSFER;
+        snprintf(m, sizeof m, "the span [%u, %u) the source sent did not arrive here: %s", h->t0, h->t1,
+                 kvl_last_error());
+        set_fallback(c, st == KVL_ERR_RANGE ? GRPC_STATUS_DATA_LOSS : GRPC_STATUS_UNAVAILABLE, m);
+        goto out;
+    }
+    kvld_metrics_observe(n->metrics, KVLD_H_TRANSFER_SECONDS, resp->transfer_seconds + wait_s);
+    kvld_metrics_add(n->metrics, KVLD_C_SPAN_BYTES_RECEIVED, got);
+    double tr_s = 0;
+    const kvld_translator_entry *te_h = NULL;
+    if (!kvld_span_check_header(n, h, max, &te_h, &e) || !kvld_span_check_range(s, h, 0, &e) ||
+        !kvld_span_land(n, s, te_h, h, payload, got, &tr_s, &e)) {
+        set_fallback(c, e.code, e.msg);
+        goto out;
+    }
+    landed = 1;
+    pull_shipped(c, resp, tr_s);
+    c->res.transfer_seconds += wait_s;
+    kvl__svc_log("debug", "msg=span_landed session=%s source=%s t0=%u t1=%u bytes=%zu wait_ms=%.3f "
+                 "translate_ms=%.3f", s->id, src_name, h->t0, h->t1, got, wait_s * 1e3, tr_s * 1e3);
+out:
+    if (e.why != KVL_SPAN_OK) kvld_metrics_reject(n->metrics, e.why);
+    kvl__transport_recv_free(n->transport, rv);
+    kvl__spanbuf_give(n->spanbufs, payload);
+    if (s) {
+        char id[KVLD_ID_MAX];
+        snprintf(id, sizeof id, "%s", s->id);
+        kvld_session_release(n->sessions, s);
+        if (created && !landed) {   /* a failed pull into a session it created leaves no trace */
+            kvld_sessions_drop(n->sessions, id);
+            kvld_metrics_set(n->metrics, KVLD_G_SESSIONS, kvld_sessions_count(n->sessions));
+        }
+    }
+    kvl__rpc_result_clear(&rr);
+    if (resp) protobuf_c_message_free_unpacked(&resp->base, NULL);
+}
+
+/* Ask the peer to send the span [cached, what it caches) here: in push mode when it can, else
+ * it pushes it through ImportSpan (an older node). */
 static void pull(cont *c) {
     kvld_node *n = c->n;
     const Kvlingo__V1__SpanPull *p = c->in->pull;
@@ -131,33 +280,23 @@ static void pull(cont *c) {
     er.ticket = p->ticket;
     er.expect_tokens = p->source_tokens;
     er.expect_sha256 = p->source_sha256;
+    uint8_t addr[KVLD_PEER_TRANSPORT_MAX];
+    size_t alen = 0;
+    int push = 0;
+    if (n->transport && n->cfg.span_push &&
+        kvld_node_peer_transport(n, p->source, addr, sizeof addr, &alen, &push) == KVL_OK && push) {
+        pull_push(c, cli, peer_name, peer_hash, tmo, &er);
+        c->res.pull_seconds = kvl__now_s() - t0;
+        return;
+    }
+    kvl_clear_error();
     Kvlingo__V1__ExportSpanResponse *resp = NULL;
     kvl__rpc_result rr = {0};
     st = kvl__rpc_client_unary_pb(cli, "/kvlingo.v1.Node/ExportSpan", &er.base,
                                   &kvlingo__v1__export_span_response__descriptor, tmo + 1000,
                                   (ProtobufCMessage **)&resp, &rr);
     c->res.pull_seconds = kvl__now_s() - t0;
-    const char *rmsg = st != KVL_OK ? kvl_last_error() : rr.message ? rr.message : "";
-    if ((st != KVL_OK || rr.code == GRPC_STATUS_UNAVAILABLE) && !strstr(rmsg, n->self)) {
-        /* the call to the source failed, not its transfer to this node (whose messages name
-         * this node): the router takes the source for down */
-        snprintf(c->fallback, sizeof c->fallback, "source_unavailable: %s: %s", p->source, rmsg);
-        c->res.fallback = c->fallback;
-    } else if (rr.code != GRPC_STATUS_OK) {
-        set_fallback(c, rr.code, rmsg);
-    } else if (resp->t0 != (uint32_t)c->cached) {
-        char m[160];
-        snprintf(m, sizeof m, "the peer shipped [%u, %u), this node caches %d", resp->t0, resp->t1, c->cached);
-        set_fallback(c, GRPC_STATUS_OUT_OF_RANGE, m);
-    } else {
-        /* t1 == t0: this node already caches all the peer does (a span pushed ahead) */
-        c->res.mode = KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_TRANSLATE;
-        c->res.span_t0 = resp->t0;
-        c->res.span_t1 = resp->t1;
-        c->res.transfer_seconds = resp->transfer_seconds;
-        c->res.translate_seconds = resp->translate_seconds;
-        c->res.export_seconds = resp->export_seconds;
-    }
+    if (!pull_answered(c, p->source, st, &rr, resp)) pull_shipped(c, resp, resp->translate_seconds);
     kvl__rpc_result_clear(&rr);
     if (resp) protobuf_c_message_free_unpacked(&resp->base, NULL);
 }

@@ -179,13 +179,11 @@ kvl_status kvld_node_peer(kvld_node *n, const char *target, int64_t timeout_ms,
             return kvl__errorf(KVL_ERR_RANGE, "peer table full (%d peers): '%s' refused",
                               KVLD_MAX_PEERS, target);
         }
-        kvld_peer *np = realloc(n->peers, sizeof *np * (size_t)(n->n_peers + 1));
-        if (!np) {
+        if (!n->peers && !(n->peers = calloc(KVLD_MAX_PEERS, sizeof *n->peers))) {
             pthread_mutex_unlock(&n->peers_mu);
             return kvl__errorf(KVL_ERR_NOMEM, "peer table");
         }
-        n->peers = np;
-        p = &np[n->n_peers];
+        p = &n->peers[n->n_peers];
         memset(p, 0, sizeof *p);
         snprintf(p->target, sizeof p->target, "%s", target);
         st = kvl__rpc_client_create(target, 0, &n->client_tls, &p->cli);
@@ -227,6 +225,7 @@ kvl_status kvld_node_peer(kvld_node *n, const char *target, int64_t timeout_ms,
                        info->transport_address.len);
                 n->peers[i].transport_len = info->transport_address.len;
             }
+            n->peers[i].span_push = info->span_push;
         }
         pthread_mutex_unlock(&n->peers_mu);
         protobuf_c_message_free_unpacked(resp, NULL);
@@ -241,6 +240,23 @@ kvl_status kvld_node_peer(kvld_node *n, const char *target, int64_t timeout_ms,
     pthread_mutex_unlock(&n->peers_mu);
     *out = cli;
     return KVL_OK;
+}
+
+kvl_status kvld_node_peer_transport(kvld_node *n, const char *target, uint8_t *addr, size_t cap,
+                                    size_t *len, int *span_push) {
+    kvl_status st = kvl__errorf(KVL_ERR_NOT_FOUND, "peer %s: no transport address known", target);
+    pthread_mutex_lock(&n->peers_mu);
+    for (int i = 0; i < n->n_peers; i++) {
+        const kvld_peer *p = &n->peers[i];
+        if (strcmp(p->target, target) || !p->transport_len || p->transport_len > cap) continue;
+        memcpy(addr, p->transport_address, p->transport_len);
+        *len = p->transport_len;
+        if (span_push) *span_push = p->span_push;
+        kvl_clear_error();
+        st = KVL_OK;
+    }
+    pthread_mutex_unlock(&n->peers_mu);
+    return st;
 }
 
 int kvld_node_peer_allowed(const kvld_node *n, const char *target) {

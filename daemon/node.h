@@ -19,6 +19,7 @@
 #include "translators.h"
 #include "transport.h"
 #include "spanbuf.h"
+#include "span.h"
 
 #define KVLD_PEER_TRANSPORT_MAX 4096  /* bytes of a peer's transport (UCX worker) address */
 #define KVLD_REPLAY_CAP 16384         /* live ticket nonces remembered (tickets live minutes) */
@@ -32,6 +33,7 @@ typedef struct kvld_peer {
     char model_hash[32];
     uint8_t transport_address[KVLD_PEER_TRANSPORT_MAX];   /* from the same Info */
     size_t transport_len;
+    int span_push;                    /* its Info says it honours ExportSpanRequest.push_tag */
 } kvld_peer;
 
 typedef struct kvld_node {
@@ -50,7 +52,9 @@ typedef struct kvld_node {
     volatile int draining;            /* SIGTERM: refuse new work */
     int work_in_flight;               /* Node calls that do work (atomic) */
     pthread_mutex_t peers_mu;
-    kvld_peer *peers;                 /* at most KVLD_MAX_PEERS: a full table refuses new ones */
+    kvld_peer *peers;                 /* [KVLD_MAX_PEERS], allocated at the first peer and never
+                                       * moved (callers keep pointers to its names); a full
+                                       * table refuses new ones */
     int n_peers;
     char fleet[KVLD_MAX_PEERS][KVLD_PEER_ADDR_MAX];   /* --peers: where spans may go */
     int n_fleet;
@@ -79,6 +83,12 @@ void kvld_node_free(kvld_node *node);
 kvl_status kvld_node_peer(kvld_node *node, const char *target, int64_t timeout_ms,
                           kvl__rpc_client **out, const char **model_name, const char **model_hash);
 
+/* The transport address of peer `target` from its Info (kvld_node_peer fetched it) into
+ * addr[cap], and whether the peer takes pushed spans (ExportSpanRequest.push_tag).
+ * KVL_ERR_NOT_FOUND when the table has no such peer or it named no transport address. */
+kvl_status kvld_node_peer_transport(kvld_node *node, const char *target, uint8_t *addr, size_t cap,
+                                    size_t *len, int *span_push);
+
 /* May spans go to `target`?  A member of --peers always; without --peers any address, but
  * only while tickets are off (a node with a ticket key ships only inside its fleet). */
 int kvld_node_peer_allowed(const kvld_node *node, const char *target);
@@ -106,6 +116,33 @@ void kvld_rpc_import_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
 void kvld_rpc_continue(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user);
 
 /* Per-request bookkeeping shared by the handlers: log line + request metrics. */
+/* ---- received spans (span_service.c): the checks and the landing of ImportSpan and of a
+ * pull in push mode (continue.c) ---- */
+
+/* Why a received span was refused: the reject reason (metrics label), the status, a message. */
+typedef struct kvld_span_err {
+    kvl__span_reject why;
+    grpc_status_code code;
+    char msg[1024];
+} kvld_span_err;
+
+/* The header's structure (kvl__span_header_check with max_payload, 0 = no limit), this node's
+ * model as target, a translator from its source (*te), the source geometry the translator
+ * expects.  1 when accepted; 0 with *e filled. */
+int kvld_span_check_header(kvld_node *n, const Kvlingo__V1__SpanHeader *h, uint64_t max_payload,
+                           const kvld_translator_entry **te, kvld_span_err *e);
+/* The span's range against session s (held by the caller): no gap after its cached tokens, an
+ * overlap only with replace, within its max context.  1 when accepted; 0 with *e filled. */
+int kvld_span_check_range(const kvld_session *s, const Kvlingo__V1__SpanHeader *h, int replace,
+                          kvld_span_err *e);
+/* Check a received payload[got] against h (length, xxh3-64, ids, finite values), translate it
+ * into s (a clean replace of [t0, ...) when t0 < its cached tokens) and set its ledger ids
+ * [t0, t1).  Atomic: on a refusal s is as it was.  *translate_s: seconds translating.
+ * 1 when landed; 0 with *e filled. */
+int kvld_span_land(kvld_node *n, kvld_session *s, const kvld_translator_entry *te,
+                   const Kvlingo__V1__SpanHeader *h, const uint8_t *payload, size_t got,
+                   double *translate_s, kvld_span_err *e);
+
 typedef struct kvld_req {
     kvld_node *node;
     kvl__rpc_call *call;

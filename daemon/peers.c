@@ -98,19 +98,14 @@ static kvl_status connect_one(kvld_node *n, const char *target) {
     if (st != KVL_OK || !n->transport) return st;
     uint8_t addr[KVLD_PEER_TRANSPORT_MAX];
     size_t alen = 0;
-    pthread_mutex_lock(&n->peers_mu);
-    for (int i = 0; i < n->n_peers; i++)
-        if (!strcmp(n->peers[i].target, target) && n->peers[i].transport_len) {
-            alen = n->peers[i].transport_len;
-            memcpy(addr, n->peers[i].transport_address, alen);
-        }
-    pthread_mutex_unlock(&n->peers_mu);
-    if (!alen) return kvl__errorf(KVL_ERR_IO, "peer %s has no transport address (transport none?)", target);
+    if (kvld_node_peer_transport(n, target, addr, sizeof addr, &alen, NULL) != KVL_OK)
+        return kvl__errorf(KVL_ERR_IO, "peer %s has no transport address (transport none?)", target);
     return kvl__transport_connect(n->transport, addr, alen, 2000);
 }
 
 static void *peers_main(void *arg) {
     kvld_node *n = arg;
+    pthread_setname_np(pthread_self(), "kvld-peers");
     char list[KVLD_MAX_PEERS][KVLD_PEER_ADDR_MAX];
     int count = 0, done[KVLD_MAX_PEERS] = {0}, left;
     if (kvld_peers_parse(n->cfg.peers, list, KVLD_MAX_PEERS, &count) != KVL_OK) return NULL;

@@ -207,6 +207,7 @@ static void rotate(kvld_sched *s, int n) {
 
 static void *sched_main(void *arg) {
     kvld_sched *s = arg;
+    pthread_setname_np(pthread_self(), "kvld-sched");
     pthread_mutex_lock(&s->mu);
     for (;;) {
         settle(s);

@@ -55,6 +55,7 @@ void kvld_rpc_info(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
     out.hidden_size = (uint32_t)c->hidden_size;
     out.vocab_size = (uint32_t)c->vocab_size;
     out.continue_rpc = 1;
+    out.span_push = 1;
     out.dtype = dtype_pb(c->weight_dtype);
     int nt = n->translators.n;
     Kvlingo__V1__TranslatorInfo *ti = calloc((size_t)nt + 1, sizeof *ti);
@@ -314,9 +315,10 @@ void kvld_stream_turn(kvld_req *r, kvld_session *s, const kvld_gen_params *gp,
         result->forward_seconds = ttft;
         if (el > 0 && (size_t)el < sizeof extra)
             snprintf(extra + el, sizeof extra - (size_t)el,
-                     " mode=%s span=%u prefill=%u pull_ms=%.3f%s%s", result->mode == 1 ? "translate"
-                     : result->mode == 2 ? "reprefill" : "none", result->span_t1 - result->span_t0,
-                     result->prefill_tokens, result->pull_seconds * 1e3,
+                     " mode=%s span=%u prefill=%u pull_ms=%.3f transfer_ms=%.3f translate_ms=%.3f%s%s",
+                     result->mode == 1 ? "translate" : result->mode == 2 ? "reprefill" : "none",
+                     result->span_t1 - result->span_t0, result->prefill_tokens, result->pull_seconds * 1e3,
+                     result->transfer_seconds * 1e3, result->translate_seconds * 1e3,
                      result->fallback && result->fallback[0] ? " fallback=" : "",
                      result->fallback ? result->fallback : "");
     }

@@ -37,22 +37,22 @@ static void set_flag(void *arg) { *(volatile int *)arg = 1; }
 typedef struct import_ctx {
     kvld_req r;
     kvld_node *n;
-    kvl__span_reject why;
-    grpc_status_code code;
-    char msg[1024];
+    kvld_span_err e;
 } import_ctx;
 
-static void import_reject(import_ctx *x, kvl__span_reject why, grpc_status_code code,
-                          const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static void import_reject(import_ctx *x, kvl__span_reject why, grpc_status_code code,
-                          const char *fmt, ...) {
+static int span_refuse(kvld_span_err *e, kvl__span_reject why, grpc_status_code code,
+                       const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int span_refuse(kvld_span_err *e, kvl__span_reject why, grpc_status_code code,
+                       const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(x->msg, sizeof x->msg, fmt, ap);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
     va_end(ap);
-    x->why = why;
-    x->code = code;
+    e->why = why;
+    e->code = code;
+    return 0;
 }
+#define import_reject(x, ...) span_refuse(&(x)->e, __VA_ARGS__)
 
 static grpc_status_code reject_code(kvl__span_reject why) {
     switch (why) {
@@ -97,6 +97,87 @@ static kvl_status copy_prefix(const kvl_model *m, const kvl_cache *src, int t0, 
     return st;
 }
 
+/* ---- the checks and the landing every received span passes (ImportSpan, and a pull in push
+ * mode: continue.c) -------------------------------------------------------------------------- */
+
+int kvld_span_check_header(kvld_node *n, const Kvlingo__V1__SpanHeader *h, uint64_t max_payload,
+                           const kvld_translator_entry **te, kvld_span_err *e) {
+    kvl__span_reject why = KVL_SPAN_OK;
+    const char *self = kvl_model_name(n->model), *self_hash = kvl_model_hash(n->model);
+    if (kvl__span_header_check(h, max_payload, &why) != KVL_OK)
+        return span_refuse(e, why, reject_code(why), "%s", kvl_last_error());
+    if (!h->target || !h->target->name || strcmp(h->target->name, self) ||
+        (h->target->hash && h->target->hash[0] && strcmp(h->target->hash, self_hash)))
+        return span_refuse(e, KVL_SPAN_WRONG_TARGET, GRPC_STATUS_FAILED_PRECONDITION,
+                           "span is addressed to model '%s' (hash %s) but this node serves '%s' (hash %s)",
+                           h->target && h->target->name ? h->target->name : "",
+                           h->target && h->target->hash ? h->target->hash : "", self, self_hash);
+    *te = kvld_translators_find(&n->translators, h->source->name, h->source->hash);
+    if (!*te)
+        return span_refuse(e, KVL_SPAN_NO_TRANSLATOR, GRPC_STATUS_FAILED_PRECONDITION,
+                           "no translator from source model '%s' (hash %s) to '%s' on this node",
+                           h->source->name, h->source->hash ? h->source->hash : "", self);
+    if ((int)h->n_layers != (*te)->src_layers || (int)h->n_kv_heads != (*te)->src_kv_heads ||
+        (int)h->head_dim != (*te)->src_head_dim)
+        return span_refuse(e, KVL_SPAN_GEOMETRY, GRPC_STATUS_FAILED_PRECONDITION,
+                           "span geometry (layers %u, kv heads %u, head_dim %u) does not match the "
+                           "translator's source (layers %d, kv heads %d, head_dim %d)",
+                           h->n_layers, h->n_kv_heads, h->head_dim, (*te)->src_layers,
+                           (*te)->src_kv_heads, (*te)->src_head_dim);
+    return 1;
+}
+
+int kvld_span_check_range(const kvld_session *s, const Kvlingo__V1__SpanHeader *h, int replace,
+                          kvld_span_err *e) {
+    int held = kvl_cache_n_tokens(s->cache);
+    if ((int)h->t0 > held)
+        return span_refuse(e, KVL_SPAN_RANGE, GRPC_STATUS_OUT_OF_RANGE,
+                           "span [%u, %u) leaves a gap: session '%s' holds %d tokens here", h->t0,
+                           h->t1, s->id, held);
+    if ((int)h->t0 < held && !replace)
+        return span_refuse(e, KVL_SPAN_RANGE, GRPC_STATUS_FAILED_PRECONDITION,
+                           "span [%u, %u) overlaps the %d tokens session '%s' holds (set replace to "
+                           "overwrite them)", h->t0, h->t1, held, s->id);
+    if ((int)h->t1 > s->max_context)
+        return span_refuse(e, KVL_SPAN_RANGE, GRPC_STATUS_OUT_OF_RANGE,
+                           "span ends at token %u, beyond the session's max context %d", h->t1,
+                           s->max_context);
+    return 1;
+}
+
+int kvld_span_land(kvld_node *n, kvld_session *s, const kvld_translator_entry *te,
+                   const Kvlingo__V1__SpanHeader *h, const uint8_t *payload, size_t got,
+                   double *translate_s, kvld_span_err *e) {
+    kvl__span_view v;
+    kvl__span_reject why = KVL_SPAN_OK;
+    int vocab = kvl_model_config_get(n->model)->vocab_size;
+    if (kvl__span_payload_check(h, payload, got, vocab, &v, &why) != KVL_OK)
+        return span_refuse(e, why, reject_code(why), "%s", kvl_last_error());
+    int held = kvl_cache_n_tokens(s->cache);
+    double t_tr = kvl__now_s();
+    kvl_cache *fresh = NULL;
+    kvl_status st;
+    if ((int)h->t0 < held) {
+        st = copy_prefix(n->model, s->cache, (int)h->t0, s->max_context, &fresh);
+        if (st == KVL_OK) st = kvl_translator_apply(te->tr, v.k, v.v, (int)h->t0, (int)v.n, v.ids, fresh);
+        if (st == KVL_OK) kvld_session_swap_cache(n->sessions, s, fresh);
+        else kvl_cache_free(fresh);
+    } else {
+        st = kvl_translator_apply(te->tr, v.k, v.v, (int)h->t0, (int)v.n, v.ids, s->cache);
+    }
+    *translate_s = kvl__now_s() - t_tr;
+    if (st != KVL_OK)
+        return span_refuse(e, KVL_SPAN_TRANSLATE, kvl__rpc_status_from_kvl(st), "translation failed: %s",
+                           kvl_last_error());
+    kvld_metrics_observe(n->metrics, KVLD_H_TRANSLATE_SECONDS, *translate_s);
+    kvld_metrics_add(n->metrics, KVLD_C_SPANS_RECEIVED, 1);
+    memcpy(s->ledger + h->t0, v.ids, sizeof(int32_t) * v.n);
+    __atomic_store_n(&s->n_ledger, (int)h->t1, __ATOMIC_RELAXED);
+    s->logits_valid = 0;
+    s->n_imported += (int)v.n;
+    return 1;
+}
+
 void kvld_rpc_import_span(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     kvld_node *n = user;
     import_ctx x = {.n = n};
@@ -115,7 +196,6 @@ void kvld_rpc_import_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     }
     const Kvlingo__V1__SpanHeader *h = in->header;
     kvl__span_reject why = KVL_SPAN_OK;
-    const char *self = kvl_model_name(n->model), *self_hash = kvl_model_hash(n->model);
     const kvld_translator_entry *te = NULL;
     kvld_session *s = NULL;
     kvl__transport_recv *rv = NULL;
@@ -127,7 +207,7 @@ void kvld_rpc_import_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     char extra[200] = "";
     kvl__rpc_call_on_cancel(call, set_flag, (void *)&cancelled);
 
-    /* 1. the header, before any allocation it asks for */
+    /* 1. the header, before any allocation it asks for; the ticket before what it names */
     if (kvl__span_header_check(h, 0, &why) != KVL_OK) {
         import_reject(&x, why, reject_code(why), "%s", kvl_last_error());
         goto out;
@@ -143,30 +223,7 @@ void kvld_rpc_import_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
             goto out;
         }
     }
-    if (!h->target || !h->target->name || strcmp(h->target->name, self) ||
-        (h->target->hash && h->target->hash[0] && strcmp(h->target->hash, self_hash))) {
-        import_reject(&x, KVL_SPAN_WRONG_TARGET, GRPC_STATUS_FAILED_PRECONDITION,
-                      "span is addressed to model '%s' (hash %s) but this node serves '%s' (hash %s)",
-                      h->target && h->target->name ? h->target->name : "",
-                      h->target && h->target->hash ? h->target->hash : "", self, self_hash);
-        goto out;
-    }
-    te = kvld_translators_find(&n->translators, h->source->name, h->source->hash);
-    if (!te) {
-        import_reject(&x, KVL_SPAN_NO_TRANSLATOR, GRPC_STATUS_FAILED_PRECONDITION,
-                      "no translator from source model '%s' (hash %s) to '%s' on this node",
-                      h->source->name, h->source->hash ? h->source->hash : "", self);
-        goto out;
-    }
-    if ((int)h->n_layers != te->src_layers || (int)h->n_kv_heads != te->src_kv_heads ||
-        (int)h->head_dim != te->src_head_dim) {
-        import_reject(&x, KVL_SPAN_GEOMETRY, GRPC_STATUS_FAILED_PRECONDITION,
-                      "span geometry (layers %u, kv heads %u, head_dim %u) does not match the "
-                      "translator's source (layers %d, kv heads %d, head_dim %d)",
-                      h->n_layers, h->n_kv_heads, h->head_dim, te->src_layers, te->src_kv_heads,
-                      te->src_head_dim);
-        goto out;
-    }
+    if (!kvld_span_check_header(n, h, 0, &te, &x.e)) goto out;
     if (!n->transport) {
         import_reject(&x, KVL_SPAN_TRANSFER, GRPC_STATUS_UNAVAILABLE,
                       "this node runs without a transport (--transport none)");
@@ -183,25 +240,7 @@ void kvld_rpc_import_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
         kvld_metrics_add(n->metrics, KVLD_C_SESSIONS_OPENED, 1);
         kvld_metrics_set(n->metrics, KVLD_G_SESSIONS, kvld_sessions_count(n->sessions));
     }
-    int held = kvl_cache_n_tokens(s->cache);
-    if ((int)h->t0 > held) {
-        import_reject(&x, KVL_SPAN_RANGE, GRPC_STATUS_OUT_OF_RANGE,
-                      "span [%u, %u) leaves a gap: session '%s' holds %d tokens here", h->t0,
-                      h->t1, s->id, held);
-        goto out;
-    }
-    if ((int)h->t0 < held && !in->replace) {
-        import_reject(&x, KVL_SPAN_RANGE, GRPC_STATUS_FAILED_PRECONDITION,
-                      "span [%u, %u) overlaps the %d tokens session '%s' holds (set replace to "
-                      "overwrite them)", h->t0, h->t1, held, s->id);
-        goto out;
-    }
-    if ((int)h->t1 > s->max_context) {
-        import_reject(&x, KVL_SPAN_RANGE, GRPC_STATUS_OUT_OF_RANGE,
-                      "span ends at token %u, beyond the session's max context %d", h->t1,
-                      s->max_context);
-        goto out;
-    }
+    if (!kvld_span_check_range(s, h, in->replace, &x.e)) goto out;
     /* 3. receive */
     payload = kvl__spanbuf_take(n->spanbufs, (size_t)h->payload_bytes);
     if (!payload) {
@@ -264,34 +303,8 @@ void kvld_rpc_import_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     kvld_metrics_observe(n->metrics, KVLD_H_TRANSFER_SECONDS, recv_s);
     kvld_metrics_add(n->metrics, KVLD_C_SPAN_BYTES_RECEIVED, got);
     /* 4. check the payload, translate, append */
-    kvl__span_view v;
-    int vocab = kvl_model_config_get(n->model)->vocab_size;
-    if (kvl__span_payload_check(h, payload, got, vocab, &v, &why) != KVL_OK) {
-        import_reject(&x, why, reject_code(why), "%s", kvl_last_error());
-        goto out;
-    }
-    double t_tr = kvl__now_s();
-    kvl_cache *fresh = NULL;
-    if ((int)h->t0 < held) {
-        st = copy_prefix(n->model, s->cache, (int)h->t0, s->max_context, &fresh);
-        if (st == KVL_OK) st = kvl_translator_apply(te->tr, v.k, v.v, (int)h->t0, (int)v.n, v.ids, fresh);
-        if (st == KVL_OK) kvld_session_swap_cache(n->sessions, s, fresh);
-        else kvl_cache_free(fresh);
-    } else {
-        st = kvl_translator_apply(te->tr, v.k, v.v, (int)h->t0, (int)v.n, v.ids, s->cache);
-    }
-    double tr_s = kvl__now_s() - t_tr;
-    if (st != KVL_OK) {
-        import_reject(&x, KVL_SPAN_TRANSLATE, kvl__rpc_status_from_kvl(st), "translation failed: %s",
-                      kvl_last_error());
-        goto out;
-    }
-    kvld_metrics_observe(n->metrics, KVLD_H_TRANSLATE_SECONDS, tr_s);
-    kvld_metrics_add(n->metrics, KVLD_C_SPANS_RECEIVED, 1);
-    memcpy(s->ledger + h->t0, v.ids, sizeof(int32_t) * v.n);
-    __atomic_store_n(&s->n_ledger, (int)h->t1, __ATOMIC_RELAXED);
-    s->logits_valid = 0;
-    s->n_imported += (int)v.n;
+    double tr_s = 0;
+    if (!kvld_span_land(n, s, te, h, payload, got, &tr_s, &x.e)) goto out;
     created = 0;   /* keep the session: it holds the span now */
     done.imported = 1;
     done.token_count = (uint32_t)kvl_cache_n_tokens(s->cache);
@@ -316,15 +329,15 @@ out:
         }
     }
     /* answer last: the session is free again when the exporter hears the verdict */
-    if (x.code == GRPC_STATUS_OK) {
+    if (x.e.code == GRPC_STATUS_OK) {
         kvl__rpc_call_send_pb(call, &done.base);
         kvl__rpc_call_finish(call, GRPC_STATUS_OK, NULL);
         kvld_req_end(&x.r, GRPC_STATUS_OK, NULL, extra);
     } else {
-        kvld_metrics_reject(n->metrics, x.why);
+        kvld_metrics_reject(n->metrics, x.e.why);
         snprintf(extra, sizeof extra, " reason=%s",
-                 x.code == GRPC_STATUS_PERMISSION_DENIED ? "ticket" : kvl__span_reject_name(x.why));
-        kvld_req_end(&x.r, x.code, x.msg, extra);
+                 x.e.code == GRPC_STATUS_PERMISSION_DENIED ? "ticket" : kvl__span_reject_name(x.e.why));
+        kvld_req_end(&x.r, x.e.code, x.e.msg, extra);
     }
     kvlingo__v1__import_span_request__free_unpacked(in, NULL);
 }
@@ -460,6 +473,32 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     st = kvl__span_encode(&src, in->from, to, peer_name, peer_hash, &ids, &h, &payload, &plen);
     if (st != KVL_OK) FAIL(kvl__rpc_status_from_kvl(st), "%s", kvl_last_error());
     double encode_s = kvl__now_s() - t_start;
+    if (in->push_tag) {
+        /* push mode: the peer posted its receive before asking; send there, answer the header */
+        if ((uint64_t)plen > in->push_max_bytes)
+            FAIL(GRPC_STATUS_OUT_OF_RANGE, "span [%u, %u) is %zu bytes, more than the %llu bytes the "
+                 "peer's receive holds", in->from, to, plen, (unsigned long long)in->push_max_bytes);
+        uint8_t addr[KVLD_PEER_TRANSPORT_MAX];
+        size_t alen = 0;
+        if (kvld_node_peer_transport(n, in->peer, addr, sizeof addr, &alen, NULL) != KVL_OK)
+            FAIL(GRPC_STATUS_UNAVAILABLE, "%s", kvl_last_error());
+        double t_x = kvl__now_s();
+        st = kvl__transport_send(n->transport, addr, alen, in->push_tag, payload, plen, tmo, &fl.stop_send);
+        xfer_s = kvl__now_s() - t_x;
+        if (fl.cancelled) FAIL(GRPC_STATUS_CANCELLED, "export cancelled by the client");
+        if (st != KVL_OK) FAIL(GRPC_STATUS_UNAVAILABLE, "transfer to peer %s failed: %s", in->peer, kvl_last_error());
+        kvld_metrics_observe(n->metrics, KVLD_H_TRANSFER_SECONDS, xfer_s);
+        kvld_metrics_add(n->metrics, KVLD_C_SPAN_BYTES_SENT, plen);
+        kvld_metrics_add(n->metrics, KVLD_C_SPANS_SENT, 1);
+        out.t0 = in->from;
+        out.t1 = to;
+        out.payload_bytes = plen;
+        out.transfer_seconds = xfer_s;
+        out.export_seconds = encode_s;
+        out.header = &h;   /* h and ids live until the reply is sent */
+        out.total_seconds = kvl__now_s() - t_start;
+        goto out;
+    }
     Kvlingo__V1__ImportSpanRequest ir = KVLINGO__V1__IMPORT_SPAN_REQUEST__INIT;
     ir.session_id = in->peer_session_id && in->peer_session_id[0] ? in->peer_session_id : s->id;
     ir.header = &h;
@@ -556,8 +595,8 @@ out:
     if (code == GRPC_STATUS_OK) kvl__rpc_call_reply_pb(call, &out.base);
     {
         char extra[200];
-        snprintf(extra, sizeof extra, " peer_node=%s from=%u to=%u bytes=%zu transfer_ms=%.3f",
-                 in->peer ? in->peer : "", in->from, in->to, plen, xfer_s * 1e3);
+        snprintf(extra, sizeof extra, " peer_node=%s from=%u to=%u bytes=%zu transfer_ms=%.3f push=%d",
+                 in->peer ? in->peer : "", in->from, in->to, plen, xfer_s * 1e3, in->push_tag != 0);
         kvld_req_end(&r, code, err, extra);
     }
     if (ep) kvlingo__v1__import_span_response__free_unpacked(ep, NULL);

@@ -220,6 +220,7 @@ typedef struct worker_start {
 
 static void *handler_main(void *arg) {
     worker_start *w = arg;
+    pthread_setname_np(pthread_self(), "rpc-handler");
     kvl__rpc_server *srv = w->srv;
     handler_job *job = w->job;
     free(w);
@@ -399,6 +400,7 @@ void kvl__rpc_server_maybe_close_cq(kvl__rpc_server *srv) {
 
 static void *poller_main(void *arg) {
     kvl__rpc_server *srv = arg;
+    pthread_setname_np(pthread_self(), "rpc-poller");
     for (;;) {
         grpc_event ev = grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME),
                                                    NULL);

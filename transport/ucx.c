@@ -2,7 +2,7 @@
  * a progress thread drives the worker, and every ucp_* call is made under one mutex (the worker
  * is created UCS_THREAD_MODE_SERIALIZED: our mutex does the serialising, which is cheaper than
  * UCX's MULTI mode locks).  A thread waiting for its request drives the worker itself; the
- * progress thread only answers peers (wire-up) while nobody waits.
+ * progress thread sleeps meanwhile and drives it only while nobody waits.
  *
  * Failure handling.  Endpoints default to UCP_ERR_HANDLING_MODE_NONE because UCX 1.13 has no
  * peer-failure handler for its shared-memory transports (sysv, posix): asking for
@@ -57,6 +57,7 @@ typedef struct ucx_transport {
     int progress_started;
     int stop;
     int outstanding;
+    int waiters;          /* threads in wait_op, driving the worker themselves */
     ucx_peer *peers;
     struct op_with_t *orphans;   /* sends abandoned on a stalled peer (see ucx_send) */
     uint8_t *scratch;            /* where unexpected messages are received to be dropped */
@@ -84,13 +85,22 @@ static void cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, int ms) {
     pthread_cond_timedwait(cv, mu, &ts);
 }
 
-/* Progress: spin while requests are in flight (UCX needs both sides progressing for
- * rendezvous), else poll every millisecond so wire-up requests from peers still get answered. */
+/* Progress, for what no waiting thread drives: a posted receive whose owner is elsewhere (a
+ * pull in push mode is in its gRPC call), wire-up requests from peers, unexpected messages.
+ * While a thread waits in wait_op it drives the worker and this thread sleeps: two threads
+ * spinning on one worker would take both cores of a small node from its forward pass and
+ * translation.  With requests in flight and nothing to do, it naps 50 us between polls (the
+ * delay a peer's rendezvous start can see), else 1 ms. */
 static void *progress_main(void *arg) {
     ucx_transport *u = arg;
+    pthread_setname_np(pthread_self(), "ucx-progress");
     int idle = 0;
     pthread_mutex_lock(&u->mu);
     while (!u->stop) {
+        if (u->waiters > 0) {
+            cond_wait_ms(&u->cv, &u->mu, 1);
+            continue;
+        }
         unsigned n = 0;
         while (ucp_worker_progress(u->worker)) n++;
         drain_unexpected(u);
@@ -100,7 +110,7 @@ static void *progress_main(void *arg) {
             idle = 0;
             sched_yield();
         } else if (busy) {
-            if (++idle > 2000) usleep(20);
+            if (++idle > 16) usleep(50);
             else sched_yield();
         } else {
             idle = 0;
@@ -199,6 +209,7 @@ static kvl_status wait_op(ucx_transport *u, ucx_op *op, int64_t timeout_ms,
     int64_t until = timeout_ms > 0 ? kvl__now_ms() + timeout_ms : INT64_MAX;
     kvl_status st = KVL_OK;
     unsigned idle = 0;
+    u->waiters++;
     while (!op->done) {
         if (cancel && *cancel) {
             st = kvl__errorf(KVL_ERR_CANCELLED, "transport: %s cancelled", what);
@@ -230,6 +241,7 @@ static kvl_status wait_op(ucx_transport *u, ucx_op *op, int64_t timeout_ms,
             if (!op->done) cond_wait_ms(&u->cv, &u->mu, 1);
         }
     }
+    if (--u->waiters == 0) pthread_cond_broadcast(&u->cv);   /* the progress thread resumes */
     return st;
 }
 

@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "error.h"
@@ -48,6 +49,9 @@ static void *worker_main(void *pa) {
     kvl__pool *p = wa->pool;
     const int part = wa->part;
     free(wa);
+    char name[16];
+    snprintf(name, sizeof name, "kvl-pool-%d", part);
+    pthread_setname_np(pthread_self(), name);
     unsigned seen = 0;   /* the generation at creation: a job posted before this thread ran is not missed */
     for (;;) {
         int spins = 0;

@@ -3,11 +3,14 @@
 
 Real processes on loopback (two kvld nodes with transfer tickets, kvlingo-router):
   1. a translated switch is one call from the router: the target's log has ContinueTurn and
-     no SessionInfo / Append / Generate for it, the source's has one ExportSpan from the
-     target; the summary says one_call and names its phases (export, transfer, translate,
-     forward > 0); /metrics has kvlingo_router_switch_phase_seconds for them;
+     no SessionInfo / Append / Generate / ImportSpan for it, the source's has one ExportSpan
+     from the target, in push mode (sent straight to the target's posted receive); the
+     summary says one_call and names its phases (export, transfer, translate, forward > 0);
+     /metrics has kvlingo_router_switch_phase_seconds for them;
   2. the same conversation with `transfer: {one_call: false}` (the several-call path) gives
-     the same greedy tokens, the same switch modes, one_call false;
+     the same greedy tokens, the same switch modes, one_call false; and again with nodes
+     that do not pull in push mode (--span-push 0: the source pushes through ImportSpan, as
+     an older node does);
   3. the target's copy dropped behind the router's back: the node refuses its state
      (FAILED_PRECONDITION), the several-call path resets it, the turn is served and its output
      equals the control;
@@ -70,6 +73,21 @@ def main():
         # the control of 3 and 4: a fresh conversation's first two turns
     finally:
         ctl.stop()
+    old = rtest.Fleet(a.build, os.path.join(a.work, "importspan"), policy=pol, guardrail=guard,
+                      peers=True, kvld_args=("--span-push", "0"))
+    try:
+        sid_o, got_o = conversation(old.client(), prompt)
+        for i, ((ids, s), (rids, rs)) in enumerate(zip(got_o, ref)):
+            check(ids == rids and s.switch_mode == rs.switch_mode and s.one_call,
+                  "turn %d through ImportSpan: %r mode %d one_call %r, several calls %r" % (
+                      i, ids, s.switch_mode, s.one_call, rids))
+        tb = methods(log_lines(old, "qwen3-b", sid_o))
+        check(tb[:2] == ["ImportSpan", "ContinueTurn"], "--span-push 0: target's calls %r" % tb)
+        exp = [ln for ln in log_lines(old, "qwen3-a", sid_o) if "method=ExportSpan" in ln]
+        check(len(exp) == 1 and " push=0" in exp[0], "--span-push 0: source's ExportSpan %r" % exp)
+        print("ok: nodes pulling without push mode (ImportSpan back) give the same tokens")
+    finally:
+        old.stop()
 
     fleet = rtest.Fleet(a.build, os.path.join(a.work, "one"), policy=pol, guardrail=guard, peers=True)
     try:
@@ -89,14 +107,13 @@ def main():
               "phases exceed their whole: %r" % sw)
         tl = log_lines(fleet, "qwen3-b", sid)
         first_b = methods(tl)
-        check(first_b[:1] == ["ImportSpan"] and first_b[1:2] == ["ContinueTurn"],
-              "target's calls of the switch: %r" % first_b)
-        check(not {"SessionInfo", "Append", "Generate", "OpenSession"} & set(first_b),
-              "the router still made several calls: %r" % first_b)
+        check(first_b[:2] == ["ContinueTurn", "ContinueTurn"], "target's calls of the switch: %r" % first_b)
+        check(not {"SessionInfo", "Append", "Generate", "OpenSession", "ImportSpan"} & set(first_b),
+              "the router or the source still made several calls: %r" % first_b)
         src = methods(log_lines(fleet, "qwen3-a", sid))
         check(src.count("ExportSpan") == 1, "source's calls: %r" % src)
         exp = [ln for ln in log_lines(fleet, "qwen3-a", sid) if "method=ExportSpan" in ln][0]
-        check("peer=ipv4:127.0.0.1" in exp, "ExportSpan line %s" % exp)
+        check("peer=ipv4:127.0.0.1" in exp and " push=1" in exp, "ExportSpan line %s" % exp)
         m = fleet.metrics()
         for ph in ("ledger", "export", "transfer", "translate", "forward"):
             check('kvlingo_router_switch_phase_seconds_count{phase="%s"} 2' % ph in m,
