@@ -7,6 +7,8 @@ now fails with the status named below, and the victim's next turn equals a contr
 
   1 exfiltration: ExportSpan{victim, peer: an address the caller names} -> PERMISSION_DENIED (not
     a fleet member; no ticket; a forged ticket; a replayed one at the source and at the target);
+    in push mode the span goes only to the member's own UCX address, never past the receive
+    size the caller gives (OUT_OF_RANGE), and an unasked push is drained at the target;
     1,500 distinct peers leave the node's threads and memory as they were
   2 poisoning: B.ExportSpan{evil -> A victim, replace} -> PERMISSION_DENIED (no ticket; a valid
     ticket for another move); and with the fleet key itself (a valid ticket for exactly that
@@ -209,6 +211,29 @@ def main():
         check("code=PERMISSION_DENIED" in r.stdout and "replayed" in r.stdout,
               "replayed ticket at the target: %s %s" % (r.stdout, r.stderr))
         print("  ok: target refuses the replayed ticket: %s" % r.stdout.strip())
+        # push mode (a pull's one call): the span goes to the named member's own UCX address,
+        # only when it fits the receive the caller says it posted, and a push nobody posted a
+        # receive for is drained at the target, which keeps what it held
+        n_b_own = B.SessionInfo(pb.SessionInfoRequest(session_id="own"), timeout=10).token_count
+        expect(lambda: A.ExportSpan(pb.ExportSpanRequest(session_id="own", to=n_own, peer=B_addr,
+                                                         ticket=mint("own", "own", A_addr, B_addr, 0, n_own),
+                                                         push_tag=0x5eed, push_max_bytes=100), timeout=10),
+               "OUT_OF_RANGE", ["peer's receive holds"])
+        d0 = metric(node_metrics(mports["qwen3-b"]), "kvlingo_ucx_unmatched_dropped_total")
+        r = A.ExportSpan(pb.ExportSpanRequest(session_id="own", to=n_own, peer=B_addr, push_tag=0x5eed,
+                                              ticket=mint("own", "own", A_addr, B_addr, 0, n_own),
+                                              push_max_bytes=1 << 30), timeout=30)
+        check(r.header.t1 == n_own and r.payload_bytes > 0, "push-mode answer %r" % r)
+        t0 = time.time()
+        while time.time() - t0 < 10 and \
+                metric(node_metrics(mports["qwen3-b"]), "kvlingo_ucx_unmatched_dropped_total") <= d0:
+            time.sleep(0.1)
+        check(metric(node_metrics(mports["qwen3-b"]), "kvlingo_ucx_unmatched_dropped_total") > d0,
+              "the unasked push was not drained at the target")
+        check(B.SessionInfo(pb.SessionInfoRequest(session_id="own"), timeout=10).token_count == n_b_own,
+              "an unasked push changed the target's session")
+        print("  ok: push mode: a receive too small is refused before sending; an unasked push is "
+              "drained at the target, which keeps its session")
         th0, rss0 = threads_of(A_proc.proc.pid), A_proc.rss_kb()
         for i in range(1500):
             e = rpc_error(lambda: A.ExportSpan(pb.ExportSpanRequest(session_id=victim,
