@@ -12,15 +12,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "clock.h"
 #include "error.h"
 
-/* Spin iterations before a worker sleeps / the caller yields: about 0.1 ms of pause
- * instructions, longer than the gap between two matmuls of a decode step. */
+/* How long a worker waits for the next job before it sleeps (kvl__pool_create): longer than
+ * the gap between two matmuls of a decode step.  The caller yields after KVL_POOL_SPIN pauses. */
+#define KVL_POOL_SPIN_US 100
 #define KVL_POOL_SPIN 4096
 
 struct kvl__pool {
     int n_threads;
-    int spin;                 /* pause iterations a worker waits for the next job before sleeping */
+    int spin_us;              /* how long a worker waits for the next job before sleeping */
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -54,10 +56,13 @@ static void *worker_main(void *pa) {
     pthread_setname_np(pthread_self(), name);
     unsigned seen = 0;   /* the generation at creation: a job posted before this thread ran is not missed */
     for (;;) {
-        int spins = 0;
-        while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop) && spins < p->spin) {
-            cpu_relax();
-            spins++;
+        if (p->spin_us > 0) {
+            /* the clock read every 256 pauses: a pause costs 10-150 cycles by processor */
+            const double until = kvl__now_s() + p->spin_us * 1e-6;
+            for (int spins = 1; atomic_load(&p->gen) == seen && !atomic_load(&p->stop); spins++) {
+                cpu_relax();
+                if ((spins & 255) == 0 && kvl__now_s() >= until) break;
+            }
         }
         if (atomic_load(&p->gen) == seen && !atomic_load(&p->stop)) {
             pthread_mutex_lock(&p->mu);
@@ -74,16 +79,18 @@ static void *worker_main(void *pa) {
 }
 
 kvl_status kvl__pool_create(int n_threads, kvl__pool **out) {
-    return kvl__pool_create_spin(n_threads, KVL_POOL_SPIN, out);
+    return kvl__pool_create_spin(n_threads, KVL_POOL_SPIN_US, out);
 }
 
-kvl_status kvl__pool_create_spin(int n_threads, int spin, kvl__pool **out) {
+int kvl__pool_spin_us(const kvl__pool *p) { return p->spin_us; }
+
+kvl_status kvl__pool_create_spin(int n_threads, int spin_us, kvl__pool **out) {
     *out = NULL;
     if (n_threads < 1) n_threads = 1;
     kvl__pool *p = calloc(1, sizeof *p);
     if (!p) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
     p->n_threads = n_threads;
-    p->spin = spin < 0 ? 0 : spin;
+    p->spin_us = spin_us < 0 ? 0 : spin_us;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     atomic_init(&p->gen, 0);

@@ -18,10 +18,12 @@ typedef void (*kvl__pool_fn)(void *ctx, int part, int n_parts);
 /* A pool running jobs on n_threads threads in all: the caller and n_threads - 1 workers
  * (n_threads >= 1; 1 runs everything in the caller).  KVL_ERR_NOMEM / KVL_ERR_IO (thread start). */
 kvl_status kvl__pool_create(int n_threads, kvl__pool **out);
-/* The same with workers that wait `spin` pause iterations for the next job before they sleep
- * (kvl__pool_create: about 0.1 ms).  0: they sleep at once, for a pool whose jobs are far apart
- * and whose spinning would take a core from other threads (OpenBLAS's, in float32 mode). */
-kvl_status kvl__pool_create_spin(int n_threads, int spin, kvl__pool **out);
+/* The same with workers that wait spin_us microseconds for the next job before they sleep
+ * (kvl__pool_create: 100).  0: they sleep at once, for a pool whose spinning would take a core
+ * from other threads (OpenBLAS's, when it threads its GEMMs).  A sleeping worker costs each job
+ * a wake-up, which on a virtual machine can be a millisecond or more when its vCPU has halted. */
+kvl_status kvl__pool_create_spin(int n_threads, int spin_us, kvl__pool **out);
+int kvl__pool_spin_us(const kvl__pool *pool);
 void kvl__pool_free(kvl__pool *pool);
 int kvl__pool_threads(const kvl__pool *pool);
 
