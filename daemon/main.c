@@ -132,6 +132,25 @@ static void on_tick(void *arg) {
                      (double)kvld_sessions_cache_bytes(n->sessions));
 }
 
+/* SIGHUP: the command line is read again (flags, and the --config file they name, flags
+ * winning) and its `peers` becomes the fleet: a membership change without a restart.  Every
+ * other setting stays as it started; a line that no longer parses changes nothing. */
+static void on_hup(void *arg) {
+    kvld_node *n = arg;
+    kvld_config *next = malloc(sizeof *next);
+    if (!next) {
+        kvl__svc_log("error", "msg=reload_failed err=\"out of memory\"");
+        return;
+    }
+    kvld_config_defaults(next);
+    kvld_cli_mode mode;
+    kvl_status st = kvld_config_parse_cli(next, n->argc, n->argv, &mode);
+    if (st == KVL_OK) st = kvld_peers_reload(n, next->peers);
+    if (st != KVL_OK)
+        kvl__svc_log("error", "msg=reload_failed err=\"%s\" note=\"the fleet is as it was\"", kvl_last_error());
+    free(next);
+}
+
 static void on_start(void *arg) {
     kvld_node *n = arg;
     const kvld_config *cfg = &n->cfg;
@@ -195,6 +214,8 @@ int main(int argc, char **argv) {
         kvld_node_free(node);
         return 1;
     }
+    node->argc = argc;
+    node->argv = argv;
     st = kvld_node_serve(node);
     if (st == KVL_OK) st = kvld_peers_start(node);
     if (st != KVL_OK) {
@@ -209,6 +230,7 @@ int main(int argc, char **argv) {
         .drain_check = drain_check,
         .drain_poll_ms = 200,
         .drain_timeout_ms = cfg.drain_timeout_ms,
+        .on_hup = on_hup,
         .timers = {{200, on_tick}},
     };
     st = kvl__svc_loop_run(&loop);

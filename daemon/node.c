@@ -259,10 +259,12 @@ kvl_status kvld_node_peer_transport(kvld_node *n, const char *target, uint8_t *a
     return st;
 }
 
-int kvld_node_peer_allowed(const kvld_node *n, const char *target) {
-    for (int i = 0; i < n->n_fleet; i++)
-        if (!strcmp(n->fleet[i], target)) return 1;
-    return n->n_fleet == 0 && !n->tickets;
+int kvld_node_peer_allowed(kvld_node *n, const char *target) {
+    pthread_mutex_lock(&n->peers_mu);
+    int ok = n->n_fleet == 0 && !n->tickets;
+    for (int i = 0; i < n->n_fleet && !ok; i++) ok = !strcmp(n->fleet[i], target);
+    pthread_mutex_unlock(&n->peers_mu);
+    return ok;
 }
 
 grpc_status_code kvld_node_check_ticket(kvld_node *n, const uint8_t *ticket, size_t len,

@@ -56,13 +56,16 @@ typedef struct kvld_node {
                                        * moved (callers keep pointers to its names); a full
                                        * table refuses new ones */
     int n_peers;
-    char fleet[KVLD_MAX_PEERS][KVLD_PEER_ADDR_MAX];   /* --peers: where spans may go */
+    char fleet[KVLD_MAX_PEERS][KVLD_PEER_ADDR_MAX];   /* --peers: where spans may go (peers_mu;
+                                                         * replaced by a SIGHUP reload) */
     int n_fleet;
     int tickets;                      /* 1: spans move only on a router-issued ticket */
     kvl__ticket_key ticket_key;
     kvl__ticket_replay replay;        /* nonces of tickets this node accepted */
     char self[KVLD_PEER_ADDR_MAX];    /* this node's fleet address (tickets' source/target) */
-    pthread_t peers_thread;           /* connects --peers at start (peers.c) */
+    pthread_t peers_thread;           /* connects --peers at start and reload (peers.c) */
+    int argc;                         /* the command line, which a SIGHUP reads again */
+    char **argv;
     int peers_started;
     volatile int peers_stop;
     double warmup_ms;                 /* the warm-up run before serving (warmup.c), 0 if off */
@@ -91,7 +94,7 @@ kvl_status kvld_node_peer_transport(kvld_node *node, const char *target, uint8_t
 
 /* May spans go to `target`?  A member of --peers always; without --peers any address, but
  * only while tickets are off (a node with a ticket key ships only inside its fleet). */
-int kvld_node_peer_allowed(const kvld_node *node, const char *target);
+int kvld_node_peer_allowed(kvld_node *node, const char *target);
 
 /* Check a span move's ticket (the node's key, expiry, replay) and that it names `e`'s fields.
  * Returns GRPC_STATUS_OK, or PERMISSION_DENIED with msg saying what failed (and the refusal

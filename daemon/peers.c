@@ -108,7 +108,10 @@ static void *peers_main(void *arg) {
     pthread_setname_np(pthread_self(), "kvld-peers");
     char list[KVLD_MAX_PEERS][KVLD_PEER_ADDR_MAX];
     int count = 0, done[KVLD_MAX_PEERS] = {0}, left;
-    if (kvld_peers_parse(n->cfg.peers, list, KVLD_MAX_PEERS, &count) != KVL_OK) return NULL;
+    pthread_mutex_lock(&n->peers_mu);
+    count = n->n_fleet;
+    memcpy(list, n->fleet, sizeof list[0] * (size_t)count);
+    pthread_mutex_unlock(&n->peers_mu);
     double t0 = kvl__now_s();
     int backoff = 100;
     do {
@@ -138,7 +141,10 @@ static void *peers_main(void *arg) {
 }
 
 kvl_status kvld_peers_start(kvld_node *n) {
-    if (!n->cfg.peers[0]) return KVL_OK;
+    pthread_mutex_lock(&n->peers_mu);
+    int none = n->n_fleet == 0;
+    pthread_mutex_unlock(&n->peers_mu);
+    if (none) return KVL_OK;
     if (pthread_create(&n->peers_thread, NULL, peers_main, n) != 0)
         return kvl__errorf(KVL_ERR_INTERNAL, "cannot start the peer connection thread");
     n->peers_started = 1;
@@ -150,4 +156,37 @@ void kvld_peers_stop(kvld_node *n) {
     n->peers_stop = 1;
     pthread_join(n->peers_thread, NULL);
     n->peers_started = 0;
+}
+
+kvl_status kvld_peers_reload(kvld_node *n, const char *list) {
+    char (*next)[KVLD_PEER_ADDR_MAX] = malloc(sizeof *next * KVLD_MAX_PEERS);
+    if (!next) return kvl__errorf(KVL_ERR_NOMEM, "peers: out of memory");
+    int count = 0;
+    kvl_status st = kvld_peers_parse(list, next, KVLD_MAX_PEERS, &count);
+    if (st != KVL_OK) {
+        free(next);
+        return st;
+    }
+    /* the connecting thread works from the old list: end it, then start one on the new */
+    kvld_peers_stop(n);
+    int added = 0, removed = 0;
+    pthread_mutex_lock(&n->peers_mu);
+    for (int i = 0; i < count; i++) {
+        int had = 0;
+        for (int j = 0; j < n->n_fleet && !had; j++) had = !strcmp(next[i], n->fleet[j]);
+        added += !had;
+    }
+    for (int j = 0; j < n->n_fleet; j++) {
+        int kept = 0;
+        for (int i = 0; i < count && !kept; i++) kept = !strcmp(next[i], n->fleet[j]);
+        removed += !kept;
+    }
+    memcpy(n->fleet, next, sizeof *next * (size_t)count);
+    n->n_fleet = count;
+    snprintf(n->cfg.peers, sizeof n->cfg.peers, "%s", list);
+    pthread_mutex_unlock(&n->peers_mu);
+    free(next);
+    n->peers_stop = 0;
+    kvl__svc_log("info", "msg=peers_reloaded members=%d added=%d removed=%d", count, added, removed);
+    return kvld_peers_start(n);
 }

@@ -1,4 +1,5 @@
-/* daemon/peers.h: the fleet's other nodes (--peers HOST:PORT,...), connected at start. */
+/* daemon/peers.h: the fleet's other nodes (--peers HOST:PORT,...), connected at start and again
+ * when SIGHUP reloads the list. */
 #ifndef KVLD_PEERS_H
 #define KVLD_PEERS_H
 
@@ -18,5 +19,11 @@ kvl_status kvld_peers_parse(const char *list, char (*out)[KVLD_PEER_ADDR_MAX], i
  * kvld_peers_stop ends it (waits at most about one Info deadline). */
 kvl_status kvld_peers_start(struct kvld_node *n);
 void kvld_peers_stop(struct kvld_node *n);
+
+/* A membership change: `list` ("host:port,...") becomes the fleet spans may go to, and the
+ * connecting thread starts again on it (members already connected are quick: their channel
+ * and endpoint are kept; a member that left is refused from now on, peer_not_member).  A list
+ * that does not parse leaves everything as it was (KVL_ERR_INVALID_ARG naming the entry). */
+kvl_status kvld_peers_reload(struct kvld_node *n, const char *list);
 
 #endif

@@ -6,6 +6,12 @@
   kvlingo_peers_connected_total 1), the first one by retrying while the second was not there.
 - A fleet whose nodes were given --peers serves its first switch by translation (the span goes
   over the endpoint set up at start).
+- A membership change without a restart: a node with a ticket key whose --config file names
+  its peers refuses spans to a node not in the list (PERMISSION_DENIED, not a member); the file
+  gains the node, SIGHUP, and the node reloads (peers_reloaded added=1), connects it
+  (peer_ready) and ExportSpan gets past the membership check (to the session's); the file
+  loses it again, SIGHUP, and it is refused again; a file that no longer parses changes nothing
+  (reload_failed).
 - A bad --peers entry is a startup error naming it; --check lists the peers; the serving line
   reports the warm-up (warmup_ms > 0), and --warmup 0 turns it off.
 - A second kvld on a port the first one holds fails at start (no shared port, where calls would
@@ -102,6 +108,70 @@ def main():
         na.stop()
         if nb:
             nb.stop()
+
+    # membership change: --config's peers reloaded on SIGHUP
+    import grpc
+    import signal
+    rtest.python_client.load_stubs(out_dir=os.path.join(a.work, "stubs"))
+    import importlib
+    npb = importlib.import_module("kvlingo.v1.node_pb2")
+    ngrpc = importlib.import_module("kvlingo.v1.node_pb2_grpc")
+    pa, pb = rtest.free_port(), rtest.free_port()
+    key = os.path.join(a.work, "fleet.key")
+    with open(key, "w") as f:
+        f.write(os.urandom(24).hex() + "\n")
+    cfg_a = os.path.join(a.work, "kvld-a.yaml")
+    b_addr = "127.0.0.1:%d" % pb
+
+    def write_peers(v):
+        with open(cfg_a, "w") as f:
+            f.write("peers: %s\n" % v)
+
+    def export_refusal():
+        stub = ngrpc.NodeStub(grpc.insecure_channel("127.0.0.1:%d" % pa))
+        try:
+            stub.ExportSpan(npb.ExportSpanRequest(session_id="s", peer=b_addr), timeout=10)
+            return "OK"
+        except grpc.RpcError as e:
+            return "%s %s" % (e.code().name, e.details())
+
+    write_peers("127.0.0.1:1")
+    la, lb = os.path.join(a.work, "kvld-ma.log"), os.path.join(a.work, "kvld-mb.log")
+    for p in (la, lb):
+        if os.path.exists(p):
+            os.remove(p)
+    na = rtest.Proc([kvld, "--insecure", "--ticket-key-file", key, "--model", model("qwen3-a"), "--listen",
+                     "127.0.0.1:%d" % pa, "--config", cfg_a, "--warmup", "0"], la)
+    nb = rtest.Proc([kvld, "--insecure", "--ticket-key-file", key, "--model", model("qwen3-b"), "--listen",
+                     b_addr, "--peers", "127.0.0.1:%d" % pa, "--warmup", "0"], lb)
+    try:
+        rtest.wait_port(pa, na.proc, what="kvld a", log=la)
+        rtest.wait_port(pb, nb.proc, what="kvld b", log=lb)
+        r = export_refusal()
+        check(r.startswith("PERMISSION_DENIED") and "not a member" in r, "before the change: %s" % r)
+        write_peers("127.0.0.1:1, " + b_addr)
+        na.proc.send_signal(signal.SIGHUP)
+        wait_log(la, r"msg=peers_reloaded members=2 added=1 removed=0")
+        wait_log(la, r"msg=peer_ready peer=%s " % re.escape(b_addr))
+        r = export_refusal()
+        check("not a member" not in r and r.startswith("NOT_FOUND"), "after adding b: %s" % r)
+        with open(cfg_a, "w") as f:
+            f.write("peers: 127.0.0.1\n")   # not HOST:PORT: the reload fails, b stays a member
+        na.proc.send_signal(signal.SIGHUP)
+        wait_log(la, r"msg=reload_failed .*not HOST:PORT")
+        r = export_refusal()
+        check("not a member" not in r, "a failed reload changed the fleet: %s" % r)
+        write_peers("127.0.0.1:1")
+        na.proc.send_signal(signal.SIGHUP)
+        wait_log(la, r"msg=peers_reloaded members=1 added=0 removed=1")
+        r = export_refusal()
+        check(r.startswith("PERMISSION_DENIED") and "not a member" in r, "after removing b: %s" % r)
+        check(na.alive(), "kvld a died on SIGHUP")
+        print("ok   membership change on SIGHUP: b added (connected, spans allowed), a bad list ignored, "
+              "b removed (refused again)")
+    finally:
+        na.stop()
+        nb.stop()
 
     # a fleet of pre-connected nodes: the first switch is a translation
     fleet = rtest.Fleet(a.build, os.path.join(a.work, "fleet"), peers=True,
