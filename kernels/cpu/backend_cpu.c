@@ -85,6 +85,8 @@ typedef struct cpu_model {
     pthread_mutex_t pool_lock;
     float *tr_buf;           /* translate-apply working memory while holding pool_lock */
     size_t tr_floats;
+    float *lm_rows;          /* [n_last, V] logits of a batch's last rows, before they are */
+    size_t lm_floats;        /*   copied to each sequence (grown on demand)                */
 } cpu_model;
 
 /* Idle KV blocks a model keeps for reuse (beyond what its sessions hold). */
@@ -206,6 +208,7 @@ static void cpu_model_free(void *pm) {
     kvl__block_pool_unref(m->pool);   /* caches still alive keep it until they go */
     free(m->s.base);
     free(m->tr_buf);
+    free(m->lm_rows);
     pthread_mutex_destroy(&m->pool_lock);
     free(m);
 }
@@ -630,16 +633,41 @@ static kvl_status forward_locked(cpu_model *m, const kvl_backend_seq *seqs, int 
                                                attend_blocks, &ac);
     }
 
-    /* final norm + LM head, only for the rows whose logits were asked for */
+    /* final norm + LM head, only for the rows whose logits were asked for.  The last rows
+     * (KVL_LOGITS_LAST: every decode step) go through the LM head as one matrix, so a batch of
+     * decode steps reads its [V, H] weights once, not once a sequence; then each row is copied
+     * to its sequence.  KVL_LOGITS_ALL rows go straight into their sequence's logits. */
+    const size_t V = (size_t)c->vocab_size;
+    int n_last = 0, one = -1;
+    for (int i = 0, t0 = 0; i < n_seqs; t0 += seqs[i].n_tokens, i++)
+        if (seqs[i].logits_mode == KVL_LOGITS_LAST) {
+            kvl__cpu_rmsnorm_forward(s->logit_x + (size_t)n_last * H,
+                                     s->x + (size_t)(t0 + seqs[i].n_tokens - 1) * H, w->final_norm, 1, H,
+                                     c->rms_norm_eps);
+            n_last++;
+            one = i;
+        }
+    if (n_last > 1 && m->lm_floats < (size_t)n_last * V) {
+        float *g = realloc(m->lm_rows, sizeof(float) * (size_t)n_last * V);
+        if (!g) return kvl__errorf(KVL_ERR_NOMEM, "forward: out of memory for %d rows of logits", n_last);
+        m->lm_rows = g;
+        m->lm_floats = (size_t)n_last * V;
+    }
+    if (n_last > 0) {
+        float *dst = n_last == 1 ? seqs[one].logits : m->lm_rows;
+        if (bf) kvl__cpu_matmul_bf16(&bf->exec, dst, s->logit_x, bf->lm_head, NULL, n_last, H, (int)V);
+        else kvl__cpu_matmul_forward(dst, s->logit_x, w->lm_head, NULL, n_last, H, (int)V);
+        for (int i = 0, r = 0; n_last > 1 && i < n_seqs; i++)
+            if (seqs[i].logits_mode == KVL_LOGITS_LAST)
+                memcpy(seqs[i].logits, m->lm_rows + (size_t)r++ * V, sizeof(float) * V);
+    }
     for (int i = 0, t0 = 0; i < n_seqs; t0 += seqs[i].n_tokens, i++) {
         const kvl_backend_seq *q = &seqs[i];
-        if (q->logits_mode == KVL_LOGITS_NONE) continue;
-        int first = q->logits_mode == KVL_LOGITS_ALL ? t0 : t0 + q->n_tokens - 1;
-        int rows = q->logits_mode == KVL_LOGITS_ALL ? q->n_tokens : 1;
-        kvl__cpu_rmsnorm_forward(s->logit_x, s->x + (size_t)first * H, w->final_norm, rows, H,
+        if (q->logits_mode != KVL_LOGITS_ALL) continue;
+        kvl__cpu_rmsnorm_forward(s->logit_x, s->x + (size_t)t0 * H, w->final_norm, q->n_tokens, H,
                                  c->rms_norm_eps);
-        if (bf) kvl__cpu_matmul_bf16(&bf->exec, q->logits, s->logit_x, bf->lm_head, NULL, rows, H, c->vocab_size);
-        else kvl__cpu_matmul_forward(q->logits, s->logit_x, w->lm_head, NULL, rows, H, c->vocab_size);
+        if (bf) kvl__cpu_matmul_bf16(&bf->exec, q->logits, s->logit_x, bf->lm_head, NULL, q->n_tokens, H, (int)V);
+        else kvl__cpu_matmul_forward(q->logits, s->logit_x, w->lm_head, NULL, q->n_tokens, H, (int)V);
     }
     return KVL_OK;
 }
