@@ -233,17 +233,7 @@ static void pull_push(cont *c, kvl__rpc_client *cli, const char *src_name, const
                  "translate_ms=%.3f", s->id, src_name, h->t0, h->t1, got, wait_s * 1e3, tr_s * 1e3);
 out:
     if (e.why != KVL_SPAN_OK) kvld_metrics_reject(n->metrics, e.why);
-    kvl__transport_recv_free(n->transport, rv);
-    kvl__spanbuf_give(n->spanbufs, payload);
-    if (s) {
-        char id[KVLD_ID_MAX];
-        snprintf(id, sizeof id, "%s", s->id);
-        kvld_session_release(n->sessions, s);
-        if (created && !landed) {   /* a failed pull into a session it created leaves no trace */
-            kvld_sessions_drop(n->sessions, id);
-            kvld_metrics_set(n->metrics, KVLD_G_SESSIONS, kvld_sessions_count(n->sessions));
-        }
-    }
+    kvld_span_import_end(n, rv, payload, s, created && !landed);
     kvl__rpc_result_clear(&rr);
     if (resp) protobuf_c_message_free_unpacked(&resp->base, NULL);
 }

@@ -146,6 +146,12 @@ int kvld_span_land(kvld_node *n, kvld_session *s, const kvld_translator_entry *t
                    const Kvlingo__V1__SpanHeader *h, const uint8_t *payload, size_t got,
                    double *translate_s, kvld_span_err *e);
 
+/* The end of a receive, landed or not: free the posted receive `rv` and the payload buffer,
+ * release s (NULL: none) and, with drop, remove it (a session the import created and could not
+ * fill leaves no trace). */
+void kvld_span_import_end(kvld_node *n, kvl__transport_recv *rv, uint8_t *payload, kvld_session *s,
+                          int drop);
+
 typedef struct kvld_req {
     kvld_node *node;
     kvl__rpc_call *call;

@@ -178,6 +178,20 @@ int kvld_span_land(kvld_node *n, kvld_session *s, const kvld_translator_entry *t
     return 1;
 }
 
+void kvld_span_import_end(kvld_node *n, kvl__transport_recv *rv, uint8_t *payload, kvld_session *s,
+                          int drop) {
+    kvl__transport_recv_free(n->transport, rv);
+    kvl__spanbuf_give(n->spanbufs, payload);
+    if (!s) return;
+    char id[KVLD_ID_MAX];
+    snprintf(id, sizeof id, "%s", s->id);
+    kvld_session_release(n->sessions, s);
+    if (drop) {   /* a failed import into a session it created leaves no trace */
+        kvld_sessions_drop(n->sessions, id);
+        kvld_metrics_set(n->metrics, KVLD_G_SESSIONS, kvld_sessions_count(n->sessions));
+    }
+}
+
 void kvld_rpc_import_span(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     kvld_node *n = user;
     import_ctx x = {.n = n};
@@ -316,18 +330,7 @@ void kvld_rpc_import_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
              h->source->name, h->t0, h->t1, got, recv_s * 1e3, tr_s * 1e3);
 out:
     kvl__rpc_call_on_cancel(call, NULL, NULL);
-    kvl__transport_recv_free(n->transport, rv);
-    kvl__spanbuf_give(n->spanbufs, payload);
-    if (s) {
-        char id[KVLD_ID_MAX];
-        snprintf(id, sizeof id, "%s", s->id);
-        kvld_session_release(n->sessions, s);
-        /* a failed import into a session it created leaves no trace */
-        if (created) {
-            kvld_sessions_drop(n->sessions, id);
-            kvld_metrics_set(n->metrics, KVLD_G_SESSIONS, kvld_sessions_count(n->sessions));
-        }
-    }
+    kvld_span_import_end(n, rv, payload, s, created);
     /* answer last: the session is free again when the exporter hears the verdict */
     if (x.e.code == GRPC_STATUS_OK) {
         kvl__rpc_call_send_pb(call, &done.base);
