@@ -15,7 +15,7 @@ summary); medians of the repeats (after one warm-up), ratio = re-prefill / switc
 In the same run (unless --no-pieces), the switch's pieces: `kvlingo bench switch --json
 --new-tokens 9` on the same pair, lengths and OPENBLAS_NUM_THREADS (in-process translate and
 forward), and the wire time the nodes log for each switch (the target's ContinueTurn
-transfer_ms, the source's ExportSpan transfer_ms), so `stack / pieces` shows what the RPCs, the router and the client add.
+transfer_ms, the source's ExportSpan transfer_ms), so `stack / sum` shows what the RPCs, the router and the client add.
 
 --cold: the first switch of a freshly started fleet (a new fleet per repeat, --cold-repeats),
 against a re-prefill that is the first turn on the target of another fresh fleet.
@@ -274,9 +274,9 @@ def push_ahead_tables(c, corpus, user, contexts, pairs, a):
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", required=True)
-    ap.add_argument("--contexts", default="64,512,2048")
+    ap.add_argument("--contexts", default="64,512,2048", help="context lengths in tokens (default %(default)s)")
     ap.add_argument("--repeats", type=int, default=None, help="default 5, 3 with --shapes")
     ap.add_argument("--pairs", default="qwen3-a:qwen3-b,qwen3-b:qwen3-a")
     ap.add_argument("--shapes", default=None, help="SRC:DST[,...] of kvlingo/shapes.h names")
@@ -286,7 +286,7 @@ def main():
     ap.add_argument("--cold", action="store_true", help="also the first switch of fresh fleets")
     ap.add_argument("--cold-repeats", type=int, default=3)
     ap.add_argument("--no-pieces", action="store_true", help="skip the in-process pieces")
-    ap.add_argument("--work", default=None)
+    ap.add_argument("--work", default=None, help="an empty dir for the fleets' files; keeps their logs")
     ap.add_argument("--kvld-args", default="", help="more kvld flags for every node, e.g. '--span-push 0'")
     ap.add_argument("--push-ahead", action="store_true",
                     help="time the switch after a push-ahead instead (own table)")

@@ -28,15 +28,15 @@ from bench_switch import client_turn  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", required=True)
-    ap.add_argument("--contexts", default="64,512,2048")
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--src", default="qwen3-a")
-    ap.add_argument("--dst", default="qwen3-b")
+    ap.add_argument("--contexts", default="64,512,2048", help="context lengths in tokens (default %(default)s)")
+    ap.add_argument("--repeats", type=int, default=7, help="interleaved repeats per context (default %(default)s)")
+    ap.add_argument("--src", default="qwen3-a", help="the source model of the switch (default %(default)s)")
+    ap.add_argument("--dst", default="qwen3-b", help="the target model (default %(default)s)")
     ap.add_argument("--threads", type=int, default=1, help="OPENBLAS_NUM_THREADS of the nodes")
-    ap.add_argument("--new-tokens", type=int, default=8)
-    ap.add_argument("--work", default=None)
+    ap.add_argument("--new-tokens", type=int, default=8, help="input tokens of the switched turn")
+    ap.add_argument("--work", default=None, help="keep the fleets' files and logs here (default: a temporary dir)")
     a = ap.parse_args()
     os.environ["OPENBLAS_NUM_THREADS"] = str(a.threads)
     work = a.work or tempfile.mkdtemp(prefix="kvlingo-bench-tls-")

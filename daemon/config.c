@@ -59,7 +59,8 @@ static const kvld_flag k_flags[] = {
     {"drain-timeout-ms", "N", "on SIGTERM, wait this long for running work", "30000"},
     {"span-timeout-ms", "N", "deadline of a span transfer", "30000"},
     {"peers", "HOST:PORT,...", "the fleet's other nodes: channels and transport endpoints are set up "
-                               "at start (retried until they answer), so the first span pays no set-up", "none"},
+                               "at start (retried until they answer), so the first span pays no set-up; "
+                               "read again on SIGHUP (keep it in --config to change it)", "none"},
     {"warmup", "0|1", "run one forward pass and each translator before serving", "1"},
     {"ticket-key-file", "FILE", "the fleet's transfer-ticket key (>= 32 bytes, the router's too): "
                                 "spans move only on a router-issued ticket", "none"},

@@ -110,6 +110,8 @@ def main():
                 s.context_tokens - s.n_generated, s.ttft_seconds * 1e3, rp * 1e3, ratio,
                 "%.4f" % s.shadow_kl if s.switch_mode == 1 else "-", s.export_seconds * 1e3,
                 s.transfer_seconds * 1e3, s.translate_seconds * 1e3, s.forward_seconds * 1e3))
+        print("(context: the tokens the target holds for the turn before generating; span: tokens "
+              "shipped and translated on a translated turn, tokens prefilled on the others.)")
         print("(T: translated span; P: re-prefill.  Re-prefill TTFT: the same turn again, forced to "
               "re-prefill, on the same node after the run, measured by the router like the switch.  "
               "KL(native||translated) of the first token.  Phases: the source reading its cache, the "
