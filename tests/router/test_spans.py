@@ -9,7 +9,8 @@ now fails with the status named below, and the victim's next turn equals a contr
     a fleet member; no ticket; a forged ticket; a replayed one at the source and at the target);
     in push mode the span goes only to the member's own UCX address, never past the receive
     size the caller gives (OUT_OF_RANGE), and an unasked push is drained at the target;
-    1,500 distinct peers leave the node's threads and memory as they were
+    1,500 distinct peers leave the node's memory as it was and its threads within the rpc layer's
+    8 kept handler threads (no thread or table entry per peer)
   2 poisoning: B.ExportSpan{evil -> A victim, replace} -> PERMISSION_DENIED (no ticket; a valid
     ticket for another move); and with the fleet key itself (a valid ticket for exactly that
     move), A takes the span, but the router sees the token hash differ and re-prefills
@@ -243,7 +244,9 @@ def main():
             check(e is not None and e.code() == grpc.StatusCode.PERMISSION_DENIED, "peer %d accepted" % i)
         th1, rss1 = threads_of(A_proc.proc.pid), A_proc.rss_kb()
         print("  1,500 peers refused: threads %d -> %d, RSS %d -> %d kB" % (th0, th1, rss0, rss1))
-        check(th1 <= th0 + 1, "threads grew %d -> %d" % (th0, th1))
+        # the rpc layer keeps up to 8 idle handler threads (rpc/server.c): a loaded machine may
+        # start a few for sequential calls; a thread per peer would be 1,500
+        check(th1 <= th0 + 8, "threads grew %d -> %d" % (th0, th1))
         rss_bound(rss1 - rss0, 8 * 1024, "1,500 refused peers")
         sink.settimeout(0.2)
         try:
