@@ -94,7 +94,8 @@ static kvl_status open_session(turn *t, int ti, grpc_status_code *code) {
     kvr_node *T = &t->r->reg->nodes[ti];
     grpc_status_code c = GRPC_STATUS_OK;
     kvl_status st = kvr_node_open(T, t->req->sid, t->node_ms, &c);
-    if (st && kvr__turn_table_full(c, kvl_last_error()) && kvr__turn_make_room(t, ti))
+    for (int i = 0; i < KVR_MAKE_ROOM_TRIES && st && kvr__turn_table_full(c, kvl_last_error()) &&
+                    kvr__turn_make_room(t, ti); i++)
         st = kvr_node_open(T, t->req->sid, t->node_ms, &c);
     if (code) *code = c;
     return st;
@@ -215,8 +216,8 @@ static int try_translate(turn *t, int ti, int from, int tgt_tokens, int *to_out,
         snprintf(msg, sizeof msg, "%s", kvl_last_error());
         kvl__svc_log_text("warn", "session %s: export %s->%s [%d,%d) attempt %d failed: %s",
                 t->req->sid, src->name, dst->name, from, to, attempt + 1, msg);
-        if (kvr__turn_table_full(code, msg) && !evicted && kvr__turn_make_room(t, ti)) {
-            evicted = 1;      /* the target had no room for the import: once more, not a retry */
+        if (kvr__turn_table_full(code, msg) && evicted < KVR_MAKE_ROOM_TRIES && kvr__turn_make_room(t, ti)) {
+            evicted++;        /* the target had no room for the import: once more, not a retry */
             attempt--;
             continue;
         }

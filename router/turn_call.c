@@ -199,7 +199,7 @@ kvl_status kvr__turn_one_call(turn *t, int ti, int needs_entropy, kvr_emit_fn em
                          .n_stop = req->n_stop, .return_logprobs = want_lp};
     int64_t timeout = turn_deadline_ms(t, ti, c.pull_timeout_ms);
     kvl_status s = KVL_OK;
-    for (int attempt = 0; attempt < 2; attempt++) {
+    for (int attempt = 0; attempt <= KVR_MAKE_ROOM_TRIES; attempt++) {
         kvl__rpc_stream *st = NULL;
         memset(nr, 0, sizeof *nr);
         if ((s = kvr_node_continue(T, &c, &gp, timeout, &st))) {
@@ -213,8 +213,12 @@ kvl_status kvr__turn_one_call(turn *t, int ti, int needs_entropy, kvr_emit_fn em
                               kvl_last_error());
             return KVL_ERR_UNSUPPORTED;
         }
-        /* the node's session table is full: drop its least recently used idle session, once */
-        if (attempt || !kvr__turn_table_full(*code, kvl_last_error()) || !kvr__turn_make_room(t, ti)) break;
+        /* the node's session table is full: drop its least recently used idle session and try
+         * again, a few times (a place freed may be taken meanwhile, e.g. by a guardrail shadow
+         * re-prefill, whose session the ledger does not know) */
+        if (attempt == KVR_MAKE_ROOM_TRIES || !kvr__turn_table_full(*code, kvl_last_error()) ||
+            !kvr__turn_make_room(t, ti))
+            break;
     }
     if (s) return s;
     o->one_call = 1;

@@ -32,6 +32,8 @@ typedef struct one_result {
 void kvr__turn_fallback(turn *t, const char *code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Node ti's session table is full: drop its least recently used idle session (1 when done). */
 int kvr__turn_make_room(turn *t, int ti);
+/* How many places one turn may free on a full node before it gives up. */
+#define KVR_MAKE_ROOM_TRIES 3
 /* A refusal because the node's session table is full. */
 int kvr__turn_table_full(grpc_status_code code, const char *msg);
 

@@ -271,7 +271,9 @@ def main():
                                                           "ignore_eos": True, "stream": True}),
                    {"Content-Type": "application/json"})
         resp = hc.getresponse()
-        check(resp.status == 200 and resp.readline().startswith(b"data: "), "long stream started")
+        first = resp.readline()
+        check(resp.status == 200 and first.startswith(b"data: "), "long stream started: %d %r %r" % (
+            resp.status, first[:300], resp.read(600) if resp.status != 200 else b""))
         t0 = time.time()
         st, _, _ = request(port, "GET", "/health")
         st2, _, b = request(port, "POST", "/v1/chat/completions", dict(good, model="qwen3-a"))
