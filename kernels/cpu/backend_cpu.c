@@ -25,6 +25,7 @@
 #include "error.h"
 #include "kv_blocks.h"
 #include "matmul_bf16.h"
+#include "matmul_f32.h"
 #include "ops.h"
 
 /* ---- model: the view, the thread count, and the activation scratch ------------------------- */
@@ -76,7 +77,9 @@ typedef struct cpu_model {
     cpu_scratch s;
     kvl__block_pool *pool;   /* idle KV blocks shared by this model's caches */
     cpu_bf16 *bf;            /* NULL in float32 mode */
-    kvl__pool *workers;      /* float32 mode: threads for attention (bf16: bf->exec.pool) */
+    kvl__pool *workers;      /* float32 mode: threads for attention and the decode-sized
+                                matmuls (bf16: bf->exec.pool) */
+    kvl__layer_view_f32p *f32_layers;   /* [L] float32 mode: the host view and &workers */
     cpu_decode_att dec;
     int prefill_gather;      /* prefill chunks gather their context (kvl__cpu_attention_prefill_vectorised) */
     /* The pool serves one job at a time: a forward holds pool_lock throughout; a translate-apply
@@ -110,19 +113,34 @@ static kvl_status bf16_pool_sync(cpu_model *m) {
 }
 
 /* The threads of the model's own kernels: the bf16 matmuls' pool, or in float32 mode a pool of
- * the same size used by decode attention only (OpenBLAS threads the GEMMs itself). */
+ * the same size for attention and every matmul (matmul_f32.h). */
 static kvl_status model_pool_sync(cpu_model *m) {
     if (m->bf) return bf16_pool_sync(m);
     int want = pool_threads_for(m->n_threads);
     if (m->workers && kvl__pool_threads(m->workers) == want) return KVL_OK;
     kvl__pool_free(m->workers);
     m->workers = NULL;
-    /* OpenBLAS runs the GEMMs on threads of its own between two attention calls: workers that
-     * spun there would take their cores */
-    return kvl__pool_create_spin(want, 0, &m->workers);
+    return kvl__pool_create(want, &m->workers);
 }
 
 static kvl__pool *model_pool(cpu_model *m) { return m->bf ? m->bf->exec.pool : m->workers; }
+
+/* float32 mode: the layers' inference view, pointing at m->workers (which model_pool_sync may
+ * create again: the view reads it at each matmul). */
+static kvl_status f32_layers_create(cpu_model *m) {
+    const kvl_weights_view *w = m->w;
+    m->f32_layers = calloc((size_t)w->cfg.n_layers, sizeof *m->f32_layers);
+    if (!m->f32_layers) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
+    for (int l = 0; l < w->cfg.n_layers; l++) {
+        const kvl_layer_view *f = &w->layers[l];
+        m->f32_layers[l] = (kvl__layer_view_f32p){
+            .attn_norm = f->attn_norm, .wq = f->wq, .wk = f->wk, .wv = f->wv, .bq = f->bq,
+            .bk = f->bk, .bv = f->bv, .q_norm = f->q_norm, .k_norm = f->k_norm, .wo = f->wo,
+            .bo = f->bo, .mlp_norm = f->mlp_norm, .w_gate = f->w_gate, .w_up = f->w_up,
+            .w_down = f->w_down, .pool = &m->workers};
+    }
+    return KVL_OK;
+}
 
 static void bf16_free(cpu_bf16 *b) {
     if (!b) return;
@@ -200,6 +218,7 @@ static void cpu_model_free(void *pm) {
     if (!m) return;
     bf16_free(m->bf);
     kvl__pool_free(m->workers);
+    free(m->f32_layers);
     free(m->dec.buf);
     free(m->dec.seq_of);
     free(m->dec.t0_of);
@@ -234,12 +253,10 @@ static kvl_status cpu_model_create(const kvl_weights_view *w, const kvl_model_pa
         free(m);
         return s;
     }
-    if (p && p->weights_dtype == KVL_WEIGHTS_BF16) {
-        s = bf16_create(m);
-        if (s != KVL_OK) {
-            cpu_model_free(m);
-            return s;
-        }
+    s = p && p->weights_dtype == KVL_WEIGHTS_BF16 ? bf16_create(m) : f32_layers_create(m);
+    if (s != KVL_OK) {
+        cpu_model_free(m);
+        return s;
     }
     *out = m;
     return KVL_OK;
@@ -529,12 +546,11 @@ static void attend_blocks(void *pctx, int l, int T, const float *q, const float 
         }
     }
     if (n_dec > 0) {
-        /* a worker hand-off costs more than it saves below ~64k multiply-adds (bf16 mode: its
-         * workers spin between the matmuls), and below ~512k in float32 mode, whose workers
-         * sleep between calls and take ~10-20 us to wake */
+        /* a worker hand-off costs more than it saves below ~64k multiply-adds (the workers
+         * spin between the matmuls of a step) */
         decode_job j = {m, ac->seqs, m->dec.seq_of, m->dec.t0_of, n_dec, l, q, att, cost};
         kvl__pool *pool = model_pool(m);
-        double macs = cost * 2.0 * (Hq / Hkv) * D, min_macs = m->bf ? 65536.0 : 524288.0;
+        double macs = cost * 2.0 * (Hq / Hkv) * D, min_macs = 65536.0;
         if (pool && macs >= min_macs && n_dec * Hkv > 1) kvl__pool_run(pool, decode_part, &j);
         else decode_part(&j, 0, 1);
     }
@@ -556,7 +572,7 @@ static void attend_blocks(void *pctx, int l, int T, const float *q, const float 
     prefill_job pj = {m, ac->seqs, m->dec.pre_of, m->dec.pre_t0, n_pre, l, q, att, pre_cost};
     kvl__pool *pool = model_pool(m);
     const double macs = pre_macs * 2.0 * D;
-    if (pool && macs >= (m->bf ? 65536.0 : 524288.0)) kvl__pool_run(pool, prefill_part, &pj);
+    if (pool && macs >= 65536.0) kvl__pool_run(pool, prefill_part, &pj);
     else prefill_part(&pj, 0, 1);
 }
 
@@ -573,7 +589,6 @@ static kvl_status forward_locked(cpu_model *m, const kvl_backend_seq *seqs, int 
     for (int i = 0; i < n_seqs; i++)
         if ((st = kvl__kv_blocks_reserve(seqs[i].cache, seqs[i].n_past + seqs[i].n_tokens)) != KVL_OK)
             return st;
-    if (m->n_threads > 0) kvl__cpu_set_threads(m->n_threads);
     cpu_bf16 *bf = m->bf;
     if ((st = model_pool_sync(m)) != KVL_OK) return st;
     if (bf) bf->exec.xsplit = m->s.xsplit;
@@ -628,9 +643,13 @@ static kvl_status forward_locked(cpu_model *m, const kvl_backend_seq *seqs, int 
             kvl__cpu_decoder_layer_forward_bf16(&bf->layers[l], c, l, T, s->rope_cos, s->rope_sin,
                                                 &ab, attend_blocks, &ac);
     } else {
+        /* the same layer over the host view, its decode-sized matmuls on the model's pool */
+        kvl__decoder_acts_f32p ap = {.x_in = a.x_in, .x_mid = a.x_mid, .x_out = a.x_out, .xn = a.xn,
+                                     .qpre = a.qpre, .q = a.q, .kpre = a.kpre, .k = a.k, .v = a.v,
+                                     .att = a.att, .gate = a.gate, .up = a.up, .h = a.h};
         for (int l = 0; l < c->n_layers; l++)
-            kvl__cpu_decoder_layer_forward_f32(&w->layers[l], c, l, T, s->rope_cos, s->rope_sin, &a,
-                                               attend_blocks, &ac);
+            kvl__cpu_decoder_layer_forward_f32p(&m->f32_layers[l], c, l, T, s->rope_cos, s->rope_sin,
+                                                &ap, attend_blocks, &ac);
     }
 
     /* final norm + LM head, only for the rows whose logits were asked for.  The last rows
@@ -656,7 +675,7 @@ static kvl_status forward_locked(cpu_model *m, const kvl_backend_seq *seqs, int 
     if (n_last > 0) {
         float *dst = n_last == 1 ? seqs[one].logits : m->lm_rows;
         if (bf) kvl__cpu_matmul_bf16(&bf->exec, dst, s->logit_x, bf->lm_head, NULL, n_last, H, (int)V);
-        else kvl__cpu_matmul_forward(dst, s->logit_x, w->lm_head, NULL, n_last, H, (int)V);
+        else kvl__cpu_matmul_f32(m->workers, dst, s->logit_x, w->lm_head, NULL, n_last, H, (int)V);
         for (int i = 0, r = 0; n_last > 1 && i < n_seqs; i++)
             if (seqs[i].logits_mode == KVL_LOGITS_LAST)
                 memcpy(seqs[i].logits, m->lm_rows + (size_t)r++ * V, sizeof(float) * V);
@@ -667,7 +686,7 @@ static kvl_status forward_locked(cpu_model *m, const kvl_backend_seq *seqs, int 
         kvl__cpu_rmsnorm_forward(s->logit_x, s->x + (size_t)t0 * H, w->final_norm, q->n_tokens, H,
                                  c->rms_norm_eps);
         if (bf) kvl__cpu_matmul_bf16(&bf->exec, q->logits, s->logit_x, bf->lm_head, NULL, q->n_tokens, H, (int)V);
-        else kvl__cpu_matmul_forward(q->logits, s->logit_x, w->lm_head, NULL, q->n_tokens, H, (int)V);
+        else kvl__cpu_matmul_f32(m->workers, q->logits, s->logit_x, w->lm_head, NULL, q->n_tokens, H, (int)V);
     }
     return KVL_OK;
 }
@@ -675,7 +694,12 @@ static kvl_status forward_locked(cpu_model *m, const kvl_backend_seq *seqs, int 
 static kvl_status cpu_forward(void *pm, const kvl_backend_seq *seqs, int n_seqs) {
     cpu_model *m = pm;
     pthread_mutex_lock(&m->pool_lock);
+    /* float32 mode splits every matmul over the model's pool, OpenBLAS single-threaded in each
+     * part (matmul_f32.h); bf16 mode lets OpenBLAS thread its prefill sgemm.  The caller's
+     * setting comes back afterwards (translator training threads its own GEMMs). */
+    const int blas_was = kvl__cpu_set_threads(m->bf ? m->n_threads : 1);
     kvl_status st = forward_locked(m, seqs, n_seqs);
+    kvl__cpu_set_threads(blas_was);
     pthread_mutex_unlock(&m->pool_lock);
     return st;
 }

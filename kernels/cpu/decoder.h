@@ -20,6 +20,7 @@
 
 #include "kvlingo/backend.h"
 #include "matmul_bf16.h"
+#include "pool.h"
 
 /* The float64 twin of kvl_layer_view (same members), for the gradient check. */
 typedef struct kvl__layer_view_f64 {
@@ -39,6 +40,16 @@ typedef struct kvl__layer_view_bf16 {
     const uint16_t *w_gate, *w_up, *w_down;
     const kvl__bf16_exec *exec;
 } kvl__layer_view_bf16;
+
+/* The float32 inference view of a layer (the CPU backend's forward in float32 mode): the host
+ * view's tensors (same members as kvl_layer_view) and the pool its decode-sized matmuls split
+ * over (kvl__cpu_matmul_f32; *pool NULL: the caller alone).  Training keeps kvl_layer_view,
+ * whose matmuls are OpenBLAS's. */
+typedef struct kvl__layer_view_f32p {
+    const float *attn_norm, *wq, *wk, *wv, *bq, *bk, *bv, *q_norm, *k_norm, *wo, *bo,
+        *mlp_norm, *w_gate, *w_up, *w_down;
+    kvl__pool *const *pool;
+} kvl__layer_view_f32p;
 
 /* Activation buffers of one layer over T tokens.  Aliasing allowed where noted:
  *   x_in [T,H]; x_mid [T,H] (may alias x_in); x_out [T,H] (may alias x_mid); xn [T,H] scratch;
@@ -63,5 +74,6 @@ typedef struct kvl__layer_view_bf16 {
 KVL__DECODER_DECLARE(float, f32, kvl_layer_view)
 KVL__DECODER_DECLARE(double, f64, kvl__layer_view_f64)
 KVL__DECODER_DECLARE(float, bf16, kvl__layer_view_bf16)
+KVL__DECODER_DECLARE(float, f32p, kvl__layer_view_f32p)
 
 #endif

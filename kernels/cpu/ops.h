@@ -56,8 +56,9 @@ void kvl__cpu_attention_forward(float *out, float *probs, const float *q, const 
 /* In-place softmax over each row of x[rows, n]. */
 void kvl__cpu_softmax_rows(float *x, int rows, int n);
 
-/* Highest OpenBLAS thread count to use (0 = library default). */
-void kvl__cpu_set_threads(int n_threads);
+/* Set OpenBLAS's thread count for the process (n_threads <= 0: leave it) and return the count
+ * it had, so a caller can put it back. */
+int kvl__cpu_set_threads(int n_threads);
 
 
 /* Single-query attention (decode) read straight from cache blocks, no gather.

@@ -57,11 +57,17 @@ static void *worker_main(void *pa) {
     unsigned seen = 0;   /* the generation at creation: a job posted before this thread ran is not missed */
     for (;;) {
         if (p->spin_us > 0) {
-            /* the clock read every 256 pauses: a pause costs 10-150 cycles by processor */
+            /* the clock read every 256 pauses (a pause costs 10-150 cycles by processor), and
+             * the core offered to any other runnable thread then: a thread woken meanwhile (a
+             * session's reader, the scheduler) would otherwise wait for a spinning worker's
+             * time slice to end, milliseconds on a loaded core */
             const double until = kvl__now_s() + p->spin_us * 1e-6;
             for (int spins = 1; atomic_load(&p->gen) == seen && !atomic_load(&p->stop); spins++) {
                 cpu_relax();
-                if ((spins & 255) == 0 && kvl__now_s() >= until) break;
+                if ((spins & 255) == 0) {
+                    if (kvl__now_s() >= until) break;
+                    sched_yield();
+                }
             }
         }
         if (atomic_load(&p->gen) == seen && !atomic_load(&p->stop)) {

@@ -1,0 +1,224 @@
+/* kernels/cpu/matmul_f32.c: float32 matmuls of decode-sized batches on the model's pool (see
+ * matmul_f32.h).  The AVX-512 tile is compiled with function-level target attributes so the rest
+ * of the build stays baseline x86-64. */
+#include "matmul_f32.h"
+
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KVL_HAVE_F32_TILES 1
+#include <immintrin.h>
+#define KVL_AVX512F __attribute__((target("avx512f")))
+#endif
+
+static int g_tiles = -1;   /* -1: not decided yet */
+
+int kvl__f32_tiles_active(void) {
+    if (g_tiles < 0) {
+        /* a benign race: every thread computes the same answer */
+        int on = 0;
+#ifdef KVL_HAVE_F32_TILES
+        __builtin_cpu_init();
+        const char *env = getenv("KVL_CPU_F32_KERNEL");
+        /* avx512f also checks that the OS saves the zmm state (XCR0) */
+        on = __builtin_cpu_supports("avx512f") && !(env && !strcmp(env, "blas"));
+#endif
+        g_tiles = on;
+    }
+    return g_tiles;
+}
+
+#ifdef KVL_HAVE_F32_TILES
+#ifndef KVL_F32_PF_BYTES
+#define KVL_F32_PF_BYTES 32768   /* as the bf16 tiles: the next 4-row block in flight */
+#endif
+
+/* s[i] = sum of the 16 lanes of a[i], i = 0..15: pairs of vectors interleaved and added
+ * (unpack ps, then pd), then 128-bit lanes exchanged and added twice. */
+KVL_AVX512F static inline __m512 reduce16(const __m512 a[16]) {
+    __m512 b[8], c[4];
+    for (int j = 0; j < 8; j++)
+        b[j] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * j], a[2 * j + 1]),
+                             _mm512_unpackhi_ps(a[2 * j], a[2 * j + 1]));
+    for (int j = 0; j < 4; j++) {
+        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(b[2 * j]), _mm512_castps_pd(b[2 * j + 1]));
+        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(b[2 * j]), _mm512_castps_pd(b[2 * j + 1]));
+        c[j] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+    }
+    /* c[j]: 128-bit lane L holds lane L's partial sums of a[4j..4j+3] */
+    __m512 d0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+    __m512 d1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
+}
+
+/* 4 weight rows (n .. n+nr-1, nr <= 4; missing rows are clamped copies whose sums are dropped)
+ * x TT input rows (t0 .. t0+TT-1).  acc[4t + r]: input row t times weight row r. */
+#define KVL_F32_TILE(TT)                                                                            \
+    KVL_AVX512F static void tile_4x##TT(float *out, const float *in, const float *W,                 \
+                                         const float *bias, int t0, int K, int N, int n, int nr,     \
+                                         int prefetch) {                                             \
+        const int Kf = K & ~15;                                                                      \
+        const __mmask16 tail = (__mmask16)((1u << (K & 15)) - 1);                                    \
+        const float *w[4];                                                                           \
+        for (int r = 0; r < 4; r++) w[r] = W + (size_t)(n + (r < nr ? r : nr - 1)) * K;              \
+        const float *x[TT];                                                                          \
+        for (int t = 0; t < TT; t++) x[t] = in + (size_t)(t0 + t) * K;                               \
+        __m512 acc[16];                                                                              \
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();                                   \
+        /* the 4 rows are one contiguous block: prefetch it linearly, KVL_F32_PF_BYTES ahead, at   \
+         * the rate the tile consumes it (4 lines a step), on the first input tile only          */ \
+        const char *pf = (const char *)w[0] + KVL_F32_PF_BYTES;                                      \
+        const char *pf_end = (const char *)(W + (size_t)N * K);                                      \
+        int k = 0;                                                                                   \
+        for (; k < Kf; k += 16) {                                                                    \
+            if (prefetch) {                                                                          \
+                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++, pf += 64)                        \
+                    if (pf < pf_end) _mm_prefetch(pf, _MM_HINT_T0);                                  \
+            }                                                                                        \
+            __m512 wv[4];                                                                            \
+            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) wv[r] = _mm512_loadu_ps(w[r] + k);   \
+            _Pragma("GCC unroll 4") for (int t = 0; t < TT; t++) {                                   \
+                __m512 xv = _mm512_loadu_ps(x[t] + k);                                               \
+                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                                  \
+                    acc[4 * t + r] = _mm512_fmadd_ps(xv, wv[r], acc[4 * t + r]);                     \
+            }                                                                                        \
+        }                                                                                            \
+        if (k < K) {                                                                                 \
+            __m512 wv[4];                                                                            \
+            for (int r = 0; r < 4; r++) wv[r] = _mm512_maskz_loadu_ps(tail, w[r] + k);               \
+            for (int t = 0; t < TT; t++) {                                                           \
+                __m512 xv = _mm512_maskz_loadu_ps(tail, x[t] + k);                                   \
+                for (int r = 0; r < 4; r++) acc[4 * t + r] = _mm512_fmadd_ps(xv, wv[r], acc[4 * t + r]); \
+            }                                                                                        \
+        }                                                                                            \
+        float s[16];                                                                                 \
+        _mm512_storeu_ps(s, reduce16(acc));                                                          \
+        for (int t = 0; t < TT; t++) {                                                               \
+            float *o = out + (size_t)(t0 + t) * N + n;                                               \
+            for (int r = 0; r < nr; r++) o[r] = s[4 * t + r] + (bias ? bias[n + r] : 0.0f);          \
+        }                                                                                            \
+    }
+KVL_F32_TILE(1)
+KVL_F32_TILE(2)
+KVL_F32_TILE(3)
+KVL_F32_TILE(4)
+#undef KVL_F32_TILE
+
+/* T = 1 (a single decode row): memory-bound, so 8 weight rows at a time with two accumulator
+ * chains each (16 FMAs in flight), the block prefetched 8 lines a step. */
+KVL_AVX512F static void tile_8x1(float *out, const float *x, const float *W, const float *bias,
+                                 int K, int N, int n, int nr) {
+    const float *w[8];
+    for (int r = 0; r < 8; r++) w[r] = W + (size_t)(n + (r < nr ? r : nr - 1)) * K;
+    __m512 acc[16];
+    for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+    const char *pf = (const char *)w[0] + KVL_F32_PF_BYTES;
+    const char *pf_end = (const char *)(W + (size_t)N * K);
+    int k = 0;
+    for (; k + 32 <= K; k += 32) {
+        _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++, pf += 64)
+            if (pf < pf_end) _mm_prefetch(pf, _MM_HINT_T0);
+        const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+        _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) {
+            acc[r] = _mm512_fmadd_ps(x0, _mm512_loadu_ps(w[r] + k), acc[r]);
+            acc[8 + r] = _mm512_fmadd_ps(x1, _mm512_loadu_ps(w[r] + k + 16), acc[8 + r]);
+        }
+    }
+    for (; k < K; k += 16) {
+        const __mmask16 m = K - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (K - k)) - 1);
+        const __m512 x0 = _mm512_maskz_loadu_ps(m, x + k);
+        for (int r = 0; r < 8; r++) acc[r] = _mm512_fmadd_ps(x0, _mm512_maskz_loadu_ps(m, w[r] + k), acc[r]);
+    }
+    float s[16];
+    _mm512_storeu_ps(s, reduce16(acc));
+    for (int r = 0; r < nr; r++) out[n + r] = s[r] + s[8 + r] + (bias ? bias[n + r] : 0.0f);
+}
+
+static void tiles_rows(float *out, const float *in, const float *W, const float *bias, int T, int K,
+                       int N, int n0, int n1) {
+    if (T == 1) {
+        for (int n = n0; n < n1; n += 8) tile_8x1(out, in, W, bias, K, N, n, n1 - n < 8 ? n1 - n : 8);
+        return;
+    }
+    for (int n = n0; n < n1; n += 4) {
+        const int nr = n1 - n < 4 ? n1 - n : 4;
+        for (int t0 = 0; t0 < T; t0 += 4) {
+            const int pf = t0 == 0;
+            switch (T - t0 < 4 ? T - t0 : 4) {
+            case 1: tile_4x1(out, in, W, bias, t0, K, N, n, nr, pf); break;
+            case 2: tile_4x2(out, in, W, bias, t0, K, N, n, nr, pf); break;
+            case 3: tile_4x3(out, in, W, bias, t0, K, N, n, nr, pf); break;
+            default: tile_4x4(out, in, W, bias, t0, K, N, n, nr, pf); break;
+            }
+        }
+    }
+}
+#endif
+
+int kvl__cpu_matmul_f32_tiles(float *out, const float *in, const float *W, const float *bias,
+                              int T, int K, int N, int n0, int n1) {
+    if (!kvl__f32_tiles_active() || T > KVL__F32_SMALL_T || T < 1) return -1;
+#ifdef KVL_HAVE_F32_TILES
+    tiles_rows(out, in, W, bias, T, K, N, n0, n1);
+    return 0;
+#else
+    (void)out; (void)in; (void)W; (void)bias; (void)K; (void)N; (void)n0; (void)n1;
+    return -1;
+#endif
+}
+
+typedef struct f32_job {
+    float *out;
+    const float *in, *W, *bias;
+    int T, K, N;
+} f32_job;
+
+/* Rows [*a, *b) of part `part` of n_parts over N rows, in multiples of 16 (a cache line of
+ * output floats per part boundary, so two parts never write one line). */
+static void part_rows(int N, int part, int n_parts, int *a, int *b) {
+    int per = ((N + n_parts - 1) / n_parts + 15) & ~15;
+    *a = part * per < N ? part * per : N;
+    *b = (part + 1) * per < N ? (part + 1) * per : N;
+}
+
+static void tiles_part(void *pj, int part, int n_parts) {
+    const f32_job *j = pj;
+    int a, b;
+    part_rows(j->N, part, n_parts, &a, &b);
+    if (a < b) kvl__cpu_matmul_f32_tiles(j->out, j->in, j->W, j->bias, j->T, j->K, j->N, a, b);
+}
+
+/* Larger T, or no tiles here: OpenBLAS on each part's rows of W, single-threaded inside the
+ * part (the caller has OpenBLAS on one thread: kvl__cpu_matmul_f32's contract). */
+static void blas_part(void *pj, int part, int n_parts) {
+    const f32_job *j = pj;
+    int a, b;
+    part_rows(j->N, part, n_parts, &a, &b);
+    if (a >= b) return;
+    float *out = j->out + a;
+    const float *W = j->W + (size_t)a * j->K;
+    const int nb = b - a;
+    if (j->bias)
+        for (int t = 0; t < j->T; t++) memcpy(out + (size_t)t * j->N, j->bias + a, sizeof(float) * (size_t)nb);
+    if (j->T == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, nb, j->K, 1.0f, W, j->K, j->in, 1,
+                    j->bias ? 1.0f : 0.0f, out, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T, nb, j->K, 1.0f, j->in, j->K, W,
+                    j->K, j->bias ? 1.0f : 0.0f, out, j->N);
+}
+
+/* Below this many multiply-adds a matmul runs on the caller alone: handing half of it to a
+ * worker costs more than it saves (as for the bf16 matmuls). */
+#define KVL_F32_PARALLEL_MIN_MACS ((size_t)1 << 17)
+
+void kvl__cpu_matmul_f32(kvl__pool *pool, float *out, const float *in, const float *W,
+                         const float *bias, int T, int K, int N) {
+    if (T < 1 || N < 1) return;
+    f32_job j = {out, in, W, bias, T, K, N};
+    const kvl__pool_fn fn = T <= KVL__F32_SMALL_T && kvl__f32_tiles_active() ? tiles_part : blas_part;
+    if (pool && (size_t)T * K * N >= KVL_F32_PARALLEL_MIN_MACS) kvl__pool_run(pool, fn, &j);
+    else fn(&j, 0, 1);
+}

@@ -1,0 +1,45 @@
+/* kernels/cpu/matmul_f32.h: nn.Linear over float32 weights for the CPU backend's forward pass
+ * in float32 mode, on the model's own thread pool.
+ *
+ *   out[T,N] = in[T,K] @ W[N,K]^T + bias[N]     all float32, row-major, W as the checkpoint has it
+ *
+ * Why not OpenBLAS sgemm for every T: at decode sizes (a batch of a few dozen rows) sgemm packs the
+ * whole [N,K] weight matrix into its panel layout on every call and then multiplies: measured
+ * here, the packing cost as much as the product, and its threads waiting between calls (with
+ * sched_yield) took a quarter of a 16-session decode step.  So for T <= KVL__F32_SMALL_T (32), where
+ * the CPU has AVX-512F, a register tile of 4 weight rows x up to 4 input rows reads each weight
+ * vector once per tile and multiplies it by every input row of the tile; the 16 sums of a tile
+ * are reduced together by a transpose-and-add tree (45 instructions, not 16 horizontal sums).
+ * Larger T (prefill), or a CPU without AVX-512F: OpenBLAS sgemm (sgemv for T = 1) on each
+ * part's rows of W, single-threaded inside the part.  Either way the rows of W are split over
+ * the model's pool, 16 outputs at a time, so the forward pass runs on one set of threads:
+ * OpenBLAS's own threads, which wait for work by spinning with sched_yield for ~0.1 s after
+ * each call, measured here taking half a core from the decode steps that followed a prefill.
+ * Results agree with sgemm within float32 summation-order rounding (16 partial sums per dot
+ * product, then the tree).  Private to kernels/cpu (and its tests, through kvl_cpu_kernels_iface). */
+#ifndef KVL_KERNELS_CPU_MATMUL_F32_H
+#define KVL_KERNELS_CPU_MATMUL_F32_H
+
+#include "pool.h"
+
+#define KVL__F32_SMALL_T 32   /* most input rows the tiles take (measured: as fast as sgemm at
+                                 * 32 rows, 0.55-0.7x of it at 64) */
+
+/* 1 when the tiles run here (AVX-512F compiled and reported by the CPU, and not turned off by
+ * KVL_CPU_F32_KERNEL=blas in the environment), 0 when every call goes to OpenBLAS. */
+int kvl__f32_tiles_active(void);
+
+/* out[T,N] = in[T,K] W[N,K]^T (+ bias[N] when bias is not NULL).  pool: the threads to split N
+ * over (NULL: the caller alone).  OpenBLAS must be on one thread (openblas_set_num_threads(1))
+ * while this runs on a pool: its parts call it concurrently.  out must not alias in or W.
+ * Calls on one pool must not overlap (kvl__pool_run). */
+void kvl__cpu_matmul_f32(kvl__pool *pool, float *out, const float *in, const float *W,
+                         const float *bias, int T, int K, int N);
+
+/* The tiles alone, on the caller, for rows [n0, n1) of W (n0 a multiple of 4): what
+ * kvl__cpu_matmul_f32 runs per part; tests compare it with sgemm.  Returns -1 (and does nothing)
+ * where kvl__f32_tiles_active() is 0 or T > KVL__F32_SMALL_T. */
+int kvl__cpu_matmul_f32_tiles(float *out, const float *in, const float *W, const float *bias,
+                              int T, int K, int N, int n0, int n1);
+
+#endif
