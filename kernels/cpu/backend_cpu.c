@@ -1,6 +1,6 @@
 /* kernels/cpu/backend_cpu.c: the CPU backend behind kvl_backend_ops (kvlingo/backend.h).
  *
- * Weights: computed on in place from the host view (float32, OpenBLAS sgemm), or, with
+ * Weights: computed on in place from the host view (float32, matmul_f32.h), or, with
  * KVL_WEIGHTS_BF16, from bf16 copies of the big matrices made at model_create (matmul_bf16.h:
  * decode streams half the bytes; the host view stays float32 for translator training).
  * Cache: blocks of block_tokens tokens (kv_blocks.h), allocated as tokens arrive.
@@ -694,10 +694,10 @@ static kvl_status forward_locked(cpu_model *m, const kvl_backend_seq *seqs, int 
 static kvl_status cpu_forward(void *pm, const kvl_backend_seq *seqs, int n_seqs) {
     cpu_model *m = pm;
     pthread_mutex_lock(&m->pool_lock);
-    /* float32 mode splits every matmul over the model's pool, OpenBLAS single-threaded in each
-     * part (matmul_f32.h); bf16 mode lets OpenBLAS thread its prefill sgemm.  The caller's
-     * setting comes back afterwards (translator training threads its own GEMMs). */
-    const int blas_was = kvl__cpu_set_threads(m->bf ? m->n_threads : 1);
+    /* every matmul is split over the model's pool, OpenBLAS single-threaded in each part
+     * (matmul_f32.h, matmul_bf16.h): one set of threads for the whole forward pass.  The
+     * caller's setting comes back afterwards (translator training threads its own GEMMs). */
+    const int blas_was = kvl__cpu_set_threads(1);
     kvl_status st = forward_locked(m, seqs, n_seqs);
     kvl__cpu_set_threads(blas_was);
     pthread_mutex_unlock(&m->pool_lock);
@@ -722,9 +722,11 @@ int kvl__cpu_model_exec_take(void *model, kvl__cpu_exec *ex) {
 /* ---- the table ------------------------------------------------------------------------------------ */
 
 static const char *cpu_describe(void) {
-    return kvl__bf16_kernel_active() == KVL__BF16_KERNEL_AVX512
-               ? "OpenBLAS float32; bf16 weights: AVX-512 BF16 kernel"
-               : "OpenBLAS float32; bf16 weights: portable kernel (no AVX-512 BF16 here)";
+    const int f32 = kvl__f32_tiles_active(), bf = kvl__bf16_kernel_active() == KVL__BF16_KERNEL_AVX512;
+    return f32 && bf   ? "float32: AVX-512F tiles + OpenBLAS; bf16 weights: AVX-512 BF16 kernel"
+           : f32       ? "float32: AVX-512F tiles + OpenBLAS; bf16 weights: portable kernel (no AVX-512 BF16 here)"
+           : bf        ? "float32: OpenBLAS; bf16 weights: AVX-512 BF16 kernel"
+                       : "float32: OpenBLAS; bf16 weights: portable kernel (no AVX-512 BF16 here)";
 }
 
 static const kvl_backend_ops cpu_ops = {

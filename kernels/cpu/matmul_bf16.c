@@ -15,7 +15,9 @@
 #define KVL_HAVE_AVX512_KERNEL 1
 #include <cpuid.h>
 #include <immintrin.h>
-#define KVL_AVX512 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+#include "simd_reduce.h"
+#define KVL_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 #endif
 
 void kvl__bf16_from_f32(uint16_t *dst, const float *src, size_t n) {
@@ -28,7 +30,9 @@ static int cpu_has_avx512bf16(void) {
 #ifdef KVL_HAVE_AVX512_KERNEL
     __builtin_cpu_init();
     /* avx512f / avx512bw also check that the OS saves the zmm state (XCR0) */
-    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw")) return 0;
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+        !__builtin_cpu_supports("avx512vl"))
+        return 0;
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
     return (a >> 5) & 1;   /* CPUID.(EAX=7,ECX=1):EAX[5] = AVX512_BF16 */
@@ -180,16 +184,86 @@ static void small_rows_portable(float *out, const uint16_t *xs, const uint16_t *
                 }                                                                                    \
             }                                                                                        \
         }                                                                                            \
-        for (int r = 0; r < nr; r++)                                                                 \
-            for (int t = 0; t < TT; t++)                                                             \
-                out[(size_t)(t0 + t) * N + n + r] =                                                  \
-                    _mm512_reduce_add_ps(acc[r][t]) + (bias ? bias[n + r] : 0.0f);                   \
+        /* all 16 sums in one reduction tree (simd_reduce.h): [4t + r], absent rows zero */      \
+        __m512 flat[16];                                                                             \
+        for (int t = 0; t < 4; t++)                                                                  \
+            for (int r = 0; r < 4; r++) flat[4 * t + r] = t < TT ? acc[r][t] : _mm512_setzero_ps();  \
+        float s[16];                                                                                 \
+        _mm512_storeu_ps(s, kvl__reduce16_ps(flat));                                                 \
+        for (int t = 0; t < TT; t++)                                                                 \
+            for (int r = 0; r < nr; r++)                                                             \
+                out[(size_t)(t0 + t) * N + n + r] = s[4 * t + r] + (bias ? bias[n + r] : 0.0f);      \
     }
 KVL_TILE(1)
 KVL_TILE(2)
 KVL_TILE(3)
 KVL_TILE(4)
 #undef KVL_TILE
+
+/* 2 <= T <= KVL__BF16_WIDE_T: 4 weight rows x TT float32 input rows, each weight vector widened
+ * to float32 in registers (exact: a bf16 is the top half of a float32) and multiplied by the
+ * exact inputs with FMA.  One FMA per 16 products where vdpbf16ps of a hi/lo pair takes two
+ * instructions per 32 at half the FMA's throughput here, so a batch is compute-bound later. */
+#define KVL_WTILE(TT)                                                                               \
+    KVL_AVX512 static void wtile_4x##TT(float *out, const float *in, const uint16_t *W,              \
+                                         const float *bias, int t0, int K, int N, int n, int nr,     \
+                                         int prefetch) {                                             \
+        const int Kf = K & ~15;                                                                      \
+        const __mmask16 tail = (__mmask16)((1u << (K & 15)) - 1);                                    \
+        const uint16_t *w[4];                                                                        \
+        for (int r = 0; r < 4; r++) w[r] = W + (size_t)(n + (r < nr ? r : nr - 1)) * K;              \
+        const float *x[TT];                                                                          \
+        for (int t = 0; t < TT; t++) x[t] = in + (size_t)(t0 + t) * K;                               \
+        __m512 acc[16];                                                                              \
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();                                   \
+        const char *pf = (const char *)w[0] + KVL_PF_BYTES;                                          \
+        const char *pf_end = (const char *)(W + (size_t)N * K);                                      \
+        for (int k = 0; k < K; k += 16) {                                                            \
+            /* 4 rows of 32 bytes a step: 2 lines, every other step */                               \
+            if (prefetch && (k & 31) == 0) {                                                         \
+                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++, pf += 64)                        \
+                    if (pf < pf_end) _mm_prefetch(pf, _MM_HINT_T0);                                  \
+            }                                                                                        \
+            const __mmask16 m = k < Kf ? (__mmask16)0xFFFF : tail;                                   \
+            __m512 wv[4];                                                                            \
+            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {                                    \
+                __m256i h = k < Kf ? _mm256_loadu_si256((const __m256i *)(w[r] + k))                 \
+                                   : _mm256_maskz_loadu_epi16(m, w[r] + k);                          \
+                wv[r] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));        \
+            }                                                                                        \
+            _Pragma("GCC unroll 4") for (int t = 0; t < TT; t++) {                                   \
+                __m512 xv = _mm512_maskz_loadu_ps(m, x[t] + k);                                      \
+                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                                  \
+                    acc[4 * t + r] = _mm512_fmadd_ps(xv, wv[r], acc[4 * t + r]);                     \
+            }                                                                                        \
+        }                                                                                            \
+        float s[16];                                                                                 \
+        _mm512_storeu_ps(s, kvl__reduce16_ps(acc));                                                  \
+        for (int t = 0; t < TT; t++)                                                                 \
+            for (int r = 0; r < nr; r++)                                                             \
+                out[(size_t)(t0 + t) * N + n + r] = s[4 * t + r] + (bias ? bias[n + r] : 0.0f);      \
+    }
+KVL_WTILE(1)
+KVL_WTILE(2)
+KVL_WTILE(3)
+KVL_WTILE(4)
+#undef KVL_WTILE
+
+static void wide_rows_avx512(float *out, const float *in, const uint16_t *W, const float *bias,
+                             int T, int K, int N, int n0, int n1) {
+    for (int n = n0; n < n1; n += 4) {
+        int nr = n1 - n < 4 ? n1 - n : 4;
+        for (int t0 = 0; t0 < T; t0 += 4) {
+            const int pf = t0 == 0;
+            switch (T - t0 < 4 ? T - t0 : 4) {
+            case 1: wtile_4x1(out, in, W, bias, t0, K, N, n, nr, pf); break;
+            case 2: wtile_4x2(out, in, W, bias, t0, K, N, n, nr, pf); break;
+            case 3: wtile_4x3(out, in, W, bias, t0, K, N, n, nr, pf); break;
+            default: wtile_4x4(out, in, W, bias, t0, K, N, n, nr, pf); break;
+            }
+        }
+    }
+}
 
 static void small_rows_avx512(float *out, const uint16_t *xs, const uint16_t *W, const float *bias,
                               int T, int K, int N, int n0, int n1) {
@@ -242,22 +316,33 @@ static void small_part(void *pj, int part, int n_parts) {
     small_rows_portable(j->out, j->xs, j->W, j->bias, j->T, j->K, j->N, a, b);
 }
 
-static void widen_part(void *pj, int part, int n_parts) {
+#ifdef KVL_HAVE_AVX512_KERNEL
+static void wide_part(void *pj, int part, int n_parts) {
+    const mm_job *j = pj;
+    int a, b;
+    part_rows(j->N, part, n_parts, &a, &b);
+    if (a < b) wide_rows_avx512(j->out, j->in, j->W, j->bias, j->T, j->K, j->N, a, b);
+}
+#endif
+
+/* Rows [a, b) of the panel [n0, n0 + nb): widened, then multiplied into out[:, n0+a .. n0+b). */
+static void panel_part(void *pj, int part, int n_parts) {
     const mm_job *j = pj;
     int a, b;
     part_rows(j->nb, part, n_parts, &a, &b);
-    if (a < b)
-        kvl__bf16_to_f32_n(j->panel + (size_t)a * j->K, j->W + (size_t)(j->n0 + a) * j->K,
-                           (size_t)(b - a) * j->K);
+    if (a >= b) return;
+    float *panel = j->panel + (size_t)a * j->K, *out = j->out + j->n0 + a;
+    kvl__bf16_to_f32_n(panel, j->W + (size_t)(j->n0 + a) * j->K, (size_t)(b - a) * j->K);
+    if (j->bias)
+        for (int t = 0; t < j->T; t++)
+            memcpy(out + (size_t)t * j->N, j->bias + j->n0 + a, sizeof(float) * (size_t)(b - a));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T, b - a, j->K, 1.0f, j->in, j->K, panel,
+                j->K, j->bias ? 1.0f : 0.0f, out, j->N);
 }
 
 /* Below this many multiply-adds a matmul runs on the caller alone: waking a worker (and, on a
  * loaded machine, waiting for it to be scheduled) costs more than the product of a small model. */
 #define KVL_PARALLEL_MIN_MACS ((size_t)1 << 18)
-
-/* Past the decode sizes the tiles pay a horizontal sum per output; with short rows (small
- * models) that outweighs what they save over widening for sgemm. */
-#define KVL_TILE_MIN_K 512
 
 static void run_parts(const kvl__bf16_exec *ex, kvl__pool_fn fn, mm_job *j, size_t macs) {
     if (ex->pool && macs >= KVL_PARALLEL_MIN_MACS) kvl__pool_run(ex->pool, fn, j);
@@ -268,24 +353,26 @@ void kvl__cpu_matmul_bf16(const kvl__bf16_exec *ex, float *out, const float *in,
                           const float *bias, int T, int K, int N) {
     mm_job j = {.out = out, .in = in, .W = W, .bias = bias, .xs = ex->xsplit, .panel = ex->panel,
                 .T = T, .K = K, .N = N, .kernel = kvl__bf16_kernel_active()};
-    if (T <= KVL__BF16_SMALL_T ||
-        (T <= KVL__BF16_TCHUNK && K >= KVL_TILE_MIN_K && j.kernel == KVL__BF16_KERNEL_AVX512)) {
-        /* the vdpbf16ps tiles read the bf16 weights once and reuse each 4-row block from L2;
-         * up to a chunk of rows they out-run widening the weights for sgemm */
+#ifdef KVL_HAVE_AVX512_KERNEL
+    if (j.kernel == KVL__BF16_KERNEL_AVX512 && T >= 2 && T <= KVL__BF16_WIDE_T) {
+        run_parts(ex, wide_part, &j, (size_t)T * K * N);
+        return;
+    }
+#endif
+    if ((T == 1 && j.kernel == KVL__BF16_KERNEL_AVX512) ||
+        (T <= KVL__BF16_SMALL_T && j.kernel != KVL__BF16_KERNEL_AVX512)) {
+        /* the hi/lo tiles read the bf16 weights once and reuse each 4-row block from L2 */
         split_rows(ex->xsplit, in, T, K);
         run_parts(ex, small_part, &j, (size_t)T * K * N);
         return;
     }
-    /* portable prefill: compute-bound, so widen panels that stay in cache and let sgemm work */
-    if (bias)
-        for (int t = 0; t < T; t++) memcpy(out + (size_t)t * N, bias, sizeof(float) * (size_t)N);
+    /* portable prefill: compute-bound, so widen panels that stay in cache and let sgemm work,
+     * each part on its own rows of the panel (OpenBLAS single-threaded inside the part) */
     int nb = (int)(KVL__BF16_PANEL_FLOATS / (size_t)K);
     if (nb < 1) nb = 1;   /* K > 2^20: one row per panel (kvl__bf16_panel_elems sized for it) */
     for (int n0 = 0; n0 < N; n0 += nb) {
         j.n0 = n0;
         j.nb = N - n0 < nb ? N - n0 : nb;
-        run_parts(ex, widen_part, &j, (size_t)j.nb * K * 16);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, j.nb, K, 1.0f, in, K, j.panel, K,
-                    bias ? 1.0f : 0.0f, out + n0, N);
+        run_parts(ex, panel_part, &j, (size_t)T * K * j.nb);
     }
 }

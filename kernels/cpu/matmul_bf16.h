@@ -3,16 +3,22 @@
  *
  *   out[T,N] = in[T,K] @ W[N,K]^T + bias[N]     W bf16 (raw uint16 bits), in/out/bias float32
  *
- * T <= KVL__BF16_SMALL_T (decode, small batches): the input rows are split once into a pair of
- * bf16, hi = bf16(x), lo = bf16(x - hi) (16 significant bits, relative error <= 2^-17), and each
- * output is sum_k W[n,k]*hi[k] + W[n,k]*lo[k] accumulated in float32 (bf16 products are exact in
- * float32).  The rows of W are split over the pool's threads and streamed once.  Two kernels do
- * that arithmetic, chosen once at run time: AVX-512 BF16 (vdpbf16ps) where the CPU has it, a
- * portable C loop otherwise; they agree within float32 summation-order rounding.
- * The AVX-512 kernel also serves T <= KVL__BF16_TCHUNK (short prefill chunks) when K >= 512,
- * where it out-runs widening.  Larger T (prefill): panels of W are widened to float32 (exact) and
- * multiplied by OpenBLAS sgemm with the float32 input; for 17 <= T <= 64 the portable path
- * does that too, so the two kernels differ there by the split's 2^-17 input rounding.  (Debian's OpenBLAS 0.3.21
+ * Single decode row (T = 1) and, on the portable kernel, T <= KVL__BF16_SMALL_T: the input rows
+ * are split once into a pair of bf16, hi = bf16(x), lo = bf16(x - hi) (16 significant bits,
+ * relative error <= 2^-17), and each output is sum_k W[n,k]*hi[k] + W[n,k]*lo[k] accumulated in
+ * float32 (bf16 products are exact in float32); the rows of W are split over the pool's threads
+ * and streamed once.  Two kernels do that arithmetic, chosen once at run time: AVX-512 BF16
+ * (vdpbf16ps) where the CPU has it, a portable C loop otherwise.
+ * AVX-512, 2 <= T <= KVL__BF16_WIDE_T (batched decode, short chunks): tiles of 4 weight rows x 4
+ * input rows widen the weights to float32 in registers (exact) and multiply the exact inputs
+ * with FMA: a 16-session decode step of a small model ran 1.3-1.4x faster than on the hi/lo
+ * tiles, whose two vdpbf16ps per 32 products ran at half the FMA's rate here.
+ * Larger T (prefill): panels of W are widened to float32 (exact) and
+ * multiplied by OpenBLAS sgemm with the float32 input, each part of the pool on its own rows of
+ * the panel (so OpenBLAS must be on one thread while a pool runs this: openblas_set_num_threads(1),
+ * as the CPU backend's forward sets it).  The kernels agree within float32 summation-order
+ * rounding where both see exact inputs, and within the split's 2^-17 input rounding where one
+ * splits.  (Debian's OpenBLAS 0.3.21
  * declares cblas_sbgemm in cblas.h but its library does not export it.)
  * Private to kernels/cpu (and its tests, through kvl_cpu_kernels_iface). */
 #ifndef KVL_KERNELS_CPU_MATMUL_BF16_H
@@ -24,7 +30,8 @@
 #include "pool.h"
 
 #define KVL__BF16_SMALL_T 16
-#define KVL__BF16_TCHUNK 64   /* most input rows the AVX-512 tiles take */
+#define KVL__BF16_TCHUNK 64   /* most input rows the split scratch holds at once */
+#define KVL__BF16_WIDE_T 32   /* most input rows the AVX-512 widening tiles take */
 
 /* float32 -> bf16, round to nearest even (NaN stays NaN), and back (exact). */
 static inline uint16_t kvl__f32_to_bf16(float f) {

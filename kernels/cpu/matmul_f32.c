@@ -10,6 +10,8 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define KVL_HAVE_F32_TILES 1
 #include <immintrin.h>
+
+#include "simd_reduce.h"
 #define KVL_AVX512F __attribute__((target("avx512f")))
 #endif
 
@@ -34,24 +36,6 @@ int kvl__f32_tiles_active(void) {
 #ifndef KVL_F32_PF_BYTES
 #define KVL_F32_PF_BYTES 32768   /* as the bf16 tiles: the next 4-row block in flight */
 #endif
-
-/* s[i] = sum of the 16 lanes of a[i], i = 0..15: pairs of vectors interleaved and added
- * (unpack ps, then pd), then 128-bit lanes exchanged and added twice. */
-KVL_AVX512F static inline __m512 reduce16(const __m512 a[16]) {
-    __m512 b[8], c[4];
-    for (int j = 0; j < 8; j++)
-        b[j] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * j], a[2 * j + 1]),
-                             _mm512_unpackhi_ps(a[2 * j], a[2 * j + 1]));
-    for (int j = 0; j < 4; j++) {
-        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(b[2 * j]), _mm512_castps_pd(b[2 * j + 1]));
-        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(b[2 * j]), _mm512_castps_pd(b[2 * j + 1]));
-        c[j] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
-    }
-    /* c[j]: 128-bit lane L holds lane L's partial sums of a[4j..4j+3] */
-    __m512 d0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
-    __m512 d1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
-}
 
 /* 4 weight rows (n .. n+nr-1, nr <= 4; missing rows are clamped copies whose sums are dropped)
  * x TT input rows (t0 .. t0+TT-1).  acc[4t + r]: input row t times weight row r. */
@@ -94,7 +78,7 @@ KVL_AVX512F static inline __m512 reduce16(const __m512 a[16]) {
             }                                                                                        \
         }                                                                                            \
         float s[16];                                                                                 \
-        _mm512_storeu_ps(s, reduce16(acc));                                                          \
+        _mm512_storeu_ps(s, kvl__reduce16_ps(acc));                                                          \
         for (int t = 0; t < TT; t++) {                                                               \
             float *o = out + (size_t)(t0 + t) * N + n;                                               \
             for (int r = 0; r < nr; r++) o[r] = s[4 * t + r] + (bias ? bias[n + r] : 0.0f);          \
@@ -132,7 +116,7 @@ KVL_AVX512F static void tile_8x1(float *out, const float *x, const float *W, con
         for (int r = 0; r < 8; r++) acc[r] = _mm512_fmadd_ps(x0, _mm512_maskz_loadu_ps(m, w[r] + k), acc[r]);
     }
     float s[16];
-    _mm512_storeu_ps(s, reduce16(acc));
+    _mm512_storeu_ps(s, kvl__reduce16_ps(acc));
     for (int r = 0; r < nr; r++) out[n + r] = s[r] + s[8 + r] + (bias ? bias[n + r] : 0.0f);
 }
 
