@@ -6,11 +6,11 @@
  * Why not OpenBLAS sgemm for every T: at decode sizes (a batch of a few dozen rows) sgemm packs the
  * whole [N,K] weight matrix into its panel layout on every call and then multiplies: measured
  * here, the packing cost as much as the product, and its threads waiting between calls (with
- * sched_yield) took a quarter of a 16-session decode step.  So for T <= KVL__F32_SMALL_T (32), where
+ * sched_yield) took a quarter of a 16-session decode step.  So for 2 <= T <= KVL__F32_SMALL_T (32), where
  * the CPU has AVX-512F, a register tile of 4 weight rows x up to 4 input rows reads each weight
  * vector once per tile and multiplies it by every input row of the tile; the 16 sums of a tile
  * are reduced together by a transpose-and-add tree (45 instructions, not 16 horizontal sums).
- * Larger T (prefill), or a CPU without AVX-512F: OpenBLAS sgemm (sgemv for T = 1) on each
+ * One row (sgemv), larger T (prefill), or a CPU without AVX-512F: OpenBLAS sgemm on each
  * part's rows of W, single-threaded inside the part.  Either way the rows of W are split over
  * the model's pool, 16 outputs at a time, so the forward pass runs on one set of threads:
  * OpenBLAS's own threads, which wait for work by spinning with sched_yield for ~0.1 s after

@@ -19,6 +19,7 @@
  * the gap between two matmuls of a decode step.  The caller yields after KVL_POOL_SPIN pauses. */
 #define KVL_POOL_SPIN_US 100
 #define KVL_POOL_SPIN 4096
+#define KVL_POOL_YIELD_AFTER_US 20   /* a spinning worker yields its core after this long idle */
 
 struct kvl__pool {
     int n_threads;
@@ -57,16 +58,20 @@ static void *worker_main(void *pa) {
     unsigned seen = 0;   /* the generation at creation: a job posted before this thread ran is not missed */
     for (;;) {
         if (p->spin_us > 0) {
-            /* the clock read every 256 pauses (a pause costs 10-150 cycles by processor), and
-             * the core offered to any other runnable thread then: a thread woken meanwhile (a
-             * session's reader, the scheduler) would otherwise wait for a spinning worker's
-             * time slice to end, milliseconds on a loaded core */
-            const double until = kvl__now_s() + p->spin_us * 1e-6;
+            /* the clock read every 256 pauses (a pause costs 10-150 cycles by processor); past
+             * the gap between two matmuls of a step, the core offered to any other runnable
+             * thread at each read: a thread woken meanwhile (a session's reader, the
+             * scheduler) would otherwise wait for a spinning worker's time slice to end,
+             * milliseconds on a loaded core.  Not sooner: a yield in the way of the next
+             * matmul's hand-off costs it a system call. */
+            const double t0 = kvl__now_s(), polite = t0 + KVL_POOL_YIELD_AFTER_US * 1e-6;
+            const double until = t0 + p->spin_us * 1e-6;
             for (int spins = 1; atomic_load(&p->gen) == seen && !atomic_load(&p->stop); spins++) {
                 cpu_relax();
                 if ((spins & 255) == 0) {
-                    if (kvl__now_s() >= until) break;
-                    sched_yield();
+                    const double now = kvl__now_s();
+                    if (now >= until) break;
+                    if (now >= polite) sched_yield();
                 }
             }
         }

@@ -1,14 +1,14 @@
 /* tests/unit/test_matmul_f32.c: the float32 matmuls of the CPU backend's forward pass
  * (kernels/cpu/matmul_f32.h).
  *   tiles    kvl__cpu_matmul_f32 against a float64 reference on ragged shapes: K with and
- *            without a 16-float tail, N not a multiple of 4 or 16, T from 1 (the 8-row decode
- *            tile) across every 4-row tile count to the tiles' limit and past it (OpenBLAS on
+ *            without a 16-float tail, N not a multiple of 4 or 16, T from 1 (sgemv on each
+ *            part) across every 4-row tile count to the tiles' limit and past it (sgemm on
  *            each part), with and without bias, on the caller alone and on 2- and 3-thread
  *            pools (parts whose row ranges are empty included);
  *   blas     with the tiles turned off (KVL_CPU_F32_KERNEL=blas in a child run of this program)
  *            the same cases pass through OpenBLAS alone;
  *   parts    a part's rows only are written: the tiles on [n0, n1) leave the other outputs as
- *            they were. */
+ *            they were; the tiles alone on T = 1 (the 4x1 tile) are right too. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -100,6 +100,13 @@ static void part_rows_only(void **st) {
             }
         }
     assert_int_equal(kvl__cpu_matmul_f32_tiles(out, in, W, NULL, KVL__F32_SMALL_T + 1, K, N, 0, N), -1);
+    float one[N];
+    assert_int_equal(kvl__cpu_matmul_f32_tiles(one, in, W, NULL, 1, K, N, 0, N), 0);
+    for (int n = 0; n < N; n++) {
+        double s = 0;
+        for (int k = 0; k < K; k++) s += (double)in[k] * W[n * K + k];
+        if (fabs(one[n] - s) > 1e-4) fail_msg("T=1 tile col %d: %g, want %g", n, one[n], s);
+    }
 }
 
 static const char *g_self;   /* this program's path (argv[0]) */
