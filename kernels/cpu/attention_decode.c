@@ -7,11 +7,15 @@
  * splits over threads.  Dot products and the weighted sum of values run 16 lanes wide, compiled
  * for AVX-512, AVX2 and the base ISA and chosen at load time (function multi-versioning); the
  * result is the same on every path up to float rounding of the 16 partial sums, and the same
- * for a sequence whether it runs alone or in a batch (the same code on the same data). */
+ * for a sequence whether it runs alone or in a batch (the same code on the same data).  Where
+ * the CPU has AVX-512F and head_dim is a multiple of 16 (up to 128), decode takes the
+ * intrinsics form at the end of this file instead (16 keys' scores per reduction tree);
+ * KVL_CPU_DECODE=portable keeps the forms above. */
 #include "ops.h"
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__has_attribute)
@@ -175,10 +179,28 @@ static inline __attribute__((always_inline)) void softmax_heads(float *scratch, 
 KVL_DECODE_GROUP_FIXED(64)
 KVL_DECODE_GROUP_FIXED(128)
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KVL_DECODE_AVX512 1
+static void decode_group_avx512(float *out, const float *q, const float *const *k_blk,
+                                const float *const *v_blk, int block_tokens, int row, int head_off,
+                                int Tk, int group, int D, float *scratch);
+#endif
+
 KVL_MULTIVERSION
 void kvl__cpu_attention_decode_group(float *out, const float *q, const float *const *k_blk,
                                      const float *const *v_blk, int block_tokens, int row,
                                      int head_off, int Tk, int group, int D, float *scratch) {
+#ifdef KVL_DECODE_AVX512
+    static int use_avx512 = -1;   /* a benign race: every thread computes the same answer */
+    if (use_avx512 < 0) {
+        const char *env = getenv("KVL_CPU_DECODE");   /* "portable": the forms above, for tests */
+        use_avx512 = __builtin_cpu_supports("avx512f") && !(env && !strcmp(env, "portable"));
+    }
+    if (D % 16 == 0 && D <= 128 && use_avx512) {
+        decode_group_avx512(out, q, k_blk, v_blk, block_tokens, row, head_off, Tk, group, D, scratch);
+        return;
+    }
+#endif
     if (D == 64) {
         decode_group_64(out, q, k_blk, v_blk, block_tokens, row, head_off, Tk, group, scratch);
         return;
@@ -356,6 +378,8 @@ static inline __attribute__((always_inline)) void prefill_tile(
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
+
+#include "simd_reduce.h"
 #define KVL_PREFILL_AVX512 1
 
 /* AVX-512 form of prefill_scores: eight keys per pass over the tile's queries (eight
@@ -494,6 +518,102 @@ __attribute__((target("avx512f"))) static void prefill_tile_avx512(
     }
 }
 #undef KVL_PV_CASE
+
+/* ---- decode on AVX-512: sixteen keys a pass -------------------------------------------------
+ *
+ * Why: the portable form above sums each (key, head) dot product across its 16 lanes on its own,
+ * which cost more than the product at head_dim 64.  Here a pass takes 16 keys of one head (16
+ * independent FMA chains over head_dim) and reduces the 16 accumulators together in one
+ * transpose-and-add tree (simd_reduce.h) into a vector of 16 scores; the weighted sum of values
+ * keeps the head's output in registers, two key chains wide.  head_dim D = 16 * DV, DV <= 8. */
+static inline __attribute__((always_inline, target("avx512f"))) void decode_scores_avx512(
+    float *scratch, const float *q, const float *const *k_blk, int block_tokens, int row,
+    int head_off, int Tk, int group, float scale, const int DV) {
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int hh = 0; hh < group; hh++) {
+        __m512 qv[8];
+#pragma GCC unroll 8
+        for (int e = 0; e < DV; e++) qv[e] = _mm512_loadu_ps(q + (size_t)hh * 16 * DV + 16 * e);
+        float *sc = scratch + (size_t)hh * Tk;
+        for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {
+            const float *kb = k_blk[b] + head_off;
+            const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;
+            for (int t0 = 0; t0 < n; t0 += 16) {
+                const int nk = n - t0 < 16 ? n - t0 : 16;
+                __m512 acc[16];
+#pragma GCC unroll 16
+                for (int i = 0; i < 16; i++) {
+                    /* keys past the block's last are a copy of it, their scores not stored */
+                    const float *kj = kb + (size_t)(t0 + (i < nk ? i : nk - 1)) * row;
+                    __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kj));
+#pragma GCC unroll 8
+                    for (int e = 1; e < DV; e++) a = _mm512_fmadd_ps(qv[e], _mm512_loadu_ps(kj + 16 * e), a);
+                    acc[i] = a;
+                }
+                _mm512_mask_storeu_ps(sc + j0 + t0, (__mmask16)((1u << nk) - 1),
+                                      _mm512_mul_ps(kvl__reduce16_ps(acc), vscale));
+            }
+        }
+    }
+}
+
+static inline __attribute__((always_inline, target("avx512f"))) void decode_pv_avx512(
+    float *out, const float *scratch, const float *const *v_blk, int block_tokens, int row,
+    int head_off, int Tk, int group, const int DV) {
+    for (int hh = 0; hh < group; hh++) {
+        const float *p = scratch + (size_t)hh * Tk;
+        __m512 o0[8], o1[8];
+#pragma GCC unroll 8
+        for (int e = 0; e < DV; e++) o0[e] = o1[e] = _mm512_setzero_ps();
+        for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {
+            const float *vb = v_blk[b] + head_off;
+            const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;
+            int t = 0;
+            for (; t + 2 <= n; t += 2) {
+                const float *v0 = vb + (size_t)t * row, *v1 = v0 + row;
+                const __m512 p0 = _mm512_set1_ps(p[j0 + t]), p1 = _mm512_set1_ps(p[j0 + t + 1]);
+#pragma GCC unroll 8
+                for (int e = 0; e < DV; e++) {
+                    o0[e] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v0 + 16 * e), o0[e]);
+                    o1[e] = _mm512_fmadd_ps(p1, _mm512_loadu_ps(v1 + 16 * e), o1[e]);
+                }
+            }
+            if (t < n) {
+                const float *v0 = vb + (size_t)t * row;
+                const __m512 p0 = _mm512_set1_ps(p[j0 + t]);
+#pragma GCC unroll 8
+                for (int e = 0; e < DV; e++) o0[e] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v0 + 16 * e), o0[e]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int e = 0; e < DV; e++)
+            _mm512_storeu_ps(out + (size_t)hh * 16 * DV + 16 * e, _mm512_add_ps(o0[e], o1[e]));
+    }
+}
+
+#define KVL_DEC_CASE(DV_)                                                                        \
+    case DV_:                                                                                    \
+        decode_scores_avx512(scratch, q, k_blk, block_tokens, row, head_off, Tk, group, scale, DV_); \
+        softmax_heads(scratch, group, Tk);                                                       \
+        decode_pv_avx512(out, scratch, v_blk, block_tokens, row, head_off, Tk, group, DV_);      \
+        break;
+
+__attribute__((target("avx512f"))) static void decode_group_avx512(
+    float *out, const float *q, const float *const *k_blk, const float *const *v_blk,
+    int block_tokens, int row, int head_off, int Tk, int group, int D, float *scratch) {
+    const float scale = 1.0f / sqrtf((float)D);
+    switch (D / 16) {
+        KVL_DEC_CASE(1)
+        KVL_DEC_CASE(2)
+        KVL_DEC_CASE(3)
+        KVL_DEC_CASE(4)
+        KVL_DEC_CASE(5)
+        KVL_DEC_CASE(6)
+        KVL_DEC_CASE(7)
+        KVL_DEC_CASE(8)
+    }
+}
+#undef KVL_DEC_CASE
 #endif
 
 static inline __attribute__((always_inline)) void prefill_group_dim(

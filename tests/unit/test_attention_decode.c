@@ -1,7 +1,9 @@
 /* tests/unit/test_attention_decode.c: decode attention read in place from cache blocks
  * (kernels/cpu/attention_decode.c) against the reference attention of a gathered context
  * (kvl__cpu_attention_forward with one query at the last position) and a float64 reference:
- *   - head_dim 64 and 128 (the fixed-size paths) and 48 / 80 (the generic path);
+ *   - head_dim 64 and 128 (the fixed-size paths) and 48 / 80 (the generic path), on the AVX-512
+ *     form where the CPU has it and again on the portable forms (KVL_CPU_DECODE=portable, in a
+ *     child run of this program);
  *   - GQA groups of 1, 2 and 4 query heads per KV head;
  *   - contexts that end inside a block, on a block boundary, and shorter than one block;
  *   - block sizes 16 and 7 (odd rows), with the K/V head picked by head_off;
@@ -219,12 +221,28 @@ static void test_large_scores(void **state) {
     run_case(50, 4, 1, 48, 16, 40.0f);
 }
 
-int main(void) {
+static const char *g_self;   /* this program's path (argv[0]) */
+
+/* Every case again on the portable decode forms, in a child process (the choice is made once
+ * a process). */
+static void test_portable(void **st) {
+    (void)st;
+    if (getenv("KVL_CPU_DECODE")) skip();   /* this is the child */
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "KVL_CPU_DECODE=portable '%s' >/dev/null 2>&1", g_self);
+    int rc = system(cmd);
+    if (rc != 0) fail_msg("the run with KVL_CPU_DECODE=portable failed (status %d): %s", rc, cmd);
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
+    g_self = argv[0];
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixed_dims),
         cmocka_unit_test(test_generic_dims),
         cmocka_unit_test(test_large_scores),
         cmocka_unit_test(test_prefill),
+        cmocka_unit_test(test_portable),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
