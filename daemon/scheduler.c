@@ -112,7 +112,7 @@ static void emit(kvld_sched *s, kvld_job *j) {
             job_finish(j, KVL_ERR_NOMEM, "error", "out of memory for logprobs");
             return;
         }
-        /* log-softmax in double, as kvl_logprob does */
+        /* log-softmax over the whole vocabulary in double (what the client asked for) */
         double mx = -INFINITY, sum = 0;
         for (int i = 0; i < s->vocab; i++) mx = fmax(mx, ss->logits[i]);
         for (int i = 0; i < s->vocab; i++) sum += exp((double)ss->logits[i] - mx);

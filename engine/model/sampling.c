@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "fastmath.h"
 #include "rng.h"
 
 struct kvl_sampler {
@@ -58,11 +59,32 @@ void kvl_sampler_free(kvl_sampler *s) {
     free(s);
 }
 
+/* log softmax(logits)[id] = logits[id] - m - log(sum_i e^(logits[i] - m)), m the maximum.
+ * Every decode step of every session computes it (the token's logprob goes out with it), so
+ * the terms run 16 lanes wide in float (kvl__exp_nonpos, relative error < 2e-7 a term) and the
+ * lanes' partial sums of each 1024 terms are added in double: a few 1e-6 from the all-double
+ * form at most. */
 double kvl_logprob(const float *logits, int vocab, int32_t id) {
-    double m = -INFINITY;
-    for (int i = 0; i < vocab; i++) m = logits[i] > m ? logits[i] : m;
+    enum { LANES = 16 };
+    float mv[LANES];
+    for (int l = 0; l < LANES; l++) mv[l] = -INFINITY;
+    int i = 0;
+    for (; i + LANES <= vocab; i += LANES)
+        for (int l = 0; l < LANES; l++) mv[l] = logits[i + l] > mv[l] ? logits[i + l] : mv[l];
+    float m = -INFINITY;
+    for (int l = 0; l < LANES; l++) m = mv[l] > m ? mv[l] : m;
+    for (int k = i; k < vocab; k++) m = logits[k] > m ? logits[k] : m;
+    if (!(m > -INFINITY)) return (double)logits[id] - m;   /* every logit -inf (or NaN): no softmax */
     double sum = 0.0;
-    for (int i = 0; i < vocab; i++) sum += exp((double)logits[i] - m);
+    for (int j = 0; j < vocab;) {
+        /* blocks of 1024 terms summed in float lanes, each block's lanes then added in double */
+        const int end = vocab - j < 1024 ? vocab : j + 1024;
+        float acc[LANES] = {0};
+        for (; j + LANES <= end; j += LANES)
+            for (int l = 0; l < LANES; l++) acc[l] += kvl__exp_nonpos(logits[j + l] - m);
+        for (; j < end; j++) acc[0] += kvl__exp_nonpos(logits[j] - m);
+        for (int l = 0; l < LANES; l++) sum += acc[l];
+    }
     return (double)logits[id] - m - log(sum);
 }
 

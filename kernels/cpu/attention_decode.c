@@ -11,6 +11,7 @@
  * the CPU has AVX-512F and head_dim is a multiple of 16 (up to 128), decode takes the
  * intrinsics form at the end of this file instead (16 keys' scores per reduction tree);
  * KVL_CPU_DECODE=portable keeps the forms above. */
+#include "fastmath.h"
 #include "ops.h"
 
 #include <math.h>
@@ -62,28 +63,7 @@ static inline __attribute__((always_inline)) void axpy_any(float *o, float p, co
     for (int d = 0; d < n; d++) o[d] += p * v[d];
 }
 
-/* e^x for x <= 0 (a score minus the row's maximum), in plain arithmetic the compiler runs 16
- * lanes wide, where expf is a call per element.  x = n ln2 + f with |f| <= ln2/2 (Cody-Waite: ln2
- * in two parts), e^f by its Taylor series to f^6 (truncation < 1.3e-7 relative), times 2^n
- * through the exponent bits.  Below -87.3 (e^x < 1.2e-38, 2^n no longer normal) the result is
- * that of -87.3, which no softmax weight can tell from 0. */
-static inline __attribute__((always_inline)) float exp_nonpos(float x) {
-    x = x < -87.3f ? -87.3f : x;
-    const float shift = 12582912.0f;   /* 1.5 * 2^23: adding it rounds to an integer */
-    float r = x * 1.44269504088896341f + shift;
-    float n = r - shift;
-    int32_t ni;
-    memcpy(&ni, &r, sizeof ni);
-    ni -= 0x4B400000;                  /* the bits of `shift`: ni = n */
-    float f = x - n * 0.693145751953125f - n * 1.42860676533018e-06f;
-    float p = 1.0f + f * (1.0f + f * (0.5f + f * (0.166666667f + f * (0.0416666667f +
-                                                                     f * (0.00833333333f + f * 0.00138888889f)))));
-    int32_t bits;
-    memcpy(&bits, &p, sizeof bits);
-    bits += ni * (1 << 23);
-    memcpy(&p, &bits, sizeof p);
-    return p;
-}
+#define exp_nonpos kvl__exp_nonpos   /* fastmath.h */
 
 /* Softmax of each head's scores in place: scratch[hh * Tk + j] */
 static inline __attribute__((always_inline)) void softmax_heads(float *scratch, int group, int Tk) {

@@ -161,11 +161,44 @@ static void test_sampling(void **st) {
     assert_int_equal(kvl_sampler_create(&p, &s), KVL_ERR_INVALID_ARG);
 }
 
+/* kvl_logprob (float lanes, double sums) against log-softmax in double, on vocabularies that
+ * end inside and on a 16-lane step and span several 1024-term blocks, with logits far apart
+ * (terms that underflow), all equal, and one -inf. */
+static void test_logprob(void **st) {
+    (void)st;
+    const int vocabs[] = {1, 7, 16, 17, 1024, 1025, 4096, 151936};
+    uint64_t r = 99;
+    for (size_t v = 0; v < sizeof vocabs / sizeof vocabs[0]; v++) {
+        const int n = vocabs[v];
+        float *lg = malloc(sizeof(float) * (size_t)n);
+        assert_non_null(lg);
+        for (int mode = 0; mode < 3; mode++) {
+            for (int i = 0; i < n; i++) {
+                r = r * 6364136223846793005ull + 1442695040888963407ull;
+                const float u = (float)((r >> 40) / (double)(1 << 24)) * 2.0f - 1.0f;
+                lg[i] = mode == 0 ? u * 8.0f : mode == 1 ? 3.25f : u * 120.0f;
+            }
+            if (n > 3) lg[n / 3] = -INFINITY;
+            double m = -INFINITY, sum = 0;
+            for (int i = 0; i < n; i++) m = lg[i] > m ? lg[i] : m;
+            for (int i = 0; i < n; i++) sum += exp((double)lg[i] - m);
+            for (int id = 0; id < n; id += n / 5 + 1) {
+                if (isinf(lg[id])) continue;
+                const double want = (double)lg[id] - m - log(sum), got = kvl_logprob(lg, n, id);
+                if (!(fabs(got - want) <= 1e-5 + 1e-6 * fabs(want)))
+                    fail_msg("vocab %d mode %d id %d: %.9g, log-softmax in double %.9g", n, mode, id, got, want);
+            }
+        }
+        free(lg);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_incremental_and_batched),
         cmocka_unit_test(test_sampling),
+        cmocka_unit_test(test_logprob),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
