@@ -294,18 +294,10 @@ typedef struct mm_job {
     kvl__bf16_kernel kernel;
 } mm_job;
 
-/* Rows [*a, *b) of part `part` of n_parts over N rows, in multiples of 16 (a cache line of
- * output floats per part boundary). */
-static void part_rows(int N, int part, int n_parts, int *a, int *b) {
-    int per = ((N + n_parts - 1) / n_parts + 15) & ~15;
-    *a = part * per < N ? part * per : N;
-    *b = (part + 1) * per < N ? (part + 1) * per : N;
-}
-
 static void small_part(void *pj, int part, int n_parts) {
     const mm_job *j = pj;
     int a, b;
-    part_rows(j->N, part, n_parts, &a, &b);
+    kvl__pool_part_rows(j->N, part, n_parts, &a, &b);
     if (a >= b) return;
 #ifdef KVL_HAVE_AVX512_KERNEL
     if (j->kernel == KVL__BF16_KERNEL_AVX512) {
@@ -320,7 +312,7 @@ static void small_part(void *pj, int part, int n_parts) {
 static void wide_part(void *pj, int part, int n_parts) {
     const mm_job *j = pj;
     int a, b;
-    part_rows(j->N, part, n_parts, &a, &b);
+    kvl__pool_part_rows(j->N, part, n_parts, &a, &b);
     if (a < b) wide_rows_avx512(j->out, j->in, j->W, j->bias, j->T, j->K, j->N, a, b);
 }
 #endif
@@ -329,7 +321,7 @@ static void wide_part(void *pj, int part, int n_parts) {
 static void panel_part(void *pj, int part, int n_parts) {
     const mm_job *j = pj;
     int a, b;
-    part_rows(j->nb, part, n_parts, &a, &b);
+    kvl__pool_part_rows(j->nb, part, n_parts, &a, &b);
     if (a >= b) return;
     float *panel = j->panel + (size_t)a * j->K, *out = j->out + j->n0 + a;
     kvl__bf16_to_f32_n(panel, j->W + (size_t)(j->n0 + a) * j->K, (size_t)(b - a) * j->K);

@@ -125,18 +125,10 @@ typedef struct f32_job {
     int T, K, N;
 } f32_job;
 
-/* Rows [*a, *b) of part `part` of n_parts over N rows, in multiples of 16 (a cache line of
- * output floats per part boundary, so two parts never write one line). */
-static void part_rows(int N, int part, int n_parts, int *a, int *b) {
-    int per = ((N + n_parts - 1) / n_parts + 15) & ~15;
-    *a = part * per < N ? part * per : N;
-    *b = (part + 1) * per < N ? (part + 1) * per : N;
-}
-
 static void tiles_part(void *pj, int part, int n_parts) {
     const f32_job *j = pj;
     int a, b;
-    part_rows(j->N, part, n_parts, &a, &b);
+    kvl__pool_part_rows(j->N, part, n_parts, &a, &b);
     if (a < b) kvl__cpu_matmul_f32_tiles(j->out, j->in, j->W, j->bias, j->T, j->K, j->N, a, b);
 }
 
@@ -145,7 +137,7 @@ static void tiles_part(void *pj, int part, int n_parts) {
 static void blas_part(void *pj, int part, int n_parts) {
     const f32_job *j = pj;
     int a, b;
-    part_rows(j->N, part, n_parts, &a, &b);
+    kvl__pool_part_rows(j->N, part, n_parts, &a, &b);
     if (a >= b) return;
     float *out = j->out + a;
     const float *W = j->W + (size_t)a * j->K;

@@ -31,4 +31,13 @@ int kvl__pool_threads(const kvl__pool *pool);
  * one pool must not overlap (the backend serialises forward calls per model). */
 void kvl__pool_run(kvl__pool *pool, kvl__pool_fn fn, void *ctx);
 
+/* Rows [*a, *b) of part `part` of n_parts over n rows, in multiples of 16 (a cache line of
+ * float outputs per part boundary, so two parts never write one line); later parts may be
+ * empty (*a == *b). */
+static inline void kvl__pool_part_rows(int n, int part, int n_parts, int *a, int *b) {
+    int per = ((n + n_parts - 1) / n_parts + 15) & ~15;
+    *a = part * per < n ? part * per : n;
+    *b = (part + 1) * per < n ? (part + 1) * per : n;
+}
+
 #endif
