@@ -55,7 +55,7 @@ static const kvld_flag k_flags[] = {
     {"prefill-chunk", "N", "prefill tokens per scheduler step", "256"},
     {"decode-stretch", "X", "while sessions decode, a step carrying prefill takes at most X times a "
                             "decode-only step (the chunk shrinks to fit; 0: always prefill-chunk)", "2"},
-    {"threads", "N", "BLAS and attention threads (0: all cores)", "0"},
+    {"threads", "N", "compute threads of the forward pass, translate-apply included (0: all cores)", "0"},
     {"drain-timeout-ms", "N", "on SIGTERM, wait this long for running work", "30000"},
     {"span-timeout-ms", "N", "deadline of a span transfer", "30000"},
     {"peers", "HOST:PORT,...", "the fleet's other nodes: channels and transport endpoints are set up "

@@ -7,6 +7,18 @@
 #include <stdint.h>
 #include <string.h>
 
+/* A function compiled for AVX-512F, AVX2 and the base ISA, the copy chosen at load time
+ * (GCC function multi-versioning; other compilers: the base ISA only), for loops written 16
+ * lanes wide in plain C. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define KVL_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+#endif
+#ifndef KVL_MULTIVERSION
+#define KVL_MULTIVERSION
+#endif
+
 /* e^x for x <= 0 (typically a value minus its row's maximum).  x = n ln2 + f with |f| <= ln2/2
  * (Cody-Waite: ln2 in two parts), e^f by its Taylor series to f^6 (truncation < 1.3e-7
  * relative), times 2^n through the exponent bits.  Below -87.3 (e^x < 1.2e-38, 2^n no longer

@@ -64,6 +64,7 @@ void kvl_sampler_free(kvl_sampler *s) {
  * the terms run 16 lanes wide in float (kvl__exp_nonpos, relative error < 2e-7 a term) and the
  * lanes' partial sums of each 1024 terms are added in double: a few 1e-6 from the all-double
  * form at most. */
+KVL_MULTIVERSION
 double kvl_logprob(const float *logits, int vocab, int32_t id) {
     enum { LANES = 16 };
     float mv[LANES];
@@ -101,11 +102,33 @@ kvl_status kvl_sampler_sample(kvl_sampler *s, const float *logits, int vocab, in
                               float *logprob_out) {
     if (!s || !logits || vocab <= 0 || !token_out)
         return kvl__errorf(KVL_ERR_INVALID_ARG, "sampler: bad arguments");
-    int best = 0;
-    for (int i = 0; i < vocab; i++) {
-        if (isnan(logits[i])) return kvl__errorf(KVL_ERR_NUMERIC, "sampler: logit %d is NaN", i);
-        if (logits[i] > logits[best]) best = i;
+    /* the maximum and any NaN in one pass 16 lanes wide, then the first index holding the
+     * maximum (ties go to the lowest id, as torch.argmax) */
+    float mv[16];
+    int bad[16] = {0};
+    for (int l = 0; l < 16; l++) mv[l] = -INFINITY;
+    int i = 0;
+    for (; i + 16 <= vocab; i += 16)
+        for (int l = 0; l < 16; l++) {
+            const float x = logits[i + l];
+            bad[l] |= x != x;
+            mv[l] = x > mv[l] ? x : mv[l];
+        }
+    float mx = -INFINITY;
+    int any_nan = 0;
+    for (int l = 0; l < 16; l++) {
+        mx = mv[l] > mx ? mv[l] : mx;
+        any_nan |= bad[l];
     }
+    for (; i < vocab; i++) {
+        any_nan |= logits[i] != logits[i];
+        mx = logits[i] > mx ? logits[i] : mx;
+    }
+    if (any_nan)
+        for (i = 0; i < vocab; i++)
+            if (isnan(logits[i])) return kvl__errorf(KVL_ERR_NUMERIC, "sampler: logit %d is NaN", i);
+    int best = 0;
+    while (best < vocab - 1 && !(logits[best] == mx)) best++;   /* all -inf: id 0, as before */
     int32_t tok = best;
     if (s->p.temperature > 0.0f) {
         if (s->cap < vocab) {

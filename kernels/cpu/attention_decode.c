@@ -19,14 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define KVL_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-#endif
-#ifndef KVL_MULTIVERSION
-#define KVL_MULTIVERSION
-#endif
 
 #define LANES 16
 

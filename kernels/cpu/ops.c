@@ -1,6 +1,7 @@
 /* kernels/cpu/ops.c: CPU forward kernels (see ops.h). */
 #include "ops.h"
 
+#include "fastmath.h"
 #include "kvlingo/rope.h"
 
 #include <cblas.h>
@@ -28,12 +29,20 @@ void kvl__cpu_matmul_forward(float *out, const float *in, const float *W, const 
                 bias ? 1.0f : 0.0f, out, N);
 }
 
+KVL_MULTIVERSION
 void kvl__cpu_rmsnorm_forward(float *out, const float *in, const float *w, int T, int C, float eps) {
     for (int t = 0; t < T; t++) {
         const float *x = in + (size_t)t * C;
         float *o = out + (size_t)t * C;
+        /* 16 partial sums, so the compiler runs the sum of squares 16 lanes wide (a single
+         * float accumulator is a chain it may not reorder) */
+        float acc[16] = {0};
+        int i = 0;
+        for (; i + 16 <= C; i += 16)
+            for (int l = 0; l < 16; l++) acc[l] += x[i + l] * x[i + l];
+        for (; i < C; i++) acc[0] += x[i] * x[i];
         float ss = 0.0f;
-        for (int i = 0; i < C; i++) ss += x[i] * x[i];
+        for (int l = 0; l < 16; l++) ss += acc[l];
         float r = 1.0f / sqrtf(ss / (float)C + eps);
         for (int i = 0; i < C; i++) o[i] = w[i] * (x[i] * r);
     }
@@ -98,11 +107,19 @@ void kvl__cpu_rope_forward(float *x, const int *pos, int T, int n_heads, int D,
     }
 }
 
+/* silu(g) * up = g * sigmoid(g) * up, sigmoid from e = e^-|g| (kvl__exp_nonpos, 16 lanes wide
+ * where expf is a call per element): 1 / (1 + e) for g >= 0, e / (1 + e) below. */
+static inline __attribute__((always_inline)) float swiglu_one(float g, float u) {
+    const float e = kvl__exp_nonpos(-fabsf(g));
+    return g * ((g >= 0.0f ? 1.0f : e) / (1.0f + e)) * u;
+}
+
+KVL_MULTIVERSION
 void kvl__cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
-    }
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) out[i + l] = swiglu_one(gate[i + l], up[i + l]);
+    for (; i < n; i++) out[i] = swiglu_one(gate[i], up[i]);
 }
 
 void kvl__cpu_softmax_rows(float *x, int rows, int n) {
