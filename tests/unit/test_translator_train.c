@@ -215,7 +215,10 @@ static void test_identity_student_matches_teacher(void **state) {
     g_last_loss = -1;
     assert_int_equal(kvl_translator_train(tr, f->dst, f->dst, f->stream, f->n, &p, NULL), KVL_OK);
     print_message("identity translator: training KL %.3g\n", g_last_loss);
-    assert_true(g_last_loss >= 0 && g_last_loss < 1e-4);
+    /* the teacher (the backend's forward) and the student (training's own pass) are the same
+     * model through different kernels, so their logits differ by float rounding; KL of two
+     * float log-softmaxes that close can come out a few 1e-9 below 0 */
+    assert_true(g_last_loss > -1e-6 && g_last_loss < 1e-4);
     kvl_translator_free(tr);
 }
 
