@@ -77,8 +77,8 @@ typedef struct cpu_model {
     cpu_scratch s;
     kvl__block_pool *pool;   /* idle KV blocks shared by this model's caches */
     cpu_bf16 *bf;            /* NULL in float32 mode */
-    kvl__pool *workers;      /* float32 mode: threads for attention and the decode-sized
-                                matmuls (bf16: bf->exec.pool) */
+    kvl__pool *workers;      /* float32 mode: threads for attention and every matmul
+                                (bf16: bf->exec.pool) */
     kvl__layer_view_f32p *f32_layers;   /* [L] float32 mode: the host view and &workers */
     cpu_decode_att dec;
     int prefill_gather;      /* prefill chunks gather their context (kvl__cpu_attention_prefill_vectorised) */
@@ -643,7 +643,7 @@ static kvl_status forward_locked(cpu_model *m, const kvl_backend_seq *seqs, int 
             kvl__cpu_decoder_layer_forward_bf16(&bf->layers[l], c, l, T, s->rope_cos, s->rope_sin,
                                                 &ab, attend_blocks, &ac);
     } else {
-        /* the same layer over the host view, its decode-sized matmuls on the model's pool */
+        /* the same layer over the host view, its matmuls on the model's pool */
         kvl__decoder_acts_f32p ap = {.x_in = a.x_in, .x_mid = a.x_mid, .x_out = a.x_out, .xn = a.xn,
                                      .qpre = a.qpre, .q = a.q, .kpre = a.kpre, .k = a.k, .v = a.v,
                                      .att = a.att, .gate = a.gate, .up = a.up, .h = a.h};
@@ -695,11 +695,13 @@ static kvl_status cpu_forward(void *pm, const kvl_backend_seq *seqs, int n_seqs)
     cpu_model *m = pm;
     pthread_mutex_lock(&m->pool_lock);
     /* every matmul is split over the model's pool, OpenBLAS single-threaded in each part
-     * (matmul_f32.h, matmul_bf16.h): one set of threads for the whole forward pass.  The
-     * caller's setting comes back afterwards (translator training threads its own GEMMs). */
+     * (matmul_f32.h, matmul_bf16.h): one set of threads for the whole forward pass.  Afterwards
+     * OpenBLAS gets the model's thread count when it has one (what translate-apply's sgemm and
+     * other callers then see, as before), else the caller's setting back (translator training
+     * threads its own GEMMs). */
     const int blas_was = kvl__cpu_set_threads(1);
     kvl_status st = forward_locked(m, seqs, n_seqs);
-    kvl__cpu_set_threads(blas_was);
+    kvl__cpu_set_threads(m->n_threads > 0 ? m->n_threads : blas_was);
     pthread_mutex_unlock(&m->pool_lock);
     return st;
 }

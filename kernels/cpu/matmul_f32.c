@@ -1,4 +1,4 @@
-/* kernels/cpu/matmul_f32.c: float32 matmuls of decode-sized batches on the model's pool (see
+/* kernels/cpu/matmul_f32.c: float32 matmuls of the forward pass on the model's pool (see
  * matmul_f32.h).  The AVX-512 tile is compiled with function-level target attributes so the rest
  * of the build stays baseline x86-64. */
 #include "matmul_f32.h"
