@@ -25,6 +25,7 @@
 #include <cmocka.h>
 
 #include "ops.h"
+#include "testutil.h"
 
 static uint64_t rng_state = 777;
 static float urand(void) {   /* uniform in [-1, 1) */
@@ -221,22 +222,18 @@ static void test_large_scores(void **state) {
     run_case(50, 4, 1, 48, 16, 40.0f);
 }
 
-static const char *g_self;   /* this program's path (argv[0]) */
+/* this program's path (argv[0]) */
 
 /* Every case again on the portable decode forms, in a child process (the choice is made once
  * a process). */
 static void test_portable(void **st) {
     (void)st;
     if (getenv("KVL_CPU_DECODE")) skip();   /* this is the child */
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "KVL_CPU_DECODE=portable '%s' >/dev/null 2>&1", g_self);
-    int rc = system(cmd);
-    if (rc != 0) fail_msg("the run with KVL_CPU_DECODE=portable failed (status %d): %s", rc, cmd);
+    int rc = kvl__test_rerun_self_with("KVL_CPU_DECODE", "portable");
+    if (rc != 0) fail_msg("this program run again with KVL_CPU_DECODE=portable failed (status %d)", rc);
 }
 
-int main(int argc, char **argv) {
-    (void)argc;
-    g_self = argv[0];
+int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixed_dims),
         cmocka_unit_test(test_generic_dims),

@@ -109,21 +109,17 @@ static void part_rows_only(void **st) {
     }
 }
 
-static const char *g_self;   /* this program's path (argv[0]) */
+/* this program's path (argv[0]) */
 
 /* The same shapes with the tiles off, in a child process (the choice is made once a process). */
 static void blas_only(void **st) {
     (void)st;
     if (getenv("KVL_CPU_F32_KERNEL")) skip();   /* this is the child */
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "KVL_CPU_F32_KERNEL=blas '%s' >/dev/null 2>&1", g_self);
-    int rc = system(cmd);
-    if (rc != 0) fail_msg("the run with KVL_CPU_F32_KERNEL=blas failed (status %d): %s", rc, cmd);
+    int rc = kvl__test_rerun_self_with("KVL_CPU_F32_KERNEL", "blas");
+    if (rc != 0) fail_msg("this program run again with KVL_CPU_F32_KERNEL=blas failed (status %d)", rc);
 }
 
-int main(int argc, char **argv) {
-    (void)argc;
-    g_self = argv[0];
+int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(shapes),
         cmocka_unit_test(part_rows_only),

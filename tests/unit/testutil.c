@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <math.h>
 #include <string.h>
+#include <unistd.h>
 
 const char *kvl__test_path(const char *rel) {
     static char bufs[8][4096];
@@ -22,6 +23,16 @@ const char *kvl__test_build_path(const char *rel) {
     next = (next + 1) % 8;
     snprintf(b, sizeof bufs[0], "%s/%s", KVL_BINARY_DIR, rel);
     return b;
+}
+
+int kvl__test_rerun_self_with(const char *var, const char *value) {
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return -1;
+    self[n] = 0;
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s='%s' '%s' >/dev/null 2>&1", var, value, self);
+    return system(cmd);
 }
 
 const char *kvl__test_tmpdir(void) {

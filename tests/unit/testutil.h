@@ -17,6 +17,13 @@ const char *kvl__test_tmpdir(void);
 /* Write `len` bytes to `path`; returns 0 on success. */
 int kvl__test_write_file(const char *path, const void *data, size_t len);
 
+/* Run this test program again in a child process with the environment variable `var` set to
+ * `value` (for a choice a module makes once per process, such as a kernel), its output
+ * discarded; returns the child's status as system() gives it (0: every test passed), or -1
+ * when /proc/self/exe cannot be read.  A test calling it skips itself when `var` is already
+ * set, i.e. in the child. */
+int kvl__test_rerun_self_with(const char *var, const char *value);
+
 /* Read a whole file (malloc'ed, NUL-terminated); NULL on failure. */
 char *kvl__test_read_file(const char *path, size_t *len_out);
 
