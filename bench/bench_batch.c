@@ -26,6 +26,7 @@
 #include "kvld.h"
 #include "kvlingo/shapes.h"
 #include "kvlingo/status.h"
+#include "kvlingo/version.h"
 
 #define MAX_COUNTS 16
 
@@ -272,6 +273,9 @@ int main(int argc, char **argv) {
            "%.1f after\n", model_dir ? model_dir : shape, threads,
            kvl_weights_dtype_name(kvl_model_weights_dtype(m)), prompt, tokens, max_batch,
            prefill_chunk, decode_stretch, repeat, load0, loadavg());
+    char backends[512];
+    kvl_backends_describe(backends, sizeof backends);
+    printf("# backends: %s\n", backends);
     printf("%-9s %10s %8s %10s %9s %9s", "sessions", "tokens/s", "speedup", "mean_batch",
            "itl_p50ms", "itl_p99ms");
     if (long_tokens > 0)

@@ -16,6 +16,7 @@
  * Translate-apply: translate_cpu.c, on this model's pool when it is free. */
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -723,12 +724,19 @@ int kvl__cpu_model_exec_take(void *model, kvl__cpu_exec *ex) {
 
 /* ---- the table ------------------------------------------------------------------------------------ */
 
-static const char *cpu_describe(void) {
+static char cpu_description[160];
+
+static void cpu_describe_once(void) {
     const int f32 = kvl__f32_tiles_active(), bf = kvl__bf16_kernel_active() == KVL__BF16_KERNEL_AVX512;
-    return f32 && bf   ? "float32: AVX-512F tiles + OpenBLAS; bf16 weights: AVX-512 BF16 kernel"
-           : f32       ? "float32: AVX-512F tiles + OpenBLAS; bf16 weights: portable kernel (no AVX-512 BF16 here)"
-           : bf        ? "float32: OpenBLAS; bf16 weights: AVX-512 BF16 kernel"
-                       : "float32: OpenBLAS; bf16 weights: portable kernel (no AVX-512 BF16 here)";
+    snprintf(cpu_description, sizeof cpu_description,
+             "float32: %sOpenBLAS (%s kernels); bf16 weights: %s", f32 ? "AVX-512F tiles + " : "",
+             kvl__cpu_blas_core(), bf ? "AVX-512 BF16 kernel" : "portable kernel (no AVX-512 BF16 here)");
+}
+
+static const char *cpu_describe(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, cpu_describe_once);
+    return cpu_description;
 }
 
 static const kvl_backend_ops cpu_ops = {

@@ -8,12 +8,6 @@
 #include <math.h>
 #include <string.h>
 
-int kvl__cpu_set_threads(int n_threads) {
-    const int was = openblas_get_num_threads();
-    if (n_threads > 0 && n_threads != was) openblas_set_num_threads(n_threads);
-    return was;
-}
-
 void kvl__cpu_matmul_forward(float *out, const float *in, const float *W, const float *bias,
                             int T, int K, int N) {
     if (T == 1) {

@@ -60,6 +60,11 @@ void kvl__cpu_softmax_rows(float *x, int rows, int n);
  * it had, so a caller can put it back. */
 int kvl__cpu_set_threads(int n_threads);
 
+/* The kernel set OpenBLAS runs on this CPU ("SkylakeX", "Haswell", ...; static storage).  When
+ * OpenBLAS picked one weaker than the CPU's features allow, the process ran itself again with
+ * OPENBLAS_CORETYPE set (blas_core.c). */
+const char *kvl__cpu_blas_core(void);
+
 
 /* Single-query attention (decode) read straight from cache blocks, no gather.
  *   q       [Hq*D]    the query at absolute position Tk-1 (after q_norm and RoPE)

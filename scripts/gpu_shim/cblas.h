@@ -29,6 +29,7 @@ void cblas_ssyrk(CBLAS_ORDER order, CBLAS_UPLO uplo, CBLAS_TRANSPOSE trans, int 
                  const float *A, int lda, float beta, float *C, int ldc);
 void openblas_set_num_threads(int n);
 int openblas_get_num_threads(void);
+char *openblas_get_corename(void);
 
 #ifdef __cplusplus
 }

@@ -106,6 +106,7 @@ void cblas_ssyrk(CBLAS_ORDER order, CBLAS_UPLO uplo, CBLAS_TRANSPOSE trans, int 
 
 void openblas_set_num_threads(int n) { (void)n; }
 int openblas_get_num_threads(void) { return 1; }
+char *openblas_get_corename(void) { return (char *)"minblas"; }
 
 lapack_int LAPACKE_dposv(int layout, char uplo, lapack_int n, lapack_int nrhs, double *a,
                          lapack_int lda, double *b, lapack_int ldb) {
