@@ -3,6 +3,7 @@
  *
  *   bench_batch [--model DIR | --shape NAME] [--sessions 1,4,16,32] [--tokens 128] [--prompt 64]
  *               [--repeat 3] [--long-prefill 2048] [--threads 2] [--weights-dtype auto|f32|bf16]
+ *               [--kv-dtype f32|bf16]
  *               [--max-batch 64] [--prefill-chunk 256] [--decode-stretch 2]
  *
  * For each session count N: N sessions, each prefilled with a `prompt`-token prompt, generate
@@ -211,7 +212,8 @@ static double loadavg(void) {
 }
 
 int main(int argc, char **argv) {
-    const char *model_dir = NULL, *shape = NULL, *sessions_s = "1,4,16,32", *dtype = "auto";
+    const char *model_dir = NULL, *shape = NULL, *sessions_s = "1,4,16,32", *dtype = "auto",
+               *kv_dtype = "f32";
     int tokens = 128, prompt = 64, repeat = 3, long_tokens = 2048, threads = 2;
     int max_batch = 64, prefill_chunk = 256;
     double decode_stretch = KVLD_DEFAULT_DECODE_STRETCH;
@@ -227,6 +229,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--long-prefill")) long_tokens = atoi(v);
         else if (!strcmp(a, "--threads")) threads = atoi(v);
         else if (!strcmp(a, "--weights-dtype")) dtype = v;
+        else if (!strcmp(a, "--kv-dtype")) kv_dtype = v;
         else if (!strcmp(a, "--max-batch")) max_batch = atoi(v);
         else if (!strcmp(a, "--prefill-chunk")) prefill_chunk = atoi(v);
         else if (!strcmp(a, "--decode-stretch")) decode_stretch = atof(v);
@@ -236,13 +239,17 @@ int main(int argc, char **argv) {
     if (repeat < 1 || tokens < 2 || prompt < 1 || (!model_dir && !shape)) {
         fprintf(stderr, "usage: bench_batch --model DIR | --shape NAME [--sessions 1,4,16,32] "
                         "[--tokens N >= 2] [--prompt N] [--repeat N] [--long-prefill N (0: off)] "
-                        "[--threads N] [--weights-dtype auto|f32|bf16]\n");
+                        "[--threads N] [--weights-dtype auto|f32|bf16] [--kv-dtype f32|bf16]\n");
         return 2;
     }
     kvl_model_params mp = kvl_model_default_params();
     mp.n_threads = threads;
     if (kvl_weights_dtype_parse(dtype, &mp.weights_dtype) != KVL_OK) {
         fprintf(stderr, "bench_batch: --weights-dtype: %s\n", kvl_last_error());
+        return 2;
+    }
+    if (kvl_kv_dtype_parse(kv_dtype, &mp.kv_dtype) != KVL_OK) {
+        fprintf(stderr, "bench_batch: --kv-dtype: %s\n", kvl_last_error());
         return 2;
     }
     kvl_model *m = NULL;
@@ -270,10 +277,11 @@ int main(int argc, char **argv) {
         for (int k = 0; k < nc; k++)
             for (int wl = 0; wl < (long_tokens > 0 ? 2 : 1); wl++)
                 if (run_once(&c, counts[k], wl, &res[((size_t)k * 2 + wl) * repeat + rep])) return 1;
-    printf("# %s, %d threads, weights %s; prompt %d, %d tokens per session, greedy; max_batch %d, "
+    printf("# %s, %d threads, weights %s, KV cache %s; prompt %d, %d tokens per session, greedy; max_batch %d, "
            "prefill_chunk %d, decode_stretch %.1f; median of %d runs; load average %.1f before, "
            "%.1f after\n", model_dir ? model_dir : shape, threads,
-           kvl_weights_dtype_name(kvl_model_weights_dtype(m)), prompt, tokens, max_batch,
+           kvl_weights_dtype_name(kvl_model_weights_dtype(m)), kvl_kv_dtype_name(kvl_model_kv_dtype(m)),
+           prompt, tokens, max_batch,
            prefill_chunk, decode_stretch, repeat, load0, loadavg());
     char backends[512];
     kvl_backends_describe(backends, sizeof backends);

@@ -6,7 +6,7 @@
  * of n new tokens at n_past = C for each n of --tokens (n = 1 is a decode step), the cache cut
  * back to C after every repeat; then a re-prefill of C tokens from an empty cache in chunks of
  * --chunk (as kvld's scheduler runs it).  Medians of --reps after one warm-up, milliseconds.
- *   bench_prefill --model DIR [--weights-dtype f32|bf16] [--contexts 512,2048]
+ *   bench_prefill --model DIR [--weights-dtype f32|bf16] [--kv-dtype f32|bf16] [--contexts 512,2048]
  *                 [--tokens 1,9,64,256] [--chunk 256] [--reps 15] [--threads N (0: all cores)]
  *                 [--no-reprefill] */
 #include <stdio.h>
@@ -59,7 +59,7 @@ static kvl_status prefill_chunks(kvl_model *m, kvl_cache *c, const int32_t *tok,
 }
 
 int main(int argc, char **argv) {
-    const char *dir = NULL, *dtype = "f32";
+    const char *dir = NULL, *dtype = "f32", *kv_dtype = "f32";
     int contexts[MAX_LIST] = {512, 2048}, n_ctx = 2, tokens[MAX_LIST] = {1, 9, 64, 256}, n_tok = 4;
     int chunk = 256, reps = 15, threads = 0, reprefill = 1;
     for (int i = 1; i < argc; i++) {
@@ -69,6 +69,7 @@ int main(int argc, char **argv) {
         i++;
         if (!strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "--weights-dtype")) dtype = v;
+        else if (!strcmp(a, "--kv-dtype")) kv_dtype = v;
         else if (!strcmp(a, "--contexts")) { if ((n_ctx = parse_list(a, v, contexts)) < 0) return 2; }
         else if (!strcmp(a, "--tokens")) { if ((n_tok = parse_list(a, v, tokens)) < 0) return 2; }
         else if (!strcmp(a, "--chunk")) chunk = atoi(v);
@@ -77,7 +78,7 @@ int main(int argc, char **argv) {
         else { fprintf(stderr, "bench_prefill: unknown option %s\n", a); return 2; }
     }
     if (!dir || chunk < 1 || reps < 1 || reps > 1000 || threads < 0) {
-        fprintf(stderr, "usage: bench_prefill --model DIR [--weights-dtype f32|bf16] [--contexts 512,2048]\n"
+        fprintf(stderr, "usage: bench_prefill --model DIR [--weights-dtype f32|bf16] [--kv-dtype f32|bf16] [--contexts 512,2048]\n"
                         "       [--tokens 1,9,64,256] [--chunk N >= 1] [--reps 1..1000] [--threads N] [--no-reprefill]\n");
         return 2;
     }
@@ -85,6 +86,7 @@ int main(int argc, char **argv) {
     mp.n_threads = threads;
     kvl_model *m = NULL;
     kvl_status s = kvl_weights_dtype_parse(dtype, &mp.weights_dtype);
+    if (s == KVL_OK) s = kvl_kv_dtype_parse(kv_dtype, &mp.kv_dtype);
     if (s == KVL_OK) s = kvl_model_load(dir, &mp, &m);
     if (s != KVL_OK) {
         fprintf(stderr, "bench_prefill: %s: %s\n", dir, kvl_last_error());
@@ -110,8 +112,8 @@ int main(int argc, char **argv) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         tok[i] = (int32_t)((rng >> 33) % (uint64_t)cfg->vocab_size);
     }
-    printf("bench_prefill: %s (%s weights), %d layers, %d q / %d KV heads, head_dim %d; chunk %d, "
-           "median of %d, ms\n", dir, dtype, cfg->n_layers, cfg->n_heads, cfg->n_kv_heads,
+    printf("bench_prefill: %s (%s weights, %s KV cache), %d layers, %d q / %d KV heads, head_dim %d; chunk %d, "
+           "median of %d, ms\n", dir, dtype, kv_dtype, cfg->n_layers, cfg->n_heads, cfg->n_kv_heads,
            cfg->head_dim, chunk, reps);
     printf("%8s", "context");
     for (int i = 0; i < n_tok; i++) printf(" %9d tok", tokens[i]);

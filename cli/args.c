@@ -107,6 +107,15 @@ void cli_opt_weights_dtype(cli_args *a, kvl_model_params *params, int *err) {
     }
 }
 
+void cli_opt_kv_dtype(cli_args *a, kvl_model_params *params, int *err) {
+    const char *v = cli_opt(a, "--kv-dtype", err);
+    if (!v) return;
+    if (kvl_kv_dtype_parse(v, &params->kv_dtype) != KVL_OK) {
+        fprintf(stderr, "kvlingo: option --kv-dtype: %s\n", kvl_last_error());
+        *err = 1;
+    }
+}
+
 double cli_opt_double(cli_args *a, const char *name, double dflt, double lo, double hi, int *err) {
     const char *v = cli_opt(a, name, err);
     if (!v) return dflt;

@@ -32,6 +32,8 @@ struct kvl_model_params;
 void cli_opt_device(cli_args *a, struct kvl_model_params *params, int *err);
 /* --weights-dtype auto|f32|bf16 into params->weights_dtype (kvlingo/model.h). */
 void cli_opt_weights_dtype(cli_args *a, struct kvl_model_params *params, int *err);
+/* --kv-dtype f32|bf16 into params->kv_dtype (kvlingo/model.h). */
+void cli_opt_kv_dtype(cli_args *a, struct kvl_model_params *params, int *err);
 /* Reports any argument not consumed; returns non-zero if there is one. */
 int cli_args_leftover(cli_args *a, const char *cmd);
 

@@ -18,7 +18,8 @@ int cmd_eval_ppl(int argc, char **argv) {
     int err = 0;
     if (cli_flag(&a, "--help")) {
         puts("usage: kvlingo eval-ppl --model DIR --text-file FILE [--window 256] [--max-windows 200]\n"
-             "         [--threads N] [--device cpu|cuda|cuda:N] [--weights-dtype auto|f32|bf16] [--json]\n"
+             "         [--threads N] [--device cpu|cuda|cuda:N] [--weights-dtype auto|f32|bf16]\n"
+             "         [--kv-dtype f32|bf16] [--json]\n"
              "         [--quiet]\n"
              "Perplexity over windows starting at tokens 0, W, 2W, ...: each window reads tokens\n"
              "[s, s+W) from an empty cache and is scored on predicting [s+1, s+W+1).  The file is one\n"
@@ -35,6 +36,7 @@ int cmd_eval_ppl(int argc, char **argv) {
     kvl_model_params dev = kvl_model_default_params();
     cli_opt_device(&a, &dev, &err);
     cli_opt_weights_dtype(&a, &dev, &err);
+    cli_opt_kv_dtype(&a, &dev, &err);
     int json = cli_flag(&a, "--json"), quiet = cli_flag(&a, "--quiet");
     if (err || cli_args_leftover(&a, "eval-ppl")) { cli_args_free(&a); return 2; }
     cli_args_free(&a);

@@ -110,7 +110,8 @@ int cmd_generate(int argc, char **argv) {
     if (cli_flag(&a, "--help")) {
         puts("usage: kvlingo generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N (32)]\n"
              "         [--temperature T] [--top-k K] [--top-p P] [--seed S] [--threads N]\n"
-             "         [--device cpu|cuda|cuda:N] [--weights-dtype auto|f32|bf16] [--special] [--json]\n"
+             "         [--device cpu|cuda|cuda:N] [--weights-dtype auto|f32|bf16] [--kv-dtype f32|bf16]\n"
+             "         [--special] [--json]\n"
              "Greedy when --temperature is 0 (default); stops at EOS.  The text leaves special tokens\n"
              "(<|endoftext|>, ...) out unless --special.  --json prints {\"ids\": [...], \"text\": \"...\"}\n"
              "with the generated ids only, ending with EOS when generation stopped on it, and the text\n"
@@ -131,6 +132,7 @@ int cmd_generate(int argc, char **argv) {
     kvl_model_params dev = kvl_model_default_params();
     cli_opt_device(&a, &dev, &err);
     cli_opt_weights_dtype(&a, &dev, &err);
+    cli_opt_kv_dtype(&a, &dev, &err);
     int json = cli_flag(&a, "--json");
     int special = cli_flag(&a, "--special");
     if (err || cli_args_leftover(&a, "generate")) { cli_args_free(&a); return 2; }

@@ -12,9 +12,9 @@ static void usage(FILE *f) {
           "  info        --model DIR [--json]                      architecture, geometry, parameters\n"
           "  generate    --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]\n"
           "              [--temperature T] [--top-k K] [--top-p P] [--seed S] [--threads N] [--json]\n"
-          "              [--device cpu|cuda|cuda:N] [--weights-dtype auto|f32|bf16]\n"
+          "              [--device cpu|cuda|cuda:N] [--weights-dtype auto|f32|bf16] [--kv-dtype f32|bf16]\n"
           "  eval-ppl    --model DIR --text-file FILE [--window 256] [--max-windows 200] [--json]\n"
-          "              [--device cpu|cuda|cuda:N] [--weights-dtype auto|f32|bf16]\n"
+          "              [--device cpu|cuda|cuda:N] [--weights-dtype auto|f32|bf16] [--kv-dtype f32|bf16]\n"
           "  tokenize    (--model DIR | --tokenizer FILE) (--text STR | --text-file FILE) [--json]\n"
           "  detokenize  (--model DIR | --tokenizer FILE) --ids 1,2,3\n"
 #ifdef KVL_HAVE_SERVER

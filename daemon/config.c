@@ -22,6 +22,7 @@ void kvld_config_defaults(kvld_config *cfg) {
     snprintf(cfg->transport, sizeof cfg->transport, "ucx");
     snprintf(cfg->device, sizeof cfg->device, "cpu");
     snprintf(cfg->weights_dtype, sizeof cfg->weights_dtype, "auto");
+    snprintf(cfg->kv_dtype, sizeof cfg->kv_dtype, "f32");
     cfg->max_sessions = 64;
     cfg->max_batch = 32;
     cfg->prefill_chunk = 256;
@@ -49,6 +50,7 @@ static const kvld_flag k_flags[] = {
     {"metrics", "HOST:PORT", "Prometheus /metrics and /healthz endpoint", "off"},
     {"device", "cpu|cuda|cuda:N", "compute backend of the model and its caches", "cpu"},
     {"weights-dtype", "auto|f32|bf16", "weights in memory (auto: bf16 for bf16 checkpoints)", "auto"},
+    {"kv-dtype", "f32|bf16", "KV cache elements (bf16: half the cache memory and attention reads; CPU only)", "f32"},
     {"max-sessions", "N", "sessions held at once", "64"},
     {"max-context", "N", "tokens per session (0: the model's max_position_embeddings)", "0"},
     {"max-batch", "N", "sequences per forward pass (continuous batching)", "32"},
@@ -173,6 +175,12 @@ static kvl_status set_key(kvld_config *cfg, const char *key_in, const char *v) {
             return kvl__errorf(KVL_ERR_INVALID_ARG, "config: weights_dtype = '%s': expected auto, f32 "
                                "or bf16", v);
         return set_str(cfg->weights_dtype, sizeof cfg->weights_dtype, key, v);
+    }
+    if (!strcmp(key, "kv_dtype")) {
+        kvl_kv_dtype d;
+        if (kvl_kv_dtype_parse(v, &d) != KVL_OK)
+            return kvl__errorf(KVL_ERR_INVALID_ARG, "config: kv_dtype = '%s': expected f32 or bf16", v);
+        return set_str(cfg->kv_dtype, sizeof cfg->kv_dtype, key, v);
     }
     INT(max_sessions, 1, 1000000);
     INT(max_context, 0, 1 << 24);

@@ -14,6 +14,7 @@ typedef struct kvld_config {
     char metrics[KVLD_STR_MAX];      /* "host:port" for /metrics and /healthz; "" = off         */
     char device[32];                 /* compute backend: "cpu" (default), "cuda" or "cuda:N"    */
     char weights_dtype[8];           /* CPU weights: "auto" (default: the checkpoint's), "f32", "bf16" */
+    char kv_dtype[8];                /* KV cache elements: "f32" (default) or "bf16" (CPU only)     */
     char peers[KVLD_STR_MAX * 4];    /* the fleet's other nodes, "host:port,host:port"; "" = none */
     int warmup;                      /* 1 (default): one forward + each translator before serving */
     int max_sessions;                /* default 64                                              */

@@ -158,11 +158,12 @@ static void on_start(void *arg) {
     /* the port line is what scripts wait for (it says which port "HOST:0" got) */
     kvl__svc_log("info", "msg=serving model=%s hash=%s arch=%s listen=%s port=%d metrics=%s "
                  "transport=%s translators=%d max_sessions=%d max_context=%d device=%s "
-                 "weights_dtype=%s warmup_ms=%.1f peers=%s tls=%s health_port=%d",
+                 "weights_dtype=%s kv_dtype=%s warmup_ms=%.1f peers=%s tls=%s health_port=%d",
                  kvl_model_name(n->model), kvl_model_hash(n->model), mc->architecture,
                  cfg->listen, kvl__rpc_server_port(n->rpc), cfg->metrics[0] ? cfg->metrics : "-",
                  cfg->transport, n->translators.n, cfg->max_sessions, n->max_context, cfg->device,
-                 kvl_weights_dtype_name(kvl_model_weights_dtype(n->model)), n->warmup_ms,
+                 kvl_weights_dtype_name(kvl_model_weights_dtype(n->model)),
+                 kvl_kv_dtype_name(kvl_model_kv_dtype(n->model)), n->warmup_ms,
                  cfg->peers[0] ? cfg->peers : "-", cfg->insecure ? "off" : "mutual",
                  n->health_rpc ? kvl__rpc_server_port(n->health_rpc) : 0);
 }

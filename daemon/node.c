@@ -38,6 +38,7 @@ kvl_status kvld_node_create(const kvld_config *cfg, kvld_node **out) {
     mp.n_threads = cfg->threads;
     st = kvl_device_parse(cfg->device, &mp.device, &mp.device_index);
     if (st == KVL_OK && cfg->weights_dtype[0]) st = kvl_weights_dtype_parse(cfg->weights_dtype, &mp.weights_dtype);
+    if (st == KVL_OK && cfg->kv_dtype[0]) st = kvl_kv_dtype_parse(cfg->kv_dtype, &mp.kv_dtype);
     if (st == KVL_OK) st = kvl_model_load(cfg->model, &mp, &n->model);
     if (st != KVL_OK) {
         kvl__error_prefix(st, "loading the model");

@@ -123,6 +123,13 @@ kvl_status kvl__model_finish(kvl_model *m, const kvl_model_params *params,
                            (int)prm.weights_dtype);
     if (prm.weights_dtype == KVL_WEIGHTS_AUTO) prm.weights_dtype = auto_dtype;
     m->weights_dtype = prm.weights_dtype;
+    if (prm.kv_dtype != KVL_KV_F32 && prm.kv_dtype != KVL_KV_BF16)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "model params: kv_dtype %d is not f32 or bf16",
+                           (int)prm.kv_dtype);
+    if (prm.kv_dtype == KVL_KV_BF16 && prm.device != KVL_DEVICE_CPU)
+        return kvl__errorf(KVL_ERR_UNSUPPORTED, "kv dtype bf16: only the CPU backend stores a bf16 "
+                           "KV cache (the CUDA backend keeps float32); use kv dtype f32");
+    m->kv_dtype = prm.kv_dtype;
     if (m->cfg.tie_word_embeddings) m->lm_head = m->embed;   /* a redundant lm_head.weight is ignored */
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const kvl__layer_weights *w = &m->layers[l];
@@ -157,6 +164,19 @@ const char *kvl_weights_dtype_name(kvl_weights_dtype d) {
 }
 
 kvl_weights_dtype kvl_model_weights_dtype(const kvl_model *m) { return m->weights_dtype; }
+
+kvl_status kvl_kv_dtype_parse(const char *text, kvl_kv_dtype *out) {
+    if (text && !strcmp(text, "f32")) *out = KVL_KV_F32;
+    else if (text && !strcmp(text, "bf16")) *out = KVL_KV_BF16;
+    else
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "kv dtype '%s': expected f32 or bf16",
+                           text ? text : "(null)");
+    return KVL_OK;
+}
+
+const char *kvl_kv_dtype_name(kvl_kv_dtype d) { return d == KVL_KV_BF16 ? "bf16" : "f32"; }
+
+kvl_kv_dtype kvl_model_kv_dtype(const kvl_model *m) { return m->kv_dtype; }
 
 kvl_status kvl_model_load(const char *dir, const kvl_model_params *params, kvl_model **out) {
     if (!dir || !out) return kvl__errorf(KVL_ERR_INVALID_ARG, "kvl_model_load: NULL argument");

@@ -23,6 +23,7 @@ struct kvl_model {
     char hash[17];
     int n_threads;
     kvl_weights_dtype weights_dtype; /* F32 or BF16 (AUTO resolved at load)             */
+    kvl_kv_dtype kv_dtype;           /* element type of kvl_model_cache_create's caches  */
     float *embed;                 /* [V, H] model.embed_tokens.weight                  */
     float *final_norm;            /* [H]    model.norm.weight                          */
     float *lm_head;               /* [V, H] lm_head.weight, or == embed when tied      */

@@ -109,6 +109,23 @@ kvl_status kvl_weights_dtype_parse(const char *text, kvl_weights_dtype *out);
 /* "auto", "f32" or "bf16" (static string). */
 const char *kvl_weights_dtype_name(kvl_weights_dtype dtype);
 
+/* What the CPU backend's KV cache stores (kvl_model_params.kv_dtype):
+ *   KVL_KV_F32   float32 (the default; the golden parity tests run on it)
+ *   KVL_KV_BF16  bfloat16, K/V/Kpre rounded to nearest even as they are written and widened to
+ *                float32 as attention reads them: half the bytes a decode step reads per token
+ *                of context and half the cache memory; attention itself accumulates in float32.
+ * Spans exported from a bf16 cache carry the widened float32 values.  The CUDA backend keeps
+ * float32 caches and refuses KVL_KV_BF16 (KVL_ERR_UNSUPPORTED). */
+typedef enum kvl_kv_dtype {
+    KVL_KV_F32 = 0,
+    KVL_KV_BF16 = 1,
+} kvl_kv_dtype;
+
+/* Parse "f32" or "bf16"; KVL_ERR_INVALID_ARG with a message quoting the text otherwise. */
+kvl_status kvl_kv_dtype_parse(const char *text, kvl_kv_dtype *out);
+/* "f32" or "bf16" (static string). */
+const char *kvl_kv_dtype_name(kvl_kv_dtype dtype);
+
 typedef struct kvl_model_params {
     int n_threads;              /* threads for BLAS and attention; 0 = all cores           */
     kvl_device device;          /* KVL_DEVICE_CPU (default) or KVL_DEVICE_CUDA: the backend
@@ -122,7 +139,12 @@ typedef struct kvl_model_params {
     kvl_weights_dtype weights_dtype; /* CPU weight streaming dtype, default AUTO (above);
                                  * kvl_model_load and kvl_model_create_random resolve AUTO, so
                                  * a backend sees F32 or BF16 only                         */
+    kvl_kv_dtype kv_dtype;      /* KV cache element type of caches made for this model by
+                                 * kvl_model_cache_create, default KVL_KV_F32 (above)       */
 } kvl_model_params;
+
+/* The KV cache element type of the caches kvl_model_cache_create makes for this model. */
+kvl_kv_dtype kvl_model_kv_dtype(const kvl_model *model);
 
 /* The weights dtype a loaded model computes with on the CPU (F32 or BF16, AUTO resolved). */
 kvl_weights_dtype kvl_model_weights_dtype(const kvl_model *model);

@@ -158,17 +158,23 @@ static void decode_group_avx512(float *out, const float *q, const float *const *
                                 int Tk, int group, int D, float *scratch);
 #endif
 
-KVL_MULTIVERSION
-void kvl__cpu_attention_decode_group(float *out, const float *q, const float *const *k_blk,
-                                     const float *const *v_blk, int block_tokens, int row,
-                                     int head_off, int Tk, int group, int D, float *scratch) {
 #ifdef KVL_DECODE_AVX512
+static int decode_avx512_on(void) {
     static int use_avx512 = -1;   /* a benign race: every thread computes the same answer */
     if (use_avx512 < 0) {
         const char *env = getenv("KVL_CPU_DECODE");   /* "portable": the forms above, for tests */
         use_avx512 = __builtin_cpu_supports("avx512f") && !(env && !strcmp(env, "portable"));
     }
-    if (D % 16 == 0 && D <= 128 && use_avx512) {
+    return use_avx512;
+}
+#endif
+
+KVL_MULTIVERSION
+void kvl__cpu_attention_decode_group(float *out, const float *q, const float *const *k_blk,
+                                     const float *const *v_blk, int block_tokens, int row,
+                                     int head_off, int Tk, int group, int D, float *scratch) {
+#ifdef KVL_DECODE_AVX512
+    if (D % 16 == 0 && D <= 128 && decode_avx512_on()) {
         decode_group_avx512(out, q, k_blk, v_blk, block_tokens, row, head_off, Tk, group, D, scratch);
         return;
     }
@@ -213,6 +219,61 @@ void kvl__cpu_attention_decode_blocks(float *out, const float *q, const float *c
         kvl__cpu_attention_decode_group(out + (size_t)g * group * D, q + (size_t)g * group * D,
                                         k_blk, v_blk, block_tokens, Hkv * D, g * D, Tk, group, D,
                                         scratch);
+}
+
+/* ---- decode over a bf16 cache ---------------------------------------------------------------
+ *
+ * The portable form widens each key and value row of the head into a float row on the stack
+ * (exact: a bf16 is the top half of a float) and runs the float32 forms' dot products and
+ * weighted sums on it; the AVX-512 form at the end of this file widens in registers. */
+static inline __attribute__((always_inline)) void widen_row(float *restrict dst,
+                                                            const uint16_t *restrict src, int n) {
+    for (int i = 0; i < n; i++) {
+        union { uint32_t u; float f; } v = {(uint32_t)src[i] << 16};
+        dst[i] = v.f;
+    }
+}
+
+#ifdef KVL_DECODE_AVX512
+static void decode_group_avx512_bf16(float *out, const float *q, const uint16_t *const *k_blk,
+                                     const uint16_t *const *v_blk, int block_tokens, int row,
+                                     int head_off, int Tk, int group, int D, float *scratch);
+#endif
+
+KVL_MULTIVERSION
+void kvl__cpu_attention_decode_group_bf16(float *out, const float *q, const uint16_t *const *k_blk,
+                                          const uint16_t *const *v_blk, int block_tokens, int row,
+                                          int head_off, int Tk, int group, int D, float *scratch) {
+#ifdef KVL_DECODE_AVX512
+    if (D % 16 == 0 && D <= 128 && decode_avx512_on()) {
+        decode_group_avx512_bf16(out, q, k_blk, v_blk, block_tokens, row, head_off, Tk, group, D,
+                                 scratch);
+        return;
+    }
+#endif
+    float w[KVL__ATT_BF16_MAX_D];
+    if (D > KVL__ATT_BF16_MAX_D) return;   /* refused when the cache was made */
+    const float scale = 1.0f / sqrtf((float)D);
+    for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {
+        const uint16_t *kb = k_blk[b] + head_off;
+        const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;
+        for (int t = 0; t < n; t++) {
+            widen_row(w, kb + (size_t)t * row, D);
+            for (int hh = 0; hh < group; hh++)
+                scratch[(size_t)hh * Tk + j0 + t] = dot_any(q + (size_t)hh * D, w, D) * scale;
+        }
+    }
+    softmax_heads(scratch, group, Tk);
+    for (int hh = 0; hh < group; hh++) memset(out + (size_t)hh * D, 0, sizeof(float) * (size_t)D);
+    for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {
+        const uint16_t *vb = v_blk[b] + head_off;
+        const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;
+        for (int t = 0; t < n; t++) {
+            widen_row(w, vb + (size_t)t * row, D);
+            for (int hh = 0; hh < group; hh++)
+                axpy_any(out + (size_t)hh * D, scratch[(size_t)hh * Tk + j0 + t], w, D);
+        }
+    }
 }
 
 /* ---- prefill: a tile of query rows over the blocks ------------------------------------------
@@ -354,142 +415,154 @@ static inline __attribute__((always_inline)) void prefill_tile(
 #include "simd_reduce.h"
 #define KVL_PREFILL_AVX512 1
 
-/* AVX-512 form of prefill_scores: eight keys per pass over the tile's queries (eight
- * independent FMA chains), each key element broadcast from the block in place. */
-__attribute__((target("avx512f"))) static void prefill_scores_avx512(
-    float *restrict S, const float *restrict Qt, const float *const *k_blk, int block_tokens,
-    int row, int head_off, int Tk, int D) {
-    for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {
-        const float *kb = k_blk[b] + head_off;
-        const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;
-        int t = 0;
-        for (; t + 8 <= n; t += 8) {
-            const float *k0 = kb + (size_t)t * row;
-            __m512 a[8];
-            for (int m = 0; m < 8; m++) a[m] = _mm512_setzero_ps();
-            for (int d = 0; d < D; d++) {
-                const __m512 qt = _mm512_loadu_ps(Qt + (size_t)d * LANES);
-#pragma GCC unroll 8
-                for (int m = 0; m < 8; m++)
-                    a[m] = _mm512_fmadd_ps(_mm512_set1_ps(k0[(size_t)m * row + d]), qt, a[m]);
-            }
-#pragma GCC unroll 8
-            for (int m = 0; m < 8; m++) _mm512_storeu_ps(S + (size_t)(j0 + t + m) * LANES, a[m]);
-        }
-        for (; t < n; t++) {
-            const float *k0 = kb + (size_t)t * row;
-            __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-            int d = 0;
-            for (; d + 2 <= D; d += 2) {
-                a0 = _mm512_fmadd_ps(_mm512_set1_ps(k0[d]), _mm512_loadu_ps(Qt + (size_t)d * LANES), a0);
-                a1 = _mm512_fmadd_ps(_mm512_set1_ps(k0[d + 1]),
-                                     _mm512_loadu_ps(Qt + (size_t)(d + 1) * LANES), a1);
-            }
-            if (d < D) a0 = _mm512_fmadd_ps(_mm512_set1_ps(k0[d]), _mm512_loadu_ps(Qt + (size_t)d * LANES), a0);
-            _mm512_storeu_ps(S + (size_t)(j0 + t) * LANES, _mm512_add_ps(a0, a1));
-        }
-    }
+/* bf16 rows widened in registers: 16 bf16 -> the top halves of 16 floats (exact) */
+#define KVL_LOAD_F32(p) _mm512_loadu_ps(p)
+#define KVL_LOAD_BF16(p) \
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+/* The prefill forms below are written once for float32 and for bf16 cache rows: LOADKV loads
+ * 16 elements as floats, LOADKV_TAIL the masked last vector of a row (bf16 rows come here only
+ * when head_dim is a multiple of 16, so theirs is a whole vector), GETKV one element. */
+#define KVL_GET_F32(x) (x)
+#define KVL_GET_BF16(x) kvl__att_bf16_to_f32(x)
+#define KVL_LOAD_F32_TAIL(m, p) _mm512_maskz_loadu_ps(m, p)
+#define KVL_LOAD_BF16_TAIL(m, p) KVL_LOAD_BF16(p)
+static inline float kvl__att_bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+    return v.f;
 }
-
-/* AVX-512 form of prefill_pv for head_dim D in DV vectors (the last one masked by `tail` when D is
- * not a multiple of 16): NL lanes' outputs (NL * DV vectors) held in registers across all keys;
- * rows of lanes >= L are computed and not stored. */
-static inline __attribute__((always_inline, target("avx512f"))) void prefill_pv_avx512(
-    float *out, int ldq, int nh, int L, const float *restrict S, const float *inv, int lg,
-    const float *const *v_blk, int block_tokens, int row, int head_off, int Tk, int D,
-    __mmask16 tail, const int DV, const int NL) {
-    __m512 o[16];   /* NL * DV <= 16 (a fixed size: a VLA would live in memory) */
-#pragma GCC unroll 16
-    for (int i = 0; i < NL * DV; i++) o[i] = _mm512_setzero_ps();
-    for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {
-        const float *vb = v_blk[b] + head_off;
-        const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;
-        for (int t = 0; t < n; t++) {
-            const float *vr = vb + (size_t)t * row;
-            const float *p = S + (size_t)(j0 + t) * LANES + lg;
-            __m512 v[8];
-#pragma GCC unroll 8
-            for (int e = 0; e < DV; e++)
-                v[e] = e < DV - 1 ? _mm512_loadu_ps(vr + 16 * e) : _mm512_maskz_loadu_ps(tail, vr + 16 * e);
-#pragma GCC unroll 4
-            for (int m = 0; m < NL; m++) {
-                const __m512 pm = _mm512_set1_ps(p[m]);
-#pragma GCC unroll 8
-                for (int e = 0; e < DV; e++) o[m * DV + e] = _mm512_fmadd_ps(pm, v[e], o[m * DV + e]);
-            }
-        }
-    }
-#pragma GCC unroll 4
-    for (int m = 0; m < NL; m++) {
-        const int l = lg + m;
-        if (l >= L) break;
-        float *dst = out + (size_t)(l / nh) * ldq + (size_t)(l % nh) * D;
-        const __m512 sc = _mm512_set1_ps(inv[l]);
-#pragma GCC unroll 8
-        for (int e = 0; e < DV - 1; e++) _mm512_storeu_ps(dst + 16 * e, _mm512_mul_ps(o[m * DV + e], sc));
-        _mm512_mask_storeu_ps(dst + 16 * (DV - 1), tail, _mm512_mul_ps(o[m * DV + DV - 1], sc));
-    }
+#define KVL_PREFILL_KERNELS(SFX, KV_T, LOADKV, LOADKV_TAIL, GETKV)                                                                                                    \
+/* AVX-512 form of prefill_scores: eight keys per pass over the tile's queries (eight                                                                                 \
+ * independent FMA chains), each key element broadcast from the block in place. */                                                                                    \
+__attribute__((target("avx512f"))) static void prefill_scores_avx512##SFX(                                                                                            \
+    float *restrict S, const float *restrict Qt, const KV_T *const *k_blk, int block_tokens,                                                                          \
+    int row, int head_off, int Tk, int D) {                                                                                                                           \
+    for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {                                                                                                       \
+        const KV_T *kb = k_blk[b] + head_off;                                                                                                                         \
+        const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;                                                                                                \
+        int t = 0;                                                                                                                                                    \
+        for (; t + 8 <= n; t += 8) {                                                                                                                                  \
+            const KV_T *k0 = kb + (size_t)t * row;                                                                                                                    \
+            __m512 a[8];                                                                                                                                              \
+            for (int m = 0; m < 8; m++) a[m] = _mm512_setzero_ps();                                                                                                   \
+            for (int d = 0; d < D; d++) {                                                                                                                             \
+                const __m512 qt = _mm512_loadu_ps(Qt + (size_t)d * LANES);                                                                                            \
+_Pragma("GCC unroll 8")                                                                                                                                               \
+                for (int m = 0; m < 8; m++)                                                                                                                           \
+                    a[m] = _mm512_fmadd_ps(_mm512_set1_ps(GETKV(k0[(size_t)m * row + d])), qt, a[m]);                                                                 \
+            }                                                                                                                                                         \
+_Pragma("GCC unroll 8")                                                                                                                                               \
+            for (int m = 0; m < 8; m++) _mm512_storeu_ps(S + (size_t)(j0 + t + m) * LANES, a[m]);                                                                     \
+        }                                                                                                                                                             \
+        for (; t < n; t++) {                                                                                                                                          \
+            const KV_T *k0 = kb + (size_t)t * row;                                                                                                                    \
+            __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();                                                                                                \
+            int d = 0;                                                                                                                                                \
+            for (; d + 2 <= D; d += 2) {                                                                                                                              \
+                a0 = _mm512_fmadd_ps(_mm512_set1_ps(GETKV(k0[d])), _mm512_loadu_ps(Qt + (size_t)d * LANES), a0);                                                      \
+                a1 = _mm512_fmadd_ps(_mm512_set1_ps(GETKV(k0[d + 1])),                                                                                                \
+                                     _mm512_loadu_ps(Qt + (size_t)(d + 1) * LANES), a1);                                                                              \
+            }                                                                                                                                                         \
+            if (d < D) a0 = _mm512_fmadd_ps(_mm512_set1_ps(GETKV(k0[d])), _mm512_loadu_ps(Qt + (size_t)d * LANES), a0);                                               \
+            _mm512_storeu_ps(S + (size_t)(j0 + t) * LANES, _mm512_add_ps(a0, a1));                                                                                    \
+        }                                                                                                                                                             \
+    }                                                                                                                                                                 \
+}                                                                                                                                                                     \
+                                                                                                                                                                      \
+/* AVX-512 form of prefill_pv for head_dim D in DV vectors (the last one masked by `tail` when D is                                                                   \
+ * not a multiple of 16): NL lanes' outputs (NL * DV vectors) held in registers across all keys;                                                                      \
+ * rows of lanes >= L are computed and not stored. */                                                                                                                 \
+static inline __attribute__((always_inline, target("avx512f"))) void prefill_pv_avx512##SFX(                                                                          \
+    float *out, int ldq, int nh, int L, const float *restrict S, const float *inv, int lg,                                                                            \
+    const KV_T *const *v_blk, int block_tokens, int row, int head_off, int Tk, int D,                                                                                 \
+    __mmask16 tail, const int DV, const int NL) {                                                                                                                     \
+    __m512 o[16];   /* NL * DV <= 16 (a fixed size: a VLA would live in memory) */                                                                                    \
+_Pragma("GCC unroll 16")                                                                                                                                              \
+    for (int i = 0; i < NL * DV; i++) o[i] = _mm512_setzero_ps();                                                                                                     \
+    for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {                                                                                                       \
+        const KV_T *vb = v_blk[b] + head_off;                                                                                                                         \
+        const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;                                                                                                \
+        for (int t = 0; t < n; t++) {                                                                                                                                 \
+            const KV_T *vr = vb + (size_t)t * row;                                                                                                                    \
+            const float *p = S + (size_t)(j0 + t) * LANES + lg;                                                                                                       \
+            __m512 v[8];                                                                                                                                              \
+_Pragma("GCC unroll 8")                                                                                                                                               \
+            for (int e = 0; e < DV; e++)                                                                                                                              \
+                v[e] = e < DV - 1 ? LOADKV(vr + 16 * e) : LOADKV_TAIL(tail, vr + 16 * e);                                                                             \
+_Pragma("GCC unroll 4")                                                                                                                                               \
+            for (int m = 0; m < NL; m++) {                                                                                                                            \
+                const __m512 pm = _mm512_set1_ps(p[m]);                                                                                                               \
+_Pragma("GCC unroll 8")                                                                                                                                               \
+                for (int e = 0; e < DV; e++) o[m * DV + e] = _mm512_fmadd_ps(pm, v[e], o[m * DV + e]);                                                                \
+            }                                                                                                                                                         \
+        }                                                                                                                                                             \
+    }                                                                                                                                                                 \
+_Pragma("GCC unroll 4")                                                                                                                                               \
+    for (int m = 0; m < NL; m++) {                                                                                                                                    \
+        const int l = lg + m;                                                                                                                                         \
+        if (l >= L) break;                                                                                                                                            \
+        float *dst = out + (size_t)(l / nh) * ldq + (size_t)(l % nh) * D;                                                                                             \
+        const __m512 sc = _mm512_set1_ps(inv[l]);                                                                                                                     \
+_Pragma("GCC unroll 8")                                                                                                                                               \
+        for (int e = 0; e < DV - 1; e++) _mm512_storeu_ps(dst + 16 * e, _mm512_mul_ps(o[m * DV + e], sc));                                                            \
+        _mm512_mask_storeu_ps(dst + 16 * (DV - 1), tail, _mm512_mul_ps(o[m * DV + DV - 1], sc));                                                                      \
+    }                                                                                                                                                                 \
+}                                                                                                                                                                     \
+                                                                                                                                                                      \
+                                                                                                                                                                      \
+/* The tile of prefill_tile on AVX-512 for head_dim up to 128: the same                                                                                               \
+ * arithmetic in the same order per lane (equal results up to the FMA contraction). */                                                                                \
+__attribute__((target("avx512f"))) static void prefill_tile_avx512##SFX(                                                                                              \
+    float *out, const float *q, int ldq, const KV_T *const *k_blk, const KV_T *const *v_blk,                                                                          \
+    int block_tokens, int row, int head_off, int p0, int r, int nh, int D, float *scratch) {                                                                          \
+    const int L = r * nh, Tk = p0 + r, jall = p0 + 1;                                                                                                                 \
+    float *restrict S = scratch;                                                                                                                                      \
+    float *restrict Qt = scratch + (size_t)Tk * LANES;                                                                                                                \
+    const float scale = 1.0f / sqrtf((float)D);                                                                                                                       \
+    for (int d = 0; d < D; d++)                                                                                                                                       \
+        for (int l = 0; l < LANES; l++)                                                                                                                               \
+            Qt[(size_t)d * LANES + l] =                                                                                                                               \
+                l < L ? q[(size_t)(l / nh) * ldq + (size_t)(l % nh) * D + d] * scale : 0.0f;                                                                          \
+    prefill_scores_avx512##SFX(S, Qt, k_blk, block_tokens, row, head_off, Tk, D);                                                                                     \
+    /* causal tail: lane l (row l / nh) sees keys [0, p0 + l/nh + 1) */                                                                                               \
+    for (int j = jall; j < Tk; j++)                                                                                                                                   \
+        for (int l = 0; l < LANES; l++)                                                                                                                               \
+            if (l < L && j >= p0 + l / nh + 1) S[(size_t)j * LANES + l] = -INFINITY;                                                                                  \
+    __m512 mx = _mm512_set1_ps(-INFINITY);                                                                                                                            \
+    for (int j = 0; j < Tk; j++) mx = _mm512_max_ps(mx, _mm512_loadu_ps(S + (size_t)j * LANES));                                                                      \
+    float mxs[LANES], sum[LANES], inv[LANES];                                                                                                                         \
+    _mm512_storeu_ps(mxs, mx);                                                                                                                                        \
+    for (int l = 0; l < LANES; l++) sum[l] = 0.0f;                                                                                                                    \
+    /* exp_nonpos over whole rows (compiled 16 wide here); -inf - max clamps to e^-87.3, so the                                                                       \
+     * masked keys are zeroed after */                                                                                                                                \
+    for (int j = 0; j < Tk; j++) {                                                                                                                                    \
+        float *restrict sj = S + (size_t)j * LANES;                                                                                                                   \
+        for (int l = 0; l < LANES; l++) {                                                                                                                             \
+            sj[l] = exp_nonpos(sj[l] - mxs[l]);                                                                                                                       \
+            sum[l] += sj[l];                                                                                                                                          \
+        }                                                                                                                                                             \
+    }                                                                                                                                                                 \
+    for (int j = jall; j < Tk; j++)                                                                                                                                   \
+        for (int l = 0; l < LANES; l++)                                                                                                                               \
+            if (l < L && j >= p0 + l / nh + 1) {                                                                                                                      \
+                sum[l] -= S[(size_t)j * LANES + l];                                                                                                                   \
+                S[(size_t)j * LANES + l] = 0.0f;                                                                                                                      \
+            }                                                                                                                                                         \
+    for (int l = 0; l < LANES; l++) inv[l] = 1.0f / sum[l];                                                                                                           \
+    const __mmask16 tail = D % 16 ? (__mmask16)((1u << (D % 16)) - 1) : (__mmask16)0xFFFF;                                                                            \
+    switch ((D + 15) / 16) {                                                                                                                                          \
+        case 1: for (int lg = 0; lg < L; lg += 4) prefill_pv_avx512##SFX(out, ldq, nh, L, S, inv, lg, v_blk, block_tokens, row, head_off, Tk, D, tail, 1, 4); break;  \
+        case 2: for (int lg = 0; lg < L; lg += 4) prefill_pv_avx512##SFX(out, ldq, nh, L, S, inv, lg, v_blk, block_tokens, row, head_off, Tk, D, tail, 2, 4); break;  \
+        case 3: for (int lg = 0; lg < L; lg += 4) prefill_pv_avx512##SFX(out, ldq, nh, L, S, inv, lg, v_blk, block_tokens, row, head_off, Tk, D, tail, 3, 4); break;  \
+        case 4: for (int lg = 0; lg < L; lg += 4) prefill_pv_avx512##SFX(out, ldq, nh, L, S, inv, lg, v_blk, block_tokens, row, head_off, Tk, D, tail, 4, 4); break;  \
+        case 5: for (int lg = 0; lg < L; lg += 2) prefill_pv_avx512##SFX(out, ldq, nh, L, S, inv, lg, v_blk, block_tokens, row, head_off, Tk, D, tail, 5, 2); break;  \
+        case 6: for (int lg = 0; lg < L; lg += 2) prefill_pv_avx512##SFX(out, ldq, nh, L, S, inv, lg, v_blk, block_tokens, row, head_off, Tk, D, tail, 6, 2); break;  \
+        case 7: for (int lg = 0; lg < L; lg += 2) prefill_pv_avx512##SFX(out, ldq, nh, L, S, inv, lg, v_blk, block_tokens, row, head_off, Tk, D, tail, 7, 2); break;  \
+        case 8: for (int lg = 0; lg < L; lg += 2) prefill_pv_avx512##SFX(out, ldq, nh, L, S, inv, lg, v_blk, block_tokens, row, head_off, Tk, D, tail, 8, 2); break;  \
+    }                                                                                                                                                                 \
 }
-
-#define KVL_PV_CASE(DV_, NL_)                                                                    \
-    case DV_:                                                                                    \
-        for (int lg = 0; lg < L; lg += NL_)                                                      \
-            prefill_pv_avx512(out, ldq, nh, L, S, inv, lg, v_blk, block_tokens, row, head_off,    \
-                              Tk, D, tail, DV_, NL_);                                            \
-        break;
-
-/* The tile of prefill_tile on AVX-512 for head_dim up to 128: the same
- * arithmetic in the same order per lane (equal results up to the FMA contraction). */
-__attribute__((target("avx512f"))) static void prefill_tile_avx512(
-    float *out, const float *q, int ldq, const float *const *k_blk, const float *const *v_blk,
-    int block_tokens, int row, int head_off, int p0, int r, int nh, int D, float *scratch) {
-    const int L = r * nh, Tk = p0 + r, jall = p0 + 1;
-    float *restrict S = scratch;
-    float *restrict Qt = scratch + (size_t)Tk * LANES;
-    const float scale = 1.0f / sqrtf((float)D);
-    for (int d = 0; d < D; d++)
-        for (int l = 0; l < LANES; l++)
-            Qt[(size_t)d * LANES + l] =
-                l < L ? q[(size_t)(l / nh) * ldq + (size_t)(l % nh) * D + d] * scale : 0.0f;
-    prefill_scores_avx512(S, Qt, k_blk, block_tokens, row, head_off, Tk, D);
-    /* causal tail: lane l (row l / nh) sees keys [0, p0 + l/nh + 1) */
-    for (int j = jall; j < Tk; j++)
-        for (int l = 0; l < LANES; l++)
-            if (l < L && j >= p0 + l / nh + 1) S[(size_t)j * LANES + l] = -INFINITY;
-    __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (int j = 0; j < Tk; j++) mx = _mm512_max_ps(mx, _mm512_loadu_ps(S + (size_t)j * LANES));
-    float mxs[LANES], sum[LANES], inv[LANES];
-    _mm512_storeu_ps(mxs, mx);
-    for (int l = 0; l < LANES; l++) sum[l] = 0.0f;
-    /* exp_nonpos over whole rows (compiled 16 wide here); -inf - max clamps to e^-87.3, so the
-     * masked keys are zeroed after */
-    for (int j = 0; j < Tk; j++) {
-        float *restrict sj = S + (size_t)j * LANES;
-        for (int l = 0; l < LANES; l++) {
-            sj[l] = exp_nonpos(sj[l] - mxs[l]);
-            sum[l] += sj[l];
-        }
-    }
-    for (int j = jall; j < Tk; j++)
-        for (int l = 0; l < LANES; l++)
-            if (l < L && j >= p0 + l / nh + 1) {
-                sum[l] -= S[(size_t)j * LANES + l];
-                S[(size_t)j * LANES + l] = 0.0f;
-            }
-    for (int l = 0; l < LANES; l++) inv[l] = 1.0f / sum[l];
-    const __mmask16 tail = D % 16 ? (__mmask16)((1u << (D % 16)) - 1) : (__mmask16)0xFFFF;
-    switch ((D + 15) / 16) {
-        KVL_PV_CASE(1, 4)
-        KVL_PV_CASE(2, 4)
-        KVL_PV_CASE(3, 4)
-        KVL_PV_CASE(4, 4)
-        KVL_PV_CASE(5, 2)
-        KVL_PV_CASE(6, 2)
-        KVL_PV_CASE(7, 2)
-        KVL_PV_CASE(8, 2)
-    }
-}
-#undef KVL_PV_CASE
+KVL_PREFILL_KERNELS(, float, KVL_LOAD_F32, KVL_LOAD_F32_TAIL, KVL_GET_F32)
+KVL_PREFILL_KERNELS(_bf16, uint16_t, KVL_LOAD_BF16, KVL_LOAD_BF16_TAIL, KVL_GET_BF16)
+#undef KVL_PREFILL_KERNELS
 
 /* ---- decode on AVX-512: sixteen keys a pass -------------------------------------------------
  *
@@ -498,76 +571,80 @@ __attribute__((target("avx512f"))) static void prefill_tile_avx512(
  * independent FMA chains over head_dim) and reduces the 16 accumulators together in one
  * transpose-and-add tree (simd_reduce.h) into a vector of 16 scores; the weighted sum of values
  * keeps the head's output in registers, two key chains wide.  head_dim D = 16 * DV, DV <= 8. */
-static inline __attribute__((always_inline, target("avx512f"))) void decode_scores_avx512(
-    float *scratch, const float *q, const float *const *k_blk, int block_tokens, int row,
-    int head_off, int Tk, int group, float scale, const int DV) {
-    const __m512 vscale = _mm512_set1_ps(scale);
-    for (int hh = 0; hh < group; hh++) {
-        __m512 qv[8];
-#pragma GCC unroll 8
-        for (int e = 0; e < DV; e++) qv[e] = _mm512_loadu_ps(q + (size_t)hh * 16 * DV + 16 * e);
-        float *sc = scratch + (size_t)hh * Tk;
-        for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {
-            const float *kb = k_blk[b] + head_off;
-            const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;
-            for (int t0 = 0; t0 < n; t0 += 16) {
-                const int nk = n - t0 < 16 ? n - t0 : 16;
-                __m512 acc[16];
-#pragma GCC unroll 16
-                for (int i = 0; i < 16; i++) {
-                    /* keys past the block's last are a copy of it, their scores not stored */
-                    const float *kj = kb + (size_t)(t0 + (i < nk ? i : nk - 1)) * row;
-                    __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kj));
-#pragma GCC unroll 8
-                    for (int e = 1; e < DV; e++) a = _mm512_fmadd_ps(qv[e], _mm512_loadu_ps(kj + 16 * e), a);
-                    acc[i] = a;
-                }
-                _mm512_mask_storeu_ps(sc + j0 + t0, (__mmask16)((1u << nk) - 1),
-                                      _mm512_mul_ps(kvl__reduce16_ps(acc), vscale));
-            }
-        }
-    }
+#define KVL_DECODE_KERNELS(SFX, KV_T, LOADKV)                                                          \
+static inline __attribute__((always_inline, target("avx512f"))) void decode_scores_avx512##SFX(        \
+    float *scratch, const float *q, const KV_T *const *k_blk, int block_tokens, int row,               \
+    int head_off, int Tk, int group, float scale, const int DV) {                                      \
+    const __m512 vscale = _mm512_set1_ps(scale);                                                       \
+    for (int hh = 0; hh < group; hh++) {                                                               \
+        __m512 qv[8];                                                                                  \
+_Pragma("GCC unroll 8")                                                                                   \
+        for (int e = 0; e < DV; e++) qv[e] = _mm512_loadu_ps(q + (size_t)hh * 16 * DV + 16 * e);       \
+        float *sc = scratch + (size_t)hh * Tk;                                                         \
+        for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {                                    \
+            const KV_T *kb = k_blk[b] + head_off;                                                      \
+            const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;                             \
+            for (int t0 = 0; t0 < n; t0 += 16) {                                                       \
+                const int nk = n - t0 < 16 ? n - t0 : 16;                                              \
+                __m512 acc[16];                                                                        \
+_Pragma("GCC unroll 16")                                                                                  \
+                for (int i = 0; i < 16; i++) {                                                         \
+                    /* keys past the block's last are a copy of it, their scores not stored */         \
+                    const KV_T *kj = kb + (size_t)(t0 + (i < nk ? i : nk - 1)) * row;                  \
+                    __m512 a = _mm512_mul_ps(qv[0], LOADKV(kj));                                       \
+_Pragma("GCC unroll 8")                                                                                   \
+                    for (int e = 1; e < DV; e++) a = _mm512_fmadd_ps(qv[e], LOADKV(kj + 16 * e), a);   \
+                    acc[i] = a;                                                                        \
+                }                                                                                      \
+                _mm512_mask_storeu_ps(sc + j0 + t0, (__mmask16)((1u << nk) - 1),                       \
+                                      _mm512_mul_ps(kvl__reduce16_ps(acc), vscale));                   \
+            }                                                                                          \
+        }                                                                                              \
+    }                                                                                                  \
+}                                                                                                      \
+                                                                                                       \
+static inline __attribute__((always_inline, target("avx512f"))) void decode_pv_avx512##SFX(            \
+    float *out, const float *scratch, const KV_T *const *v_blk, int block_tokens, int row,             \
+    int head_off, int Tk, int group, const int DV) {                                                   \
+    for (int hh = 0; hh < group; hh++) {                                                               \
+        const float *p = scratch + (size_t)hh * Tk;                                                    \
+        __m512 o0[8], o1[8];                                                                           \
+_Pragma("GCC unroll 8")                                                                                   \
+        for (int e = 0; e < DV; e++) o0[e] = o1[e] = _mm512_setzero_ps();                              \
+        for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {                                    \
+            const KV_T *vb = v_blk[b] + head_off;                                                      \
+            const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;                             \
+            int t = 0;                                                                                 \
+            for (; t + 2 <= n; t += 2) {                                                               \
+                const KV_T *v0 = vb + (size_t)t * row, *v1 = v0 + row;                                 \
+                const __m512 p0 = _mm512_set1_ps(p[j0 + t]), p1 = _mm512_set1_ps(p[j0 + t + 1]);       \
+_Pragma("GCC unroll 8")                                                                                   \
+                for (int e = 0; e < DV; e++) {                                                         \
+                    o0[e] = _mm512_fmadd_ps(p0, LOADKV(v0 + 16 * e), o0[e]);                           \
+                    o1[e] = _mm512_fmadd_ps(p1, LOADKV(v1 + 16 * e), o1[e]);                           \
+                }                                                                                      \
+            }                                                                                          \
+            if (t < n) {                                                                               \
+                const KV_T *v0 = vb + (size_t)t * row;                                                 \
+                const __m512 p0 = _mm512_set1_ps(p[j0 + t]);                                           \
+_Pragma("GCC unroll 8")                                                                                   \
+                for (int e = 0; e < DV; e++) o0[e] = _mm512_fmadd_ps(p0, LOADKV(v0 + 16 * e), o0[e]);  \
+            }                                                                                          \
+        }                                                                                              \
+_Pragma("GCC unroll 8")                                                                                   \
+        for (int e = 0; e < DV; e++)                                                                   \
+            _mm512_storeu_ps(out + (size_t)hh * 16 * DV + 16 * e, _mm512_add_ps(o0[e], o1[e]));        \
+    }                                                                                                  \
 }
+KVL_DECODE_KERNELS(, float, KVL_LOAD_F32)
+KVL_DECODE_KERNELS(_bf16, uint16_t, KVL_LOAD_BF16)
+#undef KVL_DECODE_KERNELS
 
-static inline __attribute__((always_inline, target("avx512f"))) void decode_pv_avx512(
-    float *out, const float *scratch, const float *const *v_blk, int block_tokens, int row,
-    int head_off, int Tk, int group, const int DV) {
-    for (int hh = 0; hh < group; hh++) {
-        const float *p = scratch + (size_t)hh * Tk;
-        __m512 o0[8], o1[8];
-#pragma GCC unroll 8
-        for (int e = 0; e < DV; e++) o0[e] = o1[e] = _mm512_setzero_ps();
-        for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {
-            const float *vb = v_blk[b] + head_off;
-            const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;
-            int t = 0;
-            for (; t + 2 <= n; t += 2) {
-                const float *v0 = vb + (size_t)t * row, *v1 = v0 + row;
-                const __m512 p0 = _mm512_set1_ps(p[j0 + t]), p1 = _mm512_set1_ps(p[j0 + t + 1]);
-#pragma GCC unroll 8
-                for (int e = 0; e < DV; e++) {
-                    o0[e] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v0 + 16 * e), o0[e]);
-                    o1[e] = _mm512_fmadd_ps(p1, _mm512_loadu_ps(v1 + 16 * e), o1[e]);
-                }
-            }
-            if (t < n) {
-                const float *v0 = vb + (size_t)t * row;
-                const __m512 p0 = _mm512_set1_ps(p[j0 + t]);
-#pragma GCC unroll 8
-                for (int e = 0; e < DV; e++) o0[e] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v0 + 16 * e), o0[e]);
-            }
-        }
-#pragma GCC unroll 8
-        for (int e = 0; e < DV; e++)
-            _mm512_storeu_ps(out + (size_t)hh * 16 * DV + 16 * e, _mm512_add_ps(o0[e], o1[e]));
-    }
-}
-
-#define KVL_DEC_CASE(DV_)                                                                        \
+#define KVL_DEC_CASE(DV_, SFX_)                                                                  \
     case DV_:                                                                                    \
-        decode_scores_avx512(scratch, q, k_blk, block_tokens, row, head_off, Tk, group, scale, DV_); \
+        decode_scores_avx512##SFX_(scratch, q, k_blk, block_tokens, row, head_off, Tk, group, scale, DV_); \
         softmax_heads(scratch, group, Tk);                                                       \
-        decode_pv_avx512(out, scratch, v_blk, block_tokens, row, head_off, Tk, group, DV_);      \
+        decode_pv_avx512##SFX_(out, scratch, v_blk, block_tokens, row, head_off, Tk, group, DV_); \
         break;
 
 __attribute__((target("avx512f"))) static void decode_group_avx512(
@@ -575,14 +652,29 @@ __attribute__((target("avx512f"))) static void decode_group_avx512(
     int block_tokens, int row, int head_off, int Tk, int group, int D, float *scratch) {
     const float scale = 1.0f / sqrtf((float)D);
     switch (D / 16) {
-        KVL_DEC_CASE(1)
-        KVL_DEC_CASE(2)
-        KVL_DEC_CASE(3)
-        KVL_DEC_CASE(4)
-        KVL_DEC_CASE(5)
-        KVL_DEC_CASE(6)
-        KVL_DEC_CASE(7)
-        KVL_DEC_CASE(8)
+        KVL_DEC_CASE(1, )
+        KVL_DEC_CASE(2, )
+        KVL_DEC_CASE(3, )
+        KVL_DEC_CASE(4, )
+        KVL_DEC_CASE(5, )
+        KVL_DEC_CASE(6, )
+        KVL_DEC_CASE(7, )
+        KVL_DEC_CASE(8, )
+    }
+}
+__attribute__((target("avx512f"))) static void decode_group_avx512_bf16(
+    float *out, const float *q, const uint16_t *const *k_blk, const uint16_t *const *v_blk,
+    int block_tokens, int row, int head_off, int Tk, int group, int D, float *scratch) {
+    const float scale = 1.0f / sqrtf((float)D);
+    switch (D / 16) {
+        KVL_DEC_CASE(1, _bf16)
+        KVL_DEC_CASE(2, _bf16)
+        KVL_DEC_CASE(3, _bf16)
+        KVL_DEC_CASE(4, _bf16)
+        KVL_DEC_CASE(5, _bf16)
+        KVL_DEC_CASE(6, _bf16)
+        KVL_DEC_CASE(7, _bf16)
+        KVL_DEC_CASE(8, _bf16)
     }
 }
 #undef KVL_DEC_CASE
@@ -612,6 +704,37 @@ static inline __attribute__((always_inline)) void prefill_group_dim(
                          r, nh, D, scratch);
         }
     }
+}
+
+int kvl__cpu_attention_prefill_bf16_vectorised(int D) {
+#ifdef KVL_PREFILL_AVX512
+    return D % 16 == 0 && D <= 128 && __builtin_cpu_supports("avx512f");
+#else
+    (void)D;
+    return 0;
+#endif
+}
+
+void kvl__cpu_attention_prefill_group_bf16(float *out, const float *q, int ldq,
+                                           const uint16_t *const *k_blk, const uint16_t *const *v_blk,
+                                           int block_tokens, int row, int head_off, int p0,
+                                           int n_rows, int group, int D, float *scratch) {
+#ifdef KVL_PREFILL_AVX512
+    if (!kvl__cpu_attention_prefill_bf16_vectorised(D)) return;   /* the caller gathers instead */
+    const int nh_max = group < LANES ? group : LANES, r_max = LANES / nh_max;
+    for (int h0 = 0; h0 < group; h0 += nh_max) {
+        const int nh = group - h0 < nh_max ? group - h0 : nh_max;
+        for (int i0 = 0; i0 < n_rows; i0 += r_max) {
+            const int r = n_rows - i0 < r_max ? n_rows - i0 : r_max;
+            const size_t off = (size_t)i0 * ldq + (size_t)h0 * D;
+            prefill_tile_avx512_bf16(out + off, q + off, ldq, k_blk, v_blk, block_tokens, row,
+                                     head_off, p0 + i0, r, nh, D, scratch);
+        }
+    }
+#else
+    (void)out, (void)q, (void)ldq, (void)k_blk, (void)v_blk, (void)block_tokens, (void)row;
+    (void)head_off, (void)p0, (void)n_rows, (void)group, (void)D, (void)scratch;
+#endif
 }
 
 int kvl__cpu_attention_prefill_vectorised(int D) {

@@ -82,7 +82,9 @@ typedef struct cpu_model {
                                 (bf16: bf->exec.pool) */
     kvl__layer_view_f32p *f32_layers;   /* [L] float32 mode: the host view and &workers */
     cpu_decode_att dec;
-    int prefill_gather;      /* prefill chunks gather their context (kvl__cpu_attention_prefill_vectorised) */
+    int prefill_gather;      /* prefill chunks gather their context (kvl__cpu_attention_prefill_vectorised,
+                                or a bf16 KV cache: the in-place prefill tiles read float32) */
+    int kv_bf16;             /* caches made for this model store bf16 (kvl_model_params.kv_dtype) */
     /* The pool serves one job at a time: a forward holds pool_lock throughout; a translate-apply
      * (which may run beside a forward of this model, see cpu_translate_apply) only when it gets
      * it at once, and otherwise runs on its caller's thread alone. */
@@ -243,11 +245,18 @@ static kvl_status cpu_model_create(const kvl_weights_view *w, const kvl_model_pa
     m->prefill_gather = pf && !strcmp(pf, "gather")  ? 1
                         : pf && !strcmp(pf, "tiles") ? 0
                                                      : !kvl__cpu_attention_prefill_vectorised(w->cfg.head_dim);
+    m->kv_bf16 = p && p->kv_dtype == KVL_KV_BF16;
+    if (m->kv_bf16 && !kvl__cpu_attention_prefill_bf16_vectorised(w->cfg.head_dim)) m->prefill_gather = 1;
+    if (m->kv_bf16 && w->cfg.head_dim > KVL__ATT_BF16_MAX_D) {
+        free(m);
+        return kvl__errorf(KVL_ERR_UNSUPPORTED, "kv dtype bf16: head_dim %d is above the %d the bf16 "
+                           "attention kernels take; use kv dtype f32", w->cfg.head_dim, KVL__ATT_BF16_MAX_D);
+    }
     if (pthread_mutex_init(&m->pool_lock, NULL) != 0) {
         free(m);
         return kvl__errorf(KVL_ERR_IO, "cpu backend: cannot create the thread pool's mutex");
     }
-    kvl_status s = kvl__block_pool_create(kvl__kv_blocks_block_floats(&w->cfg, CPU_DEFAULT_BLOCK_TOKENS),
+    kvl_status s = kvl__block_pool_create(kvl__kv_blocks_block_bytes(&w->cfg, CPU_DEFAULT_BLOCK_TOKENS, m->kv_bf16),
                                           CPU_POOL_IDLE_BYTES, &m->pool);
     if (s != KVL_OK) {
         pthread_mutex_destroy(&m->pool_lock);
@@ -312,7 +321,7 @@ static kvl_status scratch_prepare(cpu_model *m, int T, int ctx) {
 static kvl_status cpu_cache_create(const kvl_model_config *cfg, void *model, int capacity,
                                    int block_tokens, void **out) {
     cpu_model *m = model;
-    return kvl__kv_blocks_create(cfg, capacity, block_tokens, m ? m->pool : NULL,
+    return kvl__kv_blocks_create(cfg, capacity, block_tokens, m && m->kv_bf16, m ? m->pool : NULL,
                                  (kvl__kv_blocks **)out);
 }
 
@@ -420,8 +429,14 @@ static void decode_part(void *pj, int part, int n_parts) {
                 loaded = d;
             }
             const size_t row0 = (size_t)j->t0_of[d] * QD + (size_t)g * group * D;
-            kvl__cpu_attention_decode_group(j->att + row0, j->q + row0, kb, vb, kc->block_tokens,
-                                            Hkv * D, g * D, Tk, group, D, scores);
+            if (kc->bf16)   /* the tables hold uint16_t rows (kvl__kv_blocks_slot) */
+                kvl__cpu_attention_decode_group_bf16(j->att + row0, j->q + row0,
+                                                     (const uint16_t *const *)kb,
+                                                     (const uint16_t *const *)vb, kc->block_tokens,
+                                                     Hkv * D, g * D, Tk, group, D, scores);
+            else
+                kvl__cpu_attention_decode_group(j->att + row0, j->q + row0, kb, vb, kc->block_tokens,
+                                                Hkv * D, g * D, Tk, group, D, scores);
         }
     }
 }
@@ -476,9 +491,16 @@ static void prefill_part(void *pj, int part, int n_parts) {
                     loaded = d;
                 }
                 const size_t off = (size_t)(j->t0_of[d] + i0) * QD + (size_t)g * group * D;
-                kvl__cpu_attention_prefill_group(j->att + off, j->q + off, QD, kb, vb,
-                                                 kc->block_tokens, Hkv * D, g * D, p0 + i0, r,
-                                                 group, D, scratch);
+                if (kc->bf16)   /* the tables hold uint16_t rows (kvl__kv_blocks_slot) */
+                    kvl__cpu_attention_prefill_group_bf16(j->att + off, j->q + off, QD,
+                                                          (const uint16_t *const *)kb,
+                                                          (const uint16_t *const *)vb,
+                                                          kc->block_tokens, Hkv * D, g * D, p0 + i0,
+                                                          r, group, D, scratch);
+                else
+                    kvl__cpu_attention_prefill_group(j->att + off, j->q + off, QD, kb, vb,
+                                                     kc->block_tokens, Hkv * D, g * D, p0 + i0, r,
+                                                     group, D, scratch);
             }
         }
     }

@@ -6,17 +6,18 @@
 #include <string.h>
 
 #include "error.h"
+#include "matmul_bf16.h"
 
 struct kvl__block_pool {
     pthread_mutex_t mu;
-    size_t block_floats;
+    size_t block_bytes;
     int max_idle, n_idle, refs;
-    float **idle;          /* [max_idle] */
+    void **idle;           /* [max_idle] */
 };
 
-kvl_status kvl__block_pool_create(size_t block_floats, size_t max_idle_bytes, kvl__block_pool **out) {
+kvl_status kvl__block_pool_create(size_t block_bytes, size_t max_idle_bytes, kvl__block_pool **out) {
     kvl__block_pool *p = calloc(1, sizeof *p);
-    size_t n = block_floats ? max_idle_bytes / (block_floats * sizeof(float)) : 0;
+    size_t n = block_bytes ? max_idle_bytes / block_bytes : 0;
     if (n > (1u << 20)) n = 1u << 20;
     if (p) p->idle = calloc(n ? n : 1, sizeof *p->idle);
     if (!p || !p->idle) {
@@ -24,7 +25,7 @@ kvl_status kvl__block_pool_create(size_t block_floats, size_t max_idle_bytes, kv
         return kvl__errorf(KVL_ERR_NOMEM, "out of memory for a block pool");
     }
     pthread_mutex_init(&p->mu, NULL);
-    p->block_floats = block_floats;
+    p->block_bytes = block_bytes;
     p->max_idle = (int)n;
     p->refs = 1;
     *out = p;
@@ -49,19 +50,19 @@ void kvl__block_pool_unref(kvl__block_pool *p) {
     free(p);
 }
 
-static float *block_take(kvl__kv_blocks *c, size_t bf) {
+static void *block_take(kvl__kv_blocks *c, size_t bytes) {
     kvl__block_pool *p = c->pool;
     if (p) {
-        float *b = NULL;
+        void *b = NULL;
         pthread_mutex_lock(&p->mu);
         if (p->n_idle > 0) b = p->idle[--p->n_idle];
         pthread_mutex_unlock(&p->mu);
         if (b) return b;
     }
-    return malloc(bf * sizeof(float));
+    return malloc(bytes);
 }
 
-static void block_give(kvl__kv_blocks *c, float *b) {
+static void block_give(kvl__kv_blocks *c, void *b) {
     kvl__block_pool *p = c->pool;
     if (p) {
         pthread_mutex_lock(&p->mu);
@@ -73,13 +74,13 @@ static void block_give(kvl__kv_blocks *c, float *b) {
     free(b);
 }
 
-size_t kvl__kv_blocks_block_floats(const kvl_model_config *cfg, int block_tokens) {
+size_t kvl__kv_blocks_block_bytes(const kvl_model_config *cfg, int block_tokens, int bf16) {
     return (size_t)cfg->n_layers * (cfg->qk_norm ? 3 : 2) * (size_t)block_tokens *
-           (size_t)cfg->n_kv_heads * cfg->head_dim;
+           (size_t)cfg->n_kv_heads * cfg->head_dim * (bf16 ? sizeof(uint16_t) : sizeof(float));
 }
 
 kvl_status kvl__kv_blocks_create(const kvl_model_config *cfg, int capacity, int block_tokens,
-                                 kvl__block_pool *pool, kvl__kv_blocks **out) {
+                                 int bf16, kvl__block_pool *pool, kvl__kv_blocks **out) {
     if (capacity < 1 || block_tokens < 1)
         return kvl__errorf(KVL_ERR_INVALID_ARG, "cache: capacity %d and block_tokens %d must be > 0",
                            capacity, block_tokens);
@@ -90,13 +91,14 @@ kvl_status kvl__kv_blocks_create(const kvl_model_config *cfg, int capacity, int 
     c->capacity = capacity;
     c->row = (size_t)cfg->n_kv_heads * cfg->head_dim;
     c->planes = cfg->qk_norm ? 3 : 2;
+    c->bf16 = bf16 != 0;
     c->n_blocks_max = (capacity + block_tokens - 1) / block_tokens;
     c->blocks = calloc((size_t)c->n_blocks_max, sizeof *c->blocks);
     if (!c->blocks) {
         free(c);
         return kvl__errorf(KVL_ERR_NOMEM, "out of memory for a cache of %d tokens", capacity);
     }
-    if (pool && pool->block_floats == kvl__kv_blocks_block_floats(cfg, block_tokens)) {
+    if (pool && pool->block_bytes == kvl__kv_blocks_block_bytes(cfg, block_tokens, c->bf16)) {
         kvl__block_pool_ref(pool);
         c->pool = pool;
     }
@@ -125,17 +127,18 @@ float *kvl__kv_blocks_scratch(kvl__kv_blocks *c, size_t n) {
     return c->scratch;
 }
 
-static size_t block_floats(const kvl__kv_blocks *c) {
-    return kvl__kv_blocks_block_floats(&c->cfg, c->block_tokens);
+static size_t block_bytes(const kvl__kv_blocks *c) {
+    return kvl__kv_blocks_block_bytes(&c->cfg, c->block_tokens, c->bf16);
 }
 
 size_t kvl__kv_blocks_bytes(const kvl__kv_blocks *c) {
-    return (size_t)c->n_blocks_alloc * block_floats(c) * sizeof(float);
+    return (size_t)c->n_blocks_alloc * block_bytes(c);
 }
 
-float *kvl__kv_blocks_slot(const kvl__kv_blocks *c, int layer, int plane, int t) {
+void *kvl__kv_blocks_slot(const kvl__kv_blocks *c, int layer, int plane, int t) {
     int b = t / c->block_tokens, i = t % c->block_tokens;
-    return c->blocks[b] + (((size_t)layer * c->planes + plane) * c->block_tokens + i) * c->row;
+    size_t e = (((size_t)layer * c->planes + plane) * c->block_tokens + i) * c->row;
+    return c->bf16 ? (void *)((uint16_t *)c->blocks[b] + e) : (void *)((float *)c->blocks[b] + e);
 }
 
 kvl_status kvl__kv_blocks_reserve(kvl__kv_blocks *c, int n_total) {
@@ -143,13 +146,13 @@ kvl_status kvl__kv_blocks_reserve(kvl__kv_blocks *c, int n_total) {
         return kvl__errorf(KVL_ERR_RANGE, "cache: %d tokens exceed the context capacity of %d",
                            n_total, c->capacity);
     int need = (n_total + c->block_tokens - 1) / c->block_tokens;
-    size_t bf = block_floats(c);
+    size_t bytes = block_bytes(c);
     for (int b = 0; b < need; b++) {
         if (c->blocks[b]) continue;
-        c->blocks[b] = block_take(c, bf);
+        c->blocks[b] = block_take(c, bytes);
         if (!c->blocks[b])
             return kvl__errorf(KVL_ERR_NOMEM, "cache: out of memory for block %d (%zu bytes)", b,
-                               bf * sizeof(float));
+                               bytes);
         c->n_blocks_alloc++;
     }
     return KVL_OK;
@@ -167,8 +170,9 @@ void kvl__kv_blocks_gather(const kvl__kv_blocks *c, int layer, int plane, int t0
     for (int t = t0; t < t1;) {
         int n = c->block_tokens - t % c->block_tokens;
         if (n > t1 - t) n = t1 - t;
-        memcpy(dst + (size_t)(t - t0) * c->row, kvl__kv_blocks_slot(c, layer, plane, t),
-               sizeof(float) * c->row * (size_t)n);
+        float *d = dst + (size_t)(t - t0) * c->row;
+        if (c->bf16) kvl__bf16_to_f32_n(d, kvl__kv_blocks_slot(c, layer, plane, t), c->row * (size_t)n);
+        else memcpy(d, kvl__kv_blocks_slot(c, layer, plane, t), sizeof(float) * c->row * (size_t)n);
         t += n;
     }
 }
@@ -178,8 +182,9 @@ void kvl__kv_blocks_scatter(kvl__kv_blocks *c, int layer, int plane, int t0, int
     for (int t = t0; t < t1;) {
         int n = c->block_tokens - t % c->block_tokens;
         if (n > t1 - t) n = t1 - t;
-        memcpy(kvl__kv_blocks_slot(c, layer, plane, t), src + (size_t)(t - t0) * c->row,
-               sizeof(float) * c->row * (size_t)n);
+        const float *sp = src + (size_t)(t - t0) * c->row;
+        if (c->bf16) kvl__bf16_from_f32(kvl__kv_blocks_slot(c, layer, plane, t), sp, c->row * (size_t)n);
+        else memcpy(kvl__kv_blocks_slot(c, layer, plane, t), sp, sizeof(float) * c->row * (size_t)n);
         t += n;
     }
 }

@@ -1,6 +1,7 @@
 /* kernels/cpu/kv_blocks.h: the CPU backend's KV cache storage: a table of fixed-size blocks.
  * One block holds every layer's planes for `block_tokens` consecutive tokens:
- *   block = [L][planes][block_tokens][Hkv*D] float32, planes K, V (and Kpre for k_norm models)
+ *   block = [L][planes][block_tokens][Hkv*D] float32 or bf16 (the cache's element type),
+ *           planes K, V (and Kpre for k_norm models)
  * Blocks are taken as tokens arrive and given back on truncation.  They come from a block pool
  * shared by the caches of one model: a switch or a new session then reuses memory that is
  * already mapped and faulted in instead of mapping fresh pages (a 2048-token span of a small
@@ -15,7 +16,7 @@
 /* Idle blocks of one size, shared by the caches of one model; reference-counted, so caches
  * and the model may be freed in any order.  Thread-safe.  At most max_idle_bytes are kept. */
 typedef struct kvl__block_pool kvl__block_pool;
-kvl_status kvl__block_pool_create(size_t block_floats, size_t max_idle_bytes, kvl__block_pool **out);
+kvl_status kvl__block_pool_create(size_t block_bytes, size_t max_idle_bytes, kvl__block_pool **out);
 void kvl__block_pool_ref(kvl__block_pool *p);
 void kvl__block_pool_unref(kvl__block_pool *p);   /* the last reference frees it */
 
@@ -23,33 +24,37 @@ typedef struct kvl__kv_blocks {
     kvl_model_config cfg;
     int block_tokens;
     int capacity;          /* max tokens                                      */
-    size_t row;            /* Hkv*D floats per token per plane                */
+    size_t row;            /* Hkv*D elements per token per plane              */
     int planes;            /* 2 (K, V) or 3 (K, V, Kpre)                      */
+    int bf16;              /* elements are bf16 (uint16_t), else float32       */
     int n_blocks_max;
     int n_blocks_alloc;
-    float **blocks;        /* [n_blocks_max], NULL when not allocated          */
+    void **blocks;         /* [n_blocks_max], NULL when not allocated          */
     kvl__block_pool *pool; /* where blocks come from and go back; NULL: malloc   */
     float *scratch;        /* reused working memory of translate-apply          */
     size_t scratch_floats;
 } kvl__kv_blocks;
 
 /* pool may be NULL (blocks are then malloc'ed and freed); a pool of another block size is
- * not used. */
+ * not used.  bf16: store elements as bf16 (rounded to nearest even on the way in, widened
+ * exactly on the way out), half the bytes of float32. */
 kvl_status kvl__kv_blocks_create(const kvl_model_config *cfg, int capacity, int block_tokens,
-                                 kvl__block_pool *pool, kvl__kv_blocks **out);
-/* Floats in one block of this geometry. */
-size_t kvl__kv_blocks_block_floats(const kvl_model_config *cfg, int block_tokens);
+                                 int bf16, kvl__block_pool *pool, kvl__kv_blocks **out);
+/* Bytes in one block of this geometry and element type. */
+size_t kvl__kv_blocks_block_bytes(const kvl_model_config *cfg, int block_tokens, int bf16);
 /* At least n floats of the cache's translate scratch (grown, never shrunk until free). */
 float *kvl__kv_blocks_scratch(kvl__kv_blocks *c, size_t n);
 void kvl__kv_blocks_free(kvl__kv_blocks *c);
 size_t kvl__kv_blocks_bytes(const kvl__kv_blocks *c);
-/* Pointer to token t's row of (layer, plane); t's block must be allocated. */
-float *kvl__kv_blocks_slot(const kvl__kv_blocks *c, int layer, int plane, int t);
+/* Pointer to token t's row of (layer, plane), float * or uint16_t * by c->bf16; t's block must
+ * be allocated. */
+void *kvl__kv_blocks_slot(const kvl__kv_blocks *c, int layer, int plane, int t);
 /* Make sure blocks holding tokens [0, n_total) exist.  KVL_ERR_RANGE past capacity. */
 kvl_status kvl__kv_blocks_reserve(kvl__kv_blocks *c, int n_total);
 /* Free blocks wholly past token n. */
 void kvl__kv_blocks_truncate(kvl__kv_blocks *c, int n);
-/* Copy rows [t0, t1) of (layer, plane) to / from a contiguous [t1-t0, row] buffer. */
+/* Copy rows [t0, t1) of (layer, plane) to / from a contiguous [t1-t0, row] float32 buffer
+ * (converting when the cache holds bf16). */
 void kvl__kv_blocks_gather(const kvl__kv_blocks *c, int layer, int plane, int t0, int t1,
                            float *dst);
 void kvl__kv_blocks_scatter(kvl__kv_blocks *c, int layer, int plane, int t0, int t1,

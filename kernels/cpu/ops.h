@@ -8,6 +8,8 @@
 #ifndef KVL_KERNELS_CPU_OPS_H
 #define KVL_KERNELS_CPU_OPS_H
 
+#include <stdint.h>
+
 #include <stddef.h>
 
 #include "kvlingo/rope.h"
@@ -86,6 +88,15 @@ void kvl__cpu_attention_decode_group(float *out, const float *q, const float *co
                                      const float *const *v_blk, int block_tokens, int row,
                                      int head_off, int Tk, int group, int D, float *scratch);
 
+/* The same over a bf16 KV cache: k_blk / v_blk rows are bf16 (uint16_t), widened exactly to
+ * float32 as they are read; scores, softmax and the weighted sum in float32 as above.  Where
+ * the CPU has AVX-512F and D is a multiple of 16 up to 128, the sixteen-keys-a-pass form;
+ * elsewhere a portable form that widens one row at a time.  D <= KVL__ATT_BF16_MAX_D. */
+#define KVL__ATT_BF16_MAX_D 512
+void kvl__cpu_attention_decode_group_bf16(float *out, const float *q, const uint16_t *const *k_blk,
+                                          const uint16_t *const *v_blk, int block_tokens, int row,
+                                          int head_off, int Tk, int group, int D, float *scratch);
+
 /* Causal prefill attention of n_rows query rows read straight from cache blocks, for one KV head
  * g and its `group` query heads (the unit a prefill chunk splits over threads).
  *   q, out   row i's heads of the group at q + i*ldq (ldq = Hq*D floats; q pre-offset to head
@@ -101,6 +112,15 @@ int kvl__cpu_attention_prefill_rows(int group);
  * compiler-vectorised C, which measured slower than a gather + kvl__cpu_attention_forward at
  * head_dim 20 (the backend then keeps that path for prefill). */
 int kvl__cpu_attention_prefill_vectorised(int D);
+
+/* kvl__cpu_attention_prefill_group over a bf16 KV cache (rows widened exactly as read), where
+ * kvl__cpu_attention_prefill_bf16_vectorised(D) is 1 (AVX-512F, D a multiple of 16 up to 128);
+ * elsewhere it does nothing, and a caller gathers the context to float32 instead. */
+int kvl__cpu_attention_prefill_bf16_vectorised(int D);
+void kvl__cpu_attention_prefill_group_bf16(float *out, const float *q, int ldq,
+                                           const uint16_t *const *k_blk, const uint16_t *const *v_blk,
+                                           int block_tokens, int row, int head_off, int p0,
+                                           int n_rows, int group, int D, float *scratch);
 size_t kvl__cpu_attention_prefill_scratch(int Tk, int D);
 void kvl__cpu_attention_prefill_group(float *out, const float *q, int ldq,
                                       const float *const *k_blk, const float *const *v_blk,

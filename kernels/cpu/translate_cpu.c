@@ -12,6 +12,7 @@
 #include "backend_cpu_internal.h"
 #include "error.h"
 #include "kv_blocks.h"
+#include "matmul_bf16.h"
 #include "ops.h"
 
 /* A prepared translation: a view of the caller's parameters and the target model (its pool). */
@@ -39,16 +40,23 @@ static void fused_rows(const kvl_translate_params *p, kvl__kv_blocks *c, int l, 
     const int Ht = p->maps->dst_kv_heads, D = p->maps->dst_head_dim, half = D / 2;
     const size_t dt = (size_t)Ht * D;
     const float *kn = p->k_norm ? p->k_norm + (size_t)l * D : NULL;
+    float head[KVL__ATT_BF16_MAX_D];   /* a bf16 cache: one head's key before rounding */
+    if (c->bf16 && D > KVL__ATT_BF16_MAX_D) return;   /* refused when the cache was made */
     for (int t = 0; t < n; t++) {
         const float *x = kpre + (size_t)t * dt;
         const float *cs = rcos + (size_t)t * half, *sn = rsin + (size_t)t * half;
-        float *ko = kvl__kv_blocks_slot(c, l, KVL_PLANE_K, t0 + t);
-        memcpy(kvl__kv_blocks_slot(c, l, KVL_PLANE_V, t0 + t), vout + (size_t)t * dt,
-               sizeof(float) * dt);
-        if (c->planes == 3) memcpy(kvl__kv_blocks_slot(c, l, KVL_PLANE_KPRE, t0 + t), x, sizeof(float) * dt);
+        void *ko = kvl__kv_blocks_slot(c, l, KVL_PLANE_K, t0 + t);
+        void *vo = kvl__kv_blocks_slot(c, l, KVL_PLANE_V, t0 + t);
+        if (c->bf16) kvl__bf16_from_f32(vo, vout + (size_t)t * dt, dt);
+        else memcpy(vo, vout + (size_t)t * dt, sizeof(float) * dt);
+        if (c->planes == 3) {
+            void *po = kvl__kv_blocks_slot(c, l, KVL_PLANE_KPRE, t0 + t);
+            if (c->bf16) kvl__bf16_from_f32(po, x, dt);
+            else memcpy(po, x, sizeof(float) * dt);
+        }
         for (int h = 0; h < Ht; h++) {
             const float *xh = x + (size_t)h * D;
-            float *yh = ko + (size_t)h * D;
+            float *yh = c->bf16 ? head : (float *)ko + (size_t)h * D;
             float r = 1.0f;
             if (kn) {   /* Qwen3RMSNorm: variance in float32 over head_dim */
                 float ss = 0.0f;
@@ -61,6 +69,7 @@ static void fused_rows(const kvl_translate_params *p, kvl__kv_blocks *c, int l, 
                 yh[i] = x1 * cs[i] - x2 * sn[i];
                 yh[i + half] = x2 * cs[i] + x1 * sn[i];
             }
+            if (c->bf16) kvl__bf16_from_f32((uint16_t *)ko + (size_t)h * D, head, (size_t)D);
         }
     }
 }

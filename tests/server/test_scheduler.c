@@ -33,15 +33,18 @@ static void fx_init_p(fx *f, const kvld_sched_params *sp) {
     assert_int_equal(kvld_sched_create(f->m, f->met, sp, &f->sch), KVL_OK);
 }
 
-static void fx_init(fx *f, int max_batch) {
+static void fx_init_kv(fx *f, int max_batch, kvl_kv_dtype kv) {
     kvl_model_params mp = kvl_model_default_params();
     mp.n_threads = 1;
+    mp.kv_dtype = kv;
     assert_int_equal(kvl_model_load(KVL_SOURCE_DIR "/models/qwen3-a", &mp, &f->m), KVL_OK);
     assert_int_equal(kvld_metrics_create(&f->met), KVL_OK);
     assert_int_equal(kvld_sessions_create(f->m, 16, 512, &f->tab), KVL_OK);
     kvld_sched_params sp = {.max_batch = max_batch, .prefill_chunk = 64};
     assert_int_equal(kvld_sched_create(f->m, f->met, &sp, &f->sch), KVL_OK);
 }
+
+static void fx_init(fx *f, int max_batch) { fx_init_kv(f, max_batch, KVL_KV_F32); }
 
 static void fx_free(fx *f) {
     kvld_sched_free(f->sch);
@@ -124,9 +127,9 @@ static void test_prefill_shrinks_next_to_decoders(void **state) {
     assert_true(adaptive >= 8);
 }
 
-static void test_batched_equals_single(void **state) {
+static void batched_equals_single(kvl_kv_dtype kv) {
     fx f;
-    fx_init(&f, 8);
+    fx_init_kv(&f, 8, kv);
     int32_t alone[20];
     kvld_session *s0 = open_with(&f, "alone", 150);
     kvld_gen_params gp = greedy(20);
@@ -163,6 +166,17 @@ static void test_batched_equals_single(void **state) {
     }
     kvld_session_release(f.tab, s0);
     fx_free(&f);
+}
+
+static void test_batched_equals_single(void **state) {
+    (void)state;
+    batched_equals_single(KVL_KV_F32);
+}
+
+/* the same over bf16 KV caches: each session's rows are rounded the same way alone or batched */
+static void test_batched_equals_single_bf16_kv(void **state) {
+    (void)state;
+    batched_equals_single(KVL_KV_BF16);
 }
 
 static void test_fair_when_saturated(void **state) {
@@ -230,6 +244,7 @@ static void test_cancel(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batched_equals_single),
+        cmocka_unit_test(test_batched_equals_single_bf16_kv),
         cmocka_unit_test(test_fair_when_saturated),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_prefill_shrinks_next_to_decoders),

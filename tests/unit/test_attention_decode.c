@@ -12,7 +12,10 @@
  * and causal prefill attention of a chunk of query rows read in place from the blocks
  * (kvl__cpu_attention_prefill_group) against the same two references: chunks starting at 0, mid
  * block and on a block boundary, ragged block sizes, GQA 1/2/4 (and 3, 6: tiles that do not
- * fill the lanes), head_dim 20/36/48/64/80/128, and a chunk run as one call or tile by tile. */
+ * fill the lanes), head_dim 20/36/48/64/80/128, and a chunk run as one call or tile by tile;
+ * and every case again over a bf16 cache (keys and values rounded to bf16, stored as bf16):
+ * the bf16 entry points against the float32 ones on the same rounded values and against the
+ * float64 reference (prefill where kvl__cpu_attention_prefill_bf16_vectorised says it runs). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,8 +27,28 @@
 
 #include <cmocka.h>
 
+#include "matmul_bf16.h"
 #include "ops.h"
 #include "testutil.h"
+
+/* bf16 blocks holding the rounded copies of float blocks kb[nb] of bt rows of `row` */
+static uint16_t **bf16_blocks(float **kb, int nb, int bt, int row) {
+    uint16_t **o = malloc(sizeof(uint16_t *) * (size_t)nb);
+    assert_non_null(o);
+    for (int b = 0; b < nb; b++) {
+        o[b] = malloc(sizeof(uint16_t) * (size_t)bt * row);
+        assert_non_null(o[b]);
+        kvl__bf16_from_f32(o[b], kb[b], (size_t)bt * row);
+    }
+    return o;
+}
+
+static void free_blocks(void **b, int nb) {
+    for (int i = 0; i < nb; i++) free(b[i]);
+    free(b);
+}
+
+static float round_bf16(float x) { return kvl__bf16_to_f32(kvl__f32_to_bf16(x)); }
 
 static uint64_t rng_state = 777;
 static float urand(void) {   /* uniform in [-1, 1) */
@@ -34,7 +57,7 @@ static float urand(void) {   /* uniform in [-1, 1) */
 }
 
 /* One case: Tk tokens of Hkv*D keys/values split into blocks of bt tokens. */
-static void run_case(int Tk, int Hq, int Hkv, int D, int bt, float qscale) {
+static void run_case_kv(int Tk, int Hq, int Hkv, int D, int bt, float qscale, int bf16) {
     const int row = Hkv * D, QD = Hq * D, group = Hq / Hkv;
     const int nb = (Tk + bt - 1) / bt;
     float *k = malloc(sizeof(float) * (size_t)Tk * row), *v = malloc(sizeof(float) * (size_t)Tk * row);
@@ -48,6 +71,8 @@ static void run_case(int Tk, int Hq, int Hkv, int D, int bt, float qscale) {
     assert_non_null(ref); assert_non_null(out_g); assert_non_null(scratch);
     assert_non_null(ref_scratch); assert_non_null(kb); assert_non_null(vb);
     for (size_t i = 0; i < (size_t)Tk * row; i++) { k[i] = urand(); v[i] = urand(); }
+    if (bf16)   /* the references see what a bf16 cache holds */
+        for (size_t i = 0; i < (size_t)Tk * row; i++) { k[i] = round_bf16(k[i]); v[i] = round_bf16(v[i]); }
     for (int i = 0; i < QD; i++) q[i] = urand() * qscale;
     /* blocks: separate allocations with bt rows each, as the cache holds them */
     for (int b = 0; b < nb; b++) {
@@ -61,10 +86,20 @@ static void run_case(int Tk, int Hq, int Hkv, int D, int bt, float qscale) {
     kvl__cpu_attention_decode_blocks(out, q, (const float *const *)kb, (const float *const *)vb, bt,
                                      Tk, Hq, Hkv, D, scratch);
     kvl__cpu_attention_forward(ref, NULL, q, k, v, 1, Tk, Tk - 1, Hq, Hkv, D, ref_scratch);
-    for (int g = 0; g < Hkv; g++)
-        kvl__cpu_attention_decode_group(out_g + (size_t)g * group * D, q + (size_t)g * group * D,
-                                        (const float *const *)kb, (const float *const *)vb, bt, row,
-                                        g * D, Tk, group, D, scratch);
+    if (bf16) {   /* out_g: the bf16 kernel over the same values */
+        uint16_t **kh = bf16_blocks(kb, nb, bt, row), **vh = bf16_blocks(vb, nb, bt, row);
+        for (int g = 0; g < Hkv; g++)
+            kvl__cpu_attention_decode_group_bf16(out_g + (size_t)g * group * D, q + (size_t)g * group * D,
+                                                 (const uint16_t *const *)kh, (const uint16_t *const *)vh,
+                                                 bt, row, g * D, Tk, group, D, scratch);
+        free_blocks((void **)kh, nb);
+        free_blocks((void **)vh, nb);
+    } else {
+        for (int g = 0; g < Hkv; g++)
+            kvl__cpu_attention_decode_group(out_g + (size_t)g * group * D, q + (size_t)g * group * D,
+                                            (const float *const *)kb, (const float *const *)vb, bt, row,
+                                            g * D, Tk, group, D, scratch);
+    }
     double max_err = 0, max_err64 = 0;
     for (int h = 0; h < Hq; h++) {
         const int g = h / group;
@@ -85,9 +120,10 @@ static void run_case(int Tk, int Hq, int Hkv, int D, int bt, float qscale) {
             if (e > max_err64) max_err64 = e;
             e = fabs((double)ref[h * D + d] - out[h * D + d]);
             if (e > max_err) max_err = e;
-            if (out[h * D + d] != out_g[h * D + d])
-                fail_msg("Tk=%d D=%d group=%d: per-group output differs at head %d dim %d", Tk, D,
-                         group, h, d);
+            if (bf16 ? !(fabs((double)out_g[h * D + d] - out[h * D + d]) <= 2e-5)
+                     : out[h * D + d] != out_g[h * D + d])
+                fail_msg("Tk=%d D=%d group=%d%s: per-group output differs at head %d dim %d (%g, %g)",
+                         Tk, D, group, bf16 ? " bf16" : "", h, d, out_g[h * D + d], out[h * D + d]);
         }
         free(p);
     }
@@ -99,8 +135,13 @@ static void run_case(int Tk, int Hq, int Hkv, int D, int bt, float qscale) {
     free(scratch); free(ref_scratch);
 }
 
+static void run_case(int Tk, int Hq, int Hkv, int D, int bt, float qscale) {
+    run_case_kv(Tk, Hq, Hkv, D, bt, qscale, 0);
+    run_case_kv(Tk, Hq, Hkv, D, bt, qscale, 1);   /* over a bf16 cache */
+}
+
 /* One prefill case: a chunk of n query rows at positions [p0, p0 + n) over Tk = p0 + n keys. */
-static void run_prefill_case(int p0, int n, int Hq, int Hkv, int D, int bt, float qscale) {
+static void run_prefill_case_kv(int p0, int n, int Hq, int Hkv, int D, int bt, float qscale, int bf16) {
     const int Tk = p0 + n, row = Hkv * D, QD = Hq * D, group = Hq / Hkv;
     const int nb = (Tk + bt - 1) / bt;
     float *k = malloc(sizeof(float) * (size_t)Tk * row), *v = malloc(sizeof(float) * (size_t)Tk * row);
@@ -115,6 +156,8 @@ static void run_prefill_case(int p0, int n, int Hq, int Hkv, int D, int bt, floa
     assert_non_null(out_t); assert_non_null(ref); assert_non_null(scratch);
     assert_non_null(ref_scratch); assert_non_null(kb); assert_non_null(vb); assert_non_null(p);
     for (size_t i = 0; i < (size_t)Tk * row; i++) { k[i] = urand(); v[i] = urand(); }
+    if (bf16)
+        for (size_t i = 0; i < (size_t)Tk * row; i++) { k[i] = round_bf16(k[i]); v[i] = round_bf16(v[i]); }
     for (size_t i = 0; i < (size_t)n * QD; i++) q[i] = urand() * qscale;
     for (int b = 0; b < nb; b++) {
         kb[b] = malloc(sizeof(float) * (size_t)bt * row);
@@ -135,9 +178,19 @@ static void run_prefill_case(int p0, int n, int Hq, int Hkv, int D, int bt, floa
         for (int i0 = 0; i0 < n; i0 += tile) {   /* as the backend splits a chunk over threads */
             const int r = n - i0 < tile ? n - i0 : tile;
             const size_t off = (size_t)i0 * QD + h0;
-            kvl__cpu_attention_prefill_group(out_t + off, q + off, QD, (const float *const *)kb,
-                                             (const float *const *)vb, bt, row, g * D, p0 + i0, r,
-                                             group, D, scratch);
+            if (bf16) {   /* out_t: the bf16 kernel, tile by tile, over the same values */
+                uint16_t **kh = bf16_blocks(kb, nb, bt, row), **vh = bf16_blocks(vb, nb, bt, row);
+                kvl__cpu_attention_prefill_group_bf16(out_t + off, q + off, QD,
+                                                      (const uint16_t *const *)kh,
+                                                      (const uint16_t *const *)vh, bt, row, g * D,
+                                                      p0 + i0, r, group, D, scratch);
+                free_blocks((void **)kh, nb);
+                free_blocks((void **)vh, nb);
+            } else {
+                kvl__cpu_attention_prefill_group(out_t + off, q + off, QD, (const float *const *)kb,
+                                                 (const float *const *)vb, bt, row, g * D, p0 + i0, r,
+                                                 group, D, scratch);
+            }
         }
     }
     kvl__cpu_attention_forward(ref, NULL, q, k, v, n, Tk, p0, Hq, Hkv, D, ref_scratch);
@@ -163,9 +216,9 @@ static void run_prefill_case(int p0, int n, int Hq, int Hkv, int D, int bt, floa
                 if (!(e <= max_err64)) max_err64 = e;   /* NaN counts as an error */
                 e = fabs((double)ref[at] - out[at]);
                 if (!(e <= max_err)) max_err = e;
-                if (out[at] != out_t[at])
-                    fail_msg("prefill p0=%d n=%d D=%d group=%d: tile-by-tile output differs at row "
-                             "%d head %d dim %d", p0, n, D, group, i, h, d);
+                if (bf16 ? !(fabs((double)out_t[at] - out[at]) <= 2e-5) : out[at] != out_t[at])
+                    fail_msg("prefill p0=%d n=%d D=%d group=%d%s: tile-by-tile output differs at row "
+                             "%d head %d dim %d", p0, n, D, group, bf16 ? " bf16" : "", i, h, d);
             }
         }
     }
@@ -175,6 +228,12 @@ static void run_prefill_case(int p0, int n, int Hq, int Hkv, int D, int bt, floa
     for (int b = 0; b < nb; b++) { free(kb[b]); free(vb[b]); }
     free(kb); free(vb); free(k); free(v); free(q); free(out); free(out_t); free(ref);
     free(scratch); free(ref_scratch); free(p);
+}
+
+static void run_prefill_case(int p0, int n, int Hq, int Hkv, int D, int bt, float qscale) {
+    run_prefill_case_kv(p0, n, Hq, Hkv, D, bt, qscale, 0);
+    if (kvl__cpu_attention_prefill_bf16_vectorised(D))   /* elsewhere the backend gathers */
+        run_prefill_case_kv(p0, n, Hq, Hkv, D, bt, qscale, 1);
 }
 
 static void test_prefill(void **state) {

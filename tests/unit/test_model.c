@@ -1,5 +1,5 @@
 /* tests/unit/test_model.c: model loading errors, cache behaviour, batched forward equivalence,
- * sampling. */
+ * the bf16 KV cache, sampling. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -117,6 +117,99 @@ static void test_incremental_and_batched(void **st) {
     rmdir(dir);
 }
 
+/* A bf16 KV cache (kvl_model_params.kv_dtype): half the bytes of a float32 one; logits within
+ * bf16 rounding of the float32 cache's after a prefill that crosses blocks, decode steps
+ * alone and batched, and a re-read of the cache; the pre-norm K/V read back equal the float32
+ * cache's rounded to bf16; the CUDA device refuses it (on a machine with a GPU: here the load
+ * stops earlier, at the device check).  Shipped models (head_dim 64: the
+ * vectorised prefill and decode) and llama3-d (head_dim 20: the gather and portable forms). */
+static void test_kv_bf16(void **st) {
+    (void)st;
+    const char *names[] = {"qwen3-b", "qwen2-c", "llama3-d"};
+    for (int mi = 0; mi < 3; mi++) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/models/%s", KVL_SOURCE_DIR, names[mi]);
+        kvl_model_params p32 = kvl_model_default_params(), p16 = p32;
+        p32.weights_dtype = p16.weights_dtype = KVL_WEIGHTS_F32;
+        p16.kv_dtype = KVL_KV_BF16;
+        kvl_model *m32, *m16;
+        assert_int_equal(kvl_model_load(dir, &p32, &m32), KVL_OK);
+        assert_int_equal(kvl_model_load(dir, &p16, &m16), KVL_OK);
+        assert_int_equal(kvl_model_kv_dtype(m16), KVL_KV_BF16);
+        const kvl_model_config *c = kvl_model_config_get(m32);
+        const int V = c->vocab_size, KD = c->n_kv_heads * c->head_dim, N = 70;
+        int32_t toks[80];
+        for (int i = 0; i < 80; i++) toks[i] = (i * 131 + 17) % V;
+        kvl_cache_params cp = kvl_cache_default_params();
+        cp.max_tokens = 128;
+        kvl_cache *a, *b, *b2;
+        assert_int_equal(kvl_model_cache_create(m32, &cp, &a), KVL_OK);
+        assert_int_equal(kvl_model_cache_create(m16, &cp, &b), KVL_OK);
+        assert_int_equal(kvl_model_cache_create(m16, &cp, &b2), KVL_OK);
+        float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V);
+        float *lb2 = malloc(sizeof(float) * V);
+        float *ka = malloc(sizeof(float) * N * KD), *kb = malloc(sizeof(float) * N * KD);
+        assert_non_null(la); assert_non_null(lb); assert_non_null(lb2);
+        assert_non_null(ka); assert_non_null(kb);
+        assert_int_equal(kvl_model_prefill(m32, a, toks, N, KVL_LOGITS_LAST, la), KVL_OK);
+        assert_int_equal(kvl_model_prefill(m16, b, toks, N, KVL_LOGITS_LAST, lb), KVL_OK);
+        assert_int_equal(kvl_model_prefill(m16, b2, toks, 40, KVL_LOGITS_NONE, NULL), KVL_OK);
+        assert_true(kvl_cache_bytes(b) * 2 == kvl_cache_bytes(a));
+        for (int step = 0; step <= 6; step++) {
+            double max_d = 0, scale = 0;
+            for (int v = 0; v < V; v++) {
+                max_d = fmax(max_d, fabs((double)la[v] - lb[v]));
+                scale = fmax(scale, fabs((double)la[v]));
+            }
+            /* bf16 keeps 8 significant bits: K/V rounded by <= 2^-9 relative */
+            if (!(max_d <= 0.02 * (scale > 1 ? scale : 1)))
+                fail_msg("%s step %d: logits differ by %g (largest %g)", names[mi], step, max_d, scale);
+            if (step == 6) break;
+            const int32_t t = toks[N + step];
+            assert_int_equal(kvl_model_decode(m32, a, t, la), KVL_OK);
+            /* b decodes next to b2 (another session, mid-prefill) in one batch */
+            kvl_batch_seq bs[2] = {
+                {.cache = b, .tokens = &toks[N + step], .n_tokens = 1, .logits_mode = KVL_LOGITS_LAST, .logits = lb},
+                {.cache = b2, .tokens = &toks[40 + 5 * step], .n_tokens = 5, .logits_mode = KVL_LOGITS_LAST, .logits = lb2},
+            };
+            assert_int_equal(kvl_model_forward(m16, bs, 2), KVL_OK);
+        }
+        /* pre-norm K/V read back: the float32 cache's values rounded to bf16 (the same forward
+         * up to the attention's rounding, which moves later layers: compare layer 0) */
+        assert_int_equal(kvl_cache_read_prenorm(a, 0, 0, N, ka, NULL), KVL_OK);
+        assert_int_equal(kvl_cache_read_prenorm(b, 0, 0, N, kb, NULL), KVL_OK);
+        for (int t = 0; t < N; t++) {
+            /* without k_norm the pre-norm key is the cached key rotated back: RoPE mixes each
+             * pair of dims, so the rounding is relative to the row's scale, not the element's */
+            double rmax = 0;
+            for (int i = 0; i < KD; i++) rmax = fmax(rmax, fabs((double)ka[t * KD + i]));
+            for (int i = t * KD; i < (t + 1) * KD; i++)
+                if (!(fabs((double)kb[i] - ka[i]) <= 1e-5 + rmax * (1.0 / 128)))
+                    fail_msg("%s: pre-norm key %d read back as %g from bf16, %g from float32",
+                             names[mi], i, kb[i], ka[i]);
+        }
+        free(la); free(lb); free(lb2); free(ka); free(kb);
+        kvl_cache_free(a); kvl_cache_free(b); kvl_cache_free(b2);
+        kvl_model_free(m32);
+        kvl_model_free(m16);
+    }
+    /* a bf16 KV cache on the CUDA device is refused up front, with a message naming it */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/models/qwen3-b", KVL_SOURCE_DIR);
+    kvl_model_params pc = kvl_model_default_params();
+    pc.device = KVL_DEVICE_CUDA;
+    pc.kv_dtype = KVL_KV_BF16;
+    kvl_model *mc = NULL;
+    kvl_status s = kvl_model_load(dir, &pc, &mc);
+    assert_int_not_equal(s, KVL_OK);   /* here: no GPU, or the bf16 cache refused */
+    assert_null(mc);
+    if (s == KVL_ERR_UNSUPPORTED && strstr(kvl_last_error(), "kv dtype"))
+        assert_non_null(strstr(kvl_last_error(), "bf16"));
+    kvl_kv_dtype d;
+    assert_int_equal(kvl_kv_dtype_parse("f16", &d), KVL_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvl_last_error(), "f16"));
+}
+
 static void test_sampling(void **st) {
     (void)st;
     float logits[6] = {1.0f, 3.0f, 3.0f, -2.0f, 0.5f, 2.9f};
@@ -197,6 +290,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_incremental_and_batched),
+        cmocka_unit_test(test_kv_bf16),
         cmocka_unit_test(test_sampling),
         cmocka_unit_test(test_logprob),
     };

@@ -289,6 +289,32 @@ static void test_apply_by_hand(void **state) {
             }
         }
     }
+    /* the same span into a bf16 KV cache (a model loaded with kv_dtype bf16): every plane reads
+     * back as the float32 cache's values rounded to bf16 (K rounded after k_norm and RoPE) */
+    kvl_model_params p16 = kvl_model_default_params();
+    p16.n_threads = 1;
+    p16.kv_dtype = KVL_KV_BF16;
+    char bdir[4200];
+    snprintf(bdir, sizeof bdir, "%s/b", f->dir);
+    kvl_model *b16 = NULL;
+    kvl_cache *c16 = NULL;
+    assert_int_equal(kvl_model_load(bdir, &p16, &b16), KVL_OK);
+    assert_int_equal(kvl_model_cache_create(b16, NULL, &c16), KVL_OK);
+    assert_int_equal(kvl_translator_apply(tr, ks, vs, t0, n, ids, c16), KVL_OK);
+    for (int l = 0; l < Lt; l++) {
+        float k16[3 * 32], v16[3 * 32], p16r[3 * 32];
+        assert_int_equal(kvl_cache_read_kv(cb, l, 0, n, kg, vg), KVL_OK);
+        assert_int_equal(kvl_cache_read_prenorm(cb, l, 0, n, kp, NULL), KVL_OK);
+        assert_int_equal(kvl_cache_read_kv(c16, l, 0, n, k16, v16), KVL_OK);
+        assert_int_equal(kvl_cache_read_prenorm(c16, l, 0, n, p16r, NULL), KVL_OK);
+        for (int i = 0; i < n * dt; i++) {
+            assert_float_equal(k16[i], kvl_bf16_to_f32(kvl_f32_to_bf16(kg[i])), 0);
+            assert_float_equal(v16[i], kvl_bf16_to_f32(kvl_f32_to_bf16(vg[i])), 0);
+            assert_float_equal(p16r[i], kvl_bf16_to_f32(kvl_f32_to_bf16(kp[i])), 0);
+        }
+    }
+    kvl_cache_free(c16);
+    kvl_model_free(b16);
     kvl_cache_free(cb);
     kvl_translator_free(tr);
 }
