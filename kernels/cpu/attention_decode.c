@@ -61,11 +61,21 @@ static inline __attribute__((always_inline)) void axpy_any(float *o, float p, co
 static inline __attribute__((always_inline)) void softmax_heads(float *scratch, int group, int Tk) {
     for (int hh = 0; hh < group; hh++) {
         float *restrict s = scratch + (size_t)hh * Tk;
-        float m = -INFINITY;
-        for (int j = 0; j < Tk; j++) m = s[j] > m ? s[j] : m;
-        for (int j = 0; j < Tk; j++) s[j] = exp_nonpos(s[j] - m);
-        float acc[LANES] = {0};
+        /* the maximum and e^x in blocks of LANES: compilers run a fixed-count inner loop 16
+         * lanes wide, a loop over Tk with the max's select or exp_nonpos's bit moves not */
+        float mv[LANES];
+        for (int i = 0; i < LANES; i++) mv[i] = -INFINITY;
         int j = 0;
+        for (; j + LANES <= Tk; j += LANES)
+            for (int i = 0; i < LANES; i++) mv[i] = s[j + i] > mv[i] ? s[j + i] : mv[i];
+        float m = -INFINITY;
+        for (; j < Tk; j++) m = s[j] > m ? s[j] : m;
+        for (int i = 0; i < LANES; i++) m = mv[i] > m ? mv[i] : m;
+        for (j = 0; j + LANES <= Tk; j += LANES)
+            for (int i = 0; i < LANES; i++) s[j + i] = exp_nonpos(s[j + i] - m);
+        for (; j < Tk; j++) s[j] = exp_nonpos(s[j] - m);
+        float acc[LANES] = {0};
+        j = 0;
         for (; j + LANES <= Tk; j += LANES)
             for (int i = 0; i < LANES; i++) acc[i] += s[j + i];
         float sum = 0.0f;
