@@ -16,6 +16,7 @@
 
 #include "clock.h"
 #include "error.h"
+#include "kvlingo/safetensors.h"
 #include "kvlingo/translator.h"
 #include "kvlingo/v1/node.pb-c.h"
 #include "log.h"
@@ -156,15 +157,32 @@ int kvld_span_land(kvld_node *n, kvld_session *s, const kvld_translator_entry *t
     int held = kvl_cache_n_tokens(s->cache);
     double t_tr = kvl__now_s();
     kvl_cache *fresh = NULL;
-    kvl_status st;
-    if ((int)h->t0 < held) {
+    kvl_status st = KVL_OK;
+    const float *k = v.k, *vv = v.v;
+    float *wide = NULL;
+    if (v.bf16) {   /* a bf16 span: the translator reads float32 (bounded by the checked payload) */
+        const size_t nf = (size_t)v.n_layers * v.n * v.row;
+        wide = malloc(2 * nf * sizeof(float));
+        if (!wide) {
+            st = kvl__errorf(KVL_ERR_NOMEM, "out of memory widening a bf16 span of %zu values", 2 * nf);
+        } else {
+            for (size_t i = 0; i < nf; i++) {
+                wide[i] = kvl_bf16_to_f32(v.k16[i]);
+                wide[nf + i] = kvl_bf16_to_f32(v.v16[i]);
+            }
+            k = wide;
+            vv = wide + nf;
+        }
+    }
+    if (st == KVL_OK && (int)h->t0 < held) {
         st = copy_prefix(n->model, s->cache, (int)h->t0, s->max_context, &fresh);
-        if (st == KVL_OK) st = kvl_translator_apply(te->tr, v.k, v.v, (int)h->t0, (int)v.n, v.ids, fresh);
+        if (st == KVL_OK) st = kvl_translator_apply(te->tr, k, vv, (int)h->t0, (int)v.n, v.ids, fresh);
         if (st == KVL_OK) kvld_session_swap_cache(n->sessions, s, fresh);
         else kvl_cache_free(fresh);
-    } else {
-        st = kvl_translator_apply(te->tr, v.k, v.v, (int)h->t0, (int)v.n, v.ids, s->cache);
+    } else if (st == KVL_OK) {
+        st = kvl_translator_apply(te->tr, k, vv, (int)h->t0, (int)v.n, v.ids, s->cache);
     }
+    free(wide);
     *translate_s = kvl__now_s() - t_tr;
     if (st != KVL_OK)
         return span_refuse(e, KVL_SPAN_TRANSLATE, kvl__rpc_status_from_kvl(st), "translation failed: %s",
@@ -472,7 +490,7 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
                             (uint32_t)mc->n_layers, (uint32_t)mc->n_kv_heads,
                             (uint32_t)mc->head_dim, (uint32_t)kvl_cache_n_tokens(s->cache),
                             kvl_cache_tokens(s->cache), read_cache_prenorm, s->cache,
-                            n->spanbufs};
+                            n->spanbufs, kvl_model_kv_dtype(n->model) == KVL_KV_BF16};
     st = kvl__span_encode(&src, in->from, to, peer_name, peer_hash, &ids, &h, &payload, &plen);
     if (st != KVL_OK) FAIL(kvl__rpc_status_from_kvl(st), "%s", kvl_last_error());
     double encode_s = kvl__now_s() - t_start;

@@ -9,6 +9,7 @@
 #include <xxhash.h>
 
 #include "error.h"
+#include "kvlingo/safetensors.h"
 
 static const char *const reject_names[KVL_SPAN_N_REASONS] = {
     "ok", "malformed", "wrong_target", "no_translator", "geometry", "range", "truncated",
@@ -23,12 +24,17 @@ uint64_t kvl__span_checksum(const void *data, size_t len) { return XXH3_64bits(d
 
 uint64_t kvl__span_payload_bytes(uint32_t n_layers, uint32_t n_kv_heads, uint32_t head_dim,
                                 uint32_t n_tokens) {
-    if (n_layers == 0 || n_layers > KVL_SPAN_MAX_LAYERS || n_kv_heads == 0 ||
+    return kvl__span_payload_bytes_of(n_layers, n_kv_heads, head_dim, n_tokens, sizeof(float));
+}
+
+uint64_t kvl__span_payload_bytes_of(uint32_t n_layers, uint32_t n_kv_heads, uint32_t head_dim,
+                                   uint32_t n_tokens, uint32_t elem_bytes) {
+    if ((elem_bytes != 2 && elem_bytes != 4) || n_layers == 0 || n_layers > KVL_SPAN_MAX_LAYERS || n_kv_heads == 0 ||
         n_kv_heads > KVL_SPAN_MAX_HEADS || head_dim == 0 || head_dim > KVL_SPAN_MAX_HEAD_DIM ||
         n_tokens == 0 || n_tokens > KVL_SPAN_MAX_TOKENS)
         return 0;
     /* each factor is bounded above, so the product fits in 64 bits (2^10*2^10*2^12*2^22*8) */
-    return 2ull * n_layers * n_tokens * n_kv_heads * head_dim * sizeof(float) +
+    return 2ull * n_layers * n_tokens * n_kv_heads * head_dim * elem_bytes +
            (uint64_t)n_tokens * sizeof(int32_t);
 }
 
@@ -54,15 +60,16 @@ kvl_status kvl__span_header_check(const Kvlingo__V1__SpanHeader *h, uint64_t max
                       kvl__errorf(KVL_ERR_UNSUPPORTED,
                                  "span: capture point %d (supported: CAPTURE_PRENORM)",
                                  (int)h->capture));
-    if (h->dtype != KVLINGO__V1__DTYPE__DTYPE_F32)
+    if (h->dtype != KVLINGO__V1__DTYPE__DTYPE_F32 && h->dtype != KVLINGO__V1__DTYPE__DTYPE_BF16)
         return reject(why, KVL_SPAN_GEOMETRY,
-                      kvl__errorf(KVL_ERR_UNSUPPORTED, "span: dtype %d (supported: DTYPE_F32)",
+                      kvl__errorf(KVL_ERR_UNSUPPORTED, "span: dtype %d (supported: DTYPE_F32, DTYPE_BF16)",
                                  (int)h->dtype));
     if (h->t1 <= h->t0)
         return reject(why, KVL_SPAN_RANGE,
                       kvl__errorf(KVL_ERR_RANGE, "span: empty token range [%u, %u)", h->t0, h->t1));
     uint32_t n = h->t1 - h->t0;
-    uint64_t want = kvl__span_payload_bytes(h->n_layers, h->n_kv_heads, h->head_dim, n);
+    uint64_t want = kvl__span_payload_bytes_of(h->n_layers, h->n_kv_heads, h->head_dim, n,
+                                               h->dtype == KVLINGO__V1__DTYPE__DTYPE_BF16 ? 2 : 4);
     if (want == 0)
         return reject(why, KVL_SPAN_GEOMETRY,
                       kvl__errorf(KVL_ERR_RANGE,
@@ -98,6 +105,20 @@ static size_t first_non_finite(const float *x, size_t n) {
     return n;
 }
 
+/* The same over bf16 elements: an exponent of all ones is NaN or infinity. */
+static size_t first_non_finite_bf16(const uint16_t *x, size_t n) {
+    const size_t B = 4096;
+    for (size_t b = 0; b < n; b += B) {
+        size_t e = n - b < B ? n : b + B;
+        uint32_t bad = 0;
+        for (size_t i = b; i < e; i++) bad |= (uint32_t)((x[i] & 0x7f80u) == 0x7f80u);
+        if (bad)
+            for (size_t i = b; i < e; i++)
+                if ((x[i] & 0x7f80u) == 0x7f80u) return i;
+    }
+    return n;
+}
+
 kvl_status kvl__span_payload_check(const Kvlingo__V1__SpanHeader *h, const uint8_t *payload,
                                   size_t len, int vocab, kvl__span_view *out,
                                   kvl__span_reject *why) {
@@ -120,15 +141,16 @@ kvl_status kvl__span_payload_check(const Kvlingo__V1__SpanHeader *h, const uint8
     uint32_t n = h->t1 - h->t0;
     size_t row = (size_t)h->n_kv_heads * h->head_dim;
     size_t nf = (size_t)h->n_layers * n * row;
-    const float *k = (const float *)payload;
-    const float *v = k + nf;
-    const int32_t *ids = (const int32_t *)(v + nf);
+    const int bf16 = h->dtype == KVLINGO__V1__DTYPE__DTYPE_BF16;
+    const size_t eb = bf16 ? sizeof(uint16_t) : sizeof(float);
+    const int32_t *ids = (const int32_t *)(const void *)(payload + 2 * nf * eb);   /* 4-aligned */
     for (uint32_t i = 0; i < n; i++)
         if (ids[i] < 0 || (vocab > 0 && ids[i] >= vocab))
             return reject(why, KVL_SPAN_BAD_VALUES,
                           kvl__errorf(KVL_ERR_RANGE, "span: token %u has id %d outside [0, %d)",
                                      h->t0 + i, ids[i], vocab));
-    size_t bad = first_non_finite(k, 2 * nf);
+    size_t bad = bf16 ? first_non_finite_bf16((const uint16_t *)(const void *)payload, 2 * nf)
+                      : first_non_finite((const float *)(const void *)payload, 2 * nf);
     if (bad < 2 * nf)
         return reject(why, KVL_SPAN_BAD_VALUES,
                       kvl__errorf(KVL_ERR_NUMERIC, "span: non-finite %s value at element %zu",
@@ -138,8 +160,11 @@ kvl_status kvl__span_payload_check(const Kvlingo__V1__SpanHeader *h, const uint8
         out->n = n;
         out->n_layers = h->n_layers;
         out->row = (uint32_t)row;
-        out->k = k;
-        out->v = v;
+        out->bf16 = bf16;
+        out->k = bf16 ? NULL : (const float *)(const void *)payload;
+        out->v = bf16 ? NULL : out->k + nf;
+        out->k16 = bf16 ? (const uint16_t *)(const void *)payload : NULL;
+        out->v16 = bf16 ? out->k16 + nf : NULL;
         out->ids = ids;
     }
     if (why) *why = KVL_SPAN_OK;
@@ -158,25 +183,40 @@ kvl_status kvl__span_encode(const kvl__span_source *src, uint32_t t0, uint32_t t
         return kvl__errorf(KVL_ERR_RANGE, "span: range [%u, %u) not within the %u cached tokens",
                            t0, t1, src->n_held);
     uint32_t n = t1 - t0;
-    uint64_t bytes = kvl__span_payload_bytes(src->n_layers, src->n_kv_heads, src->head_dim, n);
+    const uint32_t eb = src->bf16 ? 2 : 4;
+    uint64_t bytes = kvl__span_payload_bytes_of(src->n_layers, src->n_kv_heads, src->head_dim, n, eb);
     if (bytes == 0 || bytes > SIZE_MAX)
         return kvl__errorf(KVL_ERR_RANGE, "span: %u tokens is too large a span", n);
     uint8_t *buf = kvl__spanbuf_take(src->bufs, (size_t)bytes);
     if (!buf) return kvl__errorf(KVL_ERR_NOMEM, "span: payload of %llu bytes",
                                 (unsigned long long)bytes);
     size_t row = (size_t)src->n_kv_heads * src->head_dim;
-    size_t per_layer = (size_t)n * row;
-    float *k = (float *)buf;
-    float *v = k + (size_t)src->n_layers * per_layer;
-    int32_t *ids = (int32_t *)(v + (size_t)src->n_layers * per_layer);
+    size_t per_layer = (size_t)n * row, nf = (size_t)src->n_layers * per_layer;
+    int32_t *ids = (int32_t *)(void *)(buf + 2 * nf * eb);
+    /* bf16: each layer is read as float32 into a layer-sized buffer, then rounded */
+    float *tmp = src->bf16 ? malloc(2 * per_layer * sizeof(float)) : NULL;
+    if (src->bf16 && !tmp) {
+        kvl__spanbuf_give(src->bufs, buf);
+        return kvl__errorf(KVL_ERR_NOMEM, "span: encode: %zu floats of one layer", 2 * per_layer);
+    }
     for (uint32_t l = 0; l < src->n_layers; l++) {
-        kvl_status st = src->read_prenorm(src->ctx, (int)l, (int)t0, (int)t1, k + l * per_layer,
-                                          v + l * per_layer);
+        float *k = tmp ? tmp : (float *)(void *)buf + l * per_layer;
+        float *v = tmp ? tmp + per_layer : (float *)(void *)buf + nf + l * per_layer;
+        kvl_status st = src->read_prenorm(src->ctx, (int)l, (int)t0, (int)t1, k, v);
         if (st != KVL_OK) {
+            free(tmp);
             kvl__spanbuf_give(src->bufs, buf);
             return st;
         }
+        if (tmp) {
+            uint16_t *k16 = (uint16_t *)(void *)buf + l * per_layer, *v16 = (uint16_t *)(void *)buf + nf + l * per_layer;
+            for (size_t i = 0; i < per_layer; i++) {
+                k16[i] = kvl_f32_to_bf16(k[i]);
+                v16[i] = kvl_f32_to_bf16(v[i]);
+            }
+        }
     }
+    free(tmp);
     memcpy(ids, src->ids + t0, n * sizeof(int32_t));
     kvlingo__v1__model_id__init(&ids_storage->source);
     kvlingo__v1__model_id__init(&ids_storage->target);
@@ -190,7 +230,7 @@ kvl_status kvl__span_encode(const kvl__span_source *src, uint32_t t0, uint32_t t
     h->n_layers = src->n_layers;
     h->n_kv_heads = src->n_kv_heads;
     h->head_dim = src->head_dim;
-    h->dtype = KVLINGO__V1__DTYPE__DTYPE_F32;
+    h->dtype = src->bf16 ? KVLINGO__V1__DTYPE__DTYPE_BF16 : KVLINGO__V1__DTYPE__DTYPE_F32;
     h->capture = KVLINGO__V1__CAPTURE_POINT__CAPTURE_PRENORM;
     h->t0 = t0;
     h->t1 = t1;

@@ -1,10 +1,13 @@
 /* transport/span.h: encoding and checking a KV-cache span (kvlingo.v1.SpanHeader + payload).
  *
  * Payload (little-endian, no padding), for n = t1 - t0 tokens of a source model with Ls layers,
- * Hs kv heads, head_dim Ds, dtype f32:
- *   K   [Ls][n][Hs*Ds] float32   pre-norm keys (k_proj output, before k_norm and RoPE)
- *   V   [Ls][n][Hs*Ds] float32   values (v_proj output)
+ * Hs kv heads, head_dim Ds, dtype f32 or bf16 (the header's dtype):
+ *   K   [Ls][n][Hs*Ds] dtype     pre-norm keys (k_proj output, before k_norm and RoPE)
+ *   V   [Ls][n][Hs*Ds] dtype     values (v_proj output)
  *   ids [n]            int32     token ids
+ * A node whose KV cache holds bf16 sends bf16 (half the bytes; for k_norm models the pre-norm
+ * keys and the values are bf16 in its cache already, so nothing is lost), and a receiver
+ * widens them to float32 for the translator.
  * checksum = xxh3-64 (seed 0) of the payload.  These functions never trust the header: every
  * size is checked for overflow and against limits before anything is read. */
 #ifndef KVL_SPAN_H
@@ -45,12 +48,17 @@ const char *kvl__span_reject_name(kvl__span_reject r);
 #define KVL_SPAN_MAX_HEAD_DIM 4096
 #define KVL_SPAN_MAX_TOKENS (1 << 22)
 
-/* Payload bytes for a geometry and token count (0 on overflow or out-of-limit values). */
+/* Payload bytes for a geometry and token count, float32 K/V (0 on overflow or out-of-limit
+ * values): the largest a span of that geometry can be. */
 uint64_t kvl__span_payload_bytes(uint32_t n_layers, uint32_t n_kv_heads, uint32_t head_dim,
                                 uint32_t n_tokens);
+/* The same for K/V elements of elem_bytes bytes (4: float32, 2: bf16). */
+uint64_t kvl__span_payload_bytes_of(uint32_t n_layers, uint32_t n_kv_heads, uint32_t head_dim,
+                                   uint32_t n_tokens, uint32_t elem_bytes);
 
-/* Structural check of a header: version, capture point, dtype f32, 1 <= n, t0 < t1 within
- * limits, payload_bytes equal to kvl__span_payload_bytes(...) and <= max_payload.  On failure
+/* Structural check of a header: version, capture point, dtype f32 or bf16, 1 <= n, t0 < t1
+ * within limits, payload_bytes equal to kvl__span_payload_bytes_of(...) for the dtype and
+ * <= max_payload.  On failure
  * sets *why and records a message (kvl_last_error). */
 kvl_status kvl__span_header_check(const Kvlingo__V1__SpanHeader *h, uint64_t max_payload,
                                  kvl__span_reject *why);
@@ -58,14 +66,17 @@ kvl_status kvl__span_header_check(const Kvlingo__V1__SpanHeader *h, uint64_t max
 /* A checked payload: pointers into the caller's payload buffer. */
 typedef struct kvl__span_view {
     uint32_t t0, n;
-    uint32_t n_layers, row;     /* row = Hs*Ds floats per token and layer */
-    const float *k;             /* [Ls][n][row] */
-    const float *v;             /* [Ls][n][row] */
+    uint32_t n_layers, row;     /* row = Hs*Ds elements per token and layer */
+    int bf16;                   /* K/V below are k16/v16, else k/v        */
+    const float *k;             /* [Ls][n][row] float32 (NULL for bf16)   */
+    const float *v;             /* [Ls][n][row]                           */
+    const uint16_t *k16, *v16;  /* [Ls][n][row] bf16 (NULL for float32)   */
     const int32_t *ids;         /* [n]          */
 } kvl__span_view;
 
 /* Check a received payload against its (already header-checked) header: exact length,
- * checksum, token ids in [0, vocab), finite K/V.  `payload` must be 4-byte aligned. */
+ * checksum, token ids in [0, vocab), finite K/V (either dtype).  `payload` must be 4-byte
+ * aligned. */
 kvl_status kvl__span_payload_check(const Kvlingo__V1__SpanHeader *h, const uint8_t *payload,
                                   size_t len, int vocab, kvl__span_view *out,
                                   kvl__span_reject *why);
@@ -84,6 +95,7 @@ typedef struct kvl__span_source {
     const void *ctx;                            /*   [t1-t0, Hs*Ds] float32 each         */
     struct kvl__spanbufs *bufs;                 /* where the payload buffer comes from   */
                                                 /*   (spanbuf.h; NULL: a plain allocation) */
+    int bf16;                                   /* send K/V as bf16 (rounded to nearest even) */
 } kvl__span_source;
 
 /* Build the payload of tokens [t0, t1) of `src`, and fill `h` (the caller's header,

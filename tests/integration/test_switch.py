@@ -90,11 +90,34 @@ def main():
         top_b = max(range(len(first_b)), key=lambda i: first_b[i])
         t.check(top_b == toks[0], "greedy token = argmax of the distribution")
 
+
         for node, name in [(A, "A"), (B, "B")]:
             t.check(node.metric("kvlingo_spans_sent_total") == 1 and
                     node.metric("kvlingo_spans_received_total") == 1,
                     "%s metrics count 1 span sent and 1 received" % name)
         t.check(B.metric("kvlingo_tokens_decoded_total") >= k - 1, "B counts decoded tokens")
+
+        # a node with a bf16 KV cache ships bf16 spans (half the K/V bytes); B (float32)
+        # widens them, and its distribution stays within bf16 rounding of the reference
+        C = kvlclient.Kvld(args.kvld, os.path.join(args.source, "models/qwen3-a"),
+                           os.path.join(args.work, "node_c.log"), translators=trdir,
+                           extra=("--kv-dtype", "bf16"))
+        try:
+            t.check("kv_dtype=bf16" in open(C.log_path).read(), "C serves with a bf16 KV cache")
+            sc = pbg.NodeStub(grpc.insecure_channel(C.addr))
+            sc.OpenSession(pb.OpenSessionRequest(session_id="conv-bf16"), timeout=10)
+            sc.Append(pb.AppendRequest(session_id="conv-bf16", tokens=prompt, prefill=True), timeout=60)
+            ex3 = sc.ExportSpan(pb.ExportSpanRequest(session_id="conv-bf16", peer=B.addr), timeout=60)
+            want3 = 2 * ia.n_layers * n * ia.n_kv_heads * ia.head_dim * 2 + 4 * n
+            t.check(ex3.t1 == n and ex3.payload_bytes == want3,
+                    "C->B shipped [0, %d) as bf16, %d bytes (float32: %d)" % (n, ex3.payload_bytes, want))
+            gen3 = list(sb.Generate(pb.GenerateRequest(session_id="conv-bf16", max_tokens=1,
+                                                       temperature=0, return_logprobs=True), timeout=60))
+            d3 = max(abs(x - y) for x, y in zip(list(gen3[0].logprobs), ref[0]))
+            t.check(d3 <= 0.05, "B's distribution after a bf16 span = reference within bf16 rounding "
+                    "(max |diff| %.2e)" % d3)
+        finally:
+            C.stop()
 
         # health (grpc.health.v1) through a raw call: the generated 'grpc' package would
         # shadow grpcio, so the request/response bytes are written by hand

@@ -17,6 +17,7 @@
 #include "kvlingo/model.h"
 #include "clock.h"
 #include "rpc.h"
+#include "kvlingo/safetensors.h"
 #include "span.h"
 #include "span_source.h"
 #include "transport.h"
@@ -267,10 +268,80 @@ static void test_span_codec(void **state) {
     kvl_model_free(m);
 }
 
+/* A bf16 span (a node whose KV cache is bf16): half the bytes of K/V, dtype BF16 in the
+ * header, the values the float32 read-back rounded to nearest even; a bf16 NaN or infinity
+ * is refused naming the element; a header that claims BF16 with float32's payload size is
+ * malformed. */
+static void test_span_codec_bf16(void **state) {
+    (void)state;
+    kvl_model *m;
+    assert_int_equal(kvl_model_load(KVL_SOURCE_DIR "/models/qwen3-a", NULL, &m), KVL_OK);
+    const kvl_model_config *cfg = kvl_model_config_get(m);
+    kvl_cache *c;
+    kvl_cache_params cp = kvl_cache_default_params();
+    cp.max_tokens = 256;
+    assert_int_equal(kvl_cache_create(cfg, &cp, &c), KVL_OK);
+    int32_t toks[20];
+    for (int i = 0; i < 20; i++) toks[i] = 100 + i;
+    assert_int_equal(kvl_model_prefill(m, c, toks, 20, KVL_LOGITS_NONE, NULL), KVL_OK);
+    Kvlingo__V1__SpanHeader h = KVLINGO__V1__SPAN_HEADER__INIT;
+    kvl__span_ids ids;
+    uint8_t *p;
+    size_t len;
+    kvl__span_source src = test_span_source(m, c);
+    src.bf16 = 1;
+    assert_int_equal(kvl__span_encode(&src, 5, 20, "qwen3-b", "", &ids, &h, &p, &len), KVL_OK);
+    const size_t row = (size_t)cfg->n_kv_heads * cfg->head_dim, nf = (size_t)cfg->n_layers * 15 * row;
+    assert_int_equal(h.dtype, KVLINGO__V1__DTYPE__DTYPE_BF16);
+    assert_int_equal(len, 2 * nf * 2 + 15 * 4);
+    assert_int_equal(len, kvl__span_payload_bytes_of(cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, 15, 2));
+    kvl__span_reject why;
+    kvl__span_view v;
+    assert_int_equal(kvl__span_payload_check(&h, p, len, cfg->vocab_size, &v, &why), KVL_OK);
+    assert_true(v.bf16);
+    assert_null(v.k);
+    assert_int_equal(v.ids[14], 119);
+    float *k = malloc(row * sizeof(float)), *vv = malloc(row * sizeof(float));
+    assert_int_equal(kvl_cache_read_prenorm(c, 1, 7, 8, k, vv), KVL_OK);
+    for (size_t i = 0; i < row; i++) {
+        assert_int_equal(v.k16[(1 * 15 + 2) * row + i], kvl_f32_to_bf16(k[i]));
+        assert_int_equal(v.v16[(1 * 15 + 2) * row + i], kvl_f32_to_bf16(vv[i]));
+    }
+    free(k);
+    free(vv);
+    /* NaN and infinity in bf16, first in K then in V */
+    uint16_t *e = (uint16_t *)(void *)p;
+    const size_t at[] = {3, nf + 9};
+    const uint16_t bad[] = {0x7fc0, 0xff80};
+    for (int a = 0; a < 2; a++) {
+        uint16_t keep = e[at[a]];
+        e[at[a]] = bad[a];
+        h.checksum = kvl__span_checksum(p, len);
+        assert_int_equal(kvl__span_payload_check(&h, p, len, cfg->vocab_size, NULL, &why), KVL_ERR_NUMERIC);
+        assert_int_equal(why, KVL_SPAN_BAD_VALUES);
+        char want[80];
+        snprintf(want, sizeof want, "%s value at element %zu", a ? "V" : "K", a ? (size_t)9 : (size_t)3);
+        assert_non_null(strstr(kvl_last_error(), want));
+        e[at[a]] = keep;
+    }
+    /* the size a float32 span would have, announced as bf16 */
+    h.payload_bytes = kvl__span_payload_bytes(cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, 15);
+    assert_int_not_equal(kvl__span_header_check(&h, 0, &why), 0);
+    assert_int_equal(why, KVL_SPAN_MALFORMED);
+    /* an unknown dtype */
+    h.dtype = KVLINGO__V1__DTYPE__DTYPE_F16;
+    assert_int_not_equal(kvl__span_header_check(&h, 0, &why), 0);
+    assert_int_equal(why, KVL_SPAN_GEOMETRY);
+    free(p);
+    kvl_cache_free(c);
+    kvl_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_send_recv),
         cmocka_unit_test(test_span_codec),
+        cmocka_unit_test(test_span_codec_bf16),
         cmocka_unit_test(test_spanbufs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
