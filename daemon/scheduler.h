@@ -36,7 +36,7 @@ typedef struct kvld_sched_params {
 
 /* Defaults of kvld_sched_params (kvld's config uses the same). */
 #define KVLD_DEFAULT_DECODE_STRETCH 2.0
-#define KVLD_MIN_PREFILL_CHUNK 4
+#define KVLD_MIN_PREFILL_CHUNK 16
 
 kvl_status kvld_sched_create(kvl_model *model, kvld_metrics *metrics,
                              const kvld_sched_params *p, kvld_sched **out);

@@ -16,7 +16,7 @@
 
 #include "clock.h"
 #include "error.h"
-#include "kvlingo/safetensors.h"
+#include "bf16.h"
 #include "kvlingo/translator.h"
 #include "kvlingo/v1/node.pb-c.h"
 #include "log.h"
@@ -167,8 +167,8 @@ int kvld_span_land(kvld_node *n, kvld_session *s, const kvld_translator_entry *t
             st = kvl__errorf(KVL_ERR_NOMEM, "out of memory widening a bf16 span of %zu values", 2 * nf);
         } else {
             for (size_t i = 0; i < nf; i++) {
-                wide[i] = kvl_bf16_to_f32(v.k16[i]);
-                wide[nf + i] = kvl_bf16_to_f32(v.v16[i]);
+                wide[i] = kvl__bf16_widen(v.k16[i]);
+                wide[nf + i] = kvl__bf16_widen(v.v16[i]);
             }
             k = wide;
             vv = wide + nf;

@@ -9,7 +9,7 @@
 #include <xxhash.h>
 
 #include "error.h"
-#include "kvlingo/safetensors.h"
+#include "bf16.h"
 
 static const char *const reject_names[KVL_SPAN_N_REASONS] = {
     "ok", "malformed", "wrong_target", "no_translator", "geometry", "range", "truncated",
@@ -211,8 +211,8 @@ kvl_status kvl__span_encode(const kvl__span_source *src, uint32_t t0, uint32_t t
         if (tmp) {
             uint16_t *k16 = (uint16_t *)(void *)buf + l * per_layer, *v16 = (uint16_t *)(void *)buf + nf + l * per_layer;
             for (size_t i = 0; i < per_layer; i++) {
-                k16[i] = kvl_f32_to_bf16(k[i]);
-                v16[i] = kvl_f32_to_bf16(v[i]);
+                k16[i] = kvl__bf16_round(k[i]);
+                v16[i] = kvl__bf16_round(v[i]);
             }
         }
     }

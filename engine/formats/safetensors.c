@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "bf16.h"
 #include "error.h"
 #include "safetensors_internal.h"
 
@@ -557,13 +558,7 @@ float kvl_bf16_to_f32(uint16_t b) {
     return bits_f32(u);
 }
 
-uint16_t kvl_f32_to_bf16(float f) {
-    uint32_t u = f32_bits(f);
-    if ((u & 0x7fffffff) > 0x7f800000)
-        return (uint16_t)((u >> 16) | 0x40);
-    /* round to nearest even; overflow carries into the exponent and yields inf */
-    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
+uint16_t kvl_f32_to_bf16(float f) { return kvl__bf16_round(f); }
 
 uint16_t kvl_f32_to_f16(float f) {
     uint32_t u = f32_bits(f);

@@ -27,23 +27,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "bf16.h"
 #include "pool.h"
 
 #define KVL__BF16_SMALL_T 16
 #define KVL__BF16_TCHUNK 64   /* most input rows the split scratch holds at once */
 #define KVL__BF16_WIDE_T 32   /* most input rows the AVX-512 widening tiles take */
 
-/* float32 -> bf16, round to nearest even (NaN stays NaN), and back (exact). */
-static inline uint16_t kvl__f32_to_bf16(float f) {
-    union { float f; uint32_t u; } v = {f};
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u);
-    v.u += 0x7fffu + ((v.u >> 16) & 1u);
-    return (uint16_t)(v.u >> 16);
-}
-static inline float kvl__bf16_to_f32(uint16_t h) {
-    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
-    return v.f;
-}
+/* float32 -> bf16, round to nearest even (NaN stays NaN), and back (exact): engine/base/bf16.h */
+#define kvl__f32_to_bf16 kvl__bf16_round
+#define kvl__bf16_to_f32 kvl__bf16_widen
 void kvl__bf16_from_f32(uint16_t *dst, const float *src, size_t n);
 void kvl__bf16_to_f32_n(float *dst, const uint16_t *src, size_t n);
 
