@@ -9,7 +9,10 @@
  * Token ids and counts are kept here; the K/V storage belongs to a backend (kvlingo/backend.h).
  * The CPU backend stores a table of blocks of `block_tokens` tokens each (default 16); one
  * block holds every layer's K, V (and Kpre) for its tokens: [layer][K|V|Kpre][block_tokens]
- * [Hkv*D], allocated as tokens are appended and freed on truncation.
+ * [Hkv*D], allocated as tokens are appended and freed on truncation.  Caches made by
+ * kvl_model_cache_create for a model loaded with kv_dtype KVL_KV_BF16 store those elements as
+ * bf16 (kvlingo/model.h); every function below still reads and writes float32 (widened exactly
+ * on the way out, rounded to nearest even on the way in).
  */
 #ifndef KVLINGO_CACHE_H
 #define KVLINGO_CACHE_H
