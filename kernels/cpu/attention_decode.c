@@ -161,6 +161,47 @@ static inline __attribute__((always_inline)) void softmax_heads(float *scratch, 
 KVL_DECODE_GROUP_FIXED(64)
 KVL_DECODE_GROUP_FIXED(128)
 
+/* bf16 cache rows widened to float (exact: a bf16 is the top half of a float) */
+static inline __attribute__((always_inline)) void widen_row(float *restrict dst,
+                                                            const uint16_t *restrict src, int n) {
+    for (int i = 0; i < n; i++) {
+        union { uint32_t u; float f; } v = {(uint32_t)src[i] << 16};
+        dst[i] = v.f;
+    }
+}
+
+/* Any head_dim, float32 or bf16 rows (bf16: each row widened into a stack row first, so
+ * D <= KVL__ATT_BF16_MAX_D): scores, softmax, then the weighted sum of values. */
+static inline __attribute__((always_inline)) void decode_group_any(
+    float *out, const float *q, const void *const *k_blk, const void *const *v_blk,
+    int block_tokens, int row, int head_off, int Tk, int group, int D, float *scratch, const int bf16) {
+    float w[KVL__ATT_BF16_MAX_D];
+    const float scale = 1.0f / sqrtf((float)D);
+    /* scores: scratch[hh * Tk + j] */
+    for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {
+        const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;
+        for (int t = 0; t < n; t++) {
+            const size_t at = (size_t)head_off + (size_t)t * row;
+            const float *kj = (const float *)k_blk[b] + at;
+            if (bf16) widen_row(w, (const uint16_t *)k_blk[b] + at, D), kj = w;
+            for (int hh = 0; hh < group; hh++)
+                scratch[(size_t)hh * Tk + j0 + t] = dot_any(q + (size_t)hh * D, kj, D) * scale;
+        }
+    }
+    softmax_heads(scratch, group, Tk);
+    for (int hh = 0; hh < group; hh++) memset(out + (size_t)hh * D, 0, sizeof(float) * (size_t)D);
+    for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {
+        const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;
+        for (int t = 0; t < n; t++) {
+            const size_t at = (size_t)head_off + (size_t)t * row;
+            const float *vj = (const float *)v_blk[b] + at;
+            if (bf16) widen_row(w, (const uint16_t *)v_blk[b] + at, D), vj = w;
+            for (int hh = 0; hh < group; hh++)
+                axpy_any(out + (size_t)hh * D, scratch[(size_t)hh * Tk + j0 + t], vj, D);
+        }
+    }
+}
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define KVL_DECODE_AVX512 1
 static void decode_group_avx512(float *out, const float *q, const float *const *k_blk,
@@ -197,28 +238,8 @@ void kvl__cpu_attention_decode_group(float *out, const float *q, const float *co
         decode_group_128(out, q, k_blk, v_blk, block_tokens, row, head_off, Tk, group, scratch);
         return;
     }
-    const float scale = 1.0f / sqrtf((float)D);
-    /* scores: scratch[hh * Tk + j] */
-    for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {
-        const float *kb = k_blk[b] + head_off;
-        const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;
-        for (int t = 0; t < n; t++) {
-            const float *kj = kb + (size_t)t * row;
-            for (int hh = 0; hh < group; hh++)
-                scratch[(size_t)hh * Tk + j0 + t] = dot_any(q + (size_t)hh * D, kj, D) * scale;
-        }
-    }
-    softmax_heads(scratch, group, Tk);
-    for (int hh = 0; hh < group; hh++) memset(out + (size_t)hh * D, 0, sizeof(float) * (size_t)D);
-    for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {
-        const float *vb = v_blk[b] + head_off;
-        const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;
-        for (int t = 0; t < n; t++) {
-            const float *vj = vb + (size_t)t * row;
-            for (int hh = 0; hh < group; hh++)
-                axpy_any(out + (size_t)hh * D, scratch[(size_t)hh * Tk + j0 + t], vj, D);
-        }
-    }
+    decode_group_any(out, q, (const void *const *)k_blk, (const void *const *)v_blk, block_tokens,
+                     row, head_off, Tk, group, D, scratch, 0);
 }
 
 void kvl__cpu_attention_decode_blocks(float *out, const float *q, const float *const *k_blk,
@@ -233,16 +254,8 @@ void kvl__cpu_attention_decode_blocks(float *out, const float *q, const float *c
 
 /* ---- decode over a bf16 cache ---------------------------------------------------------------
  *
- * The portable form widens each key and value row of the head into a float row on the stack
- * (exact: a bf16 is the top half of a float) and runs the float32 forms' dot products and
- * weighted sums on it; the AVX-512 form at the end of this file widens in registers. */
-static inline __attribute__((always_inline)) void widen_row(float *restrict dst,
-                                                            const uint16_t *restrict src, int n) {
-    for (int i = 0; i < n; i++) {
-        union { uint32_t u; float f; } v = {(uint32_t)src[i] << 16};
-        dst[i] = v.f;
-    }
-}
+ * The portable form is decode_group_any on widened rows; the AVX-512 form at the end of this
+ * file widens in registers. */
 
 #ifdef KVL_DECODE_AVX512
 static void decode_group_avx512_bf16(float *out, const float *q, const uint16_t *const *k_blk,
@@ -261,29 +274,9 @@ void kvl__cpu_attention_decode_group_bf16(float *out, const float *q, const uint
         return;
     }
 #endif
-    float w[KVL__ATT_BF16_MAX_D];
     if (D > KVL__ATT_BF16_MAX_D) return;   /* refused when the cache was made */
-    const float scale = 1.0f / sqrtf((float)D);
-    for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {
-        const uint16_t *kb = k_blk[b] + head_off;
-        const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;
-        for (int t = 0; t < n; t++) {
-            widen_row(w, kb + (size_t)t * row, D);
-            for (int hh = 0; hh < group; hh++)
-                scratch[(size_t)hh * Tk + j0 + t] = dot_any(q + (size_t)hh * D, w, D) * scale;
-        }
-    }
-    softmax_heads(scratch, group, Tk);
-    for (int hh = 0; hh < group; hh++) memset(out + (size_t)hh * D, 0, sizeof(float) * (size_t)D);
-    for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {
-        const uint16_t *vb = v_blk[b] + head_off;
-        const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;
-        for (int t = 0; t < n; t++) {
-            widen_row(w, vb + (size_t)t * row, D);
-            for (int hh = 0; hh < group; hh++)
-                axpy_any(out + (size_t)hh * D, scratch[(size_t)hh * Tk + j0 + t], w, D);
-        }
-    }
+    decode_group_any(out, q, (const void *const *)k_blk, (const void *const *)v_blk, block_tokens,
+                     row, head_off, Tk, group, D, scratch, 1);
 }
 
 /* ---- prefill: a tile of query rows over the blocks ------------------------------------------

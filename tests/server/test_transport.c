@@ -170,17 +170,22 @@ static void test_spanbufs(void **state) {
     kvl__spanbuf_give(NULL, NULL);
 }
 
-static void test_span_codec(void **state) {
-    kvl_model *m;
-    assert_int_equal(kvl_model_load(KVL_SOURCE_DIR "/models/qwen3-a", NULL, &m), KVL_OK);
-    const kvl_model_config *cfg = kvl_model_config_get(m);
-    kvl_cache *c;
+/* qwen3-a and a cache holding tokens 100..119, the span codec tests' source */
+static void codec_source(kvl_model **m, kvl_cache **c) {
+    assert_int_equal(kvl_model_load(KVL_SOURCE_DIR "/models/qwen3-a", NULL, m), KVL_OK);
     kvl_cache_params cp = kvl_cache_default_params();
     cp.max_tokens = 256;
-    assert_int_equal(kvl_cache_create(cfg, &cp, &c), KVL_OK);
+    assert_int_equal(kvl_cache_create(kvl_model_config_get(*m), &cp, c), KVL_OK);
     int32_t toks[20];
     for (int i = 0; i < 20; i++) toks[i] = 100 + i;
-    assert_int_equal(kvl_model_prefill(m, c, toks, 20, KVL_LOGITS_NONE, NULL), KVL_OK);
+    assert_int_equal(kvl_model_prefill(*m, *c, toks, 20, KVL_LOGITS_NONE, NULL), KVL_OK);
+}
+
+static void test_span_codec(void **state) {
+    kvl_model *m;
+    kvl_cache *c;
+    codec_source(&m, &c);
+    const kvl_model_config *cfg = kvl_model_config_get(m);
 
     Kvlingo__V1__SpanHeader h = KVLINGO__V1__SPAN_HEADER__INIT;
     kvl__span_ids ids;
@@ -275,15 +280,9 @@ static void test_span_codec(void **state) {
 static void test_span_codec_bf16(void **state) {
     (void)state;
     kvl_model *m;
-    assert_int_equal(kvl_model_load(KVL_SOURCE_DIR "/models/qwen3-a", NULL, &m), KVL_OK);
-    const kvl_model_config *cfg = kvl_model_config_get(m);
     kvl_cache *c;
-    kvl_cache_params cp = kvl_cache_default_params();
-    cp.max_tokens = 256;
-    assert_int_equal(kvl_cache_create(cfg, &cp, &c), KVL_OK);
-    int32_t toks[20];
-    for (int i = 0; i < 20; i++) toks[i] = 100 + i;
-    assert_int_equal(kvl_model_prefill(m, c, toks, 20, KVL_LOGITS_NONE, NULL), KVL_OK);
+    codec_source(&m, &c);
+    const kvl_model_config *cfg = kvl_model_config_get(m);
     Kvlingo__V1__SpanHeader h = KVLINGO__V1__SPAN_HEADER__INIT;
     kvl__span_ids ids;
     uint8_t *p;
