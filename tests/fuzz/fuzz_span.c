@@ -45,7 +45,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         size_t nf = (size_t)v.n_layers * v.n * v.row;
         if ((const uint8_t *)(v.ids + v.n) != buf + got) abort();
         volatile float acc = 0;
-        for (size_t i = 0; i < nf; i++) acc += v.k[i] + v.v[i];
+        for (size_t i = 0; i < nf; i++)   /* float32 or bf16 K/V, as the header says */
+            acc += v.bf16 ? (float)v.k16[i] + (float)v.v16[i] : v.k[i] + v.v[i];
         (void)acc;   /* the reads are the point: ASan checks them */
         for (uint32_t i = 0; i < v.n; i++)
             if (v.ids[i] < 0 || v.ids[i] >= 4096) abort();
