@@ -104,7 +104,8 @@ def main():
                            extra=("--kv-dtype", "bf16"))
         try:
             t.check("kv_dtype=bf16" in open(C.log_path).read(), "C serves with a bf16 KV cache")
-            sc = pbg.NodeStub(grpc.insecure_channel(C.addr))
+            ch_c = grpc.insecure_channel(C.addr)
+            sc = pbg.NodeStub(ch_c)
             sc.OpenSession(pb.OpenSessionRequest(session_id="conv-bf16"), timeout=10)
             sc.Append(pb.AppendRequest(session_id="conv-bf16", tokens=prompt, prefill=True), timeout=60)
             ex3 = sc.ExportSpan(pb.ExportSpanRequest(session_id="conv-bf16", peer=B.addr), timeout=60)
@@ -116,6 +117,7 @@ def main():
             d3 = max(abs(x - y) for x, y in zip(list(gen3[0].logprobs), ref[0]))
             t.check(d3 <= 0.05, "B's distribution after a bf16 span = reference within bf16 rounding "
                     "(max |diff| %.2e)" % d3)
+            ch_c.close()
         finally:
             C.stop()
 
