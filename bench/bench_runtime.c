@@ -123,10 +123,8 @@ static double bf16_peak(int n_threads, int repeats) {
     const int T = KVL__BF16_SMALL_T, K = 1024, N = 1024, reps = 50;
     uint16_t *W = malloc(sizeof(uint16_t) * (size_t)N * K);
     float *in = malloc(sizeof(float) * (size_t)T * K), *out = malloc(sizeof(float) * (size_t)T * N);
-    uint16_t *xs = malloc(sizeof(uint16_t) * kvl__bf16_xsplit_elems(T, K));
     kvl__bf16_exec ex = {0};
-    if (!W || !in || !out || !xs || kvl__pool_create(n_threads, &ex.pool) != KVL_OK) return 0;
-    ex.xsplit = xs;
+    if (!W || !in || !out || kvl__pool_create(n_threads, &ex.pool) != KVL_OK) return 0;
     for (size_t i = 0; i < (size_t)N * K; i++) W[i] = kvl__f32_to_bf16((float)(i % 17) * 0.01f);
     for (int i = 0; i < T * K; i++) in[i] = (float)(i % 5) * 0.1f;
     double t[16];
@@ -136,7 +134,7 @@ static double bf16_peak(int n_threads, int repeats) {
         if (r) t[r - 1] = kvl__now_s() - t0;
     }
     kvl__pool_free(ex.pool);
-    free(W); free(in); free(out); free(xs);
+    free(W); free(in); free(out);
     return 2.0 * T * K * N * reps / best(t, repeats) / 1e9;
 }
 

@@ -93,7 +93,7 @@ typedef struct kvl_translate_params {
 typedef struct kvl_backend_ops {
     const char *name;             /* "cpu", "cuda" */
     /* What the backend computes with on this machine (kernels chosen at run time), e.g.
-     * "OpenBLAS float32; bf16 weights: AVX-512 BF16 kernel" (static string; may be NULL). */
+     * "float32: OpenBLAS (SkylakeX kernels); bf16 weights: AVX-512 kernel" (static string; may be NULL). */
     const char *(*describe)(void);
 
     /* Weights: make the backend's model from the host view (which must outlive it: the CPU

@@ -47,7 +47,6 @@ typedef struct cpu_scratch {
     float *logit_x;     /* [T, H]      rows that need logits (normed)           */
     int *pos;           /* [T]         absolute positions                       */
     float *rope_cos, *rope_sin; /* [T, D/2] RoPE angles of the batch's tokens   */
-    uint16_t *xsplit;   /* bf16 mode: hi/lo split of a matmul's input rows       */
 } cpu_scratch;
 
 /* KVL_WEIGHTS_BF16: the big matrices in bf16, carved from one allocation in the host view's
@@ -56,7 +55,7 @@ typedef struct cpu_bf16 {
     uint16_t *base;
     const uint16_t *embed, *lm_head;   /* [V, H]; lm_head == embed when tied */
     kvl__layer_view_bf16 *layers;      /* [L] */
-    kvl__bf16_exec exec;               /* pool, panel; xsplit set per forward */
+    kvl__bf16_exec exec;               /* pool, panel */
     int k_max;                         /* largest K of any matmul: max(H, Hq*D, F) */
 } cpu_bf16;
 
@@ -294,12 +293,10 @@ static kvl_status scratch_prepare(cpu_model *m, int T, int ctx) {
         (size_t)nc * KD, (size_t)nc * KD, att, nt * H,
         (size_t)nt /* pos (ints fit in floats' space) */,
         nt * (size_t)c->head_dim / 2, nt * (size_t)c->head_dim / 2,   /* RoPE cos/sin tables */
-        m->bf ? (kvl__bf16_xsplit_elems(nt, m->bf->k_max) + 1) / 2 : 0,  /* two bf16 per float */
     };
     float **dst[] = {&s->x, &s->xn, &s->q, &s->k, &s->kpre, &s->v, &s->att, &s->gate, &s->up,
                      &s->kctx, &s->vctx, &s->scores, &s->logit_x, (float **)&s->pos,
-                     &s->rope_cos, &s->rope_sin,
-                     (float **)&s->xsplit};
+                     &s->rope_cos, &s->rope_sin};
     size_t n = sizeof sizes / sizeof sizes[0], total = 0;
     for (size_t i = 0; i < n; i++) total += (sizes[i] + 15) & ~(size_t)15;   /* 64-byte steps */
     float *base = aligned_alloc(64, total * sizeof(float));
@@ -614,7 +611,6 @@ static kvl_status forward_locked(cpu_model *m, const kvl_backend_seq *seqs, int 
             return st;
     cpu_bf16 *bf = m->bf;
     if ((st = model_pool_sync(m)) != KVL_OK) return st;
-    if (bf) bf->exec.xsplit = m->s.xsplit;
     if (n_seqs > m->dec.cap_seqs) {
         int *a = realloc(m->dec.seq_of, sizeof(int) * (size_t)n_seqs);
         if (a) m->dec.seq_of = a;
@@ -749,10 +745,14 @@ int kvl__cpu_model_exec_take(void *model, kvl__cpu_exec *ex) {
 static char cpu_description[160];
 
 static void cpu_describe_once(void) {
-    const int f32 = kvl__f32_tiles_active(), bf = kvl__bf16_kernel_active() == KVL__BF16_KERNEL_AVX512;
+    const int f32 = kvl__f32_tiles_active();
+    const kvl__bf16_kernel bf = kvl__bf16_kernel_active();
     snprintf(cpu_description, sizeof cpu_description,
              "float32: %sOpenBLAS (%s kernels); bf16 weights: %s", f32 ? "AVX-512F tiles + " : "",
-             kvl__cpu_blas_core(), bf ? "AVX-512 BF16 kernel" : "portable kernel (no AVX-512 BF16 here)");
+             kvl__cpu_blas_core(),
+             bf == KVL__BF16_KERNEL_AVX512 ? "AVX-512 kernel"
+             : bf == KVL__BF16_KERNEL_AVX2 ? "AVX2+FMA kernel (no AVX-512 here)"
+                                           : "portable kernel (no AVX2 or AVX-512 here)");
 }
 
 static const char *cpu_describe(void) {

@@ -2,9 +2,9 @@
  *
  * Small T: a register tile of 4 weight rows x up to 4 input rows; each weight vector is loaded
  * once per tile and multiplied by every input row of the tile, so a decode step (T = 1) reads
- * each weight byte exactly once and T <= 16 re-reads a 4-row block (<= 80 KB) from L2, not
- * memory.  The AVX-512 kernel is compiled with function-level target attributes so the rest of
- * the build stays baseline x86-64. */
+ * each weight byte exactly once and T <= 32 re-reads a 4-row block (<= 80 KB) from L2, not
+ * memory.  The AVX-512 and AVX2 kernels are compiled with function-level target attributes so
+ * the rest of the build stays baseline x86-64. */
 #include "matmul_bf16.h"
 
 #include <cblas.h>
@@ -12,12 +12,12 @@
 #include <string.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define KVL_HAVE_AVX512_KERNEL 1
-#include <cpuid.h>
+#define KVL_HAVE_X86_KERNELS 1
 #include <immintrin.h>
 
 #include "simd_reduce.h"
-#define KVL_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define KVL_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+#define KVL_AVX2 __attribute__((target("avx2,fma")))
 #endif
 
 void kvl__bf16_from_f32(uint16_t *dst, const float *src, size_t n) {
@@ -26,19 +26,30 @@ void kvl__bf16_from_f32(uint16_t *dst, const float *src, size_t n) {
 
 /* ---- kernel choice ------------------------------------------------------------------------ */
 
-static int cpu_has_avx512bf16(void) {
-#ifdef KVL_HAVE_AVX512_KERNEL
+static int cpu_has_avx512(void) {
+#ifdef KVL_HAVE_X86_KERNELS
     __builtin_cpu_init();
     /* avx512f / avx512bw also check that the OS saves the zmm state (XCR0) */
-    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
-        !__builtin_cpu_supports("avx512vl"))
-        return 0;
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
-    return (a >> 5) & 1;   /* CPUID.(EAX=7,ECX=1):EAX[5] = AVX512_BF16 */
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
 #else
     return 0;
 #endif
+}
+
+static int cpu_has_avx2fma(void) {
+#ifdef KVL_HAVE_X86_KERNELS
+    __builtin_cpu_init();
+    /* avx2 also checks that the OS saves the ymm state (XCR0) */
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+
+static int kernel_available(kvl__bf16_kernel k) {
+    return k == KVL__BF16_KERNEL_PORTABLE || (k == KVL__BF16_KERNEL_AVX512 && cpu_has_avx512()) ||
+           (k == KVL__BF16_KERNEL_AVX2 && cpu_has_avx2fma());
 }
 
 static kvl__bf16_kernel g_kernel = KVL__BF16_KERNEL_AUTO;
@@ -47,26 +58,33 @@ kvl__bf16_kernel kvl__bf16_kernel_active(void) {
     if (g_kernel == KVL__BF16_KERNEL_AUTO) {
         /* a benign race: every thread computes the same answer */
         const char *env = getenv("KVL_CPU_BF16_KERNEL");
-        int portable = env && !strcmp(env, "portable");
-        g_kernel = !portable && cpu_has_avx512bf16() ? KVL__BF16_KERNEL_AVX512 : KVL__BF16_KERNEL_PORTABLE;
+        kvl__bf16_kernel k = cpu_has_avx512() ? KVL__BF16_KERNEL_AVX512
+                             : cpu_has_avx2fma()  ? KVL__BF16_KERNEL_AVX2
+                                                  : KVL__BF16_KERNEL_PORTABLE;
+        if (env && !strcmp(env, "portable")) k = KVL__BF16_KERNEL_PORTABLE;
+        if (env && !strcmp(env, "avx2") && cpu_has_avx2fma()) k = KVL__BF16_KERNEL_AVX2;
+        g_kernel = k;
     }
     return g_kernel;
 }
 
 int kvl__bf16_set_kernel(kvl__bf16_kernel k) {
     kvl__bf16_kernel old = kvl__bf16_kernel_active();
-    if (k == KVL__BF16_KERNEL_AVX512 && !cpu_has_avx512bf16()) return -1;
+    if (!kernel_available(k)) return -1;
     g_kernel = k;
     return (int)old;
 }
 
 const char *kvl__bf16_kernel_name(kvl__bf16_kernel k) {
-    return k == KVL__BF16_KERNEL_AVX512 ? "avx512bf16" : k == KVL__BF16_KERNEL_PORTABLE ? "portable" : "auto";
+    return k == KVL__BF16_KERNEL_AVX512     ? "avx512"
+           : k == KVL__BF16_KERNEL_AVX2     ? "avx2"
+           : k == KVL__BF16_KERNEL_PORTABLE ? "portable"
+                                            : "auto";
 }
 
 /* ---- widening (exact) --------------------------------------------------------------------- */
 
-#ifdef KVL_HAVE_AVX512_KERNEL
+#ifdef KVL_HAVE_X86_KERNELS
 KVL_AVX512 static void widen_avx512(float *dst, const uint16_t *src, size_t n) {
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -77,64 +95,52 @@ KVL_AVX512 static void widen_avx512(float *dst, const uint16_t *src, size_t n) {
 }
 #endif
 
+#ifdef KVL_HAVE_X86_KERNELS
+/* 8 bf16 at p widened to float32 (exact) */
+#define KVL_WIDEN8(p) \
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+
+KVL_AVX2 static void widen_avx2(float *dst, const uint16_t *src, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, KVL_WIDEN8(src + i));
+    for (; i < n; i++) dst[i] = kvl__bf16_to_f32(src[i]);
+}
+#endif
+
 void kvl__bf16_to_f32_n(float *dst, const uint16_t *src, size_t n) {
-#ifdef KVL_HAVE_AVX512_KERNEL
-    if (kvl__bf16_kernel_active() == KVL__BF16_KERNEL_AVX512) {
+#ifdef KVL_HAVE_X86_KERNELS
+    kvl__bf16_kernel k = kvl__bf16_kernel_active();
+    if (k == KVL__BF16_KERNEL_AVX512) {
         widen_avx512(dst, src, n);
+        return;
+    }
+    if (k == KVL__BF16_KERNEL_AVX2) {
+        widen_avx2(dst, src, n);
         return;
     }
 #endif
     for (size_t i = 0; i < n; i++) dst[i] = kvl__bf16_to_f32(src[i]);
 }
 
-/* ---- small T: the hi/lo split and the two kernels ----------------------------------------- */
-
-static int pad32(int K) { return (K + 31) & ~31; }
-
-size_t kvl__bf16_xsplit_elems(int T, int K) {
-    int t = T < KVL__BF16_TCHUNK ? T : KVL__BF16_TCHUNK;
-    return (size_t)2 * (size_t)t * (size_t)pad32(K);
-}
+/* ---- small T ------------------------------------------------------------------------------ */
 
 size_t kvl__bf16_panel_elems(int K) {
     return (size_t)K > KVL__BF16_PANEL_FLOATS ? (size_t)K : KVL__BF16_PANEL_FLOATS;
 }
 
-/* Row t of the split: hi at xs + 2*t*Kp, lo right after it; padding zero. */
-static void split_rows(uint16_t *xs, const float *in, int T, int K) {
-    const int Kp = pad32(K);
-    for (int t = 0; t < T; t++) {
-        uint16_t *hi = xs + (size_t)2 * t * Kp, *lo = hi + Kp;
-        const float *x = in + (size_t)t * K;
-        for (int k = 0; k < K; k++) {
-            uint16_t h = kvl__f32_to_bf16(x[k]);
-            hi[k] = h;
-            lo[k] = kvl__f32_to_bf16(x[k] - kvl__bf16_to_f32(h));
-        }
-        for (int k = K; k < Kp; k++) hi[k] = lo[k] = 0;
-    }
-}
-
-static void small_rows_portable(float *out, const uint16_t *xs, const uint16_t *W, const float *bias,
+/* Portable: each weight row widened 16 at a time (exact) and multiplied by every input row in
+ * 16 float lanes, so the row is read from memory once and from L1 for the other T - 1 rows. */
+static void small_rows_portable(float *out, const float *in, const uint16_t *W, const float *bias,
                                 int T, int K, int N, int n0, int n1) {
-    const int Kp = pad32(K);
     for (int n = n0; n < n1; n++) {
         const uint16_t *w = W + (size_t)n * K;
         for (int t = 0; t < T; t++) {
-            const uint16_t *hi = xs + (size_t)2 * t * Kp, *lo = hi + Kp;
+            const float *x = in + (size_t)t * K;
             float lanes[16] = {0};
             int k = 0;
             for (; k + 16 <= K; k += 16)
-                for (int l = 0; l < 16; l++) {
-                    float wk = kvl__bf16_to_f32(w[k + l]);
-                    lanes[l] += wk * kvl__bf16_to_f32(hi[k + l]);
-                    lanes[l] += wk * kvl__bf16_to_f32(lo[k + l]);
-                }
-            for (; k < K; k++) {
-                float wk = kvl__bf16_to_f32(w[k]);
-                lanes[k & 15] += wk * kvl__bf16_to_f32(hi[k]);
-                lanes[k & 15] += wk * kvl__bf16_to_f32(lo[k]);
-            }
+                for (int l = 0; l < 16; l++) lanes[l] += kvl__bf16_to_f32(w[k + l]) * x[k + l];
+            for (; k < K; k++) lanes[k & 15] += kvl__bf16_to_f32(w[k]) * x[k];
             float s = 0.0f;
             for (int l = 0; l < 16; l++) s += lanes[l];
             out[(size_t)t * N + n] = s + (bias ? bias[n] : 0.0f);
@@ -142,68 +148,16 @@ static void small_rows_portable(float *out, const uint16_t *xs, const uint16_t *
     }
 }
 
-#ifdef KVL_HAVE_AVX512_KERNEL
+#ifdef KVL_HAVE_X86_KERNELS
 #ifndef KVL_PF_BYTES
 #define KVL_PF_BYTES 32768   /* measured 2-32 KB ahead on this machine: farther was faster */
 #endif
-/* 4 weight rows x TT input rows; rows past n1 / T are clamped copies whose results are dropped. */
-#define KVL_TILE(TT)                                                                                \
-    KVL_AVX512 static void tile_4x##TT(float *out, const uint16_t *xs, const uint16_t *W,            \
-                                        const float *bias, int t0, int K, int N, int n, int nr) {    \
-        const int Kp = pad32(K), Kf = K & ~31;                                                       \
-        const __mmask32 tail = (__mmask32)((1ull << (K & 31)) - 1);                                  \
-        const uint16_t *w[4];                                                                        \
-        for (int r = 0; r < 4; r++) w[r] = W + (size_t)(n + (r < nr ? r : nr - 1)) * K;              \
-        const uint16_t *x[TT];                                                                       \
-        for (int t = 0; t < TT; t++) x[t] = xs + (size_t)2 * (t0 + t) * Kp;                          \
-        __m512 acc[4][TT];                                                                           \
-        _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                                          \
-            _Pragma("GCC unroll 4") for (int t = 0; t < TT; t++) acc[r][t] = _mm512_setzero_ps();    \
-        /* the 4 rows are one contiguous block: prefetch it linearly, KVL_PF_BYTES ahead, at the  \
-         * rate the tile consumes it (4 lines a step), so the next block is in flight too       \
-         * (rows of 1-3 KB are too short for the hardware streamer to ramp up on its own)       */ \
-        const char *pf = (const char *)w[0] + KVL_PF_BYTES;                                          \
-        const char *pf_end = (const char *)(W + (size_t)N * K);                                      \
-        for (int k = 0; k < Kp; k += 32) {                                                           \
-            __m512bh wv[4];                                                                          \
-            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++, pf += 64)                            \
-                if (pf < pf_end) _mm_prefetch(pf, _MM_HINT_T0);                                      \
-            if (k < Kf) {                                                                            \
-                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                                  \
-                    wv[r] = (__m512bh)_mm512_loadu_si512((const void *)(w[r] + k));                  \
-            } else {                                                                                 \
-                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                                  \
-                    wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(tail, w[r] + k);                      \
-            }                                                                                        \
-            _Pragma("GCC unroll 4") for (int t = 0; t < TT; t++) {                                   \
-                __m512bh h = (__m512bh)_mm512_loadu_si512((const void *)(x[t] + k));                 \
-                __m512bh l = (__m512bh)_mm512_loadu_si512((const void *)(x[t] + Kp + k));            \
-                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {                                \
-                    acc[r][t] = _mm512_dpbf16_ps(acc[r][t], h, wv[r]);                               \
-                    acc[r][t] = _mm512_dpbf16_ps(acc[r][t], l, wv[r]);                               \
-                }                                                                                    \
-            }                                                                                        \
-        }                                                                                            \
-        /* all 16 sums in one reduction tree (simd_reduce.h): [4t + r], absent rows zero */      \
-        __m512 flat[16];                                                                             \
-        for (int t = 0; t < 4; t++)                                                                  \
-            for (int r = 0; r < 4; r++) flat[4 * t + r] = t < TT ? acc[r][t] : _mm512_setzero_ps();  \
-        float s[16];                                                                                 \
-        _mm512_storeu_ps(s, kvl__reduce16_ps(flat));                                                 \
-        for (int t = 0; t < TT; t++)                                                                 \
-            for (int r = 0; r < nr; r++)                                                             \
-                out[(size_t)(t0 + t) * N + n + r] = s[4 * t + r] + (bias ? bias[n + r] : 0.0f);      \
-    }
-KVL_TILE(1)
-KVL_TILE(2)
-KVL_TILE(3)
-KVL_TILE(4)
-#undef KVL_TILE
-
-/* 2 <= T <= KVL__BF16_WIDE_T: 4 weight rows x TT float32 input rows, each weight vector widened
+/* 1 <= T <= KVL__BF16_WIDE_T: 4 weight rows x TT float32 input rows, each weight vector widened
  * to float32 in registers (exact: a bf16 is the top half of a float32) and multiplied by the
- * exact inputs with FMA.  One FMA per 16 products where vdpbf16ps of a hi/lo pair takes two
- * instructions per 32 at half the FMA's throughput here, so a batch is compute-bound later. */
+ * exact inputs with FMA.  One FMA per 16 products where vdpbf16ps of a hi/lo bf16 split of the
+ * inputs takes two instructions per 32 at half the FMA's throughput: measured faster for a
+ * 16-session batch (1.3-1.4x), and for a single decode row too (1.0-1.2x on the 0.5B and
+ * 1.5B shapes). */
 #define KVL_WTILE(TT)                                                                               \
     KVL_AVX512 static void wtile_4x##TT(float *out, const float *in, const uint16_t *W,              \
                                          const float *bias, int t0, int K, int N, int n, int nr,     \
@@ -265,16 +219,62 @@ static void wide_rows_avx512(float *out, const float *in, const uint16_t *W, con
     }
 }
 
-static void small_rows_avx512(float *out, const uint16_t *xs, const uint16_t *W, const float *bias,
-                              int T, int K, int N, int n0, int n1) {
+/* AVX2 + FMA, 1 <= T <= KVL__BF16_WIDE_T: the widening tiles above at 8 lanes, 4 weight rows x
+ * up to 3 input rows (12 accumulators, the 3 input vectors and one widened weight vector fill
+ * the 16 ymm registers).  The last K % 8 products are added in scalar code after the
+ * reduction: AVX2 has no masked 16-bit load. */
+#define KVL_A2TILE(TT)                                                                              \
+    KVL_AVX2 static void a2tile_4x##TT(float *out, const float *in, const uint16_t *W,               \
+                                        const float *bias, int t0, int K, int N, int n, int nr,      \
+                                        int prefetch) {                                              \
+        const int Kf = K & ~7;                                                                       \
+        const uint16_t *w[4];                                                                        \
+        for (int r = 0; r < 4; r++) w[r] = W + (size_t)(n + (r < nr ? r : nr - 1)) * K;              \
+        const float *x[TT];                                                                          \
+        for (int t = 0; t < TT; t++) x[t] = in + (size_t)(t0 + t) * K;                               \
+        __m256 acc[16];                                                                              \
+        for (int i = 0; i < 16; i++) acc[i] = _mm256_setzero_ps();                                   \
+        const char *pf = (const char *)w[0] + KVL_PF_BYTES;                                          \
+        const char *pf_end = (const char *)(W + (size_t)N * K);                                      \
+        for (int k = 0; k < Kf; k += 8) {                                                            \
+            /* 4 rows of 16 bytes a step: one line */                                                \
+            if (prefetch) {                                                                          \
+                if (pf < pf_end) _mm_prefetch(pf, _MM_HINT_T0);                                      \
+                pf += 64;                                                                            \
+            }                                                                                        \
+            __m256 xv[TT];                                                                           \
+            _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++) xv[t] = _mm256_loadu_ps(x[t] + k);  \
+            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {                                    \
+                const __m256 wv = KVL_WIDEN8(w[r] + k);                                              \
+                _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++)                                 \
+                    acc[4 * t + r] = _mm256_fmadd_ps(xv[t], wv, acc[4 * t + r]);                     \
+            }                                                                                        \
+        }                                                                                            \
+        float s[16];                                                                                 \
+        _mm256_storeu_ps(s, kvl__reduce8_ps(acc));                                                   \
+        _mm256_storeu_ps(s + 8, kvl__reduce8_ps(acc + 8));                                           \
+        for (int k = Kf; k < K; k++)                                                                 \
+            for (int t = 0; t < TT; t++)                                                             \
+                for (int r = 0; r < 4; r++) s[4 * t + r] += kvl__bf16_to_f32(w[r][k]) * x[t][k];    \
+        for (int t = 0; t < TT; t++)                                                                 \
+            for (int r = 0; r < nr; r++)                                                             \
+                out[(size_t)(t0 + t) * N + n + r] = s[4 * t + r] + (bias ? bias[n + r] : 0.0f);      \
+    }
+KVL_A2TILE(1)
+KVL_A2TILE(2)
+KVL_A2TILE(3)
+#undef KVL_A2TILE
+
+static void wide_rows_avx2(float *out, const float *in, const uint16_t *W, const float *bias, int T,
+                           int K, int N, int n0, int n1) {
     for (int n = n0; n < n1; n += 4) {
         int nr = n1 - n < 4 ? n1 - n : 4;
-        for (int t0 = 0; t0 < T; t0 += 4) {
-            switch (T - t0 < 4 ? T - t0 : 4) {
-            case 1: tile_4x1(out, xs, W, bias, t0, K, N, n, nr); break;
-            case 2: tile_4x2(out, xs, W, bias, t0, K, N, n, nr); break;
-            case 3: tile_4x3(out, xs, W, bias, t0, K, N, n, nr); break;
-            default: tile_4x4(out, xs, W, bias, t0, K, N, n, nr); break;
+        for (int t0 = 0; t0 < T; t0 += 3) {
+            const int pf = t0 == 0;
+            switch (T - t0 < 3 ? T - t0 : 3) {
+            case 1: a2tile_4x1(out, in, W, bias, t0, K, N, n, nr, pf); break;
+            case 2: a2tile_4x2(out, in, W, bias, t0, K, N, n, nr, pf); break;
+            default: a2tile_4x3(out, in, W, bias, t0, K, N, n, nr, pf); break;
             }
         }
     }
@@ -288,7 +288,6 @@ typedef struct mm_job {
     const float *in;
     const uint16_t *W;
     const float *bias;
-    const uint16_t *xs;
     float *panel;
     int T, K, N, n0, nb;   /* panel jobs: rows [n0, n0+nb) of W */
     kvl__bf16_kernel kernel;
@@ -299,21 +298,19 @@ static void small_part(void *pj, int part, int n_parts) {
     int a, b;
     kvl__pool_part_rows(j->N, part, n_parts, &a, &b);
     if (a >= b) return;
-#ifdef KVL_HAVE_AVX512_KERNEL
-    if (j->kernel == KVL__BF16_KERNEL_AVX512) {
-        small_rows_avx512(j->out, j->xs, j->W, j->bias, j->T, j->K, j->N, a, b);
-        return;
-    }
-#endif
-    small_rows_portable(j->out, j->xs, j->W, j->bias, j->T, j->K, j->N, a, b);
+    small_rows_portable(j->out, j->in, j->W, j->bias, j->T, j->K, j->N, a, b);
 }
 
-#ifdef KVL_HAVE_AVX512_KERNEL
+#ifdef KVL_HAVE_X86_KERNELS
 static void wide_part(void *pj, int part, int n_parts) {
     const mm_job *j = pj;
     int a, b;
     kvl__pool_part_rows(j->N, part, n_parts, &a, &b);
-    if (a < b) wide_rows_avx512(j->out, j->in, j->W, j->bias, j->T, j->K, j->N, a, b);
+    if (a >= b) return;
+    if (j->kernel == KVL__BF16_KERNEL_AVX2)
+        wide_rows_avx2(j->out, j->in, j->W, j->bias, j->T, j->K, j->N, a, b);
+    else
+        wide_rows_avx512(j->out, j->in, j->W, j->bias, j->T, j->K, j->N, a, b);
 }
 #endif
 
@@ -343,18 +340,17 @@ static void run_parts(const kvl__bf16_exec *ex, kvl__pool_fn fn, mm_job *j, size
 
 void kvl__cpu_matmul_bf16(const kvl__bf16_exec *ex, float *out, const float *in, const uint16_t *W,
                           const float *bias, int T, int K, int N) {
-    mm_job j = {.out = out, .in = in, .W = W, .bias = bias, .xs = ex->xsplit, .panel = ex->panel,
+    mm_job j = {.out = out, .in = in, .W = W, .bias = bias, .panel = ex->panel,
                 .T = T, .K = K, .N = N, .kernel = kvl__bf16_kernel_active()};
-#ifdef KVL_HAVE_AVX512_KERNEL
-    if (j.kernel == KVL__BF16_KERNEL_AVX512 && T >= 2 && T <= KVL__BF16_WIDE_T) {
+#ifdef KVL_HAVE_X86_KERNELS
+    if ((j.kernel == KVL__BF16_KERNEL_AVX512 && T >= (1) && T <= KVL__BF16_WIDE_T) ||
+        (j.kernel == KVL__BF16_KERNEL_AVX2 && T <= KVL__BF16_WIDE_T)) {
         run_parts(ex, wide_part, &j, (size_t)T * K * N);
         return;
     }
 #endif
-    if ((T == 1 && j.kernel == KVL__BF16_KERNEL_AVX512) ||
-        (T <= KVL__BF16_SMALL_T && j.kernel != KVL__BF16_KERNEL_AVX512)) {
-        /* the hi/lo tiles read the bf16 weights once and reuse each 4-row block from L2 */
-        split_rows(ex->xsplit, in, T, K);
+    if (T <= KVL__BF16_SMALL_T && j.kernel == KVL__BF16_KERNEL_PORTABLE) {
+        /* reads the bf16 weights once; each row is reused from L1 for every input row */
         run_parts(ex, small_part, &j, (size_t)T * K * N);
         return;
     }

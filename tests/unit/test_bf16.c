@@ -33,19 +33,14 @@ static float urand(void) {   /* uniform in [-1, 1) */
     return (float)((rng_state >> 40) / (double)(1 << 24)) * 2.0f - 1.0f;
 }
 
-/* out_ref[T,N] in float64: W bf16, inputs split into hi + lo (small path) or exact. */
+/* out_ref[T,N] in float64: W bf16 widened, inputs exact (every kernel multiplies those). */
 static void reference(double *ref, const float *in, const uint16_t *W, const float *bias, int T, int K,
-                      int N, int split) {
+                      int N) {
     for (int t = 0; t < T; t++)
         for (int n = 0; n < N; n++) {
             double s = bias ? bias[n] : 0.0;
             for (int k = 0; k < K; k++) {
-                float x = in[(size_t)t * K + k];
-                double xv = x;
-                if (split) {
-                    uint16_t h = kvl__f32_to_bf16(x);
-                    xv = (double)kvl__bf16_to_f32(h) + kvl__bf16_to_f32(kvl__f32_to_bf16(x - kvl__bf16_to_f32(h)));
-                }
+                double xv = in[(size_t)t * K + k];
                 s += (double)kvl__bf16_to_f32(W[(size_t)n * K + k]) * xv;
             }
             ref[(size_t)t * N + n] = s;
@@ -57,18 +52,14 @@ static void run_case(kvl__bf16_kernel kern, kvl__pool *pool, int T, int K, int N
     float *in = malloc(sizeof(float) * (size_t)T * K), *out = malloc(sizeof(float) * (size_t)T * N);
     float *bias = malloc(sizeof(float) * (size_t)N);
     double *ref = malloc(sizeof(double) * (size_t)T * N);
-    uint16_t *xs = malloc(sizeof(uint16_t) * kvl__bf16_xsplit_elems(T, K));
     float *panel = malloc(sizeof(float) * kvl__bf16_panel_elems(K));
-    assert_true(W && in && out && bias && ref && xs && panel);
+    assert_true(W && in && out && bias && ref && panel);
     for (size_t i = 0; i < (size_t)N * K; i++) W[i] = kvl__f32_to_bf16(urand() * 0.05f);
     for (size_t i = 0; i < (size_t)T * K; i++) in[i] = urand() * 3.0f;
     for (int i = 0; i < N; i++) bias[i] = urand();
-    kvl__bf16_exec ex = {pool, xs, panel};
+    kvl__bf16_exec ex = {pool, panel};
     kvl__cpu_matmul_bf16(&ex, out, in, W, with_bias ? bias : NULL, T, K, N);
-    /* the hi/lo split: the AVX-512 kernel's single decode row, the portable kernel's small T;
-     * elsewhere the inputs are exact (widened weights, in registers or in panels for sgemm) */
-    int split = kern == KVL__BF16_KERNEL_AVX512 ? T == 1 : T <= KVL__BF16_SMALL_T;
-    reference(ref, in, W, with_bias ? bias : NULL, T, K, N, split);
+    reference(ref, in, W, with_bias ? bias : NULL, T, K, N);
     double maxerr = 0, maxref = 0;
     for (size_t i = 0; i < (size_t)T * N; i++) {
         double e = fabs(out[i] - ref[i]);
@@ -79,7 +70,7 @@ static void run_case(kvl__bf16_kernel kern, kvl__pool *pool, int T, int K, int N
     if (!(maxerr <= 1e-5 * maxref + 1e-6))
         fail_msg("%s T=%d K=%d N=%d bias=%d pool=%d: max err %.3g (max ref %.3g)",
                  kvl__bf16_kernel_name(kern), T, K, N, with_bias, pool != NULL, maxerr, maxref);
-    free(W); free(in); free(out); free(bias); free(ref); free(xs); free(panel);
+    free(W); free(in); free(out); free(bias); free(ref); free(panel);
 }
 
 void openblas_set_num_threads(int n);   /* OpenBLAS's own: one thread while pool parts call it */
@@ -92,9 +83,9 @@ static void test_kernels(void **st) {
     const int shapes[][3] = {{1, 64, 16}, {1, 37, 13}, {1, 1536, 67}, {2, 20, 5}, {3, 100, 33},
                              {4, 128, 4}, {5, 257, 21}, {16, 96, 50}, {17, 64, 40}, {32, 40, 7},
                              {33, 20, 5}, {40, 600, 20}, {70, 200, 35}, {130, 33, 9}};
-    kvl__bf16_kernel kernels[] = {KVL__BF16_KERNEL_PORTABLE, KVL__BF16_KERNEL_AVX512};
+    kvl__bf16_kernel kernels[] = {KVL__BF16_KERNEL_PORTABLE, KVL__BF16_KERNEL_AVX512, KVL__BF16_KERNEL_AVX2};
     int saved = (int)kvl__bf16_kernel_active();
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         if (kvl__bf16_set_kernel(kernels[k]) < 0) {
             printf("note: %s kernel not available on this CPU, not tested\n", kvl__bf16_kernel_name(kernels[k]));
             continue;
