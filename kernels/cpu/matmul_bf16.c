@@ -203,22 +203,6 @@ KVL_WTILE(3)
 KVL_WTILE(4)
 #undef KVL_WTILE
 
-static void wide_rows_avx512(float *out, const float *in, const uint16_t *W, const float *bias,
-                             int T, int K, int N, int n0, int n1) {
-    for (int n = n0; n < n1; n += 4) {
-        int nr = n1 - n < 4 ? n1 - n : 4;
-        for (int t0 = 0; t0 < T; t0 += 4) {
-            const int pf = t0 == 0;
-            switch (T - t0 < 4 ? T - t0 : 4) {
-            case 1: wtile_4x1(out, in, W, bias, t0, K, N, n, nr, pf); break;
-            case 2: wtile_4x2(out, in, W, bias, t0, K, N, n, nr, pf); break;
-            case 3: wtile_4x3(out, in, W, bias, t0, K, N, n, nr, pf); break;
-            default: wtile_4x4(out, in, W, bias, t0, K, N, n, nr, pf); break;
-            }
-        }
-    }
-}
-
 /* AVX2 + FMA, 1 <= T <= KVL__BF16_WIDE_T: the widening tiles above at 8 lanes, 4 weight rows x
  * up to 3 input rows (12 accumulators, the 3 input vectors and one widened weight vector fill
  * the 16 ymm registers).  The last K % 8 products are added in scalar code after the
@@ -265,18 +249,21 @@ KVL_A2TILE(2)
 KVL_A2TILE(3)
 #undef KVL_A2TILE
 
-static void wide_rows_avx2(float *out, const float *in, const uint16_t *W, const float *bias, int T,
-                           int K, int N, int n0, int n1) {
+/* One tile: out rows t0.. (as many as the tile takes) x weight rows n..n+nr; prefetch on the
+ * first tile of a 4-row block only (later tiles find the block in cache). */
+typedef void (*wide_tile_fn)(float *out, const float *in, const uint16_t *W, const float *bias,
+                             int t0, int K, int N, int n, int nr, int prefetch);
+static const wide_tile_fn tiles_avx512[] = {wtile_4x1, wtile_4x2, wtile_4x3, wtile_4x4};
+static const wide_tile_fn tiles_avx2[] = {a2tile_4x1, a2tile_4x2, a2tile_4x3};
+
+/* Weight rows [n0, n1) in blocks of 4, each block against all T input rows in tiles of at most
+ * tmax rows (tiles[i] takes i + 1). */
+static void wide_rows(const wide_tile_fn *tiles, int tmax, float *out, const float *in,
+                      const uint16_t *W, const float *bias, int T, int K, int N, int n0, int n1) {
     for (int n = n0; n < n1; n += 4) {
         int nr = n1 - n < 4 ? n1 - n : 4;
-        for (int t0 = 0; t0 < T; t0 += 3) {
-            const int pf = t0 == 0;
-            switch (T - t0 < 3 ? T - t0 : 3) {
-            case 1: a2tile_4x1(out, in, W, bias, t0, K, N, n, nr, pf); break;
-            case 2: a2tile_4x2(out, in, W, bias, t0, K, N, n, nr, pf); break;
-            default: a2tile_4x3(out, in, W, bias, t0, K, N, n, nr, pf); break;
-            }
-        }
+        for (int t0 = 0; t0 < T; t0 += tmax)
+            tiles[(T - t0 < tmax ? T - t0 : tmax) - 1](out, in, W, bias, t0, K, N, n, nr, t0 == 0);
     }
 }
 #endif
@@ -307,10 +294,9 @@ static void wide_part(void *pj, int part, int n_parts) {
     int a, b;
     kvl__pool_part_rows(j->N, part, n_parts, &a, &b);
     if (a >= b) return;
-    if (j->kernel == KVL__BF16_KERNEL_AVX2)
-        wide_rows_avx2(j->out, j->in, j->W, j->bias, j->T, j->K, j->N, a, b);
-    else
-        wide_rows_avx512(j->out, j->in, j->W, j->bias, j->T, j->K, j->N, a, b);
+    const int avx2 = j->kernel == KVL__BF16_KERNEL_AVX2;
+    wide_rows(avx2 ? tiles_avx2 : tiles_avx512, avx2 ? 3 : 4, j->out, j->in, j->W, j->bias, j->T, j->K,
+              j->N, a, b);
 }
 #endif
 
