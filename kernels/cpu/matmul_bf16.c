@@ -149,6 +149,9 @@ static void small_rows_portable(float *out, const float *in, const uint16_t *W, 
 }
 
 #ifdef KVL_HAVE_X86_KERNELS
+/* The tiles prefetch the 4-row block they stream linearly, KVL_PF_BYTES ahead, at the rate they
+ * consume it, so the next block is in flight too: rows of 1-3 KB are too short for the hardware
+ * streamer to ramp up on its own. */
 #ifndef KVL_PF_BYTES
 #define KVL_PF_BYTES 32768   /* measured 2-32 KB ahead on this machine: farther was faster */
 #endif
