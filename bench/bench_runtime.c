@@ -158,14 +158,16 @@ static double sgemm_peak(int repeats) {
     return 2.0 * N * N * N / best(t, repeats) / 1e9;
 }
 
-/* The bf16 small-batch kernel's compute peak: 16 input rows, a 1024x1024 bf16 matrix (2 MB,
- * cache-resident), 50 products per repeat, on the bench's pool size. */
-static double bf16_peak(int n_threads, int repeats) {
-    const int T = KVL__BF16_SMALL_T, K = 1024, N = 1024, reps = 50;
+/* A bf16 kernel's compute peak: T input rows (16: the small-batch tiles; 256: the prefill
+ * path), a 1024x1024 bf16 matrix (2 MB, cache-resident), 50 products per repeat, on the bench's
+ * pool size. */
+static double bf16_peak(int n_threads, int repeats, int T) {
+    const int K = 1024, N = 1024, reps = 50;
     uint16_t *W = malloc(sizeof(uint16_t) * (size_t)N * K);
     float *in = malloc(sizeof(float) * (size_t)T * K), *out = malloc(sizeof(float) * (size_t)T * N);
     kvl__bf16_exec ex = {0};
-    if (!W || !in || !out || kvl__pool_create(n_threads, &ex.pool) != KVL_OK) return 0;
+    ex.panel = malloc(sizeof(float) * kvl__bf16_panel_elems(K));
+    if (!W || !in || !out || !ex.panel || kvl__pool_create(n_threads, &ex.pool) != KVL_OK) return 0;
     for (size_t i = 0; i < (size_t)N * K; i++) W[i] = kvl__f32_to_bf16((float)(i % 17) * 0.01f);
     for (int i = 0; i < T * K; i++) in[i] = (float)(i % 5) * 0.1f;
     double t[16];
@@ -175,7 +177,7 @@ static double bf16_peak(int n_threads, int repeats) {
         if (r) t[r - 1] = kvl__now_s() - t0;
     }
     kvl__pool_free(ex.pool);
-    free(W); free(in); free(out);
+    free(W); free(in); free(out); free(ex.panel);
     return 2.0 * T * K * N * reps / best(t, repeats) / 1e9;
 }
 
@@ -238,7 +240,7 @@ static int run_model(kvl_model *m, const int *lens, int n_lens, int steps, int r
 }
 
 typedef struct bench_env {
-    double copy_gbs, read_gbs, sgemm_gflops, bf16_gflops;
+    double copy_gbs, read_gbs, sgemm_gflops, bf16_gflops, bf16_prefill_gflops;
 } bench_env;
 
 /* One model in both dtypes: `dir` a model directory, or NULL and `shape` a shape name. */
@@ -272,7 +274,7 @@ static int bench_one(const char *label, const char *dir, const char *shape, int 
         double flops = ft * T + fp * (double)T * (T + 1) / 2 + fh, a = res[0].prefill_s[li], b = res[1].prefill_s[li];
         printf("| %-13s | prefill %4d  | %9.1f | %9.1f | %5.2fx | %6.1f (%3.0f%%) | %6.1f (%3.0f%%) |           |           |\n",
                label, T, T / a, T / b, a / b, flops / a / 1e9, 100 * flops / a / 1e9 / env->sgemm_gflops,
-               flops / b / 1e9, 100 * flops / b / 1e9 / env->sgemm_gflops);
+               flops / b / 1e9, 100 * flops / b / 1e9 / env->bf16_prefill_gflops);
     }
     const int P = 64, S = res[0].steps;
     double flops = (ft + fh) * S + fp * ((double)S * P + (double)S * (S + 1) / 2);
@@ -304,16 +306,16 @@ int main(int argc, char **argv) {
     openblas_set_num_threads(threads);
     int rp = 0;
     bench_env env = {bandwidth(threads, repeats, 0, NULL), bandwidth(threads, repeats, 1, &rp), sgemm_peak(repeats),
-                     bf16_peak(threads, repeats)};
+                     bf16_peak(threads, repeats, KVL__BF16_SMALL_T), bf16_peak(threads, repeats, 256)};
     const char *ct = getenv("OPENBLAS_CORETYPE");
     printf("%d threads; memory (512 MiB, best of %d): STREAM-like copy %.1f GB/s (read+write), read %.1f GB/s "
            "(best of %d patterns: %d interleaved streams a thread, prefetch %d B); "
-           "OpenBLAS sgemm peak (1024^3): %.1f GFLOP/s [OPENBLAS_CORETYPE=%s]; bf16 kernel peak (%s, "
-           "16x1024x1024): %.1f GFLOP/s; model figures are medians of %d repeats (3 for hidden >= 1024); "
+           "OpenBLAS sgemm peak (1024^3): %.1f GFLOP/s [OPENBLAS_CORETYPE=%s]; bf16 kernel (%s) peaks "
+           "16x1024x1024 %.1f GFLOP/s (decode %%), 256x1024x1024 %.1f GFLOP/s (prefill %%); model figures are medians of %d repeats (3 for hidden >= 1024); "
            "decode GB/s are %% of the read bandwidth\n\n",
            threads, repeats, env.copy_gbs, env.read_gbs, N_READ_PATTERNS, read_patterns[rp][0], read_patterns[rp][1],
            env.sgemm_gflops, ct ? ct : "unset",
-           kvl__bf16_kernel_name(kvl__bf16_kernel_active()), env.bf16_gflops, repeats);
+           kvl__bf16_kernel_name(kvl__bf16_kernel_active()), env.bf16_gflops, env.bf16_prefill_gflops, repeats);
     printf("| model         | phase         | f32 tok/s | bf16 tok/s | speedup | f32 GFLOP/s (peak) | bf16 GFLOP/s (peak) | f32 GB/s (of read) | bf16 GB/s (of read) |\n");
     printf("|---------------|---------------|----------:|-----------:|--------:|----------------:|-----------------:|----------:|----------:|\n");
     if (model) {

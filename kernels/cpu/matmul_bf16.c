@@ -6,6 +6,7 @@
  * memory.  The AVX-512 and AVX2 kernels are compiled with function-level target attributes so
  * the rest of the build stays baseline x86-64. */
 #include "matmul_bf16.h"
+#include "matmul_bf16_amx.h"
 
 #include <cblas.h>
 #include <stdlib.h>
@@ -49,7 +50,8 @@ static int cpu_has_avx2fma(void) {
 
 static int kernel_available(kvl__bf16_kernel k) {
     return k == KVL__BF16_KERNEL_PORTABLE || (k == KVL__BF16_KERNEL_AVX512 && cpu_has_avx512()) ||
-           (k == KVL__BF16_KERNEL_AVX2 && cpu_has_avx2fma());
+           (k == KVL__BF16_KERNEL_AVX2 && cpu_has_avx2fma()) ||
+           (k == KVL__BF16_KERNEL_AMX && cpu_has_avx512() && kvl__amx_usable());
 }
 
 static kvl__bf16_kernel g_kernel = KVL__BF16_KERNEL_AUTO;
@@ -58,10 +60,12 @@ kvl__bf16_kernel kvl__bf16_kernel_active(void) {
     if (g_kernel == KVL__BF16_KERNEL_AUTO) {
         /* a benign race: every thread computes the same answer */
         const char *env = getenv("KVL_CPU_BF16_KERNEL");
-        kvl__bf16_kernel k = cpu_has_avx512() ? KVL__BF16_KERNEL_AVX512
-                             : cpu_has_avx2fma()  ? KVL__BF16_KERNEL_AVX2
-                                                  : KVL__BF16_KERNEL_PORTABLE;
+        kvl__bf16_kernel k = kernel_available(KVL__BF16_KERNEL_AMX) ? KVL__BF16_KERNEL_AMX
+                             : cpu_has_avx512()                     ? KVL__BF16_KERNEL_AVX512
+                             : cpu_has_avx2fma()                    ? KVL__BF16_KERNEL_AVX2
+                                                                    : KVL__BF16_KERNEL_PORTABLE;
         if (env && !strcmp(env, "portable")) k = KVL__BF16_KERNEL_PORTABLE;
+        if (env && !strcmp(env, "avx512") && cpu_has_avx512()) k = KVL__BF16_KERNEL_AVX512;
         if (env && !strcmp(env, "avx2") && cpu_has_avx2fma()) k = KVL__BF16_KERNEL_AVX2;
         g_kernel = k;
     }
@@ -76,7 +80,8 @@ int kvl__bf16_set_kernel(kvl__bf16_kernel k) {
 }
 
 const char *kvl__bf16_kernel_name(kvl__bf16_kernel k) {
-    return k == KVL__BF16_KERNEL_AVX512     ? "avx512"
+    return k == KVL__BF16_KERNEL_AMX        ? "amx"
+           : k == KVL__BF16_KERNEL_AVX512   ? "avx512"
            : k == KVL__BF16_KERNEL_AVX2     ? "avx2"
            : k == KVL__BF16_KERNEL_PORTABLE ? "portable"
                                             : "auto";
@@ -110,7 +115,7 @@ KVL_AVX2 static void widen_avx2(float *dst, const uint16_t *src, size_t n) {
 void kvl__bf16_to_f32_n(float *dst, const uint16_t *src, size_t n) {
 #ifdef KVL_HAVE_X86_KERNELS
     kvl__bf16_kernel k = kvl__bf16_kernel_active();
-    if (k == KVL__BF16_KERNEL_AVX512) {
+    if (k == KVL__BF16_KERNEL_AVX512 || k == KVL__BF16_KERNEL_AMX) {
         widen_avx512(dst, src, n);
         return;
     }
@@ -301,6 +306,11 @@ static void wide_part(void *pj, int part, int n_parts) {
     wide_rows(avx2 ? tiles_avx2 : tiles_avx512, avx2 ? 3 : 4, j->out, j->in, j->W, j->bias, j->T, j->K,
               j->N, a, b);
 }
+
+/* The weight rows [n0, N) the AMX tiles leave (N % 32 of them), on the AVX-512 tiles. */
+static void amx_tail(const mm_job *j, int n0) {
+    wide_rows(tiles_avx512, 4, j->out, j->in, j->W, j->bias, j->T, j->K, j->N, n0, j->N);
+}
 #endif
 
 /* Rows [a, b) of the panel [n0, n0 + nb): widened, then multiplied into out[:, n0+a .. n0+b). */
@@ -332,9 +342,15 @@ void kvl__cpu_matmul_bf16(const kvl__bf16_exec *ex, float *out, const float *in,
     mm_job j = {.out = out, .in = in, .W = W, .bias = bias, .panel = ex->panel,
                 .T = T, .K = K, .N = N, .kernel = kvl__bf16_kernel_active()};
 #ifdef KVL_HAVE_X86_KERNELS
-    if ((j.kernel == KVL__BF16_KERNEL_AVX512 && T >= (1) && T <= KVL__BF16_WIDE_T) ||
-        (j.kernel == KVL__BF16_KERNEL_AVX2 && T <= KVL__BF16_WIDE_T)) {
+    if (j.kernel != KVL__BF16_KERNEL_PORTABLE && T <= KVL__BF16_WIDE_T) {
         run_parts(ex, wide_part, &j, (size_t)T * K * N);
+        return;
+    }
+    /* prefill on AMX tiles: the float32 panels below would write and re-read twice the bytes */
+    if (j.kernel == KVL__BF16_KERNEL_AMX &&
+        kvl__amx_matmul_bf16(ex->pool, out, in, W, bias, T, K, N, ex->panel,
+                             sizeof(float) * kvl__bf16_panel_elems(K)) == 0) {
+        if (N % 32) amx_tail(&j, N & ~31);
         return;
     }
 #endif

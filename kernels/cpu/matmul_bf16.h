@@ -11,12 +11,14 @@
  * those, and a portable C loop (one weight row at a time, T <= KVL__BF16_SMALL_T) otherwise.
  * On AVX-512 BF16 CPUs these beat vdpbf16ps, which needs the inputs split into a hi/lo bf16
  * pair and takes two instructions per 32 products at half the FMA's rate.
- * Larger T (prefill): panels of W are widened to float32 (exact) and
- * multiplied by OpenBLAS sgemm with the float32 input, each part of the pool on its own rows of
- * the panel (so OpenBLAS must be on one thread while a pool runs this: openblas_set_num_threads(1),
- * as the CPU backend's forward sets it).  Every path multiplies the exact float32 inputs by the
- * exact widened weights, so the kernels agree within float32 summation-order rounding.
- * (Debian's OpenBLAS 0.3.21
+ * Larger T (prefill): on AMX CPUs, AMX-BF16 tiles multiply the weights by a hi/lo bf16 split of
+ * the inputs (matmul_bf16_amx.h: the inputs carried to 2^-16 of their value, float32
+ * accumulation).  Elsewhere, or for K not a multiple of 32, panels of W are widened to float32
+ * (exact) and multiplied by OpenBLAS sgemm with the float32 input, each part of the pool on its
+ * own rows of the panel (so OpenBLAS must be on one thread while a pool runs this:
+ * openblas_set_num_threads(1), as the CPU backend's forward sets it).  Every other path
+ * multiplies the exact float32 inputs by the exact widened weights, so those kernels agree
+ * within float32 summation-order rounding.  (Debian's OpenBLAS 0.3.21
  * declares cblas_sbgemm in cblas.h but its library does not export it.)
  * Private to kernels/cpu (and its tests, through kvl_cpu_kernels_iface). */
 #ifndef KVL_KERNELS_CPU_MATMUL_BF16_H
@@ -37,15 +39,17 @@
 void kvl__bf16_from_f32(uint16_t *dst, const float *src, size_t n);
 void kvl__bf16_to_f32_n(float *dst, const uint16_t *src, size_t n);
 
-/* The kernels a run can choose: AUTO picks AVX512 when the CPU reports avx512f + avx512bw +
- * avx512vl, else AVX2 when it reports avx2 + fma (and the build compiled them), PORTABLE
- * otherwise.  The environment variable KVL_CPU_BF16_KERNEL=portable (or =avx2, where the CPU has
- * it) forces that kernel for a whole process. */
+/* The kernels a run can choose: AUTO picks AMX where kvl__amx_usable() (matmul_bf16_amx.h) and
+ * the CPU has AVX512, else AVX512 when the CPU reports avx512f + avx512bw + avx512vl, else AVX2
+ * when it reports avx2 + fma (and the build compiled them), PORTABLE otherwise.  The environment
+ * variable KVL_CPU_BF16_KERNEL=portable (or =avx2 / =avx512, where the CPU has it) forces that
+ * kernel for a whole process. */
 typedef enum kvl__bf16_kernel {
     KVL__BF16_KERNEL_AUTO = 0,
     KVL__BF16_KERNEL_PORTABLE = 1,
     KVL__BF16_KERNEL_AVX512 = 2,
     KVL__BF16_KERNEL_AVX2 = 3,
+    KVL__BF16_KERNEL_AMX = 4,   /* AVX512's tiles for T <= KVL__BF16_WIDE_T, AMX tiles above */
 } kvl__bf16_kernel;
 /* The kernel in use (never AUTO); kvl__bf16_set_kernel returns the previous one, and refuses
  * (returns -1, changes nothing) a kernel the CPU or build lacks.  Tests only: not safe

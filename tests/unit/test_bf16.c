@@ -1,7 +1,7 @@
 /* tests/unit/test_bf16.c: the CPU backend's bf16 weights (KVL_WEIGHTS_BF16, kvlingo/model.h).
- *   kernels   kvl__cpu_matmul_bf16, AVX-512 (where the CPU has it) and portable, against a
- *             float64 reference of the same arithmetic (bf16 weights; hi/lo-split inputs for the
- *             AVX-512 single decode row and the portable small T, exact inputs elsewhere), on
+ *   kernels   kvl__cpu_matmul_bf16, AMX / AVX-512 / AVX2 (where the CPU has them) and portable,
+ *             against a float64 reference of the same arithmetic (bf16 weights; hi/lo-split
+ *             inputs for the AMX prefill tiles, exact inputs elsewhere), on
  *             ragged shapes (K tails, odd N, T across the decode / widening-tile / panel
  *             boundaries), with and without a thread pool;
  *   dtypes    AUTO resolves to the checkpoint's dtype (bf16 for qwen3-b, f32 for the float32
@@ -23,6 +23,7 @@
 #include "kvlingo/model.h"
 #include "kvlingo/shapes.h"
 #include "matmul_bf16.h"
+#include "matmul_bf16_amx.h"
 #include "testutil.h"
 
 #define OK(x) do { kvl_status s_ = (x); if (s_ != KVL_OK) fail_msg("%s: %s", #x, kvl_last_error()); } while (0)
@@ -33,14 +34,21 @@ static float urand(void) {   /* uniform in [-1, 1) */
     return (float)((rng_state >> 40) / (double)(1 << 24)) * 2.0f - 1.0f;
 }
 
-/* out_ref[T,N] in float64: W bf16 widened, inputs exact (every kernel multiplies those). */
+/* An input as the AMX tiles multiply it: hi = bf16(x), lo = bf16(x - hi), hi + lo. */
+static double split_hi_lo(float x) {
+    float hi = kvl__bf16_to_f32(kvl__f32_to_bf16(x));
+    return (double)hi + kvl__bf16_to_f32(kvl__f32_to_bf16(x - hi));
+}
+
+/* out_ref[T,N] in float64: W bf16 widened, inputs exact (every kernel but AMX multiplies those)
+ * or, with split, as their hi/lo bf16 pair. */
 static void reference(double *ref, const float *in, const uint16_t *W, const float *bias, int T, int K,
-                      int N) {
+                      int N, int split) {
     for (int t = 0; t < T; t++)
         for (int n = 0; n < N; n++) {
             double s = bias ? bias[n] : 0.0;
             for (int k = 0; k < K; k++) {
-                double xv = in[(size_t)t * K + k];
+                double xv = split ? split_hi_lo(in[(size_t)t * K + k]) : in[(size_t)t * K + k];
                 s += (double)kvl__bf16_to_f32(W[(size_t)n * K + k]) * xv;
             }
             ref[(size_t)t * N + n] = s;
@@ -59,7 +67,9 @@ static void run_case(kvl__bf16_kernel kern, kvl__pool *pool, int T, int K, int N
     for (int i = 0; i < N; i++) bias[i] = urand();
     kvl__bf16_exec ex = {pool, panel};
     kvl__cpu_matmul_bf16(&ex, out, in, W, with_bias ? bias : NULL, T, K, N);
-    reference(ref, in, W, with_bias ? bias : NULL, T, K, N);
+    /* AMX takes T > KVL__BF16_WIDE_T with K % 32 == 0, the AVX-512 tiles the rest */
+    const int split = kern == KVL__BF16_KERNEL_AMX && T > KVL__BF16_WIDE_T && K % 32 == 0 && N >= 32;
+    reference(ref, in, W, with_bias ? bias : NULL, T, K, N, split);
     double maxerr = 0, maxref = 0;
     for (size_t i = 0; i < (size_t)T * N; i++) {
         double e = fabs(out[i] - ref[i]);
@@ -82,10 +92,13 @@ static void test_kernels(void **st) {
     OK(kvl__pool_create(2, &pool));
     const int shapes[][3] = {{1, 64, 16}, {1, 37, 13}, {1, 1536, 67}, {2, 20, 5}, {3, 100, 33},
                              {4, 128, 4}, {5, 257, 21}, {16, 96, 50}, {17, 64, 40}, {32, 40, 7},
-                             {33, 20, 5}, {40, 600, 20}, {70, 200, 35}, {130, 33, 9}};
-    kvl__bf16_kernel kernels[] = {KVL__BF16_KERNEL_PORTABLE, KVL__BF16_KERNEL_AVX512, KVL__BF16_KERNEL_AVX2};
+                             {33, 20, 5}, {40, 600, 20}, {70, 200, 35}, {130, 33, 9},
+                             /* the AMX tiles: K % 32 == 0, T > 32, N tails, odd 16-row blocks */
+                             {33, 64, 32}, {40, 96, 70}, {64, 1536, 64}, {100, 256, 97}, {49, 32, 48}};
+    kvl__bf16_kernel kernels[] = {KVL__BF16_KERNEL_PORTABLE, KVL__BF16_KERNEL_AVX512, KVL__BF16_KERNEL_AVX2,
+                                  KVL__BF16_KERNEL_AMX};
     int saved = (int)kvl__bf16_kernel_active();
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 4; k++) {
         if (kvl__bf16_set_kernel(kernels[k]) < 0) {
             printf("note: %s kernel not available on this CPU, not tested\n", kvl__bf16_kernel_name(kernels[k]));
             continue;
@@ -98,6 +111,47 @@ static void test_kernels(void **st) {
     }
     kvl__bf16_set_kernel((kvl__bf16_kernel)saved);
     kvl__pool_free(pool);
+}
+
+/* The AMX call straight: a scratch that holds 32 rows makes a 100-row input four passes; shapes
+ * the tiles do not take are refused with nothing written. */
+static void test_amx_passes(void **st) {
+    (void)st;
+    if (!kvl__amx_usable()) {
+        printf("note: amx kernel not available on this CPU, not tested\n");
+        assert_int_equal(kvl__amx_matmul_bf16(NULL, NULL, NULL, NULL, NULL, 64, 64, 64, NULL, 0), -1);
+        return;
+    }
+    const int T = 100, K = 64, N = 70;
+    uint16_t W[70 * 64];
+    float in[100 * 64], out[100 * 70], bias[70];
+    double ref[100 * 70];
+    for (int i = 0; i < N * K; i++) W[i] = kvl__f32_to_bf16(urand() * 0.05f);
+    for (int i = 0; i < T * K; i++) in[i] = urand() * 3.0f;
+    for (int i = 0; i < N; i++) bias[i] = urand();
+    size_t bytes = kvl__amx_pack_bytes(32, K) + 63;
+    void *pack = malloc(bytes);
+    assert_non_null(pack);
+    for (int i = 0; i < T * N; i++) out[i] = -12345.0f;
+    assert_int_equal(kvl__amx_matmul_bf16(NULL, out, in, W, bias, T, K, N, pack, bytes), 0);
+    reference(ref, in, W, bias, T, K, N, 1);
+    double maxerr = 0, maxref = 0;
+    for (int t = 0; t < T; t++)
+        for (int n = 0; n < N; n++) {
+            if (n >= 64) {   /* the caller's columns: untouched */
+                assert_true(out[t * N + n] == -12345.0f);
+                continue;
+            }
+            double e = fabs(out[t * N + n] - ref[t * N + n]);
+            if (!(e <= maxerr)) maxerr = e;
+            if (fabs(ref[t * N + n]) > maxref) maxref = fabs(ref[t * N + n]);
+        }
+    if (!(maxerr <= 1e-5 * maxref + 1e-6)) fail_msg("amx passes: max err %.3g (max ref %.3g)", maxerr, maxref);
+    /* K % 32 != 0, N < 32, a scratch under 32 rows: refused */
+    assert_int_equal(kvl__amx_matmul_bf16(NULL, out, in, W, bias, T, 48, 40, pack, bytes), -1);
+    assert_int_equal(kvl__amx_matmul_bf16(NULL, out, in, W, bias, T, K, 16, pack, bytes), -1);
+    assert_int_equal(kvl__amx_matmul_bf16(NULL, out, in, W, bias, T, K, N, pack, kvl__amx_pack_bytes(32, K) - 1), -1);
+    free(pack);
 }
 
 static void test_rounding(void **st) {
@@ -197,6 +251,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rounding),
         cmocka_unit_test(test_kernels),
+        cmocka_unit_test(test_amx_passes),
         cmocka_unit_test(test_dtypes),
         cmocka_unit_test(test_greedy),
     };
