@@ -134,8 +134,8 @@ KVL_AMX static void gemm_part(void *pj, int part, int n_parts) {
     for (int blk = blk0; blk < blk1; blk++) {
         const uint16_t *w0 = j->W + (size_t)blk * 32 * j->K, *w1 = w0 + (size_t)16 * j->K;
         for (int tb = 0; tb < TB; tb += 2) {
-            const uint32_t *h0 = j->hi + (size_t)tb * KB * 256, *h1 = h0 + (size_t)KB * 256;
-            const uint32_t *l0 = j->lo + (size_t)tb * KB * 256, *l1 = l0 + (size_t)KB * 256;
+            const uint32_t *h0 = j->hi + (size_t)tb * KB * 256, *l0 = j->lo + (size_t)tb * KB * 256;
+            const uint32_t *half[2][2] = {{h0, h0 + (size_t)KB * 256}, {l0, l0 + (size_t)KB * 256}};
             _tile_zero(0);
             _tile_zero(1);
             _tile_zero(2);
@@ -144,18 +144,14 @@ KVL_AMX static void gemm_part(void *pj, int part, int n_parts) {
                 const size_t o = (size_t)kb * 256;
                 _tile_loadd(4, w0 + kb * 32, wstride);
                 _tile_loadd(5, w1 + kb * 32, wstride);
-                _tile_loadd(6, h0 + o, tstride);
-                _tile_loadd(7, h1 + o, tstride);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
-                _tile_loadd(6, l0 + o, tstride);
-                _tile_loadd(7, l1 + o, tstride);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
+                for (int p = 0; p < 2; p++) {   /* the hi, then the lo halves of the inputs */
+                    _tile_loadd(6, half[p][0] + o, tstride);
+                    _tile_loadd(7, half[p][1] + o, tstride);
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_dpbf16ps(1, 4, 7);
+                    _tile_dpbf16ps(2, 5, 6);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
             }
             _tile_stored(0, c[0], 64);
             _tile_stored(1, c[1], 64);
