@@ -154,11 +154,15 @@ static void small_rows_portable(float *out, const float *in, const uint16_t *W, 
 }
 
 #ifdef KVL_HAVE_X86_KERNELS
-/* The tiles prefetch the 4-row block they stream linearly, KVL_PF_BYTES ahead, at the rate they
- * consume it, so the next block is in flight too: rows of 1-3 KB are too short for the hardware
- * streamer to ramp up on its own. */
+/* A tile's 4 weight rows are rs rows apart: wide_rows hands each tile one row from each quarter
+ * of its range, so a thread reads 4 streams in different DRAM pages at once.  Four adjacent rows
+ * are one stream to the memory controller, and a 4-stream read runs faster than one stream here
+ * (the read probe of bench_runtime): a 1536 x 8960 bf16 product on 2 threads streamed 18-20
+ * GB/s with adjacent rows, 23-27 GB/s with far ones.  Each row is prefetched KVL_PF_BYTES ahead
+ * at the rate it is consumed (rows of 1-3 KB are too short for the hardware streamer to ramp
+ * up); past a row's end that is the start of the row the next tile takes. */
 #ifndef KVL_PF_BYTES
-#define KVL_PF_BYTES 32768   /* measured 2-32 KB ahead on this machine: farther was faster */
+#define KVL_PF_BYTES 2048
 #endif
 /* 1 <= T <= KVL__BF16_WIDE_T: 4 weight rows x TT float32 input rows, each weight vector widened
  * to float32 in registers (exact: a bf16 is the top half of a float32) and multiplied by the
@@ -168,23 +172,24 @@ static void small_rows_portable(float *out, const float *in, const uint16_t *W, 
  * 1.5B shapes). */
 #define KVL_WTILE(TT)                                                                               \
     KVL_AVX512 static void wtile_4x##TT(float *out, const float *in, const uint16_t *W,              \
-                                         const float *bias, int t0, int K, int N, int n, int nr,     \
-                                         int prefetch) {                                             \
+                                         const float *bias, int t0, int K, int N, int n, int rs,     \
+                                         int nr, int prefetch) {                                     \
         const int Kf = K & ~15;                                                                      \
         const __mmask16 tail = (__mmask16)((1u << (K & 15)) - 1);                                    \
         const uint16_t *w[4];                                                                        \
-        for (int r = 0; r < 4; r++) w[r] = W + (size_t)(n + (r < nr ? r : nr - 1)) * K;              \
+        for (int r = 0; r < 4; r++) w[r] = W + (size_t)(n + (r < nr ? r : nr - 1) * rs) * K;         \
         const float *x[TT];                                                                          \
         for (int t = 0; t < TT; t++) x[t] = in + (size_t)(t0 + t) * K;                               \
         __m512 acc[16];                                                                              \
         for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();                                   \
-        const char *pf = (const char *)w[0] + KVL_PF_BYTES;                                          \
         const char *pf_end = (const char *)(W + (size_t)N * K);                                      \
         for (int k = 0; k < K; k += 16) {                                                            \
-            /* 4 rows of 32 bytes a step: 2 lines, every other step */                               \
+            /* 32 bytes of each row a step: one line of each, every other step */                    \
             if (prefetch && (k & 31) == 0) {                                                         \
-                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++, pf += 64)                        \
+                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {                                \
+                    const char *pf = (const char *)(w[r] + k) + KVL_PF_BYTES;                        \
                     if (pf < pf_end) _mm_prefetch(pf, _MM_HINT_T0);                                  \
+                }                                                                                    \
             }                                                                                        \
             const __mmask16 m = k < Kf ? (__mmask16)0xFFFF : tail;                                   \
             __m512 wv[4];                                                                            \
@@ -203,7 +208,7 @@ static void small_rows_portable(float *out, const float *in, const uint16_t *W, 
         _mm512_storeu_ps(s, kvl__reduce16_ps(acc));                                                  \
         for (int t = 0; t < TT; t++)                                                                 \
             for (int r = 0; r < nr; r++)                                                             \
-                out[(size_t)(t0 + t) * N + n + r] = s[4 * t + r] + (bias ? bias[n + r] : 0.0f);      \
+                out[(size_t)(t0 + t) * N + n + r * rs] = s[4 * t + r] + (bias ? bias[n + r * rs] : 0.0f); \
     }
 KVL_WTILE(1)
 KVL_WTILE(2)
@@ -217,22 +222,23 @@ KVL_WTILE(4)
  * reduction: AVX2 has no masked 16-bit load. */
 #define KVL_A2TILE(TT)                                                                              \
     KVL_AVX2 static void a2tile_4x##TT(float *out, const float *in, const uint16_t *W,               \
-                                        const float *bias, int t0, int K, int N, int n, int nr,      \
-                                        int prefetch) {                                              \
+                                        const float *bias, int t0, int K, int N, int n, int rs,      \
+                                        int nr, int prefetch) {                                      \
         const int Kf = K & ~7;                                                                       \
         const uint16_t *w[4];                                                                        \
-        for (int r = 0; r < 4; r++) w[r] = W + (size_t)(n + (r < nr ? r : nr - 1)) * K;              \
+        for (int r = 0; r < 4; r++) w[r] = W + (size_t)(n + (r < nr ? r : nr - 1) * rs) * K;         \
         const float *x[TT];                                                                          \
         for (int t = 0; t < TT; t++) x[t] = in + (size_t)(t0 + t) * K;                               \
         __m256 acc[16];                                                                              \
         for (int i = 0; i < 16; i++) acc[i] = _mm256_setzero_ps();                                   \
-        const char *pf = (const char *)w[0] + KVL_PF_BYTES;                                          \
         const char *pf_end = (const char *)(W + (size_t)N * K);                                      \
         for (int k = 0; k < Kf; k += 8) {                                                            \
-            /* 4 rows of 16 bytes a step: one line */                                                \
-            if (prefetch) {                                                                          \
-                if (pf < pf_end) _mm_prefetch(pf, _MM_HINT_T0);                                      \
-                pf += 64;                                                                            \
+            /* 16 bytes of each row a step: one line of each, every fourth step */                   \
+            if (prefetch && (k & 31) == 0) {                                                         \
+                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {                                \
+                    const char *pf = (const char *)(w[r] + k) + KVL_PF_BYTES;                        \
+                    if (pf < pf_end) _mm_prefetch(pf, _MM_HINT_T0);                                  \
+                }                                                                                    \
             }                                                                                        \
             __m256 xv[TT];                                                                           \
             _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++) xv[t] = _mm256_loadu_ps(x[t] + k);  \
@@ -250,29 +256,33 @@ KVL_WTILE(4)
                 for (int r = 0; r < 4; r++) s[4 * t + r] += kvl__bf16_to_f32(w[r][k]) * x[t][k];    \
         for (int t = 0; t < TT; t++)                                                                 \
             for (int r = 0; r < nr; r++)                                                             \
-                out[(size_t)(t0 + t) * N + n + r] = s[4 * t + r] + (bias ? bias[n + r] : 0.0f);      \
+                out[(size_t)(t0 + t) * N + n + r * rs] = s[4 * t + r] + (bias ? bias[n + r * rs] : 0.0f); \
     }
 KVL_A2TILE(1)
 KVL_A2TILE(2)
 KVL_A2TILE(3)
 #undef KVL_A2TILE
 
-/* One tile: out rows t0.. (as many as the tile takes) x weight rows n..n+nr; prefetch on the
- * first tile of a 4-row block only (later tiles find the block in cache). */
+/* One tile: out rows t0.. (as many as the tile takes) x weight rows n, n + rs, .. (nr of them);
+ * prefetch on the first tile of a 4-row block only (later tiles find the block in cache). */
 typedef void (*wide_tile_fn)(float *out, const float *in, const uint16_t *W, const float *bias,
-                             int t0, int K, int N, int n, int nr, int prefetch);
+                             int t0, int K, int N, int n, int rs, int nr, int prefetch);
 static const wide_tile_fn tiles_avx512[] = {wtile_4x1, wtile_4x2, wtile_4x3, wtile_4x4};
 static const wide_tile_fn tiles_avx2[] = {a2tile_4x1, a2tile_4x2, a2tile_4x3};
 
-/* Weight rows [n0, n1) in blocks of 4, each block against all T input rows in tiles of at most
- * tmax rows (tiles[i] takes i + 1). */
+/* Weight rows [n0, n1) in blocks of 4 (rows q apart: one from each quarter of the range, then the
+ * n % 4 left adjacent), each block against all T input rows in tiles of at most tmax rows
+ * (tiles[i] takes i + 1). */
 static void wide_rows(const wide_tile_fn *tiles, int tmax, float *out, const float *in,
                       const uint16_t *W, const float *bias, int T, int K, int N, int n0, int n1) {
-    for (int n = n0; n < n1; n += 4) {
-        int nr = n1 - n < 4 ? n1 - n : 4;
+    const int q = (n1 - n0) / 4;
+    for (int i = 0; i < q; i++)
         for (int t0 = 0; t0 < T; t0 += tmax)
-            tiles[(T - t0 < tmax ? T - t0 : tmax) - 1](out, in, W, bias, t0, K, N, n, nr, t0 == 0);
-    }
+            tiles[(T - t0 < tmax ? T - t0 : tmax) - 1](out, in, W, bias, t0, K, N, n0 + i, q, 4, t0 == 0);
+    const int n = n0 + 4 * q;
+    if (n < n1)
+        for (int t0 = 0; t0 < T; t0 += tmax)
+            tiles[(T - t0 < tmax ? T - t0 : tmax) - 1](out, in, W, bias, t0, K, N, n, 1, n1 - n, t0 == 0);
 }
 #endif
 
