@@ -122,7 +122,7 @@ static double bandwidth(int n_threads, int repeats, int read_only, int *pattern)
     memset(b, 2, N);
     double top = 0;
     for (int pi = 0; pi < (read_only ? N_READ_PATTERNS : 1); pi++) {
-        double t[16];
+        double t[16] = {0};
         for (int r = 0; r <= repeats; r++) {
             pthread_t th[16];
             copy_arg args[16];
@@ -147,7 +147,7 @@ static double sgemm_peak(int repeats) {
     float *a = malloc(sizeof(float) * N * N), *b = malloc(sizeof(float) * N * N), *c = malloc(sizeof(float) * N * N);
     if (!a || !b || !c) { free(a); free(b); free(c); return 0; }
     for (int i = 0; i < N * N; i++) { a[i] = (float)(i % 13) * 0.01f; b[i] = (float)(i % 7) * 0.02f; }
-    double t[16];
+    double t[16] = {0};
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1, a, N, b, N, 0, c, N);   /* warm-up */
     for (int r = 0; r < repeats; r++) {
         double t0 = kvl__now_s();
@@ -170,7 +170,7 @@ static double bf16_peak(int n_threads, int repeats, int T) {
     if (!W || !in || !out || !ex.panel || kvl__pool_create(n_threads, &ex.pool) != KVL_OK) return 0;
     for (size_t i = 0; i < (size_t)N * K; i++) W[i] = kvl__f32_to_bf16((float)(i % 17) * 0.01f);
     for (int i = 0; i < T * K; i++) in[i] = (float)(i % 5) * 0.1f;
-    double t[16];
+    double t[16] = {0};
     for (int r = 0; r <= repeats; r++) {
         double t0 = kvl__now_s();
         for (int i = 0; i < reps; i++) kvl__cpu_matmul_bf16(&ex, out, in, W, NULL, T, K, N);
@@ -291,18 +291,32 @@ static int bench_one(const char *label, const char *dir, const char *shape, int 
 int main(int argc, char **argv) {
     const char *models_dir = "models", *shapes = "qwen2.5-1.5b", *model = NULL;
     int repeats = 5, threads = 2, shipped = 1, decode_only = 0;
+    static const char usage[] =
+        "usage: bench_runtime [--models-dir DIR] [--repeats N (1-16)] [--threads N (1-16, 2)]\n"
+        "                     [--shapes a,b (qwen2.5-1.5b)] [--no-shipped] [--model DIR] [--decode-only]\n";
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { fputs(usage, stdout); return 0; }
         if (!strcmp(argv[i], "--no-shipped")) { shipped = 0; continue; }
         if (!strcmp(argv[i], "--decode-only")) { decode_only = 1; continue; }
-        if (i + 1 >= argc) break;
-        if (!strcmp(argv[i], "--models-dir")) models_dir = argv[++i];
-        else if (!strcmp(argv[i], "--repeats")) repeats = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--shapes")) shapes = argv[++i];
-        else if (!strcmp(argv[i], "--model")) model = argv[++i];
+        int known = !strcmp(argv[i], "--models-dir") || !strcmp(argv[i], "--repeats") ||
+                    !strcmp(argv[i], "--threads") || !strcmp(argv[i], "--shapes") || !strcmp(argv[i], "--model");
+        if (!known) { fprintf(stderr, "bench_runtime: unknown option '%s'\n%s", argv[i], usage); return 2; }
+        if (i + 1 >= argc) { fprintf(stderr, "bench_runtime: %s needs a value\n%s", argv[i], usage); return 2; }
+        const char *opt = argv[i], *v = argv[++i];
+        if (!strcmp(opt, "--models-dir")) models_dir = v;
+        else if (!strcmp(opt, "--shapes")) shapes = v;
+        else if (!strcmp(opt, "--model")) model = v;
+        else {
+            char *end;
+            long n = strtol(v, &end, 10);
+            if (*end || n < 1 || n > 16) {
+                fprintf(stderr, "bench_runtime: %s '%s': want a whole number from 1 to 16\n", opt, v);
+                return 2;
+            }
+            if (!strcmp(opt, "--repeats")) repeats = (int)n;
+            else threads = (int)n;
+        }
     }
-    if (repeats < 1 || repeats > 16) repeats = 5;
-    if (threads < 1 || threads > 16) threads = 2;
     openblas_set_num_threads(threads);
     int rp = 0;
     bench_env env = {bandwidth(threads, repeats, 0, NULL), bandwidth(threads, repeats, 1, &rp), sgemm_peak(repeats),

@@ -53,7 +53,10 @@ static int is_dir(const char *p) {
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-static kvl_status bmodel_open(bmodel *b, const char *spec, int cuda, kvl_cuda_dtype dt, uint64_t seed) {
+/* `dt` is the CUDA weights dtype; `wdt` the CPU one (AUTO: a directory's checkpoint dtype, f32
+ * for a random SHAPE). */
+static kvl_status bmodel_open(bmodel *b, const char *spec, int cuda, kvl_cuda_dtype dt,
+                              kvl_weights_dtype wdt, uint64_t seed) {
     memset(b, 0, sizeof *b);
     b->cuda = cuda;
     kvl_cuda_params cp = kvl_cuda_default_params();
@@ -62,6 +65,7 @@ static kvl_status bmodel_open(bmodel *b, const char *spec, int cuda, kvl_cuda_dt
     if (is_dir(spec)) {
         /* host weights; the CUDA side uploads them itself below (one device copy) */
         kvl_model_params mp = kvl_model_default_params();
+        if (!cuda) mp.weights_dtype = wdt;
         if ((s = kvl_model_load(spec, &mp, &b->host)) != KVL_OK) return s;
         b->cfg = *kvl_model_config_get(b->host);
         if (cuda) {
@@ -72,8 +76,10 @@ static kvl_status bmodel_open(bmodel *b, const char *spec, int cuda, kvl_cuda_dt
         }
     } else {
         if ((s = kvl_shape_config(spec, &b->cfg)) != KVL_OK) return s;
+        kvl_model_params mp = kvl_model_default_params();
+        mp.weights_dtype = wdt == KVL_WEIGHTS_AUTO ? KVL_WEIGHTS_F32 : wdt;
         s = cuda ? kvl_cuda_model_create_random(&b->cfg, seed, &cp, &b->dev)
-                 : kvl_model_create_random(&b->cfg, seed, NULL, &b->host);
+                 : kvl_model_create_random(&b->cfg, seed, &mp, &b->host);
         if (s != KVL_OK) return s;
     }
     b->logits = malloc(sizeof(float) * (size_t)b->cfg.vocab_size);
@@ -170,6 +176,8 @@ static void usage(FILE *f) {
                "                            [--lengths 64,1024,8192,32768] [--dtype bf16|f32] [--reps N]\n"
                "                            [--new-tokens N] [--seed S] [--json]\n"
                "--new-tokens N: tokens of the switched turn the target runs after the context (default 9)\n"
+               "--dtype: the weights' dtype (CUDA: bf16 unless told; CPU: a directory's checkpoint dtype,\n"
+               "         float32 for a SHAPE, unless told)\n"
                "SHAPE: %s (random weights of that geometry)\n", kvl_shape_names());
 }
 
@@ -194,8 +202,10 @@ static int bench_switch(int argc, char **argv) {
     if (device && !strcmp(device, "cuda")) cuda = 1;
     else if (device && strcmp(device, "cpu")) { fprintf(stderr, "kvlingo bench: --device must be cpu or cuda\n"); return 2; }
     kvl_cuda_dtype dt = KVL_CUDA_BF16;
-    if (dtype && !strcmp(dtype, "f32")) dt = KVL_CUDA_F32;
-    else if (dtype && strcmp(dtype, "bf16")) { fprintf(stderr, "kvlingo bench: --dtype must be bf16 or f32\n"); return 2; }
+    kvl_weights_dtype wdt = KVL_WEIGHTS_AUTO;
+    if (dtype && !strcmp(dtype, "f32")) { dt = KVL_CUDA_F32; wdt = KVL_WEIGHTS_F32; }
+    else if (dtype && !strcmp(dtype, "bf16")) wdt = KVL_WEIGHTS_BF16;
+    else if (dtype) { fprintf(stderr, "kvlingo bench: --dtype must be bf16 or f32\n"); return 2; }
     int32_t *lens = NULL;
     size_t n_lens = 0;
     if (cli_parse_ids(lengths ? lengths : (cuda ? "64,1024,8192,32768" : "16,64"), &lens, &n_lens)) return 2;
@@ -219,9 +229,9 @@ static int bench_switch(int argc, char **argv) {
     bcache sc = {0}, dc = {0};
     int32_t *prompt = NULL;
     int rc = 1;
-    kvl_status s = bmodel_open(&src, src_spec, cuda, dt, (uint64_t)seed);
+    kvl_status s = bmodel_open(&src, src_spec, cuda, dt, wdt, (uint64_t)seed);
     if (s != KVL_OK) { free(lens); return cli_fail("bench switch (source)", s); }
-    if ((s = bmodel_open(&dst, dst_spec, cuda, dt, (uint64_t)seed + 1)) != KVL_OK) {
+    if ((s = bmodel_open(&dst, dst_spec, cuda, dt, wdt, (uint64_t)seed + 1)) != KVL_OK) {
         bmodel_close(&src);
         free(lens);
         return cli_fail("bench switch (target)", s);
@@ -251,7 +261,9 @@ static int bench_switch(int argc, char **argv) {
     if (!json) {
         printf("switch bench: %s -> %s on %s (%s), reps %ld, %ld new tokens per switched turn, "
                "copy bandwidth %.1f GB/s\n", src_spec, dst_spec, devname,
-               cuda ? (dt == KVL_CUDA_F32 ? "f32" : "bf16") : "f32", reps, n_new, copy_gbps);
+               cuda ? (dt == KVL_CUDA_F32 ? "f32" : "bf16")
+                    : (kvl_model_weights_dtype(dst.host) == KVL_WEIGHTS_BF16 ? "bf16" : "f32"),
+               reps, n_new, copy_gbps);
         printf("%8s %14s %13s %11s %12s %8s %15s %7s\n", "tokens", "re-prefill ms", "translate ms",
                "forward ms", "switch ms", "ratio", "translate GB/s", "% copy");
     }

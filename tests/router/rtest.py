@@ -106,16 +106,19 @@ class Proc:
         if env:
             e.update(env)
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=e)
+        self.told_to_stop = False
 
     def alive(self):
         return self.proc.poll() is None
 
     def kill9(self):
+        self.told_to_stop = True
         if self.alive():
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
 
     def stop(self, sig=signal.SIGTERM, timeout=10):
+        self.told_to_stop = True
         if self.alive():
             self.proc.send_signal(sig)
             try:
@@ -385,6 +388,12 @@ class Fleet:
         (ASan/UBSan/LeakSanitizer builds) or it did not exit cleanly on SIGTERM."""
         bad = []
         for p in reversed(self.procs):
+            # a process that exited before anyone told it to is reported with its log's tail
+            # is reported with its log's tail: a rerun overwrites the log
+            if not p.alive() and not p.told_to_stop:
+                print("  NOTE: %s exited by itself with %s before the fleet stopped; its log (%s) ends:%s"
+                      % (os.path.basename(p.args[0]), p.proc.returncode, p.log_path,
+                         log_tail(p.log_path, 40)), flush=True)
             if p.alive():
                 rc = p.stop()
                 if rc != 0 and (p is self.router or any(p is r["proc"] for r in self.replicas.values())):
