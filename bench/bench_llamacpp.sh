@@ -31,6 +31,7 @@ done
 [ -x "$BUILD/bench_runtime" ] || { echo "bench_llamacpp.sh: --build: no bench_runtime in '$BUILD'" >&2; exit 2; }
 case "$ROUNDS" in ''|*[!0-9]*) echo "bench_llamacpp.sh: --rounds: '$ROUNDS' is not a count" >&2; exit 2 ;; esac
 if [ -z "$WORK" ]; then WORK=$(mktemp -d); trap 'rm -rf "$WORK"' EXIT; fi
+mkdir -p "$WORK" || { echo "bench_llamacpp.sh: --work: cannot create '$WORK'" >&2; exit 2; }
 MODEL="$WORK/$SHAPE" GGUF="$WORK/$SHAPE-f16.gguf"
 [ -f "$MODEL/model.safetensors" ] || "$BUILD/kvlingo" model random --shape "$SHAPE" --dtype bf16 --out "$MODEL"
 [ -f "$GGUF" ] || python3 "$HERE/gguf_from_random.py" "$MODEL" "$GGUF" --dtype f16
