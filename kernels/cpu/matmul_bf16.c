@@ -17,6 +17,7 @@
 #include <immintrin.h>
 
 #include "simd_reduce.h"
+#include "tile_acc.h"
 #define KVL_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 #define KVL_AVX2 __attribute__((target("avx2,fma")))
 #endif
@@ -170,40 +171,48 @@ static void small_rows_portable(float *out, const float *in, const uint16_t *W, 
  * inputs takes two instructions per 32 at half the FMA's throughput: measured faster for a
  * 16-session batch (1.3-1.4x), and for a single decode row too (1.0-1.2x on the 0.5B and
  * 1.5B shapes). */
+/* One 16-lane weight vector widened to float32: the full 16 or, at the row's end, the `m` lanes. */
+KVL_AVX512 static inline __m512 widen16(const uint16_t *p, int full, __mmask16 m) {
+    __m256i h = full ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(m, p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 #define KVL_WTILE(TT)                                                                               \
     KVL_AVX512 static void wtile_4x##TT(float *out, const float *in, const uint16_t *W,              \
                                          const float *bias, int t0, int K, int N, int n, int rs,     \
                                          int nr, int prefetch) {                                     \
         const int Kf = K & ~15;                                                                      \
         const __mmask16 tail = (__mmask16)((1u << (K & 15)) - 1);                                    \
-        const uint16_t *w[4];                                                                        \
-        for (int r = 0; r < 4; r++) w[r] = W + (size_t)(n + (r < nr ? r : nr - 1) * rs) * K;         \
-        const float *x[TT];                                                                          \
-        for (int t = 0; t < TT; t++) x[t] = in + (size_t)(t0 + t) * K;                               \
-        __m512 acc[16];                                                                              \
-        for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();                                   \
+        const uint16_t *w0 = W + (size_t)n * K, *w1 = W + (size_t)(n + (nr > 1 ? rs : 0)) * K;      \
+        const uint16_t *w2 = W + (size_t)(n + (nr > 2 ? 2 * rs : 0)) * K;                            \
+        const uint16_t *w3 = W + (size_t)(n + (nr > 3 ? 3 * rs : 0)) * K;                            \
+        const float *x0 = in + (size_t)t0 * K, *x1 = x0 + (TT > 1 ? K : 0);                          \
+        const float *x2 = x0 + (TT > 2 ? 2 * K : 0), *x3 = x0 + (TT > 3 ? 3 * K : 0);                \
+        KVL__TILE_ACC_DECL(__m512, _mm512_setzero_ps());                                             \
         const char *pf_end = (const char *)(W + (size_t)N * K);                                      \
         for (int k = 0; k < K; k += 16) {                                                            \
             /* 32 bytes of each row a step: one line of each, every other step */                    \
             if (prefetch && (k & 31) == 0) {                                                         \
-                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {                                \
-                    const char *pf = (const char *)(w[r] + k) + KVL_PF_BYTES;                        \
-                    if (pf < pf_end) _mm_prefetch(pf, _MM_HINT_T0);                                  \
-                }                                                                                    \
-            }                                                                                        \
-            const __mmask16 m = k < Kf ? (__mmask16)0xFFFF : tail;                                   \
-            __m512 wv[4];                                                                            \
-            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {                                    \
-                __m256i h = k < Kf ? _mm256_loadu_si256((const __m256i *)(w[r] + k))                 \
-                                   : _mm256_maskz_loadu_epi16(m, w[r] + k);                          \
-                wv[r] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));        \
-            }                                                                                        \
-            _Pragma("GCC unroll 4") for (int t = 0; t < TT; t++) {                                   \
-                __m512 xv = _mm512_maskz_loadu_ps(m, x[t] + k);                                      \
+                const char *pf[4] = {(const char *)(w0 + k) + KVL_PF_BYTES,                          \
+                                     (const char *)(w1 + k) + KVL_PF_BYTES,                          \
+                                     (const char *)(w2 + k) + KVL_PF_BYTES,                          \
+                                     (const char *)(w3 + k) + KVL_PF_BYTES};                         \
                 _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                                  \
-                    acc[4 * t + r] = _mm512_fmadd_ps(xv, wv[r], acc[4 * t + r]);                     \
+                    if (pf[r] < pf_end) _mm_prefetch(pf[r], _MM_HINT_T0);                            \
             }                                                                                        \
+            const int full = k < Kf;                                                                 \
+            const __mmask16 m = full ? (__mmask16)0xFFFF : tail;                                     \
+            const __m512 wv0 = widen16(w0 + k, full, m), wv1 = widen16(w1 + k, full, m);             \
+            const __m512 wv2 = widen16(w2 + k, full, m), wv3 = widen16(w3 + k, full, m);             \
+            KVL__TILE_FMA_ROW(_mm512_fmadd_ps, 0, _mm512_maskz_loadu_ps(m, x0 + k), wv0, wv1, wv2, wv3); \
+            if (TT > 1)                                                                              \
+                KVL__TILE_FMA_ROW(_mm512_fmadd_ps, 1, _mm512_maskz_loadu_ps(m, x1 + k), wv0, wv1, wv2, wv3); \
+            if (TT > 2)                                                                              \
+                KVL__TILE_FMA_ROW(_mm512_fmadd_ps, 2, _mm512_maskz_loadu_ps(m, x2 + k), wv0, wv1, wv2, wv3); \
+            if (TT > 3)                                                                              \
+                KVL__TILE_FMA_ROW(_mm512_fmadd_ps, 3, _mm512_maskz_loadu_ps(m, x3 + k), wv0, wv1, wv2, wv3); \
         }                                                                                            \
+        const __m512 acc[16] = {KVL__TILE_ACC_LIST};                                                 \
         float s[16];                                                                                 \
         _mm512_storeu_ps(s, kvl__reduce16_ps(acc));                                                  \
         for (int t = 0; t < TT; t++)                                                                 \
@@ -220,6 +229,13 @@ KVL_WTILE(4)
  * up to 3 input rows (12 accumulators, the 3 input vectors and one widened weight vector fill
  * the 16 ymm registers).  The last K % 8 products are added in scalar code after the
  * reduction: AVX2 has no masked 16-bit load. */
+/* Weight vector `wv` (row r, a literal 0..3) times the TT <= 3 input vectors xv0..xv2. */
+#define KVL_A2_COL(TT, r, wv)                                      \
+    do {                                                           \
+        a0##r = _mm256_fmadd_ps(xv0, (wv), a0##r);                 \
+        if ((TT) > 1) a1##r = _mm256_fmadd_ps(xv1, (wv), a1##r);   \
+        if ((TT) > 2) a2##r = _mm256_fmadd_ps(xv2, (wv), a2##r);   \
+    } while (0)
 #define KVL_A2TILE(TT)                                                                              \
     KVL_AVX2 static void a2tile_4x##TT(float *out, const float *in, const uint16_t *W,               \
                                         const float *bias, int t0, int K, int N, int n, int rs,      \
@@ -227,27 +243,31 @@ KVL_WTILE(4)
         const int Kf = K & ~7;                                                                       \
         const uint16_t *w[4];                                                                        \
         for (int r = 0; r < 4; r++) w[r] = W + (size_t)(n + (r < nr ? r : nr - 1) * rs) * K;         \
-        const float *x[TT];                                                                          \
-        for (int t = 0; t < TT; t++) x[t] = in + (size_t)(t0 + t) * K;                               \
-        __m256 acc[16];                                                                              \
-        for (int i = 0; i < 16; i++) acc[i] = _mm256_setzero_ps();                                   \
+        const uint16_t *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];                               \
+        const float *x[3] = {in + (size_t)t0 * K, in + (size_t)(t0 + (TT > 1)) * K,                  \
+                             in + (size_t)(t0 + (TT > 2 ? 2 : 0)) * K};                              \
+        const float *x0 = x[0], *x1 = x[1], *x2 = x[2];                                              \
+        KVL__TILE_ACC_DECL(__m256, _mm256_setzero_ps());                                             \
         const char *pf_end = (const char *)(W + (size_t)N * K);                                      \
         for (int k = 0; k < Kf; k += 8) {                                                            \
             /* 16 bytes of each row a step: one line of each, every fourth step */                   \
             if (prefetch && (k & 31) == 0) {                                                         \
-                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {                                \
-                    const char *pf = (const char *)(w[r] + k) + KVL_PF_BYTES;                        \
-                    if (pf < pf_end) _mm_prefetch(pf, _MM_HINT_T0);                                  \
-                }                                                                                    \
+                const char *pf[4] = {(const char *)(w0 + k) + KVL_PF_BYTES,                          \
+                                     (const char *)(w1 + k) + KVL_PF_BYTES,                          \
+                                     (const char *)(w2 + k) + KVL_PF_BYTES,                          \
+                                     (const char *)(w3 + k) + KVL_PF_BYTES};                         \
+                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                                  \
+                    if (pf[r] < pf_end) _mm_prefetch(pf[r], _MM_HINT_T0);                            \
             }                                                                                        \
-            __m256 xv[TT];                                                                           \
-            _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++) xv[t] = _mm256_loadu_ps(x[t] + k);  \
-            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {                                    \
-                const __m256 wv = KVL_WIDEN8(w[r] + k);                                              \
-                _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++)                                 \
-                    acc[4 * t + r] = _mm256_fmadd_ps(xv[t], wv, acc[4 * t + r]);                     \
-            }                                                                                        \
+            const __m256 xv0 = _mm256_loadu_ps(x0 + k);                                              \
+            const __m256 xv1 = TT > 1 ? _mm256_loadu_ps(x1 + k) : xv0;                               \
+            const __m256 xv2 = TT > 2 ? _mm256_loadu_ps(x2 + k) : xv0;                               \
+            KVL_A2_COL(TT, 0, KVL_WIDEN8(w0 + k));                                                   \
+            KVL_A2_COL(TT, 1, KVL_WIDEN8(w1 + k));                                                   \
+            KVL_A2_COL(TT, 2, KVL_WIDEN8(w2 + k));                                                   \
+            KVL_A2_COL(TT, 3, KVL_WIDEN8(w3 + k));                                                   \
         }                                                                                            \
+        const __m256 acc[16] = {KVL__TILE_ACC_LIST};                                                 \
         float s[16];                                                                                 \
         _mm256_storeu_ps(s, kvl__reduce8_ps(acc));                                                   \
         _mm256_storeu_ps(s + 8, kvl__reduce8_ps(acc + 8));                                           \
@@ -262,6 +282,7 @@ KVL_A2TILE(1)
 KVL_A2TILE(2)
 KVL_A2TILE(3)
 #undef KVL_A2TILE
+#undef KVL_A2_COL
 
 /* One tile: out rows t0.. (as many as the tile takes) x weight rows n, n + rs, .. (nr of them);
  * prefetch on the first tile of a 4-row block only (later tiles find the block in cache). */
@@ -352,15 +373,16 @@ void kvl__cpu_matmul_bf16(const kvl__bf16_exec *ex, float *out, const float *in,
     mm_job j = {.out = out, .in = in, .W = W, .bias = bias, .panel = ex->panel,
                 .T = T, .K = K, .N = N, .kernel = kvl__bf16_kernel_active()};
 #ifdef KVL_HAVE_X86_KERNELS
-    if (j.kernel != KVL__BF16_KERNEL_PORTABLE && T <= KVL__BF16_WIDE_T) {
-        run_parts(ex, wide_part, &j, (size_t)T * K * N);
-        return;
-    }
-    /* prefill on AMX tiles: the float32 panels below would write and re-read twice the bytes */
-    if (j.kernel == KVL__BF16_KERNEL_AMX &&
+    /* on AMX tiles: the float32 panels below would write and re-read twice the bytes; a shape
+     * they refuse (K not a multiple of 32) falls through to the widening tiles or the panels */
+    if (j.kernel == KVL__BF16_KERNEL_AMX && T >= KVL__BF16_AMX_MIN_T &&
         kvl__amx_matmul_bf16(ex->pool, out, in, W, bias, T, K, N, ex->panel,
                              sizeof(float) * kvl__bf16_panel_elems(K)) == 0) {
         if (N % 32) amx_tail(&j, N & ~31);
+        return;
+    }
+    if (j.kernel != KVL__BF16_KERNEL_PORTABLE && T <= KVL__BF16_WIDE_T) {
+        run_parts(ex, wide_part, &j, (size_t)T * K * N);
         return;
     }
 #endif

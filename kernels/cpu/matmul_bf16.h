@@ -11,7 +11,8 @@
  * those, and a portable C loop (one weight row at a time, T <= KVL__BF16_SMALL_T) otherwise.
  * On AVX-512 BF16 CPUs these beat vdpbf16ps, which needs the inputs split into a hi/lo bf16
  * pair and takes two instructions per 32 products at half the FMA's rate.
- * Larger T (prefill): on AMX CPUs, AMX-BF16 tiles multiply the weights by a hi/lo bf16 split of
+ * From KVL__BF16_AMX_MIN_T rows (a switch's turn, batched decode of many sessions, prefill): on
+ * AMX CPUs, AMX-BF16 tiles multiply the weights by a hi/lo bf16 split of
  * the inputs (matmul_bf16_amx.h: the inputs carried to 2^-16 of their value, float32
  * accumulation).  Elsewhere, or for K not a multiple of 32, panels of W are widened to float32
  * (exact) and multiplied by OpenBLAS sgemm with the float32 input, each part of the pool on its
@@ -32,6 +33,11 @@
 
 #define KVL__BF16_SMALL_T 16  /* most input rows the portable row loop takes */
 #define KVL__BF16_WIDE_T 32   /* most input rows the AVX-512 / AVX2 widening tiles take */
+/* On AMX CPUs, from this many input rows the AMX tiles take the product: the widening tiles
+ * are bound by FMA issue from 4 rows up (0.3-0.4 ms more per row on a 1536 x 8960 product, 2
+ * threads), the AMX tiles cost about the same from 1 to 16 rows (one 16-row input block);
+ * measured: 6 rows 2.2 vs 2.4 ms, 9 rows 3.3-3.6 vs 2.2-2.3 ms, 16 rows 5.2-5.7 vs 2.1 ms. */
+#define KVL__BF16_AMX_MIN_T 7
 
 /* float32 -> bf16, round to nearest even (NaN stays NaN), and back (exact): engine/base/bf16.h */
 #define kvl__f32_to_bf16 kvl__bf16_round
@@ -49,7 +55,7 @@ typedef enum kvl__bf16_kernel {
     KVL__BF16_KERNEL_PORTABLE = 1,
     KVL__BF16_KERNEL_AVX512 = 2,
     KVL__BF16_KERNEL_AVX2 = 3,
-    KVL__BF16_KERNEL_AMX = 4,   /* AVX512's tiles for T <= KVL__BF16_WIDE_T, AMX tiles above */
+    KVL__BF16_KERNEL_AMX = 4,   /* AVX512's tiles below KVL__BF16_AMX_MIN_T rows, AMX tiles from it */
 } kvl__bf16_kernel;
 /* The kernel in use (never AUTO); kvl__bf16_set_kernel returns the previous one, and refuses
  * (returns -1, changes nothing) a kernel the CPU or build lacks.  Tests only: not safe

@@ -135,6 +135,30 @@ KVL_AMX static void gemm_part(void *pj, int part, int n_parts) {
         const uint16_t *w0 = j->W + (size_t)blk * 32 * j->K, *w1 = w0 + (size_t)16 * j->K;
         for (int tb = 0; tb < TB; tb += 2) {
             const uint32_t *h0 = j->hi + (size_t)tb * KB * 256, *l0 = j->lo + (size_t)tb * KB * 256;
+            const int n = blk * 32, t0 = tb * 16;
+            if (tb + 1 == TB) {
+                /* one block of 16 tokens (T <= 16: a switch's turn, a short chunk): half the
+                 * tile products of a pair */
+                const uint32_t *half[2] = {h0, l0};
+                _tile_zero(0);
+                _tile_zero(2);
+                for (int kb = 0; kb < KB; kb++) {
+                    const size_t o = (size_t)kb * 256;
+                    _tile_loadd(4, w0 + kb * 32, wstride);
+                    _tile_loadd(5, w1 + kb * 32, wstride);
+                    for (int p = 0; p < 2; p++) {
+                        _tile_loadd(6, half[p] + o, tstride);
+                        _tile_dpbf16ps(0, 4, 6);
+                        _tile_dpbf16ps(2, 5, 6);
+                    }
+                }
+                _tile_stored(0, c[0], 64);
+                _tile_stored(2, c[2], 64);
+                __asm__ volatile("" ::: "memory");   /* the tile stores wrote c */
+                store_tile(j, c[0], t0, n);
+                store_tile(j, c[2], t0, n + 16);
+                continue;
+            }
             const uint32_t *half[2][2] = {{h0, h0 + (size_t)KB * 256}, {l0, l0 + (size_t)KB * 256}};
             _tile_zero(0);
             _tile_zero(1);
@@ -158,7 +182,6 @@ KVL_AMX static void gemm_part(void *pj, int part, int n_parts) {
             _tile_stored(2, c[2], 64);
             _tile_stored(3, c[3], 64);
             __asm__ volatile("" ::: "memory");   /* the tile stores wrote c */
-            const int n = blk * 32, t0 = tb * 16;
             store_tile(j, c[0], t0, n);
             store_tile(j, c[1], t0 + 16, n);
             store_tile(j, c[2], t0, n + 16);
@@ -186,7 +209,7 @@ int kvl__amx_matmul_bf16(kvl__pool *pool, float *out, const float *in, const uin
     int t_pass = (int)((pack_bytes / per_row) & ~(size_t)31);
     if (t_pass < 32) return -1;
     for (int t0 = 0; t0 < T; t0 += t_pass) {
-        const int Tn = T - t0 < t_pass ? T - t0 : t_pass, Tp = (Tn + 31) & ~31;
+        const int Tn = T - t0 < t_pass ? T - t0 : t_pass, Tp = Tn <= 16 ? 16 : (Tn + 31) & ~31;
         amx_job j = {.out = out + (size_t)t0 * N, .in = in + (size_t)t0 * K, .W = W, .bias = bias,
                      .hi = pack, .T = Tn, .Tp = Tp, .K = K, .N = N, .N32 = N & ~31};
         j.lo = j.hi + (size_t)Tp * K / 2;

@@ -67,8 +67,8 @@ static void run_case(kvl__bf16_kernel kern, kvl__pool *pool, int T, int K, int N
     for (int i = 0; i < N; i++) bias[i] = urand();
     kvl__bf16_exec ex = {pool, panel};
     kvl__cpu_matmul_bf16(&ex, out, in, W, with_bias ? bias : NULL, T, K, N);
-    /* AMX takes T > KVL__BF16_WIDE_T with K % 32 == 0, the AVX-512 tiles the rest */
-    const int split = kern == KVL__BF16_KERNEL_AMX && T > KVL__BF16_WIDE_T && K % 32 == 0 && N >= 32;
+    /* AMX takes T >= KVL__BF16_AMX_MIN_T with K % 32 == 0, the AVX-512 tiles the rest */
+    const int split = kern == KVL__BF16_KERNEL_AMX && T >= KVL__BF16_AMX_MIN_T && K % 32 == 0 && N >= 32;
     reference(ref, in, W, with_bias ? bias : NULL, T, K, N, split);
     double maxerr = 0, maxref = 0;
     for (size_t i = 0; i < (size_t)T * N; i++) {
@@ -93,7 +93,9 @@ static void test_kernels(void **st) {
     const int shapes[][3] = {{1, 64, 16}, {1, 37, 13}, {1, 1536, 67}, {2, 20, 5}, {3, 100, 33},
                              {4, 128, 4}, {5, 257, 21}, {16, 96, 50}, {17, 64, 40}, {32, 40, 7},
                              {33, 20, 5}, {40, 600, 20}, {70, 200, 35}, {130, 33, 9},
-                             /* the AMX tiles: K % 32 == 0, T > 32, N tails, odd 16-row blocks */
+                             /* the AMX tiles: K % 32 == 0, one 16-row input block (T <= 16), T > 32,
+                              * N tails, odd 16-row blocks */
+                             {7, 64, 32}, {9, 1536, 67}, {12, 128, 96}, {6, 64, 32},
                              {33, 64, 32}, {40, 96, 70}, {64, 1536, 64}, {100, 256, 97}, {49, 32, 48}};
     kvl__bf16_kernel kernels[] = {KVL__BF16_KERNEL_PORTABLE, KVL__BF16_KERNEL_AVX512, KVL__BF16_KERNEL_AVX2,
                                   KVL__BF16_KERNEL_AMX};

@@ -1,0 +1,34 @@
+/* kernels/cpu/tile_acc.h: the 16 named accumulators of the 4-weight-row x up-to-4-input-row
+ * matmul tiles (matmul_f32.c, matmul_bf16.c).
+ *
+ * a<t><r> holds input row t times weight row r (t, r in 0..3), one SIMD vector of partial sums
+ * each.  They are named variables, not an array `acc[4 * t + r]`: GCC splits an array into
+ * registers only before it unrolls the loops that index it, so the array stayed in memory and
+ * every FMA of the tile's inner loop stored its accumulator to the stack.  With 2 or more input
+ * rows that store traffic, not the weight stream, bounded the tile (a 1536 x 8960 bf16 product
+ * at 9 input rows ran at a quarter of the FMA rate).  The sums are the same products in the same
+ * order either way.
+ *
+ * Use inside a function: KVL__TILE_ACC_DECL(type, zero) once, KVL__TILE_FMA_ROW per input row
+ * and step, then KVL__TILE_ACC_LIST to gather them (t-major) for the reduction. */
+#ifndef KVL_KERNELS_CPU_TILE_ACC_H
+#define KVL_KERNELS_CPU_TILE_ACC_H
+
+#define KVL__TILE_ACC_DECL(type, zero)                                                      \
+    type a00 = (zero), a01 = (zero), a02 = (zero), a03 = (zero), a10 = (zero), a11 = (zero), \
+         a12 = (zero), a13 = (zero), a20 = (zero), a21 = (zero), a22 = (zero), a23 = (zero), \
+         a30 = (zero), a31 = (zero), a32 = (zero), a33 = (zero)
+
+#define KVL__TILE_ACC_LIST a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33
+
+/* Input row t (a literal 0..3) times the 4 weight vectors w0..w3: a<t>0..a<t>3 += x * w<r>
+ * with `fma(a, b, c)` = a * b + c. */
+#define KVL__TILE_FMA_ROW(fma, t, x, w0, w1, w2, w3) \
+    do {                                             \
+        a##t##0 = fma((x), (w0), a##t##0);           \
+        a##t##1 = fma((x), (w1), a##t##1);           \
+        a##t##2 = fma((x), (w2), a##t##2);           \
+        a##t##3 = fma((x), (w3), a##t##3);           \
+    } while (0)
+
+#endif
