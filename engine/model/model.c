@@ -12,6 +12,7 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "bigalloc.h"
 #include "error.h"
 #include "file.h"
 #include "kvlingo/safetensors.h"
@@ -217,7 +218,7 @@ kvl_status kvl_model_load(const char *dir, const kvl_model_params *params, kvl_m
         snprintf(m->name, sizeof m->name, "%s", slash ? slash + 1 : tmp);
     }
     if ((s = kvl_st_set_open_dir(dir, &set)) != KVL_OK) goto fail;
-    m->weights_base = malloc(total * sizeof(float));
+    m->weights_base = kvl__bigalloc(total * sizeof(float));   /* huge pages: streamed each step */
     if (!m->weights_base) {
         s = kvl__errorf(KVL_ERR_NOMEM, "%s: out of memory for %zu weights", dir, total);
         goto fail;

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "bigalloc.h"
 #include "error.h"
 #include "kvlingo/safetensors.h"
 #include "kvlingo/shapes.h"
@@ -105,7 +106,7 @@ kvl_status kvl_model_create_random(const kvl_model_config *cfg, uint64_t seed,
     snprintf(m->name, sizeof m->name, "random-%s", c->architecture);
     snprintf(m->dir, sizeof m->dir, "(random)");
     snprintf(m->hash, sizeof m->hash, "%016llx", (unsigned long long)(seed * 0x9E3779B97F4A7C15ull));
-    m->weights_base = malloc(total * sizeof(float));
+    m->weights_base = kvl__bigalloc(total * sizeof(float));   /* huge pages: streamed each step */
     if (!m->weights_base) {
         free(specs);
         kvl_model_free(m);

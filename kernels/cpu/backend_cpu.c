@@ -26,6 +26,7 @@
 #include "error.h"
 #include "kv_blocks.h"
 #include "matmul_bf16.h"
+#include "bigalloc.h"
 #include "matmul_f32.h"
 #include "ops.h"
 
@@ -186,7 +187,7 @@ static kvl_status bf16_create(cpu_model *m) {
     size_t total = V * H * (tied ? 1 : 2) + per_layer * (size_t)c->n_layers;
     b->k_max = (int)(H > QD ? H : QD);
     if ((int)F > b->k_max) b->k_max = (int)F;
-    b->base = malloc(total * sizeof(uint16_t));
+    b->base = kvl__bigalloc(total * sizeof(uint16_t));
     b->layers = calloc((size_t)c->n_layers, sizeof *b->layers);
     b->exec.panel = malloc(kvl__bf16_panel_elems(b->k_max) * sizeof(float));
     if (!b->base || !b->layers || !b->exec.panel)

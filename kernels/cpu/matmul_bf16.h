@@ -34,10 +34,11 @@
 #define KVL__BF16_SMALL_T 16  /* most input rows the portable row loop takes */
 #define KVL__BF16_WIDE_T 32   /* most input rows the AVX-512 / AVX2 widening tiles take */
 /* On AMX CPUs, from this many input rows the AMX tiles take the product: the widening tiles
- * are bound by FMA issue from 4 rows up (0.3-0.4 ms more per row on a 1536 x 8960 product, 2
- * threads), the AMX tiles cost about the same from 1 to 16 rows (one 16-row input block);
- * measured: 6 rows 2.2 vs 2.4 ms, 9 rows 3.3-3.6 vs 2.2-2.3 ms, 16 rows 5.2-5.7 vs 2.1 ms. */
-#define KVL__BF16_AMX_MIN_T 7
+ * are bound by FMA issue from 4 rows up (about 0.4 ms more per row on a 1536 x 8960 product, 2
+ * threads), the AMX tiles cost about the same from 1 to 16 rows (one 16-row input block).
+ * Measured, weights on huge pages, widening vs AMX: 4 rows 1.3 vs 2.0 ms, 5 rows 1.9 vs 1.9,
+ * 6 rows 2.1 vs 1.9, 9 rows 3.2 vs 2.0, 16 rows 5.0 vs 1.9. */
+#define KVL__BF16_AMX_MIN_T 6
 
 /* float32 -> bf16, round to nearest even (NaN stays NaN), and back (exact): engine/base/bf16.h */
 #define kvl__f32_to_bf16 kvl__bf16_round
