@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bigalloc.h"
 #include "clock.h"
 #include "kvlingo/cache.h"
 #include "kvlingo/model.h"
@@ -116,7 +117,8 @@ static const int read_patterns[][2] = {{1, 0}, {4, 0}, {16, 0}, {1, 512}, {4, 51
  * bytes read per second of a read-only pass, best over read_patterns (*pattern: its index). */
 static double bandwidth(int n_threads, int repeats, int read_only, int *pattern) {
     const size_t N = (size_t)512 << 20;
-    char *a = malloc(N), *b = malloc(N);
+    /* on huge pages, as the model weights the decode figures stream (bigalloc.h) */
+    char *a = kvl__bigalloc(N), *b = kvl__bigalloc(N);
     if (!a || !b) { free(a); free(b); return 0; }
     memset(a, 1, N);
     memset(b, 2, N);
@@ -163,7 +165,7 @@ static double sgemm_peak(int repeats) {
  * pool size. */
 static double bf16_peak(int n_threads, int repeats, int T) {
     const int K = 1024, N = 1024, reps = 50;
-    uint16_t *W = malloc(sizeof(uint16_t) * (size_t)N * K);
+    uint16_t *W = kvl__bigalloc(sizeof(uint16_t) * (size_t)N * K);
     float *in = malloc(sizeof(float) * (size_t)T * K), *out = malloc(sizeof(float) * (size_t)T * N);
     kvl__bf16_exec ex = {0};
     ex.panel = malloc(sizeof(float) * kvl__bf16_panel_elems(K));
