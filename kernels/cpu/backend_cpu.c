@@ -751,7 +751,8 @@ static void cpu_describe_once(void) {
     snprintf(cpu_description, sizeof cpu_description,
              "float32: %sOpenBLAS (%s kernels); bf16 weights: %s", f32 ? "AVX-512F tiles + " : "",
              kvl__cpu_blas_core(),
-             bf == KVL__BF16_KERNEL_AVX512 ? "AVX-512 kernel"
+             bf == KVL__BF16_KERNEL_AMX      ? "AMX tiles + AVX-512 kernel"
+             : bf == KVL__BF16_KERNEL_AVX512 ? "AVX-512 kernel"
              : bf == KVL__BF16_KERNEL_AVX2 ? "AVX2+FMA kernel (no AVX-512 here)"
                                            : "portable kernel (no AVX2 or AVX-512 here)");
 }

@@ -12,6 +12,7 @@
 #include <immintrin.h>
 
 #include "simd_reduce.h"
+#include "tile_acc.h"
 #define KVL_AVX512F __attribute__((target("avx512f")))
 #endif
 
@@ -45,40 +46,35 @@ int kvl__f32_tiles_active(void) {
                                          int prefetch) {                                             \
         const int Kf = K & ~15;                                                                      \
         const __mmask16 tail = (__mmask16)((1u << (K & 15)) - 1);                                    \
-        const float *w[4];                                                                           \
-        for (int r = 0; r < 4; r++) w[r] = W + (size_t)(n + (r < nr ? r : nr - 1)) * K;              \
-        const float *x[TT];                                                                          \
-        for (int t = 0; t < TT; t++) x[t] = in + (size_t)(t0 + t) * K;                               \
-        __m512 acc[16];                                                                              \
-        for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();                                   \
+        const float *w0 = W + (size_t)n * K, *w1 = W + (size_t)(n + (nr > 1 ? 1 : 0)) * K;          \
+        const float *w2 = W + (size_t)(n + (nr > 2 ? 2 : nr - 1)) * K;                               \
+        const float *w3 = W + (size_t)(n + (nr > 3 ? 3 : nr - 1)) * K;                               \
+        const float *x0 = in + (size_t)t0 * K, *x1 = x0 + (TT > 1 ? K : 0);                          \
+        const float *x2 = x0 + (TT > 2 ? 2 * K : 0), *x3 = x0 + (TT > 3 ? 3 * K : 0);                \
+        KVL__TILE_ACC_DECL(__m512, _mm512_setzero_ps());                                             \
         /* the 4 rows are one contiguous block: prefetch it linearly, KVL_F32_PF_BYTES ahead, at   \
          * the rate the tile consumes it (4 lines a step), on the first input tile only          */ \
-        const char *pf = (const char *)w[0] + KVL_F32_PF_BYTES;                                      \
+        const char *pf = (const char *)w0 + KVL_F32_PF_BYTES;                                        \
         const char *pf_end = (const char *)(W + (size_t)N * K);                                      \
-        int k = 0;                                                                                   \
-        for (; k < Kf; k += 16) {                                                                    \
+        for (int k = 0; k < K; k += 16) {                                                            \
             if (prefetch) {                                                                          \
                 _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++, pf += 64)                        \
                     if (pf < pf_end) _mm_prefetch(pf, _MM_HINT_T0);                                  \
             }                                                                                        \
-            __m512 wv[4];                                                                            \
-            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) wv[r] = _mm512_loadu_ps(w[r] + k);   \
-            _Pragma("GCC unroll 4") for (int t = 0; t < TT; t++) {                                   \
-                __m512 xv = _mm512_loadu_ps(x[t] + k);                                               \
-                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                                  \
-                    acc[4 * t + r] = _mm512_fmadd_ps(xv, wv[r], acc[4 * t + r]);                     \
-            }                                                                                        \
+            const __mmask16 m = k < Kf ? (__mmask16)0xFFFF : tail;                                   \
+            const __m512 wv0 = _mm512_maskz_loadu_ps(m, w0 + k), wv1 = _mm512_maskz_loadu_ps(m, w1 + k); \
+            const __m512 wv2 = _mm512_maskz_loadu_ps(m, w2 + k), wv3 = _mm512_maskz_loadu_ps(m, w3 + k); \
+            KVL__TILE_FMA_ROW(_mm512_fmadd_ps, 0, _mm512_maskz_loadu_ps(m, x0 + k), wv0, wv1, wv2, wv3); \
+            if (TT > 1)                                                                              \
+                KVL__TILE_FMA_ROW(_mm512_fmadd_ps, 1, _mm512_maskz_loadu_ps(m, x1 + k), wv0, wv1, wv2, wv3); \
+            if (TT > 2)                                                                              \
+                KVL__TILE_FMA_ROW(_mm512_fmadd_ps, 2, _mm512_maskz_loadu_ps(m, x2 + k), wv0, wv1, wv2, wv3); \
+            if (TT > 3)                                                                              \
+                KVL__TILE_FMA_ROW(_mm512_fmadd_ps, 3, _mm512_maskz_loadu_ps(m, x3 + k), wv0, wv1, wv2, wv3); \
         }                                                                                            \
-        if (k < K) {                                                                                 \
-            __m512 wv[4];                                                                            \
-            for (int r = 0; r < 4; r++) wv[r] = _mm512_maskz_loadu_ps(tail, w[r] + k);               \
-            for (int t = 0; t < TT; t++) {                                                           \
-                __m512 xv = _mm512_maskz_loadu_ps(tail, x[t] + k);                                   \
-                for (int r = 0; r < 4; r++) acc[4 * t + r] = _mm512_fmadd_ps(xv, wv[r], acc[4 * t + r]); \
-            }                                                                                        \
-        }                                                                                            \
+        const __m512 acc[16] = {KVL__TILE_ACC_LIST};                                                 \
         float s[16];                                                                                 \
-        _mm512_storeu_ps(s, kvl__reduce16_ps(acc));                                                          \
+        _mm512_storeu_ps(s, kvl__reduce16_ps(acc));                                                  \
         for (int t = 0; t < TT; t++) {                                                               \
             float *o = out + (size_t)(t0 + t) * N + n;                                               \
             for (int r = 0; r < nr; r++) o[r] = s[4 * t + r] + (bias ? bias[n + r] : 0.0f);          \
