@@ -204,13 +204,7 @@ KVL_AVX512 static inline __m512 widen16(const uint16_t *p, int full, __mmask16 m
             const __mmask16 m = full ? (__mmask16)0xFFFF : tail;                                     \
             const __m512 wv0 = widen16(w0 + k, full, m), wv1 = widen16(w1 + k, full, m);             \
             const __m512 wv2 = widen16(w2 + k, full, m), wv3 = widen16(w3 + k, full, m);             \
-            KVL__TILE_FMA_ROW(_mm512_fmadd_ps, 0, _mm512_maskz_loadu_ps(m, x0 + k), wv0, wv1, wv2, wv3); \
-            if (TT > 1)                                                                              \
-                KVL__TILE_FMA_ROW(_mm512_fmadd_ps, 1, _mm512_maskz_loadu_ps(m, x1 + k), wv0, wv1, wv2, wv3); \
-            if (TT > 2)                                                                              \
-                KVL__TILE_FMA_ROW(_mm512_fmadd_ps, 2, _mm512_maskz_loadu_ps(m, x2 + k), wv0, wv1, wv2, wv3); \
-            if (TT > 3)                                                                              \
-                KVL__TILE_FMA_ROW(_mm512_fmadd_ps, 3, _mm512_maskz_loadu_ps(m, x3 + k), wv0, wv1, wv2, wv3); \
+            KVL__TILE_FMA_ROWS(TT, _mm512_fmadd_ps, _mm512_maskz_loadu_ps, m, k, wv0, wv1, wv2, wv3); \
         }                                                                                            \
         const __m512 acc[16] = {KVL__TILE_ACC_LIST};                                                 \
         float s[16];                                                                                 \

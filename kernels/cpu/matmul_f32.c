@@ -64,13 +64,7 @@ int kvl__f32_tiles_active(void) {
             const __mmask16 m = k < Kf ? (__mmask16)0xFFFF : tail;                                   \
             const __m512 wv0 = _mm512_maskz_loadu_ps(m, w0 + k), wv1 = _mm512_maskz_loadu_ps(m, w1 + k); \
             const __m512 wv2 = _mm512_maskz_loadu_ps(m, w2 + k), wv3 = _mm512_maskz_loadu_ps(m, w3 + k); \
-            KVL__TILE_FMA_ROW(_mm512_fmadd_ps, 0, _mm512_maskz_loadu_ps(m, x0 + k), wv0, wv1, wv2, wv3); \
-            if (TT > 1)                                                                              \
-                KVL__TILE_FMA_ROW(_mm512_fmadd_ps, 1, _mm512_maskz_loadu_ps(m, x1 + k), wv0, wv1, wv2, wv3); \
-            if (TT > 2)                                                                              \
-                KVL__TILE_FMA_ROW(_mm512_fmadd_ps, 2, _mm512_maskz_loadu_ps(m, x2 + k), wv0, wv1, wv2, wv3); \
-            if (TT > 3)                                                                              \
-                KVL__TILE_FMA_ROW(_mm512_fmadd_ps, 3, _mm512_maskz_loadu_ps(m, x3 + k), wv0, wv1, wv2, wv3); \
+            KVL__TILE_FMA_ROWS(TT, _mm512_fmadd_ps, _mm512_maskz_loadu_ps, m, k, wv0, wv1, wv2, wv3); \
         }                                                                                            \
         const __m512 acc[16] = {KVL__TILE_ACC_LIST};                                                 \
         float s[16];                                                                                 \

@@ -10,9 +10,11 @@
  * order either way.
  *
  * Use inside a function: KVL__TILE_ACC_DECL(type, zero) once, KVL__TILE_FMA_ROW per input row
- * and step, then KVL__TILE_ACC_LIST to gather them (t-major) for the reduction. */
+ * and step (or KVL__TILE_FMA_ROWS for all of them), then KVL__TILE_ACC_LIST to gather them
+ * (t-major) for the reduction. */
 #ifndef KVL_KERNELS_CPU_TILE_ACC_H
 #define KVL_KERNELS_CPU_TILE_ACC_H
+
 
 #define KVL__TILE_ACC_DECL(type, zero)                                                      \
     type a00 = (zero), a01 = (zero), a02 = (zero), a03 = (zero), a10 = (zero), a11 = (zero), \
@@ -29,6 +31,16 @@
         a##t##1 = fma((x), (w1), a##t##1);           \
         a##t##2 = fma((x), (w2), a##t##2);           \
         a##t##3 = fma((x), (w3), a##t##3);           \
+    } while (0)
+
+/* The TT (1..4) input rows x0..x3 (pointers of those names in the caller; rows from TT on are
+ * not read), each loaded at offset k by `load(m, p)`, times w0..w3. */
+#define KVL__TILE_FMA_ROWS(TT, fma, load, m, k, w0, w1, w2, w3)                           \
+    do {                                                                                  \
+        KVL__TILE_FMA_ROW(fma, 0, load((m), x0 + (k)), w0, w1, w2, w3);                   \
+        if ((TT) > 1) KVL__TILE_FMA_ROW(fma, 1, load((m), x1 + (k)), w0, w1, w2, w3);     \
+        if ((TT) > 2) KVL__TILE_FMA_ROW(fma, 2, load((m), x2 + (k)), w0, w1, w2, w3);     \
+        if ((TT) > 3) KVL__TILE_FMA_ROW(fma, 3, load((m), x3 + (k)), w0, w1, w2, w3);     \
     } while (0)
 
 #endif
