@@ -6,8 +6,7 @@
  * pages: a decode step that streams every weight then misses the TLB on every 4 KiB, and the
  * AMX tiles, which load 16 rows of a matrix at once (16 pages), miss it on nearly every tile.
  * The advice is a hint: where the kernel has no huge pages to give, or THP is off, the memory
- * is ordinary.  NULL when out of
- * memory (or bytes == 0).  Free with free(). */
+ * is ordinary.  NULL when out of memory (or bytes == 0).  Free with free(). */
 #ifndef KVL_BASE_BIGALLOC_H
 #define KVL_BASE_BIGALLOC_H
 
