@@ -366,10 +366,16 @@ def main():
         rss0 = A_proc.rss_kb()
         hog = A.Generate(pb.GenerateRequest(session_id="hog", max_tokens=4000, return_logprobs=True),
                          timeout=120)
+        # the node pauses the stream once its bounded send queue is full: on a slow (sanitizer,
+        # loaded) build the tokens that fill it take longer, so wait for it, up to 60 s
         time.sleep(6.0)
+        deadline = time.monotonic() + 54.0
+        while True:
+            paused = metric(node_metrics(mports["qwen3-a"]), "kvlingo_refusals_total", 'reason="stream_paused"')
+            if paused >= 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         rss1 = A_proc.rss_kb()
-        m = node_metrics(mports["qwen3-a"])
-        paused = metric(m, "kvlingo_refusals_total", 'reason="stream_paused"')
         print("  RSS of kvld qwen3-a: %d kB -> %d kB with the stream unread; stream_paused=%d" % (rss0, rss1, paused))
         check(paused >= 1, "the stream paused")
         rss_bound(rss1 - rss0, 24 * 1024, "an unread stream")
