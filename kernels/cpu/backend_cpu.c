@@ -364,15 +364,36 @@ static kvl_status cpu_cache_export_prenorm(const void *pc, int layer, int t0, in
         kvl__kv_blocks_gather(c, layer, KVL_PLANE_KPRE, t0, t1, k_out);
         return KVL_OK;
     }
-    /* No k_norm: the cached key is RoPE(k_proj output); rotate back. */
+    /* No k_norm: the cached key is RoPE(k_proj output); rotate back, with the range's tables
+     * made by the first layer read (kv_blocks.h: exp_cos).  The cache is const to its readers;
+     * the tables are a memo of values, under their own lock. */
     kvl__kv_blocks_gather(c, layer, KVL_PLANE_K, t0, t1, k_out);
-    int n = t1 - t0;
-    int *pos = malloc(sizeof(int) * (size_t)n);
-    if (!pos) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < n; i++) pos[i] = t0 + i;
-    kvl__cpu_rope_forward(k_out, pos, n, c->cfg.n_kv_heads, c->cfg.head_dim, &c->cfg.rope,
-                          KVL_ROPE_INVERSE);
-    free(pos);
+    kvl__kv_blocks *mc = (kvl__kv_blocks *)c;
+    const int n = t1 - t0, half = c->cfg.head_dim / 2;
+    pthread_mutex_lock(&mc->exp_mu);
+    if (!mc->exp_cos || mc->exp_t0 != t0 || mc->exp_t1 != t1) {
+        free(mc->exp_cos);
+        mc->exp_cos = mc->exp_sin = NULL;
+        float *tab = malloc(sizeof(float) * (size_t)n * (size_t)half * 2 + sizeof(int) * (size_t)n);
+        if (!tab) {
+            pthread_mutex_unlock(&mc->exp_mu);
+            return kvl__errorf(KVL_ERR_NOMEM, "out of memory for the RoPE tables of %d tokens", n);
+        }
+        int *pos = (int *)(tab + (size_t)n * half * 2);
+        for (int i = 0; i < n; i++) pos[i] = t0 + i;
+        kvl__cpu_rope_table_mode(tab, tab + (size_t)n * half, pos, n, c->cfg.head_dim, &c->cfg.rope,
+                                 KVL_ROPE_INVERSE);
+        mc->exp_cos = tab;
+        mc->exp_sin = tab + (size_t)n * half;
+        mc->exp_t0 = t0;
+        mc->exp_t1 = t1;
+    }
+    kvl__cpu_rope_apply(k_out, mc->exp_cos, mc->exp_sin, n, c->cfg.n_kv_heads, c->cfg.head_dim, 1);
+    if (layer == c->cfg.n_layers - 1) {
+        free(mc->exp_cos);
+        mc->exp_cos = mc->exp_sin = NULL;
+    }
+    pthread_mutex_unlock(&mc->exp_mu);
     return KVL_OK;
 }
 

@@ -98,6 +98,11 @@ kvl_status kvl__kv_blocks_create(const kvl_model_config *cfg, int capacity, int 
         free(c);
         return kvl__errorf(KVL_ERR_NOMEM, "out of memory for a cache of %d tokens", capacity);
     }
+    if (pthread_mutex_init(&c->exp_mu, NULL)) {
+        free(c->blocks);
+        free(c);
+        return kvl__errorf(KVL_ERR_NOMEM, "cache: cannot create its export lock");
+    }
     if (pool && pool->block_bytes == kvl__kv_blocks_block_bytes(cfg, block_tokens, c->bf16)) {
         kvl__block_pool_ref(pool);
         c->pool = pool;
@@ -113,6 +118,8 @@ void kvl__kv_blocks_free(kvl__kv_blocks *c) {
     kvl__block_pool_unref(c->pool);
     free(c->blocks);
     free(c->scratch);
+    free(c->exp_cos);
+    pthread_mutex_destroy(&c->exp_mu);
     free(c);
 }
 

@@ -9,6 +9,7 @@
 #ifndef KVL_KERNELS_CPU_KV_BLOCKS_H
 #define KVL_KERNELS_CPU_KV_BLOCKS_H
 
+#include <pthread.h>
 #include <stddef.h>
 
 #include "kvlingo/backend.h"
@@ -33,6 +34,13 @@ typedef struct kvl__kv_blocks {
     kvl__block_pool *pool; /* where blocks come from and go back; NULL: malloc   */
     float *scratch;        /* reused working memory of translate-apply          */
     size_t scratch_floats;
+    /* The inverse-RoPE tables of the key export in progress, [exp_t1 - exp_t0, D/2] each:
+     * a span is read layer after layer over one range, and the angles (a sincosf per position
+     * and frequency) cost more than the rotation, so they are made once per span, not per
+     * layer.  Built and read under exp_mu; freed after the last layer. */
+    pthread_mutex_t exp_mu;
+    float *exp_cos, *exp_sin;
+    int exp_t0, exp_t1;
 } kvl__kv_blocks;
 
 /* pool may be NULL (blocks are then malloc'ed and freed); a pool of another block size is

@@ -72,6 +72,13 @@ void kvl__cpu_rope_table(float *cos_tab, float *sin_tab, const int *pos, int T, 
     rope_fill(cos_tab, sin_tab, pos, T, D / 2, inv_freq, attn);
 }
 
+void kvl__cpu_rope_table_mode(float *cos_tab, float *sin_tab, const int *pos, int T, int D,
+                              const kvl_rope_params *rope, int mode) {
+    float inv_freq[512], attn;   /* head_dim <= 1024 (kvl_config_parse) */
+    kvl_rope_inv_freq(rope, rope_seq_len(pos, T), inv_freq, &attn);
+    rope_fill(cos_tab, sin_tab, pos, T, D / 2, inv_freq, mode == KVL_ROPE_INVERSE ? 1.0f / attn : attn);
+}
+
 void kvl__cpu_rope_apply(float *x, const float *cos_tab, const float *sin_tab, int T, int n_heads,
                         int D, int inverse) {
     int half = D / 2;

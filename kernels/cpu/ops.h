@@ -136,6 +136,11 @@ void kvl__cpu_attention_prefill_group(float *out, const float *q, int ldq,
  *                       attention factor is 1). */
 void kvl__cpu_rope_table(float *cos_tab, float *sin_tab, const int *pos, int T, int D,
                          const kvl_rope_params *rope);
+/* The tables of kvl__cpu_rope_forward's mode: as kvl__cpu_rope_table, scaled by 1/a instead of a
+ * for KVL_ROPE_INVERSE; rotating with them (kvl__cpu_rope_apply, inverse = mode != FORWARD) gives
+ * kvl__cpu_rope_forward's result bit for bit. */
+void kvl__cpu_rope_table_mode(float *cos_tab, float *sin_tab, const int *pos, int T, int D,
+                              const kvl_rope_params *rope, int mode);
 void kvl__cpu_rope_apply(float *x, const float *cos_tab, const float *sin_tab, int T, int n_heads,
                         int D, int inverse);
 

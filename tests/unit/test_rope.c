@@ -305,12 +305,56 @@ static void test_dynamic_model(void **st) {
     rm_model(da); rm_model(dd); rm_model(dt);
 }
 
+/* The key export of a model without k_norm rotates the cached keys back with tables made once
+ * per range for all layers: bit for bit what the per-position inverse gives, over ranges that
+ * change between reads (the tables are rebuilt) and in any layer order.  qwen2-yarn: its
+ * attention factor is not 1, so the inverse's 1/a scale is checked too. */
+static void test_export_prenorm_tables(void **st) {
+    (void)st;
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/models/qwen2-yarn", KVL_SOURCE_DIR);
+    kvl_model *m;
+    if (kvl_model_load(dir, NULL, &m) != KVL_OK) fail_msg("load %s: %s", dir, kvl_last_error());
+    const kvl_model_config *mc = kvl_model_config_get(m);
+    assert_false(mc->qk_norm);
+    const int N = 40, row = mc->n_kv_heads * mc->head_dim;
+    int32_t ids[40];
+    for (int i = 0; i < N; i++) ids[i] = (int32_t)((i * 37 + 11) % 4000);
+    kvl_cache *c;
+    kvl_cache_params cp = kvl_cache_default_params();
+    cp.max_tokens = 64;
+    cp.block_tokens = 16;   /* ranges cross blocks */
+    assert_int_equal(kvl_model_cache_create(m, &cp, &c), KVL_OK);
+    assert_int_equal(kvl_model_prefill(m, c, ids, N, KVL_LOGITS_NONE, NULL), KVL_OK);
+    float *got = malloc(sizeof(float) * (size_t)N * row), *want = malloc(sizeof(float) * (size_t)N * row);
+    int *pos = malloc(sizeof(int) * (size_t)N);
+    assert_non_null(got); assert_non_null(want); assert_non_null(pos);
+    /* {layer, t0, t1}: a whole span layer by layer, then ranges and layers out of order */
+    int reads[64][3], nr = 0;
+    for (int l = 0; l < mc->n_layers; l++) reads[nr][0] = l, reads[nr][1] = 0, reads[nr++][2] = N;
+    const int odd[][3] = {{1, 5, 30}, {0, 5, 30}, {1, 0, N}, {mc->n_layers - 1, 5, 30}, {0, 5, 30}, {0, 39, 40}};
+    for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) memcpy(reads[nr++], odd[i], sizeof odd[i]);
+    for (int r = 0; r < nr; r++) {
+        const int l = reads[r][0], t0 = reads[r][1], t1 = reads[r][2], n = t1 - t0;
+        assert_int_equal(kvl_cache_read_prenorm(c, l, t0, t1, got, NULL), KVL_OK);
+        assert_int_equal(kvl_cache_read_kv(c, l, t0, t1, want, NULL), KVL_OK);
+        for (int i = 0; i < n; i++) pos[i] = t0 + i;
+        kvl__cpu_rope_forward(want, pos, n, mc->n_kv_heads, mc->head_dim, &mc->rope, KVL_ROPE_INVERSE);
+        if (memcmp(got, want, sizeof(float) * (size_t)n * row))
+            fail_msg("read %d (layer %d, [%d, %d)): pre-norm keys differ from the per-position inverse",
+                     r, l, t0, t1);
+    }
+    free(got); free(want); free(pos);
+    kvl_cache_free(c);
+    kvl_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_default_bit_exact), cmocka_unit_test(test_linear),
         cmocka_unit_test(test_dynamic),           cmocka_unit_test(test_yarn),
         cmocka_unit_test(test_llama3),            cmocka_unit_test(test_shipped_configs),
-        cmocka_unit_test(test_dynamic_model),
+        cmocka_unit_test(test_dynamic_model),     cmocka_unit_test(test_export_prenorm_tables),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
