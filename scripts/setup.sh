@@ -27,9 +27,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  echo "setup: the ${#PACKAGES[@]} Debian packages are installed"
 fi
 
 BUILD_DIR=${1:-build}
 shift || true
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+echo "setup: building in $BUILD_DIR (a few minutes the first time; make prints a line per file)"
 cmake --build "$BUILD_DIR" -j"$(nproc)"
