@@ -165,6 +165,19 @@ static void small_rows_portable(float *out, const float *in, const uint16_t *W, 
 #ifndef KVL_PF_BYTES
 #define KVL_PF_BYTES 2048
 #endif
+/* The tiles' prefetch of their 4 weight rows, KVL_PF_BYTES ahead of step k: one line of each
+ * row every 32 elements (a macro, not a function: an inline helper lost the prefetches). */
+#define KVL__PF_ROWS4(prefetch, k, w0, w1, w2, w3, pf_end)                                         \
+    do {                                                                                             \
+        if ((prefetch) && ((k) & 31) == 0) {                                                         \
+            const char *pf_[4] = {(const char *)((w0) + (k)) + KVL_PF_BYTES,                         \
+                                  (const char *)((w1) + (k)) + KVL_PF_BYTES,                         \
+                                  (const char *)((w2) + (k)) + KVL_PF_BYTES,                         \
+                                  (const char *)((w3) + (k)) + KVL_PF_BYTES};                        \
+            _Pragma("GCC unroll 4") for (int r_ = 0; r_ < 4; r_++)                                   \
+                if (pf_[r_] < (pf_end)) _mm_prefetch(pf_[r_], _MM_HINT_T0);                         \
+        }                                                                                            \
+    } while (0)
 /* 1 <= T <= KVL__BF16_WIDE_T: 4 weight rows x TT float32 input rows, each weight vector widened
  * to float32 in registers (exact: a bf16 is the top half of a float32) and multiplied by the
  * exact inputs with FMA.  One FMA per 16 products where vdpbf16ps of a hi/lo bf16 split of the
@@ -192,14 +205,7 @@ KVL_AVX512 static inline __m512 widen16(const uint16_t *p, int full, __mmask16 m
         const char *pf_end = (const char *)(W + (size_t)N * K);                                      \
         for (int k = 0; k < K; k += 16) {                                                            \
             /* 32 bytes of each row a step: one line of each, every other step */                    \
-            if (prefetch && (k & 31) == 0) {                                                         \
-                const char *pf[4] = {(const char *)(w0 + k) + KVL_PF_BYTES,                          \
-                                     (const char *)(w1 + k) + KVL_PF_BYTES,                          \
-                                     (const char *)(w2 + k) + KVL_PF_BYTES,                          \
-                                     (const char *)(w3 + k) + KVL_PF_BYTES};                         \
-                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                                  \
-                    if (pf[r] < pf_end) _mm_prefetch(pf[r], _MM_HINT_T0);                            \
-            }                                                                                        \
+            KVL__PF_ROWS4(prefetch, k, w0, w1, w2, w3, pf_end);                                      \
             const int full = k < Kf;                                                                 \
             const __mmask16 m = full ? (__mmask16)0xFFFF : tail;                                     \
             const __m512 wv0 = widen16(w0 + k, full, m), wv1 = widen16(w1 + k, full, m);             \
@@ -245,14 +251,7 @@ KVL_WTILE(4)
         const char *pf_end = (const char *)(W + (size_t)N * K);                                      \
         for (int k = 0; k < Kf; k += 8) {                                                            \
             /* 16 bytes of each row a step: one line of each, every fourth step */                   \
-            if (prefetch && (k & 31) == 0) {                                                         \
-                const char *pf[4] = {(const char *)(w0 + k) + KVL_PF_BYTES,                          \
-                                     (const char *)(w1 + k) + KVL_PF_BYTES,                          \
-                                     (const char *)(w2 + k) + KVL_PF_BYTES,                          \
-                                     (const char *)(w3 + k) + KVL_PF_BYTES};                         \
-                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                                  \
-                    if (pf[r] < pf_end) _mm_prefetch(pf[r], _MM_HINT_T0);                            \
-            }                                                                                        \
+            KVL__PF_ROWS4(prefetch, k, w0, w1, w2, w3, pf_end);                                      \
             const __m256 xv0 = _mm256_loadu_ps(x0 + k);                                              \
             const __m256 xv1 = TT > 1 ? _mm256_loadu_ps(x1 + k) : xv0;                               \
             const __m256 xv2 = TT > 2 ? _mm256_loadu_ps(x2 + k) : xv0;                               \
