@@ -12,7 +12,9 @@
 
 typedef struct kvl__pool kvl__pool;
 
-/* fn(ctx, part, n_parts) is called once for every part in [0, n_parts). */
+/* fn(ctx, part, n_parts) is called once for every part in [0, n_parts), each part on one thread;
+ * which thread runs which part, and whether parts overlap in time, is not fixed (one thread may
+ * run several parts one after another), so a fn must not wait for another part. */
 typedef void (*kvl__pool_fn)(void *ctx, int part, int n_parts);
 
 /* A pool running jobs on n_threads threads in all: the caller and n_threads - 1 workers
@@ -27,8 +29,10 @@ int kvl__pool_spin_us(const kvl__pool *pool);
 void kvl__pool_free(kvl__pool *pool);
 int kvl__pool_threads(const kvl__pool *pool);
 
-/* Run fn over n_threads parts (part 0 on the caller) and return when all are done.  Calls on
- * one pool must not overlap (the backend serialises forward calls per model). */
+/* Run fn over n_threads parts and return when all are done: part 0 on the caller, the others on
+ * whichever thread claims them first (the caller too, once its part is done, so a descheduled
+ * worker delays the job by at most one part).  Calls on one pool must not overlap (the backend
+ * serialises forward calls per model). */
 void kvl__pool_run(kvl__pool *pool, kvl__pool_fn fn, void *ctx);
 
 /* Rows [*a, *b) of part `part` of n_parts over n rows, in multiples of 16 (a cache line of
