@@ -55,13 +55,15 @@ static void test_once(void **state) {
 
 /* part 0 returns at once; the others take ~20 us, long enough that a worker woken from sleep
  * finds parts left in some jobs */
+static void busy_wait_ns(long ns) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do clock_gettime(CLOCK_MONOTONIC, &t);
+    while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < ns);
+}
+
 static void busy_part(void *ctx, int part, int n_parts) {
-    if (part > 0) {
-        struct timespec t0, t;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        do clock_gettime(CLOCK_MONOTONIC, &t);
-        while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < 20000L);
-    }
+    if (part > 0) busy_wait_ns(20000L);
     count_part(ctx, part, n_parts);
 }
 
@@ -89,12 +91,7 @@ static void test_claimed(void **state) {
 /* part 0 (the caller's) takes ~200 us, the others nothing: a worker, woken or spinning, claims
  * part 1 meanwhile unless the kernel does not run it for the whole 200 us */
 static void busy0_part(void *ctx, int part, int n_parts) {
-    if (part == 0) {
-        struct timespec t0, t;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        do clock_gettime(CLOCK_MONOTONIC, &t);
-        while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < 200000L);
-    }
+    if (part == 0) busy_wait_ns(200000L);
     count_part(ctx, part, n_parts);
 }
 
