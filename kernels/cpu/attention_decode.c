@@ -9,8 +9,11 @@
  * result is the same on every path up to float rounding of the 16 partial sums, and the same
  * for a sequence whether it runs alone or in a batch (the same code on the same data).  Where
  * the CPU has AVX-512F and head_dim is a multiple of 16 (up to 128), decode takes the
- * intrinsics form at the end of this file instead (16 keys' scores per reduction tree);
- * KVL_CPU_DECODE=portable keeps the forms above. */
+ * intrinsics form at the end of this file instead (16 keys' scores per reduction tree), and
+ * where it has only AVX2 + FMA and head_dim is a multiple of 8 (up to 128), the same idea at 8
+ * keys a pass (attention_decode_avx2.c); KVL_CPU_DECODE=portable keeps the forms above,
+ * KVL_CPU_DECODE=avx2 picks the AVX2 form on an AVX-512 CPU too. */
+#include "attention_decode_avx2.h"
 #include "fastmath.h"
 #include "ops.h"
 
@@ -209,24 +212,46 @@ static void decode_group_avx512(float *out, const float *q, const float *const *
                                 int Tk, int group, int D, float *scratch);
 #endif
 
+/* Which decode form runs, decided once a process: AVX-512 (where compiled and the CPU has it),
+ * else AVX2 + FMA (attention_decode_avx2.c), else the portable forms above.  KVL_CPU_DECODE in
+ * the environment picks one for tests: "portable", or "avx2" (where the CPU has it). */
+#define DECODE_PORTABLE 0
+#define DECODE_AVX2 1
+#define DECODE_AVX512 2
+static int decode_form(void) {
+    static int form = -1;   /* a benign race: every thread computes the same answer */
+    if (form < 0) {
+        int f = DECODE_PORTABLE;
+#if KVL__ATT_DECODE_AVX2
+        const char *env = getenv("KVL_CPU_DECODE");
+        const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        if (env && !strcmp(env, "portable")) f = DECODE_PORTABLE;
+        else if (env && !strcmp(env, "avx2")) f = avx2 ? DECODE_AVX2 : DECODE_PORTABLE;
 #ifdef KVL_DECODE_AVX512
-static int decode_avx512_on(void) {
-    static int use_avx512 = -1;   /* a benign race: every thread computes the same answer */
-    if (use_avx512 < 0) {
-        const char *env = getenv("KVL_CPU_DECODE");   /* "portable": the forms above, for tests */
-        use_avx512 = __builtin_cpu_supports("avx512f") && !(env && !strcmp(env, "portable"));
-    }
-    return use_avx512;
-}
+        else if (__builtin_cpu_supports("avx512f")) f = DECODE_AVX512;
 #endif
+        else if (avx2) f = DECODE_AVX2;
+#endif
+        form = f;
+    }
+    return form;
+}
 
 KVL_MULTIVERSION
 void kvl__cpu_attention_decode_group(float *out, const float *q, const float *const *k_blk,
                                      const float *const *v_blk, int block_tokens, int row,
                                      int head_off, int Tk, int group, int D, float *scratch) {
 #ifdef KVL_DECODE_AVX512
-    if (D % 16 == 0 && D <= 128 && decode_avx512_on()) {
+    if (D % 16 == 0 && D <= 128 && decode_form() == DECODE_AVX512) {
         decode_group_avx512(out, q, k_blk, v_blk, block_tokens, row, head_off, Tk, group, D, scratch);
+        return;
+    }
+#endif
+#if KVL__ATT_DECODE_AVX2
+    if (D % 8 == 0 && D <= KVL__ATT_DECODE_AVX2_MAX_D && decode_form() == DECODE_AVX2) {
+        kvl__att_decode_scores_avx2(scratch, q, k_blk, block_tokens, row, head_off, Tk, group, D);
+        softmax_heads(scratch, group, Tk);
+        kvl__att_decode_pv_avx2(out, scratch, v_blk, block_tokens, row, head_off, Tk, group, D);
         return;
     }
 #endif
@@ -268,9 +293,17 @@ void kvl__cpu_attention_decode_group_bf16(float *out, const float *q, const uint
                                           const uint16_t *const *v_blk, int block_tokens, int row,
                                           int head_off, int Tk, int group, int D, float *scratch) {
 #ifdef KVL_DECODE_AVX512
-    if (D % 16 == 0 && D <= 128 && decode_avx512_on()) {
+    if (D % 16 == 0 && D <= 128 && decode_form() == DECODE_AVX512) {
         decode_group_avx512_bf16(out, q, k_blk, v_blk, block_tokens, row, head_off, Tk, group, D,
                                  scratch);
+        return;
+    }
+#endif
+#if KVL__ATT_DECODE_AVX2
+    if (D % 8 == 0 && D <= KVL__ATT_DECODE_AVX2_MAX_D && decode_form() == DECODE_AVX2) {
+        kvl__att_decode_scores_avx2_bf16(scratch, q, k_blk, block_tokens, row, head_off, Tk, group, D);
+        softmax_heads(scratch, group, Tk);
+        kvl__att_decode_pv_avx2_bf16(out, scratch, v_blk, block_tokens, row, head_off, Tk, group, D);
         return;
     }
 #endif

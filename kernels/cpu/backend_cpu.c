@@ -770,8 +770,8 @@ static void cpu_describe_once(void) {
     const int f32 = kvl__f32_tiles_active();
     const kvl__bf16_kernel bf = kvl__bf16_kernel_active();
     snprintf(cpu_description, sizeof cpu_description,
-             "float32: %sOpenBLAS (%s kernels); bf16 weights: %s", f32 ? "AVX-512F tiles + " : "",
-             kvl__cpu_blas_core(),
+             "float32: %s%sOpenBLAS (%s kernels); bf16 weights: %s", f32 ? kvl__f32_tiles_name() : "",
+             f32 ? " tiles + " : "", kvl__cpu_blas_core(),
              bf == KVL__BF16_KERNEL_AMX      ? "AMX tiles + AVX-512 kernel"
              : bf == KVL__BF16_KERNEL_AVX512 ? "AVX-512 kernel"
              : bf == KVL__BF16_KERNEL_AVX2 ? "AVX2+FMA kernel (no AVX-512 here)"

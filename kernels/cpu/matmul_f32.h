@@ -10,7 +10,9 @@
  * the CPU has AVX-512F, a register tile of 4 weight rows x up to 4 input rows reads each weight
  * vector once per tile and multiplies it by every input row of the tile; the 16 sums of a tile
  * are reduced together by a transpose-and-add tree (45 instructions, not 16 horizontal sums).
- * One row (sgemv), larger T (prefill), or a CPU without AVX-512F: OpenBLAS sgemm on each
+ * Where it has AVX2 and FMA but not AVX-512F, the same at 8 lanes, 4 weight rows (taken from 4
+ * quarters of the part's rows: 4 streams a thread) x up to 3 input rows.
+ * One row (sgemv), larger T (prefill), or a CPU with neither: OpenBLAS sgemm on each
  * part's rows of W, single-threaded inside the part.  Either way the rows of W are split over
  * the model's pool, 16 outputs at a time, so the forward pass runs on one set of threads:
  * OpenBLAS's own threads, which wait for work by spinning with sched_yield for ~0.1 s after
@@ -25,9 +27,18 @@
 #define KVL__F32_SMALL_T 32   /* most input rows the tiles take (measured: as fast as sgemm at
                                  * 32 rows, 0.55-0.7x of it at 64) */
 
-/* 1 when the tiles run here (AVX-512F compiled and reported by the CPU, and not turned off by
- * KVL_CPU_F32_KERNEL=blas in the environment), 0 when every call goes to OpenBLAS. */
+#define KVL__F32_TILES_OFF 0      /* every call goes to OpenBLAS */
+#define KVL__F32_TILES_AVX512 1   /* 4 x 4 tiles at 16 lanes */
+#define KVL__F32_TILES_AVX2 2     /* 4 x 3 tiles at 8 lanes, AVX2 + FMA */
+
+/* Which tiles run here, decided once a process from the CPU's features (and the OS's saving of
+ * their registers): AVX-512F first, else AVX2 + FMA, else off.  KVL_CPU_F32_KERNEL in the
+ * environment overrides it: "blas" turns the tiles off, "avx2" takes the AVX2 tiles where the
+ * CPU has them (off where it does not).  Returns a KVL__F32_TILES_* value. */
 int kvl__f32_tiles_active(void);
+
+/* "AVX-512F", "AVX2+FMA" or "none": kvl__f32_tiles_active()'s tiles, for descriptions. */
+const char *kvl__f32_tiles_name(void);
 
 /* out[T,N] = in[T,K] W[N,K]^T (+ bias[N] when bias is not NULL).  pool: the threads to split N
  * over (NULL: the caller alone).  OpenBLAS must be on one thread (openblas_set_num_threads(1))

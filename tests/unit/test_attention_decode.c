@@ -2,8 +2,9 @@
  * (kernels/cpu/attention_decode.c) against the reference attention of a gathered context
  * (kvl__cpu_attention_forward with one query at the last position) and a float64 reference:
  *   - head_dim 64 and 128 (the fixed-size paths) and 48 / 80 (the generic path), on the AVX-512
- *     form where the CPU has it and again on the portable forms (KVL_CPU_DECODE=portable, in a
- *     child run of this program);
+ *     form where the CPU has it (else the AVX2 form), again on the AVX2 form
+ *     (KVL_CPU_DECODE=avx2) and on the portable forms (KVL_CPU_DECODE=portable), each in a
+ *     child run of this program;
  *   - GQA groups of 1, 2 and 4 query heads per KV head;
  *   - contexts that end inside a block, on a block boundary, and shorter than one block;
  *   - block sizes 16 and 7 (odd rows), with the K/V head picked by head_off;
@@ -281,8 +282,6 @@ static void test_large_scores(void **state) {
     run_case(50, 4, 1, 48, 16, 40.0f);
 }
 
-/* this program's path (argv[0]) */
-
 /* Every case again on the portable decode forms, in a child process (the choice is made once
  * a process). */
 static void test_portable(void **st) {
@@ -292,6 +291,15 @@ static void test_portable(void **st) {
     if (rc != 0) fail_msg("this program run again with KVL_CPU_DECODE=portable failed (status %d)", rc);
 }
 
+/* Every case again on the AVX2 decode form, in a child process: on an AVX-512 CPU it is not the
+ * default, and on one without AVX2 the child runs the portable forms again. */
+static void test_avx2(void **st) {
+    (void)st;
+    if (getenv("KVL_CPU_DECODE")) skip();   /* this is the child */
+    int rc = kvl__test_rerun_self_with("KVL_CPU_DECODE", "avx2");
+    if (rc != 0) fail_msg("this program run again with KVL_CPU_DECODE=avx2 failed (status %d)", rc);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixed_dims),
@@ -299,6 +307,7 @@ int main(void) {
         cmocka_unit_test(test_large_scores),
         cmocka_unit_test(test_prefill),
         cmocka_unit_test(test_portable),
+        cmocka_unit_test(test_avx2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

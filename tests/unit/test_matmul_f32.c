@@ -7,6 +7,8 @@
  *            pools (parts whose row ranges are empty included);
  *   blas     with the tiles turned off (KVL_CPU_F32_KERNEL=blas in a child run of this program)
  *            the same cases pass through OpenBLAS alone;
+ *   avx2     with the AVX2 + FMA tiles chosen (KVL_CPU_F32_KERNEL=avx2 in a child run) the same
+ *            cases pass on a CPU with AVX-512 too, so both tile sets are tested wherever AVX2 is;
  *   parts    a part's rows only are written: the tiles on [n0, n1) leave the other outputs as
  *            they were; the tiles alone on T = 1 (the 4x1 tile) are right too. */
 #include <math.h>
@@ -56,7 +58,7 @@ static void run_case(kvl__pool *pool, int T, int K, int N, int with_bias) {
     /* float32 accumulation: a few ulps of the largest sum of |terms| */
     if (!(maxerr <= 4e-7 * maxabs * sqrt((double)K) / 4 + 1e-6))
         fail_msg("tiles %s T=%d K=%d N=%d bias=%d pool=%d threads: max err %.3g (sum |terms| %.3g)",
-                 kvl__f32_tiles_active() ? "on" : "off", T, K, N, with_bias,
+                 kvl__f32_tiles_name(), T, K, N, with_bias,
                  pool ? kvl__pool_threads(pool) : 0, maxerr, maxabs);
     free(W); free(in); free(out); free(bias);
 }
@@ -109,8 +111,6 @@ static void part_rows_only(void **st) {
     }
 }
 
-/* this program's path (argv[0]) */
-
 /* The same shapes with the tiles off, in a child process (the choice is made once a process). */
 static void blas_only(void **st) {
     (void)st;
@@ -119,11 +119,21 @@ static void blas_only(void **st) {
     if (rc != 0) fail_msg("this program run again with KVL_CPU_F32_KERNEL=blas failed (status %d)", rc);
 }
 
+/* The same shapes on the AVX2 + FMA tiles, in a child process; on a CPU without them the child
+ * runs the OpenBLAS path again. */
+static void avx2_only(void **st) {
+    (void)st;
+    if (getenv("KVL_CPU_F32_KERNEL")) skip();   /* this is the child */
+    int rc = kvl__test_rerun_self_with("KVL_CPU_F32_KERNEL", "avx2");
+    if (rc != 0) fail_msg("this program run again with KVL_CPU_F32_KERNEL=avx2 failed (status %d)", rc);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(shapes),
         cmocka_unit_test(part_rows_only),
         cmocka_unit_test(blas_only),
+        cmocka_unit_test(avx2_only),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
