@@ -36,7 +36,12 @@ typedef struct kvld_sched_params {
 
 /* Defaults of kvld_sched_params (kvld's config uses the same). */
 #define KVLD_DEFAULT_DECODE_STRETCH 2.0
-#define KVLD_MIN_PREFILL_CHUNK 16
+/* Fewest prefill tokens a step carries next to decoding sessions.  Measured with
+ * bench_batch --long-prefill 2048 (qwen3-b, float32, 2 threads): a chunk of 16 tokens late in
+ * a 2k prompt cost 4-7 ms against a 0.6 ms decode step, so one decoding session's p99
+ * inter-token time was 10-13x its p50 alone; with 4 it is 2.3-3.2x, and 16 sessions are not
+ * slowed (their budget is above the minimum). */
+#define KVLD_MIN_PREFILL_CHUNK 4
 
 kvl_status kvld_sched_create(kvl_model *model, kvld_metrics *metrics,
                              const kvld_sched_params *p, kvld_sched **out);
