@@ -130,7 +130,7 @@ def main():
         # continuous batching: a long prefill does not starve a decoding session.  Next to one
         # decoder the scheduler cuts the prompt into pieces as small as 4 tokens (a step may take
         # only decode_stretch times a decode step), so the prompt is kept to 1024 tokens: a
-        # sanitizer build pays ~0.1 s a step whatever its size
+        # sanitizer build took ~0.2 s a step (measured: 1536 tokens in 87 s)
         sb.OpenSession(pb.OpenSessionRequest(session_id="dec"), timeout=10)
         sb.Append(pb.AppendRequest(session_id="dec", tokens=list(range(100, 110))), timeout=10)
         sb.OpenSession(pb.OpenSessionRequest(session_id="long"), timeout=10)
