@@ -180,6 +180,38 @@ static void test_swiglu(void **state) {
     free(g); free(u); free(G); free(dg); free(du); free(fg); free(fu); free(fG); free(fdg); free(fdu);
 }
 
+/* The float32 forward (8 lanes and a masked tail on AVX2 + FMA, plain C elsewhere) against the
+ * float64 one, on lengths that end inside a vector, with gates far enough out that e^-|g|
+ * underflows; and each element's value independent of where it sits (a row of a batch gets
+ * the bits it gets alone), including in the masked tail. */
+static void test_swiglu_forward(void **state) {
+    (void)state;
+    const size_t ns[] = {1, 7, 8, 9, 31, 771};
+    for (size_t c = 0; c < sizeof ns / sizeof ns[0]; c++) {
+        const size_t n = ns[c];
+        double *g = rnd(n, 12, 0), *u = rnd(n, 2, 0), *want = malloc(sizeof(double) * n);
+        assert_non_null(want);
+        if (n > 2) { g[0] = 95.0; g[1] = -95.0; g[2] = 0.0; }
+        kvl__cpu_swiglu_forward_f64(want, g, u, n);
+        float *fg = tof(g, n), *fu = tof(u, n), *got = malloc(sizeof(float) * n);
+        assert_non_null(got);
+        kvl__cpu_swiglu_forward(got, fg, fu, n);
+        for (size_t i = 0; i < n; i++)
+            if (!(fabs((double)got[i] - want[i]) <= 1e-6 * fabs(want[i]) + 1e-30))
+                fail_msg("swiglu n %zu [%zu]: gate %g up %g: %.9g, float64 %.9g", n, i, (double)fg[i],
+                         (double)fu[i], (double)got[i], want[i]);
+        for (size_t off = 1; off < 4 && off < n; off++) {   /* the same elements from offset `off` */
+            float one[800];
+            kvl__cpu_swiglu_forward(one, fg + off, fu + off, n - off);
+            for (size_t i = off; i < n; i++)
+                if (memcmp(&one[i - off], &got[i], sizeof(float)) != 0)
+                    fail_msg("swiglu n %zu: element %zu gives %.9g from offset %zu, %.9g from 0", n, i,
+                             (double)one[i - off], off, (double)got[i]);
+        }
+        free(g); free(u); free(want); free(fg); free(fu); free(got);
+    }
+}
+
 /* ---- attention ---- */
 typedef struct { int Tq, Tk, p0, Hq, Hkv, D; const double *q, *k, *v; int wrt; double *scr; } at_ctx;
 static void at_fwd(void *c, const double *x, double *out) {
@@ -221,7 +253,8 @@ static void test_attention(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul), cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_swiglu), cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_swiglu), cmocka_unit_test(test_swiglu_forward),
+        cmocka_unit_test(test_attention),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
