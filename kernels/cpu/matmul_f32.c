@@ -4,6 +4,7 @@
 #include "matmul_f32.h"
 
 #include <cblas.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -216,13 +217,23 @@ typedef struct f32_job {
     float *out;
     const float *in, *W, *bias;
     int T, K, N;
+    atomic_int next_blk;   /* tiles: the next unclaimed block of blk_rows weight rows */
+    int blk_rows, n_blk;
 } f32_job;
 
+/* Blocks a tiles job is cut into per thread: each thread claims the next free block until none
+ * is left, so a thread that starts late or loses its core to another (a session's reader, a
+ * gRPC handler) leaves its blocks to the other instead of being waited for.  With one half
+ * each, a 16-session decode step's caller waited for its worker in 9% of its samples. */
+#define KVL_F32_BLOCKS_PER_THREAD 4
+
 static void tiles_part(void *pj, int part, int n_parts) {
-    const f32_job *j = pj;
-    int a, b;
-    kvl__pool_part_rows(j->N, part, n_parts, &a, &b);
-    if (a < b) kvl__cpu_matmul_f32_tiles(j->out, j->in, j->W, j->bias, j->T, j->K, j->N, a, b);
+    f32_job *j = pj;
+    (void)part, (void)n_parts;
+    for (int b; (b = atomic_fetch_add_explicit(&j->next_blk, 1, memory_order_relaxed)) < j->n_blk;) {
+        const int a = b * j->blk_rows, e = a + j->blk_rows < j->N ? a + j->blk_rows : j->N;
+        kvl__cpu_matmul_f32_tiles(j->out, j->in, j->W, j->bias, j->T, j->K, j->N, a, e);
+    }
 }
 
 /* One row, larger T, or no tiles here: OpenBLAS on each part's rows of W, single-threaded inside the
@@ -252,7 +263,13 @@ static void blas_part(void *pj, int part, int n_parts) {
 void kvl__cpu_matmul_f32(kvl__pool *pool, float *out, const float *in, const float *W,
                          const float *bias, int T, int K, int N) {
     if (T < 1 || N < 1) return;
-    f32_job j = {out, in, W, bias, T, K, N};
+    f32_job j = {out, in, W, bias, T, K, N, 0, N, 1};
+    if (pool) {   /* blocks of a multiple of 16 rows, KVL_F32_BLOCKS_PER_THREAD per thread */
+        const int nb = kvl__pool_threads(pool) * KVL_F32_BLOCKS_PER_THREAD;
+        j.blk_rows = ((N + nb - 1) / nb + 15) & ~15;
+        j.n_blk = (N + j.blk_rows - 1) / j.blk_rows;
+    }
+    atomic_init(&j.next_blk, 0);
     /* a single row goes to sgemv: measured ~7% faster than the 4x1 tile on a 1-session step */
     const kvl__pool_fn fn = T >= 2 && T <= KVL__F32_SMALL_T && kvl__f32_tiles_active() ? tiles_part : blas_part;
     if (pool && (size_t)T * K * N >= KVL_F32_PARALLEL_MIN_MACS) kvl__pool_run(pool, fn, &j);
