@@ -102,6 +102,17 @@ typedef struct cfg {
     double decode_stretch;
 } cfg;
 
+/* The forward passes' batch-size histogram so far: the sum of the sizes and the count. */
+static void batch_hist(kvld_metrics *met, double *sum, double *cnt) {
+    size_t len;
+    char *text = kvld_metrics_render(met, &len);
+    const char *p = text ? strstr(text, "kvlingo_decode_batch_size_sum ") : NULL;
+    *sum = p ? atof(p + strlen("kvlingo_decode_batch_size_sum ")) : 0;
+    p = text ? strstr(text, "kvlingo_decode_batch_size_count ") : NULL;
+    *cnt = p ? atof(p + strlen("kvlingo_decode_batch_size_count ")) : 0;
+    free(text);
+}
+
 /* One run of ns sessions (with the long prompt when `with_long`); 0 on success. */
 static int run_once(const cfg *c, int ns, int with_long, run_result *r) {
     kvld_metrics *met;
@@ -138,6 +149,10 @@ static int run_once(const cfg *c, int ns, int with_long, run_result *r) {
     kvld_gen_params gp = {.max_tokens = c->tokens, .stop_at_eos = 0,
                           .sampler = kvl_sampler_default_params()};
     gp.sampler.temperature = 0;
+    /* the prompts' prefill steps (batches of one) are in the histogram too: the mean decode
+     * batch counts only the steps after them */
+    double bsum0, bcnt0;
+    batch_hist(met, &bsum0, &bcnt0);
     long_job lj = {sch, tab, &rd[0], c->tokens / 2, c->long_tokens, c->vocab, 0, KVL_OK};
     pthread_t lth;
     double t0 = kvl__now_s();
@@ -168,14 +183,9 @@ static int run_once(const cfg *c, int ns, int with_long, run_result *r) {
     r->itl_p50 = quantile(gaps, ng, 0.50);
     r->itl_p99 = quantile(gaps, ng, 0.99);
     free(gaps);
-    size_t len;
-    char *text = kvld_metrics_render(met, &len);
-    double bsum = 0, bcnt = 0;
-    const char *p = text ? strstr(text, "kvlingo_decode_batch_size_sum ") : NULL;
-    if (p) bsum = atof(p + strlen("kvlingo_decode_batch_size_sum "));
-    p = text ? strstr(text, "kvlingo_decode_batch_size_count ") : NULL;
-    if (p) bcnt = atof(p + strlen("kvlingo_decode_batch_size_count "));
-    free(text);
+    double bsum, bcnt;
+    batch_hist(met, &bsum, &bcnt);
+    bsum -= bsum0, bcnt -= bcnt0;
     r->tps = (double)total / dt;
     r->mean_batch = bcnt > 0 ? bsum / bcnt : 0;
     r->prefill_s = lj.prefill_s;
