@@ -250,7 +250,7 @@ void kvl__cpu_attention_decode_group(float *out, const float *q, const float *co
 #if KVL__ATT_DECODE_AVX2
     if (D % 8 == 0 && D <= KVL__ATT_DECODE_AVX2_MAX_D && decode_form() == DECODE_AVX2) {
         kvl__att_decode_scores_avx2(scratch, q, k_blk, block_tokens, row, head_off, Tk, group, D);
-        softmax_heads(scratch, group, Tk);
+        kvl__att_decode_softmax_avx2(scratch, group, Tk);
         kvl__att_decode_pv_avx2(out, scratch, v_blk, block_tokens, row, head_off, Tk, group, D);
         return;
     }
@@ -302,7 +302,7 @@ void kvl__cpu_attention_decode_group_bf16(float *out, const float *q, const uint
 #if KVL__ATT_DECODE_AVX2
     if (D % 8 == 0 && D <= KVL__ATT_DECODE_AVX2_MAX_D && decode_form() == DECODE_AVX2) {
         kvl__att_decode_scores_avx2_bf16(scratch, q, k_blk, block_tokens, row, head_off, Tk, group, D);
-        softmax_heads(scratch, group, Tk);
+        kvl__att_decode_softmax_avx2(scratch, group, Tk);
         kvl__att_decode_pv_avx2_bf16(out, scratch, v_blk, block_tokens, row, head_off, Tk, group, D);
         return;
     }

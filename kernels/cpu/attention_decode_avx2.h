@@ -33,6 +33,9 @@ void kvl__att_decode_scores_avx2_bf16(float *scratch, const float *q, const uint
                                       int D);
 void kvl__att_decode_pv_avx2_bf16(float *out, const float *scratch, const uint16_t *const *v_blk,
                                   int block_tokens, int row, int head_off, int Tk, int group, int D);
+/* The softmax between the two passes: scratch[hh * Tk + j] replaced by
+ * softmax_j(scratch[hh * Tk + .]) for each of the group's heads. */
+void kvl__att_decode_softmax_avx2(float *scratch, int group, int Tk);
 #endif
 
 #endif
