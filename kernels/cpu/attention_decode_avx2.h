@@ -1,7 +1,7 @@
 /* kernels/cpu/attention_decode_avx2.h: decode attention's two passes on AVX2 + FMA, for one KV
  * head and the `group` query heads sharing it (GQA); private to kernels/cpu.  The caller
  * (attention_decode.c) checks that the CPU has AVX2 and FMA and that head_dim D is a multiple of
- * 8 up to 128, and runs its softmax between the two passes.
+ * 8 up to 128, and runs kvl__att_decode_softmax_avx2 between the two passes.
  *   q        [group*D]     queries of the group's heads, after q_norm and RoPE
  *   k_blk[b] + head_off    keys of block b: [block_tokens, row] (float32 or bf16 elements)
  *   v_blk[b] + head_off    values, likewise
