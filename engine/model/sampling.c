@@ -68,7 +68,7 @@ void kvl_sampler_free(kvl_sampler *s) {
 /* The form below on AVX2 + FMA, its 16 lanes as two 8-lane halves (GCC's vectoriser left the
  * exponentials scalar there): the same partial sums in the same order, each term's e^x within
  * a last bit of the plain form's. */
-KVL_AVX2_FMA_FN static double logprob_avx2(const float *logits, int vocab, int32_t id) {
+KVL_AVX2_FMA_FN static void lse_avx2(const float *logits, int vocab, double *m_out, double *log_sum) {
     __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0;
     int i = 0;
     for (; i + 16 <= vocab; i += 16) {
@@ -83,7 +83,9 @@ KVL_AVX2_FMA_FN static double logprob_avx2(const float *logits, int vocab, int32
     float m = -INFINITY;
     for (int l = 0; l < 16; l++) m = mv[l] > m ? mv[l] : m;
     for (int k = i; k < vocab; k++) m = logits[k] > m ? logits[k] : m;
-    if (!(m > -INFINITY)) return (double)logits[id] - m;
+    *m_out = m;
+    *log_sum = 0.0;
+    if (!(m > -INFINITY)) return;
     const __m256 mm = _mm256_set1_ps(m);
     double sum = 0.0;
     for (int j = 0; j < vocab;) {
@@ -99,12 +101,12 @@ KVL_AVX2_FMA_FN static double logprob_avx2(const float *logits, int vocab, int32
         for (; j < end; j++) acc[0] += kvl__exp_nonpos(logits[j] - m);
         for (int l = 0; l < 16; l++) sum += acc[l];
     }
-    return (double)logits[id] - m - log(sum);
+    *log_sum = log(sum);
 }
 #endif
 
 KVL_MULTIVERSION
-static double logprob_lanes(const float *logits, int vocab, int32_t id) {
+static void lse_lanes(const float *logits, int vocab, double *m_out, double *log_sum) {
     enum { LANES = 16 };
     float mv[LANES];
     for (int l = 0; l < LANES; l++) mv[l] = -INFINITY;
@@ -114,7 +116,9 @@ static double logprob_lanes(const float *logits, int vocab, int32_t id) {
     float m = -INFINITY;
     for (int l = 0; l < LANES; l++) m = mv[l] > m ? mv[l] : m;
     for (int k = i; k < vocab; k++) m = logits[k] > m ? logits[k] : m;
-    if (!(m > -INFINITY)) return (double)logits[id] - m;   /* every logit -inf (or NaN): no softmax */
+    *m_out = m;
+    *log_sum = 0.0;
+    if (!(m > -INFINITY)) return;   /* every logit -inf (or NaN): no softmax */
     double sum = 0.0;
     for (int j = 0; j < vocab;) {
         /* blocks of 1024 terms summed in float lanes, each block's lanes then added in double */
@@ -125,14 +129,31 @@ static double logprob_lanes(const float *logits, int vocab, int32_t id) {
         for (; j < end; j++) acc[0] += kvl__exp_nonpos(logits[j] - m);
         for (int l = 0; l < LANES; l++) sum += acc[l];
     }
-    return (double)logits[id] - m - log(sum);
+    *log_sum = log(sum);
+}
+
+/* The maximum m of logits[vocab] and log(sum_i e^(logits[i] - m)) (0 when every logit is -inf
+ * or NaN). */
+static void log_sum_exp(const float *logits, int vocab, double *m, double *log_sum) {
+#ifdef KVL_HAVE_EXP_AVX2
+    if (kvl__cpu_has_avx2_fma()) {
+        lse_avx2(logits, vocab, m, log_sum);
+        return;
+    }
+#endif
+    lse_lanes(logits, vocab, m, log_sum);
 }
 
 double kvl_logprob(const float *logits, int vocab, int32_t id) {
-#ifdef KVL_HAVE_EXP_AVX2
-    if (kvl__cpu_has_avx2_fma()) return logprob_avx2(logits, vocab, id);
-#endif
-    return logprob_lanes(logits, vocab, id);
+    double m, ls;
+    log_sum_exp(logits, vocab, &m, &ls);
+    return (double)logits[id] - m - ls;
+}
+
+void kvl_log_softmax(float *x, int n) {
+    double m, ls;
+    log_sum_exp(x, n, &m, &ls);
+    for (int i = 0; i < n; i++) x[i] = (float)((double)x[i] - m - ls);
 }
 
 static _Thread_local const float *tl_sort_logits;

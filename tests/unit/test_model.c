@@ -254,9 +254,9 @@ static void test_sampling(void **st) {
     assert_int_equal(kvl_sampler_create(&p, &s), KVL_ERR_INVALID_ARG);
 }
 
-/* kvl_logprob (float lanes, double sums) against log-softmax in double, on vocabularies that
- * end inside and on a 16-lane step and span several 1024-term blocks, with logits far apart
- * (terms that underflow), all equal, and one -inf. */
+/* kvl_logprob and kvl_log_softmax (float lanes, double sums) against log-softmax in double, on
+ * vocabularies that end inside and on a 16-lane step and span several 1024-term blocks, with
+ * logits far apart (terms that underflow), all equal, and one -inf. */
 static void test_logprob(void **st) {
     (void)st;
     const int vocabs[] = {1, 7, 16, 17, 1024, 1025, 4096, 151936};
@@ -281,6 +281,26 @@ static void test_logprob(void **st) {
                 if (!(fabs(got - want) <= 1e-5 + 1e-6 * fabs(want)))
                     fail_msg("vocab %d mode %d id %d: %.9g, log-softmax in double %.9g", n, mode, id, got, want);
             }
+            /* the whole log-softmax in place: every entry, and the same sums as kvl_logprob */
+            float *ls = malloc(sizeof(float) * (size_t)n);
+            assert_non_null(ls);
+            memcpy(ls, lg, sizeof(float) * (size_t)n);
+            kvl_log_softmax(ls, n);
+            for (int i = 0; i < n; i++) {
+                if (isinf(lg[i])) {
+                    if (!(isinf(ls[i]) && ls[i] < 0)) fail_msg("vocab %d: a -inf logit gave %g", n, (double)ls[i]);
+                    continue;
+                }
+                const double want = (double)lg[i] - m - log(sum);
+                if (!(fabs((double)ls[i] - want) <= 1e-5 + 1e-6 * fabs(want)))
+                    fail_msg("vocab %d mode %d: log_softmax[%d] %.9g, in double %.9g", n, mode, i,
+                             (double)ls[i], want);
+                if (ls[i] != (float)kvl_logprob(lg, n, i))
+                    fail_msg("vocab %d mode %d: log_softmax[%d] %.9g, kvl_logprob %.9g", n, mode, i,
+                             (double)ls[i], kvl_logprob(lg, n, i));
+                if (n > 5000) i += 997;   /* the large vocabulary: a sample of its entries */
+            }
+            free(ls);
         }
         free(lg);
     }
