@@ -4,6 +4,7 @@
 #ifndef KVL_BASE_FASTMATH_H
 #define KVL_BASE_FASTMATH_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -65,6 +66,39 @@ static inline __attribute__((always_inline)) KVL_AVX2_FMA_FN __m256 kvl__exp_non
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
     return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(ni, 23)));
+}
+
+/* softmax of row[n] in place, 8 lanes at a time: the maximum (NaN entries passed over, as a
+ * plain `x > m ? x : m` does), e^(x - max) by kvl__exp_nonpos_avx2 (the last n % 8 by
+ * kvl__exp_nonpos) summed in 8 lanes, then the scaling.  Shared by the attention forms that
+ * normalise score rows (kernels/cpu). */
+static inline __attribute__((always_inline)) KVL_AVX2_FMA_FN void kvl__softmax_row_avx2(float *row, int n) {
+    __m256 mv = _mm256_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 8 <= n; j += 8) mv = _mm256_max_ps(_mm256_loadu_ps(row + j), mv);
+    float lane[8];
+    _mm256_storeu_ps(lane, mv);
+    float m = -INFINITY;
+    for (int l = 0; l < 8; l++) m = lane[l] > m ? lane[l] : m;
+    for (int k = j; k < n; k++) m = row[k] > m ? row[k] : m;
+    const __m256 mm = _mm256_set1_ps(m);
+    __m256 acc = _mm256_setzero_ps();
+    for (j = 0; j + 8 <= n; j += 8) {
+        const __m256 e = kvl__exp_nonpos_avx2(_mm256_sub_ps(_mm256_loadu_ps(row + j), mm));
+        _mm256_storeu_ps(row + j, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    _mm256_storeu_ps(lane, acc);
+    float sum = 0.0f;
+    for (int l = 0; l < 8; l++) sum += lane[l];
+    for (int k = j; k < n; k++) {
+        row[k] = kvl__exp_nonpos(row[k] - m);
+        sum += row[k];
+    }
+    const float inv = 1.0f / sum;
+    const __m256 vi = _mm256_set1_ps(inv);
+    for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(row + j, _mm256_mul_ps(_mm256_loadu_ps(row + j), vi));
+    for (; j < n; j++) row[j] *= inv;
 }
 
 /* The lanes of a row's last n % 8 elements: a mask for _mm256_maskload_ps / _mm256_maskstore_ps. */

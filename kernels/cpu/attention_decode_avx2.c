@@ -108,39 +108,10 @@ KVL_A2_DECODE(, float, KVL_A2_LOAD_F32)
 KVL_A2_DECODE(_bf16, uint16_t, KVL_A2_LOAD_BF16)
 #undef KVL_A2_DECODE
 
-/* Softmax of each head's scores in place, 8 lanes at a time (kvl__exp_nonpos_avx2): GCC left
- * the portable form's e^x scalar in its AVX2 copy, 4.7% of a 16-session decode step's samples.
- * The maximum passes over NaN scores as the portable form's comparisons do. */
+/* Softmax of each head's scores in place (kvl__softmax_row_avx2, one row per head): GCC left the
+ * portable form's e^x scalar in its AVX2 copy, 4.7% of a 16-session decode step's samples. */
 KVL_A2 void kvl__att_decode_softmax_avx2(float *scratch, int group, int Tk) {
-    for (int hh = 0; hh < group; hh++) {
-        float *s = scratch + (size_t)hh * Tk;
-        __m256 mv = _mm256_set1_ps(-INFINITY);
-        int j = 0;
-        for (; j + 8 <= Tk; j += 8) mv = _mm256_max_ps(_mm256_loadu_ps(s + j), mv);
-        float lane[8];
-        _mm256_storeu_ps(lane, mv);
-        float m = -INFINITY;
-        for (; j < Tk; j++) m = s[j] > m ? s[j] : m;
-        for (int i = 0; i < 8; i++) m = lane[i] > m ? lane[i] : m;
-        const __m256 mm = _mm256_set1_ps(m);
-        __m256 acc = _mm256_setzero_ps();
-        for (j = 0; j + 8 <= Tk; j += 8) {
-            const __m256 e = kvl__exp_nonpos_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), mm));
-            _mm256_storeu_ps(s + j, e);
-            acc = _mm256_add_ps(acc, e);
-        }
-        float sum = 0.0f;
-        for (; j < Tk; j++) {
-            s[j] = kvl__exp_nonpos(s[j] - m);
-            sum += s[j];
-        }
-        _mm256_storeu_ps(lane, acc);
-        for (int i = 0; i < 8; i++) sum += lane[i];
-        const float inv = 1.0f / sum;
-        const __m256 vi = _mm256_set1_ps(inv);
-        for (j = 0; j + 8 <= Tk; j += 8) _mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_loadu_ps(s + j), vi));
-        for (; j < Tk; j++) s[j] *= inv;
-    }
+    for (int hh = 0; hh < group; hh++) kvl__softmax_row_avx2(scratch + (size_t)hh * Tk, Tk);
 }
 
 /* one specialisation per DV = D / 8 (1..16), so every loop over head_dim is unrolled */
