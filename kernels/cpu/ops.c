@@ -67,8 +67,13 @@ void kvl__cpu_rope_angles(float *cos_out, float *sin_out, int pos, int D,
 
 void kvl__cpu_rope_table(float *cos_tab, float *sin_tab, const int *pos, int T, int D,
                          const kvl_rope_params *rope) {
+    kvl__cpu_rope_table_len(cos_tab, sin_tab, pos, T, D, rope, rope_seq_len(pos, T));
+}
+
+void kvl__cpu_rope_table_len(float *cos_tab, float *sin_tab, const int *pos, int T, int D,
+                             const kvl_rope_params *rope, int seq_len) {
     float inv_freq[512], attn;   /* head_dim <= 1024 (kvl_config_parse) */
-    kvl_rope_inv_freq(rope, rope_seq_len(pos, T), inv_freq, &attn);
+    kvl_rope_inv_freq(rope, seq_len, inv_freq, &attn);
     rope_fill(cos_tab, sin_tab, pos, T, D / 2, inv_freq, attn);
 }
 

@@ -136,6 +136,10 @@ void kvl__cpu_attention_prefill_group(float *out, const float *q, int ldq,
  *                       attention factor is 1). */
 void kvl__cpu_rope_table(float *cos_tab, float *sin_tab, const int *pos, int T, int D,
                          const kvl_rope_params *rope);
+/* The same with the sequence length `dynamic` RoPE reads given (kvl__cpu_rope_table takes
+ * max(pos) + 1): rows of one table made in parts then agree with the table made whole. */
+void kvl__cpu_rope_table_len(float *cos_tab, float *sin_tab, const int *pos, int T, int D,
+                             const kvl_rope_params *rope, int seq_len);
 /* The tables of kvl__cpu_rope_forward's mode: as kvl__cpu_rope_table, scaled by 1/a instead of a
  * for KVL_ROPE_INVERSE; rotating with them (kvl__cpu_rope_apply, inverse = mode != FORWARD) gives
  * kvl__cpu_rope_forward's result bit for bit. */

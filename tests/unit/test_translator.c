@@ -429,6 +429,132 @@ static void test_taps(void **state) {
     kvl_translator_free(t2);
 }
 
+/* Spans long enough for the fused rows (AVX-512 CPUs, head_dim 32 / 64 / 128, translate_avx512.h)
+ * and short ones on the sgemm path, appended to one cache: every plane of every token equals
+ * the method computed by hand in double (k_t = RoPE(k_norm(W_K k_s)), v_t = W_V v_s), across
+ * chunk and panel boundaries, in row groups of 6 (3 at head_dim 128) with ragged last groups,
+ * on a model's 2-thread pool and on the process pool; a bf16 cache reads back as those values
+ * rounded. */
+static void fused_case(fixture *f, const char *name, const char *arch, int H, int Hq, int Hkv,
+                       int D, unsigned seed) {
+    kvl_model_params mp = kvl_model_default_params();
+    mp.n_threads = 2;
+    kvl_model *m = load_tiny(f->dir, name, arch, H, 2, Hq, Hkv, D, 96, 1e6, seed);
+    char mdir[4200];
+    snprintf(mdir, sizeof mdir, "%s/%s", f->dir, name);
+    kvl_model *m2 = NULL, *m16 = NULL;
+    assert_int_equal(kvl_model_load(mdir, &mp, &m2), KVL_OK);
+    mp.kv_dtype = KVL_KV_BF16;
+    assert_int_equal(kvl_model_load(mdir, &mp, &m16), KVL_OK);
+    kvl_translator *tr = NULL;
+    assert_int_equal(kvl_translator_create(f->a, m, NULL, &tr), KVL_OK);
+    fill_random(tr, seed + 7);
+    const kvl_model_config *cfg = kvl_model_config_get(m);
+    const int Ls = 2, Lt = 2, ds = 16, dt = Hkv * D, pieces[3] = {5, 150, 131}, N = 286;
+    const int qk = cfg->qk_norm;
+    float *ks = malloc(sizeof(float) * Ls * N * ds), *vs = malloc(sizeof(float) * Ls * N * ds);
+    /* kg, vg, kp: [Lt][N][dt] of the float32 caches; k16, v16, p16: one layer of the bf16 one */
+    float *kg = malloc(sizeof(float) * Lt * N * dt), *vg = malloc(sizeof(float) * Lt * N * dt);
+    float *kp = calloc((size_t)Lt * N * dt, sizeof(float)), *k16 = malloc(sizeof(float) * N * dt);
+    float *v16 = malloc(sizeof(float) * N * dt), *p16 = malloc(sizeof(float) * N * dt);
+    assert_non_null(ks); assert_non_null(vs); assert_non_null(kg); assert_non_null(vg);
+    assert_non_null(kp); assert_non_null(k16); assert_non_null(v16); assert_non_null(p16);
+    for (int i = 0; i < Ls * N * ds; i++) { ks[i] = sinf(0.37f * i + 0.1f); vs[i] = cosf(0.11f * i); }
+    /* the k_norm weights, from the model file */
+    float knw[2][128];
+    if (qk) {
+        char p[4300];
+        snprintf(p, sizeof p, "%s/model.safetensors", mdir);
+        kvl_safetensors *st = NULL;
+        assert_int_equal(kvl_safetensors_open(p, &st), KVL_OK);
+        for (int l = 0; l < Lt; l++) {
+            char nm[96];
+            snprintf(nm, sizeof nm, "model.layers.%d.self_attn.k_norm.weight", l);
+            const kvl_st_tensor *kn = kvl_safetensors_find(st, nm);
+            assert_non_null(kn);
+            assert_int_equal(kvl_st_tensor_to_f32(kn, knw[l], (size_t)D), KVL_OK);
+        }
+        kvl_safetensors_close(st);
+    }
+    for (int form = 0; form < 3; form++) {   /* process pool, a 2-thread model's pool, bf16 */
+        kvl_cache *cb = NULL;
+        if (form == 0) assert_int_equal(kvl_cache_create(cfg, NULL, &cb), KVL_OK);
+        else assert_int_equal(kvl_model_cache_create(form == 1 ? m2 : m16, NULL, &cb), KVL_OK);
+        for (int i = 0, t0 = 0; i < 3; t0 += pieces[i++]) {
+            /* the span's rows of every source layer, [Ls][n][ds] */
+            const int n = pieces[i];
+            float *sk = malloc(sizeof(float) * Ls * n * ds), *sv = malloc(sizeof(float) * Ls * n * ds);
+            assert_non_null(sk); assert_non_null(sv);
+            for (int l = 0; l < Ls; l++) {
+                memcpy(sk + (size_t)l * n * ds, ks + ((size_t)l * N + t0) * ds, sizeof(float) * n * ds);
+                memcpy(sv + (size_t)l * n * ds, vs + ((size_t)l * N + t0) * ds, sizeof(float) * n * ds);
+            }
+            assert_int_equal(kvl_translator_apply(tr, sk, sv, t0, n, NULL, cb), KVL_OK);
+            free(sk); free(sv);
+        }
+        assert_int_equal(kvl_cache_n_tokens(cb), N);
+        for (int l = 0; l < Lt; l++) {
+            const int sl = kvl_translator_layer_map(tr, l);
+            const float *Wk = kvl_translator_wk(tr, l), *Wv = kvl_translator_wv(tr, l);
+            float *kl = kg + (size_t)l * N * dt, *vl = vg + (size_t)l * N * dt;
+            float *pl = kp + (size_t)l * N * dt;
+            if (form == 2) {   /* bf16: the float32 cache's values, rounded */
+                assert_int_equal(kvl_cache_read_kv(cb, l, 0, N, k16, v16), KVL_OK);
+                if (qk) assert_int_equal(kvl_cache_read_prenorm(cb, l, 0, N, p16, NULL), KVL_OK);
+                for (int i = 0; i < N * dt; i++) {
+                    assert_float_equal(k16[i], kvl_bf16_to_f32(kvl_f32_to_bf16(kl[i])), 0);
+                    assert_float_equal(v16[i], kvl_bf16_to_f32(kvl_f32_to_bf16(vl[i])), 0);
+                    if (qk) assert_float_equal(p16[i], kvl_bf16_to_f32(kvl_f32_to_bf16(pl[i])), 0);
+                }
+                continue;
+            }
+            assert_int_equal(kvl_cache_read_kv(cb, l, 0, N, kl, vl), KVL_OK);
+            if (qk) assert_int_equal(kvl_cache_read_prenorm(cb, l, 0, N, pl, NULL), KVL_OK);
+            for (int t = 0; t < N; t++) {
+                double pre[256], v[256];
+                for (int i = 0; i < dt; i++) {
+                    pre[i] = v[i] = 0;
+                    for (int j = 0; j < ds; j++) {
+                        pre[i] += (double)Wk[i * ds + j] * ks[((size_t)sl * N + t) * ds + j];
+                        v[i] += (double)Wv[i * ds + j] * vs[((size_t)sl * N + t) * ds + j];
+                    }
+                    if (qk) assert_float_equal(pl[(size_t)t * dt + i], pre[i], 1e-4);
+                    assert_float_equal(vl[(size_t)t * dt + i], v[i], 1e-4);
+                }
+                for (int h = 0; h < Hkv; h++) {
+                    double *x = pre + h * D, y[128];
+                    double r = 1.0;
+                    if (qk) {
+                        double ss = 0;
+                        for (int i = 0; i < D; i++) ss += x[i] * x[i];
+                        r = 1.0 / sqrt(ss / D + cfg->rms_norm_eps);
+                    }
+                    for (int i = 0; i < D; i++) y[i] = (qk ? knw[l][i] : 1.0) * x[i] * r;
+                    for (int i = 0; i < D / 2; i++) {
+                        double ang = t * pow(cfg->rope_theta, -2.0 * i / D);
+                        double a = y[i] * cos(ang) - y[i + D / 2] * sin(ang);
+                        double b = y[i + D / 2] * cos(ang) + y[i] * sin(ang);
+                        assert_float_equal(kl[(size_t)t * dt + h * D + i], a, 2e-4);
+                        assert_float_equal(kl[(size_t)t * dt + h * D + i + D / 2], b, 2e-4);
+                    }
+                }
+            }
+        }
+        kvl_cache_free(cb);
+    }
+    free(ks); free(vs); free(kg); free(vg); free(kp); free(k16); free(v16); free(p16);
+    kvl_translator_free(tr);
+    kvl_model_free(m); kvl_model_free(m2); kvl_model_free(m16);
+}
+
+static void test_apply_fused(void **state) {
+    fixture *f = *state;
+    fused_case(f, "f32", "Qwen3ForCausalLM", 64, 4, 2, 32, 21);   /* 64-feature panels */
+    fused_case(f, "f64", "Qwen3ForCausalLM", 64, 2, 2, 64, 22);   /* 2 heads a panel */
+    fused_case(f, "f128", "Qwen3ForCausalLM", 64, 2, 1, 128, 23); /* 128-feature panels */
+    fused_case(f, "q64", "Qwen2ForCausalLM", 128, 2, 2, 64, 24);  /* no k_norm, 2 planes */
+}
+
 /* A model translated into itself with W = I must reproduce the native continuation logits. */
 static void identity_case(kvl_model *m) {
     kvl_translator *tr = NULL;
@@ -467,6 +593,7 @@ int main(void) {
         cmocka_unit_test(test_corrupt), cmocka_unit_test(test_nan_inf),
         cmocka_unit_test(test_apply_by_hand), cmocka_unit_test(test_identity_qwen3),
         cmocka_unit_test(test_identity_qwen2), cmocka_unit_test(test_taps),
+        cmocka_unit_test(test_apply_fused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
