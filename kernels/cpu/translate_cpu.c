@@ -153,6 +153,24 @@ static int exec_take(void *model, kvl__cpu_exec *ex) {
     return parts < 2 ? 1 : parts;
 }
 
+/* At least `need` floats of working memory: the pool's (reused across switches) while it is
+ * held (parts > 1), else the cache's (reused across spans).  NULL when out of memory, with the
+ * pool released. */
+static float *work_memory(kvl__cpu_exec *ex, int parts, kvl__kv_blocks *c, size_t need) {
+    if (parts <= 1) return kvl__kv_blocks_scratch(c, need);
+    if (need > *ex->floats) {
+        float *nb = malloc(need * sizeof(float));
+        if (!nb) {
+            pthread_mutex_unlock(ex->lock);
+            return NULL;
+        }
+        free(*ex->buf);
+        *ex->buf = nb;
+        *ex->floats = need;
+    }
+    return *ex->buf;
+}
+
 /* ---- the fused rows (translate_avx512.h) ----------------------------------------------------
  * Work items are (target layer, chunk of KVL_TR_CHUNK tokens), layer-major, claimed by whichever
  * part is free, so no thread waits for another on an uneven split; a part transposes a layer's
@@ -224,22 +242,8 @@ static kvl_status fused_apply(const cpu_translate *tr, const float *k_src, const
     /* working memory: the parts' transposed maps, RoPE cos/sin [n, D/2], positions [n] */
     const size_t wts = (size_t)parts * 2 * dt * ds, tab = (size_t)n * (D / 2);
     const size_t need = wts + 2 * tab + (size_t)n;
-    float *buf;
-    if (parts > 1) {
-        if (need > *ex.floats) {
-            float *nb = malloc(need * sizeof(float));
-            if (!nb) {
-                pthread_mutex_unlock(ex.lock);
-                return kvl__errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
-            }
-            free(*ex.buf);
-            *ex.buf = nb;
-            *ex.floats = need;
-        }
-        buf = *ex.buf;
-    } else if (!(buf = kvl__kv_blocks_scratch(c, need))) {
-        return kvl__errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
-    }
+    float *buf = work_memory(&ex, parts, c, need);
+    if (!buf) return kvl__errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
     fused_job j = {.p = p, .c = c, .k_src = k_src, .v_src = v_src, .t0 = t0, .n = n,
                    .n_chunks = (n + KVL_TR_CHUNK - 1) / KVL_TR_CHUNK, .wT = buf,
                    .rcos = buf + wts, .rsin = buf + wts + tab, .pos = (int *)(buf + wts + 2 * tab)};
@@ -283,22 +287,8 @@ kvl_status kvl__cpu_translate_apply(void *pp, const float *k_src, const float *v
      * held, else the cache's (reused across spans) */
     const size_t bufs = 2 * per * (size_t)(by_layers ? parts : 1);
     const size_t need = bufs + 2 * tab + (size_t)n;
-    float *buf;
-    if (parts > 1) {
-        if (need > *ex.floats) {
-            float *nb = malloc(need * sizeof(float));
-            if (!nb) {
-                pthread_mutex_unlock(ex.lock);
-                return kvl__errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
-            }
-            free(*ex.buf);
-            *ex.buf = nb;
-            *ex.floats = need;
-        }
-        buf = *ex.buf;
-    } else if (!(buf = kvl__kv_blocks_scratch(c, need))) {
-        return kvl__errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
-    }
+    float *buf = work_memory(&ex, parts, c, need);
+    if (!buf) return kvl__errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
     float *rcos = buf + bufs, *rsin = rcos + tab;
     int *pos = (int *)(rsin + tab);
     for (int i = 0; i < n; i++) pos[i] = t0 + i;
