@@ -8,70 +8,12 @@
 #include "error.h"
 #include "matmul_bf16.h"
 
-struct kvl__block_pool {
-    pthread_mutex_t mu;
-    size_t block_bytes;
-    int max_idle, n_idle, refs;
-    void **idle;           /* [max_idle] */
-};
-
-kvl_status kvl__block_pool_create(size_t block_bytes, size_t max_idle_bytes, kvl__block_pool **out) {
-    kvl__block_pool *p = calloc(1, sizeof *p);
-    size_t n = block_bytes ? max_idle_bytes / block_bytes : 0;
-    if (n > (1u << 20)) n = 1u << 20;
-    if (p) p->idle = calloc(n ? n : 1, sizeof *p->idle);
-    if (!p || !p->idle) {
-        free(p);
-        return kvl__errorf(KVL_ERR_NOMEM, "out of memory for a block pool");
-    }
-    pthread_mutex_init(&p->mu, NULL);
-    p->block_bytes = block_bytes;
-    p->max_idle = (int)n;
-    p->refs = 1;
-    *out = p;
-    return KVL_OK;
-}
-
-void kvl__block_pool_ref(kvl__block_pool *p) {
-    pthread_mutex_lock(&p->mu);
-    p->refs++;
-    pthread_mutex_unlock(&p->mu);
-}
-
-void kvl__block_pool_unref(kvl__block_pool *p) {
-    if (!p) return;
-    pthread_mutex_lock(&p->mu);
-    int last = --p->refs == 0;
-    pthread_mutex_unlock(&p->mu);
-    if (!last) return;
-    for (int i = 0; i < p->n_idle; i++) free(p->idle[i]);
-    free(p->idle);
-    pthread_mutex_destroy(&p->mu);
-    free(p);
-}
-
 static void *block_take(kvl__kv_blocks *c, size_t bytes) {
-    kvl__block_pool *p = c->pool;
-    if (p) {
-        void *b = NULL;
-        pthread_mutex_lock(&p->mu);
-        if (p->n_idle > 0) b = p->idle[--p->n_idle];
-        pthread_mutex_unlock(&p->mu);
-        if (b) return b;
-    }
-    return malloc(bytes);
+    return c->pool ? kvl__block_pool_take(c->pool) : malloc(bytes);
 }
 
 static void block_give(kvl__kv_blocks *c, void *b) {
-    kvl__block_pool *p = c->pool;
-    if (p) {
-        pthread_mutex_lock(&p->mu);
-        int kept = p->n_idle < p->max_idle;
-        if (kept) p->idle[p->n_idle++] = b;
-        pthread_mutex_unlock(&p->mu);
-        if (kept) return;
-    }
-    free(b);
+    if (!c->pool || !kvl__block_pool_give(c->pool, b)) free(b);
 }
 
 size_t kvl__kv_blocks_block_bytes(const kvl_model_config *cfg, int block_tokens, int bf16) {
@@ -103,7 +45,7 @@ kvl_status kvl__kv_blocks_create(const kvl_model_config *cfg, int capacity, int 
         free(c);
         return kvl__errorf(KVL_ERR_NOMEM, "cache: cannot create its export lock");
     }
-    if (pool && pool->block_bytes == kvl__kv_blocks_block_bytes(cfg, block_tokens, c->bf16)) {
+    if (pool && kvl__block_pool_block_bytes(pool) == kvl__kv_blocks_block_bytes(cfg, block_tokens, c->bf16)) {
         kvl__block_pool_ref(pool);
         c->pool = pool;
     }
