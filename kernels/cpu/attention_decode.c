@@ -9,11 +9,13 @@
  * result is the same on every path up to float rounding of the 16 partial sums, and the same
  * for a sequence whether it runs alone or in a batch (the same code on the same data).  Where
  * the CPU has AVX-512F and head_dim is a multiple of 16 (up to 128), decode takes the
- * intrinsics form at the end of this file instead (16 keys' scores per reduction tree), and
- * where it has only AVX2 + FMA and head_dim is a multiple of 8 (up to 128), the same idea at 8
- * keys a pass (attention_decode_avx2.c); KVL_CPU_DECODE=portable keeps the forms above,
- * KVL_CPU_DECODE=avx2 picks the AVX2 form on an AVX-512 CPU too. */
+ * intrinsics form of attention_decode_avx512.c instead (16 scores per reduction tree, each key
+ * and value loaded once for up to 4 heads of the group), and where it has only AVX2 + FMA and
+ * head_dim is a multiple of 8 (up to 128), 8 keys a pass (attention_decode_avx2.c);
+ * KVL_CPU_DECODE=portable keeps the forms above, KVL_CPU_DECODE=avx2 picks the AVX2 form on an
+ * AVX-512 CPU too. */
 #include "attention_decode_avx2.h"
+#include "attention_decode_avx512.h"
 #include "fastmath.h"
 #include "ops.h"
 
@@ -205,11 +207,8 @@ static inline __attribute__((always_inline)) void decode_group_any(
     }
 }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if KVL__ATT_DECODE_AVX512
 #define KVL_DECODE_AVX512 1
-static void decode_group_avx512(float *out, const float *q, const float *const *k_blk,
-                                const float *const *v_blk, int block_tokens, int row, int head_off,
-                                int Tk, int group, int D, float *scratch);
 #endif
 
 /* Which decode form runs, decided once a process: AVX-512 (where compiled and the CPU has it),
@@ -243,7 +242,10 @@ void kvl__cpu_attention_decode_group(float *out, const float *q, const float *co
                                      int head_off, int Tk, int group, int D, float *scratch) {
 #ifdef KVL_DECODE_AVX512
     if (D % 16 == 0 && D <= 128 && decode_form() == DECODE_AVX512) {
-        decode_group_avx512(out, q, k_blk, v_blk, block_tokens, row, head_off, Tk, group, D, scratch);
+        kvl__att_decode_scores_avx512(scratch, q, k_blk, block_tokens, row, head_off, Tk, group, D,
+                                      1.0f / sqrtf((float)D));
+        softmax_heads(scratch, group, Tk);
+        kvl__att_decode_pv_avx512(out, scratch, v_blk, block_tokens, row, head_off, Tk, group, D);
         return;
     }
 #endif
@@ -282,11 +284,6 @@ void kvl__cpu_attention_decode_blocks(float *out, const float *q, const float *c
  * The portable form is decode_group_any on widened rows; the AVX-512 form at the end of this
  * file widens in registers. */
 
-#ifdef KVL_DECODE_AVX512
-static void decode_group_avx512_bf16(float *out, const float *q, const uint16_t *const *k_blk,
-                                     const uint16_t *const *v_blk, int block_tokens, int row,
-                                     int head_off, int Tk, int group, int D, float *scratch);
-#endif
 
 KVL_MULTIVERSION
 void kvl__cpu_attention_decode_group_bf16(float *out, const float *q, const uint16_t *const *k_blk,
@@ -294,8 +291,10 @@ void kvl__cpu_attention_decode_group_bf16(float *out, const float *q, const uint
                                           int head_off, int Tk, int group, int D, float *scratch) {
 #ifdef KVL_DECODE_AVX512
     if (D % 16 == 0 && D <= 128 && decode_form() == DECODE_AVX512) {
-        decode_group_avx512_bf16(out, q, k_blk, v_blk, block_tokens, row, head_off, Tk, group, D,
-                                 scratch);
+        kvl__att_decode_scores_avx512_bf16(scratch, q, k_blk, block_tokens, row, head_off, Tk, group,
+                                           D, 1.0f / sqrtf((float)D));
+        softmax_heads(scratch, group, Tk);
+        kvl__att_decode_pv_avx512_bf16(out, scratch, v_blk, block_tokens, row, head_off, Tk, group, D);
         return;
     }
 #endif
@@ -599,121 +598,6 @@ __attribute__((target("avx512f"))) static void prefill_tile_avx512##SFX(        
 KVL_PREFILL_KERNELS(, float, KVL_LOAD_F32, KVL_LOAD_F32_TAIL, KVL_GET_F32)
 KVL_PREFILL_KERNELS(_bf16, uint16_t, KVL_LOAD_BF16, KVL_LOAD_BF16_TAIL, KVL_GET_BF16)
 #undef KVL_PREFILL_KERNELS
-
-/* ---- decode on AVX-512: sixteen keys a pass -------------------------------------------------
- *
- * Why: the portable form above sums each (key, head) dot product across its 16 lanes on its own,
- * which cost more than the product at head_dim 64.  Here a pass takes 16 keys of one head (16
- * independent FMA chains over head_dim) and reduces the 16 accumulators together in one
- * transpose-and-add tree (simd_reduce.h) into a vector of 16 scores; the weighted sum of values
- * keeps the head's output in registers, two key chains wide.  head_dim D = 16 * DV, DV <= 8. */
-#define KVL_DECODE_KERNELS(SFX, KV_T, LOADKV)                                                          \
-static inline __attribute__((always_inline, target("avx512f"))) void decode_scores_avx512##SFX(        \
-    float *scratch, const float *q, const KV_T *const *k_blk, int block_tokens, int row,               \
-    int head_off, int Tk, int group, float scale, const int DV) {                                      \
-    const __m512 vscale = _mm512_set1_ps(scale);                                                       \
-    for (int hh = 0; hh < group; hh++) {                                                               \
-        __m512 qv[8];                                                                                  \
-_Pragma("GCC unroll 8")                                                                                   \
-        for (int e = 0; e < DV; e++) qv[e] = _mm512_loadu_ps(q + (size_t)hh * 16 * DV + 16 * e);       \
-        float *sc = scratch + (size_t)hh * Tk;                                                         \
-        for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {                                    \
-            const KV_T *kb = k_blk[b] + head_off;                                                      \
-            const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;                             \
-            for (int t0 = 0; t0 < n; t0 += 16) {                                                       \
-                const int nk = n - t0 < 16 ? n - t0 : 16;                                              \
-                __m512 acc[16];                                                                        \
-_Pragma("GCC unroll 16")                                                                                  \
-                for (int i = 0; i < 16; i++) {                                                         \
-                    /* keys past the block's last are a copy of it, their scores not stored */         \
-                    const KV_T *kj = kb + (size_t)(t0 + (i < nk ? i : nk - 1)) * row;                  \
-                    __m512 a = _mm512_mul_ps(qv[0], LOADKV(kj));                                       \
-_Pragma("GCC unroll 8")                                                                                   \
-                    for (int e = 1; e < DV; e++) a = _mm512_fmadd_ps(qv[e], LOADKV(kj + 16 * e), a);   \
-                    acc[i] = a;                                                                        \
-                }                                                                                      \
-                _mm512_mask_storeu_ps(sc + j0 + t0, (__mmask16)((1u << nk) - 1),                       \
-                                      _mm512_mul_ps(kvl__reduce16_ps(acc), vscale));                   \
-            }                                                                                          \
-        }                                                                                              \
-    }                                                                                                  \
-}                                                                                                      \
-                                                                                                       \
-static inline __attribute__((always_inline, target("avx512f"))) void decode_pv_avx512##SFX(            \
-    float *out, const float *scratch, const KV_T *const *v_blk, int block_tokens, int row,             \
-    int head_off, int Tk, int group, const int DV) {                                                   \
-    for (int hh = 0; hh < group; hh++) {                                                               \
-        const float *p = scratch + (size_t)hh * Tk;                                                    \
-        __m512 o0[8], o1[8];                                                                           \
-_Pragma("GCC unroll 8")                                                                                   \
-        for (int e = 0; e < DV; e++) o0[e] = o1[e] = _mm512_setzero_ps();                              \
-        for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {                                    \
-            const KV_T *vb = v_blk[b] + head_off;                                                      \
-            const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;                             \
-            int t = 0;                                                                                 \
-            for (; t + 2 <= n; t += 2) {                                                               \
-                const KV_T *v0 = vb + (size_t)t * row, *v1 = v0 + row;                                 \
-                const __m512 p0 = _mm512_set1_ps(p[j0 + t]), p1 = _mm512_set1_ps(p[j0 + t + 1]);       \
-_Pragma("GCC unroll 8")                                                                                   \
-                for (int e = 0; e < DV; e++) {                                                         \
-                    o0[e] = _mm512_fmadd_ps(p0, LOADKV(v0 + 16 * e), o0[e]);                           \
-                    o1[e] = _mm512_fmadd_ps(p1, LOADKV(v1 + 16 * e), o1[e]);                           \
-                }                                                                                      \
-            }                                                                                          \
-            if (t < n) {                                                                               \
-                const KV_T *v0 = vb + (size_t)t * row;                                                 \
-                const __m512 p0 = _mm512_set1_ps(p[j0 + t]);                                           \
-_Pragma("GCC unroll 8")                                                                                   \
-                for (int e = 0; e < DV; e++) o0[e] = _mm512_fmadd_ps(p0, LOADKV(v0 + 16 * e), o0[e]);  \
-            }                                                                                          \
-        }                                                                                              \
-_Pragma("GCC unroll 8")                                                                                   \
-        for (int e = 0; e < DV; e++)                                                                   \
-            _mm512_storeu_ps(out + (size_t)hh * 16 * DV + 16 * e, _mm512_add_ps(o0[e], o1[e]));        \
-    }                                                                                                  \
-}
-KVL_DECODE_KERNELS(, float, KVL_LOAD_F32)
-KVL_DECODE_KERNELS(_bf16, uint16_t, KVL_LOAD_BF16)
-#undef KVL_DECODE_KERNELS
-
-#define KVL_DEC_CASE(DV_, SFX_)                                                                  \
-    case DV_:                                                                                    \
-        decode_scores_avx512##SFX_(scratch, q, k_blk, block_tokens, row, head_off, Tk, group, scale, DV_); \
-        softmax_heads(scratch, group, Tk);                                                       \
-        decode_pv_avx512##SFX_(out, scratch, v_blk, block_tokens, row, head_off, Tk, group, DV_); \
-        break;
-
-__attribute__((target("avx512f"))) static void decode_group_avx512(
-    float *out, const float *q, const float *const *k_blk, const float *const *v_blk,
-    int block_tokens, int row, int head_off, int Tk, int group, int D, float *scratch) {
-    const float scale = 1.0f / sqrtf((float)D);
-    switch (D / 16) {
-        KVL_DEC_CASE(1, )
-        KVL_DEC_CASE(2, )
-        KVL_DEC_CASE(3, )
-        KVL_DEC_CASE(4, )
-        KVL_DEC_CASE(5, )
-        KVL_DEC_CASE(6, )
-        KVL_DEC_CASE(7, )
-        KVL_DEC_CASE(8, )
-    }
-}
-__attribute__((target("avx512f"))) static void decode_group_avx512_bf16(
-    float *out, const float *q, const uint16_t *const *k_blk, const uint16_t *const *v_blk,
-    int block_tokens, int row, int head_off, int Tk, int group, int D, float *scratch) {
-    const float scale = 1.0f / sqrtf((float)D);
-    switch (D / 16) {
-        KVL_DEC_CASE(1, _bf16)
-        KVL_DEC_CASE(2, _bf16)
-        KVL_DEC_CASE(3, _bf16)
-        KVL_DEC_CASE(4, _bf16)
-        KVL_DEC_CASE(5, _bf16)
-        KVL_DEC_CASE(6, _bf16)
-        KVL_DEC_CASE(7, _bf16)
-        KVL_DEC_CASE(8, _bf16)
-    }
-}
-#undef KVL_DEC_CASE
 #endif
 
 static inline __attribute__((always_inline)) void prefill_group_dim(

@@ -5,7 +5,8 @@
  *     form where the CPU has it (else the AVX2 form), again on the AVX2 form
  *     (KVL_CPU_DECODE=avx2) and on the portable forms (KVL_CPU_DECODE=portable), each in a
  *     child run of this program;
- *   - GQA groups of 1, 2 and 4 query heads per KV head;
+ *   - GQA groups of 1, 2, 4, 6 and 7 query heads per KV head, and each head of a group run
+ *     alone giving the same bits;
  *   - contexts that end inside a block, on a block boundary, and shorter than one block;
  *   - block sizes 16 and 7 (odd rows), with the K/V head picked by head_off;
  *   - large-magnitude scores (softmax max subtraction);
@@ -100,6 +101,26 @@ static void run_case_kv(int Tk, int Hq, int Hkv, int D, int bt, float qscale, in
             kvl__cpu_attention_decode_group(out_g + (size_t)g * group * D, q + (size_t)g * group * D,
                                             (const float *const *)kb, (const float *const *)vb, bt, row,
                                             g * D, Tk, group, D, scratch);
+    }
+    /* each head alone (a group of 1 on the same KV head) gives its bits in the group: the
+     * AVX-512 form shares key and value loads among up to 4 heads, never the arithmetic */
+    for (int h = 0; h < Hq && group > 1; h++) {
+        const int g = h / group;
+        float one[128];
+        if (bf16) {
+            uint16_t **kh = bf16_blocks(kb, nb, bt, row), **vh = bf16_blocks(vb, nb, bt, row);
+            kvl__cpu_attention_decode_group_bf16(one, q + (size_t)h * D, (const uint16_t *const *)kh,
+                                                 (const uint16_t *const *)vh, bt, row, g * D, Tk, 1, D,
+                                                 scratch);
+            free_blocks((void **)kh, nb);
+            free_blocks((void **)vh, nb);
+        } else {
+            kvl__cpu_attention_decode_group(one, q + (size_t)h * D, (const float *const *)kb,
+                                            (const float *const *)vb, bt, row, g * D, Tk, 1, D, scratch);
+        }
+        if (memcmp(one, out_g + (size_t)h * D, sizeof(float) * (size_t)D))
+            fail_msg("Tk=%d D=%d group=%d%s: head %d alone differs from the head in its group", Tk, D,
+                     group, bf16 ? " bf16" : "", h);
     }
     double max_err = 0, max_err64 = 0;
     for (int h = 0; h < Hq; h++) {
@@ -264,6 +285,7 @@ static void test_fixed_dims(void **state) {
         run_case(tks[i], 4, 2, 64, 16, 1.0f);    /* qwen3-b: 4 query heads on 2 KV heads */
         run_case(tks[i], 8, 2, 128, 16, 1.0f);   /* group of 4 */
         run_case(tks[i], 2, 2, 64, 7, 1.0f);     /* no GQA, odd block size */
+        run_case(tks[i], 14, 2, 64, 16, 1.0f);   /* Qwen2.5-0.5B: groups of 7 (heads 2+2+2+1 a pass) */
     }
 }
 
@@ -273,6 +295,8 @@ static void test_generic_dims(void **state) {
     for (size_t i = 0; i < sizeof tks / sizeof tks[0]; i++) {
         run_case(tks[i], 4, 2, 48, 16, 1.0f);
         run_case(tks[i], 6, 3, 80, 7, 1.0f);
+        run_case(tks[i], 8, 2, 32, 16, 1.0f);    /* head_dim 32, groups of 4: 4 heads a pass */
+        run_case(tks[i], 12, 2, 16, 7, 1.0f);    /* head_dim 16, groups of 6: 4 + 2 */
     }
 }
 
