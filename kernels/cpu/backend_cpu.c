@@ -404,6 +404,17 @@ typedef struct prefill_job {
  * same for any number of lanes (all LANES run together), the values pass one per lane. */
 static double prefill_tile_cost(int Tk, int lanes) { return (double)Tk * (16.0 + lanes); }
 
+/* A chunk's last tile when its rows fill at most this many of the tile's 16 query vectors runs
+ * as single-query decode, row by row: the tile's scores pass costs the same for 2 lanes as for
+ * 16, so a switch's 9-token turn at group 2 (a tile of 8 rows, then 1 row) read the whole
+ * context twice at full cost.  Decode of one row of a group costs about 3 * group units a key
+ * on prefill_tile_cost's scale (the AVX-512 form loads each key once for the group). */
+#define CPU_PREFILL_DECODE_LANES 4
+static int rows_by_decode(int r, int group) { return r * group <= CPU_PREFILL_DECODE_LANES; }
+static double prefill_item_cost(int Tk, int r, int group) {
+    return rows_by_decode(r, group) ? (double)Tk * r * 3.0 * group : prefill_tile_cost(Tk, r * group);
+}
+
 static void prefill_part(void *pj, int part, int n_parts) {
     const prefill_job *j = pj;
     cpu_model *m = j->m;
@@ -423,7 +434,7 @@ static void prefill_part(void *pj, int part, int n_parts) {
         const int n = sq->n_tokens, p0 = sq->n_past;
         for (int i0 = 0; i0 < n; i0 += tile) {
             const int r = n - i0 < tile ? n - i0 : tile, Tk = p0 + i0 + r;
-            const double w = prefill_tile_cost(Tk, r * group);
+            const double w = prefill_item_cost(Tk, r, group);
             for (int g = 0; g < Hkv; g++) {
                 double mid = cum + 0.5 * w;   /* an item belongs to the part holding its midpoint */
                 cum += w;
@@ -437,6 +448,21 @@ static void prefill_part(void *pj, int part, int n_parts) {
                     loaded = d;
                 }
                 const size_t off = (size_t)(j->t0_of[d] + i0) * QD + (size_t)g * group * D;
+                if (rows_by_decode(r, group)) {   /* row p0+i0+i sees keys [0, p0+i0+i] */
+                    for (int i = 0; i < r; i++) {
+                        float *o = j->att + off + (size_t)i * QD;
+                        const float *qi = j->q + off + (size_t)i * QD;
+                        if (kc->bf16)
+                            kvl__cpu_attention_decode_group_bf16(o, qi, (const uint16_t *const *)kb,
+                                                                 (const uint16_t *const *)vb,
+                                                                 kc->block_tokens, Hkv * D, g * D,
+                                                                 p0 + i0 + i + 1, group, D, scratch);
+                        else
+                            kvl__cpu_attention_decode_group(o, qi, kb, vb, kc->block_tokens, Hkv * D,
+                                                            g * D, p0 + i0 + i + 1, group, D, scratch);
+                    }
+                    continue;
+                }
                 if (kc->bf16)   /* the tables hold uint16_t rows (kvl__kv_blocks_slot) */
                     kvl__cpu_attention_prefill_group_bf16(j->att + off, j->q + off, QD,
                                                           (const uint16_t *const *)kb,
@@ -509,7 +535,7 @@ static void attend_blocks(void *pctx, int l, int T, const float *q, const float 
             m->dec.pre_t0[n_pre++] = t0;
             for (int i0 = 0; i0 < n; i0 += tile) {
                 const int r = n - i0 < tile ? n - i0 : tile;
-                pre_cost += prefill_tile_cost(p0 + i0 + r, r * group) * Hkv;
+                pre_cost += prefill_item_cost(p0 + i0 + r, r, group) * Hkv;
                 pre_macs += (double)(p0 + i0 + r) * r * Hq;
             }
         }
