@@ -45,16 +45,22 @@ const char *kvl__f32_tiles_name(void) {
 }
 
 #ifdef KVL_HAVE_F32_TILES
+/* How far ahead of the tile the weight stream is prefetched, on every input tile of a block:
+ * the weights of a decode step come from L3 or DRAM (qwen3-b's are 23 MB in float32), and
+ * with a 32 KB lead taken on the first input tile only (the block's later tiles find it in L1),
+ * one thread's 16-row matmuls ran at 40-41 GFLOP/s over weights streamed from memory; with an
+ * 8 KB lead re-issued on every tile 44-48 (4 rows: 31 -> 34.5, 9 rows: 35 -> 41.6), medians of
+ * 40 interleaved runs.  A prefetch of a line already in flight or in L1 costs one load slot;
+ * one the core dropped (its miss buffers full) is asked for again. */
 #ifndef KVL_F32_PF_BYTES
-#define KVL_F32_PF_BYTES 32768   /* as the bf16 tiles: the next 4-row block in flight */
+#define KVL_F32_PF_BYTES 8192
 #endif
 
 /* 4 weight rows (n .. n+nr-1, nr <= 4; missing rows are clamped copies whose sums are dropped)
  * x TT input rows (t0 .. t0+TT-1).  acc[4t + r]: input row t times weight row r. */
 #define KVL_F32_TILE(TT)                                                                            \
     KVL_AVX512F static void tile_4x##TT(float *out, const float *in, const float *W,                 \
-                                         const float *bias, int t0, int K, int N, int n, int nr,     \
-                                         int prefetch) {                                             \
+                                         const float *bias, int t0, int K, int N, int n, int nr) {   \
         const int Kf = K & ~15;                                                                      \
         const __mmask16 tail = (__mmask16)((1u << (K & 15)) - 1);                                    \
         const float *w0 = W + (size_t)n * K, *w1 = W + (size_t)(n + (nr > 1 ? 1 : 0)) * K;          \
@@ -64,14 +70,12 @@ const char *kvl__f32_tiles_name(void) {
         const float *x2 = x0 + (TT > 2 ? 2 * K : 0), *x3 = x0 + (TT > 3 ? 3 * K : 0);                \
         KVL__TILE_ACC_DECL(__m512, _mm512_setzero_ps());                                             \
         /* the 4 rows are one contiguous block: prefetch it linearly, KVL_F32_PF_BYTES ahead, at   \
-         * the rate the tile consumes it (4 lines a step), on the first input tile only          */ \
+         * the rate the tile consumes it (4 lines a step)                                        */ \
         const char *pf = (const char *)w0 + KVL_F32_PF_BYTES;                                        \
         const char *pf_end = (const char *)(W + (size_t)N * K);                                      \
         for (int k = 0; k < K; k += 16) {                                                            \
-            if (prefetch) {                                                                          \
-                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++, pf += 64)                        \
-                    if (pf < pf_end) _mm_prefetch(pf, _MM_HINT_T0);                                  \
-            }                                                                                        \
+            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++, pf += 64)                            \
+                if (pf < pf_end) _mm_prefetch(pf, _MM_HINT_T0);                                      \
             const __mmask16 m = k < Kf ? (__mmask16)0xFFFF : tail;                                   \
             const __m512 wv0 = _mm512_maskz_loadu_ps(m, w0 + k), wv1 = _mm512_maskz_loadu_ps(m, w1 + k); \
             const __m512 wv2 = _mm512_maskz_loadu_ps(m, w2 + k), wv3 = _mm512_maskz_loadu_ps(m, w3 + k); \
@@ -95,13 +99,12 @@ static void tiles_rows_avx512(float *out, const float *in, const float *W, const
                               int K, int N, int n0, int n1) {
     for (int n = n0; n < n1; n += 4) {
         const int nr = n1 - n < 4 ? n1 - n : 4;
-        for (int t0 = 0; t0 < T; t0 += 4) {
-            const int pf = t0 == 0;
+        for (int t0 = 0; t0 < T; t0 += 4) {   /* each input tile prefetches (KVL_F32_PF_BYTES) */
             switch (T - t0 < 4 ? T - t0 : 4) {
-            case 1: tile_4x1(out, in, W, bias, t0, K, N, n, nr, pf); break;
-            case 2: tile_4x2(out, in, W, bias, t0, K, N, n, nr, pf); break;
-            case 3: tile_4x3(out, in, W, bias, t0, K, N, n, nr, pf); break;
-            default: tile_4x4(out, in, W, bias, t0, K, N, n, nr, pf); break;
+            case 1: tile_4x1(out, in, W, bias, t0, K, N, n, nr); break;
+            case 2: tile_4x2(out, in, W, bias, t0, K, N, n, nr); break;
+            case 3: tile_4x3(out, in, W, bias, t0, K, N, n, nr); break;
+            default: tile_4x4(out, in, W, bias, t0, K, N, n, nr); break;
             }
         }
     }
