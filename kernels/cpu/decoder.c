@@ -50,9 +50,16 @@
 #define LAYER kvl__layer_view_f32p
 #define FWD(name) name
 #define MATMUL(out, in, W, b, T, K, N) kvl__cpu_matmul_f32(*w->pool, out, in, W, b, T, K, N)
+#define MATMUL2(in, T, K, o1, W1, b1, N1, o2, W2, b2, N2) \
+    kvl__cpu_matmul_f32_multi(*w->pool, in, T, K, (const kvl__f32_out[2]){{o1, W1, b1, N1}, {o2, W2, b2, N2}}, 2)
+#define MATMUL3(in, T, K, o1, W1, b1, N1, o2, W2, b2, N2, o3, W3, b3, N3)                        \
+    kvl__cpu_matmul_f32_multi(*w->pool, in, T, K,                                                 \
+                              (const kvl__f32_out[3]){{o1, W1, b1, N1}, {o2, W2, b2, N2}, {o3, W3, b3, N3}}, 3)
 #include "decoder.inc"
 #undef R
 #undef SFX
 #undef LAYER
 #undef FWD
 #undef MATMUL
+#undef MATMUL2
+#undef MATMUL3

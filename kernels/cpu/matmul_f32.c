@@ -278,3 +278,48 @@ void kvl__cpu_matmul_f32(kvl__pool *pool, float *out, const float *in, const flo
     if (pool && (size_t)T * K * N >= KVL_F32_PARALLEL_MIN_MACS) kvl__pool_run(pool, fn, &j);
     else fn(&j, 0, 1);
 }
+
+/* The outputs of kvl__cpu_matmul_f32_multi as one tiles job: block b belongs to output i where
+ * first_blk[i] <= b < first_blk[i + 1]. */
+typedef struct f32_multi_job {
+    const float *in;
+    int T, K, n, blk_rows;
+    kvl__f32_out o[KVL__F32_MULTI_MAX];
+    int first_blk[KVL__F32_MULTI_MAX + 1];
+    atomic_int next_blk;
+} f32_multi_job;
+
+static void multi_part(void *pj, int part, int n_parts) {
+    f32_multi_job *j = pj;
+    (void)part, (void)n_parts;
+    for (int b; (b = atomic_fetch_add_explicit(&j->next_blk, 1, memory_order_relaxed)) < j->first_blk[j->n];) {
+        int i = 0;
+        while (b >= j->first_blk[i + 1]) i++;
+        const kvl__f32_out *o = &j->o[i];
+        const int a = (b - j->first_blk[i]) * j->blk_rows, e = a + j->blk_rows < o->N ? a + j->blk_rows : o->N;
+        kvl__cpu_matmul_f32_tiles(o->out, j->in, o->W, o->bias, j->T, j->K, o->N, a, e);
+    }
+}
+
+void kvl__cpu_matmul_f32_multi(kvl__pool *pool, const float *in, int T, int K, const kvl__f32_out *o,
+                               int n) {
+    int n_tot = 0;
+    for (int i = 0; i < n; i++) n_tot += o[i].N > 0 ? o[i].N : 0;
+    if (!pool || n < 1 || n > KVL__F32_MULTI_MAX || T < 2 || T > KVL__F32_SMALL_T ||
+        !kvl__f32_tiles_active() || (size_t)T * K * n_tot < KVL_F32_PARALLEL_MIN_MACS) {
+        /* one at a time: what the tiles' block split cannot change (sgemv's, sgemm's) or a
+         * product too small to hand to a worker */
+        for (int i = 0; i < n; i++) kvl__cpu_matmul_f32(pool, o[i].out, in, o[i].W, o[i].bias, T, K, o[i].N);
+        return;
+    }
+    f32_multi_job j = {.in = in, .T = T, .K = K, .n = n};
+    const int nb = kvl__pool_threads(pool) * KVL_F32_BLOCKS_PER_THREAD;
+    j.blk_rows = ((n_tot + nb - 1) / nb + 15) & ~15;
+    for (int i = 0; i < n; i++) {
+        j.o[i] = o[i];
+        const int N = o[i].N > 0 ? o[i].N : 0;
+        j.first_blk[i + 1] = j.first_blk[i] + (N + j.blk_rows - 1) / j.blk_rows;
+    }
+    atomic_init(&j.next_blk, 0);
+    kvl__pool_run(pool, multi_part, &j);
+}

@@ -10,7 +10,8 @@
  *   avx2     with the AVX2 + FMA tiles chosen (KVL_CPU_F32_KERNEL=avx2 in a child run) the same
  *            cases pass on a CPU with AVX-512 too, so both tile sets are tested wherever AVX2 is;
  *   parts    a part's rows only are written: the tiles on [n0, n1) leave the other outputs as
- *            they were; the tiles alone on T = 1 (the 4x1 tile) are right too. */
+ *            they were; the tiles alone on T = 1 (the 4x1 tile) are right too;
+ *   multi    several outputs of one input as one job: each bit-identical to its own call. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -111,6 +112,56 @@ static void part_rows_only(void **st) {
     }
 }
 
+/* kvl__cpu_matmul_f32_multi: each output bit-identical to its own kvl__cpu_matmul_f32 call,
+ * for 2 and 3 outputs of ragged sizes, on the caller and on pools, every T path. */
+static void multi(void **st) {
+    (void)st;
+    openblas_set_num_threads(1);
+    kvl__pool *p2 = NULL, *p3 = NULL;
+    assert_int_equal(kvl__pool_create(2, &p2), KVL_OK);
+    assert_int_equal(kvl__pool_create(3, &p3), KVL_OK);
+    kvl__pool *pools[] = {NULL, p2, p3};
+    const int Ts[] = {1, 2, 5, 9, 16, KVL__F32_SMALL_T, KVL__F32_SMALL_T + 1};
+    const int Ks[] = {256, 37};
+    const int Ns[][3] = {{256, 128, 128}, {100, 36, 5}, {768, 768, 0}, {4, 900, 17}};
+    for (size_t k = 0; k < 2; k++)
+        for (size_t c = 0; c < sizeof Ns / sizeof Ns[0]; c++)
+            for (size_t t = 0; t < sizeof Ts / sizeof Ts[0]; t++)
+                for (int p = 0; p < 3; p++) {
+                    const int T = Ts[t], K = Ks[k], n = Ns[c][2] ? 3 : 2;
+                    float *in = malloc(sizeof(float) * (size_t)T * K);
+                    assert_non_null(in);
+                    for (size_t i = 0; i < (size_t)T * K; i++) in[i] = urand();
+                    kvl__f32_out o[3];
+                    float *want[3], *bias[3];
+                    for (int i = 0; i < n; i++) {
+                        const int N = Ns[c][i];
+                        float *W = malloc(sizeof(float) * (size_t)N * K), *b = bias[i] = malloc(sizeof(float) * (size_t)N);
+                        float *out = malloc(sizeof(float) * (size_t)T * N);
+                        want[i] = malloc(sizeof(float) * (size_t)T * N);
+                        assert_true(W && b && out && want[i]);
+                        for (size_t e = 0; e < (size_t)N * K; e++) W[e] = urand() * 0.05f;
+                        for (int e = 0; e < N; e++) b[e] = urand();
+                        o[i] = (kvl__f32_out){out, W, (i + (int)t) & 1 ? b : NULL, N};
+                        kvl__cpu_matmul_f32(pools[p], want[i], in, W, o[i].bias, T, K, N);
+                        for (size_t e = 0; e < (size_t)T * N; e++) out[e] = NAN;
+                    }
+                    kvl__cpu_matmul_f32_multi(pools[p], in, T, K, o, n);
+                    for (int i = 0; i < n; i++) {
+                        if (memcmp(o[i].out, want[i], sizeof(float) * (size_t)T * o[i].N))
+                            fail_msg("multi T=%d K=%d output %d of %d (N=%d) pool=%d: differs from its own call",
+                                     T, K, i, n, o[i].N, pools[p] ? kvl__pool_threads(pools[p]) : 0);
+                        free(o[i].out);
+                        free((void *)o[i].W);
+                        free(want[i]);
+                        free(bias[i]);
+                    }
+                    free(in);
+                }
+    kvl__pool_free(p2);
+    kvl__pool_free(p3);
+}
+
 /* The same shapes with the tiles off, in a child process (the choice is made once a process). */
 static void blas_only(void **st) {
     (void)st;
@@ -132,6 +183,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(shapes),
         cmocka_unit_test(part_rows_only),
+        cmocka_unit_test(multi),
         cmocka_unit_test(blas_only),
         cmocka_unit_test(avx2_only),
     };
