@@ -38,12 +38,19 @@
 #define LAYER kvl__layer_view_bf16
 #define FWD(name) name
 #define MATMUL(out, in, W, b, T, K, N) kvl__cpu_matmul_bf16(w->exec, out, in, W, b, T, K, N)
+#define MATMUL2(in, T, K, o1, W1, b1, N1, o2, W2, b2, N2) \
+    kvl__cpu_matmul_bf16_multi(w->exec, in, T, K, (const kvl__bf16_out[2]){{o1, W1, b1, N1}, {o2, W2, b2, N2}}, 2)
+#define MATMUL3(in, T, K, o1, W1, b1, N1, o2, W2, b2, N2, o3, W3, b3, N3)                       \
+    kvl__cpu_matmul_bf16_multi(w->exec, in, T, K,                                                \
+                               (const kvl__bf16_out[3]){{o1, W1, b1, N1}, {o2, W2, b2, N2}, {o3, W3, b3, N3}}, 3)
 #include "decoder.inc"
 #undef R
 #undef SFX
 #undef LAYER
 #undef FWD
 #undef MATMUL
+#undef MATMUL2
+#undef MATMUL3
 
 #define R float
 #define SFX f32p

@@ -394,3 +394,47 @@ void kvl__cpu_matmul_bf16(const kvl__bf16_exec *ex, float *out, const float *in,
         run_parts(ex, panel_part, &j, (size_t)T * K * j.nb);
     }
 }
+
+#ifdef KVL_HAVE_X86_KERNELS
+/* kvl__cpu_matmul_bf16_multi's job: each part runs its own rows of every output. */
+typedef struct mm_multi_job {
+    const float *in;
+    int T, K, n;
+    kvl__bf16_kernel kernel;
+    kvl__bf16_out o[KVL__BF16_MULTI_MAX];
+} mm_multi_job;
+
+static void multi_wide_part(void *pj, int part, int n_parts) {
+    const mm_multi_job *j = pj;
+    const int avx2 = j->kernel == KVL__BF16_KERNEL_AVX2;
+    for (int i = 0; i < j->n; i++) {
+        const kvl__bf16_out *o = &j->o[i];
+        int a, b;
+        kvl__pool_part_rows(o->N, part, n_parts, &a, &b);
+        if (a < b)
+            wide_rows(avx2 ? tiles_avx2 : tiles_avx512, avx2 ? 3 : 4, o->out, j->in, o->W, o->bias, j->T,
+                      j->K, o->N, a, b);
+    }
+}
+#endif
+
+void kvl__cpu_matmul_bf16_multi(const kvl__bf16_exec *ex, const float *in, int T, int K,
+                                const kvl__bf16_out *o, int n) {
+#ifdef KVL_HAVE_X86_KERNELS
+    const kvl__bf16_kernel k = kvl__bf16_kernel_active();
+    const int wide = k != KVL__BF16_KERNEL_PORTABLE && T <= KVL__BF16_WIDE_T &&
+                     !(k == KVL__BF16_KERNEL_AMX && T >= KVL__BF16_AMX_MIN_T);
+    if (wide && T >= 1 && n >= 1 && n <= KVL__BF16_MULTI_MAX) {
+        mm_multi_job j = {.in = in, .T = T, .K = K, .n = n, .kernel = k};
+        size_t macs = 0;
+        for (int i = 0; i < n; i++) {
+            j.o[i] = o[i];
+            macs += (size_t)T * K * (size_t)(o[i].N > 0 ? o[i].N : 0);
+        }
+        if (ex->pool && macs >= KVL_PARALLEL_MIN_MACS) kvl__pool_run(ex->pool, multi_wide_part, &j);
+        else multi_wide_part(&j, 0, 1);
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++) kvl__cpu_matmul_bf16(ex, o[i].out, in, o[i].W, o[i].bias, T, K, o[i].N);
+}

@@ -79,4 +79,20 @@ typedef struct kvl__bf16_exec {
 void kvl__cpu_matmul_bf16(const kvl__bf16_exec *ex, float *out, const float *in, const uint16_t *W,
                           const float *bias, int T, int K, int N);
 
+/* One input times several bf16 weight matrices of the same K (a layer's q/k/v projections, its
+ * gate and up) as one job on the pool, where the widening tiles run (T <= KVL__BF16_WIDE_T, not
+ * on AMX from KVL__BF16_AMX_MIN_T rows): each part takes its own rows of every output, so each
+ * output gets exactly the bits of its own kvl__cpu_matmul_bf16 call (a row's sum does not depend
+ * on the rows beside it in a tile), in one pool hand-off instead of n.  Elsewhere it is
+ * kvl__cpu_matmul_bf16 on each output in turn. */
+#define KVL__BF16_MULTI_MAX 3
+typedef struct kvl__bf16_out {
+    float *out;
+    const uint16_t *W;
+    const float *bias;   /* may be NULL */
+    int N;
+} kvl__bf16_out;
+void kvl__cpu_matmul_bf16_multi(const kvl__bf16_exec *ex, const float *in, int T, int K,
+                                const kvl__bf16_out *o, int n);
+
 #endif

@@ -4,6 +4,7 @@
  *             inputs for the AMX prefill tiles, exact inputs elsewhere), on
  *             ragged shapes (K tails, odd N, T across the decode / widening-tile / panel
  *             boundaries), with and without a thread pool;
+ *   multi     kvl__cpu_matmul_bf16_multi gives each output the bits of its own call;
  *   dtypes    AUTO resolves to the checkpoint's dtype (bf16 for qwen3-b, f32 for the float32
  *             and float16 checkpoints and for random models); parse / name;
  *   greedy    qwen3-b (bf16 on disk) gives the same greedy continuation with bf16 weights in
@@ -112,6 +113,64 @@ static void test_kernels(void **st) {
             }
     }
     kvl__bf16_set_kernel((kvl__bf16_kernel)saved);
+    kvl__pool_free(pool);
+}
+
+/* kvl__cpu_matmul_bf16_multi: each output bit-identical to its own kvl__cpu_matmul_bf16 call,
+ * on every kernel the CPU has, 2 and 3 outputs of ragged sizes, on the caller and on a pool,
+ * T from decode through the widening tiles' limit and past it. */
+static void test_multi(void **st) {
+    (void)st;
+    openblas_set_num_threads(1);
+    kvl__pool *pool = NULL;
+    OK(kvl__pool_create(2, &pool));
+    const int Ts[] = {1, 2, 5, 9, 16, KVL__BF16_WIDE_T, KVL__BF16_WIDE_T + 1};
+    const int Ns[][3] = {{256, 128, 128}, {100, 36, 5}, {768, 768, 0}, {4, 900, 17}};
+    const int K = 96;
+    float *panel = malloc(sizeof(float) * kvl__bf16_panel_elems(K));
+    assert_non_null(panel);
+    kvl__bf16_kernel kernels[] = {KVL__BF16_KERNEL_PORTABLE, KVL__BF16_KERNEL_AVX512, KVL__BF16_KERNEL_AVX2,
+                                  KVL__BF16_KERNEL_AMX};
+    int saved = (int)kvl__bf16_kernel_active();
+    for (int k = 0; k < 4; k++) {
+        if (kvl__bf16_set_kernel(kernels[k]) < 0) continue;
+        for (size_t c = 0; c < sizeof Ns / sizeof Ns[0]; c++)
+            for (size_t t = 0; t < sizeof Ts / sizeof Ts[0]; t++)
+                for (int p = 0; p < 2; p++) {
+                    const int T = Ts[t], n = Ns[c][2] ? 3 : 2;
+                    kvl__bf16_exec ex = {p ? pool : NULL, panel};
+                    float *in = malloc(sizeof(float) * (size_t)T * K), *want[3], *bias[3];
+                    assert_non_null(in);
+                    for (size_t i = 0; i < (size_t)T * K; i++) in[i] = urand();
+                    kvl__bf16_out o[3];
+                    for (int i = 0; i < n; i++) {
+                        const int N = Ns[c][i];
+                        uint16_t *W = malloc(sizeof(uint16_t) * (size_t)N * K);
+                        bias[i] = malloc(sizeof(float) * (size_t)N);
+                        want[i] = malloc(sizeof(float) * (size_t)T * N);
+                        float *out = malloc(sizeof(float) * (size_t)T * N);
+                        assert_true(W && bias[i] && want[i] && out);
+                        for (size_t e = 0; e < (size_t)N * K; e++) W[e] = kvl__f32_to_bf16(urand() * 0.05f);
+                        for (int e = 0; e < N; e++) bias[i][e] = urand();
+                        o[i] = (kvl__bf16_out){out, W, (i + (int)t) & 1 ? bias[i] : NULL, N};
+                        kvl__cpu_matmul_bf16(&ex, want[i], in, W, o[i].bias, T, K, N);
+                        for (size_t e = 0; e < (size_t)T * N; e++) out[e] = NAN;
+                    }
+                    kvl__cpu_matmul_bf16_multi(&ex, in, T, K, o, n);
+                    for (int i = 0; i < n; i++) {
+                        if (memcmp(o[i].out, want[i], sizeof(float) * (size_t)T * o[i].N))
+                            fail_msg("multi %s T=%d output %d of %d (N=%d) pool=%d: differs from its own call",
+                                     kvl__bf16_kernel_name(kernels[k]), T, i, n, o[i].N, p);
+                        free(o[i].out);
+                        free((void *)o[i].W);
+                        free(want[i]);
+                        free(bias[i]);
+                    }
+                    free(in);
+                }
+    }
+    kvl__bf16_set_kernel((kvl__bf16_kernel)saved);
+    free(panel);
     kvl__pool_free(pool);
 }
 
@@ -253,6 +312,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rounding),
         cmocka_unit_test(test_kernels),
+        cmocka_unit_test(test_multi),
         cmocka_unit_test(test_amx_passes),
         cmocka_unit_test(test_dtypes),
         cmocka_unit_test(test_greedy),
