@@ -17,17 +17,17 @@
 /* Blocks of one size for the caches of one model (block_pool.c), carved from slabs of 2 MB
  * huge pages so that attention's scattered reads of many sessions' blocks stay within the TLB;
  * reference-counted, so caches and the model may be freed in any order.  Thread-safe.
- * Memory goes back to the system a slab at a time, once all of a slab's blocks are free and
- * the pool holds more than max_idle_bytes free; below that, free blocks are kept for reuse
- * (already mapped and faulted in). */
+ * Free blocks are kept for reuse (already mapped and faulted in) up to max_idle_bytes; above
+ * it, slabs whose blocks are all free go back to the system (a slab with a block in use stays,
+ * so what is kept is bounded by the peak in use). */
 typedef struct kvl__block_pool kvl__block_pool;
 kvl_status kvl__block_pool_create(size_t block_bytes, size_t max_idle_bytes, kvl__block_pool **out);
 void kvl__block_pool_ref(kvl__block_pool *p);
 void kvl__block_pool_unref(kvl__block_pool *p);   /* the last reference frees it */
 /* One block of block_bytes (64-byte aligned, contents undefined), or NULL when out of memory. */
 void *kvl__block_pool_take(kvl__block_pool *p);
-/* Gives back a block from kvl__block_pool_take: 1; a pointer the pool never handed out: 0,
- * and the pool is unchanged. */
+/* Gives back a block from kvl__block_pool_take: 1.  Anything else (a pointer the pool never
+ * handed out, one inside a block, a block already given back): 0, and the pool is unchanged. */
 int kvl__block_pool_give(kvl__block_pool *p, void *b);
 size_t kvl__block_pool_block_bytes(const kvl__block_pool *p);
 /* Slabs held, free blocks among them, and blocks per slab (any pointer may be NULL). */

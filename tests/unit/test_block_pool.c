@@ -1,7 +1,8 @@
 /* tests/unit/test_block_pool.c: the KV block pool (kernels/cpu/block_pool.c): blocks carved from
  * huge-page slabs, distinct and aligned; slabs reused while free blocks stay under the idle
- * limit and given back whole above it; a pointer the pool never handed out refused; concurrent
- * takers never share a block. */
+ * limit and given back whole above it, empty slabs kept earlier included; a pointer the pool
+ * never handed out, a pointer inside a block or past a slab's last block, and a block given
+ * back twice refused; concurrent takers never share a block. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -73,6 +74,80 @@ static void reuse_under_idle_limit(void **state) {
     assert_int_equal(free_blocks, (size_t)2 * per - (size_t)n);
     for (int i = 0; i < n; i++) kvl__block_pool_give(p, b[i]);
     kvl__block_pool_unref(p);   /* frees the kept slabs (ASan/LSan: nothing leaks) */
+}
+
+/* Pointers that are not a taken block's start are refused, the pool unchanged: inside a block,
+ * in the slab's unused tail, and a block given back twice. */
+static void refuse_bad_pointers(void **state) {
+    (void)state;
+    kvl__block_pool *p = NULL;
+    assert_int_equal(kvl__block_pool_create(BLOCK, (size_t)64 << 20, &p), KVL_OK);
+    int per = 0;
+    kvl__block_pool_stats(p, NULL, NULL, &per);
+    char *a = kvl__block_pool_take(p), *b = kvl__block_pool_take(p);
+    assert_non_null(a);
+    assert_non_null(b);
+    size_t free0 = 0, free1 = 0;
+    kvl__block_pool_stats(p, NULL, &free0, NULL);
+    assert_int_equal(kvl__block_pool_give(p, a + 64), 0);                      /* inside a block */
+    const size_t stride = (BLOCK + 63) & ~(size_t)63;
+    char *lowest = a < b ? a : b;   /* blocks 0 and 1 of the first slab */
+    assert_int_equal(kvl__block_pool_give(p, lowest + (size_t)per * stride), 0);   /* past the last block */
+    kvl__block_pool_stats(p, NULL, &free1, NULL);
+    assert_int_equal(free1, free0);
+    assert_int_equal(kvl__block_pool_give(p, a), 1);
+    assert_int_equal(kvl__block_pool_give(p, a), 0);                           /* twice */
+    kvl__block_pool_stats(p, NULL, &free1, NULL);
+    assert_int_equal(free1, free0 + 1);
+    /* the stack was not corrupted: every block handed out again is distinct */
+    char *again[64];
+    const int n = per < 64 ? per : 64;
+    for (int i = 0; i < n; i++) {
+        again[i] = kvl__block_pool_take(p);
+        assert_non_null(again[i]);
+        assert_true(again[i] != b);
+        for (int j = 0; j < i; j++) assert_true(again[i] != again[j]);
+    }
+    for (int i = 0; i < n; i++) assert_int_equal(kvl__block_pool_give(p, again[i]), 1);
+    assert_int_equal(kvl__block_pool_give(p, b), 1);
+    kvl__block_pool_unref(p);
+}
+
+/* Free memory above the idle limit goes back as empty slabs, those kept earlier included. */
+static void idle_limit_releases_kept_slabs(void **state) {
+    (void)state;
+    kvl__block_pool *p = NULL;
+    int per = 0;
+    assert_int_equal(kvl__block_pool_create(BLOCK, 0, &p), KVL_OK);
+    kvl__block_pool_stats(p, NULL, NULL, &per);
+    kvl__block_pool_unref(p);
+    assert_true(per <= 64);
+    /* room for one slab's blocks */
+    assert_int_equal(kvl__block_pool_create(BLOCK, (size_t)per * BLOCK, &p), KVL_OK);
+    char *b[3][64];
+    for (int s = 0; s < 3; s++)
+        for (int i = 0; i < per; i++) assert_non_null(b[s][i] = kvl__block_pool_take(p));
+    int slabs = 0;
+    size_t free_blocks = 0;
+    kvl__block_pool_stats(p, &slabs, &free_blocks, NULL);
+    assert_int_equal(slabs, 3);
+    assert_int_equal(free_blocks, 0);
+    for (int i = 0; i < per; i++) kvl__block_pool_give(p, b[0][i]);   /* at the limit: kept */
+    kvl__block_pool_stats(p, &slabs, &free_blocks, NULL);
+    assert_int_equal(slabs, 3);
+    assert_int_equal(free_blocks, (size_t)per);
+    for (int i = 0; i < per; i++) kvl__block_pool_give(p, b[1][i]);   /* over it: one slab goes */
+    kvl__block_pool_stats(p, &slabs, &free_blocks, NULL);
+    assert_int_equal(slabs, 2);
+    assert_int_equal(free_blocks, (size_t)per);
+    for (int i = 0; i < per - 1; i++) kvl__block_pool_give(p, b[2][i]);   /* one block still in use */
+    kvl__block_pool_stats(p, &slabs, &free_blocks, NULL);
+    assert_int_equal(slabs, 1);   /* the kept empty slab went; the one in use stays */
+    assert_int_equal(free_blocks, (size_t)per - 1);
+    kvl__block_pool_give(p, b[2][per - 1]);
+    kvl__block_pool_stats(p, &slabs, &free_blocks, NULL);
+    assert_int_equal(slabs, 1);   /* at the limit again: kept for reuse */
+    kvl__block_pool_unref(p);
 }
 
 static void large_blocks(void **state) {
@@ -151,6 +226,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(take_distinct_aligned),
         cmocka_unit_test(reuse_under_idle_limit),
+        cmocka_unit_test(refuse_bad_pointers),
+        cmocka_unit_test(idle_limit_releases_kept_slabs),
         cmocka_unit_test(large_blocks),
         cmocka_unit_test(concurrent_takers),
     };

@@ -123,6 +123,59 @@ static void test_incremental_and_batched(void **st) {
  * cache's rounded to bf16; the CUDA device refuses it (on a machine with a GPU: here the load
  * stops earlier, at the device check).  Shipped models (head_dim 64: the
  * vectorised prefill and decode) and llama3-d (head_dim 20: the gather and portable forms). */
+/* A prefill chunk's last rows that fill at most 4 of a tile's 16 query vectors attend by the
+ * decode kernel (kernels/cpu/backend_cpu.c): a switch's 9-token turn at group 2 (a tile of 8
+ * rows, then 1), 10 tokens (8, then 2), 2 tokens (both rows), on qwen3-b (head_dim 64, group 2:
+ * the AVX-512 kernels where the CPU has them), over float32 and bf16 caches; each row's
+ * logits equal those of the same positions in one whole prefill. */
+static void test_chunk_tail_rows(void **st) {
+    (void)st;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/models/qwen3-b", KVL_SOURCE_DIR);
+    for (int kv = 0; kv < 2; kv++) {
+        kvl_model_params mp = kvl_model_default_params();
+        mp.weights_dtype = KVL_WEIGHTS_F32;
+        mp.kv_dtype = kv ? KVL_KV_BF16 : KVL_KV_F32;
+        kvl_model *m;
+        assert_int_equal(kvl_model_load(dir, &mp, &m), KVL_OK);
+        const int V = kvl_model_config_get(m)->vocab_size, N = 150;
+        int32_t toks[150];
+        for (int i = 0; i < N; i++) toks[i] = (i * 131 + 17) % V;
+        kvl_cache_params cp = kvl_cache_default_params();
+        cp.max_tokens = 160;
+        kvl_cache *whole, *part;
+        assert_int_equal(kvl_model_cache_create(m, &cp, &whole), KVL_OK);
+        assert_int_equal(kvl_model_cache_create(m, &cp, &part), KVL_OK);
+        float *full = malloc(sizeof(float) * (size_t)N * V), *rows = malloc(sizeof(float) * 10 * (size_t)V);
+        assert_non_null(full);
+        assert_non_null(rows);
+        assert_int_equal(kvl_model_prefill(m, whole, toks, N, KVL_LOGITS_ALL, full), KVL_OK);
+        const int chunks[][2] = {{131, 9}, {140, 10}, {41, 2}};   /* {context before, chunk} */
+        for (int c = 0; c < 3; c++) {
+            const int p0 = chunks[c][0], n = chunks[c][1];
+            assert_int_equal(kvl_cache_truncate(part, 0), KVL_OK);
+            assert_int_equal(kvl_model_prefill(m, part, toks, p0, KVL_LOGITS_NONE, NULL), KVL_OK);
+            assert_int_equal(kvl_model_prefill(m, part, toks + p0, n, KVL_LOGITS_ALL, rows), KVL_OK);
+            for (int i = 0; i < n; i++) {
+                double err = 0, mag = 0;
+                for (int v = 0; v < V; v++) {
+                    const double e = fabs((double)rows[(size_t)i * V + v] - full[(size_t)(p0 + i) * V + v]);
+                    if (!(e <= err)) err = e;
+                    if (fabs(full[(size_t)(p0 + i) * V + v]) > mag) mag = fabs(full[(size_t)(p0 + i) * V + v]);
+                }
+                if (!(err <= 1e-4 * (mag > 1 ? mag : 1)))
+                    fail_msg("kv %s: chunk of %d after %d, row %d: logits differ by %g from one prefill (max |logit| %g)",
+                             kv ? "bf16" : "f32", n, p0, i, err, mag);
+            }
+        }
+        free(full);
+        free(rows);
+        kvl_cache_free(whole);
+        kvl_cache_free(part);
+        kvl_model_free(m);
+    }
+}
+
 static void test_kv_bf16(void **st) {
     (void)st;
     const char *names[] = {"qwen3-b", "qwen2-c", "llama3-d"};
@@ -310,6 +363,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_incremental_and_batched),
+        cmocka_unit_test(test_chunk_tail_rows),
         cmocka_unit_test(test_kv_bf16),
         cmocka_unit_test(test_sampling),
         cmocka_unit_test(test_logprob),
