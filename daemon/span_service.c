@@ -198,8 +198,14 @@ int kvld_span_land(kvld_node *n, kvld_session *s, const kvld_translator_entry *t
 
 void kvld_span_import_end(kvld_node *n, kvl__transport_recv *rv, uint8_t *payload, kvld_session *s,
                           int drop) {
-    kvl__transport_recv_free(n->transport, rv);
-    kvl__spanbuf_give(n->spanbufs, payload);
+    if (kvl__transport_recv_free(n->transport, rv)) {
+        kvl__spanbuf_give(n->spanbufs, payload);
+    } else if (payload) {
+        /* its sender died mid-transfer and the transport still holds the receive: the buffer
+         * may yet be written, so it is neither reused nor freed (the process keeps it) */
+        kvl__svc_log("warn", "msg=span_buffer_abandoned reason=\"a receive matched a transfer that "
+                     "never finished (its sender stopped mid-message); its buffer is not reused\"");
+    }
     if (!s) return;
     char id[KVLD_ID_MAX];
     snprintf(id, sizeof id, "%s", s->id);

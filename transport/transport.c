@@ -51,8 +51,12 @@ kvl_status kvl__transport_recv_wait(kvl__transport *t, kvl__transport_recv *r, i
     return t->ops->recv_wait(t, r, timeout_ms, cancel, received);
 }
 
-void kvl__transport_recv_free(kvl__transport *t, kvl__transport_recv *r) {
-    if (t && r) t->ops->recv_free(t, r);
+int kvl__transport_recv_free(kvl__transport *t, kvl__transport_recv *r) {
+    return t && r ? t->ops->recv_free(t, r) : 1;
+}
+
+uint64_t kvl__transport_receives_abandoned(const kvl__transport *t) {
+    return t ? __atomic_load_n(&t->receives_abandoned, __ATOMIC_RELAXED) : 0;
 }
 
 kvl_status kvl__transport_send(kvl__transport *t, const uint8_t *addr, size_t addr_len,

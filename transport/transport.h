@@ -59,8 +59,14 @@ kvl_status kvl__transport_recv_post(kvl__transport *t, uint64_t tag, void *buf, 
 kvl_status kvl__transport_recv_wait(kvl__transport *t, kvl__transport_recv *r, int64_t timeout_ms,
                                    const volatile int *cancel, size_t *received);
 
-/* Cancel if still pending and release.  NULL is a no-op. */
-void kvl__transport_recv_free(kvl__transport *t, kvl__transport_recv *r);
+/* Cancel if still pending and release.  Returns 1 when the receive's buffer is the caller's
+ * again (NULL: a no-op, 1).  Returns 0 when the receive had already matched a message whose
+ * sender stopped mid-way (killed during a transfer), so that it could be neither cancelled nor
+ * completed within 2 s: the transport keeps the handle, and the buffer must be neither reused
+ * nor freed until kvl__transport_free (it may still be written); counted by
+ * kvl__transport_receives_abandoned. */
+int kvl__transport_recv_free(kvl__transport *t, kvl__transport_recv *r);
+uint64_t kvl__transport_receives_abandoned(const kvl__transport *t);
 
 /* Send buf[0..len) to the peer at `addr` with `tag`; blocks until the data has left `buf`
  * (the peer took it).  Endpoints are created on first use and cached.  KVL_ERR_IO on a peer

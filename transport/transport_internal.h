@@ -12,7 +12,7 @@ typedef struct kvl__transport_ops {
                             kvl__transport_recv **out);
     kvl_status (*recv_wait)(kvl__transport *t, kvl__transport_recv *r, int64_t timeout_ms,
                             const volatile int *cancel, size_t *received);
-    void (*recv_free)(kvl__transport *t, kvl__transport_recv *r);
+    int (*recv_free)(kvl__transport *t, kvl__transport_recv *r);   /* as kvl__transport_recv_free */
     kvl_status (*send)(kvl__transport *t, const uint8_t *addr, size_t addr_len, uint64_t tag,
                        const void *buf, size_t len, int64_t timeout_ms,
                        const volatile int *cancel);
@@ -25,6 +25,7 @@ struct kvl__transport {
     const kvl__transport_ops *ops;
     uint64_t next_tag;   /* atomic */
     uint64_t unmatched_dropped;   /* atomic: messages no posted receive expected, dropped */
+    uint64_t receives_abandoned;  /* atomic: receives kvl__transport_recv_free could not take back */
 };
 
 kvl_status kvl__transport_ucx_create(kvl__transport **out);

@@ -60,7 +60,8 @@ typedef struct ucx_transport {
     int outstanding;
     int waiters;          /* threads in wait_op, driving the worker themselves */
     ucx_peer *peers;
-    struct op_with_t *orphans;   /* sends abandoned on a stalled peer (see ucx_send) */
+    struct op_with_t *orphans;   /* sends abandoned on a stalled peer (see ucx_send), receives
+                                  * abandoned mid-message (ucx_recv_free) */
     uint8_t *scratch;            /* where unexpected messages are received to be dropped */
     int drains;                  /* such receives in flight */
 } ucx_transport;
@@ -137,7 +138,7 @@ static void complete(ucx_transport *u, ucx_op *op, ucs_status_t status, void *re
 typedef struct op_with_t {
     ucx_op op;
     ucx_transport *u;
-    int orphan;   /* the sender gave up on it: the callback (or ucx_free) frees it */
+    int orphan;   /* given up on: the callback (or ucx_free) frees it */
     struct op_with_t *next_orphan;
 } op_with_t;
 
@@ -158,6 +159,10 @@ static void recv_cb(void *request, ucs_status_t status, const ucp_tag_recv_info_
     op_with_t *o = user_data;
     if (status == UCS_OK && info) o->op.length = info->length;
     complete(o->u, &o->op, status, request);
+    if (o->orphan) {   /* abandoned by ucx_recv_free: its buffer was never reused */
+        unlink_orphan(o->u, o);
+        free(o);
+    }
 }
 
 static void drain_cb(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
@@ -226,8 +231,14 @@ static void ucx_address(const kvl__transport *t, const uint8_t **addr, size_t *l
     *len = u->addr_len;
 }
 
-/* Wait (mu held) until op done, cancel requested or deadline; cancels the request on the way
- * out so `op` and its buffer are free to reuse when this returns. */
+/* How long a cancelled receive may take to complete before it is abandoned. */
+#ifndef KVL_UCX_CANCEL_WAIT_MS
+#define KVL_UCX_CANCEL_WAIT_MS 2000
+#endif
+
+/* Wait (mu held) until op done, cancel requested or deadline; cancels a receive on the way out,
+ * so that, once op->done, `op` and its buffer are free to reuse (a receive still not done after
+ * KVL_UCX_CANCEL_WAIT_MS is the caller's to abandon). */
 static kvl_status wait_op(ucx_transport *u, ucx_op *op, int64_t timeout_ms,
                           const volatile int *cancel, const char *what, int is_recv) {
     int64_t until = timeout_ms > 0 ? kvl__now_ms() + timeout_ms : INT64_MAX;
@@ -259,10 +270,15 @@ static kvl_status wait_op(ucx_transport *u, ucx_op *op, int64_t timeout_ms,
         pthread_mutex_lock(&u->mu);
     }
     /* receives can be cancelled; a send in flight is ended by force-closing its endpoint
-     * (ucx_send), since UCX cannot cancel a rendezvous send */
+     * (ucx_send), since UCX cannot cancel a rendezvous send.  A receive that already matched
+     * a message cannot be cancelled either: it completes when the message does, and a sender
+     * killed mid-message never finishes it (seen: a kvld importing a span waited forever
+     * after its source was killed during the transfer).  So the wait is bounded; the caller
+     * (ucx_recv_free) abandons a receive still pending after it. */
     if (is_recv && !op->done && op->req) {
         ucp_request_cancel(u->worker, op->req);
-        while (!op->done) {
+        const int64_t give_up = kvl__now_ms() + KVL_UCX_CANCEL_WAIT_MS;
+        while (!op->done && kvl__now_ms() < give_up) {
             ucp_worker_progress(u->worker);
             if (!op->done) cond_wait_ms(&u->cv, &u->mu, 1);
         }
@@ -326,13 +342,22 @@ static void unlink_orphan(ucx_transport *u, op_with_t *o) {
     }
 }
 
-static void ucx_recv_free(kvl__transport *t, kvl__transport_recv *r) {
+static int ucx_recv_free(kvl__transport *t, kvl__transport_recv *r) {
     ucx_transport *u = (ucx_transport *)t;
     pthread_mutex_lock(&u->mu);
     static const int yes = 1;
     wait_op(u, &r->op, 0, &yes, "receive", 1);
+    const int done = r->op.done;
+    if (!done) {   /* matched, and its sender stopped mid-message: the callback frees it */
+        op_with_t *o = (op_with_t *)r;
+        o->orphan = 1;
+        o->next_orphan = u->orphans;
+        u->orphans = o;
+        __atomic_add_fetch(&u->base.receives_abandoned, 1, __ATOMIC_RELAXED);
+    }
     pthread_mutex_unlock(&u->mu);
-    free(r);
+    if (done) free(r);
+    return done;
 }
 
 static void close_ep(ucx_transport *u, ucp_ep_h ep, int force) {
@@ -591,7 +616,7 @@ static void ucx_free(kvl__transport *t) {
     }
     if (u->addr) ucp_worker_release_address(u->worker, u->addr);
     if (u->worker) ucp_worker_destroy(u->worker);
-    /* the worker is gone, so no callback can touch the abandoned sends any more */
+    /* the worker is gone, so no callback can touch the abandoned sends and receives any more */
     while (u->orphans) {
         op_with_t *o = u->orphans;
         u->orphans = o->next_orphan;

@@ -136,6 +136,44 @@ def kill_source_mid_export(a):
         fleet.stop()
 
 
+def kill_source_sweep(a):
+    """The source killed at several points of a 3.8k-token switch (before, during and after the
+    span's transfer): every turn completes in seconds, by re-prefill or on the imported span.  A
+    receive that had matched the span when its sender died used to wait forever."""
+    for delay_ms in (4, 8, 12, 16):
+        work = os.path.join(a.work, "kill_sweep_%d" % delay_ms)
+        fleet = rtest.Fleet(a.build, work, policy={"name": "pinned", "default_model": "qwen3-b"},
+                            guardrail={"shadow_fraction": 0})
+        try:
+            c = fleet.client()
+            sid = c.create_session()
+            c.send_all(sid, rtest.corpus_text(0, 14000), max_tokens=1)
+            result = {}
+
+            def turn():
+                t0 = time.time()
+                try:
+                    result["r"] = c.send_all(sid, " Then", max_tokens=6, model="qwen3-a")
+                except Exception as e:  # noqa: BLE001
+                    result["e"] = e
+                result["s"] = time.time() - t0
+            th = threading.Thread(target=turn)
+            th.start()
+            time.sleep(delay_ms / 1000.0)
+            fleet.nodes["qwen3-b"].kill9()
+            th.join(30)
+            check("s" in result, "kill -9 of the source %d ms into the switch: the turn hung" % delay_ms)
+            check("r" in result, "turn failed: %s" % result.get("e"))
+            _, _, st = result["r"]
+            check(st.n_generated == 6 and st.model == "qwen3-a", "turn completed on the target")
+            print("  kill -9 of the source %d ms into the switch: %s in %.2f s%s" % (
+                delay_ms, rtest.MODES[st.switch_mode], result["s"],
+                ", " + st.fallback_reason if st.fallback_reason else ""))
+        finally:
+            fleet.stop()
+    print("  ok: the source killed at 4-16 ms into a switch: every turn completed")
+
+
 def router_restart(a):
     work = os.path.join(a.work, "restart")
     fleet = rtest.Fleet(a.build, work, policy={"name": "pinned", "default_model": "qwen3-a"},
@@ -359,6 +397,7 @@ def main():
     shutil.rmtree(a.work, ignore_errors=True)
     kill_source_during_switch(a)
     kill_source_mid_export(a)
+    kill_source_sweep(a)
     router_restart(a)
     config_errors(a)
     guardrail_disables_pair(a)
