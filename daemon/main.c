@@ -117,7 +117,7 @@ static int drain_check(void *arg, double waited_s, int timed_out) {
  * the transport's drop counter. */
 static void on_tick(void *arg) {
     kvld_node *n = arg;
-    static uint64_t dropped_seen;
+    static uint64_t dropped_seen, abandoned_seen;
     int expired = kvld_sessions_expire(n->sessions, (double)n->cfg.session_idle_ttl_s);
     for (int i = 0; i < expired; i++) kvld_metrics_refuse(n->metrics, KVLD_R_SESSION_EXPIRED);
     if (expired)
@@ -126,6 +126,11 @@ static void on_tick(void *arg) {
     if (dropped > dropped_seen) {
         kvld_metrics_add(n->metrics, KVLD_C_UCX_UNMATCHED_DROPPED, dropped - dropped_seen);
         dropped_seen = dropped;
+    }
+    uint64_t abandoned = kvl__transport_receives_abandoned(n->transport);
+    if (abandoned > abandoned_seen) {
+        kvld_metrics_add(n->metrics, KVLD_C_UCX_RECV_ABANDONED, abandoned - abandoned_seen);
+        abandoned_seen = abandoned;
     }
     kvld_metrics_set(n->metrics, KVLD_G_SESSIONS, kvld_sessions_count(n->sessions));
     kvld_metrics_set(n->metrics, KVLD_G_CACHE_BYTES,

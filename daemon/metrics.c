@@ -32,6 +32,8 @@ static const char *const counter_names[KVLD_C_N][2] = {
                                       "Info and transport endpoint."},
     {"kvlingo_ucx_unmatched_dropped_total", "UCX messages whose tag no import expected, received "
                                             "and dropped (their memory freed)."},
+    {"kvlingo_ucx_receives_abandoned_total", "Span receives given up on after their sender stopped "
+                                             "mid-transfer; each one's buffer is kept, never reused."},
 };
 
 static const char *const refusal_names[KVLD_R_N] = {
