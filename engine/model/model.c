@@ -10,11 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
 
 #include "bigalloc.h"
 #include "error.h"
 #include "file.h"
+#include "hash.h"
 #include "kvlingo/safetensors.h"
 
 typedef struct spec_list {
@@ -258,8 +258,8 @@ kvl_status kvl_model_load(const char *dir, const kvl_model_params *params, kvl_m
     XXH3_state_t *hs = XXH3_createState();
     if (!hs) { s = kvl__errorf(KVL_ERR_NOMEM, "out of memory"); goto fail; }
     XXH3_64bits_reset(hs);
-    XXH3_64bits_update(hs, cfg_text, cfg_len);
-    XXH3_64bits_update(hs, m->weights_base, total * sizeof(float));
+    kvl__xxh3_64_update(hs, cfg_text, cfg_len);
+    kvl__xxh3_64_update(hs, m->weights_base, total * sizeof(float));
     snprintf(m->hash, sizeof m->hash, "%016llx", (unsigned long long)XXH3_64bits_digest(hs));
     XXH3_freeState(hs);
     if ((s = kvl__model_finish(m, &prm, all_bf16 ? KVL_WEIGHTS_BF16 : KVL_WEIGHTS_F32)) != KVL_OK)

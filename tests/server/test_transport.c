@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <xxhash.h>   /* the portable entry points, no dispatch */
 
 #include "kvlingo/cache.h"
 #include "kvlingo/model.h"
@@ -310,16 +311,16 @@ static void test_span_codec_bf16(void **state) {
     free(vv);
     /* NaN and infinity in bf16, first in K then in V */
     uint16_t *e = (uint16_t *)(void *)p;
-    const size_t at[] = {3, nf + 9};
-    const uint16_t bad[] = {0x7fc0, 0xff80};
-    for (int a = 0; a < 2; a++) {
+    const size_t at[] = {3, nf + 9, 2 * nf - 1};   /* the last one past the 4096-element blocks */
+    const uint16_t bad[] = {0x7fc0, 0xff80, 0x7f80};
+    for (int a = 0; a < 3; a++) {
         uint16_t keep = e[at[a]];
         e[at[a]] = bad[a];
         h.checksum = kvl__span_checksum(p, len);
         assert_int_equal(kvl__span_payload_check(&h, p, len, cfg->vocab_size, NULL, &why), KVL_ERR_NUMERIC);
         assert_int_equal(why, KVL_SPAN_BAD_VALUES);
         char want[80];
-        snprintf(want, sizeof want, "%s value at element %zu", a ? "V" : "K", a ? (size_t)9 : (size_t)3);
+        snprintf(want, sizeof want, "%s value at element %zu", a ? "V" : "K", a ? at[a] - nf : at[a]);
         assert_non_null(strstr(kvl_last_error(), want));
         e[at[a]] = keep;
     }
@@ -336,8 +337,31 @@ static void test_span_codec_bf16(void **state) {
     kvl_model_free(m);
 }
 
+/* The span checksum goes through xxHash's run-time dispatch (AVX-512 / AVX2 where the CPU has
+ * them) where the library has it: the hash must be the portable XXH3-64 of the same bytes, or
+ * a node built without the dispatch would refuse every span of one built with it.  Sizes
+ * around XXH3's internal boundaries (16, 128, 240 bytes, the 1 KB stripes, the 64 KB blocks)
+ * and at unaligned starts. */
+static void test_span_checksum_portable(void **state) {
+    (void)state;
+    const size_t max = (1u << 20) + 333;
+    uint8_t *b = malloc(max + 8);
+    assert_non_null(b);
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < max + 8; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        b[i] = (uint8_t)x;
+    }
+    const size_t sizes[] = {0, 1, 3, 16, 17, 128, 129, 240, 241, 1024, 1025, 65536, 65599, 1u << 20, max};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        for (size_t off = 0; off < 8; off += 3)
+            assert_true(kvl__span_checksum(b + off, sizes[i]) == XXH3_64bits(b + off, sizes[i]));
+    free(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_span_checksum_portable),
         cmocka_unit_test(test_send_recv),
         cmocka_unit_test(test_span_codec),
         cmocka_unit_test(test_span_codec_bf16),
