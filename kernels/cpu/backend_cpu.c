@@ -94,6 +94,7 @@ typedef struct cpu_model {
     size_t tr_floats;
     float *lm_rows;          /* [n_last, V] logits of a batch's last rows, before they are */
     size_t lm_floats;        /*   copied to each sequence (grown on demand)                */
+    kvl__rope_cache rope;    /* RoPE tables of the first positions (read-only once made)   */
 } cpu_model;
 
 /* Idle KV blocks a model keeps for reuse (beyond what its sessions hold). */
@@ -232,6 +233,7 @@ static void cpu_model_free(void *pm) {
     free(m->s.base);
     free(m->tr_buf);
     free(m->lm_rows);
+    kvl__rope_cache_free(&m->rope);
     pthread_mutex_destroy(&m->pool_lock);
     free(m);
 }
@@ -265,6 +267,7 @@ static kvl_status cpu_model_create(const kvl_weights_view *w, const kvl_model_pa
         return s;
     }
     s = p && p->weights_dtype == KVL_WEIGHTS_BF16 ? bf16_create(m) : f32_layers_create(m);
+    if (s == KVL_OK) s = kvl__rope_cache_create(&w->cfg.rope, w->cfg.head_dim, &m->rope);
     if (s != KVL_OK) {
         cpu_model_free(m);
         return s;
@@ -619,8 +622,9 @@ static kvl_status forward_locked(cpu_model *m, const kvl_backend_seq *seqs, int 
     /* RoPE angles of every new token, once for all layers; per sequence, as each sequence is a
      * call of its own for RoPE whose frequencies depend on the sequence length (dynamic) */
     for (int i = 0, t0 = 0; i < n_seqs; t0 += seqs[i].n_tokens, i++)
-        kvl__cpu_rope_table(s->rope_cos + (size_t)t0 * (D / 2), s->rope_sin + (size_t)t0 * (D / 2),
-                            s->pos + t0, seqs[i].n_tokens, D, &c->rope);
+        kvl__cpu_rope_table_cached(&m->rope, s->rope_cos + (size_t)t0 * (D / 2),
+                                   s->rope_sin + (size_t)t0 * (D / 2), s->pos + t0, seqs[i].n_tokens,
+                                   D, &c->rope);
 
     /* in place: the residual stream stays in x; k aliases kpre only without k_norm */
     kvl__decoder_acts_f32 a = {.x_in = s->x, .x_mid = s->x, .x_out = s->x, .xn = s->xn,
@@ -701,6 +705,8 @@ static kvl_status cpu_forward(void *pm, const kvl_backend_seq *seqs, int n_seqs)
 }
 
 /* ---- the pool for translate-apply (translate_cpu.c) ------------------------------------------- */
+
+const kvl__rope_cache *kvl__cpu_model_rope(const void *model) { return &((const cpu_model *)model)->rope; }
 
 int kvl__cpu_model_exec_take(void *model, kvl__cpu_exec *ex) {
     cpu_model *m = model;

@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include "kvlingo/backend.h"
+#include "ops.h"
 #include "pool.h"
 
 /* A pool held for one parallel job, with working memory that lives as long as the pool. */
@@ -20,6 +21,9 @@ typedef struct kvl__cpu_exec {
 /* Try to take a CPU model's pool (backend_cpu.c): its thread count with ex->lock held, or 1 with
  * nothing held when a forward (or another translation) has it or it has one thread. */
 int kvl__cpu_model_exec_take(void *model, kvl__cpu_exec *ex);
+
+/* A CPU model's RoPE tables of its first positions (ops.h kvl__rope_cache; read-only). */
+const kvl__rope_cache *kvl__cpu_model_rope(const void *model);
 
 /* The table's cache entries but cache_create (cache_cpu.c; kvlingo/backend.h, where each is
  * documented; the cache is a kvl__kv_blocks). */

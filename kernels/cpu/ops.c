@@ -6,7 +6,10 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "error.h"
 
 void kvl__cpu_matmul_forward(float *out, const float *in, const float *W, const float *bias,
                             int T, int K, int N) {
@@ -75,6 +78,49 @@ void kvl__cpu_rope_table_len(float *cos_tab, float *sin_tab, const int *pos, int
     float inv_freq[512], attn;   /* head_dim <= 1024 (kvl_config_parse) */
     kvl_rope_inv_freq(rope, seq_len, inv_freq, &attn);
     rope_fill(cos_tab, sin_tab, pos, T, D / 2, inv_freq, attn);
+}
+
+kvl_status kvl__rope_cache_create(const kvl_rope_params *rope, int D, kvl__rope_cache *out) {
+    memset(out, 0, sizeof *out);
+    const int half = D / 2;
+    size_t cap = KVL__ROPE_CACHE_BYTES / (sizeof(float) * 2 * (size_t)(half > 0 ? half : 1));
+    int n = rope->max_position_embeddings;
+    if (n <= 0 || half <= 0) return KVL_OK;
+    if ((size_t)n > cap) n = (int)cap;
+    float *t = malloc(sizeof(float) * 2 * (size_t)n * half);
+    int *pos = malloc(sizeof(int) * (size_t)n);
+    if (!t || !pos) {
+        free(t);
+        free(pos);
+        return kvl__errorf(KVL_ERR_NOMEM, "out of memory for the RoPE tables of %d positions", n);
+    }
+    for (int i = 0; i < n; i++) pos[i] = i;
+    /* seq_len 0: dynamic RoPE's frequencies at init, those of every seq_len up to max_position_embeddings */
+    kvl__cpu_rope_table_len(t, t + (size_t)n * half, pos, n, D, rope, 0);
+    free(pos);
+    *out = (kvl__rope_cache){t, t + (size_t)n * half, n, half};
+    return KVL_OK;
+}
+
+void kvl__rope_cache_free(kvl__rope_cache *rc) {
+    if (!rc) return;
+    free(rc->cos);   /* one allocation: sin follows cos */
+    memset(rc, 0, sizeof *rc);
+}
+
+void kvl__cpu_rope_table_cached(const kvl__rope_cache *rc, float *cos_tab, float *sin_tab,
+                                const int *pos, int T, int D, const kvl_rope_params *rope) {
+    const int half = D / 2;
+    int ok = rc && rc->n_pos > 0 && rc->half == half;
+    for (int t = 0; ok && t < T; t++) ok = pos[t] >= 0 && pos[t] < rc->n_pos;
+    if (!ok) {
+        kvl__cpu_rope_table(cos_tab, sin_tab, pos, T, D, rope);
+        return;
+    }
+    for (int t = 0; t < T; t++) {
+        memcpy(cos_tab + (size_t)t * half, rc->cos + (size_t)pos[t] * half, sizeof(float) * half);
+        memcpy(sin_tab + (size_t)t * half, rc->sin + (size_t)pos[t] * half, sizeof(float) * half);
+    }
 }
 
 void kvl__cpu_rope_table_mode(float *cos_tab, float *sin_tab, const int *pos, int T, int D,

@@ -13,6 +13,7 @@
 #include <stddef.h>
 
 #include "kvlingo/rope.h"
+#include "kvlingo/status.h"
 
 /* out[T,N] = in[T,K] @ W[N,K]^T + bias[N] (bias may be NULL).  nn.Linear layout.  OpenBLAS sgemm. */
 void kvl__cpu_matmul_forward(float *out, const float *in, const float *W, const float *bias,
@@ -140,6 +141,24 @@ void kvl__cpu_rope_table(float *cos_tab, float *sin_tab, const int *pos, int T, 
  * max(pos) + 1): rows of one table made in parts then agree with the table made whole. */
 void kvl__cpu_rope_table_len(float *cos_tab, float *sin_tab, const int *pos, int T, int D,
                              const kvl_rope_params *rope, int seq_len);
+/* A model's RoPE tables for positions [0, n_pos), made once: a translated span of C tokens
+ * needs C x D/2 angles, ~0.3 ms of sincosf per 2048 tokens on every switch, and a prefill
+ * chunk as many.  n_pos = min(max_position_embeddings, KVL__ROPE_CACHE_BYTES / (4 D)).  Rows
+ * are those kvl__cpu_rope_table_len gives for any seq_len <= max_position_embeddings (dynamic
+ * RoPE's frequencies change only beyond it; no other type reads seq_len), so a lookup of
+ * [p0, p0 + n) with p0 + n <= n_pos is bit for bit the table computed on the spot. */
+#define KVL__ROPE_CACHE_BYTES ((size_t)8 << 20)
+typedef struct kvl__rope_cache {
+    float *cos, *sin;   /* [n_pos, half] each; NULL when n_pos = 0 */
+    int n_pos, half;
+} kvl__rope_cache;
+/* KVL_ERR_NOMEM (out zeroed). */
+kvl_status kvl__rope_cache_create(const kvl_rope_params *rope, int D, kvl__rope_cache *out);
+void kvl__rope_cache_free(kvl__rope_cache *rc);
+/* cos_tab, sin_tab [T, D/2] for pos[T] (seq_len = max(pos) + 1, as kvl__cpu_rope_table): rows
+ * copied from `rc` (may be NULL) where every position is below its n_pos, else computed. */
+void kvl__cpu_rope_table_cached(const kvl__rope_cache *rc, float *cos_tab, float *sin_tab,
+                                const int *pos, int T, int D, const kvl_rope_params *rope);
 /* The tables of kvl__cpu_rope_forward's mode: as kvl__cpu_rope_table, scaled by 1/a instead of a
  * for KVL_ROPE_INVERSE; rotating with them (kvl__cpu_rope_apply, inverse = mode != FORWARD) gives
  * kvl__cpu_rope_forward's result bit for bit. */

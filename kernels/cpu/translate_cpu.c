@@ -171,6 +171,15 @@ static float *work_memory(kvl__cpu_exec *ex, int parts, kvl__kv_blocks *c, size_
     return *ex->buf;
 }
 
+/* The target model's RoPE tables (ops.h kvl__rope_cache) when they hold rows [t0, t0 + n): the
+ * rows kvl__cpu_rope_table_len would make for the span (seq_len t0 + n <= max_position_embeddings).
+ * NULL for a cache made without a model, or a span past the tables. */
+static const kvl__rope_cache *cached_rope(const cpu_translate *tr, int t0, int n, int D) {
+    if (!tr->m) return NULL;
+    const kvl__rope_cache *rc = kvl__cpu_model_rope(tr->m);
+    return rc->n_pos > 0 && rc->half == D / 2 && t0 >= 0 && (long)t0 + n <= rc->n_pos ? rc : NULL;
+}
+
 /* ---- the fused rows (translate_avx512.h) ----------------------------------------------------
  * Work items are (target layer, chunk of KVL_TR_CHUNK tokens), layer-major, claimed by whichever
  * part is free, so no thread waits for another on an uneven split; a part transposes a layer's
@@ -190,7 +199,8 @@ typedef struct fused_job {
     int t0, n, n_chunks;
     atomic_int next;              /* the next unclaimed item */
     float *wT;                    /* [parts][2][ds * dt]: each part's transposed W_K, W_V */
-    float *rcos, *rsin;           /* [n, D/2] */
+    const float *rcos, *rsin;     /* [n, D/2]: the span's rows of the model's tables, or rtab's */
+    float *rtab;                  /* [2][n, D/2] working memory for the tables when made here */
     int *pos;                     /* [n] */
 } fused_job;
 
@@ -200,8 +210,8 @@ static void fused_table_part(void *pj, int part, int n_parts) {
     int a, b;
     kvl__pool_part_rows(j->n, part, n_parts, &a, &b);
     if (a < b)   /* the whole span's sequence length, as one table would have it */
-        kvl__cpu_rope_table_len(j->rcos + (size_t)a * half, j->rsin + (size_t)a * half, j->pos + a,
-                                b - a, j->p->maps->dst_head_dim, &j->p->rope, j->t0 + j->n);
+        kvl__cpu_rope_table_len(j->rtab + (size_t)a * half, j->rtab + (size_t)(j->n + a) * half,
+                                j->pos + a, b - a, j->p->maps->dst_head_dim, &j->p->rope, j->t0 + j->n);
 }
 
 static void fused_rows_part(void *pj, int part, int n_parts) {
@@ -246,15 +256,22 @@ static kvl_status fused_apply(const cpu_translate *tr, const float *k_src, const
     if (!buf) return kvl__errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
     fused_job j = {.p = p, .c = c, .k_src = k_src, .v_src = v_src, .t0 = t0, .n = n,
                    .n_chunks = (n + KVL_TR_CHUNK - 1) / KVL_TR_CHUNK, .wT = buf,
-                   .rcos = buf + wts, .rsin = buf + wts + tab, .pos = (int *)(buf + wts + 2 * tab)};
+                   .rcos = buf + wts, .rsin = buf + wts + tab, .rtab = buf + wts,
+                   .pos = (int *)(buf + wts + 2 * tab)};
     atomic_init(&j.next, 0);
     for (int i = 0; i < n; i++) j.pos[i] = t0 + i;
+    /* the model's tables when they reach the span's end (the same rows), else made here */
+    const kvl__rope_cache *rc = cached_rope(tr, t0, n, D);
+    if (rc) {
+        j.rcos = rc->cos + (size_t)t0 * (D / 2);
+        j.rsin = rc->sin + (size_t)t0 * (D / 2);
+    }
     if (parts > 1) {
-        kvl__pool_run(ex.pool, fused_table_part, &j);
+        if (!rc) kvl__pool_run(ex.pool, fused_table_part, &j);
         kvl__pool_run(ex.pool, fused_rows_part, &j);
         pthread_mutex_unlock(ex.lock);
     } else {
-        fused_table_part(&j, 0, 1);
+        if (!rc) fused_table_part(&j, 0, 1);
         fused_rows_part(&j, 0, 1);
     }
     return KVL_OK;
@@ -289,11 +306,17 @@ kvl_status kvl__cpu_translate_apply(void *pp, const float *k_src, const float *v
     const size_t need = bufs + 2 * tab + (size_t)n;
     float *buf = work_memory(&ex, parts, c, need);
     if (!buf) return kvl__errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
-    float *rcos = buf + bufs, *rsin = rcos + tab;
-    int *pos = (int *)(rsin + tab);
+    const float *rcos = buf + bufs, *rsin = rcos + tab;
+    int *pos = (int *)(buf + bufs + 2 * tab);
     for (int i = 0; i < n; i++) pos[i] = t0 + i;
-    /* the target's RoPE angles of the span, once for all layers */
-    kvl__cpu_rope_table(rcos, rsin, pos, n, D, &p->rope);
+    /* the target's RoPE angles of the span, once for all layers: the model's rows, or made here */
+    const kvl__rope_cache *rc = cached_rope(tr, t0, n, D);
+    if (rc) {
+        rcos = rc->cos + (size_t)t0 * (D / 2);
+        rsin = rc->sin + (size_t)t0 * (D / 2);
+    } else {
+        kvl__cpu_rope_table(buf + bufs, buf + bufs + tab, pos, n, D, &p->rope);
+    }
     translate_job j = {p, c, k_src, v_src, t0, n, by_layers, 0, parts, buf, rcos, rsin};
     if (parts == 1) {
         for (int l = 0; l < Lt; l++) {

@@ -349,8 +349,67 @@ static void test_export_prenorm_tables(void **st) {
     kvl_model_free(m);
 }
 
+/* A model's cached RoPE tables (kvl__rope_cache) give the rows kvl__cpu_rope_table computes on
+ * the spot, bit for bit, for every type (dynamic included: its frequencies change only past
+ * max_position_embeddings, where the tables end); spans that reach past the tables, or
+ * positions not in order, are computed, and a table capped by its byte budget ends there. */
+static void check_cached(const kvl_rope_params *r, int D) {
+    kvl__rope_cache rc;
+    assert_int_equal(kvl__rope_cache_create(r, D, &rc), KVL_OK);
+    const int half = D / 2;
+    const size_t cap = KVL__ROPE_CACHE_BYTES / (sizeof(float) * 2 * (size_t)half);
+    const int want_n = (size_t)r->max_position_embeddings < cap ? r->max_position_embeddings : (int)cap;
+    assert_int_equal(rc.n_pos, want_n);
+    const int n = 300;
+    int *pos = malloc(sizeof(int) * n);
+    float *a = malloc(sizeof(float) * 4 * n * half), *b = a + 2 * n * half;
+    assert_non_null(pos);
+    assert_non_null(a);
+    /* [0, 300), the tables' last 300 rows, 300 rows ending 7 past them, scattered positions */
+    const int starts[] = {0, rc.n_pos - n, rc.n_pos - n + 7, -1};
+    for (int s = 0; s < 4; s++) {
+        for (int i = 0; i < n; i++)
+            pos[i] = starts[s] >= 0 ? starts[s] + i : (int)(((unsigned)i * 2654435761u) % (unsigned)rc.n_pos);
+        kvl__cpu_rope_table_cached(&rc, a, a + n * half, pos, n, D, r);
+        kvl__cpu_rope_table(b, b + n * half, pos, n, D, r);
+        if (memcmp(a, b, sizeof(float) * 2 * n * half))
+            fail_msg("rope type %d, D %d, start %d: cached rows differ from computed ones", r->type, D, starts[s]);
+    }
+    kvl__cpu_rope_table_cached(NULL, a, a + n * half, pos, n, D, r);   /* no tables: computed */
+    assert_memory_equal(a, b, sizeof(float) * 2 * n * half);
+    free(pos);
+    free(a);
+    kvl__rope_cache_free(&rc);
+    assert_null(rc.cos);
+}
+
+static void test_rope_cache(void **st) {
+    (void)st;
+    kvl_rope_params r = kvl_rope_default_params(1e6, 64, 4096);
+    check_cached(&r, 64);
+    r.type = KVL_ROPE_LINEAR; r.factor = 4;
+    check_cached(&r, 64);
+    r = kvl_rope_default_params(1e4, 64, 4096);
+    r.type = KVL_ROPE_DYNAMIC; r.factor = 2;
+    check_cached(&r, 64);
+    r = kvl_rope_default_params(1e6, 128, 131072);   /* capped: 8 MB / (4 x 128) = 16384 rows */
+    r.type = KVL_ROPE_YARN; r.factor = 4; r.original_max_position_embeddings = 32768; r.truncate = 1;
+    check_cached(&r, 128);
+    r = kvl_rope_default_params(5e5, 20, 131072);
+    r.type = KVL_ROPE_LLAMA3; r.factor = 32; r.low_freq_factor = 1; r.high_freq_factor = 4;
+    r.original_max_position_embeddings = 8192;
+    check_cached(&r, 20);
+    /* no max_position_embeddings: no tables, every lookup computed */
+    kvl__rope_cache rc;
+    r = kvl_rope_default_params(1e4, 32, 0);
+    assert_int_equal(kvl__rope_cache_create(&r, 32, &rc), KVL_OK);
+    assert_int_equal(rc.n_pos, 0);
+    assert_null(rc.cos);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rope_cache),
         cmocka_unit_test(test_default_bit_exact), cmocka_unit_test(test_linear),
         cmocka_unit_test(test_dynamic),           cmocka_unit_test(test_yarn),
         cmocka_unit_test(test_llama3),            cmocka_unit_test(test_shipped_configs),
