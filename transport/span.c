@@ -192,6 +192,22 @@ kvl_status kvl__span_payload_check(const Kvlingo__V1__SpanHeader *h, const uint8
     return KVL_OK;
 }
 
+/* dst[i] = kvl__bf16_round(src[i]) (round to nearest even, a NaN kept quiet), 16 lanes at a
+ * time: the element loop stays scalar at -O2. */
+typedef uint16_t kvl__u16x16 __attribute__((vector_size(32)));
+KVL_MULTIVERSION static void round_bf16(uint16_t *dst, const float *src, size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        kvl__u32x16 u;
+        memcpy(&u, src + i, sizeof u);
+        const kvl__u32x16 nan = (kvl__u32x16)((u & 0x7fffffffu) > 0x7f800000u);
+        const kvl__u32x16 r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+        const kvl__u16x16 h = __builtin_convertvector((nan & q) | (~nan & r), kvl__u16x16);
+        memcpy(dst + i, &h, sizeof h);
+    }
+    for (; i < n; i++) dst[i] = kvl__bf16_round(src[i]);
+}
+
 kvl_status kvl__span_encode(const kvl__span_source *src, uint32_t t0, uint32_t t1,
                             const char *target_name, const char *target_hash,
                             kvl__span_ids *ids_storage, Kvlingo__V1__SpanHeader *h,
@@ -214,8 +230,8 @@ kvl_status kvl__span_encode(const kvl__span_source *src, uint32_t t0, uint32_t t
     size_t row = (size_t)src->n_kv_heads * src->head_dim;
     size_t per_layer = (size_t)n * row, nf = (size_t)src->n_layers * per_layer;
     int32_t *ids = (int32_t *)(void *)(buf + 2 * nf * eb);
-    /* bf16: each layer is read as float32 into a layer-sized buffer, then rounded */
-    float *tmp = src->bf16 ? malloc(2 * per_layer * sizeof(float)) : NULL;
+    /* bf16: each layer is read as float32 into a layer-sized buffer (a kept one), then rounded */
+    float *tmp = src->bf16 ? (float *)(void *)kvl__spanbuf_take(src->bufs, 2 * per_layer * sizeof(float)) : NULL;
     if (src->bf16 && !tmp) {
         kvl__spanbuf_give(src->bufs, buf);
         return kvl__errorf(KVL_ERR_NOMEM, "span: encode: %zu floats of one layer", 2 * per_layer);
@@ -225,19 +241,17 @@ kvl_status kvl__span_encode(const kvl__span_source *src, uint32_t t0, uint32_t t
         float *v = tmp ? tmp + per_layer : (float *)(void *)buf + nf + l * per_layer;
         kvl_status st = src->read_prenorm(src->ctx, (int)l, (int)t0, (int)t1, k, v);
         if (st != KVL_OK) {
-            free(tmp);
+            kvl__spanbuf_give(src->bufs, (uint8_t *)tmp);
             kvl__spanbuf_give(src->bufs, buf);
             return st;
         }
         if (tmp) {
             uint16_t *k16 = (uint16_t *)(void *)buf + l * per_layer, *v16 = (uint16_t *)(void *)buf + nf + l * per_layer;
-            for (size_t i = 0; i < per_layer; i++) {
-                k16[i] = kvl__bf16_round(k[i]);
-                v16[i] = kvl__bf16_round(v[i]);
-            }
+            round_bf16(k16, k, per_layer);
+            round_bf16(v16, v, per_layer);
         }
     }
-    free(tmp);
+    kvl__spanbuf_give(src->bufs, (uint8_t *)tmp);
     memcpy(ids, src->ids + t0, n * sizeof(int32_t));
     kvlingo__v1__model_id__init(&ids_storage->source);
     kvlingo__v1__model_id__init(&ids_storage->target);

@@ -301,11 +301,14 @@ static void test_span_codec_bf16(void **state) {
     assert_true(v.bf16);
     assert_null(v.k);
     assert_int_equal(v.ids[14], 119);
-    float *k = malloc(row * sizeof(float)), *vv = malloc(row * sizeof(float));
-    assert_int_equal(kvl_cache_read_prenorm(c, 1, 7, 8, k, vv), KVL_OK);
-    for (size_t i = 0; i < row; i++) {
-        assert_int_equal(v.k16[(1 * 15 + 2) * row + i], kvl_f32_to_bf16(k[i]));
-        assert_int_equal(v.v16[(1 * 15 + 2) * row + i], kvl_f32_to_bf16(vv[i]));
+    /* every element of every layer: the rounding runs 16 lanes at a time with a scalar tail */
+    float *k = malloc(15 * row * sizeof(float)), *vv = malloc(15 * row * sizeof(float));
+    for (int l = 0; l < cfg->n_layers; l++) {
+        assert_int_equal(kvl_cache_read_prenorm(c, l, 5, 20, k, vv), KVL_OK);
+        for (size_t i = 0; i < 15 * row; i++) {
+            assert_int_equal(v.k16[(size_t)l * 15 * row + i], kvl_f32_to_bf16(k[i]));
+            assert_int_equal(v.v16[(size_t)l * 15 * row + i], kvl_f32_to_bf16(vv[i]));
+        }
     }
     free(k);
     free(vv);
