@@ -15,6 +15,7 @@
 #include "translate_avx512.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -125,6 +126,20 @@ static inline void put_row(const kvl__kv_blocks *c, void *dst, const float *src,
     else memcpy(dst, src, sizeof(float) * (size_t)n);
 }
 
+/* The Kpre plane's rows: nothing reads them until the span is exported onward, so on a float32
+ * cache they are streamed past the caches (no read-for-ownership of the line, and the K / V
+ * rows the turn's forward reads next stay in L2 / L3).  Ordered by the sfence at the end of
+ * the part (kvl__translate_rows_avx512). */
+static inline __attribute__((always_inline)) KVL_AVX512F void put_row_stream(const kvl__kv_blocks *c,
+                                                                          void *dst, const float *src,
+                                                                          int n) {
+    if (c->bf16 || ((uintptr_t)dst & 63) || (n & 15)) {
+        put_row(c, dst, src, n);
+        return;
+    }
+    for (int i = 0; i < n; i += 16) _mm512_stream_ps((float *)dst + i, _mm512_loadu_ps(src + i));
+}
+
 /* The keys of one panel row: pre [P] (W_K x, the Kpre plane) -> k_norm per head -> RoPE with
  * the token's cos / sin [D/2] -> the K plane; as fused_rows in translate_cpu.c. */
 static inline __attribute__((always_inline)) KVL_AVX512F void key_epilogue(
@@ -166,8 +181,8 @@ static inline __attribute__((always_inline)) KVL_AVX512F void rows_form(
                 const int tt = t + i;
                 const float *p = pre + i * 128;
                 if (c->planes == 3)
-                    put_row(c, (char *)kvl__kv_blocks_slot(c, l, KVL_PLANE_KPRE, t0 + tt) +
-                                   (size_t)col * (c->bf16 ? 2 : 4), p, P);
+                    put_row_stream(c, (char *)kvl__kv_blocks_slot(c, l, KVL_PLANE_KPRE, t0 + tt) +
+                                          (size_t)col * (c->bf16 ? 2 : 4), p, P);
                 key_epilogue(kk, p, P, D, kn, eps, rcos + (size_t)tt * half, rsin + (size_t)tt * half);
                 put_row(c, (char *)kvl__kv_blocks_slot(c, l, KVL_PLANE_K, t0 + tt) +
                                (size_t)col * (c->bf16 ? 2 : 4), kk, P);
@@ -196,6 +211,7 @@ KVL_AVX512F void kvl__translate_rows_avx512(kvl__kv_blocks *c, int l, int t0, co
     if (D == 32) rows_form(c, l, t0, xk, xv, ds, wkT, wvT, dt, 32, kn, eps, rcos, rsin, a, b, 6, 4);
     else if (D == 64) rows_form(c, l, t0, xk, xv, ds, wkT, wvT, dt, 64, kn, eps, rcos, rsin, a, b, 6, 4);
     else if (D == 128) rows_form(c, l, t0, xk, xv, ds, wkT, wvT, dt, 128, kn, eps, rcos, rsin, a, b, 3, 8);
+    _mm_sfence();   /* the streamed Kpre rows, before the part reports done */
 }
 
 #else
