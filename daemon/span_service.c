@@ -17,7 +17,6 @@
 #include "clock.h"
 #include "error.h"
 #include "bf16.h"
-#include "fastmath.h"
 #include "kvlingo/translator.h"
 #include "kvlingo/v1/node.pb-c.h"
 #include "log.h"
@@ -147,21 +146,6 @@ int kvld_span_check_range(const kvld_session *s, const Kvlingo__V1__SpanHeader *
     return 1;
 }
 
-/* dst[i] = the float32 of bf16 src[i] (exact: a bf16 is a float32's top half), 16 lanes at a
- * time: the element loop stays scalar at -O2 (1 ms for a 2048-token span of qwen3-a). */
-typedef uint32_t kvld__u32x16 __attribute__((vector_size(64)));
-typedef uint16_t kvld__u16x16 __attribute__((vector_size(32)));
-KVL_MULTIVERSION static void widen_bf16(float *dst, const uint16_t *src, size_t n) {
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        kvld__u16x16 h;
-        memcpy(&h, src + i, sizeof h);
-        kvld__u32x16 w = __builtin_convertvector(h, kvld__u32x16) << 16;
-        memcpy(dst + i, &w, sizeof w);
-    }
-    for (; i < n; i++) dst[i] = kvl__bf16_widen(src[i]);
-}
-
 int kvld_span_land(kvld_node *n, kvld_session *s, const kvld_translator_entry *te,
                    const Kvlingo__V1__SpanHeader *h, const uint8_t *payload, size_t got,
                    double *translate_s, kvld_span_err *e) {
@@ -183,8 +167,8 @@ int kvld_span_land(kvld_node *n, kvld_session *s, const kvld_translator_entry *t
         if (!wide) {
             st = kvl__errorf(KVL_ERR_NOMEM, "out of memory widening a bf16 span of %zu values", 2 * nf);
         } else {
-            widen_bf16(wide, v.k16, nf);
-            widen_bf16(wide + nf, v.v16, nf);
+            kvl__span_widen_bf16(wide, v.k16, nf);
+            kvl__span_widen_bf16(wide + nf, v.v16, nf);
             k = wide;
             vv = wide + nf;
         }

@@ -267,7 +267,7 @@ static kvl_status cpu_model_create(const kvl_weights_view *w, const kvl_model_pa
         return s;
     }
     s = p && p->weights_dtype == KVL_WEIGHTS_BF16 ? bf16_create(m) : f32_layers_create(m);
-    if (s == KVL_OK) s = kvl__rope_cache_create(&w->cfg.rope, w->cfg.head_dim, &m->rope);
+    if (s == KVL_OK) kvl__rope_cache_create(&w->cfg.rope, w->cfg.head_dim, &m->rope);
     if (s != KVL_OK) {
         cpu_model_free(m);
         return s;

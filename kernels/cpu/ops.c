@@ -6,10 +6,9 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "error.h"
 
 void kvl__cpu_matmul_forward(float *out, const float *in, const float *W, const float *bias,
                             int T, int K, int N) {
@@ -80,26 +79,44 @@ void kvl__cpu_rope_table_len(float *cos_tab, float *sin_tab, const int *pos, int
     rope_fill(cos_tab, sin_tab, pos, T, D / 2, inv_freq, attn);
 }
 
-kvl_status kvl__rope_cache_create(const kvl_rope_params *rope, int D, kvl__rope_cache *out) {
+void kvl__rope_cache_create(const kvl_rope_params *rope, int D, kvl__rope_cache *out) {
     memset(out, 0, sizeof *out);
+    out->rope = *rope;
     const int half = D / 2;
     size_t cap = KVL__ROPE_CACHE_BYTES / (sizeof(float) * 2 * (size_t)(half > 0 ? half : 1));
     int n = rope->max_position_embeddings;
-    if (n <= 0 || half <= 0) return KVL_OK;
+    if (n <= 0 || half <= 0) return;
     if ((size_t)n > cap) n = (int)cap;
     float *t = malloc(sizeof(float) * 2 * (size_t)n * half);
     int *pos = malloc(sizeof(int) * (size_t)n);
-    if (!t || !pos) {
+    if (!t || !pos) {   /* a speed-up only: computed rows instead */
         free(t);
         free(pos);
-        return kvl__errorf(KVL_ERR_NOMEM, "out of memory for the RoPE tables of %d positions", n);
+        return;
     }
     for (int i = 0; i < n; i++) pos[i] = i;
     /* seq_len 0: dynamic RoPE's frequencies at init, those of every seq_len up to max_position_embeddings */
     kvl__cpu_rope_table_len(t, t + (size_t)n * half, pos, n, D, rope, 0);
     free(pos);
-    *out = (kvl__rope_cache){t, t + (size_t)n * half, n, half};
-    return KVL_OK;
+    out->cos = t;
+    out->sin = t + (size_t)n * half;
+    out->n_pos = n;
+    out->half = half;
+}
+
+static int rope_same(const kvl_rope_params *a, const kvl_rope_params *b) {
+    return a->type == b->type && a->theta == b->theta && a->dim == b->dim &&
+           a->max_position_embeddings == b->max_position_embeddings && a->factor == b->factor &&
+           a->original_max_position_embeddings == b->original_max_position_embeddings &&
+           a->low_freq_factor == b->low_freq_factor && a->high_freq_factor == b->high_freq_factor &&
+           a->beta_fast == b->beta_fast && a->beta_slow == b->beta_slow &&
+           a->attention_factor == b->attention_factor && a->mscale == b->mscale &&
+           a->mscale_all_dim == b->mscale_all_dim && a->truncate == b->truncate;
+}
+
+int kvl__rope_cache_covers(const kvl__rope_cache *rc, const kvl_rope_params *rope, int D, int p0, int n) {
+    return rc && rc->n_pos > 0 && rc->half == D / 2 && p0 >= 0 && n >= 0 &&
+           (int64_t)p0 + n <= rc->n_pos && rope_same(&rc->rope, rope);
 }
 
 void kvl__rope_cache_free(kvl__rope_cache *rc) {
@@ -111,7 +128,7 @@ void kvl__rope_cache_free(kvl__rope_cache *rc) {
 void kvl__cpu_rope_table_cached(const kvl__rope_cache *rc, float *cos_tab, float *sin_tab,
                                 const int *pos, int T, int D, const kvl_rope_params *rope) {
     const int half = D / 2;
-    int ok = rc && rc->n_pos > 0 && rc->half == half;
+    int ok = kvl__rope_cache_covers(rc, rope, D, 0, 0);
     for (int t = 0; ok && t < T; t++) ok = pos[t] >= 0 && pos[t] < rc->n_pos;
     if (!ok) {
         kvl__cpu_rope_table(cos_tab, sin_tab, pos, T, D, rope);

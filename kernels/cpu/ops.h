@@ -149,12 +149,16 @@ void kvl__cpu_rope_table_len(float *cos_tab, float *sin_tab, const int *pos, int
  * [p0, p0 + n) with p0 + n <= n_pos is bit for bit the table computed on the spot. */
 #define KVL__ROPE_CACHE_BYTES ((size_t)8 << 20)
 typedef struct kvl__rope_cache {
-    float *cos, *sin;   /* [n_pos, half] each; NULL when n_pos = 0 */
+    float *cos, *sin;       /* [n_pos, half] each; NULL when n_pos = 0 */
     int n_pos, half;
+    kvl_rope_params rope;   /* what they were made from: a lookup with other parameters computes */
 } kvl__rope_cache;
-/* KVL_ERR_NOMEM (out zeroed). */
-kvl_status kvl__rope_cache_create(const kvl_rope_params *rope, int D, kvl__rope_cache *out);
+/* Without memory for the tables (a speed-up only), or without max_position_embeddings, n_pos
+ * is 0 and every lookup computes its rows. */
+void kvl__rope_cache_create(const kvl_rope_params *rope, int D, kvl__rope_cache *out);
 void kvl__rope_cache_free(kvl__rope_cache *rc);
+/* 1 when rc (may be NULL) holds the rows of positions [p0, p0 + n) for `rope` and head_dim D. */
+int kvl__rope_cache_covers(const kvl__rope_cache *rc, const kvl_rope_params *rope, int D, int p0, int n);
 /* cos_tab, sin_tab [T, D/2] for pos[T] (seq_len = max(pos) + 1, as kvl__cpu_rope_table): rows
  * copied from `rc` (may be NULL) where every position is below its n_pos, else computed. */
 void kvl__cpu_rope_table_cached(const kvl__rope_cache *rc, float *cos_tab, float *sin_tab,

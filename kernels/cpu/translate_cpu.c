@@ -171,21 +171,23 @@ static float *work_memory(kvl__cpu_exec *ex, int parts, kvl__kv_blocks *c, size_
     return *ex->buf;
 }
 
-/* The target model's RoPE tables (ops.h kvl__rope_cache) when they hold rows [t0, t0 + n): the
- * rows kvl__cpu_rope_table_len would make for the span (seq_len t0 + n <= max_position_embeddings).
- * NULL for a cache made without a model, or a span past the tables. */
+/* The target model's RoPE tables (ops.h kvl__rope_cache) when they hold rows [t0, t0 + n) for
+ * the translation's RoPE: the rows kvl__cpu_rope_table_len would make for the span (seq_len
+ * t0 + n <= max_position_embeddings).  NULL for a cache made without a model, a span past the
+ * tables, or parameters other than the model's. */
 static const kvl__rope_cache *cached_rope(const cpu_translate *tr, int t0, int n, int D) {
     if (!tr->m) return NULL;
     const kvl__rope_cache *rc = kvl__cpu_model_rope(tr->m);
-    return rc->n_pos > 0 && rc->half == D / 2 && t0 >= 0 && (long)t0 + n <= rc->n_pos ? rc : NULL;
+    return kvl__rope_cache_covers(rc, &tr->p.rope, D, t0, n) ? rc : NULL;
 }
 
 /* ---- the fused rows (translate_avx512.h) ----------------------------------------------------
  * Work items are (target layer, chunk of KVL_TR_CHUNK tokens), layer-major, claimed by whichever
  * part is free, so no thread waits for another on an uneven split; a part transposes a layer's
- * maps into its own scratch when it takes its first item of that layer.  The RoPE table of the
- * span is made before, its rows split over the parts (a sincosf per position and frequency: ~1 ms
- * of a 2048-token span on one core). */
+ * maps into its own scratch when it takes its first item of that layer.  The span's RoPE rows
+ * come from the target model's tables; past them (or on a cache made without a model) the table
+ * of the span is made before, its rows split over the parts (a sincosf per position and
+ * frequency: ~1 ms of a 2048-token span on one core). */
 #define KVL_TR_CHUNK 64
 /* Shorter spans take the sgemm path: transposing every layer's maps costs about what the
  * fused rows save on 64 tokens (measured on the rows' first form, 3 tokens a group, qwen3-a ->

@@ -19,6 +19,7 @@
 #include "clock.h"
 #include "rpc.h"
 #include "kvlingo/safetensors.h"
+#include "bf16.h"
 #include "span.h"
 #include "span_source.h"
 #include "transport.h"
@@ -301,7 +302,7 @@ static void test_span_codec_bf16(void **state) {
     assert_true(v.bf16);
     assert_null(v.k);
     assert_int_equal(v.ids[14], 119);
-    /* every element of every layer: the rounding runs 16 lanes at a time with a scalar tail */
+    /* every element of every layer (test_span_vector_paths has the special values and tails) */
     float *k = malloc(15 * row * sizeof(float)), *vv = malloc(15 * row * sizeof(float));
     for (int l = 0; l < cfg->n_layers; l++) {
         assert_int_equal(kvl_cache_read_prenorm(c, l, 5, 20, k, vv), KVL_OK);
@@ -340,6 +341,110 @@ static void test_span_codec_bf16(void **state) {
     kvl_model_free(m);
 }
 
+/* finite values of any layout: the float32 form of the source below */
+static kvl_status test_read_finite(const void *ctx, int layer, int t0, int t1, float *k, float *v) {
+    (void)ctx;
+    for (int t = t0; t < t1; t++)
+        for (int i = 0; i < 20; i++) {
+            k[(size_t)(t - t0) * 20 + i] = 0.25f * (float)((layer * 31 + t * 7 + i) % 97) - 12.0f;
+            v[(size_t)(t - t0) * 20 + i] = 0.125f * (float)((layer * 17 + t * 3 + i) % 89) - 5.0f;
+        }
+    return KVL_OK;
+}
+
+/* A synthetic span source for the codec's vector loops: 2 layers of one 20-wide head (rows not
+ * a multiple of 16, so every loop runs its scalar tail), element (layer, token, i) of K and V
+ * from vpath_value, which mixes in the values rounding must get right. */
+#define VP_LAYERS 2
+#define VP_ROW 20
+static float vpath_value(int plane, int layer, int t, int i) {
+    const uint32_t specials[] = {
+        0x7fc00000u, /* NaN */                 0x7f800001u, /* signalling NaN */
+        0xffc12345u, /* negative NaN */        0x7f800000u, /* +inf */
+        0xff800000u, /* -inf */                0x7f7fffffu, /* FLT_MAX: rounds to +inf */
+        0x3f808000u, /* a tie, even below */   0x3f818000u, /* a tie, odd below */
+        0x3f80ffffu, /* just under a tie... */ 0x00000001u, /* the least denormal */
+        0x80000000u, /* -0 */                  0x3f7fffffu, /* rounds up across the exponent */
+    };
+    const unsigned k = (unsigned)(((plane * VP_LAYERS + layer) * 1000 + t) * VP_ROW + i);
+    float f;
+    if (k % 7 == 3) {
+        memcpy(&f, &specials[(k / 7) % (sizeof specials / sizeof specials[0])], sizeof f);
+    } else {
+        f = sinf(0.37f * (float)k) * 3.0f;
+    }
+    return f;
+}
+
+static kvl_status vpath_read(const void *ctx, int layer, int t0, int t1, float *k, float *v) {
+    (void)ctx;
+    for (int t = t0; t < t1; t++)
+        for (int i = 0; i < VP_ROW; i++) {
+            k[(size_t)(t - t0) * VP_ROW + i] = vpath_value(0, layer, t, i);
+            v[(size_t)(t - t0) * VP_ROW + i] = vpath_value(1, layer, t, i);
+        }
+    return KVL_OK;
+}
+
+/* The codec's 16-lane loops against their element-by-element definitions: the bf16 rounding of
+ * NaNs, infinities, overflow, ties and denormals (kvl__bf16_round), the widening back
+ * (kvl__span_widen_bf16), and the finite-value scan over several whole 4096-element blocks, a
+ * non-finite value in each block of either plane named at its element. */
+static void test_span_vector_paths(void **state) {
+    (void)state;
+    enum { N = 300 };   /* 2 x 2 x 300 x 20 = 24000 elements: 5 whole blocks and a tail */
+    int32_t ids[N];
+    for (int i = 0; i < N; i++) ids[i] = (i * 7) % 100;
+    kvl__span_source src = {"vp", "", VP_LAYERS, 1, VP_ROW, N, ids, vpath_read, NULL, NULL, 1};
+    Kvlingo__V1__SpanHeader h = KVLINGO__V1__SPAN_HEADER__INIT;
+    kvl__span_ids sid;
+    uint8_t *p;
+    size_t len;
+    const size_t nf = (size_t)VP_LAYERS * N * VP_ROW;
+    assert_int_equal(kvl__span_encode(&src, 0, N, "x", "", &sid, &h, &p, &len), KVL_OK);
+    const uint16_t *e = (const uint16_t *)(const void *)p;
+    float *wide = malloc(2 * nf * sizeof(float));
+    assert_non_null(wide);
+    kvl__span_widen_bf16(wide, e, 2 * nf);
+    for (int plane = 0; plane < 2; plane++)
+        for (int l = 0; l < VP_LAYERS; l++)
+            for (int t = 0; t < N; t++)
+                for (int i = 0; i < VP_ROW; i++) {
+                    const size_t at = (size_t)plane * nf + ((size_t)l * N + t) * VP_ROW + i;
+                    const uint16_t want = kvl__bf16_round(vpath_value(plane, l, t, i));
+                    if (e[at] != want) fail_msg("bf16 element %zu: %04x, want %04x", at, e[at], want);
+                    const uint32_t wbits = (uint32_t)want << 16;
+                    uint32_t got;
+                    memcpy(&got, &wide[at], sizeof got);
+                    if (got != wbits) fail_msg("widened element %zu: %08x, want %08x", at, got, wbits);
+                }
+    free(wide);
+    kvl__spanbuf_give(NULL, p);
+    /* float32: finite values only (the scan's subject), then one non-finite value at a time */
+    src.bf16 = 0;
+    src.read_prenorm = test_read_finite;
+    h = (Kvlingo__V1__SpanHeader)KVLINGO__V1__SPAN_HEADER__INIT;
+    assert_int_equal(kvl__span_encode(&src, 0, N, "x", "", &sid, &h, &p, &len), KVL_OK);
+    kvl__span_reject why;
+    assert_int_equal(kvl__span_payload_check(&h, p, len, 100, NULL, &why), KVL_OK);
+    float *kf = (float *)(void *)p;
+    const size_t at[] = {4095, 4096, 8191, 8192, 12287, 16384, nf - 1, nf, nf + 4096, 2 * nf - 1};
+    for (size_t a = 0; a < sizeof at / sizeof at[0]; a++) {
+        const float keep = kf[at[a]], keep2 = kf[at[3] + 5000];
+        kf[at[a]] = a % 2 ? -INFINITY : NAN;
+        if (a == 3) kf[at[a] + 5000] = NAN;   /* a later one too: the first is named */
+        h.checksum = kvl__span_checksum(p, len);
+        assert_int_equal(kvl__span_payload_check(&h, p, len, 100, NULL, &why), KVL_ERR_NUMERIC);
+        char want[80];
+        snprintf(want, sizeof want, "%s value at element %zu", at[a] < nf ? "K" : "V",
+                 at[a] < nf ? at[a] : at[a] - nf);
+        if (!strstr(kvl_last_error(), want)) fail_msg("poison at %zu: '%s'", at[a], kvl_last_error());
+        kf[at[a]] = keep;
+        kf[at[3] + 5000] = keep2;
+    }
+    kvl__spanbuf_give(NULL, p);
+}
+
 /* The span checksum goes through xxHash's run-time dispatch (AVX-512 / AVX2 where the CPU has
  * them) where the library has it: the hash must be the portable XXH3-64 of the same bytes, or
  * a node built without the dispatch would refuse every span of one built with it.  Sizes
@@ -365,6 +470,7 @@ static void test_span_checksum_portable(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_span_checksum_portable),
+        cmocka_unit_test(test_span_vector_paths),
         cmocka_unit_test(test_send_recv),
         cmocka_unit_test(test_span_codec),
         cmocka_unit_test(test_span_codec_bf16),

@@ -355,7 +355,7 @@ static void test_export_prenorm_tables(void **st) {
  * positions not in order, are computed, and a table capped by its byte budget ends there. */
 static void check_cached(const kvl_rope_params *r, int D) {
     kvl__rope_cache rc;
-    assert_int_equal(kvl__rope_cache_create(r, D, &rc), KVL_OK);
+    kvl__rope_cache_create(r, D, &rc);
     const int half = D / 2;
     const size_t cap = KVL__ROPE_CACHE_BYTES / (sizeof(float) * 2 * (size_t)half);
     const int want_n = (size_t)r->max_position_embeddings < cap ? r->max_position_embeddings : (int)cap;
@@ -376,6 +376,26 @@ static void check_cached(const kvl_rope_params *r, int D) {
             fail_msg("rope type %d, D %d, start %d: cached rows differ from computed ones", r->type, D, starts[s]);
     }
     kvl__cpu_rope_table_cached(NULL, a, a + n * half, pos, n, D, r);   /* no tables: computed */
+    assert_memory_equal(a, b, sizeof(float) * 2 * n * half);
+    /* the tables themselves: rows [0, 300) and the last 300, as computed */
+    for (int s2 = 0; s2 < 2; s2++) {
+        const int p0 = s2 ? rc.n_pos - n : 0;
+        for (int i = 0; i < n; i++) pos[i] = p0 + i;
+        kvl__cpu_rope_table(b, b + n * half, pos, n, D, r);
+        assert_memory_equal(rc.cos + (size_t)p0 * half, b, sizeof(float) * n * half);
+        assert_memory_equal(rc.sin + (size_t)p0 * half, b + n * half, sizeof(float) * n * half);
+    }
+    assert_true(kvl__rope_cache_covers(&rc, r, D, rc.n_pos - n, n));
+    assert_false(kvl__rope_cache_covers(&rc, r, D, rc.n_pos - n, n + 1));
+    assert_false(kvl__rope_cache_covers(&rc, r, D + 2, 0, n));
+    /* other parameters (a theta of another model of the same geometry): not these tables, and
+     * a lookup computes the other model's rows */
+    kvl_rope_params o = *r;
+    o.theta *= 2;
+    assert_false(kvl__rope_cache_covers(&rc, &o, D, 0, n));
+    for (int i = 0; i < n; i++) pos[i] = i;
+    kvl__cpu_rope_table_cached(&rc, a, a + n * half, pos, n, D, &o);
+    kvl__cpu_rope_table(b, b + n * half, pos, n, D, &o);
     assert_memory_equal(a, b, sizeof(float) * 2 * n * half);
     free(pos);
     free(a);
@@ -402,7 +422,7 @@ static void test_rope_cache(void **st) {
     /* no max_position_embeddings: no tables, every lookup computed */
     kvl__rope_cache rc;
     r = kvl_rope_default_params(1e4, 32, 0);
-    assert_int_equal(kvl__rope_cache_create(&r, 32, &rc), KVL_OK);
+    kvl__rope_cache_create(&r, 32, &rc);
     assert_int_equal(rc.n_pos, 0);
     assert_null(rc.cos);
 }
