@@ -95,7 +95,8 @@ void kvl__rope_cache_create(const kvl_rope_params *rope, int D, kvl__rope_cache 
         return;
     }
     for (int i = 0; i < n; i++) pos[i] = i;
-    /* seq_len 0: dynamic RoPE's frequencies at init, those of every seq_len up to max_position_embeddings */
+    /* seq_len 0: dynamic RoPE's frequencies at init, those of every seq_len up to
+     * max_position_embeddings */
     kvl__cpu_rope_table_len(t, t + (size_t)n * half, pos, n, D, rope, 0);
     free(pos);
     out->cos = t;

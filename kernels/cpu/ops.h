@@ -13,7 +13,6 @@
 #include <stddef.h>
 
 #include "kvlingo/rope.h"
-#include "kvlingo/status.h"
 
 /* out[T,N] = in[T,K] @ W[N,K]^T + bias[N] (bias may be NULL).  nn.Linear layout.  OpenBLAS sgemm. */
 void kvl__cpu_matmul_forward(float *out, const float *in, const float *W, const float *bias,
@@ -160,7 +159,8 @@ void kvl__rope_cache_free(kvl__rope_cache *rc);
 /* 1 when rc (may be NULL) holds the rows of positions [p0, p0 + n) for `rope` and head_dim D. */
 int kvl__rope_cache_covers(const kvl__rope_cache *rc, const kvl_rope_params *rope, int D, int p0, int n);
 /* cos_tab, sin_tab [T, D/2] for pos[T] (seq_len = max(pos) + 1, as kvl__cpu_rope_table): rows
- * copied from `rc` (may be NULL) where every position is below its n_pos, else computed. */
+ * copied from `rc` (may be NULL) when it was made for `rope` and D and every position is below
+ * its n_pos, else computed. */
 void kvl__cpu_rope_table_cached(const kvl__rope_cache *rc, float *cos_tab, float *sin_tab,
                                 const int *pos, int T, int D, const kvl_rope_params *rope);
 /* The tables of kvl__cpu_rope_forward's mode: as kvl__cpu_rope_table, scaled by 1/a instead of a
