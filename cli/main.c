@@ -18,8 +18,9 @@ static void usage(FILE *f) {
           "  tokenize    (--model DIR | --tokenizer FILE) (--text STR | --text-file FILE) [--json]\n"
           "  detokenize  (--model DIR | --tokenizer FILE) --ids 1,2,3\n"
 #ifdef KVL_HAVE_SERVER
-          "  chat        --router HOST:PORT [--session ID] [--model NAME] TEXT   one turn via kvlingo-router\n"
-          "              (--tokenizer DIR --system TEXT / --interactive: chat messages with roles)\n"
+          "  chat        --router HOST:PORT (--tls-ca FILE | --insecure) [--session ID] [--model NAME] TEXT\n"
+          "              one turn via kvlingo-router (--tokenizer DIR --system TEXT / --interactive:\n"
+          "              chat messages with roles)\n"
 #endif
           "  translator  train --source DIR --target DIR --corpus FILE --out FILE [--steps N]\n"
           "              [--stage1-only] [--seed S] [--threads N] [--resume CKPT]   KV-Lingo training\n"
