@@ -167,8 +167,8 @@ int kvld_span_land(kvld_node *n, kvld_session *s, const kvld_translator_entry *t
         if (!wide) {
             st = kvl__errorf(KVL_ERR_NOMEM, "out of memory widening a bf16 span of %zu values", 2 * nf);
         } else {
-            kvl__span_widen_bf16(wide, v.k16, nf);
-            kvl__span_widen_bf16(wide + nf, v.v16, nf);
+            kvl__bf16_widen_n(wide, v.k16, nf);
+            kvl__bf16_widen_n(wide + nf, v.v16, nf);
             k = wide;
             vv = wide + nf;
         }

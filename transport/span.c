@@ -88,25 +88,11 @@ kvl_status kvl__span_header_check(const Kvlingo__V1__SpanHeader *h, uint64_t max
     return KVL_OK;
 }
 
-/* The vectors of the loops below (GCC / clang vector extensions: 16 lanes of AVX-512, two
+/* The vectors of the scans below (GCC / clang vector extensions: 16 lanes of AVX-512, two
  * halves on AVX2, four quarters on the base ISA). */
 typedef uint32_t kvl__u32x16 __attribute__((vector_size(64)));
 typedef uint16_t kvl__u16x32 __attribute__((vector_size(64)));
-typedef uint16_t kvl__u16x16 __attribute__((vector_size(32)));
 #define KVL_SPAN_CHECK_BLOCK 4096
-
-/* dst[i] = the float32 of bf16 src[i] (exact: a bf16 is a float32's top half), 16 lanes at a
- * time: the element loop stays scalar at -O2 (1 ms for a 2048-token span of qwen3-a). */
-KVL_MULTIVERSION static void widen_bf16(float *dst, const uint16_t *src, size_t n) {
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        kvl__u16x16 h;
-        memcpy(&h, src + i, sizeof h);
-        kvl__u32x16 w = __builtin_convertvector(h, kvl__u32x16) << 16;
-        memcpy(dst + i, &w, sizeof w);
-    }
-    for (; i < n; i++) dst[i] = kvl__bf16_widen(src[i]);
-}
 
 /* The first non-finite element of a received span (n if none): blocks of 4096 elements reduced
  * 16 lanes wide (an exponent of all ones, i.e. NaN or infinity, carries into bit 31), then the
@@ -205,23 +191,6 @@ kvl_status kvl__span_payload_check(const Kvlingo__V1__SpanHeader *h, const uint8
     return KVL_OK;
 }
 
-void kvl__span_widen_bf16(float *dst, const uint16_t *src, size_t n) { widen_bf16(dst, src, n); }
-
-/* dst[i] = kvl__bf16_round(src[i]) (round to nearest even, a NaN kept quiet), 16 lanes at a
- * time: the element loop stays scalar at -O2. */
-KVL_MULTIVERSION static void round_bf16(uint16_t *dst, const float *src, size_t n) {
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        kvl__u32x16 u;
-        memcpy(&u, src + i, sizeof u);
-        const kvl__u32x16 nan = (kvl__u32x16)((u & 0x7fffffffu) > 0x7f800000u);
-        const kvl__u32x16 r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
-        const kvl__u16x16 h = __builtin_convertvector((nan & q) | (~nan & r), kvl__u16x16);
-        memcpy(dst + i, &h, sizeof h);
-    }
-    for (; i < n; i++) dst[i] = kvl__bf16_round(src[i]);
-}
-
 kvl_status kvl__span_encode(const kvl__span_source *src, uint32_t t0, uint32_t t1,
                             const char *target_name, const char *target_hash,
                             kvl__span_ids *ids_storage, Kvlingo__V1__SpanHeader *h,
@@ -261,8 +230,8 @@ kvl_status kvl__span_encode(const kvl__span_source *src, uint32_t t0, uint32_t t
         }
         if (tmp) {
             uint16_t *k16 = (uint16_t *)(void *)buf + l * per_layer, *v16 = (uint16_t *)(void *)buf + nf + l * per_layer;
-            round_bf16(k16, k, per_layer);
-            round_bf16(v16, v, per_layer);
+            kvl__bf16_round_n(k16, k, per_layer);
+            kvl__bf16_round_n(v16, v, per_layer);
         }
     }
     kvl__spanbuf_give(src->bufs, (uint8_t *)tmp);

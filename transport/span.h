@@ -113,10 +113,6 @@ kvl_status kvl__span_encode(const kvl__span_source *src, uint32_t t0, uint32_t t
                             kvl__span_ids *ids_storage, Kvlingo__V1__SpanHeader *h,
                             uint8_t **payload, size_t *len);
 
-/* dst[n] = the float32 values of the bf16 elements src[n] (exact), for a translator that reads
- * float32; dst and src must not overlap. */
-void kvl__span_widen_bf16(float *dst, const uint16_t *src, size_t n);
-
 /* xxh3-64 of a buffer (the span checksum). */
 uint64_t kvl__span_checksum(const void *data, size_t len);
 

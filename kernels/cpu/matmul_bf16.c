@@ -22,9 +22,7 @@
 #define KVL_AVX2 __attribute__((target("avx2,fma")))
 #endif
 
-void kvl__bf16_from_f32(uint16_t *dst, const float *src, size_t n) {
-    for (size_t i = 0; i < n; i++) dst[i] = kvl__f32_to_bf16(src[i]);
-}
+void kvl__bf16_from_f32(uint16_t *dst, const float *src, size_t n) { kvl__bf16_round_n(dst, src, n); }
 
 /* ---- kernel choice ------------------------------------------------------------------------ */
 
@@ -91,42 +89,13 @@ const char *kvl__bf16_kernel_name(kvl__bf16_kernel k) {
 /* ---- widening (exact) --------------------------------------------------------------------- */
 
 #ifdef KVL_HAVE_X86_KERNELS
-KVL_AVX512 static void widen_avx512(float *dst, const uint16_t *src, size_t n) {
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i)));
-        _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
-    }
-    for (; i < n; i++) dst[i] = kvl__bf16_to_f32(src[i]);
-}
-#endif
-
-#ifdef KVL_HAVE_X86_KERNELS
 /* 8 bf16 at p widened to float32 (exact) */
 #define KVL_WIDEN8(p) \
     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 
-KVL_AVX2 static void widen_avx2(float *dst, const uint16_t *src, size_t n) {
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, KVL_WIDEN8(src + i));
-    for (; i < n; i++) dst[i] = kvl__bf16_to_f32(src[i]);
-}
 #endif
 
-void kvl__bf16_to_f32_n(float *dst, const uint16_t *src, size_t n) {
-#ifdef KVL_HAVE_X86_KERNELS
-    kvl__bf16_kernel k = kvl__bf16_kernel_active();
-    if (k == KVL__BF16_KERNEL_AVX512 || k == KVL__BF16_KERNEL_AMX) {
-        widen_avx512(dst, src, n);
-        return;
-    }
-    if (k == KVL__BF16_KERNEL_AVX2) {
-        widen_avx2(dst, src, n);
-        return;
-    }
-#endif
-    for (size_t i = 0; i < n; i++) dst[i] = kvl__bf16_to_f32(src[i]);
-}
+void kvl__bf16_to_f32_n(float *dst, const uint16_t *src, size_t n) { kvl__bf16_widen_n(dst, src, n); }
 
 /* ---- small T ------------------------------------------------------------------------------ */
 

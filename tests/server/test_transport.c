@@ -388,7 +388,7 @@ static kvl_status vpath_read(const void *ctx, int layer, int t0, int t1, float *
 
 /* The codec's 16-lane loops against their element-by-element definitions: the bf16 rounding of
  * NaNs, infinities, overflow, ties and denormals (kvl__bf16_round), the widening back
- * (kvl__span_widen_bf16), and the finite-value scan over several whole 4096-element blocks, a
+ * (kvl__bf16_widen_n), and the finite-value scan over several whole 4096-element blocks, a
  * non-finite value in each block of either plane named at its element. */
 static void test_span_vector_paths(void **state) {
     (void)state;
@@ -405,7 +405,7 @@ static void test_span_vector_paths(void **state) {
     const uint16_t *e = (const uint16_t *)(const void *)p;
     float *wide = malloc(2 * nf * sizeof(float));
     assert_non_null(wide);
-    kvl__span_widen_bf16(wide, e, 2 * nf);
+    kvl__bf16_widen_n(wide, e, 2 * nf);
     for (int plane = 0; plane < 2; plane++)
         for (int l = 0; l < VP_LAYERS; l++)
             for (int t = 0; t < N; t++)
