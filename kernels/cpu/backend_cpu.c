@@ -391,8 +391,11 @@ static void decode_part(void *pj, int part, int n_parts) {
 }
 
 /* One layer's prefill attention of a batch, split over the pool like decode_part: the items are
- * (sequence, tile of query rows, KV head) triples of the batch's multi-token chunks, in
- * contiguous runs of about equal cost per part; each reads its keys and values in place. */
+ * (sequence, KV head, tile of query rows) triples of the batch's multi-token chunks, in
+ * contiguous runs of about equal cost per part; each reads its keys and values in place.  Head
+ * by head: a switch's 9-token turn at GQA group 2 is an 8-row tile and one decode row per head,
+ * and tile by tile the two decode rows fell to the same part (the forward over 2048 cached
+ * tokens 7-13% slower than head by head, which keeps each head's tile and row together). */
 typedef struct prefill_job {
     cpu_model *m;
     const kvl_backend_seq *seqs;
@@ -435,10 +438,10 @@ static void prefill_part(void *pj, int part, int n_parts) {
         const kvl_backend_seq *sq = &j->seqs[j->seq_of[d]];
         const kvl__kv_blocks *kc = sq->cache;
         const int n = sq->n_tokens, p0 = sq->n_past;
-        for (int i0 = 0; i0 < n; i0 += tile) {
-            const int r = n - i0 < tile ? n - i0 : tile, Tk = p0 + i0 + r;
-            const double w = prefill_item_cost(Tk, r, group);
-            for (int g = 0; g < Hkv; g++) {
+        for (int g = 0; g < Hkv; g++) {
+            for (int i0 = 0; i0 < n; i0 += tile) {
+                const int r = n - i0 < tile ? n - i0 : tile, Tk = p0 + i0 + r;
+                const double w = prefill_item_cost(Tk, r, group);
                 double mid = cum + 0.5 * w;   /* an item belongs to the part holding its midpoint */
                 cum += w;
                 if (mid < lo || mid >= hi) continue;
