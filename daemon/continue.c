@@ -36,6 +36,7 @@ typedef struct cont {
     char fallback[400];
     int absent;                  /* the session is not on this node (yet) */
     int cached;                  /* tokens in its KV cache before the turn */
+    int imported;                /* of them, translated from spans */
 } cont;
 
 static void set_fallback(cont *c, grpc_status_code code, const char *msg) {
@@ -85,6 +86,7 @@ static int check_state(cont *c) {
     else if (in->native_only && si.n_imported > 0) why = "translated";
     if (!why) {
         c->cached = si.n_cached;
+        c->imported = si.n_imported;
         return 1;
     }
     if (in->held == 0 && si.state == KVLD_IDLE) {
@@ -346,7 +348,18 @@ void kvld_rpc_continue(kvl__rpc_call *call, const uint8_t *req, size_t len, void
         goto done;
     }
     if (!check_state(&c)) goto done;
-    if (in->pull && in->pull->source_tokens > in->held) pull(&c);
+    if (in->pull && in->pull->source_tokens > in->held) {
+        if (c.imported > 0 && in->pull->source_tokens == (uint32_t)c.cached + 1) {
+            /* A span pushed ahead: this node caches all the source did but the last sampled
+             * token, which the source has not run through its model either.  Asking would cost
+             * a round trip to the source for an empty answer; the token comes with the request
+             * and is prefilled with the turn's input. */
+            c.res.mode = KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_TRANSLATE;
+            c.res.span_t0 = c.res.span_t1 = (uint32_t)c.cached;
+        } else {
+            pull(&c);
+        }
+    }
     /* the session, created here when neither it nor an import existed */
     kvld_session *s = NULL;
     int created = 0;

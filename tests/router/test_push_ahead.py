@@ -121,6 +121,13 @@ def check_push_fleet(a, policy, want, want_races, one_call):
               "P turn 1: pushed_ahead_tokens %d, expected %d" % (p1.pushed_ahead_tokens, p0.context_tokens - 1))
         check(want["P"][1][1].span_tokens == p0.context_tokens - 1,
               "control P turn 1 shipped %d" % want["P"][1][1].span_tokens)
+        if one_call:
+            # b0 caches all a0 does but the last sampled token, which it prefills with the turn:
+            # the push's export is the session's only one on a0 (no round trip for an empty span)
+            with open(os.path.join(fleet.work, "kvld-qwen3-a.log")) as f:
+                exports = [ln for ln in f if "method=ExportSpan" in ln and "session=%s " % got["P"][0][2] in ln]
+            check(len(exports) == 1, "P: %d ExportSpan calls on a0, expected the push's only:\n%s" % (
+                len(exports), "".join(exports)))
         # H: the hint pushed b0 -> a0
         h1 = got["H"][1][1]
         check(h1.switch_mode == TRANSLATE and h1.span_tokens == 0 and h1.pushed_ahead_tokens > 0,
