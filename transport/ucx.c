@@ -209,12 +209,14 @@ static void ucx_free(kvl__transport *t);
  * medians of 9, two runs each), the target's wait for the whole span was 0.63-0.66 ms for a
  * 64-token span of 131 KB, 0.64-0.75 ms at 512 tokens (1 MB) and 1.53-1.77 ms at 2048 (4.2 MB),
  * against 0.05-0.06, 0.24-0.31 and 0.86-1.09 ms sent eagerly (copied through the shared-memory
- * segments as the receiver takes them).  Where an RDMA device is present, rendezvous is how a
+ * segments as the receiver takes them).  Larger spans gain too (CMA left out, below): qwen3-b -> qwen3-a at 2048 tokens (12.6 MB) switched in 14.2-15.0 ms by rendezvous,
+ * 10.0-11.3 ms eagerly; Qwen2.5-0.5B's 2048-token span (50 MB) waited 10.2-11.6 ms for the
+ * transfer by rendezvous, 5.1-5.9 ms eagerly.  Where an RDMA device is present, rendezvous is how a
  * span moves without copies between hosts, so UCX's threshold stays.  UCX_RNDV_THRESH in the
  * environment overrides both.  A larger eager message does not let a sender park more data at a
  * receiver than before: unexpected fragments arrive at the rate the receiver takes them, and
  * drain_unexpected drops them as it does small ones. */
-#define KVL_UCX_EAGER_MAX "8mb"
+#define KVL_UCX_EAGER_MAX "256mb"
 
 static int rdma_device_present(void) {
     DIR *d = opendir("/sys/class/infiniband");
