@@ -213,38 +213,29 @@ kvl_status kvl__span_encode(const kvl__span_source *src, uint32_t t0, uint32_t t
     size_t row = (size_t)src->n_kv_heads * src->head_dim;
     size_t per_layer = (size_t)n * row, nf = (size_t)src->n_layers * per_layer;
     int32_t *ids = (int32_t *)(void *)(buf + 2 * nf * eb);
-    /* bf16: each layer's plane is read as float32 into a buffer (a kept one), then rounded */
-    float *tmp = src->bf16 ? (float *)(void *)kvl__spanbuf_take(src->bufs, per_layer * sizeof(float)) : NULL;
+    /* bf16: each layer is read as float32 into a layer-sized buffer (a kept one), then rounded */
+    float *tmp = src->bf16 ? (float *)(void *)kvl__spanbuf_take(src->bufs, 2 * per_layer * sizeof(float)) : NULL;
     if (src->bf16 && !tmp) {
         kvl__spanbuf_give(src->bufs, buf);
-        return kvl__errorf(KVL_ERR_NOMEM, "span: encode: %zu floats of one layer", per_layer);
+        return kvl__errorf(KVL_ERR_NOMEM, "span: encode: %zu floats of one layer", 2 * per_layer);
     }
-    /* The payload is [K: layers][V: layers][ids], read in that order one (plane, layer) at a
-     * time so that each part is hashed while it is still in cache: one pass over the span's
-     * bytes instead of a copy and then a checksum pass (streaming XXH3 is the same hash). */
-    XXH3_state_t *hs = XXH3_createState();
-    if (hs && XXH3_64bits_reset(hs) != XXH_OK) {
-        XXH3_freeState(hs);
-        hs = NULL;   /* hashed at the end instead */
-    }
-    for (int plane = 0; plane < 2; plane++)
-        for (uint32_t l = 0; l < src->n_layers; l++) {
-            const size_t off = (size_t)plane * nf + l * per_layer;   /* elements into buf */
-            float *dst = tmp ? tmp : (float *)(void *)buf + off;
-            kvl_status st = src->read_prenorm(src->ctx, (int)l, (int)t0, (int)t1, plane ? NULL : dst,
-                                              plane ? dst : NULL);
-            if (st != KVL_OK) {
-                if (hs) XXH3_freeState(hs);
-                kvl__spanbuf_give(src->bufs, (uint8_t *)tmp);
-                kvl__spanbuf_give(src->bufs, buf);
-                return st;
-            }
-            if (tmp) kvl__bf16_round_n((uint16_t *)(void *)buf + off, tmp, per_layer);
-            if (hs) kvl__xxh3_64_update(hs, buf + off * eb, per_layer * eb);
+    for (uint32_t l = 0; l < src->n_layers; l++) {
+        float *k = tmp ? tmp : (float *)(void *)buf + l * per_layer;
+        float *v = tmp ? tmp + per_layer : (float *)(void *)buf + nf + l * per_layer;
+        kvl_status st = src->read_prenorm(src->ctx, (int)l, (int)t0, (int)t1, k, v);
+        if (st != KVL_OK) {
+            kvl__spanbuf_give(src->bufs, (uint8_t *)tmp);
+            kvl__spanbuf_give(src->bufs, buf);
+            return st;
         }
+        if (tmp) {
+            uint16_t *k16 = (uint16_t *)(void *)buf + l * per_layer, *v16 = (uint16_t *)(void *)buf + nf + l * per_layer;
+            kvl__bf16_round_n(k16, k, per_layer);
+            kvl__bf16_round_n(v16, v, per_layer);
+        }
+    }
     kvl__spanbuf_give(src->bufs, (uint8_t *)tmp);
     memcpy(ids, src->ids + t0, n * sizeof(int32_t));
-    if (hs) kvl__xxh3_64_update(hs, ids, n * sizeof(int32_t));
     kvlingo__v1__model_id__init(&ids_storage->source);
     kvlingo__v1__model_id__init(&ids_storage->target);
     ids_storage->source.name = (char *)(src->model_name ? src->model_name : "");
@@ -262,8 +253,7 @@ kvl_status kvl__span_encode(const kvl__span_source *src, uint32_t t0, uint32_t t
     h->t0 = t0;
     h->t1 = t1;
     h->payload_bytes = bytes;
-    h->checksum = hs ? XXH3_64bits_digest(hs) : kvl__span_checksum(buf, (size_t)bytes);
-    if (hs) XXH3_freeState(hs);
+    h->checksum = kvl__span_checksum(buf, (size_t)bytes);
     *payload = buf;
     *len = (size_t)bytes;
     return KVL_OK;

@@ -83,9 +83,7 @@ kvl_status kvl__span_payload_check(const Kvlingo__V1__SpanHeader *h, const uint8
 
 /* Where an encoded span comes from: the source model's identity and geometry, the token ids it
  * holds, and a reader of its pre-norm K/V (the node's backend export: kvl_cache_read_prenorm on
- * the node's cache).  The codec reads nothing else of the source.  The reader is asked for one
- * plane at a time (k_out or v_out NULL: that plane is not wanted), every layer's K before any V,
- * layers in order: the order the payload holds them. */
+ * the node's cache).  The codec reads nothing else of the source. */
 typedef kvl_status (*kvl__span_read_fn)(const void *ctx, int layer, int t0, int t1, float *k_out,
                                         float *v_out);
 typedef struct kvl__span_source {
