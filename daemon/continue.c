@@ -351,9 +351,11 @@ void kvld_rpc_continue(kvl__rpc_call *call, const uint8_t *req, size_t len, void
     if (in->pull && in->pull->source_tokens > in->held) {
         if (c.imported > 0 && in->pull->source_tokens == (uint32_t)c.cached + 1) {
             /* A span pushed ahead: this node caches all the source did but the last sampled
-             * token, which the source has not run through its model either.  Asking would cost
-             * a round trip to the source for an empty answer; the token comes with the request
-             * and is prefilled with the turn's input. */
+             * token, which the source normally has not run through its model either, so asking
+             * would cost a round trip for an empty answer.  The token comes with the request and
+             * is prefilled with the turn's input (natively, where a source that had cached it
+             * would have shipped it translated).  The source is not asked, so a source that is
+             * down is not noticed by this turn. */
             c.res.mode = KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_TRANSLATE;
             c.res.span_t0 = c.res.span_t1 = (uint32_t)c.cached;
         } else {

@@ -103,8 +103,10 @@ static void *progress_main(void *arg) {
             cond_wait_ms(&u->cv, &u->mu, 1);
             continue;
         }
+        /* in batches, so that a message nobody posted a receive for is matched and dropped
+         * while it streams in, not kept fragment by fragment until the stream ends */
         unsigned n = 0;
-        while (ucp_worker_progress(u->worker)) n++;
+        while (n < 64 && ucp_worker_progress(u->worker)) n++;
         drain_unexpected(u);
         int busy = u->outstanding > 0;
         pthread_mutex_unlock(&u->mu);
@@ -209,14 +211,19 @@ static void ucx_free(kvl__transport *t);
  * medians of 9, two runs each), the target's wait for the whole span was 0.63-0.66 ms for a
  * 64-token span of 131 KB, 0.64-0.75 ms at 512 tokens (1 MB) and 1.53-1.77 ms at 2048 (4.2 MB),
  * against 0.05-0.06, 0.24-0.31 and 0.86-1.09 ms sent eagerly (copied through the shared-memory
- * segments as the receiver takes them).  Larger spans gain too (CMA left out, below): qwen3-b -> qwen3-a at 2048 tokens (12.6 MB) switched in 14.2-15.0 ms by rendezvous,
- * 10.0-11.3 ms eagerly; Qwen2.5-0.5B's 2048-token span (50 MB) waited 10.2-11.6 ms for the
- * transfer by rendezvous, 5.1-5.9 ms eagerly.  Where an RDMA device is present, rendezvous is how a
- * span moves without copies between hosts, so UCX's threshold stays.  UCX_RNDV_THRESH in the
- * environment overrides both.  A larger eager message does not let a sender park more data at a
- * receiver than before: unexpected fragments arrive at the rate the receiver takes them, and
- * drain_unexpected drops them as it does small ones. */
-#define KVL_UCX_EAGER_MAX "256mb"
+ * segments as the receiver takes them).  With CMA left out (below), larger spans gain too, so
+ * the limit is 32 MB there: qwen3-b -> qwen3-a at 2048 tokens (a 12.6 MB span) switched in
+ * 14.2-15.0 ms by rendezvous, 10.0-11.3 ms eagerly, and a 50 MB span of Qwen2.5-0.5B's shape
+ * waited 10.2-11.6 ms against 5.1-5.9 (same host; between hosts over TCP not measured).  The
+ * limit bounds what one message a receiver has no receive for can make UCX hold before
+ * drain_unexpected matches it (its fragments are kept until then; the progress loop below
+ * drains between bounded batches): spans past it, a large model's long context, go by
+ * rendezvous, whose announcement alone waits.  With CMA in use (the operator's UCX_TLS, or peer
+ * failure handling) it stays 8 MB.  Where an RDMA device is present, rendezvous is how a span
+ * moves without copies between hosts, so UCX's threshold stays.  UCX_RNDV_THRESH in the
+ * environment overrides all of these. */
+#define KVL_UCX_EAGER_MAX "32mb"
+#define KVL_UCX_EAGER_MAX_CMA "8mb"
 
 static int rdma_device_present(void) {
     DIR *d = opendir("/sys/class/infiniband");
@@ -544,7 +551,8 @@ kvl_status kvl__transport_ucx_create(kvl__transport **out) {
      * out unless the operator names the transports (UCX_TLS) or asks for failure handling;
      * same-host spans then go through shared memory, a dead peer's transfer stalls, and the
      * send deadline and the ImportSpan call end it as for any other peer. */
-    if (!u->err_mode_peer && !getenv("UCX_TLS")) {
+    const int no_cma = !u->err_mode_peer && !getenv("UCX_TLS");
+    if (no_cma) {
         s = ucp_config_modify(cfg, "TLS", "^cma");
         if (s != UCS_OK) {
             ucp_config_release(cfg);
@@ -555,12 +563,13 @@ kvl_status kvl__transport_ucx_create(kvl__transport **out) {
     }
     /* Spans up to KVL_UCX_EAGER_MAX go eagerly where no RDMA device is present (see above). */
     if (!getenv("UCX_RNDV_THRESH") && !rdma_device_present()) {
-        s = ucp_config_modify(cfg, "RNDV_THRESH", KVL_UCX_EAGER_MAX);
+        const char *eager = no_cma ? KVL_UCX_EAGER_MAX : KVL_UCX_EAGER_MAX_CMA;
+        s = ucp_config_modify(cfg, "RNDV_THRESH", eager);
         if (s != UCS_OK) {
             ucp_config_release(cfg);
             ucx_free(&u->base);
-            return kvl__errorf(KVL_ERR_IO, "transport: ucp_config_modify(RNDV_THRESH=%s): %s",
-                               KVL_UCX_EAGER_MAX, ucs_status_string(s));
+            return kvl__errorf(KVL_ERR_IO, "transport: ucp_config_modify(RNDV_THRESH=%s): %s", eager,
+                               ucs_status_string(s));
         }
     }
     ucp_params_t prm;

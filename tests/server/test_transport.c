@@ -34,8 +34,9 @@ static void test_send_recv(void **state) {
     size_t alen;
     kvl__transport_address(b, &addr, &alen);
     assert_true(alen > 0);
-    size_t sizes[] = {1, 4096, 8u << 20};
-    for (int i = 0; i < 3; i++) {
+    /* up to past the old 8 MB eager limit: 24 MB goes eagerly now (transport/ucx.c) */
+    size_t sizes[] = {1, 4096, 8u << 20, 24u << 20};
+    for (int i = 0; i < 4; i++) {
         size_t n = sizes[i];
         uint8_t *src = malloc(n), *dst = calloc(1, n);
         for (size_t j = 0; j < n; j++) src[j] = (uint8_t)(j * 7 + i);
@@ -84,7 +85,7 @@ static void test_send_recv(void **state) {
     /* a message for a tag no receive was posted for (a guessed tag, a transfer whose import
      * ended): the receiver takes it into scratch memory and drops it, small or large, so it
      * never piles up; the sender sees it leave */
-    size_t big_n = 8u << 20;
+    size_t big_n = 24u << 20;
     uint8_t *bigbuf = calloc(1, big_n);
     uint64_t dropped0 = kvl__transport_unmatched_dropped(b);
     int64_t t0 = kvl__now_ms();
@@ -467,11 +468,49 @@ static void test_span_checksum_portable(void **state) {
     free(b);
 }
 
+/* The rendezvous path (spans past the eager limit, or where UCX_RNDV_THRESH says so): the same
+ * bytes arrive, and a message nobody receives is still dropped. */
+static void test_send_rendezvous(void **state) {
+    (void)state;
+    assert_int_equal(setenv("UCX_RNDV_THRESH", "1mb", 1), 0);
+    kvl__transport *a, *b;
+    assert_int_equal(kvl__transport_create("ucx", &a), KVL_OK);
+    assert_int_equal(kvl__transport_create("ucx", &b), KVL_OK);
+    unsetenv("UCX_RNDV_THRESH");
+    const uint8_t *addr;
+    size_t alen;
+    kvl__transport_address(b, &addr, &alen);
+    const size_t n = 24u << 20;
+    uint8_t *src = malloc(n), *dst = calloc(1, n);
+    assert_true(src && dst);
+    for (size_t j = 0; j < n; j++) src[j] = (uint8_t)(j * 13 + 5);
+    uint64_t tag = kvl__transport_new_tag(b);
+    kvl__transport_recv *r;
+    size_t got;
+    assert_int_equal(kvl__transport_recv_post(b, tag, dst, n, &r), KVL_OK);
+    assert_int_equal(kvl__transport_send(a, addr, alen, tag, src, n, 10000, NULL), KVL_OK);
+    assert_int_equal(kvl__transport_recv_wait(b, r, 10000, NULL, &got), KVL_OK);
+    assert_int_equal(got, n);
+    assert_memory_equal(src, dst, n);
+    kvl__transport_recv_free(b, r);
+    uint64_t dropped0 = kvl__transport_unmatched_dropped(b);
+    assert_int_equal(kvl__transport_send(a, addr, alen, kvl__transport_new_tag(b), src, n, 5000, NULL),
+                     KVL_OK);
+    int64_t t0 = kvl__now_ms();
+    while (kvl__transport_unmatched_dropped(b) < dropped0 + 1 && kvl__now_ms() - t0 < 5000) usleep(1000);
+    assert_int_equal(kvl__transport_unmatched_dropped(b), dropped0 + 1);
+    free(src);
+    free(dst);
+    kvl__transport_free(a);
+    kvl__transport_free(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_span_checksum_portable),
         cmocka_unit_test(test_span_vector_paths),
         cmocka_unit_test(test_send_recv),
+        cmocka_unit_test(test_send_rendezvous),
         cmocka_unit_test(test_span_codec),
         cmocka_unit_test(test_span_codec_bf16),
         cmocka_unit_test(test_spanbufs),
