@@ -22,8 +22,6 @@
 #define KVL_AVX2 __attribute__((target("avx2,fma")))
 #endif
 
-void kvl__bf16_from_f32(uint16_t *dst, const float *src, size_t n) { kvl__bf16_round_n(dst, src, n); }
-
 /* ---- kernel choice ------------------------------------------------------------------------ */
 
 static int cpu_has_avx512(void) {
@@ -86,16 +84,11 @@ const char *kvl__bf16_kernel_name(kvl__bf16_kernel k) {
                                             : "auto";
 }
 
-/* ---- widening (exact) --------------------------------------------------------------------- */
-
 #ifdef KVL_HAVE_X86_KERNELS
-/* 8 bf16 at p widened to float32 (exact) */
+/* 8 bf16 at p widened to float32 (exact), for the AVX2 tiles */
 #define KVL_WIDEN8(p) \
     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
-
 #endif
-
-void kvl__bf16_to_f32_n(float *dst, const uint16_t *src, size_t n) { kvl__bf16_widen_n(dst, src, n); }
 
 /* ---- small T ------------------------------------------------------------------------------ */
 

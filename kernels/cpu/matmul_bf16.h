@@ -40,11 +40,12 @@
  * 6 rows 2.1 vs 1.9, 9 rows 3.2 vs 2.0, 16 rows 5.0 vs 1.9. */
 #define KVL__BF16_AMX_MIN_T 6
 
-/* float32 -> bf16, round to nearest even (NaN stays NaN), and back (exact): engine/base/bf16.h */
+/* float32 -> bf16, round to nearest even (NaN stays NaN), and back (exact), one value or an
+ * array: engine/base/bf16.h */
 #define kvl__f32_to_bf16 kvl__bf16_round
 #define kvl__bf16_to_f32 kvl__bf16_widen
-void kvl__bf16_from_f32(uint16_t *dst, const float *src, size_t n);
-void kvl__bf16_to_f32_n(float *dst, const uint16_t *src, size_t n);
+#define kvl__bf16_from_f32 kvl__bf16_round_n
+#define kvl__bf16_to_f32_n kvl__bf16_widen_n
 
 /* The kernels a run can choose: AUTO picks AMX where kvl__amx_usable() (matmul_bf16_amx.h) and
  * the CPU has AVX512, else AVX512 when the CPU reports avx512f + avx512bw + avx512vl, else AVX2
