@@ -33,7 +33,9 @@ usage: bench_switch.py --build BUILD_DIR [--contexts 64,512,2048] [--repeats 5]
 --push-ahead: instead, the switch after a push-ahead (router/push_ahead.h): the source turn
 carries SendRequest.prefetch_model = the target's model, the bench waits until the router has
 shipped the span in the background (GetSession: the target holds it), then times the switch,
-which ships 0 tokens; against the plain translated switch and re-prefill of the same turn.
+which ships 0 tokens; against the plain translated switch and re-prefill of the same turn.  The
+"at once" column sends the switched turn as soon as the source turn ends, as a program driving
+the session would: the push may still be running, and the turn waits for it.
 """
 import argparse
 import json
@@ -236,18 +238,18 @@ def push_ahead_tables(c, corpus, user, contexts, pairs, a):
     print("bench_switch --push-ahead: the switched turn after the router pushed the span ahead")
     for src, dst in pairs:
         print("\n%s -> %s" % (src, dst))
-        print("%8s | %12s %6s | %12s %6s | %12s | %8s %8s | %10s" % (
-            "context", "push-ahead", "span", "switch", "span", "re-prefill", "ratio", "ratio_t",
-            "push wait"))
+        print("%8s | %12s %6s | %12s %6s | %12s %6s | %12s | %8s %8s | %10s" % (
+            "context", "push-ahead", "span", "at once", "span", "switch", "span", "re-prefill", "ratio",
+            "ratio_t", "push wait"))
         for ctx in contexts:
             prompt = corpus[:ctx]
-            res = {"a": [], "t": [], "p": [], "w": []}
+            res = {"a": [], "i": [], "t": [], "p": [], "w": [], "si": []}
             spans = {}
             for r in range(a.repeats + 1):     # the first repeat warms up every path
-                for mode in ("a", "t", "p"):
+                for mode in ("a", "i", "t", "p"):
                     sid = c.create_session()
                     _, _, s0 = c.send_all(sid, tokens=prompt, max_tokens=1, model=src,
-                                          prefetch_model=dst if mode == "a" else "")
+                                          prefetch_model=dst if mode in ("a", "i") else "")
                     if mode == "a":
                         wait = wait_pushed(c, sid, s0.node, s0.context_tokens - 1)
                     ttft, s = client_turn(c, sid, tokens=user, max_tokens=1, model=dst,
@@ -263,14 +265,18 @@ def push_ahead_tables(c, corpus, user, contexts, pairs, a):
                         res[mode].append(ttft)
                         if mode == "a":
                             res["w"].append(wait)
+                        if mode == "i":
+                            res["si"].append(s.span_tokens)
                     c.close_session(sid)
-            ma, mt, mp = (statistics.median(res[k]) for k in ("a", "t", "p"))
-            print("%8d | %9.2f ms %6d | %9.2f ms %6d | %9.2f ms | %7.1fx %7.1fx | %7.2f ms" % (
-                ctx, ma * 1e3, spans["a"], mt * 1e3, spans["t"], mp * 1e3, mp / ma, mt / ma,
-                statistics.median(res["w"]) * 1e3))
+            ma, mi, mt, mp = (statistics.median(res[k]) for k in ("a", "i", "t", "p"))
+            print("%8d | %9.2f ms %6d | %9.2f ms %6d | %9.2f ms %6d | %9.2f ms | %7.1fx %7.1fx | %7.2f ms" % (
+                ctx, ma * 1e3, spans["a"], mi * 1e3, statistics.median(res["si"]), mt * 1e3, spans["t"],
+                mp * 1e3, mp / ma, mt / ma, statistics.median(res["w"]) * 1e3))
     print("\n(client-measured TTFT of the switched turn; push-ahead = after the router shipped the span "
-          "in the background; ratio = re-prefill / push-ahead, ratio_t = switch / push-ahead; push wait = "
-          "from the source turn's end until the target's holding was recorded)")
+          "in the background; at once = the switched turn sent as soon as the source turn ended, while the "
+          "push may still run (the turn waits for it, or ships the span itself when the push had not "
+          "started), span = its median; ratio = re-prefill / push-ahead, ratio_t = switch / push-ahead; "
+          "push wait = from the source turn's end until the target's holding was recorded)")
 
 
 def main():

@@ -48,6 +48,11 @@ struct kvr_push_ahead {
     int n_done, done_next;
     pthread_t th[MAX_WORKERS];
     int n_th, stop;
+    /* the sessions whose lease a worker holds now ("" none), and the signal of each release:
+     * a turn that finds the lease busy waits for it (kvr_push_ahead_wait) instead of polling */
+    char holding[MAX_WORKERS][KVR_ID_MAX];
+    pthread_cond_t released;
+    struct push_worker { struct kvr_push_ahead *p; int w; } wk[MAX_WORKERS];
     char owner[KVR_NAME_MAX];   /* lease owner of pushes: "REPLICA/push"                    */
 };
 
@@ -263,17 +268,49 @@ static const char *push_locked(kvr_push_ahead *p, const push_job *j, const kvr_l
     return "shipped";
 }
 
-static void run_job(kvr_push_ahead *p, const push_job *j) {
+static void set_holding(kvr_push_ahead *p, int w, const char *sid) {
+    pthread_mutex_lock(&p->mu);
+    snprintf(p->holding[w], sizeof p->holding[w], "%s", sid);
+    if (!sid[0]) pthread_cond_broadcast(&p->released);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* One job on worker w. */
+static void run_job(kvr_push_ahead *p, int w, const push_job *j) {
     kvr_lease lease;
     int taken = take_lease(p, j, &lease);
     if (taken <= 0) { count(p, taken ? "skipped" : "skipped_busy"); return; }
+    set_holding(p, w, j->sid);
     kvr_session s;
     memset(&s, 0, sizeof s);
     const char *res = push_locked(p, j, &lease, &s);
     kvr_session_clear(&s);
     if (kvr_ledger_lease_release(p->r->ledger, j->sid, p->owner, lease.gen))
         kvl__svc_log_text("warn", "push-ahead %s: releasing the lease: %s", j->sid, kvl_last_error());
+    set_holding(p, w, "");
     count(p, res);
+}
+
+static int holds(const kvr_push_ahead *p, const char *sid) {
+    for (int w = 0; w < MAX_WORKERS; w++)
+        if (!strcmp(p->holding[w], sid)) return 1;
+    return 0;
+}
+
+int kvr_push_ahead_wait(kvr_push_ahead *p, const char *sid, double timeout_s) {
+    if (!p || !sid || !sid[0] || !(timeout_s > 0)) return 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double end = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + timeout_s;
+    ts.tv_sec = (time_t)end;
+    ts.tv_nsec = (long)((end - (double)ts.tv_sec) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    pthread_mutex_lock(&p->mu);
+    int waited = holds(p, sid);
+    while (holds(p, sid) && !p->stop)
+        if (pthread_cond_timedwait(&p->released, &p->mu, &ts)) break;   /* ETIMEDOUT */
+    pthread_mutex_unlock(&p->mu);
+    return waited;
 }
 
 /* Pushes recorded SWEEP_AFTER_S ago or more, not yet looked at: a session that ended since
@@ -302,7 +339,8 @@ static void sweep(kvr_push_ahead *p) {
 }
 
 static void *worker(void *arg) {
-    kvr_push_ahead *p = arg;
+    const struct push_worker *wk = arg;
+    kvr_push_ahead *p = wk->p;
     for (;;) {
         pthread_mutex_lock(&p->mu);
         if (!p->stop && p->n == 0) {
@@ -321,7 +359,7 @@ static void *worker(void *arg) {
             p->n--;
         }
         pthread_mutex_unlock(&p->mu);
-        if (have) run_job(p, &j);
+        if (have) run_job(p, wk->w, &j);
         sweep(p);
     }
     return NULL;
@@ -360,10 +398,12 @@ kvl_status kvr_push_ahead_create(kvr_router *r, kvr_push_ahead **out) {
     snprintf(p->owner, sizeof p->owner, "%.58s/push", c->replica_id);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
+    pthread_cond_init(&p->released, NULL);
     int nw = (int)c->push_ahead_workers;
     if (nw > MAX_WORKERS) nw = MAX_WORKERS;
     for (int i = 0; i < nw; i++) {
-        if (pthread_create(&p->th[i], NULL, worker, p)) {
+        p->wk[i] = (struct push_worker){.p = p, .w = i};
+        if (pthread_create(&p->th[i], NULL, worker, &p->wk[i])) {
             kvr_push_ahead_free(p);
             return kvl__errorf(KVL_ERR_INTERNAL, "push-ahead: starting worker %d of %d failed", i + 1, nw);
         }
@@ -378,9 +418,11 @@ void kvr_push_ahead_free(kvr_push_ahead *p) {
     pthread_mutex_lock(&p->mu);
     p->stop = 1;
     pthread_cond_broadcast(&p->cv);
+    pthread_cond_broadcast(&p->released);
     pthread_mutex_unlock(&p->mu);
     for (int i = 0; i < p->n_th; i++) pthread_join(p->th[i], NULL);
     pthread_cond_destroy(&p->cv);
+    pthread_cond_destroy(&p->released);
     pthread_mutex_destroy(&p->mu);
     free(p->q);
     free(p->done);

@@ -55,4 +55,11 @@ void kvr_push_ahead_after_turn(kvr_push_ahead *p, const struct kvr_turn_req *req
                                const struct kvr_policy_input *in,
                                const struct kvr_policy_state *st, struct kvr_turn_out *out);
 
+/* A turn that found the session's lease busy: when a push of this replica holds it, wait until
+ * that push releases it (or timeout_s passes) and return 1; else return 0 at once (the holder
+ * is another replica, or a push not yet marked: the caller backs off and tries again).  Lets
+ * the turn that follows a push start when the push ends instead of at its next poll.
+ * p == NULL: 0. */
+int kvr_push_ahead_wait(kvr_push_ahead *p, const char *sid, double timeout_s);
+
 #endif

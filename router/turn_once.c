@@ -10,6 +10,7 @@
  * both commit a turn of one session. */
 #include "router.h"
 #include "log.h"
+#include "push_ahead.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,10 @@
 #include "clock.h"
 #include "error.h"
 
+/* Polls of a busy lease back off from WAIT_FIRST_S to WAIT_STEP_S: a lease held by a push of
+ * this replica is waited on instead (kvr_push_ahead_wait), and one held by a turn on another
+ * replica is usually free within a few milliseconds of its first token stream ending. */
+#define WAIT_FIRST_S 0.001
 #define WAIT_STEP_S 0.05
 
 static void sleep_s(double s) {
@@ -28,7 +33,7 @@ static void sleep_s(double s) {
 
 static kvl_status take_lease(kvr_router *r, const char *sid, kvr_lease *lease) {
     const kvr_config *c = r->cfg;
-    double deadline = kvl__now_s() + c->lease_wait_ms / 1000.0;
+    double deadline = kvl__now_s() + c->lease_wait_ms / 1000.0, step = WAIT_FIRST_S;
     for (;;) {
         kvl_status s = kvr_ledger_lease_acquire(r->ledger, sid, kvr_leases_owner(r->leases), kvr_wall_now(),
                                                 c->lease_ms / 1000.0, lease);
@@ -37,7 +42,11 @@ static kvl_status take_lease(kvr_router *r, const char *sid, kvr_lease *lease) {
                 kvr_metrics_inc(r->metrics, "kvlingo_router_lease_conflicts_total", "", 1);
             return s;
         }
-        sleep_s(WAIT_STEP_S);
+        double left = deadline - kvl__now_s();
+        if (left > 0 && !kvr_push_ahead_wait(r->push, sid, left)) {
+            sleep_s(step < left ? step : left);
+            step = step * 2 < WAIT_STEP_S ? step * 2 : WAIT_STEP_S;
+        }
     }
 }
 
