@@ -13,10 +13,21 @@
 
 #include "error.h"
 
+/* Prepared statements kept for the connection's life, keyed by their SQL's address (each is a
+ * string literal of this file): a turn runs a dozen statements, and compiling each one anew
+ * (parse, plan, code generation) cost about as much as running it. */
+#define SQ_STMT_CACHE 48
+typedef struct sq_stmt {
+    const char *sql;
+    sqlite3_stmt *st;
+} sq_stmt;
+
 typedef struct sq {
     sqlite3 *db;
-    pthread_mutex_t mu;
+    pthread_mutex_t mu;           /* held around every use of db and of the cache */
     char shown[256];
+    sq_stmt cache[SQ_STMT_CACHE];
+    int n_cache;
 } sq;
 
 static const char *k_pragmas =
@@ -58,11 +69,38 @@ static kvl_status db_err(sq *q, const char *what) {
     return kvl__errorf(KVL_ERR_IO, "ledger %s: %s: %s", q->shown, what, sqlite3_errmsg(q->db));
 }
 
+/* The statement for `sql` (a literal of this file), ready to bind and step: from the cache, or
+ * compiled now (and kept while the cache has room).  Hand it back with done(). */
+static int prep(sq *q, const char *sql, sqlite3_stmt **out) {
+    *out = NULL;
+    for (int i = 0; i < q->n_cache; i++)
+        if (q->cache[i].sql == sql) {
+            *out = q->cache[i].st;
+            return SQLITE_OK;
+        }
+    int rc = sqlite3_prepare_v3(q->db, sql, -1, SQLITE_PREPARE_PERSISTENT, out, NULL);
+    if (rc == SQLITE_OK && q->n_cache < SQ_STMT_CACHE) q->cache[q->n_cache++] = (sq_stmt){sql, *out};
+    return rc;
+}
+
+/* After a statement from prep(): reset (which also ends the read it may hold open) and unbind
+ * a cached one, finalize one the cache had no room for. */
+static void done(sq *q, sqlite3_stmt *st) {
+    if (!st) return;
+    for (int i = 0; i < q->n_cache; i++)
+        if (q->cache[i].st == st) {
+            sqlite3_reset(st);
+            sqlite3_clear_bindings(st);
+            return;
+        }
+    sqlite3_finalize(st);
+}
+
 /* Run one statement with binds given as a format: 't' text, 'i' int64, 'd' double, 'b' blob
  * (ptr, len).  Returns the sqlite rc of the last step (SQLITE_OK when done). */
 static int exec_bind(sq *q, const char *sql, const char *fmt, ...) {
     sqlite3_stmt *st = NULL;
-    int rc = sqlite3_prepare_v2(q->db, sql, -1, &st, NULL);
+    int rc = prep(q, sql, &st);
     if (rc != SQLITE_OK) return rc;
     va_list ap;
     va_start(ap, fmt);
@@ -83,7 +121,7 @@ static int exec_bind(sq *q, const char *sql, const char *fmt, ...) {
     if (rc == SQLITE_OK) {
         do rc = sqlite3_step(st); while (rc == SQLITE_ROW);
     }
-    sqlite3_finalize(st);
+    done(q, st);
     return rc == SQLITE_DONE ? SQLITE_OK : rc;
 }
 
@@ -127,6 +165,7 @@ static kvl_status migrate(sq *q, int *schema) {
 static void sq_close(void *impl) {
     sq *q = impl;
     if (!q) return;
+    for (int i = 0; i < q->n_cache; i++) sqlite3_finalize(q->cache[i].st);
     if (q->db) sqlite3_close_v2(q->db);
     pthread_mutex_destroy(&q->mu);
     free(q);
@@ -189,14 +228,14 @@ static void copy_col(char *dst, size_t cap, sqlite3_stmt *st, int col) {
 
 static kvl_status load_locked(sq *q, const char *id, int with_tokens, kvr_session *out) {
     sqlite3_stmt *st = NULL;
-    if (sqlite3_prepare_v2(q->db,
+    if (prep(q,
                            "SELECT state,created,last_used,n_turns,n_tokens,current_node,model,"
-                           "pol_level,pol_calm,tenant FROM sessions WHERE id=?", -1, &st, NULL) != SQLITE_OK)
+                           "pol_level,pol_calm,tenant FROM sessions WHERE id=?", &st) != SQLITE_OK)
         return db_err(q, "load session");
     sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
     int rc = sqlite3_step(st);
     if (rc != SQLITE_ROW) {
-        sqlite3_finalize(st);
+        done(q, st);
         if (rc == SQLITE_DONE) return kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", id);
         return db_err(q, "load session");
     }
@@ -211,14 +250,13 @@ static kvl_status load_locked(sq *q, const char *id, int with_tokens, kvr_sessio
     out->pol_level = sqlite3_column_int(st, 7);
     out->pol_calm = sqlite3_column_int(st, 8);
     copy_col(out->tenant, sizeof out->tenant, st, 9);
-    sqlite3_finalize(st);
+    done(q, st);
     if (out->n_tokens < 0 || out->n_tokens > (1 << 28) || out->state < KVR_SESSION_OPEN ||
         out->state > KVR_SESSION_EXPIRED)
         return kvl__errorf(KVL_ERR_FORMAT, "ledger %s: session '%s': state %d, %d tokens", q->shown, id,
                           (int)out->state, out->n_tokens);
 
-    if (sqlite3_prepare_v2(q->db, "SELECT node,n_tokens FROM holdings WHERE session=? ORDER BY node",
-                           -1, &st, NULL) != SQLITE_OK)
+    if (prep(q, "SELECT node,n_tokens FROM holdings WHERE session=? ORDER BY node", &st) != SQLITE_OK)
         return db_err(q, "load holdings");
     sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
     while ((rc = sqlite3_step(st)) == SQLITE_ROW && out->n_holdings < KVR_MAX_HOLDINGS) {
@@ -226,14 +264,13 @@ static kvl_status load_locked(sq *q, const char *id, int with_tokens, kvr_sessio
         copy_col(h->node, sizeof h->node, st, 0);
         h->n_tokens = sqlite3_column_int(st, 1);
     }
-    sqlite3_finalize(st);
+    done(q, st);
 
     /* an ended session's tokens are deleted: nothing to load */
     if (!with_tokens || out->state != KVR_SESSION_OPEN) return KVL_OK;
     out->tokens = malloc(sizeof(int32_t) * (size_t)(out->n_tokens ? out->n_tokens : 1));
     if (!out->tokens) return kvl__errorf(KVL_ERR_NOMEM, "ledger: %d tokens", out->n_tokens);
-    if (sqlite3_prepare_v2(q->db, "SELECT t0,ids FROM chunks WHERE session=? ORDER BY t0", -1, &st,
-                           NULL) != SQLITE_OK)
+    if (prep(q, "SELECT t0,ids FROM chunks WHERE session=? ORDER BY t0", &st) != SQLITE_OK)
         return db_err(q, "load tokens");
     sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
     int have = 0;
@@ -252,7 +289,7 @@ static kvl_status load_locked(sq *q, const char *id, int with_tokens, kvr_sessio
         if (n) memcpy(out->tokens + have, blob, (size_t)bytes);
         have += n;
     }
-    sqlite3_finalize(st);
+    done(q, st);
     if (!s && rc != SQLITE_DONE && rc != SQLITE_ROW) s = db_err(q, "load tokens");
     if (!s && have != out->n_tokens)
         s = kvl__errorf(KVL_ERR_FORMAT, "ledger: session '%s': %d tokens stored, %d expected", id,
@@ -264,9 +301,9 @@ static kvl_status sq_session_load(void *impl, const char *id, int with_tokens, k
     sq *q = impl;
     pthread_mutex_lock(&q->mu);
     /* one read transaction: another process sharing the file commits atomically */
-    int began = sqlite3_exec(q->db, "BEGIN", NULL, NULL, NULL) == SQLITE_OK;
+    int began = exec_bind(q, "BEGIN", NULL) == SQLITE_OK;
     kvl_status s = load_locked(q, id, with_tokens, out);
-    if (began) sqlite3_exec(q->db, "COMMIT", NULL, NULL, NULL);
+    if (began) exec_bind(q, "COMMIT", NULL);
     pthread_mutex_unlock(&q->mu);
     return s;
 }
@@ -278,7 +315,7 @@ static kvl_status sq_turn_commit(void *impl, const kvr_ledger_commit *c) {
     const char *rid = f && f->request_id ? f->request_id : "";
     pthread_mutex_lock(&q->mu);
     kvl_status s = KVL_OK;
-    if (sqlite3_exec(q->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
+    if (exec_bind(q, "BEGIN IMMEDIATE", NULL) != SQLITE_OK) {
         s = db_err(q, "begin");
         pthread_mutex_unlock(&q->mu);
         return s;
@@ -287,8 +324,7 @@ static kvl_status sq_turn_commit(void *impl, const kvr_ledger_commit *c) {
     int have = -1, state = -1;
     long long gen = 0;
     char owner[KVR_NAME_MAX] = "";
-    if (sqlite3_prepare_v2(q->db, "SELECT n_tokens,state,lease_owner,lease_gen FROM sessions WHERE id=?",
-                           -1, &st, NULL) != SQLITE_OK) {
+    if (prep(q, "SELECT n_tokens,state,lease_owner,lease_gen FROM sessions WHERE id=?", &st) != SQLITE_OK) {
         s = db_err(q, "commit");
     } else {
         sqlite3_bind_text(st, 1, c->id, -1, SQLITE_TRANSIENT);
@@ -301,7 +337,7 @@ static kvl_status sq_turn_commit(void *impl, const kvr_ledger_commit *c) {
         } else if (rc != SQLITE_DONE) {
             s = db_err(q, "commit");
         }
-        sqlite3_finalize(st);
+        done(q, st);
     }
     if (s) {}
     else if (have < 0) s = kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", c->id);
@@ -351,8 +387,8 @@ static kvl_status sq_turn_commit(void *impl, const kvr_ledger_commit *c) {
                       "tti", c->id, c->holdings[i].node, (long long)c->holdings[i].n_tokens) != SQLITE_OK)
             s = db_err(q, "holdings");
     }
-    if (!s && sqlite3_exec(q->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) s = db_err(q, "commit");
-    if (s) sqlite3_exec(q->db, "ROLLBACK", NULL, NULL, NULL);
+    if (!s && exec_bind(q, "COMMIT", NULL) != SQLITE_OK) s = db_err(q, "commit");
+    if (s) exec_bind(q, "ROLLBACK", NULL);
     pthread_mutex_unlock(&q->mu);
     return s;
 }
@@ -372,15 +408,15 @@ static kvl_status sq_session_end(void *impl, const char *id, kvr_session_state s
     sq *q = impl;
     pthread_mutex_lock(&q->mu);
     kvl_status s = KVL_OK;
-    if (sqlite3_exec(q->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) s = db_err(q, "begin");
+    if (exec_bind(q, "BEGIN IMMEDIATE", NULL) != SQLITE_OK) s = db_err(q, "begin");
     if (!s && exec_bind(q, "UPDATE sessions SET state=?, last_used=? WHERE id=?", "idt",
                         (long long)state, now, id) != SQLITE_OK)
         s = db_err(q, "end session");
     if (!s && sqlite3_changes(q->db) == 0) s = kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", id);
     if (!s && exec_bind(q, "DELETE FROM chunks WHERE session=?", "t", id) != SQLITE_OK) s = db_err(q, "end session");
     if (!s && exec_bind(q, "DELETE FROM holdings WHERE session=?", "t", id) != SQLITE_OK) s = db_err(q, "end session");
-    if (!s && sqlite3_exec(q->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) s = db_err(q, "commit");
-    if (s) sqlite3_exec(q->db, "ROLLBACK", NULL, NULL, NULL);
+    if (!s && exec_bind(q, "COMMIT", NULL) != SQLITE_OK) s = db_err(q, "commit");
+    if (s) exec_bind(q, "ROLLBACK", NULL);
     pthread_mutex_unlock(&q->mu);
     return s;
 }
@@ -391,15 +427,15 @@ static kvl_status sq_idle(void *impl, double before, char (*ids)[KVR_ID_MAX], in
     sqlite3_stmt *st = NULL;
     kvl_status s = KVL_OK;
     /* a session under a live lease is being driven by a replica: not idle */
-    if (sqlite3_prepare_v2(q->db, "SELECT id FROM sessions WHERE state=0 AND last_used<? "
-                           "AND lease_expiry<? LIMIT ?", -1, &st, NULL) != SQLITE_OK) {
+    if (prep(q, "SELECT id FROM sessions WHERE state=0 AND last_used<? "
+                           "AND lease_expiry<? LIMIT ?", &st) != SQLITE_OK) {
         s = db_err(q, "idle");
     } else {
         sqlite3_bind_double(st, 1, before);
         sqlite3_bind_double(st, 2, before);
         sqlite3_bind_int(st, 3, max);
         while (sqlite3_step(st) == SQLITE_ROW && *n < max) copy_col(ids[(*n)++], KVR_ID_MAX, st, 0);
-        sqlite3_finalize(st);
+        done(q, st);
     }
     pthread_mutex_unlock(&q->mu);
     return s;
@@ -411,9 +447,9 @@ static kvl_status sq_lru_on_node(void *impl, const char *node, const char *exclu
     pthread_mutex_lock(&q->mu);
     sqlite3_stmt *st = NULL;
     kvl_status s = KVL_OK;
-    if (sqlite3_prepare_v2(q->db, "SELECT s.id FROM sessions s JOIN holdings h ON h.session=s.id "
+    if (prep(q, "SELECT s.id FROM sessions s JOIN holdings h ON h.session=s.id "
                            "WHERE h.node=? AND s.state=0 AND s.id<>? AND s.lease_expiry<? "
-                           "ORDER BY s.last_used LIMIT ?", -1, &st, NULL) != SQLITE_OK) {
+                           "ORDER BY s.last_used LIMIT ?", &st) != SQLITE_OK) {
         s = db_err(q, "lru");
     } else {
         sqlite3_bind_text(st, 1, node, -1, SQLITE_TRANSIENT);
@@ -421,7 +457,7 @@ static kvl_status sq_lru_on_node(void *impl, const char *node, const char *exclu
         sqlite3_bind_double(st, 3, now);
         sqlite3_bind_int(st, 4, max);
         while (sqlite3_step(st) == SQLITE_ROW && *n < max) copy_col(ids[(*n)++], KVR_ID_MAX, st, 0);
-        sqlite3_finalize(st);
+        done(q, st);
     }
     pthread_mutex_unlock(&q->mu);
     return s;
@@ -444,11 +480,11 @@ static kvl_status sq_count_open(void *impl, long *n) {
     pthread_mutex_lock(&q->mu);
     sqlite3_stmt *st = NULL;
     kvl_status s = KVL_OK;
-    if (sqlite3_prepare_v2(q->db, "SELECT count(*) FROM sessions WHERE state=0", -1, &st, NULL) != SQLITE_OK) {
+    if (prep(q, "SELECT count(*) FROM sessions WHERE state=0", &st) != SQLITE_OK) {
         s = db_err(q, "count");
     } else {
         if (sqlite3_step(st) == SQLITE_ROW) *n = (long)sqlite3_column_int64(st, 0);
-        sqlite3_finalize(st);
+        done(q, st);
     }
     pthread_mutex_unlock(&q->mu);
     return s;
@@ -461,7 +497,7 @@ static kvl_status sq_lease_acquire(void *impl, const char *id, const char *owner
     kvl_status s = KVL_OK;
     /* the read and the compare-and-set in one write transaction: another process on the same
      * file cannot slip between them (BEGIN IMMEDIATE takes the write lock) */
-    if (sqlite3_exec(q->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
+    if (exec_bind(q, "BEGIN IMMEDIATE", NULL) != SQLITE_OK) {
         s = db_err(q, "lease begin");
         pthread_mutex_unlock(&q->mu);
         return s;
@@ -471,8 +507,7 @@ static kvl_status sq_lease_acquire(void *impl, const char *id, const char *owner
     long long gen = 0;
     double expiry = 0;
     char holder[KVR_NAME_MAX] = "";
-    if (sqlite3_prepare_v2(q->db, "SELECT state,lease_owner,lease_gen,lease_expiry FROM sessions WHERE id=?",
-                           -1, &st, NULL) != SQLITE_OK) {
+    if (prep(q, "SELECT state,lease_owner,lease_gen,lease_expiry FROM sessions WHERE id=?", &st) != SQLITE_OK) {
         s = db_err(q, "lease");
     } else {
         sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
@@ -486,7 +521,7 @@ static kvl_status sq_lease_acquire(void *impl, const char *id, const char *owner
         } else if (rc != SQLITE_DONE) {
             s = db_err(q, "lease");
         }
-        sqlite3_finalize(st);
+        done(q, st);
     }
     if (s) {}
     else if (!found) s = kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", id);
@@ -499,8 +534,8 @@ static kvl_status sq_lease_acquire(void *impl, const char *id, const char *owner
         else if (sqlite3_changes(q->db) != 1)
             s = kvr__ledger_busy(id, "(another)", now + ttl_s, now);
     }
-    if (!s && sqlite3_exec(q->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) s = db_err(q, "lease commit");
-    if (s) sqlite3_exec(q->db, "ROLLBACK", NULL, NULL, NULL);
+    if (!s && exec_bind(q, "COMMIT", NULL) != SQLITE_OK) s = db_err(q, "lease commit");
+    if (s) exec_bind(q, "ROLLBACK", NULL);
     pthread_mutex_unlock(&q->mu);
     if (!s) {
         snprintf(out->owner, sizeof out->owner, "%s", owner);
@@ -543,10 +578,9 @@ static kvl_status sq_turn_find(void *impl, const char *id, const char *rid, kvr_
     pthread_mutex_lock(&q->mu);
     sqlite3_stmt *st = NULL;
     kvl_status s = KVL_OK;
-    int began = sqlite3_exec(q->db, "BEGIN", NULL, NULL, NULL) == SQLITE_OK;
-    if (sqlite3_prepare_v2(q->db, "SELECT idx,node,model,mode,fallback,t0,n_user,n_gen,span,ttft,tps,"
-                           "entropy,finish FROM turns WHERE session=? AND request_id=?", -1, &st,
-                           NULL) != SQLITE_OK) {
+    int began = exec_bind(q, "BEGIN", NULL) == SQLITE_OK;
+    if (prep(q, "SELECT idx,node,model,mode,fallback,t0,n_user,n_gen,span,ttft,tps,"
+                           "entropy,finish FROM turns WHERE session=? AND request_id=?", &st) != SQLITE_OK) {
         s = db_err(q, "find turn");
     } else {
         sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
@@ -571,7 +605,7 @@ static kvl_status sq_turn_find(void *impl, const char *id, const char *rid, kvr_
         } else {
             s = db_err(q, "find turn");
         }
-        sqlite3_finalize(st);
+        done(q, st);
     }
     if (!s) {
         kvr_session ses;
@@ -580,7 +614,7 @@ static kvl_status sq_turn_find(void *impl, const char *id, const char *rid, kvr_
         if (!s) s = kvr__ledger_found_tokens(&ses, f);
         kvr_session_clear(&ses);
     }
-    if (began) sqlite3_exec(q->db, "COMMIT", NULL, NULL, NULL);
+    if (began) exec_bind(q, "COMMIT", NULL);
     pthread_mutex_unlock(&q->mu);
     return s;
 }
