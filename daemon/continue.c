@@ -143,7 +143,46 @@ static void pull_shipped(cont *c, const Kvlingo__V1__ExportSpanResponse *resp, d
  * checked and translated here, on this call's thread.  One node-to-node call, no ImportSpan
  * back and no verdict: the source's answer carries the header the payload is checked against
  * (its xxh3-64 came over the authenticated channel), and the receive's tag is random and
- * known only to the two nodes. */
+ * known only to the two nodes.
+ *
+ * The source sends the header behind the payload as well (push_trailer), so the span is
+ * checked and translated the moment its bytes land, while the answer is on its way (one
+ * node-to-node trip less before the forward pass); it is kept only when the answer carries
+ * the same header, byte for byte, and taken back out of the cache otherwise.  When the answer
+ * comes first (a refusal, an empty span, a source that sends no trailer), the span waits for
+ * it as before. */
+typedef struct pull_rx {
+    kvl__transport_recv *rv;
+    uint8_t *buf;              /* [cap]: the payload, then the trailer                        */
+    size_t cap, got;
+    kvl_status st;             /* the receive's outcome, once done                           */
+    double wait_s;             /* from the request to the last byte                          */
+    size_t plen;               /* the payload's bytes: got less the trailer                  */
+    const uint8_t *raw;        /* the trailer's packed header inside buf (NULL: none)        */
+    size_t raw_len;
+} pull_rx;
+
+/* After the receive: where the payload ends and the trailer's header is, if there is one. */
+static void find_trailer(pull_rx *rx) {
+    rx->plen = rx->got;
+    rx->raw = NULL;
+    rx->raw_len = 0;
+    kvl__span_trailer_find(rx->buf, rx->got, &rx->plen, &rx->raw, &rx->raw_len);   /* sets all or none */
+}
+
+/* 1 when the answer's header packs to exactly the trailer's bytes. */
+static int same_header(const Kvlingo__V1__SpanHeader *h, const uint8_t *raw, size_t raw_len) {
+    if (!h || !raw) return 0;
+    size_t n = kvlingo__v1__span_header__get_packed_size(h);
+    if (n != raw_len) return 0;
+    uint8_t *b = malloc(n ? n : 1);
+    if (!b) return 0;
+    kvlingo__v1__span_header__pack(h, b);
+    int same = memcmp(b, raw, n) == 0;
+    free(b);
+    return same;
+}
+
 static void pull_push(cont *c, kvl__rpc_client *cli, const char *src_name, const char *src_hash,
                       int64_t tmo, Kvlingo__V1__ExportSpanRequest *er) {
     kvld_node *n = c->n;
@@ -160,13 +199,15 @@ static void pull_push(cont *c, kvl__rpc_client *cli, const char *src_name, const
     uint64_t max = kvl__span_payload_bytes((uint32_t)te->src_layers, (uint32_t)te->src_kv_heads,
                                            (uint32_t)te->src_head_dim, p->source_tokens - (uint32_t)c->cached);
     kvld_session *s = NULL;
-    int created = 0, landed = 0;
-    uint8_t *payload = NULL;
-    kvl__transport_recv *rv = NULL;
+    int created = 0, landed = 0, pending = 0;
+    pull_rx rx = {0};
+    kvl__rpc_unary *call = NULL;
     Kvlingo__V1__ExportSpanResponse *resp = NULL;
+    Kvlingo__V1__SpanHeader *th = NULL;   /* the trailer's header */
+    const int32_t *ids = NULL;
     kvl__rpc_result rr = {0};
     kvld_span_err e = {0};
-    if (!max) {
+    if (!max || max > SIZE_MAX - KVL_SPAN_TRAILER_MAX) {
         snprintf(m, sizeof m, "a span of %u tokens of '%s' is beyond the span limits",
                  p->source_tokens - (uint32_t)c->cached, src_name);
         set_fallback(c, GRPC_STATUS_OUT_OF_RANGE, m);
@@ -181,20 +222,50 @@ static void pull_push(cont *c, kvl__rpc_client *cli, const char *src_name, const
         kvld_metrics_add(n->metrics, KVLD_C_SESSIONS_OPENED, 1);
         kvld_metrics_set(n->metrics, KVLD_G_SESSIONS, kvld_sessions_count(n->sessions));
     }
-    if (!(payload = kvl__spanbuf_take(n->spanbufs, (size_t)max))) {
-        snprintf(m, sizeof m, "cannot allocate %llu bytes for the span", (unsigned long long)max);
+    rx.cap = (size_t)max + KVL_SPAN_TRAILER_MAX;
+    if (!(rx.buf = kvl__spanbuf_take(n->spanbufs, rx.cap))) {
+        snprintf(m, sizeof m, "cannot allocate %zu bytes for the span", rx.cap);
         set_fallback(c, GRPC_STATUS_RESOURCE_EXHAUSTED, m);
         goto out;
     }
     er->push_tag = kvl__transport_new_tag(n->transport);
-    er->push_max_bytes = max;
-    if (kvl__transport_recv_post(n->transport, er->push_tag, payload, (size_t)max, &rv) != KVL_OK) {
+    er->push_max_bytes = rx.cap;
+    er->push_trailer = 1;
+    if (kvl__transport_recv_post(n->transport, er->push_tag, rx.buf, rx.cap, &rx.rv) != KVL_OK) {
         set_fallback(c, GRPC_STATUS_UNAVAILABLE, kvl_last_error());
         goto out;
     }
-    st = kvl__rpc_client_unary_pb(cli, "/kvlingo.v1.Node/ExportSpan", &er->base,
-                                  &kvlingo__v1__export_span_response__descriptor, tmo + 1000,
+    double t_w = kvl__now_s();
+    st = kvl__rpc_unary_start_pb(cli, "/kvlingo.v1.Node/ExportSpan", &er->base, tmo + 1000, &call);
+    if (st != KVL_OK) {
+        snprintf(c->fallback, sizeof c->fallback, "source_unavailable: %s: %s", p->source, kvl_last_error());
+        c->res.fallback = c->fallback;
+        goto out;
+    }
+    /* the bytes or the answer, whichever comes first; the call's deadline bounds the loop */
+    int have_bytes = 0;
+    while (!(have_bytes = kvl__transport_recv_poll(n->transport, rx.rv, 1000)) &&
+           !kvl__rpc_unary_wait(call, 0)) {}
+    if (have_bytes) {
+        rx.wait_s = kvl__now_s() - t_w;
+        rx.st = kvl__transport_recv_wait(n->transport, rx.rv, 0, NULL, &rx.got);
+        if (rx.st == KVL_OK) find_trailer(&rx);
+        const kvld_translator_entry *te_h = NULL;
+        double tr_s = 0;
+        kvld_span_err pe = {0};
+        /* translated now, kept once the answer agrees; a trailer this node refuses is left to
+         * the answer's header, which gets the same checks below */
+        if (rx.raw && (th = kvlingo__v1__span_header__unpack(NULL, rx.raw_len, rx.raw)) &&
+            th->t0 == (uint32_t)c->cached && kvld_span_check_header(n, th, max, &te_h, &pe) &&
+            kvld_span_check_range(s, th, 0, &pe) &&
+            kvld_span_land_pending(n, s, te_h, th, rx.buf, rx.plen, &tr_s, &ids, &pe)) {
+            pending = 1;
+            c->res.translate_seconds = tr_s;
+        }
+    }
+    st = kvl__rpc_unary_finish_pb(call, &kvlingo__v1__export_span_response__descriptor,
                                   (ProtobufCMessage **)&resp, &rr);
+    call = NULL;
     if (pull_answered(c, p->source, st, &rr, resp)) goto out;
     if (resp->t1 == resp->t0) {
         pull_shipped(c, resp, 0);
@@ -205,37 +276,67 @@ static void pull_push(cont *c, kvl__rpc_client *cli, const char *src_name, const
         set_fallback(c, GRPC_STATUS_INTERNAL, "the source answered no header for the span it sent");
         goto out;
     }
-    /* sent before it answered: the payload is here or about to be */
-    volatile int never = 0;
-    size_t got = 0;
-    double t_w = kvl__now_s();
-    int64_t wait_ms = n->cfg.import_timeout_ms + (int64_t)(max / 100000);
-    st = kvl__transport_recv_wait(n->transport, rv, wait_ms, &never, &got);
-    double wait_s = kvl__now_s() - t_w;
-    if (st != KVL_OK) {
-        e.why = st == KVL_ERR_RANGE ? KVL_SPAN_TRUNCATED : KVL_SPAN_TRANSFER;
-        snprintf(m, sizeof m, "the span [%u, %u) the source sent did not arrive here: %s", h->t0, h->t1,
-                 kvl_last_error());
-        set_fallback(c, st == KVL_ERR_RANGE ? GRPC_STATUS_DATA_LOSS : GRPC_STATUS_UNAVAILABLE, m);
+    if (pending) {
+        if (!same_header(h, rx.raw, rx.raw_len)) {
+            e.why = KVL_SPAN_MALFORMED;
+            set_fallback(c, GRPC_STATUS_DATA_LOSS, "the header behind the span's bytes differs from the one "
+                         "the source answered: the span was not kept");
+            goto out;   /* taken back out of the cache there */
+        }
+        kvld_span_commit(n, s, th, ids);
+        pending = 0;
+        landed = 1;
+        kvld_metrics_observe(n->metrics, KVLD_H_TRANSFER_SECONDS, resp->transfer_seconds);
+        kvld_metrics_add(n->metrics, KVLD_C_SPAN_BYTES_RECEIVED, rx.got);
+        double tr_s = c->res.translate_seconds;
+        pull_shipped(c, resp, tr_s);   /* the wire: the source's send, as it timed it */
+        kvl__svc_log("debug", "msg=span_landed session=%s source=%s t0=%u t1=%u bytes=%zu wait_ms=%.3f "
+                     "translate_ms=%.3f early=1", s->id, src_name, h->t0, h->t1, rx.got, rx.wait_s * 1e3,
+                     tr_s * 1e3);
         goto out;
     }
-    kvld_metrics_observe(n->metrics, KVLD_H_TRANSFER_SECONDS, resp->transfer_seconds + wait_s);
-    kvld_metrics_add(n->metrics, KVLD_C_SPAN_BYTES_RECEIVED, got);
+    if (!have_bytes) {
+        /* sent before it answered: the payload is here or about to be */
+        double t_a = kvl__now_s();
+        int64_t wait_ms = n->cfg.import_timeout_ms + (int64_t)(max / 100000);
+        rx.st = kvl__transport_recv_wait(n->transport, rx.rv, wait_ms, NULL, &rx.got);
+        if (rx.st == KVL_OK) find_trailer(&rx);
+        rx.wait_s = kvl__now_s() - t_a;
+    } else {
+        rx.wait_s = 0;   /* here before the answer: the source's send is the wire */
+    }
+    if (rx.st != KVL_OK) {
+        e.why = rx.st == KVL_ERR_RANGE ? KVL_SPAN_TRUNCATED : KVL_SPAN_TRANSFER;
+        snprintf(m, sizeof m, "the span [%u, %u) the source sent did not arrive here: %s", h->t0, h->t1,
+                 kvl_last_error());
+        set_fallback(c, rx.st == KVL_ERR_RANGE ? GRPC_STATUS_DATA_LOSS : GRPC_STATUS_UNAVAILABLE, m);
+        goto out;
+    }
+    kvld_metrics_observe(n->metrics, KVLD_H_TRANSFER_SECONDS, resp->transfer_seconds + rx.wait_s);
+    kvld_metrics_add(n->metrics, KVLD_C_SPAN_BYTES_RECEIVED, rx.got);
     double tr_s = 0;
     const kvld_translator_entry *te_h = NULL;
     if (!kvld_span_check_header(n, h, max, &te_h, &e) || !kvld_span_check_range(s, h, 0, &e) ||
-        !kvld_span_land(n, s, te_h, h, payload, got, &tr_s, &e)) {
+        !kvld_span_land(n, s, te_h, h, rx.buf, rx.plen, &tr_s, &e)) {
         set_fallback(c, e.code, e.msg);
         goto out;
     }
     landed = 1;
     pull_shipped(c, resp, tr_s);
-    c->res.transfer_seconds += wait_s;
+    c->res.transfer_seconds += rx.wait_s;
     kvl__svc_log("debug", "msg=span_landed session=%s source=%s t0=%u t1=%u bytes=%zu wait_ms=%.3f "
-                 "translate_ms=%.3f", s->id, src_name, h->t0, h->t1, got, wait_s * 1e3, tr_s * 1e3);
+                 "translate_ms=%.3f early=0", s->id, src_name, h->t0, h->t1, rx.got, rx.wait_s * 1e3,
+                 tr_s * 1e3);
 out:
+    if (call) {   /* a failure before its answer was taken: the answer is not needed */
+        kvl__rpc_result dropped;
+        kvl__rpc_unary_finish(call, &dropped);
+        kvl__rpc_result_clear(&dropped);
+    }
+    if (pending) kvld_span_unland(s, th);
     if (e.why != KVL_SPAN_OK) kvld_metrics_reject(n->metrics, e.why);
-    kvld_span_import_end(n, rv, payload, s, created && !landed);
+    if (th) kvlingo__v1__span_header__free_unpacked(th, NULL);
+    kvld_span_import_end(n, rx.rv, rx.buf, s, created && !landed);
     kvl__rpc_result_clear(&rr);
     if (resp) protobuf_c_message_free_unpacked(&resp->base, NULL);
 }

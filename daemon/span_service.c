@@ -146,15 +146,23 @@ int kvld_span_check_range(const kvld_session *s, const Kvlingo__V1__SpanHeader *
     return 1;
 }
 
-int kvld_span_land(kvld_node *n, kvld_session *s, const kvld_translator_entry *te,
-                   const Kvlingo__V1__SpanHeader *h, const uint8_t *payload, size_t got,
-                   double *translate_s, kvld_span_err *e) {
+/* The checks and the translation into s's cache; the ledger is set by commit_span.  pending:
+ * the span must extend the cache (t0 == held: taking it back is a truncation), and *ids_out
+ * receives the payload's ids for the commit. */
+static int land_span(kvld_node *n, kvld_session *s, const kvld_translator_entry *te,
+                     const Kvlingo__V1__SpanHeader *h, const uint8_t *payload, size_t got,
+                     double *translate_s, kvld_span_err *e, int pending, const int32_t **ids_out) {
     kvl__span_view v;
     kvl__span_reject why = KVL_SPAN_OK;
     int vocab = kvl_model_config_get(n->model)->vocab_size;
+    *translate_s = 0;
     if (kvl__span_payload_check(h, payload, got, vocab, &v, &why) != KVL_OK)
         return span_refuse(e, why, reject_code(why), "%s", kvl_last_error());
     int held = kvl_cache_n_tokens(s->cache);
+    if (pending && (int)h->t0 != held)
+        return span_refuse(e, KVL_SPAN_RANGE, GRPC_STATUS_FAILED_PRECONDITION,
+                           "span [%u, %u) does not extend the %d tokens session '%s' holds", h->t0,
+                           h->t1, held, s->id);
     double t_tr = kvl__now_s();
     kvl_cache *fresh = NULL;
     kvl_status st = KVL_OK;
@@ -187,13 +195,37 @@ int kvld_span_land(kvld_node *n, kvld_session *s, const kvld_translator_entry *t
         return span_refuse(e, KVL_SPAN_TRANSLATE, kvl__rpc_status_from_kvl(st), "translation failed: %s",
                            kvl_last_error());
     kvld_metrics_observe(n->metrics, KVLD_H_TRANSLATE_SECONDS, *translate_s);
-    kvld_metrics_add(n->metrics, KVLD_C_SPANS_RECEIVED, 1);
-    memcpy(s->ledger + h->t0, v.ids, sizeof(int32_t) * v.n);
-    __atomic_store_n(&s->n_ledger, (int)h->t1, __ATOMIC_RELAXED);
-    s->logits_valid = 0;
-    s->n_imported += (int)v.n;
+    if (pending) *ids_out = v.ids;
+    else kvld_span_commit(n, s, h, v.ids);
     return 1;
 }
+
+int kvld_span_land(kvld_node *n, kvld_session *s, const kvld_translator_entry *te,
+                   const Kvlingo__V1__SpanHeader *h, const uint8_t *payload, size_t got,
+                   double *translate_s, kvld_span_err *e) {
+    return land_span(n, s, te, h, payload, got, translate_s, e, 0, NULL);
+}
+
+int kvld_span_land_pending(kvld_node *n, kvld_session *s, const kvld_translator_entry *te,
+                           const Kvlingo__V1__SpanHeader *h, const uint8_t *payload, size_t got,
+                           double *translate_s, const int32_t **ids, kvld_span_err *e) {
+    return land_span(n, s, te, h, payload, got, translate_s, e, 1, ids);
+}
+
+void kvld_span_commit(kvld_node *n, kvld_session *s, const Kvlingo__V1__SpanHeader *h,
+                      const int32_t *ids) {
+    const uint32_t cnt = h->t1 - h->t0;
+    kvld_metrics_add(n->metrics, KVLD_C_SPANS_RECEIVED, 1);
+    memcpy(s->ledger + h->t0, ids, sizeof(int32_t) * cnt);
+    __atomic_store_n(&s->n_ledger, (int)h->t1, __ATOMIC_RELAXED);
+    s->logits_valid = 0;
+    s->n_imported += (int)cnt;
+}
+
+void kvld_span_unland(kvld_session *s, const Kvlingo__V1__SpanHeader *h) {
+    kvl_cache_truncate(s->cache, (int)h->t0);
+}
+
 
 void kvld_span_import_end(kvld_node *n, kvl__transport_recv *rv, uint8_t *payload, kvld_session *s,
                           int drop) {
@@ -495,21 +527,25 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
                             (uint32_t)mc->n_layers, (uint32_t)mc->n_kv_heads,
                             (uint32_t)mc->head_dim, (uint32_t)kvl_cache_n_tokens(s->cache),
                             kvl_cache_tokens(s->cache), read_cache_prenorm, s->cache,
-                            n->spanbufs, kvl_model_kv_dtype(n->model) == KVL_KV_BF16};
+                            n->spanbufs, kvl_model_kv_dtype(n->model) == KVL_KV_BF16,
+                            in->push_tag && in->push_trailer ? KVL_SPAN_TRAILER_MAX : 0};
     st = kvl__span_encode(&src, in->from, to, peer_name, peer_hash, &ids, &h, &payload, &plen);
     if (st != KVL_OK) FAIL(kvl__rpc_status_from_kvl(st), "%s", kvl_last_error());
     double encode_s = kvl__now_s() - t_start;
     if (in->push_tag) {
         /* push mode: the peer posted its receive before asking; send there, answer the header */
-        if ((uint64_t)plen > in->push_max_bytes)
+        size_t tlen = 0;   /* the header behind the payload, when the peer asked for it */
+        if (in->push_trailer && kvl__span_trailer_write(&h, payload + plen, KVL_SPAN_TRAILER_MAX, &tlen) != KVL_OK)
+            FAIL(GRPC_STATUS_INTERNAL, "%s", kvl_last_error());
+        if ((uint64_t)plen + tlen > in->push_max_bytes)
             FAIL(GRPC_STATUS_OUT_OF_RANGE, "span [%u, %u) is %zu bytes, more than the %llu bytes the "
-                 "peer's receive holds", in->from, to, plen, (unsigned long long)in->push_max_bytes);
+                 "peer's receive holds", in->from, to, plen + tlen, (unsigned long long)in->push_max_bytes);
         uint8_t addr[KVLD_PEER_TRANSPORT_MAX];
         size_t alen = 0;
         if (kvld_node_peer_transport(n, in->peer, addr, sizeof addr, &alen, NULL) != KVL_OK)
             FAIL(GRPC_STATUS_UNAVAILABLE, "%s", kvl_last_error());
         double t_x = kvl__now_s();
-        st = kvl__transport_send(n->transport, addr, alen, in->push_tag, payload, plen, tmo, &fl.stop_send);
+        st = kvl__transport_send(n->transport, addr, alen, in->push_tag, payload, plen + tlen, tmo, &fl.stop_send);
         xfer_s = kvl__now_s() - t_x;
         if (fl.cancelled) FAIL(GRPC_STATUS_CANCELLED, "export cancelled by the client");
         if (st != KVL_OK) FAIL(GRPC_STATUS_UNAVAILABLE, "transfer to peer %s failed: %s", in->peer, kvl_last_error());
@@ -621,8 +657,9 @@ out:
     if (code == GRPC_STATUS_OK) kvl__rpc_call_reply_pb(call, &out.base);
     {
         char extra[200];
-        snprintf(extra, sizeof extra, " peer_node=%s from=%u to=%u bytes=%zu transfer_ms=%.3f push=%d",
-                 in->peer ? in->peer : "", in->from, in->to, plen, xfer_s * 1e3, in->push_tag != 0);
+        snprintf(extra, sizeof extra, " peer_node=%s from=%u to=%u bytes=%zu transfer_ms=%.3f push=%d trailer=%d",
+                 in->peer ? in->peer : "", in->from, in->to, plen, xfer_s * 1e3, in->push_tag != 0,
+                 in->push_tag != 0 && in->push_trailer);
         kvld_req_end(&r, code, err, extra);
     }
     if (ep) kvlingo__v1__import_span_response__free_unpacked(ep, NULL);

@@ -205,86 +205,117 @@ static void cq_destroy(grpc_completion_queue *cq) {
     grpc_completion_queue_destroy(cq);
 }
 
-kvl_status kvl__rpc_client_unary(kvl__rpc_client *cli, const char *method, const uint8_t *req,
-                                size_t req_len, int64_t timeout_ms, kvl__rpc_result *res) {
-    if (!cli || !method || !res) return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: unary: NULL");
-    memset(res, 0, sizeof *res);
-    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
-    if (!cq) return kvl__errorf(KVL_ERR_NOMEM, "rpc: completion queue");
-    grpc_call *call = make_call(cli, cq, method, timeout_ms);
-    grpc_byte_buffer *send_bb = kvl__rpc_bb_from(req, req_len);
-    if (!call || !send_bb) {
-        if (call) grpc_call_unref(call);
-        if (send_bb) grpc_byte_buffer_destroy(send_bb);
-        cq_destroy(cq);
+/* A unary call in flight: what its one batch writes into lives here until it ends. */
+struct kvl__rpc_unary {
+    grpc_completion_queue *cq;
+    grpc_call *call;
+    grpc_byte_buffer *send_bb, *recv_bb;
+    grpc_metadata_array init_md, trail_md;
+    grpc_status_code code;
+    grpc_slice details;
+    call_md cm;
+    char tag;
+    int ended;                     /* the batch's completion was taken off the queue         */
+    kvl_status st;                 /* a layer failure while it ran                           */
+};
+
+static void unary_release(kvl__rpc_unary *u) {
+    call_md_clear(&u->cm);
+    if (u->recv_bb) grpc_byte_buffer_destroy(u->recv_bb);
+    if (u->send_bb) grpc_byte_buffer_destroy(u->send_bb);
+    grpc_slice_unref(u->details);
+    grpc_metadata_array_destroy(&u->init_md);
+    grpc_metadata_array_destroy(&u->trail_md);
+    if (u->call) grpc_call_unref(u->call);
+    cq_destroy(u->cq);
+    free(u);
+}
+
+kvl_status kvl__rpc_unary_start(kvl__rpc_client *cli, const char *method, const uint8_t *req,
+                               size_t req_len, int64_t timeout_ms, kvl__rpc_unary **out) {
+    if (!cli || !method || !out) return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: unary: NULL");
+    *out = NULL;
+    kvl__rpc_unary *u = calloc(1, sizeof *u);
+    if (!u) return kvl__errorf(KVL_ERR_NOMEM, "rpc: unary");
+    u->details = grpc_empty_slice();
+    u->code = GRPC_STATUS_UNKNOWN;
+    grpc_metadata_array_init(&u->init_md);
+    grpc_metadata_array_init(&u->trail_md);
+    u->cq = grpc_completion_queue_create_for_pluck(NULL);
+    if (!u->cq) {
+        free(u);
+        return kvl__errorf(KVL_ERR_NOMEM, "rpc: completion queue");
+    }
+    u->call = make_call(cli, u->cq, method, timeout_ms);
+    u->send_bb = kvl__rpc_bb_from(req, req_len);
+    if (!u->call || !u->send_bb) {
+        unary_release(u);
         return kvl__errorf(KVL_ERR_NOMEM, "rpc: cannot create call %s", method);
     }
-    grpc_metadata_array init_md, trail_md;
-    grpc_metadata_array_init(&init_md);
-    grpc_metadata_array_init(&trail_md);
-    grpc_byte_buffer *recv_bb = NULL;
-    grpc_status_code code = GRPC_STATUS_UNKNOWN;
-    grpc_slice details = grpc_empty_slice();
-    call_md cm;
-    call_md_fill(cli, &cm);
+    call_md_fill(cli, &u->cm);
     grpc_op ops[6];
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[0].data.send_initial_metadata.count = cm.n;
-    ops[0].data.send_initial_metadata.metadata = cm.md;
+    ops[0].data.send_initial_metadata.count = u->cm.n;
+    ops[0].data.send_initial_metadata.metadata = u->cm.md;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = send_bb;
+    ops[1].data.send_message.send_message = u->send_bb;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
     ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &init_md;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &u->init_md;
     ops[4].op = GRPC_OP_RECV_MESSAGE;
-    ops[4].data.recv_message.recv_message = &recv_bb;
+    ops[4].data.recv_message.recv_message = &u->recv_bb;
     ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[5].data.recv_status_on_client.trailing_metadata = &trail_md;
-    ops[5].data.recv_status_on_client.status = &code;
-    ops[5].data.recv_status_on_client.status_details = &details;
-    char tag;
-    kvl_status st = KVL_OK;
-    if (grpc_call_start_batch(call, ops, 6, &tag, NULL) != GRPC_CALL_OK) {
-        st = kvl__errorf(KVL_ERR_INTERNAL, "rpc: %s: cannot start the call", method);
-    } else {
-        grpc_event ev = grpc_completion_queue_pluck(cq, &tag, gpr_inf_future(GPR_CLOCK_REALTIME),
-                                                    NULL);
-        if (ev.type != GRPC_OP_COMPLETE)
-            st = kvl__errorf(KVL_ERR_INTERNAL, "rpc: %s: completion queue failed", method);
+    ops[5].data.recv_status_on_client.trailing_metadata = &u->trail_md;
+    ops[5].data.recv_status_on_client.status = &u->code;
+    ops[5].data.recv_status_on_client.status_details = &u->details;
+    if (grpc_call_start_batch(u->call, ops, 6, &u->tag, NULL) != GRPC_CALL_OK) {
+        unary_release(u);
+        return kvl__errorf(KVL_ERR_INTERNAL, "rpc: %s: cannot start the call", method);
     }
+    *out = u;
+    return KVL_OK;
+}
+
+int kvl__rpc_unary_wait(kvl__rpc_unary *u, int64_t wait_ms) {
+    if (!u) return 1;
+    if (u->ended) return 1;
+    gpr_timespec until = wait_ms < 0 ? gpr_inf_future(GPR_CLOCK_REALTIME)
+                                     : gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                                    gpr_time_from_millis(wait_ms, GPR_TIMESPAN));
+    grpc_event ev = grpc_completion_queue_pluck(u->cq, &u->tag, until, NULL);
+    if (ev.type == GRPC_QUEUE_TIMEOUT) return 0;
+    u->ended = 1;
+    if (ev.type != GRPC_OP_COMPLETE) u->st = kvl__errorf(KVL_ERR_INTERNAL, "rpc: completion queue failed");
+    return 1;
+}
+
+kvl_status kvl__rpc_unary_finish(kvl__rpc_unary *u, kvl__rpc_result *res) {
+    if (!u || !res) return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: unary finish: NULL");
+    memset(res, 0, sizeof *res);
+    kvl__rpc_unary_wait(u, -1);
+    kvl_status st = u->st;
     if (st == KVL_OK) {
-        res->code = code;
-        res->message = kvl__rpc_slice_strdup(details);
+        res->code = u->code;
+        res->message = kvl__rpc_slice_strdup(u->details);
         if (!res->message) st = kvl__errorf(KVL_ERR_NOMEM, "rpc: status message");
-        if (st == KVL_OK && recv_bb) st = kvl__rpc_bb_read(recv_bb, &res->data, &res->len);
+        if (st == KVL_OK && u->recv_bb) st = kvl__rpc_bb_read(u->recv_bb, &res->data, &res->len);
     }
-    call_md_clear(&cm);
-    if (recv_bb) grpc_byte_buffer_destroy(recv_bb);
-    grpc_byte_buffer_destroy(send_bb);
-    grpc_slice_unref(details);
-    grpc_metadata_array_destroy(&init_md);
-    grpc_metadata_array_destroy(&trail_md);
-    grpc_call_unref(call);
-    cq_destroy(cq);
+    unary_release(u);
     if (st != KVL_OK) kvl__rpc_result_clear(res);
     return st;
 }
 
-kvl_status kvl__rpc_client_unary_pb(kvl__rpc_client *cli, const char *method,
-                                   const ProtobufCMessage *req,
-                                   const ProtobufCMessageDescriptor *resp_desc,
-                                   int64_t timeout_ms, ProtobufCMessage **resp_out,
-                                   kvl__rpc_result *res) {
-    if (!req || !resp_desc || !resp_out)
-        return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: unary_pb: NULL");
+kvl_status kvl__rpc_unary_finish_pb(kvl__rpc_unary *u, const ProtobufCMessageDescriptor *resp_desc,
+                                   ProtobufCMessage **resp_out, kvl__rpc_result *res) {
+    if (!resp_desc || !resp_out) {
+        kvl__rpc_result tmp;
+        kvl__rpc_unary_finish(u, &tmp);
+        kvl__rpc_result_clear(&tmp);
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: unary finish_pb: NULL");
+    }
     *resp_out = NULL;
-    uint8_t *buf;
-    size_t len;
-    kvl_status st = kvl__rpc_pack(req, &buf, &len);
-    if (st != KVL_OK) return st;
-    st = kvl__rpc_client_unary(cli, method, buf, len, timeout_ms, res);
-    free(buf);
+    kvl_status st = kvl__rpc_unary_finish(u, res);
     if (st != KVL_OK || res->code != GRPC_STATUS_OK) return st;
     *resp_out = protobuf_c_message_unpack(resp_desc, NULL, res->len, res->data);
     if (!*resp_out) {
@@ -293,6 +324,45 @@ kvl_status kvl__rpc_client_unary_pb(kvl__rpc_client *cli, const char *method,
         res->code = GRPC_STATUS_INTERNAL;
     }
     return KVL_OK;
+}
+
+kvl_status kvl__rpc_client_unary(kvl__rpc_client *cli, const char *method, const uint8_t *req,
+                                size_t req_len, int64_t timeout_ms, kvl__rpc_result *res) {
+    if (!cli || !method || !res) return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: unary: NULL");
+    memset(res, 0, sizeof *res);
+    kvl__rpc_unary *u = NULL;
+    kvl_status st = kvl__rpc_unary_start(cli, method, req, req_len, timeout_ms, &u);
+    if (st != KVL_OK) return st;
+    return kvl__rpc_unary_finish(u, res);
+}
+
+kvl_status kvl__rpc_unary_start_pb(kvl__rpc_client *cli, const char *method,
+                                  const ProtobufCMessage *req, int64_t timeout_ms,
+                                  kvl__rpc_unary **out) {
+    if (!req || !out) return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: unary_start_pb: NULL");
+    *out = NULL;
+    uint8_t *buf;
+    size_t len;
+    kvl_status st = kvl__rpc_pack(req, &buf, &len);
+    if (st != KVL_OK) return st;
+    st = kvl__rpc_unary_start(cli, method, buf, len, timeout_ms, out);
+    free(buf);   /* the call holds its own copy */
+    return st;
+}
+
+kvl_status kvl__rpc_client_unary_pb(kvl__rpc_client *cli, const char *method,
+                                   const ProtobufCMessage *req,
+                                   const ProtobufCMessageDescriptor *resp_desc,
+                                   int64_t timeout_ms, ProtobufCMessage **resp_out,
+                                   kvl__rpc_result *res) {
+    if (!req || !resp_desc || !resp_out || !res)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "rpc: unary_pb: NULL");
+    *resp_out = NULL;
+    memset(res, 0, sizeof *res);
+    kvl__rpc_unary *u = NULL;
+    kvl_status st = kvl__rpc_unary_start_pb(cli, method, req, timeout_ms, &u);
+    if (st != KVL_OK) return st;
+    return kvl__rpc_unary_finish_pb(u, resp_desc, resp_out, res);
 }
 
 kvl_status kvl__rpc_client_stream_open(kvl__rpc_client *cli, const char *method,

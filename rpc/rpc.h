@@ -246,6 +246,25 @@ kvl_status kvl__rpc_client_unary_pb(kvl__rpc_client *cli, const char *method,
                                    int64_t timeout_ms, ProtobufCMessage **resp_out,
                                    kvl__rpc_result *res);
 
+/* The same unary call in two halves, for a caller with other work while it runs (a node waits
+ * for a span's bytes while the source's answer is on its way).  start sends the request and
+ * returns; the call progresses without the caller (gRPC core's pollers: every process that
+ * uses this layer has a thread in a completion queue, its server's).  wait: 1 once the call
+ * has ended (its result is ready), 0 when wait_ms (< 0: no limit) passed first.  finish waits
+ * for the end, fills `res` as kvl__rpc_client_unary does, and frees the call: every started call
+ * is finished exactly once (an error from start leaves nothing to finish).  The _pb forms pack
+ * the request / unpack the response as kvl__rpc_client_unary_pb. */
+typedef struct kvl__rpc_unary kvl__rpc_unary;
+kvl_status kvl__rpc_unary_start(kvl__rpc_client *cli, const char *method, const uint8_t *req,
+                               size_t req_len, int64_t timeout_ms, kvl__rpc_unary **out);
+kvl_status kvl__rpc_unary_start_pb(kvl__rpc_client *cli, const char *method,
+                                  const ProtobufCMessage *req, int64_t timeout_ms,
+                                  kvl__rpc_unary **out);
+int kvl__rpc_unary_wait(kvl__rpc_unary *u, int64_t wait_ms);
+kvl_status kvl__rpc_unary_finish(kvl__rpc_unary *u, kvl__rpc_result *res);
+kvl_status kvl__rpc_unary_finish_pb(kvl__rpc_unary *u, const ProtobufCMessageDescriptor *resp_desc,
+                                   ProtobufCMessage **resp_out, kvl__rpc_result *res);
+
 /* Start a server-streaming call (request sent at once).  Free with kvl__rpc_stream_free. */
 kvl_status kvl__rpc_client_stream_open(kvl__rpc_client *cli, const char *method,
                                       const uint8_t *req, size_t req_len, int64_t timeout_ms,

@@ -207,7 +207,9 @@ kvl_status kvl__span_encode(const kvl__span_source *src, uint32_t t0, uint32_t t
     uint64_t bytes = kvl__span_payload_bytes_of(src->n_layers, src->n_kv_heads, src->head_dim, n, eb);
     if (bytes == 0 || bytes > SIZE_MAX)
         return kvl__errorf(KVL_ERR_RANGE, "span: %u tokens is too large a span", n);
-    uint8_t *buf = kvl__spanbuf_take(src->bufs, (size_t)bytes);
+    if (src->trailer_room > SIZE_MAX - bytes)
+        return kvl__errorf(KVL_ERR_RANGE, "span: %u tokens is too large a span", n);
+    uint8_t *buf = kvl__spanbuf_take(src->bufs, (size_t)bytes + src->trailer_room);
     if (!buf) return kvl__errorf(KVL_ERR_NOMEM, "span: payload of %llu bytes",
                                 (unsigned long long)bytes);
     size_t row = (size_t)src->n_kv_heads * src->head_dim;
@@ -257,4 +259,36 @@ kvl_status kvl__span_encode(const kvl__span_source *src, uint32_t t0, uint32_t t
     *payload = buf;
     *len = (size_t)bytes;
     return KVL_OK;
+}
+
+kvl_status kvl__span_trailer_write(const Kvlingo__V1__SpanHeader *h, uint8_t *room, size_t room_len,
+                                  size_t *trailer_len) {
+    if (!h || !room || !trailer_len) return kvl__errorf(KVL_ERR_INVALID_ARG, "span: trailer: NULL");
+    *trailer_len = 0;
+    size_t hl = kvlingo__v1__span_header__get_packed_size(h);
+    if (hl > KVL_SPAN_TRAILER_MAX - 8 || room_len < hl + 8)
+        return kvl__errorf(KVL_ERR_RANGE, "span: a header of %zu bytes does not fit a trailer of %zu", hl,
+                           room_len);
+    kvlingo__v1__span_header__pack(h, room);
+    const uint32_t words[2] = {(uint32_t)hl, KVL_SPAN_TRAILER_MAGIC};
+    for (int w = 0; w < 2; w++)   /* little-endian whatever the host */
+        for (int b = 0; b < 4; b++) room[hl + 4 * (size_t)w + (size_t)b] = (uint8_t)(words[w] >> (8 * b));
+    *trailer_len = hl + 8;
+    return KVL_OK;
+}
+
+static uint32_t le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+int kvl__span_trailer_find(const uint8_t *msg, size_t len, size_t *payload_len,
+                           const uint8_t **header, size_t *header_len) {
+    if (!msg || len < 8 || !payload_len || !header || !header_len) return 0;
+    if (le32(msg + len - 4) != KVL_SPAN_TRAILER_MAGIC) return 0;
+    size_t hl = le32(msg + len - 8);
+    if (hl > KVL_SPAN_TRAILER_MAX - 8 || hl > len - 8) return 0;
+    *payload_len = len - 8 - hl;
+    *header = msg + *payload_len;
+    *header_len = hl;
+    return 1;
 }

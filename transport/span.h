@@ -96,6 +96,8 @@ typedef struct kvl__span_source {
     struct kvl__spanbufs *bufs;                 /* where the payload buffer comes from   */
                                                 /*   (spanbuf.h; NULL: a plain allocation) */
     int bf16;                                   /* send K/V as bf16 (rounded to nearest even) */
+    uint32_t trailer_room;                      /* bytes kept free after the payload in its */
+                                                /*   buffer (kvl__span_trailer_write); 0 none */
 } kvl__span_source;
 
 /* Build the payload of tokens [t0, t1) of `src`, and fill `h` (the caller's header,
@@ -112,6 +114,30 @@ kvl_status kvl__span_encode(const kvl__span_source *src, uint32_t t0, uint32_t t
                             const char *target_name, const char *target_hash,
                             kvl__span_ids *ids_storage, Kvlingo__V1__SpanHeader *h,
                             uint8_t **payload, size_t *len);
+
+/* A span sent with its header behind the payload, in one message, so that the receiver can
+ * check and translate the payload the moment it lands, before the sender's answer (which
+ * carries the same header over the authenticated call) arrives:
+ *   payload (as above) | header (kvlingo.v1.SpanHeader, header_len bytes) | header_len u32 LE |
+ *   magic u32 LE "KVST" (KVL_SPAN_TRAILER_MAGIC)
+ * The magic is larger than any vocabulary, so a payload without a trailer (which ends with a
+ * token id) is never taken for one.  The payload keeps its alignment (it starts the buffer). */
+#define KVL_SPAN_TRAILER_MAGIC 0x5453564Bu   /* "KVST" little-endian */
+#define KVL_SPAN_TRAILER_MAX 4096            /* room a sender keeps and a receiver allows   */
+
+/* Write the trailer of header `h` into room[0..room_len) (right after the payload): its packed
+ * header, length and magic; *trailer_len the bytes written.  KVL_ERR_RANGE when it does not
+ * fit (room_len < packed size + 8). */
+kvl_status kvl__span_trailer_write(const Kvlingo__V1__SpanHeader *h, uint8_t *room, size_t room_len,
+                                  size_t *trailer_len);
+
+/* Read the trailer of a received message msg[0..len): 1 with *payload_len (the bytes before the
+ * header), *header / *header_len (the packed header's bytes inside msg: unpack them with
+ * kvlingo__v1__span_header__unpack, compare them with another copy byte for byte); 0 when msg
+ * has no trailer (shorter than 8 bytes, another magic, or a header length that does not fit in
+ * front of it, or over KVL_SPAN_TRAILER_MAX).  Reads only inside msg. */
+int kvl__span_trailer_find(const uint8_t *msg, size_t len, size_t *payload_len,
+                           const uint8_t **header, size_t *header_len);
 
 /* xxh3-64 of a buffer (the span checksum). */
 uint64_t kvl__span_checksum(const void *data, size_t len);

@@ -51,6 +51,11 @@ kvl_status kvl__transport_recv_wait(kvl__transport *t, kvl__transport_recv *r, i
     return t->ops->recv_wait(t, r, timeout_ms, cancel, received);
 }
 
+int kvl__transport_recv_poll(kvl__transport *t, kvl__transport_recv *r, int64_t wait_us) {
+    if (!t || !r) return 1;
+    return t->ops->recv_poll(t, r, wait_us);
+}
+
 int kvl__transport_recv_free(kvl__transport *t, kvl__transport_recv *r) {
     return t && r ? t->ops->recv_free(t, r) : 1;
 }

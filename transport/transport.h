@@ -59,6 +59,12 @@ kvl_status kvl__transport_recv_post(kvl__transport *t, uint64_t tag, void *buf, 
 kvl_status kvl__transport_recv_wait(kvl__transport *t, kvl__transport_recv *r, int64_t timeout_ms,
                                    const volatile int *cancel, size_t *received);
 
+/* Wait up to wait_us microseconds for a posted receive without ending it: 1 once it has
+ * completed (kvl__transport_recv_wait then returns its result at once), 0 while it is still
+ * pending.  For a caller that watches something else too (a node waiting for a span's bytes
+ * and for the source's answer, whichever comes first). */
+int kvl__transport_recv_poll(kvl__transport *t, kvl__transport_recv *r, int64_t wait_us);
+
 /* Cancel if still pending and release.  Returns 1 when the receive's buffer is the caller's
  * again (NULL: a no-op, 1).  Returns 0 when the receive had already matched a message whose
  * sender stopped mid-way (killed during a transfer), so that it could be neither cancelled nor

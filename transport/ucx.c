@@ -342,6 +342,32 @@ static kvl_status ucx_recv_wait(kvl__transport *t, kvl__transport_recv *r, int64
     return KVL_OK;
 }
 
+/* Drive the worker until the receive completes or wait_us passes; never cancels it (the caller
+ * is watching something else as well, and comes back). */
+static int ucx_recv_poll(kvl__transport *t, kvl__transport_recv *r, int64_t wait_us) {
+    ucx_transport *u = (ucx_transport *)t;
+    const double until = kvl__now_s() + (double)wait_us * 1e-6;
+    unsigned idle = 0;
+    pthread_mutex_lock(&u->mu);
+    u->waiters++;
+    while (!r->op.done) {
+        if (ucp_worker_progress(u->worker) || r->op.done) {
+            idle = 0;
+            continue;
+        }
+        if (kvl__now_s() >= until) break;
+        /* the progress thread sleeps while this one waits (wait_op) */
+        if ((++idle & 63) == 1) drain_unexpected(u);
+        pthread_mutex_unlock(&u->mu);
+        sched_yield();
+        pthread_mutex_lock(&u->mu);
+    }
+    const int done = r->op.done;
+    if (--u->waiters == 0) pthread_cond_broadcast(&u->cv);
+    pthread_mutex_unlock(&u->mu);
+    return done;
+}
+
 static void unlink_orphan(ucx_transport *u, op_with_t *o) {
     for (op_with_t **pp = &u->orphans; *pp; pp = &(*pp)->next_orphan) {
         if (*pp == o) {
@@ -521,6 +547,7 @@ static const kvl__transport_ops ucx_ops = {
     .address = ucx_address,
     .recv_post = ucx_recv_post,
     .recv_wait = ucx_recv_wait,
+    .recv_poll = ucx_recv_poll,
     .recv_free = ucx_recv_free,
     .send = ucx_send,
     .connect = ucx_connect,

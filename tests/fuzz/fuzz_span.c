@@ -3,7 +3,8 @@
  * payload check (length, checksum, token ids, finite values).
  * Input: [flags u8][header length u16 LE][SpanHeader bytes][payload bytes].  flags & 1: replace
  * the header's checksum by the payload's real one, so the fuzzer also reaches the checks behind
- * the checksum.  Any input must be accepted or refused with a reason and a message; an
+ * the checksum.  flags & 2: the rest of the input is instead one message as a pull receives it,
+ * payload and trailer (span.h): the trailer is found, its header unpacked and both checked.  Any input must be accepted or refused with a reason and a message; an
  * accepted payload's views must lie inside the buffer (ASan checks the reads).
  * Built only with the server components (KVL_HAVE_SPAN); otherwise a no-op target. */
 #include <stdint.h>
@@ -14,9 +15,34 @@
 #include "kvlingo/status.h"
 #include "span.h"
 
+/* A received message with the header behind the payload (kvld's pull): every read inside it. */
+static int trailer_message(uint8_t flags, const uint8_t *msg, size_t len) {
+    uint8_t *buf = malloc(len ? len : 1);   /* exactly the message, so ASan sees any overread */
+    if (!buf) abort();
+    memcpy(buf, msg, len);
+    size_t plen = 0, hl = 0;
+    const uint8_t *hb = NULL;
+    if (kvl__span_trailer_find(buf, len, &plen, &hb, &hl)) {
+        if (plen + hl + 8 != len || hb != buf + plen) abort();
+        Kvlingo__V1__SpanHeader *h = kvlingo__v1__span_header__unpack(NULL, hl, hb);
+        kvl__span_reject why = KVL_SPAN_OK;
+        if (h && kvl__span_header_check(h, 1u << 20, &why) == KVL_OK) {
+            if (flags & 1) h->checksum = kvl__span_checksum(buf, plen);
+            kvl__span_view v;
+            if (kvl__span_payload_check(h, buf, plen, 4096, &v, &why) == KVL_OK &&
+                (const uint8_t *)(v.ids + v.n) != buf + plen)
+                abort();
+        }
+        if (h) kvlingo__v1__span_header__free_unpacked(h, NULL);
+    }
+    free(buf);
+    return 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 3) return 0;
     uint8_t flags = data[0];
+    if (flags & 2) return trailer_message(flags, data + 1, size - 1);
     size_t hl = (size_t)data[1] | (size_t)data[2] << 8;
     if (hl > size - 3) return 0;
     const uint8_t *hb = data + 3, *pb = data + 3 + hl;

@@ -4,8 +4,9 @@
 Real processes on loopback (two kvld nodes with transfer tickets, kvlingo-router):
   1. a translated switch is one call from the router: the target's log has ContinueTurn and
      no SessionInfo / Append / Generate / ImportSpan for it, the source's has one ExportSpan
-     from the target, in push mode (sent straight to the target's posted receive); the
-     summary says one_call and names its phases (export, transfer, translate, forward > 0);
+     from the target, in push mode (sent straight to the target's posted receive, with the
+     span's header behind its bytes, so the target translates it as it lands); the summary
+     says one_call and names its phases (export, transfer, translate, forward > 0);
      /metrics has kvlingo_router_switch_phase_seconds for them;
   2. the same conversation with `transfer: {one_call: false}` (the several-call path) gives
      the same greedy tokens, the same switch modes, one_call false; and again with nodes
@@ -113,7 +114,8 @@ def main():
         src = methods(log_lines(fleet, "qwen3-a", sid))
         check(src.count("ExportSpan") == 1, "source's calls: %r" % src)
         exp = [ln for ln in log_lines(fleet, "qwen3-a", sid) if "method=ExportSpan" in ln][0]
-        check("peer=ipv4:127.0.0.1" in exp and " push=1" in exp, "ExportSpan line %s" % exp)
+        check("peer=ipv4:127.0.0.1" in exp and " push=1" in exp and " trailer=1" in exp,
+              "ExportSpan line %s" % exp)
         m = fleet.metrics()
         for ph in ("ledger", "export", "transfer", "translate", "forward"):
             check('kvlingo_router_switch_phase_seconds_count{phase="%s"} 2' % ph in m,
@@ -122,6 +124,18 @@ def main():
               "translate %.2f forward %.2f of ttft %.2f ms; same tokens as the several-call path" % (
                   "+".join(first_b[:2]), sw.export_seconds * 1e3, sw.transfer_seconds * 1e3,
                   sw.translate_seconds * 1e3, sw.forward_seconds * 1e3, sw.ttft_seconds * 1e3))
+        # the span's header came behind its bytes too: the target translated it as it landed,
+        # before the source's answer, in at least one of a few switches (the answer can win
+        # the race), and every one of them gave the control's tokens (above, and here)
+        early = 0
+        for _ in range(6):
+            s2, got2 = conversation(c, prompt)
+            check([ids for ids, _ in got2] == [ids for ids, _ in ref], "a repeat's tokens differ")
+            with open(os.path.join(fleet.work, "kvld-qwen3-b.log")) as f:
+                early += sum(1 for ln in f if "msg=span_landed" in ln and "session=%s " % s2 in ln
+                             and "early=1" in ln)
+        check(early > 0, "no switch landed its span before the source's answer")
+        print("ok: %d of 6 switches translated the span before the source's answer" % early)
 
         pb, stub_b = fleet.node_stub("qwen3-b")
         _, stub_a = fleet.node_stub("qwen3-a")

@@ -15,7 +15,7 @@ static inline kvl__span_source test_span_source(const kvl_model *m, const kvl_ca
     kvl__span_source s = {kvl_model_name(m), kvl_model_hash(m), (uint32_t)cfg->n_layers,
                           (uint32_t)cfg->n_kv_heads, (uint32_t)cfg->head_dim,
                           (uint32_t)kvl_cache_n_tokens(c), kvl_cache_tokens(c),
-                          test_read_prenorm, c, NULL, 0};
+                          test_read_prenorm, c, NULL, 0, 0};
     return s;
 }
 

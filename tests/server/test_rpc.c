@@ -171,6 +171,58 @@ typedef struct who_arg {
     int ok;
 } who_arg;
 
+/* The unary call in halves: start returns while the handler is still busy (Who with a
+ * request sleeps 20 ms), wait(0) says "not yet" then, and the call ends by itself while nobody
+ * waits on it (this process's server poller drives gRPC): after a sleep, wait(0) says done and
+ * finish hands over the answer.  A call that fails still finishes (its status), a deadline
+ * ends a call nobody waits on, and the _pb halves unpack. */
+static void test_unary_halves(void **state) {
+    fixture *f = *state;
+    kvl__rpc_unary *u = NULL;
+    const uint8_t slow_req[1] = {1};
+    assert_int_equal(kvl__rpc_unary_start(f->cli, "/t.S/Who", slow_req, 1, 5000, &u), KVL_OK);
+    assert_int_equal(kvl__rpc_unary_wait(u, 0), 0);
+    double t0 = kvl__now_s();
+    while (kvl__now_s() - t0 < 5.0) {   /* nobody in this call's queue meanwhile */
+        usleep(5000);
+        if (kvl__rpc_unary_wait(u, 0)) break;
+    }
+    assert_int_equal(kvl__rpc_unary_wait(u, 0), 1);
+    kvl__rpc_result r;
+    assert_int_equal(kvl__rpc_unary_finish(u, &r), KVL_OK);
+    assert_int_equal(r.code, GRPC_STATUS_OK);
+    assert_int_equal(r.len, sizeof(pid_t));
+    kvl__rpc_result_clear(&r);
+    /* a refusal */
+    const uint8_t bad[2] = {'E', 'x'};
+    assert_int_equal(kvl__rpc_unary_start(f->cli, "/t.S/Echo", bad, 2, 5000, &u), KVL_OK);
+    assert_int_equal(kvl__rpc_unary_finish(u, &r), KVL_OK);
+    assert_int_equal(r.code, GRPC_STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(r.message, "bad request"));
+    kvl__rpc_result_clear(&r);
+    /* a deadline passes while nobody waits: the call ends with it */
+    assert_int_equal(kvl__rpc_unary_start(f->cli, "/t.S/Slow", NULL, 0, 100, &u), KVL_OK);
+    usleep(400000);
+    assert_int_equal(kvl__rpc_unary_wait(u, 1000), 1);
+    assert_int_equal(kvl__rpc_unary_finish(u, &r), KVL_OK);
+    assert_true(r.code == GRPC_STATUS_DEADLINE_EXCEEDED || r.code == GRPC_STATUS_ABORTED);
+    kvl__rpc_result_clear(&r);
+    /* protobuf halves: a health check */
+    Grpc__Health__V1__HealthCheckRequest hq = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    hq.service = "";
+    assert_int_equal(kvl__rpc_unary_start_pb(f->cli, "/grpc.health.v1.Health/Check", &hq.base, 5000, &u),
+                     KVL_OK);
+    Grpc__Health__V1__HealthCheckResponse *hr = NULL;
+    assert_int_equal(kvl__rpc_unary_finish_pb(u, &grpc__health__v1__health_check_response__descriptor,
+                                              (ProtobufCMessage **)&hr, &r),
+                     KVL_OK);
+    assert_int_equal(r.code, GRPC_STATUS_OK);
+    assert_non_null(hr);
+    assert_int_equal(hr->status, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING);
+    protobuf_c_message_free_unpacked(&hr->base, NULL);
+    kvl__rpc_result_clear(&r);
+}
+
 static void *call_who_slow(void *p) {
     who_arg *w = p;
     kvl__rpc_result r;
@@ -485,6 +537,7 @@ static void test_unreachable(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unary),   cmocka_unit_test(test_deadline),
+        cmocka_unit_test(test_unary_halves),
         cmocka_unit_test(test_thread_reuse),
         cmocka_unit_test(test_stream),  cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_health),  cmocka_unit_test(test_health_watch),

@@ -276,6 +276,72 @@ static void test_span_codec(void **state) {
     kvl_model_free(m);
 }
 
+/* The header behind the payload (a pull's trailer): encode keeps the room, the trailer packs
+ * the header byte for byte, find gives back the payload's length and the header's bytes; a
+ * payload without one (its last word a token id), a wrong magic, a length that does not fit
+ * in front of the trailer or over the limit, and short messages are "no trailer". */
+static void test_span_trailer(void **state) {
+    (void)state;
+    kvl_model *m;
+    kvl_cache *c;
+    codec_source(&m, &c);
+    const kvl_model_config *cfg = kvl_model_config_get(m);
+    Kvlingo__V1__SpanHeader h = KVLINGO__V1__SPAN_HEADER__INIT;
+    kvl__span_ids ids;
+    uint8_t *p;
+    size_t len, tl = 0, plen = 0, hl = 0;
+    const uint8_t *hb = NULL;
+    kvl__span_source src = test_span_source(m, c);
+    /* without room: a plain payload, which find does not take for a trailer */
+    assert_int_equal(kvl__span_encode(&src, 0, 20, "qwen3-b", "", &ids, &h, &p, &len), KVL_OK);
+    assert_int_equal(kvl__span_trailer_find(p, len, &plen, &hb, &hl), 0);
+    free(p);
+    src.trailer_room = KVL_SPAN_TRAILER_MAX;
+    assert_int_equal(kvl__span_encode(&src, 0, 20, "qwen3-b", "", &ids, &h, &p, &len), KVL_OK);
+    assert_int_equal(len, kvl__span_payload_bytes(cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, 20));
+    assert_int_equal(kvl__span_trailer_write(&h, p + len, KVL_SPAN_TRAILER_MAX, &tl), KVL_OK);
+    size_t packed = kvlingo__v1__span_header__get_packed_size(&h);
+    assert_int_equal(tl, packed + 8);
+    assert_int_equal(kvl__span_trailer_find(p, len + tl, &plen, &hb, &hl), 1);
+    assert_int_equal(plen, len);
+    assert_ptr_equal(hb, p + len);
+    assert_int_equal(hl, packed);
+    Kvlingo__V1__SpanHeader *h2 = kvlingo__v1__span_header__unpack(NULL, hl, hb);
+    assert_non_null(h2);
+    kvl__span_reject why;
+    assert_int_equal(kvl__span_payload_check(h2, p, plen, cfg->vocab_size, NULL, &why), KVL_OK);
+    kvlingo__v1__span_header__free_unpacked(h2, NULL);
+    /* too little room: refused, nothing claimed written */
+    assert_int_equal(kvl__span_trailer_write(&h, p + len, packed + 7, &tl), KVL_ERR_RANGE);
+    assert_int_equal(tl, 0);
+    assert_int_equal(kvl__span_trailer_write(&h, p + len, KVL_SPAN_TRAILER_MAX, &tl), KVL_OK);
+    /* damaged trailers */
+    uint8_t *end = p + len + tl;
+    end[-1] ^= 0x80;   /* magic */
+    assert_int_equal(kvl__span_trailer_find(p, len + tl, &plen, &hb, &hl), 0);
+    end[-1] ^= 0x80;
+    uint8_t keep[4];
+    memcpy(keep, end - 8, 4);
+    const uint8_t too_long[4] = {0xff, 0xff, 0xff, 0x7f};
+    memcpy(end - 8, too_long, 4);   /* longer than the message */
+    assert_int_equal(kvl__span_trailer_find(p, len + tl, &plen, &hb, &hl), 0);
+    const uint8_t over_max[4] = {(uint8_t)(KVL_SPAN_TRAILER_MAX & 0xff), (uint8_t)(KVL_SPAN_TRAILER_MAX >> 8), 0, 0};
+    memcpy(end - 8, over_max, 4);   /* over the limit, though it would fit */
+    assert_int_equal(kvl__span_trailer_find(p, len + tl, &plen, &hb, &hl), 0);
+    memcpy(end - 8, keep, 4);
+    assert_int_equal(kvl__span_trailer_find(p, len + tl, &plen, &hb, &hl), 1);
+    for (size_t n = 0; n < 8; n++)   /* too short to hold one */
+        assert_int_equal(kvl__span_trailer_find(end - n, n, &plen, &hb, &hl), 0);
+    /* only the trailer and an empty header: a payload of 0 bytes, which the checks refuse */
+    const uint8_t bare[8] = {0, 0, 0, 0, 'K', 'V', 'S', 'T'};
+    assert_int_equal(kvl__span_trailer_find(bare, 8, &plen, &hb, &hl), 1);
+    assert_int_equal(plen, 0);
+    assert_int_equal(hl, 0);
+    free(p);
+    kvl_cache_free(c);
+    kvl_model_free(m);
+}
+
 /* A bf16 span (a node whose KV cache is bf16): half the bytes of K/V, dtype BF16 in the
  * header, the values the float32 read-back rounded to nearest even; a bf16 NaN or infinity
  * is refused naming the element; a header that claims BF16 with float32's payload size is
@@ -396,7 +462,7 @@ static void test_span_vector_paths(void **state) {
     enum { N = 300 };   /* 2 x 2 x 300 x 20 = 24000 elements: 5 whole blocks and a tail */
     int32_t ids[N];
     for (int i = 0; i < N; i++) ids[i] = (i * 7) % 100;
-    kvl__span_source src = {"vp", "", VP_LAYERS, 1, VP_ROW, N, ids, vpath_read, NULL, NULL, 1};
+    kvl__span_source src = {"vp", "", VP_LAYERS, 1, VP_ROW, N, ids, vpath_read, NULL, NULL, 1, 0};
     Kvlingo__V1__SpanHeader h = KVLINGO__V1__SPAN_HEADER__INIT;
     kvl__span_ids sid;
     uint8_t *p;
@@ -512,6 +578,7 @@ int main(void) {
         cmocka_unit_test(test_send_recv),
         cmocka_unit_test(test_send_rendezvous),
         cmocka_unit_test(test_span_codec),
+        cmocka_unit_test(test_span_trailer),
         cmocka_unit_test(test_span_codec_bf16),
         cmocka_unit_test(test_spanbufs),
     };
