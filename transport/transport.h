@@ -5,6 +5,8 @@
  *             publish kvl__transport_address() + tag to the sender (ImportSpan reply);
  *             kvl__transport_recv_wait() ... kvl__transport_recv_free()
  *   sender:   kvl__transport_send(peer_address, tag, buf, len)
+ * (A pull in push mode also sends the header behind the payload in the same message: the
+ * trailer of span.h.)
  * A message longer than the posted buffer fails the receive (KVL_ERR_RANGE: "payload larger
  * than announced"); a shorter one completes with *received < len, which the caller rejects as
  * truncated.  Large messages go by rendezvous (UCX: zero-copy get/put over shared memory, CMA
