@@ -150,13 +150,14 @@ int kvld_span_land(kvld_node *n, kvld_session *s, const kvld_translator_entry *t
  * a span that extends s's cache (t0 == its cached tokens, else refused) without touching the
  * ledger, and points *ids at the payload's ids (valid while the payload is); then either
  * kvld_span_commit sets the ledger ids [t0, t1) (as kvld_span_land does), or kvld_span_unland
- * takes the translated tokens back out of the cache (s is then as before). */
+ * takes the translated tokens back out of the cache (s is then as before; an error, from the
+ * cache's truncation, means it is not, and the caller drops the session). */
 int kvld_span_land_pending(kvld_node *n, kvld_session *s, const kvld_translator_entry *te,
                            const Kvlingo__V1__SpanHeader *h, const uint8_t *payload, size_t got,
                            double *translate_s, const int32_t **ids, kvld_span_err *e);
 void kvld_span_commit(kvld_node *n, kvld_session *s, const Kvlingo__V1__SpanHeader *h,
                       const int32_t *ids);
-void kvld_span_unland(kvld_session *s, const Kvlingo__V1__SpanHeader *h);
+kvl_status kvld_span_unland(kvld_session *s, const Kvlingo__V1__SpanHeader *h);
 
 /* The end of a receive, landed or not: free the posted receive `rv` and the payload buffer,
  * release s (NULL: none) and, with drop, remove it (a session the import created and could not

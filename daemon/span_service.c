@@ -146,7 +146,7 @@ int kvld_span_check_range(const kvld_session *s, const Kvlingo__V1__SpanHeader *
     return 1;
 }
 
-/* The checks and the translation into s's cache; the ledger is set by commit_span.  pending:
+/* The checks and the translation into s's cache; the ledger is set by kvld_span_commit.  pending:
  * the span must extend the cache (t0 == held: taking it back is a truncation), and *ids_out
  * receives the payload's ids for the commit. */
 static int land_span(kvld_node *n, kvld_session *s, const kvld_translator_entry *te,
@@ -222,10 +222,15 @@ void kvld_span_commit(kvld_node *n, kvld_session *s, const Kvlingo__V1__SpanHead
     s->n_imported += (int)cnt;
 }
 
-void kvld_span_unland(kvld_session *s, const Kvlingo__V1__SpanHeader *h) {
-    kvl_cache_truncate(s->cache, (int)h->t0);
+kvl_status kvld_span_unland(kvld_session *s, const Kvlingo__V1__SpanHeader *h) {
+    kvl_status st = kvl_cache_truncate(s->cache, (int)h->t0);
+    if (st != KVL_OK) {
+        char what[160];
+        snprintf(what, sizeof what, "taking the span [%u, %u) back out of session '%s'", h->t0, h->t1, s->id);
+        return kvl__error_prefix(st, what);
+    }
+    return KVL_OK;
 }
-
 
 void kvld_span_import_end(kvld_node *n, kvl__transport_recv *rv, uint8_t *payload, kvld_session *s,
                           int drop) {

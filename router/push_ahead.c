@@ -300,14 +300,15 @@ static int holds(const kvr_push_ahead *p, const char *sid) {
 int kvr_push_ahead_wait(kvr_push_ahead *p, const char *sid, double timeout_s) {
     if (!p || !sid || !sid[0] || !(timeout_s > 0)) return 0;
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    clock_gettime(CLOCK_MONOTONIC, &ts);   /* `released` waits on the monotonic clock */
     double end = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + timeout_s;
     ts.tv_sec = (time_t)end;
     ts.tv_nsec = (long)((end - (double)ts.tv_sec) * 1e9);
     if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
     pthread_mutex_lock(&p->mu);
-    int waited = holds(p, sid);
-    while (holds(p, sid) && !p->stop)
+    /* stopping: the caller polls (and backs off) as for any other holder */
+    int waited = !p->stop && holds(p, sid);
+    while (waited && holds(p, sid) && !p->stop)
         if (pthread_cond_timedwait(&p->released, &p->mu, &ts)) break;   /* ETIMEDOUT */
     pthread_mutex_unlock(&p->mu);
     return waited;
@@ -398,7 +399,11 @@ kvl_status kvr_push_ahead_create(kvr_router *r, kvr_push_ahead **out) {
     snprintf(p->owner, sizeof p->owner, "%.58s/push", c->replica_id);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
-    pthread_cond_init(&p->released, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&p->released, &ca);
+    pthread_condattr_destroy(&ca);
     int nw = (int)c->push_ahead_workers;
     if (nw > MAX_WORKERS) nw = MAX_WORKERS;
     for (int i = 0; i < nw; i++) {

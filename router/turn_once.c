@@ -21,8 +21,9 @@
 #include "error.h"
 
 /* Polls of a busy lease back off from WAIT_FIRST_S to WAIT_STEP_S: a lease held by a push of
- * this replica is waited on instead (kvr_push_ahead_wait), and one held by a turn on another
- * replica is usually free within a few milliseconds of its first token stream ending. */
+ * this replica is waited on instead (kvr_push_ahead_wait); for another holder (a turn on
+ * another replica, a push not yet marked) a first look after 1 ms costs one ledger
+ * transaction, and a long holder is then polled no more often than before. */
 #define WAIT_FIRST_S 0.001
 #define WAIT_STEP_S 0.05
 

@@ -248,12 +248,15 @@ kvl_status kvl__rpc_client_unary_pb(kvl__rpc_client *cli, const char *method,
 
 /* The same unary call in two halves, for a caller with other work while it runs (a node waits
  * for a span's bytes while the source's answer is on its way).  start sends the request and
- * returns; the call progresses without the caller (gRPC core's pollers: every process that
- * uses this layer has a thread in a completion queue, its server's).  wait: 1 once the call
- * has ended (its result is ready), 0 when wait_ms (< 0: no limit) passed first.  finish waits
- * for the end, fills `res` as kvl__rpc_client_unary does, and frees the call: every started call
- * is finished exactly once (an error from start leaves nothing to finish).  The _pb forms pack
- * the request / unpack the response as kvl__rpc_client_unary_pb. */
+ * returns (KVL_ERR_NOMEM, KVL_ERR_INTERNAL when the layer fails: nothing is left to finish
+ * then); the call then progresses without the caller only in a process where some other thread
+ * sits in a completion queue (a kvld or router: its server's poller), else in wait / finish.
+ * wait: 1 once the call has ended (its result is ready), 0 when wait_ms (< 0: no limit) passed
+ * first.  finish waits for the end, fills `res` as kvl__rpc_client_unary does, and frees the
+ * call: every started call is finished exactly once, also by finish_pb with NULL arguments
+ * (which then returns KVL_ERR_INVALID_ARG).  One call is waited on and finished by one thread
+ * at a time.  The _pb forms pack the request / unpack the response as
+ * kvl__rpc_client_unary_pb. */
 typedef struct kvl__rpc_unary kvl__rpc_unary;
 kvl_status kvl__rpc_unary_start(kvl__rpc_client *cli, const char *method, const uint8_t *req,
                                size_t req_len, int64_t timeout_ms, kvl__rpc_unary **out);

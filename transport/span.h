@@ -134,8 +134,9 @@ kvl_status kvl__span_trailer_write(const Kvlingo__V1__SpanHeader *h, uint8_t *ro
 /* Read the trailer of a received message msg[0..len): 1 with *payload_len (the bytes before the
  * header), *header / *header_len (the packed header's bytes inside msg: unpack them with
  * kvlingo__v1__span_header__unpack, compare them with another copy byte for byte); 0 when msg
- * has no trailer (shorter than 8 bytes, another magic, or a header length that does not fit in
- * front of it, or over KVL_SPAN_TRAILER_MAX).  Reads only inside msg. */
+ * has no trailer (shorter than 8 bytes, another magic, a header length that does not fit in
+ * front of it, or a header longer than KVL_SPAN_TRAILER_MAX - 8).  Reads only inside msg;
+ * sets its outputs only when it returns 1. */
 int kvl__span_trailer_find(const uint8_t *msg, size_t len, size_t *payload_len,
                            const uint8_t **header, size_t *header_len);
 

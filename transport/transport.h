@@ -63,8 +63,9 @@ kvl_status kvl__transport_recv_wait(kvl__transport *t, kvl__transport_recv *r, i
 
 /* Wait up to wait_us microseconds for a posted receive without ending it: 1 once it has
  * completed (kvl__transport_recv_wait then returns its result at once), 0 while it is still
- * pending.  For a caller that watches something else too (a node waiting for a span's bytes
- * and for the source's answer, whichever comes first). */
+ * pending (1 for a NULL t or r: nothing to wait for).  wait_us 0: one look (a pass of the
+ * transport's progress).  For a caller that watches something else too (a node waiting for a
+ * span's bytes and for the source's answer, whichever comes first). */
 int kvl__transport_recv_poll(kvl__transport *t, kvl__transport_recv *r, int64_t wait_us);
 
 /* Cancel if still pending and release.  Returns 1 when the receive's buffer is the caller's

@@ -4,7 +4,8 @@
  * Input: [flags u8][header length u16 LE][SpanHeader bytes][payload bytes].  flags & 1: replace
  * the header's checksum by the payload's real one, so the fuzzer also reaches the checks behind
  * the checksum.  flags & 2: the rest of the input is instead one message as a pull receives it,
- * payload and trailer (span.h): the trailer is found, its header unpacked and both checked.  Any input must be accepted or refused with a reason and a message; an
+ * payload and trailer (span.h): the trailer is found, its header unpacked and both checked.
+ * Any input must be accepted or refused with a reason and a message; an
  * accepted payload's views must lie inside the buffer (ASan checks the reads).
  * Built only with the server components (KVL_HAVE_SPAN); otherwise a no-op target. */
 #include <stdint.h>
