@@ -19,6 +19,13 @@ kvl_status kvld_node_create(const kvld_config *cfg, kvld_node **out) {
     if (!n) return kvl__errorf(KVL_ERR_NOMEM, "node");
     n->cfg = *cfg;
     pthread_mutex_init(&n->peers_mu, NULL);
+    {   /* the back-off waits on the monotonic clock (a wall-clock step cannot stretch it) */
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&n->peers_cv, &ca);
+        pthread_condattr_destroy(&ca);
+    }
     /* TLS first: a wrong certificate should fail in a second, not after the weights load */
     kvl_status st = kvld_config_tls(cfg, &n->tls);
     if (st != KVL_OK) goto fail;
@@ -69,6 +76,7 @@ kvl_status kvld_node_create(const kvld_config *cfg, kvld_node **out) {
     if ((st = kvld_peers_parse(cfg->peers, n->fleet, KVLD_MAX_PEERS, &n->n_fleet)) != KVL_OK) goto fail;
     if (cfg->ticket_key_file[0]) {
         if ((st = kvl__ticket_key_load(cfg->ticket_key_file, &n->ticket_key)) != KVL_OK) goto fail;
+        if ((st = kvl__ticket_warmup(&n->ticket_key)) != KVL_OK) goto fail;
         n->tickets = 1;
     }
     if ((st = kvl__ticket_replay_init(&n->replay, KVLD_REPLAY_CAP)) != KVL_OK) goto fail;
@@ -157,6 +165,7 @@ void kvld_node_free(kvld_node *n) {
     kvl__svc_tls_free(&n->tls);
     kvl__ticket_replay_free(&n->replay);
     memset(&n->ticket_key, 0, sizeof n->ticket_key);
+    pthread_cond_destroy(&n->peers_cv);
     pthread_mutex_destroy(&n->peers_mu);
     free(n);
 }

@@ -68,6 +68,9 @@ typedef struct kvld_node {
     char **argv;
     int peers_started;
     volatile int peers_stop;
+    pthread_cond_t peers_cv;          /* wakes the connecting thread's back-off (peers_mu)   */
+    int peers_kick;                   /* a fleet member may have come up: retry now (peers_mu) */
+    int peers_pending;                /* members the thread still tries (atomic)              */
     double warmup_ms;                 /* the warm-up run before serving (warmup.c), 0 if off */
     kvl__svc_tls tls;                 /* the TLS files (empty with insecure)                */
     kvl__rpc_tls server_tls;          /* the Node API: mutual TLS with the fleet CA         */

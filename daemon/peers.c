@@ -10,10 +10,12 @@
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "clock.h"
@@ -48,9 +50,28 @@ kvl_status kvld_peers_parse(const char *list, char (*out)[KVLD_PEER_ADDR_MAX], i
     return KVL_OK;
 }
 
-/* Sleep up to ms, waking early when the node stops. */
+/* Sleep up to ms, waking early when the node stops or a kick comes (kvld_peers_kick); at
+ * least 10 ms, so a stream of kicks cannot turn the retries into a busy loop. */
 static void nap(kvld_node *n, int ms) {
-    for (int t = 0; t < ms && !n->peers_stop; t += 20) usleep(20 * 1000);
+    usleep(10 * 1000);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    long long ns = (long long)ts.tv_nsec + (long long)(ms > 10 ? ms - 10 : 0) * 1000000LL;
+    ts.tv_sec += (time_t)(ns / 1000000000LL);
+    ts.tv_nsec = (long)(ns % 1000000000LL);
+    pthread_mutex_lock(&n->peers_mu);
+    while (!n->peers_stop && !n->peers_kick)
+        if (pthread_cond_timedwait(&n->peers_cv, &n->peers_mu, &ts) != 0) break;
+    n->peers_kick = 0;
+    pthread_mutex_unlock(&n->peers_mu);
+}
+
+void kvld_peers_kick(kvld_node *n) {
+    if (!__atomic_load_n(&n->peers_pending, __ATOMIC_RELAXED)) return;
+    pthread_mutex_lock(&n->peers_mu);
+    n->peers_kick = 1;
+    pthread_cond_signal(&n->peers_cv);
+    pthread_mutex_unlock(&n->peers_mu);
 }
 
 /* Does anything accept TCP connections at "host:port" (or "[v6]:port") within timeout_ms?  The
@@ -114,6 +135,7 @@ static void *peers_main(void *arg) {
     pthread_mutex_unlock(&n->peers_mu);
     double t0 = kvl__now_s();
     int backoff = 100;
+    __atomic_store_n(&n->peers_pending, count, __ATOMIC_RELAXED);
     do {
         left = 0;
         for (int i = 0; i < count && !n->peers_stop; i++) {
@@ -132,11 +154,13 @@ static void *peers_main(void *arg) {
                 }
             }
         }
+        __atomic_store_n(&n->peers_pending, left, __ATOMIC_RELAXED);
         if (left && !n->peers_stop) {
             nap(n, backoff);
             if (backoff < 2000) backoff *= 2;
         }
     } while (left && !n->peers_stop);
+    __atomic_store_n(&n->peers_pending, 0, __ATOMIC_RELAXED);
     return NULL;
 }
 
@@ -153,7 +177,10 @@ kvl_status kvld_peers_start(kvld_node *n) {
 
 void kvld_peers_stop(kvld_node *n) {
     if (!n->peers_started) return;
+    pthread_mutex_lock(&n->peers_mu);
     n->peers_stop = 1;
+    pthread_cond_broadcast(&n->peers_cv);
+    pthread_mutex_unlock(&n->peers_mu);
     pthread_join(n->peers_thread, NULL);
     n->peers_started = 0;
 }

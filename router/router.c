@@ -219,6 +219,7 @@ kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
     }
     if (!s && cfg->ticket_key_file) {
         s = kvl__ticket_key_load(cfg->ticket_key_file, &r->ticket_key);
+        if (!s) s = kvl__ticket_warmup(&r->ticket_key);
         r->tickets = s == KVL_OK;
     }
     if (!s) s = kvr_ledger_open(cfg->ledger, &r->ledger);

@@ -54,6 +54,12 @@ uint64_t kvl__ticket_now_ms(void);
 /* Fill t->nonce from the system's random source (RAND_bytes). */
 kvl_status kvl__ticket_new_nonce(kvl__ticket *t);
 
+/* Make and verify one throwaway ticket under key, at start: libcrypto's first random draw and
+ * first HMAC set up its random generator and look up its algorithms (about 0.5-1 ms here),
+ * which would otherwise land on the fleet's first switch.  Errors are those of
+ * kvl__ticket_new_nonce / _encode / _verify (a key that cannot MAC fails here, not later). */
+kvl_status kvl__ticket_warmup(const kvl__ticket_key *key);
+
 /* Encode and MAC t into out[cap]; *len the bytes written.  KVL_ERR_RANGE when a string is too
  * long or cap too small. */
 kvl_status kvl__ticket_encode(const kvl__ticket_key *key, const kvl__ticket *t, uint8_t *out,

@@ -3,7 +3,8 @@
 
 - Two kvld started one after the other, each naming the other in --peers: both connect the
   other (channel, Info, transport endpoint) once it is up (log line peer_ready, metric
-  kvlingo_peers_connected_total 1), the first one by retrying while the second was not there.
+  kvlingo_peers_connected_total 1), the first one by retrying while the second was not there;
+  the second's Info call wakes the first's back-off, so the first connects at once.
 - A fleet whose nodes were given --peers serves its first switch by translation (the span goes
   over the endpoint set up at start).
 - A membership change without a restart: a node with a ticket key whose --config file names
@@ -44,6 +45,12 @@ def wait_log(path, pattern, timeout=20.0):
         raise AssertionError("%s: no line matching %r within %.0f s:\n%s" % (path, pattern, timeout, f.read()))
 
 
+def log_time(ts):
+    """Seconds of a log line's ts=2026-12-06T15:36:42.275Z (UTC)."""
+    import calendar
+    return calendar.timegm(time.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S")) + float("0" + ts[19:-1])
+
+
 def metric(port, name):
     text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5).read().decode()
     m = re.search(r"^" + re.escape(name) + r" (\S+)$", text, re.M)
@@ -81,7 +88,7 @@ def main():
     nb = None
     try:
         rtest.wait_port(pa, na.proc, what="kvld a")
-        time.sleep(0.6)   # a retries against a port nobody listens on
+        time.sleep(3.3)   # a retries against a port nobody listens on; its back-off is at 1.6 s by now
         nb = rtest.Proc([kvld, "--insecure", "--model", model("qwen3-b"), "--listen", "127.0.0.1:%d" % pb, "--metrics",
                          "127.0.0.1:%d" % mb, "--peers", "127.0.0.1:%d" % pa, "--warmup", "0"], lb)
         rtest.wait_port(pb, nb.proc, what="kvld b")
@@ -96,14 +103,18 @@ def main():
         check(r.returncode == 1 and "metrics: cannot listen on 127.0.0.1:%d" % ma in r.stdout + r.stderr,
               "kvld on a taken metrics port: rc %d, %r" % (r.returncode, (r.stdout + r.stderr)[-300:]))
         print("ok   a taken metrics port is a clean start-up error")
-        wait_log(la, r"msg=peer_ready peer=127\.0\.0\.1:%d " % pb)
-        wait_log(lb, r"msg=peer_ready peer=127\.0\.0\.1:%d " % pa)
+        ra = wait_log(la, r"ts=(\S+) .*msg=peer_ready peer=127\.0\.0\.1:%d " % pb)
+        rb = wait_log(lb, r"ts=(\S+) .*msg=peer_ready peer=127\.0\.0\.1:%d " % pa)
+        # b's Info call on connecting woke a's back-off: a connected b at once, not up to 2 s later
+        gap = log_time(ra.group(1)) - log_time(rb.group(1))
+        check(gap < 1.0, "a connected b %.3f s after b connected a (its back-off was not woken)" % gap)
         check(metric(ma, "kvlingo_peers_connected_total") == 1, "a: peers_connected_total")
         check(metric(mb, "kvlingo_peers_connected_total") == 1, "b: peers_connected_total")
         wa = float(wait_log(la, r"warmup_ms=([0-9.]+)").group(1))
         wb = float(wait_log(lb, r"warmup_ms=([0-9.]+)").group(1))
         check(wa > 0 and wb == 0, "warm-up: a %.3f ms (expected > 0), b %.3f ms with --warmup 0" % (wa, wb))
-        print("ok   both nodes connected each other (a after retrying); warm-up %.1f ms, off with --warmup 0" % wa)
+        print("ok   both nodes connected each other (a %.0f ms after b, woken from its back-off); warm-up %.1f ms, "
+              "off with --warmup 0" % (gap * 1e3, wa))
     finally:
         na.stop()
         if nb:

@@ -231,6 +231,20 @@ static void test_key_file(void **st) {
     assert_int_equal(kvl__ticket_key_load("/", &k), KVL_ERR_IO);   /* a directory: unreadable */
 }
 
+/* the start-up warm-up: a usable key passes; one that cannot make a ticket fails there, at
+ * start, with the encoder's error */
+static void test_warmup(void **st) {
+    (void)st;
+    kvl__ticket_key k;
+    memset(&k, 0, sizeof k);
+    memset(k.key, 0x5a, KVL_TICKET_KEY_MIN);
+    k.len = KVL_TICKET_KEY_MIN;
+    assert_int_equal(kvl__ticket_warmup(&k), KVL_OK);
+    k.len = 0;
+    assert_int_equal(kvl__ticket_warmup(&k), KVL_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvl_last_error(), "no key"));
+}
+
 static void test_token_hash(void **st) {
     (void)st;
     char hex[65];
@@ -250,7 +264,7 @@ int main(void) {
         cmocka_unit_test(test_wrong_fields), cmocka_unit_test(test_window),
         cmocka_unit_test(test_tampered),
         cmocka_unit_test(test_replay), cmocka_unit_test(test_key_file),
-        cmocka_unit_test(test_token_hash),
+        cmocka_unit_test(test_token_hash), cmocka_unit_test(test_warmup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
