@@ -21,10 +21,18 @@ kvl_status kvld_node_create(const kvld_config *cfg, kvld_node **out) {
     pthread_mutex_init(&n->peers_mu, NULL);
     {   /* the back-off waits on the monotonic clock (a wall-clock step cannot stretch it) */
         pthread_condattr_t ca;
-        pthread_condattr_init(&ca);
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-        pthread_cond_init(&n->peers_cv, &ca);
-        pthread_condattr_destroy(&ca);
+        n->peers_cv_clock = CLOCK_REALTIME;
+        if (pthread_condattr_init(&ca) == 0) {
+            if (pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0) n->peers_cv_clock = CLOCK_MONOTONIC;
+            if (pthread_cond_init(&n->peers_cv, &ca) != 0) n->peers_cv_clock = -1;
+            pthread_condattr_destroy(&ca);
+        } else {
+            n->peers_cv_clock = -1;
+        }
+        if (n->peers_cv_clock == (clockid_t)-1) {   /* the default condvar: the wall clock */
+            n->peers_cv_clock = CLOCK_REALTIME;
+            pthread_cond_init(&n->peers_cv, NULL);
+        }
     }
     /* TLS first: a wrong certificate should fail in a second, not after the weights load */
     kvl_status st = kvld_config_tls(cfg, &n->tls);

@@ -69,6 +69,7 @@ typedef struct kvld_node {
     int peers_started;
     volatile int peers_stop;
     pthread_cond_t peers_cv;          /* wakes the connecting thread's back-off (peers_mu)   */
+    clockid_t peers_cv_clock;         /* the clock peers_cv's timed waits are measured on     */
     int peers_kick;                   /* a fleet member may have come up: retry now (peers_mu) */
     int peers_pending;                /* members the thread still tries (atomic)              */
     double warmup_ms;                 /* the warm-up run before serving (warmup.c), 0 if off */

@@ -50,20 +50,25 @@ kvl_status kvld_peers_parse(const char *list, char (*out)[KVLD_PEER_ADDR_MAX], i
     return KVL_OK;
 }
 
-/* Sleep up to ms, waking early when the node stops or a kick comes (kvld_peers_kick); at
- * least 10 ms, so a stream of kicks cannot turn the retries into a busy loop. */
-static void nap(kvld_node *n, int ms) {
-    usleep(10 * 1000);
+/* Sleep up to ms, waking early when the node stops or a kick comes (kvld_peers_kick); 1 when a
+ * kick ended it.  At least KVLD_PEER_KICK_GAP_MS, so a stream of kicks (Info calls) cannot make
+ * the retries faster than that. */
+#define KVLD_PEER_KICK_GAP_MS 50
+static int nap(kvld_node *n, int ms) {
+    usleep(KVLD_PEER_KICK_GAP_MS * 1000);
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    long long ns = (long long)ts.tv_nsec + (long long)(ms > 10 ? ms - 10 : 0) * 1000000LL;
+    clock_gettime(n->peers_cv_clock, &ts);
+    long long ns = (long long)ts.tv_nsec +
+                   (long long)(ms > KVLD_PEER_KICK_GAP_MS ? ms - KVLD_PEER_KICK_GAP_MS : 0) * 1000000LL;
     ts.tv_sec += (time_t)(ns / 1000000000LL);
     ts.tv_nsec = (long)(ns % 1000000000LL);
     pthread_mutex_lock(&n->peers_mu);
     while (!n->peers_stop && !n->peers_kick)
         if (pthread_cond_timedwait(&n->peers_cv, &n->peers_mu, &ts) != 0) break;
+    int woken = n->peers_kick;
     n->peers_kick = 0;
     pthread_mutex_unlock(&n->peers_mu);
+    return woken;
 }
 
 void kvld_peers_kick(kvld_node *n) {
@@ -132,9 +137,10 @@ static void *peers_main(void *arg) {
     pthread_mutex_lock(&n->peers_mu);
     count = n->n_fleet;
     memcpy(list, n->fleet, sizeof list[0] * (size_t)count);
+    n->peers_kick = 0;   /* a kick meant for the thread before a reload */
     pthread_mutex_unlock(&n->peers_mu);
     double t0 = kvl__now_s();
-    int backoff = 100;
+    int backoff = 100, woken = 0;   /* woken: the last nap was ended by a kick */
     __atomic_store_n(&n->peers_pending, count, __ATOMIC_RELAXED);
     do {
         left = 0;
@@ -143,7 +149,8 @@ static void *peers_main(void *arg) {
             if (connect_one(n, list[i]) == KVL_OK) {
                 done[i] = 1;
                 kvld_metrics_add(n->metrics, KVLD_C_PEERS_CONNECTED, 1);
-                kvl__svc_log("info", "msg=peer_ready peer=%s ms=%.1f", list[i], (kvl__now_s() - t0) * 1e3);
+                kvl__svc_log("info", "msg=peer_ready peer=%s ms=%.1f woken=%d", list[i],
+                             (kvl__now_s() - t0) * 1e3, woken);
             } else {
                 left++;
                 if (kvl__now_s() - t0 > KVLD_PEER_GIVE_UP_S) {
@@ -156,8 +163,8 @@ static void *peers_main(void *arg) {
         }
         __atomic_store_n(&n->peers_pending, left, __ATOMIC_RELAXED);
         if (left && !n->peers_stop) {
-            nap(n, backoff);
-            if (backoff < 2000) backoff *= 2;
+            woken = nap(n, backoff);
+            backoff = backoff >= 1000 ? 2000 : backoff * 2;   /* 100, 200, 400, 800, then 2 s */
         }
     } while (left && !n->peers_stop);
     __atomic_store_n(&n->peers_pending, 0, __ATOMIC_RELAXED);

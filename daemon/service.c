@@ -40,8 +40,8 @@ void kvld_rpc_info(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
     kvld_node *n = user;
     kvld_req r;
     kvld_req_begin(&r, n, call, "Info");
-    kvld_peers_kick(n);   /* a peer connecting: the one that started first need not back off */
     UNPACK_OR_FAIL(in, Kvlingo__V1__InfoRequest, kvlingo__v1__info_request__unpack, &r, req, len);
+    kvld_peers_kick(n);   /* a peer connecting: the one that started first need not back off */
     kvlingo__v1__info_request__free_unpacked(in, NULL);
     const kvl_model_config *c = kvl_model_config_get(n->model);
     Kvlingo__V1__InfoResponse out = KVLINGO__V1__INFO_RESPONSE__INIT;
