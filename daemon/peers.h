@@ -21,9 +21,9 @@ kvl_status kvld_peers_start(struct kvld_node *n);
 void kvld_peers_stop(struct kvld_node *n);
 
 /* A call from a node that may be a fleet member (its Info call on connecting): while some
- * configured peer is not connected yet, the connecting thread retries at once instead of at
- * the end of its back-off, so the node that started first is connected to the one that
- * started second a moment after the second came up (retries at most every 10 ms). */
+ * configured peer is not connected yet, the connecting thread retries now instead of at the
+ * end of its back-off, so the node that started first connects the one that started second
+ * as soon as the second has connected it (retries at most every 50 ms, however many calls). */
 void kvld_peers_kick(struct kvld_node *n);
 
 /* A membership change: `list` ("host:port,...") becomes the fleet spans may go to, and the
