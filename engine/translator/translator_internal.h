@@ -32,7 +32,19 @@ struct kvl_translator {
     const kvl_backend_ops *prep_ops;
     void *prep_bm;
     void *prep;
+    unsigned prep_gen;                            /* maps_gen when prep was made             */
+    /* wk and wv transposed, [2][Lt][T*Hs*Ds][Ht*Dt] (the kv_maps view's wkT, wvT): made at the
+     * first apply after the maps changed, under prep_lock; NULL until then */
+    float *wT;
+    unsigned wT_gen;                              /* maps_gen when wT was made               */
+    unsigned maps_gen;                            /* bumped by every write of wk / wv        */
 };
+
+/* The maps were (or are about to be) written: prepared forms (wT, a device's prep) are made again
+ * at the next apply.  Every writer of wk / wv calls it (the writable accessors do). */
+static inline void kvl__tr_maps_changed(kvl_translator *t) {
+    __atomic_add_fetch(&t->maps_gen, 1, __ATOMIC_RELEASE);
+}
 
 /* Feature widths: one source layer's Hs*Ds, a map's input T*Hs*Ds, the target's Ht*Dt. */
 static inline int kvl__tr_ds(const kvl_translator *t) { return t->src_kv_heads * t->src_head_dim; }

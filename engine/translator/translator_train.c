@@ -188,6 +188,7 @@ static kvl_status load_checkpoint(const char *path, kvl_translator *tr, float *m
     size_t np = (size_t)tr->dst_layers * kvl__tr_dt(tr) * kvl__tr_din(tr);
     const char *names[6] = {"wk", "wv", "adam_m.k", "adam_m.v", "adam_v.k", "adam_v.v"};
     float *dst[6] = {tr->wk, tr->wv, m, m + np, v, v + np};
+    kvl__tr_maps_changed(tr);
     const char *fmt = kvl_safetensors_metadata(st, "format"), *sstep = kvl_safetensors_metadata(st, "step");
     const char *sseed = kvl_safetensors_metadata(st, "seed");
     if (!fmt || strcmp(fmt, "kvlingo-translator-checkpoint-1") || !sstep || !sseed)
@@ -311,6 +312,7 @@ kvl_status kvl_translator_train(kvl_translator *tr, kvl_model *src, kvl_model *d
                 W[k] = (float)(W[k] - lr * (upd + p.weight_decay * W[k]));
             }
         }
+        kvl__tr_maps_changed(tr);
         double el = kvl__now_s() - t_start;
         if (p.checkpoint && ((step + 1) % p.checkpoint_every == 0 || step + 1 == p.steps))
             s = save_checkpoint(p.checkpoint, tr, m, v, step + 1, p.seed);

@@ -26,6 +26,10 @@ typedef struct kvl_kv_maps {
     float *wk;        /* [Lt][Ht*Dt][Hs*Ds] float32, row-major (nn.Linear layout, bias-free)     */
     float *wv;        /* [Lt][Ht*Dt][Hs*Ds]                                                       */
     int owned;        /* 1 when the arrays were allocated by kvl_kv_maps_random (free them)      */
+    /* Optional, read-only: wk and wv transposed, [Lt][Hs*Ds][Ht*Dt] each, for kernels that read
+     * the maps input-major (the CPU's fused rows); NULL, and a kernel transposes what it needs
+     * per span.  Must equal the transpose of wk / wv when set (a translator keeps them so). */
+    const float *wkT, *wvT;
 } kvl_kv_maps;
 
 /* Maps of the right shape for src -> dst with the default layer map

@@ -189,10 +189,12 @@ static const kvl__rope_cache *cached_rope(const cpu_translate *tr, int t0, int n
  * of the span is made before, its rows split over the parts (a sincosf per position and
  * frequency: ~1 ms of a 2048-token span on one core). */
 #define KVL_TR_CHUNK 64
-/* Shorter spans take the sgemm path: transposing every layer's maps costs about what the
- * fused rows save on 64 tokens (measured on the rows' first form, 3 tokens a group, qwen3-a ->
- * qwen3-b: 0.29 against 0.23 ms). */
-#define KVL_TR_FUSED_MIN_TOKENS 128
+/* Shorter spans take the sgemm path when the maps come untransposed: transposing every layer's
+ * maps per span then costs more than the fused rows save below ~16 tokens (qwen3-a -> qwen3-b, 9
+ * tokens: 0.05 against 0.04 ms; 16: 0.04 against 0.08).  With the maps' transposes given
+ * (kvl_kv_maps.wkT, a translator's) the fused rows are the faster at every length (1 token:
+ * 0.005 against 0.008 ms; 64: 0.08 against 0.31). */
+#define KVL_TR_FUSED_MIN_TOKENS 16
 
 typedef struct fused_job {
     const kvl_translate_params *p;
@@ -223,15 +225,21 @@ static void fused_rows_part(void *pj, int part, int n_parts) {
     const int D = mp->dst_head_dim, dt = mp->dst_kv_heads * D;
     const int ds = mp->src_kv_heads * mp->src_head_dim;
     const size_t wsz = (size_t)dt * ds;
-    float *wkT = j->wT + (size_t)part * 2 * wsz, *wvT = wkT + wsz;
+    /* the maps' transposes: the caller's when given, else this part's scratch, made per layer */
+    float *own = mp->wkT ? NULL : j->wT + (size_t)part * 2 * wsz;
+    const float *wkT = own, *wvT = own ? own + wsz : NULL;
     const int n_items = mp->dst_layers * j->n_chunks;
     int have = -1;   /* the layer whose maps wkT / wvT hold */
     for (int i; (i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < n_items;) {
         const int l = i / j->n_chunks, a = (i % j->n_chunks) * KVL_TR_CHUNK;
         const int b = a + KVL_TR_CHUNK < j->n ? a + KVL_TR_CHUNK : j->n;
-        if (l != have) {
-            kvl__translate_transpose(wkT, mp->wk + (size_t)l * wsz, dt, ds);
-            kvl__translate_transpose(wvT, mp->wv + (size_t)l * wsz, dt, ds);
+        if (l != have && !own) {
+            wkT = mp->wkT + (size_t)l * wsz;
+            wvT = mp->wvT + (size_t)l * wsz;
+            have = l;
+        } else if (l != have) {
+            kvl__translate_transpose(own, mp->wk + (size_t)l * wsz, dt, ds);
+            kvl__translate_transpose(own + wsz, mp->wv + (size_t)l * wsz, dt, ds);
             have = l;
         }
         const size_t so = (size_t)mp->layer_map[l] * j->n * ds;
@@ -251,8 +259,9 @@ static kvl_status fused_apply(const cpu_translate *tr, const float *k_src, const
     const double macs = 2.0 * n * (double)ds * dt * mp->dst_layers;
     kvl__cpu_exec ex;
     const int parts = macs >= 1048576.0 ? exec_take(tr->m, &ex) : 1;
-    /* working memory: the parts' transposed maps, RoPE cos/sin [n, D/2], positions [n] */
-    const size_t wts = (size_t)parts * 2 * dt * ds, tab = (size_t)n * (D / 2);
+    /* working memory: the parts' transposed maps (none when given), RoPE cos/sin [n, D/2],
+     * positions [n] */
+    const size_t wts = mp->wkT ? 0 : (size_t)parts * 2 * dt * ds, tab = (size_t)n * (D / 2);
     const size_t need = wts + 2 * tab + (size_t)n;
     float *buf = work_memory(&ex, parts, c, need);
     if (!buf) return kvl__errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
@@ -291,7 +300,7 @@ kvl_status kvl__cpu_translate_apply(void *pp, const float *k_src, const float *v
     const size_t per = (size_t)n * dt, tab = (size_t)n * (D / 2);
     kvl_status s = kvl__kv_blocks_reserve(c, t0 + n);
     if (s != KVL_OK) return s;
-    if (n >= KVL_TR_FUSED_MIN_TOKENS && kvl__translate_avx512_usable(D, dt) &&
+    if ((mp->wkT || n >= KVL_TR_FUSED_MIN_TOKENS) && kvl__translate_avx512_usable(D, dt) &&
         (size_t)dt == c->row && !(c->bf16 && D > KVL__ATT_BF16_MAX_D))
         return fused_apply(tr, k_src, v_src, t0, n, c);
     /* The pool when it is free and the span worth a hand-off (~1M multiply-adds): concurrent

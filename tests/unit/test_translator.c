@@ -429,8 +429,8 @@ static void test_taps(void **state) {
     kvl_translator_free(t2);
 }
 
-/* Spans long enough for the fused rows (AVX-512 CPUs, head_dim 32 / 64 / 128, translate_avx512.h)
- * and short ones on the sgemm path, appended to one cache: every plane of every token equals
+/* Spans on the fused rows (AVX-512 CPUs, head_dim 32 / 64 / 128, translate_avx512.h; a
+ * translator's spans of any length), appended to one cache: every plane of every token equals
  * the method computed by hand in double (k_t = RoPE(k_norm(W_K k_s)), v_t = W_V v_s), across
  * chunk and panel boundaries, in row groups of 6 (3 at head_dim 128) with ragged last groups,
  * on a model's 2-thread pool and on the process pool; a bf16 cache reads back as those values
@@ -541,6 +541,31 @@ static void fused_case(fixture *f, const char *name, const char *arch, int H, in
             }
         }
         kvl_cache_free(cb);
+    }
+    /* maps written after an apply: the next apply reads the new ones (the transposes a
+     * translator keeps for the fused rows are made again), bit for bit what a translator
+     * created with them gives */
+    {
+        const int n = 9;
+        kvl_translator *t2 = NULL;
+        assert_int_equal(kvl_translator_create(f->a, m2, NULL, &t2), KVL_OK);
+        fill_random(t2, seed + 99);
+        kvl_cache *cc[3] = {NULL, NULL, NULL};
+        float *out[3];
+        for (int i = 0; i < 3; i++) {
+            assert_int_equal(kvl_model_cache_create(m2, NULL, &cc[i]), KVL_OK);
+            assert_non_null(out[i] = malloc(sizeof(float) * 2 * n * dt));
+        }
+        assert_int_equal(kvl_translator_apply(tr, ks, vs, 0, n, NULL, cc[0]), KVL_OK);
+        fill_random(tr, seed + 99);
+        assert_int_equal(kvl_translator_apply(tr, ks, vs, 0, n, NULL, cc[1]), KVL_OK);
+        assert_int_equal(kvl_translator_apply(t2, ks, vs, 0, n, NULL, cc[2]), KVL_OK);
+        for (int i = 0; i < 3; i++)
+            assert_int_equal(kvl_cache_read_kv(cc[i], 1, 0, n, out[i], out[i] + n * dt), KVL_OK);
+        assert_memory_equal(out[1], out[2], sizeof(float) * 2 * n * dt);
+        assert_memory_not_equal(out[0], out[1], sizeof(float) * 2 * n * dt);
+        for (int i = 0; i < 3; i++) { kvl_cache_free(cc[i]); free(out[i]); }
+        kvl_translator_free(t2);
     }
     free(ks); free(vs); free(kg); free(vg); free(kp); free(k16); free(v16); free(p16);
     kvl_translator_free(tr);

@@ -32,11 +32,14 @@ def channel(address, tls_ca=None, insecure=False):
     signed the router's certificate), or plaintext when insecure=True.  One is required."""
     if tls_ca and insecure:
         raise ValueError("tls_ca and insecure exclude each other")
+    # a server-streaming call (Send) is read on the caller's thread, not handed over from a
+    # thread of the channel's: one thread wake-up less before each token (~0.07 ms a turn)
+    opts = [(grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
     if tls_ca:
         with open(tls_ca, "rb") as f:
-            return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=f.read()))
+            return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=f.read()), options=opts)
     if insecure:
-        return grpc.insecure_channel(address)
+        return grpc.insecure_channel(address, options=opts)
     raise ValueError("pass tls_ca=PATH (the CA that signed the router's certificate) or insecure=True "
                      "(plaintext, for a router started with --insecure)")
 
