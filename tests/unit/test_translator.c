@@ -609,6 +609,16 @@ static void identity_case(kvl_model *m) {
     kvl_translator_free(tr);
 }
 
+/* Every case again on the portable form (one sgemm per layer and side, then the rows), in a
+ * child process (the choice is made once a process): on an AVX-512 CPU the fused rows take every
+ * span a translator applies, so the portable form runs only here. */
+static void test_portable(void **state) {
+    (void)state;
+    if (getenv("KVL_CPU_TRANSLATE")) skip();   /* this is the child */
+    int rc = kvl__test_rerun_self_with("KVL_CPU_TRANSLATE", "portable");
+    if (rc != 0) fail_msg("this program run again with KVL_CPU_TRANSLATE=portable failed (status %d)", rc);
+}
+
 static void test_identity_qwen3(void **state) { identity_case(((fixture *)*state)->a); }
 static void test_identity_qwen2(void **state) { identity_case(((fixture *)*state)->c); }
 
@@ -618,7 +628,7 @@ int main(void) {
         cmocka_unit_test(test_corrupt), cmocka_unit_test(test_nan_inf),
         cmocka_unit_test(test_apply_by_hand), cmocka_unit_test(test_identity_qwen3),
         cmocka_unit_test(test_identity_qwen2), cmocka_unit_test(test_taps),
-        cmocka_unit_test(test_apply_fused),
+        cmocka_unit_test(test_apply_fused), cmocka_unit_test(test_portable),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
