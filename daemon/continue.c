@@ -428,6 +428,45 @@ static int agreed(const cont *c, const kvld_session *s) {
     return nl;
 }
 
+/* pull_only: the final message only, its result saying what the node holds now (the pull's
+ * span translated, or the session as it was with the reason in `fallback`); nothing is
+ * prefilled or generated. */
+static void answer_pull_only(cont *c) {
+    kvld_node *n = c->n;
+    Kvlingo__V1__ContinueResult *res = &c->res;
+    if (res->mode != KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_TRANSLATE)
+        res->mode = KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_NONE;
+    char sha[65] = "";
+    kvld_session_info si;
+    kvl_status st = kvld_sessions_info(n->sessions, c->in->session_id, &si);
+    if (st == KVL_OK) {
+        res->token_count = (uint32_t)si.n_ledger;
+        res->cached_count = (uint32_t)si.n_cached;
+        snprintf(sha, sizeof sha, "%s", si.tokens_sha256);
+    } else {
+        kvl_clear_error();   /* the pull made none: the node holds nothing of the session */
+        kvl__tokens_sha256_hex(NULL, 0, sha);
+    }
+    res->tokens_sha256 = sha;
+    Kvlingo__V1__GenerateResponse fin = KVLINGO__V1__GENERATE_RESPONSE__INIT;
+    fin.text = (char *)"";
+    fin.done = 1;
+    fin.finish_reason = (char *)"pull_only";
+    fin.total_seconds = kvl__now_s() - c->r.t0;
+    fin.result = res;
+    char extra[300];
+    snprintf(extra, sizeof extra, " pull_only=1 mode=%s span=%u pull_ms=%.3f translate_ms=%.3f%s%s",
+             res->mode == KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_TRANSLATE ? "translate" : "none",
+             res->span_t1 - res->span_t0, res->pull_seconds * 1e3, res->translate_seconds * 1e3,
+             res->fallback && res->fallback[0] ? " fallback=" : "", res->fallback ? res->fallback : "");
+    if (kvl__rpc_call_send_pb(c->r.call, &fin.base) != KVL_OK) {
+        kvld_req_end(&c->r, GRPC_STATUS_CANCELLED, "the caller went before the answer", extra);
+        return;
+    }
+    kvl__rpc_call_finish(c->r.call, GRPC_STATUS_OK, NULL);
+    kvld_req_end(&c->r, GRPC_STATUS_OK, NULL, extra);
+}
+
 void kvld_rpc_continue(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     kvld_node *n = user;
     cont c;
@@ -446,8 +485,20 @@ void kvld_rpc_continue(kvl__rpc_call *call, const uint8_t *req, size_t len, void
     if (kvld_req_refuse_if_draining(&c.r)) goto done;
     kvld_gen_params gp;
     kvl_status st = KVL_OK;
-    if (!in->generate) st = kvl__errorf(KVL_ERR_INVALID_ARG, "ContinueRequest.generate is required");
-    else st = kvld_gen_params_from_pb(n, in->generate, &gp);
+    if (in->pull_only) {
+        if (!in->pull || !in->pull->source_tokens)
+            st = kvl__errorf(KVL_ERR_INVALID_ARG, "ContinueRequest.pull_only needs a pull");
+        else if (in->n_context || in->n_input)
+            st = kvl__errorf(KVL_ERR_INVALID_ARG, "ContinueRequest.pull_only takes no context and no input "
+                            "(%zu and %zu tokens given)", in->n_context, in->n_input);
+        else if (in->pull->source_tokens <= in->held)
+            st = kvl__errorf(KVL_ERR_INVALID_ARG, "ContinueRequest.pull_only: the source holds %u tokens, "
+                            "this node %u already: nothing to pull", in->pull->source_tokens, in->held);
+    } else if (!in->generate) {
+        st = kvl__errorf(KVL_ERR_INVALID_ARG, "ContinueRequest.generate is required");
+    } else {
+        st = kvld_gen_params_from_pb(n, in->generate, &gp);
+    }
     const int vocab = kvl_model_config_get(n->model)->vocab_size;
     for (size_t i = 0; st == KVL_OK && i < in->n_context; i++)
         if (in->context[i] < 0 || in->context[i] >= vocab)
@@ -461,7 +512,7 @@ void kvld_rpc_continue(kvl__rpc_call *call, const uint8_t *req, size_t len, void
         st = kvl__errorf(KVL_ERR_RANGE, "input too long: %u held + %zu context + %zu input tokens exceed the "
                         "max context of %d tokens (--max-context)", in->held, in->n_context, in->n_input,
                         n->max_context);
-    if (st == KVL_OK && in->n_context + in->n_input == 0 && in->held == 0)
+    if (st == KVL_OK && in->n_context + in->n_input == 0 && in->held == 0 && !in->pull_only)
         st = kvl__errorf(KVL_ERR_INVALID_ARG, "nothing to continue: no context and no input");
     if (st != KVL_OK) {
         kvld_req_fail(&c.r, st, NULL);
@@ -481,6 +532,10 @@ void kvld_rpc_continue(kvl__rpc_call *call, const uint8_t *req, size_t len, void
         } else {
             pull(&c);
         }
+    }
+    if (in->pull_only) {
+        answer_pull_only(&c);
+        goto done;
     }
     /* the session, created here when neither it nor an import existed */
     kvld_session *s = NULL;

@@ -56,6 +56,7 @@ void kvld_rpc_info(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
     out.hidden_size = (uint32_t)c->hidden_size;
     out.vocab_size = (uint32_t)c->vocab_size;
     out.continue_rpc = 1;
+    out.continue_pull_only = 1;
     out.span_push = 1;
     out.dtype = dtype_pb(c->weight_dtype);
     int nt = n->translators.n;

@@ -223,7 +223,8 @@ kvl_status kvr_node_continue(kvr_node *n, const kvr_continue_req *c, const kvr_g
     req.n_input = c->n_input > 0 ? (size_t)c->n_input : 0;
     req.input = (int32_t *)c->input;
     req.native_only = c->native_only != 0;
-    req.generate = &g;
+    req.pull_only = c->pull_only != 0;
+    req.generate = c->pull_only ? NULL : &g;
     if (c->source) {
         pull.source = (char *)c->source->address;
         pull.source_tokens = c->source_tokens;

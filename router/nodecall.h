@@ -85,6 +85,7 @@ typedef struct kvr_continue_req {
     const char *source_sha256;
     int64_t pull_timeout_ms;
     int native_only;
+    int pull_only;                    /* only the span: no context, input or generation */
     const kvl__ticket_key *key;
 } kvr_continue_req;
 

@@ -159,31 +159,15 @@ static void remember(kvr_push_ahead *p, const push_job *j, int from, int to) {
     pthread_mutex_unlock(&p->mu);
 }
 
-/* One push, under the session's lease.  Returns the result label. */
-static const char *push_locked(kvr_push_ahead *p, const push_job *j, const kvr_lease *lease,
-                               kvr_session *s) {
+/* The span move of a push by the several calls (a target without ContinueRequest.pull_only, or
+ * transfer.one_call off): SessionInfo on the source and the target, then ExportSpan from the
+ * source, which pushes the span to the target.  NULL with [*from, *to_out) shipped and what the
+ * target holds checked against the ledger, else the result label (the reason logged). */
+static const char *move_export(kvr_push_ahead *p, const push_job *j, const kvr_session *s, int64_t node_ms,
+                               int *from_out, int *to_out, double *took) {
     kvr_router *r = p->r;
     const kvr_config *c = r->cfg;
-    /* a turn arriving now waits for this lease at most lease_wait_ms: every call of the push
-     * together (three SessionInfo, the export) must end well before that */
-    int64_t node_ms = (int64_t)(c->lease_wait_ms / 8 < c->node_timeout_ms ? c->lease_wait_ms / 8 : c->node_timeout_ms);
-    if (node_ms < 1) node_ms = 1;
     kvr_node *S = &r->reg->nodes[j->src], *D = &r->reg->nodes[j->dst];
-    if (kvr_ledger_session_load(r->ledger, j->sid, 1, s)) {
-        kvl__svc_log_text("info", "push-ahead %s: %s", j->sid, kvl_last_error());
-        return "skipped";
-    }
-    if (s->state != KVR_SESSION_OPEN || s->n_tokens != j->n_ctx || strcmp(s->current_node, S->name) ||
-        kvr_session_held(s, S->name) != j->n_ctx) {
-        kvl__svc_log_text("info", "push-ahead %s: the session moved on (%d tokens on %s, the push was "
-                          "for %d on %s): skipped", j->sid, s->n_tokens, s->current_node, j->n_ctx, S->name);
-        return "skipped";
-    }
-    if (!kvr_registry_can_translate(r->reg, S->model, j->dst) || !kvr_guard_pair_ok(r->guard, S->model, D->model)) {
-        kvl__svc_log_text("info", "push-ahead %s: no usable translator %s -> %s: skipped", j->sid,
-                          S->model, D->model);
-        return "skipped";
-    }
     /* the source must hold exactly the ledger: count, idle, ids */
     kvr_node_session si;
     if (kvr_node_session_info(S, j->sid, node_ms, &si, NULL) || !si.found || (int)si.tokens != j->n_ctx ||
@@ -224,7 +208,7 @@ static const char *push_locked(kvr_push_ahead *p, const push_job *j, const kvr_l
     double t0 = kvl__now_s();
     kvl_status st = kvr_node_export(S, D, j->sid, (unsigned)from, (unsigned)to, 0, (int64_t)timeout,
                                     r->tickets ? &r->ticket_key : NULL, &ex, &code);
-    double took = kvl__now_s() - t0;
+    *took = kvl__now_s() - t0;
     if (st) {
         kvl__svc_log_text("warn", "push-ahead %s: export %s->%s [%d,%d) failed: %s", j->sid, S->name,
                           D->name, from, to, kvl_last_error());
@@ -237,6 +221,129 @@ static const char *push_locked(kvr_push_ahead *p, const push_job *j, const kvr_l
         list_target(p, j, node_ms, (int)ex.peer_tokens > 0 ? (int)ex.peer_tokens : to);
         return "failed";
     }
+    *from_out = from;
+    *to_out = to;
+    return NULL;
+}
+
+/* The span move of a push in one call: the target checks what it holds against the ledger
+ * (count and token hash) and pulls the span from the source, which checks its own tokens
+ * against the ledger's by hash and that no turn runs there; only the span moves
+ * (ContinueRequest.pull_only), translated the moment it lands.  The span runs from what the
+ * target caches to what the source does (the last sampled token is in neither yet).  Returns as
+ * move_export. */
+static const char *move_pull_only(kvr_push_ahead *p, const push_job *j, const kvr_session *s, int64_t node_ms,
+                                  int *from_out, int *to_out, double *took) {
+    kvr_router *r = p->r;
+    const kvr_config *c = r->cfg;
+    kvr_node *S = &r->reg->nodes[j->src], *D = &r->reg->nodes[j->dst];
+    const int held = kvr_session_held(s, D->name);
+    if (held < 0 || held >= j->n_ctx - 1) return "skipped";   /* nothing the source can ship */
+    if (j->n_ctx - held > c->push_ahead_max_tokens) {
+        kvl__svc_log_text("info", "push-ahead %s: span [%d,%d) exceeds push_ahead_max_tokens %ld: skipped",
+                          j->sid, held, j->n_ctx, c->push_ahead_max_tokens);
+        return "skipped";
+    }
+    unsigned L = 0, H = 0, Dh = 0;
+    kvr_registry_geometry(r->reg, j->src, &L, &H, &Dh, NULL);
+    double bytes = 2.0 * L * H * Dh * 4.0 * (j->n_ctx - held) + 4.0 * (j->n_ctx - held);
+    double timeout = c->transfer_base_ms + bytes / c->transfer_bytes_per_s * 1000.0;
+    if (timeout > c->lease_wait_ms / 2) timeout = c->lease_wait_ms / 2;
+    if (timeout < 1) timeout = 1;
+    char held_sha[65] = "", src_sha[65];
+    if (held > 0) kvl__tokens_sha256_hex(s->tokens, (size_t)held, held_sha);
+    kvl__tokens_sha256_hex(s->tokens, (size_t)j->n_ctx, src_sha);
+    kvr_continue_req cr = {.sid = j->sid, .held = (unsigned)held, .held_sha256 = held_sha, .source = S,
+                           .source_tokens = (unsigned)j->n_ctx, .source_sha256 = src_sha,
+                           .pull_timeout_ms = (int64_t)timeout, .pull_only = 1,
+                           .key = r->tickets ? &r->ticket_key : NULL};
+    kvr_gen_params gp;
+    memset(&gp, 0, sizeof gp);
+    double t0 = kvl__now_s();
+    kvl__rpc_stream *st = NULL;
+    grpc_status_code code = GRPC_STATUS_OK;
+    int got = 0, to = 0, t0_span = 0;
+    unsigned node_count = 0;
+    char node_sha[65] = "", why[300] = "";
+    kvl_status ks = kvr_node_continue(D, &cr, &gp, node_ms + (int64_t)timeout, &st);
+    while (!ks) {
+        Kvlingo__V1__GenerateResponse *m = NULL;
+        int rr = kvr_node_gen_next(D, st, &m, &code);
+        if (rr < 0) ks = (kvl_status)rr;
+        else if (rr == 0 && code != GRPC_STATUS_OK) ks = kvl__rpc_status_to_kvl(code) ? kvl__rpc_status_to_kvl(code)
+                                                                                      : KVL_ERR_INTERNAL;
+        if (rr <= 0) break;
+        if (m->done && m->result) {
+            const Kvlingo__V1__ContinueResult *res = m->result;
+            got = 1;
+            node_count = res->token_count;
+            snprintf(node_sha, sizeof node_sha, "%s", res->tokens_sha256 ? res->tokens_sha256 : "");
+            if (res->mode == KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_TRANSLATE && res->span_t1 > res->span_t0)
+                to = (int)res->span_t1, t0_span = (int)res->span_t0;
+            snprintf(why, sizeof why, "%s", res->fallback && res->fallback[0] ? res->fallback : "no span");
+        }
+        protobuf_c_message_free_unpacked(&m->base, NULL);
+    }
+    kvl__rpc_stream_free(st);
+    *took = kvl__now_s() - t0;
+    if (ks || !got) {
+        /* refused before any pull (the target disagrees with the ledger: the next turn there
+         * resets it), or the call failed: what the target holds now is listed if it changed */
+        kvl__svc_log_text("warn", "push-ahead %s: ContinueTurn on %s: %s", j->sid, D->name,
+                          ks ? kvl_last_error() : "it ended without its result");
+        if (ks && code != GRPC_STATUS_FAILED_PRECONDITION && code != GRPC_STATUS_INVALID_ARGUMENT)
+            list_target(p, j, node_ms, held);
+        return ks && code == GRPC_STATUS_FAILED_PRECONDITION ? "skipped" : "failed";
+    }
+    if (!to) {
+        /* the pull fell back: an import is atomic, so the target holds what it did */
+        kvl__svc_log_text("warn", "push-ahead %s: %s -> %s: %s", j->sid, S->name, D->name, why);
+        return "failed";
+    }
+    if ((int)node_count != to || to > j->n_ctx || !same_tokens(s, node_sha, to)) {
+        kvl__svc_log_text("warn", "push-ahead %s: %s holds %u tokens after the pull, expected %d of the "
+                          "ledger's ids: discarded", j->sid, D->name, node_count, to);
+        list_target(p, j, node_ms, (int)node_count);
+        return "failed";
+    }
+    *from_out = t0_span;
+    *to_out = to;
+    return NULL;
+}
+
+/* One push, under the session's lease.  Returns the result label. */
+static const char *push_locked(kvr_push_ahead *p, const push_job *j, const kvr_lease *lease,
+                               kvr_session *s) {
+    kvr_router *r = p->r;
+    const kvr_config *c = r->cfg;
+    /* a turn arriving now waits for this lease at most lease_wait_ms: every call of the push
+     * together (ContinueTurn, or SessionInfo x2 and the export) must end well before that */
+    int64_t node_ms = (int64_t)(c->lease_wait_ms / 8 < c->node_timeout_ms ? c->lease_wait_ms / 8 : c->node_timeout_ms);
+    if (node_ms < 1) node_ms = 1;
+    kvr_node *S = &r->reg->nodes[j->src], *D = &r->reg->nodes[j->dst];
+    if (kvr_ledger_session_load(r->ledger, j->sid, 1, s)) {
+        kvl__svc_log_text("info", "push-ahead %s: %s", j->sid, kvl_last_error());
+        return "skipped";
+    }
+    if (s->state != KVR_SESSION_OPEN || s->n_tokens != j->n_ctx || strcmp(s->current_node, S->name) ||
+        kvr_session_held(s, S->name) != j->n_ctx) {
+        kvl__svc_log_text("info", "push-ahead %s: the session moved on (%d tokens on %s, the push was "
+                          "for %d on %s): skipped", j->sid, s->n_tokens, s->current_node, j->n_ctx, S->name);
+        return "skipped";
+    }
+    if (!kvr_registry_can_translate(r->reg, S->model, j->dst) || !kvr_guard_pair_ok(r->guard, S->model, D->model)) {
+        kvl__svc_log_text("info", "push-ahead %s: no usable translator %s -> %s: skipped", j->sid,
+                          S->model, D->model);
+        return "skipped";
+    }
+    int from = 0, to = 0;
+    double took = 0;
+    kvr_node dc;   /* what the target serves, as its last Info said (a copy, under the registry's lock) */
+    kvr_registry_copy(r->reg, j->dst, &dc);
+    const char *res = dc.pull_only && c->transfer_one_call
+                          ? move_pull_only(p, j, s, node_ms, &from, &to, &took)
+                          : move_export(p, j, s, node_ms, &from, &to, &took);
+    if (res) return res;
     /* CloseSession (and expiry) take no lease: a close that ended the session during the
      * export is seen here (its copy goes now), one that loaded the holdings before this record
      * and ends the session after it is caught by the sweep; one that comes later drops it. */

@@ -166,6 +166,7 @@ int kvr_registry_refresh(kvr_registry *r, int only_unhealthy, int64_t timeout_ms
         n->head_dim = infos[i]->head_dim;
         n->max_context = infos[i]->max_context;
         n->one_call = infos[i]->continue_rpc;
+        n->pull_only = infos[i]->continue_pull_only;
         n->vocab = infos[i]->vocab_size;
         n->sessions = infos[i]->sessions;
         pthread_mutex_unlock(&r->mu);

@@ -33,6 +33,7 @@ typedef struct kvr_node {
     char hash[40];
     unsigned n_layers, n_kv_heads, head_dim, max_context, vocab, sessions;
     int one_call;                /* serves ContinueTurn: a turn is one call on the critical path */
+    int pull_only;               /* serves ContinueRequest.pull_only: a push-ahead is one call  */
     char tr_from[KVR_MAX_TR][KVR_NAME_MAX];  /* usable source models                         */
     int n_tr_from;
     struct {                                 /* discovered but unusable, with the reason     */

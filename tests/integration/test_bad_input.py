@@ -3,7 +3,8 @@
 and the daemons keep serving other sessions.  Nodes on loopback:
   A  qwen3-a with translators          B  qwen3-b with translators
   C  qwen3-a, max_context 64 from a YAML --config file, no translators
-Cases: malformed protobuf, unknown session, text too long for --max-context, header naming
+Cases: malformed protobuf, unknown session, ContinueTurn pull_only without a pull or with
+context / input / nothing to pull, text too long for --max-context, header naming
 another model, unknown source model (no translator), truncated / oversized payload, checksum
 mismatch, peer gone mid-transfer, exporter cancelling, client cancelling a Generate stream,
 devices that do not exist (a bad name; CUDA where no GPU is usable) refused at start."""
@@ -83,6 +84,17 @@ def main():
                                         timeout=10))
         t.check(e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT,
                 "token id outside the vocabulary -> INVALID_ARGUMENT (%s)" % (e and e.details()))
+
+        # 2a. ContinueTurn pull_only takes a pull and nothing else
+        def cont(**kw):
+            return list(sb.ContinueTurn(pb.ContinueRequest(session_id="po", pull_only=True, **kw), timeout=10))
+        pull = pb.SpanPull(source=A.addr, source_tokens=10, source_sha256="0" * 64)
+        for kw, why in (({}, "needs a pull"), ({"pull": pull, "input": [5]}, "no context and no input"),
+                        ({"pull": pull, "context": [5]}, "no context and no input"),
+                        ({"pull": pull, "held": 10}, "nothing to pull")):
+            e = rpc_error(lambda: cont(**kw))
+            t.check(e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT and why in e.details(),
+                    "ContinueTurn pull_only %s -> INVALID_ARGUMENT (%s)" % (sorted(kw), e and e.details()))
 
         # 2b. stop ids end a generation ("stop"); a ledger cut may drop only uncached tokens
         def gen(sid, **kw):

@@ -7,9 +7,14 @@
   3. Switching back ships only B's new span [N, N+K) to A, whose next-token distribution again
      equals the reference.
   4. Metrics, health, and SIGTERM draining (a running stream finishes, new work is refused,
-     exit status 0)."""
+     exit status 0).
+  5. ContinueTurn pull_only (a push-ahead): B pulls A's span of a session it lacks, translates
+     it, generates nothing, and says what it holds; a source holding other ids refuses
+     (source_state) and B keeps nothing."""
+import hashlib
 import os
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -96,6 +101,46 @@ def main():
                     node.metric("kvlingo_spans_received_total") == 1,
                     "%s metrics count 1 span sent and 1 received" % name)
         t.check(B.metric("kvlingo_tokens_decoded_total") >= k - 1, "B counts decoded tokens")
+
+        # ContinueTurn pull_only (a router's push-ahead): B pulls A's span of a session it does
+        # not hold and translates it, generating nothing; the final message says what B holds
+        sid2 = "conv-pull"
+        sa.OpenSession(pb.OpenSessionRequest(session_id=sid2), timeout=10)
+        sa.Append(pb.AppendRequest(session_id=sid2, tokens=prompt, prefill=True), timeout=60)
+        sha = hashlib.sha256(struct.pack("<%di" % n, *prompt)).hexdigest()
+        msgs = list(sb.ContinueTurn(pb.ContinueRequest(
+            session_id=sid2, pull_only=True,
+            pull=pb.SpanPull(source=A.addr, source_tokens=n, source_sha256=sha)), timeout=60))
+        t.check(len(msgs) == 1 and msgs[0].done and msgs[0].finish_reason == "pull_only" and
+                msgs[0].generated_count == 0, "pull_only: one final message, nothing generated (%d messages)"
+                % len(msgs))
+        res = msgs[-1].result
+        t.check(res.mode == pb.ContinueResult.MODE_TRANSLATE and (res.span_t0, res.span_t1) == (0, n) and
+                res.token_count == n and res.tokens_sha256 == sha and not res.fallback,
+                "pull_only: B translated [%d, %d) and holds %d tokens of A's ids (%s)" % (
+                    res.span_t0, res.span_t1, res.token_count, res.fallback))
+        si2 = sb.SessionInfo(pb.SessionInfoRequest(session_id=sid2), timeout=10)
+        t.check(si2.token_count == n and si2.cached_count == n and si2.imported_count == n and
+                si2.state == "idle" and si2.tokens_sha256 == sha,
+                "pull_only: B's session holds the span, idle")
+        # a source that holds other ids than the pull says: refused there (source_state), and B,
+        # which did not hold the session, holds nothing of it
+        sa.OpenSession(pb.OpenSessionRequest(session_id="conv-pull-ids"), timeout=10)
+        sa.Append(pb.AppendRequest(session_id="conv-pull-ids", tokens=prompt, prefill=True), timeout=60)
+        msgs = list(sb.ContinueTurn(pb.ContinueRequest(
+            session_id="conv-pull-ids", pull_only=True,
+            pull=pb.SpanPull(source=A.addr, source_tokens=n, source_sha256="0" * 64)), timeout=60))
+        res = msgs[-1].result
+        t.check(len(msgs) == 1 and msgs[-1].done and res.mode == pb.ContinueResult.MODE_NONE and
+                res.token_count == 0 and res.fallback.startswith("source_state"),
+                "pull_only from a source holding other ids: no span, the reason (%s)" % res.fallback)
+        e = None
+        try:
+            sb.SessionInfo(pb.SessionInfoRequest(session_id="conv-pull-ids"), timeout=10)
+        except grpc.RpcError as x:
+            e = x
+        t.check(e is not None and e.code() == grpc.StatusCode.NOT_FOUND,
+                "pull_only that failed left no session on B")
 
         # a node with a bf16 KV cache ships bf16 spans (half the K/V bytes); B (float32)
         # widens them, and its distribution stays within bf16 rounding of the reference

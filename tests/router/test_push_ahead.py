@@ -14,7 +14,9 @@ default), one with `push_ahead: false` in the policy block (the control, switchi
   R  races: as P, but each next turn is sent at once, so the push and the turn meet (the push is
      skipped, or the turn waits for it, or the push finds the session moved on);
 and in every case the outputs equal the control's, with the turn as one ContinueTurn call on
-the node and as several calls (transfer.one_call false).  The control shows no push at all (metrics,
+the node and as several calls (transfer.one_call false); the push itself is one ContinueTurn
+(pull_only) on the target, or on the several-call path an ExportSpan the source pushes through
+the target's ImportSpan.  The control shows no push at all (metrics,
 summaries, holdings).
 usage: test_push_ahead.py --build BUILD_DIR --work WORK_DIR
 """
@@ -128,6 +130,15 @@ def check_push_fleet(a, policy, want, want_races, one_call):
                 exports = [ln for ln in f if "method=ExportSpan" in ln and "session=%s " % got["P"][0][2] in ln]
             check(len(exports) == 1, "P: %d ExportSpan calls on a0, expected the push's only:\n%s" % (
                 len(exports), "".join(exports)))
+        # the push's span move: one ContinueTurn (pull_only) on b0, which pulled from a0; on the
+        # several-call path, a0's ExportSpan pushed it through b0's ImportSpan
+        with open(os.path.join(fleet.work, "kvld-qwen3-b.log")) as f:
+            blog = [ln for ln in f if "session=%s " % got["P"][0][2] in ln]
+        pulls = [ln for ln in blog if "method=ContinueTurn" in ln and "pull_only=1 mode=translate" in ln]
+        imports = [ln for ln in blog if "method=ImportSpan" in ln]
+        check((len(pulls), len(imports)) == ((1, 0) if one_call else (0, 1)),
+              "P: the push on b0: %d pull_only ContinueTurn, %d ImportSpan:\n%s" % (
+                  len(pulls), len(imports), "".join(blog)))
         # H: the hint pushed b0 -> a0
         h1 = got["H"][1][1]
         check(h1.switch_mode == TRANSLATE and h1.span_tokens == 0 and h1.pushed_ahead_tokens > 0,
