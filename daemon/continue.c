@@ -443,6 +443,14 @@ static void answer_pull_only(cont *c) {
         res->token_count = (uint32_t)si.n_ledger;
         res->cached_count = (uint32_t)si.n_cached;
         snprintf(sha, sizeof sha, "%s", si.tokens_sha256);
+        if (res->mode != KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_TRANSLATE && si.n_ledger > (int)c->in->held &&
+            si.n_imported > 0) {
+            /* the peer's verdict was lost but its span landed whole (an import is atomic): said
+             * as translated, and the caller checks the ids by the hash */
+            res->mode = KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_TRANSLATE;
+            res->span_t0 = (uint32_t)c->cached;
+            res->span_t1 = (uint32_t)si.n_ledger;
+        }
     } else {
         kvl_clear_error();   /* the pull made none: the node holds nothing of the session */
         kvl__tokens_sha256_hex(NULL, 0, sha);
@@ -488,6 +496,9 @@ void kvld_rpc_continue(kvl__rpc_call *call, const uint8_t *req, size_t len, void
     if (in->pull_only) {
         if (!in->pull || !in->pull->source_tokens)
             st = kvl__errorf(KVL_ERR_INVALID_ARG, "ContinueRequest.pull_only needs a pull");
+        else if (in->native_only)
+            st = kvl__errorf(KVL_ERR_INVALID_ARG, "ContinueRequest.pull_only imports translated K/V: "
+                            "native_only cannot go with it");
         else if (in->n_context || in->n_input)
             st = kvl__errorf(KVL_ERR_INVALID_ARG, "ContinueRequest.pull_only takes no context and no input "
                             "(%zu and %zu tokens given)", in->n_context, in->n_input);

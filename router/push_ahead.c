@@ -76,8 +76,9 @@ static int same_tokens(const kvr_session *s, const char *node_sha, int n) {
 
 /* After a failed push the target may hold some of the span.  Nothing is dropped here (a drop
  * that times out may still run on the node later, under the next turn): the target stays
- * listed in the holdings with what it says it holds, so the next turn there checks it (count
- * and token hash) and resets it if needed, and CloseSession drops it.  Only under the lease. */
+ * listed in the holdings with what it says it holds (`guess` when it does not answer), so the
+ * next turn there checks it (count and token hash) and resets it if needed, and CloseSession
+ * drops it.  Only under the lease. */
 static void list_target(kvr_push_ahead *p, const push_job *j, int64_t node_ms, int guess) {
     kvr_router *r = p->r;
     kvr_node *D = &r->reg->nodes[j->dst];
@@ -262,10 +263,12 @@ static const char *move_pull_only(kvr_push_ahead *p, const push_job *j, const kv
     double t0 = kvl__now_s();
     kvl__rpc_stream *st = NULL;
     grpc_status_code code = GRPC_STATUS_OK;
-    int got = 0, to = 0, t0_span = 0;
+    int got = 0, to = 0, t0_span = 0, refused = 0;
     unsigned node_count = 0;
     char node_sha[65] = "", why[300] = "";
-    kvl_status ks = kvr_node_continue(D, &cr, &gp, node_ms + (int64_t)timeout, &st);
+    /* the node gives the source's ExportSpan the pull's timeout and a second more (continue.c):
+     * the call outlives it, so the router does not give up while the node still imports */
+    kvl_status ks = kvr_node_continue(D, &cr, &gp, node_ms + (int64_t)timeout + 1000, &st);
     while (!ks) {
         Kvlingo__V1__GenerateResponse *m = NULL;
         int rr = kvr_node_gen_next(D, st, &m, &code);
@@ -280,7 +283,12 @@ static const char *move_pull_only(kvr_push_ahead *p, const push_job *j, const kv
             snprintf(node_sha, sizeof node_sha, "%s", res->tokens_sha256 ? res->tokens_sha256 : "");
             if (res->mode == KVLINGO__V1__CONTINUE_RESULT__MODE__MODE_TRANSLATE && res->span_t1 > res->span_t0)
                 to = (int)res->span_t1, t0_span = (int)res->span_t0;
-            snprintf(why, sizeof why, "%s", res->fallback && res->fallback[0] ? res->fallback : "no span");
+            snprintf(why, sizeof why, "%s", res->fallback && res->fallback[0] ? res->fallback
+                                                                               : "the source had no more to ship");
+            /* the source not holding what the ledger says, or nothing new: nothing to push, as
+             * the several calls' SessionInfo would have found */
+            refused = !res->fallback || !res->fallback[0] || !strncmp(res->fallback, "source_state", 12) ||
+                      !strncmp(res->fallback, "source_behind", 13);
         }
         protobuf_c_message_free_unpacked(&m->base, NULL);
     }
@@ -296,9 +304,12 @@ static const char *move_pull_only(kvr_push_ahead *p, const push_job *j, const kv
         return ks && code == GRPC_STATUS_FAILED_PRECONDITION ? "skipped" : "failed";
     }
     if (!to) {
-        /* the pull fell back: an import is atomic, so the target holds what it did */
-        kvl__svc_log_text("warn", "push-ahead %s: %s -> %s: %s", j->sid, S->name, D->name, why);
-        return "failed";
+        /* no span: an import is atomic, so the target holds what it did, unless it says
+         * otherwise (a session it could not keep, dropped) */
+        kvl__svc_log_text(refused ? "info" : "warn", "push-ahead %s: %s -> %s: %s", j->sid, S->name,
+                          D->name, why);
+        if ((int)node_count != held) list_target(p, j, node_ms, (int)node_count);
+        return refused ? "skipped" : "failed";
     }
     if ((int)node_count != to || to > j->n_ctx || !same_tokens(s, node_sha, to)) {
         kvl__svc_log_text("warn", "push-ahead %s: %s holds %u tokens after the pull, expected %d of the "

@@ -28,7 +28,8 @@ typedef struct kvl_kv_maps {
     int owned;        /* 1 when the arrays were allocated by kvl_kv_maps_random (free them)      */
     /* Optional, read-only: wk and wv transposed, [Lt][Hs*Ds][Ht*Dt] each, for kernels that read
      * the maps input-major (the CPU's fused rows); NULL, and a kernel transposes what it needs
-     * per span.  Must equal the transpose of wk / wv when set (a translator keeps them so). */
+     * per span.  Must equal the transpose of wk / wv when set (a translator keeps them so, at
+     * the maps' size again).  Zero-initialise the struct ({0}) when filling it by hand. */
     const float *wkT, *wvT;
 } kvl_kv_maps;
 

@@ -32,7 +32,10 @@ int kvl_translator_layer_source(const kvl_translator *tr, int l, int j);
 /* Source layer read by target layer l (its first tap), -1 when l is out of range. */
 int kvl_translator_layer_map(const kvl_translator *tr, int l);
 /* Maps of target layer l: [Ht*Dt, T*Hs*Ds] float32, row-major, owned by tr (NULL if l is out of
- * range); column block j reads tap j.  Writable so that training can update them in place. */
+ * range); column block j reads tap j.  Writable so that training can update them in place:
+ * fetching the pointer marks the maps changed, so the next kvl_translator_apply makes its
+ * prepared forms again (the transposed maps the CPU reads, a device's copy); fetch it again
+ * for writes after an apply. */
 float *kvl_translator_wk(kvl_translator *tr, int l);
 float *kvl_translator_wv(kvl_translator *tr, int l);
 /* Metadata entries in insertion order (NULL past the end). */

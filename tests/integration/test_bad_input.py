@@ -4,7 +4,7 @@ and the daemons keep serving other sessions.  Nodes on loopback:
   A  qwen3-a with translators          B  qwen3-b with translators
   C  qwen3-a, max_context 64 from a YAML --config file, no translators
 Cases: malformed protobuf, unknown session, ContinueTurn pull_only without a pull or with
-context / input / nothing to pull, text too long for --max-context, header naming
+context / input / native_only / nothing to pull, text too long for --max-context, header naming
 another model, unknown source model (no translator), truncated / oversized payload, checksum
 mismatch, peer gone mid-transfer, exporter cancelling, client cancelling a Generate stream,
 devices that do not exist (a bad name; CUDA where no GPU is usable) refused at start."""
@@ -91,7 +91,8 @@ def main():
         pull = pb.SpanPull(source=A.addr, source_tokens=10, source_sha256="0" * 64)
         for kw, why in (({}, "needs a pull"), ({"pull": pull, "input": [5]}, "no context and no input"),
                         ({"pull": pull, "context": [5]}, "no context and no input"),
-                        ({"pull": pull, "held": 10}, "nothing to pull")):
+                        ({"pull": pull, "held": 10}, "nothing to pull"),
+                        ({"pull": pull, "native_only": True}, "native_only cannot go with it")):
             e = rpc_error(lambda: cont(**kw))
             t.check(e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT and why in e.details(),
                     "ContinueTurn pull_only %s -> INVALID_ARGUMENT (%s)" % (sorted(kw), e and e.details()))

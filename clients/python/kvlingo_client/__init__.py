@@ -23,18 +23,28 @@ from kvlingo.v1 import router_pb2_grpc as pb_grpc
 
 __all__ = ["RouterClient", "channel", "pb", "main"]
 
+# A server-streaming call (Send) is read on the caller's thread, not handed over from a thread
+# of the channel's: one thread wake-up less before each token (~0.07 ms a turn).  grpc's
+# experimental package is imported by name (grpcio does not load it with grpc).
+try:
+    from grpc.experimental import ChannelOptions as _ChannelOptions
+    _STREAM_ON_CALLER = [(_ChannelOptions.SingleThreadedUnaryStream, 1)]
+except (ImportError, AttributeError):   # a grpcio without the option: the default threading
+    _STREAM_ON_CALLER = []
+
 MODES = {pb.SWITCH_MODE_NONE: "none", pb.SWITCH_MODE_TRANSLATE: "translate",
          pb.SWITCH_MODE_REPREFILL: "re-prefill"}
 
 
 def channel(address, tls_ca=None, insecure=False):
     """A gRPC channel to the router: TLS verified with the CA file `tls_ca` (PEM: the CA that
-    signed the router's certificate), or plaintext when insecure=True.  One is required."""
+    signed the router's certificate), or plaintext when insecure=True.  One is required.
+    Server-streaming calls on it (Send) are read on the thread that iterates them
+    (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream): iterate a stream on one
+    thread, and do not use its Future methods (result(), exception()) while it runs."""
     if tls_ca and insecure:
         raise ValueError("tls_ca and insecure exclude each other")
-    # a server-streaming call (Send) is read on the caller's thread, not handed over from a
-    # thread of the channel's: one thread wake-up less before each token (~0.07 ms a turn)
-    opts = [(grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
+    opts = _STREAM_ON_CALLER
     if tls_ca:
         with open(tls_ca, "rb") as f:
             return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=f.read()), options=opts)
