@@ -81,7 +81,7 @@ def main():
                 print("     fallback: %s" % s.fallback_reason)
             if s.pushed_ahead_tokens:
                 print("     pushed ahead: %d tokens, shipped and translated right after the previous "
-                      "turn (span: only what came after)" % s.pushed_ahead_tokens)
+                      "turn (the span: only what came after them)" % s.pushed_ahead_tokens)
         sw = [s for s in rows if s.from_model]
         # the comparison: each switched turn again as a forced re-prefill, a real turn on the same
         # (now warm) node with as many context and input tokens, timed by the same router clock
@@ -115,8 +115,9 @@ def main():
                 s.transfer_seconds * 1e3, s.translate_seconds * 1e3, s.forward_seconds * 1e3))
         print("(context: the tokens the target holds for the turn before generating; span: tokens "
               "shipped and translated on a translated turn, tokens prefilled on the others.  A switch "
-              "the router pushed ahead shows span 0 and phases of 0: the cascade ships the span "
-              "after each turn, and whether that lands before the next turn varies from run to run.)")
+              "the router pushed ahead shows span 0 and export, transfer and translate phases of 0: "
+              "the cascade ships the span after a turn when it can foresee the next model, and "
+              "whether that lands before the next turn varies from run to run.)")
         print("(T: translated span; P: re-prefill.  Re-prefill TTFT: the same turn again, forced to "
               "re-prefill, on the same node after the run, measured by the router like the switch.  "
               "KL(native||translated) of the first token.  Phases: the source reading its cache, the "
