@@ -160,6 +160,18 @@ static void remember(kvr_push_ahead *p, const push_job *j, int from, int to) {
     pthread_mutex_unlock(&p->mu);
 }
 
+/* The deadline of a push's span move of n_tokens (ms): transfer_base_ms plus its float32 bytes at
+ * transfer_bytes_per_s, at most half the lease wait (a turn waiting for the lease must get it). */
+static double move_timeout_ms(const kvr_push_ahead *p, const push_job *j, int n_tokens) {
+    const kvr_config *c = p->r->cfg;
+    unsigned L = 0, H = 0, Dh = 0;
+    kvr_registry_geometry(p->r->reg, j->src, &L, &H, &Dh, NULL);
+    double bytes = 2.0 * L * H * Dh * 4.0 * n_tokens + 4.0 * n_tokens;
+    double timeout = c->transfer_base_ms + bytes / c->transfer_bytes_per_s * 1000.0;
+    if (timeout > c->lease_wait_ms / 2) timeout = c->lease_wait_ms / 2;
+    return timeout < 1 ? 1 : timeout;
+}
+
 /* The span move of a push by the several calls (a target without ContinueRequest.pull_only, or
  * transfer.one_call off): SessionInfo on the source and the target, then ExportSpan from the
  * source, which pushes the span to the target.  NULL with [*from, *to_out) shipped and what the
@@ -198,12 +210,7 @@ static const char *move_export(kvr_push_ahead *p, const push_job *j, const kvr_s
                           j->sid, from, to, c->push_ahead_max_tokens);
         return "skipped";
     }
-    unsigned L = 0, H = 0, Dh = 0;
-    kvr_registry_geometry(r->reg, j->src, &L, &H, &Dh, NULL);
-    double bytes = 2.0 * L * H * Dh * 4.0 * (to - from) + 4.0 * (to - from);
-    double timeout = c->transfer_base_ms + bytes / c->transfer_bytes_per_s * 1000.0;
-    if (timeout > c->lease_wait_ms / 2) timeout = c->lease_wait_ms / 2;
-    if (timeout < 1) timeout = 1;
+    const double timeout = move_timeout_ms(p, j, to - from);
     kvr_export_result ex;
     grpc_status_code code = GRPC_STATUS_OK;
     double t0 = kvl__now_s();
@@ -245,12 +252,7 @@ static const char *move_pull_only(kvr_push_ahead *p, const push_job *j, const kv
                           j->sid, held, j->n_ctx, c->push_ahead_max_tokens);
         return "skipped";
     }
-    unsigned L = 0, H = 0, Dh = 0;
-    kvr_registry_geometry(r->reg, j->src, &L, &H, &Dh, NULL);
-    double bytes = 2.0 * L * H * Dh * 4.0 * (j->n_ctx - held) + 4.0 * (j->n_ctx - held);
-    double timeout = c->transfer_base_ms + bytes / c->transfer_bytes_per_s * 1000.0;
-    if (timeout > c->lease_wait_ms / 2) timeout = c->lease_wait_ms / 2;
-    if (timeout < 1) timeout = 1;
+    const double timeout = move_timeout_ms(p, j, j->n_ctx - held);
     char held_sha[65] = "", src_sha[65];
     if (held > 0) kvl__tokens_sha256_hex(s->tokens, (size_t)held, held_sha);
     kvl__tokens_sha256_hex(s->tokens, (size_t)j->n_ctx, src_sha);

@@ -233,13 +233,14 @@ static void fused_rows_part(void *pj, int part, int n_parts) {
     for (int i; (i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < n_items;) {
         const int l = i / j->n_chunks, a = (i % j->n_chunks) * KVL_TR_CHUNK;
         const int b = a + KVL_TR_CHUNK < j->n ? a + KVL_TR_CHUNK : j->n;
-        if (l != have && !own) {
-            wkT = mp->wkT + (size_t)l * wsz;
-            wvT = mp->wvT + (size_t)l * wsz;
-            have = l;
-        } else if (l != have) {
-            kvl__translate_transpose(own, mp->wk + (size_t)l * wsz, dt, ds);
-            kvl__translate_transpose(own + wsz, mp->wv + (size_t)l * wsz, dt, ds);
+        if (l != have) {
+            if (own) {
+                kvl__translate_transpose(own, mp->wk + (size_t)l * wsz, dt, ds);
+                kvl__translate_transpose(own + wsz, mp->wv + (size_t)l * wsz, dt, ds);
+            } else {
+                wkT = mp->wkT + (size_t)l * wsz;
+                wvT = mp->wvT + (size_t)l * wsz;
+            }
             have = l;
         }
         const size_t so = (size_t)mp->layer_map[l] * j->n * ds;
