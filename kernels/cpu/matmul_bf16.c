@@ -163,7 +163,9 @@ KVL_AVX512 static inline __m512 widen16(const uint16_t *p, int full, __mmask16 m
         const uint16_t *w3 = W + (size_t)(n + (nr > 3 ? 3 * rs : 0)) * K;                            \
         const float *x0 = in + (size_t)t0 * K, *x1 = x0 + (TT > 1 ? K : 0);                          \
         const float *x2 = x0 + (TT > 2 ? 2 * K : 0), *x3 = x0 + (TT > 3 ? 3 * K : 0);                \
+        const float *x4 = x0 + (TT > 4 ? 4 * K : 0), *x5 = x0 + (TT > 5 ? 5 * K : 0);                \
         KVL__TILE_ACC_DECL(__m512, _mm512_setzero_ps());                                             \
+        KVL__TILE_ACC_DECL_HI(__m512, _mm512_setzero_ps());                                          \
         const char *pf_end = (const char *)(W + (size_t)N * K);                                      \
         for (int k = 0; k < K; k += 16) {                                                            \
             /* 32 bytes of each row a step: one line of each, every other step */                    \
@@ -173,10 +175,16 @@ KVL_AVX512 static inline __m512 widen16(const uint16_t *p, int full, __mmask16 m
             const __m512 wv0 = widen16(w0 + k, full, m), wv1 = widen16(w1 + k, full, m);             \
             const __m512 wv2 = widen16(w2 + k, full, m), wv3 = widen16(w3 + k, full, m);             \
             KVL__TILE_FMA_ROWS(TT, _mm512_fmadd_ps, _mm512_maskz_loadu_ps, m, k, wv0, wv1, wv2, wv3); \
+            KVL__TILE_FMA_ROWS_HI(TT, _mm512_fmadd_ps, _mm512_maskz_loadu_ps, m, k, wv0, wv1, wv2, wv3); \
         }                                                                                            \
         const __m512 acc[16] = {KVL__TILE_ACC_LIST};                                                 \
-        float s[16];                                                                                 \
+        float s[24];                                                                                 \
         _mm512_storeu_ps(s, kvl__reduce16_ps(acc));                                                  \
+        if (TT > 4) {   /* rows 4-5 in the same reduction tree, beside 8 zero vectors: the same sums */ \
+            const __m512 z = _mm512_setzero_ps();                                                    \
+            const __m512 hi[16] = {KVL__TILE_ACC_LIST_HI, z, z, z, z, z, z, z, z};                   \
+            _mm512_mask_storeu_ps(s + 16, 0xFF, kvl__reduce16_ps(hi));                               \
+        }                                                                                            \
         for (int t = 0; t < TT; t++)                                                                 \
             for (int r = 0; r < nr; r++)                                                             \
                 out[(size_t)(t0 + t) * N + n + r * rs] = s[4 * t + r] + (bias ? bias[n + r * rs] : 0.0f); \
@@ -185,6 +193,8 @@ KVL_WTILE(1)
 KVL_WTILE(2)
 KVL_WTILE(3)
 KVL_WTILE(4)
+KVL_WTILE(5)
+KVL_WTILE(6)
 #undef KVL_WTILE
 
 /* AVX2 + FMA, 1 <= T <= KVL__BF16_WIDE_T: the widening tiles above at 8 lanes, 4 weight rows x
@@ -243,22 +253,34 @@ KVL_A2TILE(3)
  * prefetch on the first tile of a 4-row block only (later tiles find the block in cache). */
 typedef void (*wide_tile_fn)(float *out, const float *in, const uint16_t *W, const float *bias,
                              int t0, int K, int N, int n, int rs, int nr, int prefetch);
-static const wide_tile_fn tiles_avx512[] = {wtile_4x1, wtile_4x2, wtile_4x3, wtile_4x4};
+static const wide_tile_fn tiles_avx512[] = {wtile_4x1, wtile_4x2, wtile_4x3, wtile_4x4, wtile_4x5, wtile_4x6};
+#define KVL__WTILE_MAX 6   /* most input rows of an AVX-512 tile */
 static const wide_tile_fn tiles_avx2[] = {a2tile_4x1, a2tile_4x2, a2tile_4x3};
 
 /* Weight rows [n0, n1) in blocks of 4 (rows q apart: one from each quarter of the range, then the
- * n % 4 left adjacent), each block against all T input rows in tiles of at most tmax rows
- * (tiles[i] takes i + 1). */
+ * n % 4 left adjacent), each block against all T input rows in as few tiles of at most tmax rows
+ * as there can be, of sizes that differ by at most one (tiles[i] takes i + 1).  Why even sizes:
+ * each tile widens the block's weights again, so a tile of one row costs about what a tile of
+ * four does; a switch's 9-row turn in tiles of 4 + 4 + 1 took a 9-token forward of qwen3-b 30-60%
+ * longer than 8 rows did, where 5 + 4 costs about a row's share more.  Every output is the same
+ * products summed in the same order whatever tile it falls in. */
+static void wide_block(const wide_tile_fn *tiles, int tmax, float *out, const float *in,
+                       const uint16_t *W, const float *bias, int T, int K, int N, int n, int rs,
+                       int nr) {
+    const int n_tiles = (T + tmax - 1) / tmax, per = T / n_tiles, extra = T % n_tiles;
+    for (int i = 0, t0 = 0; i < n_tiles; i++) {
+        const int rows = per + (i < extra);
+        tiles[rows - 1](out, in, W, bias, t0, K, N, n, rs, nr, t0 == 0);
+        t0 += rows;
+    }
+}
+
 static void wide_rows(const wide_tile_fn *tiles, int tmax, float *out, const float *in,
                       const uint16_t *W, const float *bias, int T, int K, int N, int n0, int n1) {
     const int q = (n1 - n0) / 4;
-    for (int i = 0; i < q; i++)
-        for (int t0 = 0; t0 < T; t0 += tmax)
-            tiles[(T - t0 < tmax ? T - t0 : tmax) - 1](out, in, W, bias, t0, K, N, n0 + i, q, 4, t0 == 0);
+    for (int i = 0; i < q; i++) wide_block(tiles, tmax, out, in, W, bias, T, K, N, n0 + i, q, 4);
     const int n = n0 + 4 * q;
-    if (n < n1)
-        for (int t0 = 0; t0 < T; t0 += tmax)
-            tiles[(T - t0 < tmax ? T - t0 : tmax) - 1](out, in, W, bias, t0, K, N, n, 1, n1 - n, t0 == 0);
+    if (n < n1) wide_block(tiles, tmax, out, in, W, bias, T, K, N, n, 1, n1 - n);
 }
 #endif
 
@@ -289,13 +311,13 @@ static void wide_part(void *pj, int part, int n_parts) {
     kvl__pool_part_rows(j->N, part, n_parts, &a, &b);
     if (a >= b) return;
     const int avx2 = j->kernel == KVL__BF16_KERNEL_AVX2;
-    wide_rows(avx2 ? tiles_avx2 : tiles_avx512, avx2 ? 3 : 4, j->out, j->in, j->W, j->bias, j->T, j->K,
-              j->N, a, b);
+    wide_rows(avx2 ? tiles_avx2 : tiles_avx512, avx2 ? 3 : KVL__WTILE_MAX, j->out, j->in, j->W, j->bias,
+              j->T, j->K, j->N, a, b);
 }
 
 /* The weight rows [n0, N) the AMX tiles leave (N % 32 of them), on the AVX-512 tiles. */
 static void amx_tail(const mm_job *j, int n0) {
-    wide_rows(tiles_avx512, 4, j->out, j->in, j->W, j->bias, j->T, j->K, j->N, n0, j->N);
+    wide_rows(tiles_avx512, KVL__WTILE_MAX, j->out, j->in, j->W, j->bias, j->T, j->K, j->N, n0, j->N);
 }
 #endif
 
@@ -374,7 +396,7 @@ static void multi_wide_part(void *pj, int part, int n_parts) {
         int a, b;
         kvl__pool_part_rows(o->N, part, n_parts, &a, &b);
         if (a < b)
-            wide_rows(avx2 ? tiles_avx2 : tiles_avx512, avx2 ? 3 : 4, o->out, j->in, o->W, o->bias, j->T,
+            wide_rows(avx2 ? tiles_avx2 : tiles_avx512, avx2 ? 3 : KVL__WTILE_MAX, o->out, j->in, o->W, o->bias, j->T,
                       j->K, o->N, a, b);
     }
 }

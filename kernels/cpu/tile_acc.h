@@ -1,7 +1,8 @@
 /* kernels/cpu/tile_acc.h: the 16 named accumulators of the 4-weight-row x up-to-4-input-row
- * matmul tiles (matmul_f32.c, matmul_bf16.c).
+ * matmul tiles (matmul_f32.c, matmul_bf16.c), and 8 more for input rows 4 and 5 of the
+ * AVX-512 bf16 tiles (32 vector registers hold 24 accumulators and the 4 weight vectors).
  *
- * a<t><r> holds input row t times weight row r (t, r in 0..3), one SIMD vector of partial sums
+ * a<t><r> holds input row t times weight row r (t in 0..5, r in 0..3), one SIMD vector of partial sums
  * each.  They are named variables, not an array `acc[4 * t + r]`: GCC splits an array into
  * registers only before it unrolls the loops that index it, so the array stayed in memory and
  * every FMA of the tile's inner loop stored its accumulator to the stack.  With 2 or more input
@@ -41,6 +42,21 @@
         if ((TT) > 1) KVL__TILE_FMA_ROW(fma, 1, load((m), x1 + (k)), w0, w1, w2, w3);     \
         if ((TT) > 2) KVL__TILE_FMA_ROW(fma, 2, load((m), x2 + (k)), w0, w1, w2, w3);     \
         if ((TT) > 3) KVL__TILE_FMA_ROW(fma, 3, load((m), x3 + (k)), w0, w1, w2, w3);     \
+    } while (0)
+
+/* Input rows 4 and 5: KVL__TILE_ACC_DECL_HI once beside KVL__TILE_ACC_DECL, then
+ * KVL__TILE_FMA_ROWS_HI after KVL__TILE_FMA_ROWS each step (rows x4, x5; TT up to 6), and
+ * KVL__TILE_ACC_LIST_HI (t-major) for their reduction. */
+#define KVL__TILE_ACC_DECL_HI(type, zero)                                                   \
+    type a40 = (zero), a41 = (zero), a42 = (zero), a43 = (zero), a50 = (zero), a51 = (zero), \
+         a52 = (zero), a53 = (zero)
+
+#define KVL__TILE_ACC_LIST_HI a40, a41, a42, a43, a50, a51, a52, a53
+
+#define KVL__TILE_FMA_ROWS_HI(TT, fma, load, m, k, w0, w1, w2, w3)                        \
+    do {                                                                                  \
+        if ((TT) > 4) KVL__TILE_FMA_ROW(fma, 4, load((m), x4 + (k)), w0, w1, w2, w3);     \
+        if ((TT) > 5) KVL__TILE_FMA_ROW(fma, 5, load((m), x5 + (k)), w0, w1, w2, w3);     \
     } while (0)
 
 #endif

@@ -5,6 +5,8 @@
  *             ragged shapes (K tails, odd N, T across the decode / widening-tile / panel
  *             boundaries), with and without a thread pool;
  *   multi     kvl__cpu_matmul_bf16_multi gives each output the bits of its own call;
+ *   rows      on the widening tiles a row's outputs do not depend on the tile it falls in: every
+ *             row of a T-row product has the bits of that row multiplied alone;
  *   dtypes    AUTO resolves to the checkpoint's dtype (bf16 for qwen3-b, f32 for the float32
  *             and float16 checkpoints and for random models); parse / name;
  *   greedy    qwen3-b (bf16 on disk) gives the same greedy continuation with bf16 weights in
@@ -174,6 +176,49 @@ static void test_multi(void **st) {
     kvl__pool_free(pool);
 }
 
+/* The widening tiles split T rows into tiles of even sizes (up to 6 rows on AVX-512, 3 on AVX2):
+ * each output is the same products summed in the same order in any tile, so every row of a
+ * T-row product equals, bit for bit, that row multiplied alone (a 1-row tile). */
+static void test_rows_any_tile(void **st) {
+    (void)st;
+    openblas_set_num_threads(1);
+    kvl__pool *pool = NULL;
+    OK(kvl__pool_create(2, &pool));
+    const int K = 100, N = 37;   /* a K tail, a ragged N (a block of fewer than 4 weight rows) */
+    uint16_t *W = malloc(sizeof(uint16_t) * (size_t)N * K);
+    float *in = malloc(sizeof(float) * 32 * K), *out = malloc(sizeof(float) * 32 * N);
+    float *one = malloc(sizeof(float) * N), *bias = malloc(sizeof(float) * N);
+    float *panel = malloc(sizeof(float) * kvl__bf16_panel_elems(K));
+    assert_true(W && in && out && one && bias && panel);
+    for (size_t i = 0; i < (size_t)N * K; i++) W[i] = kvl__f32_to_bf16(urand() * 0.05f);
+    for (size_t i = 0; i < (size_t)32 * K; i++) in[i] = urand() * 3.0f;
+    for (int i = 0; i < N; i++) bias[i] = urand();
+    kvl__bf16_kernel kernels[] = {KVL__BF16_KERNEL_AVX512, KVL__BF16_KERNEL_AVX2};
+    const int Ts[] = {5, 6, 7, 9, 13, 16, 17, 32};
+    int saved = (int)kvl__bf16_kernel_active();
+    for (int k = 0; k < 2; k++) {
+        if (kvl__bf16_set_kernel(kernels[k]) < 0) {
+            printf("note: %s kernel not available on this CPU, not tested\n", kvl__bf16_kernel_name(kernels[k]));
+            continue;
+        }
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++)
+            for (int p = 0; p < 2; p++) {
+                const int T = Ts[ti];
+                kvl__bf16_exec ex = {p ? pool : NULL, panel};
+                kvl__cpu_matmul_bf16(&ex, out, in, W, bias, T, K, N);
+                for (int t = 0; t < T; t++) {
+                    kvl__cpu_matmul_bf16(&ex, one, in + (size_t)t * K, W, bias, 1, K, N);
+                    if (memcmp(one, out + (size_t)t * N, sizeof(float) * N) != 0)
+                        fail_msg("%s T=%d pool=%d: row %d differs from the row multiplied alone",
+                                 kvl__bf16_kernel_name(kernels[k]), T, p, t);
+                }
+            }
+    }
+    kvl__bf16_set_kernel((kvl__bf16_kernel)saved);
+    kvl__pool_free(pool);
+    free(W); free(in); free(out); free(one); free(bias); free(panel);
+}
+
 /* The AMX call straight: a scratch that holds 32 rows makes a 100-row input four passes; shapes
  * the tiles do not take are refused with nothing written. */
 static void test_amx_passes(void **st) {
@@ -313,6 +358,7 @@ int main(void) {
         cmocka_unit_test(test_rounding),
         cmocka_unit_test(test_kernels),
         cmocka_unit_test(test_multi),
+        cmocka_unit_test(test_rows_any_tile),
         cmocka_unit_test(test_amx_passes),
         cmocka_unit_test(test_dtypes),
         cmocka_unit_test(test_greedy),
