@@ -176,9 +176,10 @@ static void test_multi(void **st) {
     kvl__pool_free(pool);
 }
 
-/* The widening tiles split T rows into tiles of even sizes (up to 6 rows on AVX-512, 3 on AVX2):
- * each output is the same products summed in the same order in any tile, so every row of a
- * T-row product equals, bit for bit, that row multiplied alone (a 1-row tile). */
+/* The widening tiles take T rows 4 at a time on AVX-512 (the 1 or 2 left over merged into a tile
+ * of 5 or 6 rows), 3 at a time on AVX2: each output is the same products summed in the same
+ * order in any tile, so every row of a T-row product equals, bit for bit, that row multiplied
+ * alone (a 1-row tile). */
 static void test_rows_any_tile(void **st) {
     (void)st;
     openblas_set_num_threads(1);
@@ -194,7 +195,7 @@ static void test_rows_any_tile(void **st) {
     for (size_t i = 0; i < (size_t)32 * K; i++) in[i] = urand() * 3.0f;
     for (int i = 0; i < N; i++) bias[i] = urand();
     kvl__bf16_kernel kernels[] = {KVL__BF16_KERNEL_AVX512, KVL__BF16_KERNEL_AVX2};
-    const int Ts[] = {5, 6, 7, 9, 13, 16, 17, 32};
+    const int Ts[] = {5, 6, 7, 9, 10, 13, 14, 16, 17, 32};
     int saved = (int)kvl__bf16_kernel_active();
     for (int k = 0; k < 2; k++) {
         if (kvl__bf16_set_kernel(kernels[k]) < 0) {
