@@ -88,6 +88,13 @@ static void run_case(kvl__bf16_kernel kern, kvl__pool *pool, int T, int K, int N
 
 void openblas_set_num_threads(int n);   /* OpenBLAS's own: one thread while pool parts call it */
 
+/* Make `k` the active kernel: 1, or 0 with a note when this CPU lacks it. */
+static int select_kernel(kvl__bf16_kernel k) {
+    if (kvl__bf16_set_kernel(k) >= 0) return 1;
+    printf("note: %s kernel not available on this CPU, not tested\n", kvl__bf16_kernel_name(k));
+    return 0;
+}
+
 static void test_kernels(void **st) {
     (void)st;
     openblas_set_num_threads(1);
@@ -104,10 +111,7 @@ static void test_kernels(void **st) {
                                   KVL__BF16_KERNEL_AMX};
     int saved = (int)kvl__bf16_kernel_active();
     for (int k = 0; k < 4; k++) {
-        if (kvl__bf16_set_kernel(kernels[k]) < 0) {
-            printf("note: %s kernel not available on this CPU, not tested\n", kvl__bf16_kernel_name(kernels[k]));
-            continue;
-        }
+        if (!select_kernel(kernels[k])) continue;
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
             for (int b = 0; b < 2; b++) {
                 run_case(kernels[k], NULL, shapes[i][0], shapes[i][1], shapes[i][2], b);
@@ -198,10 +202,7 @@ static void test_rows_any_tile(void **st) {
     const int Ts[] = {5, 6, 7, 9, 10, 13, 14, 16, 17, 32};
     int saved = (int)kvl__bf16_kernel_active();
     for (int k = 0; k < 2; k++) {
-        if (kvl__bf16_set_kernel(kernels[k]) < 0) {
-            printf("note: %s kernel not available on this CPU, not tested\n", kvl__bf16_kernel_name(kernels[k]));
-            continue;
-        }
+        if (!select_kernel(kernels[k])) continue;
         for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++)
             for (int p = 0; p < 2; p++) {
                 const int T = Ts[ti];
