@@ -1,7 +1,8 @@
 /* kernels/cpu/matmul_bf16.c: bf16-weight matmuls with float32 accumulation (see matmul_bf16.h).
  *
- * Small T: a register tile of 4 weight rows x up to 4 input rows; each weight vector is loaded
- * once per tile and multiplied by every input row of the tile, so a decode step (T = 1) reads
+ * Small T: a register tile of 4 weight rows x up to 4 input rows (on AVX-512 the last tile takes
+ * 5 or 6 where 1 or 2 rows are left over: wide_block); each weight vector is loaded once per tile
+ * and multiplied by every input row of the tile, so a decode step (T = 1) reads
  * each weight byte exactly once and T <= 32 re-reads a 4-row block (<= 80 KB) from L2, not
  * memory.  The AVX-512 and AVX2 kernels are compiled with function-level target attributes so
  * the rest of the build stays baseline x86-64. */
@@ -260,10 +261,11 @@ static const wide_tile_fn tiles_avx2[] = {a2tile_4x1, a2tile_4x2, a2tile_4x3};
  * T % rows left over, merged into the tile before them where the form has a tile that tall
  * (tiles[i] takes i + 1 rows; `merge_max`: the tallest).  Why: every tile widens the block's
  * weights again, so a tile of 1 row costs about what one of 4 does, while a tile of 5 or 6
- * runs at a lower rate per row than one of 4 (more accumulators to reduce).  Measured (AVX-512,
- * 2 threads, 256 x 768 and 768 x 256 bf16 products, minimum of 400 interleaved runs), this
- * against plain 4-row tiles: 5 rows -13%, 6 -9%, 9 (a switch's turn: 8 new tokens and the last
- * sampled one) -7%, 10 -5%, 13 -5%, 17 -4%, 16 and 32 the same; tiles of up to 6 rows
+ * runs at a lower rate per row than one of 4 (likely its larger reduction; not measured
+ * apart).  Measured (AVX-512 on Zen 4, 2 threads, 256 x 768 and 768 x 256 bf16 products,
+ * minimum of 400 interleaved runs), this against plain 4-row tiles: 5 rows -13%, 6 -9%, 9 (a
+ * switch's turn: 8 new tokens and the last sampled one) -7%, 10 -5%, 13 -5%, 17 -3 to -5%, 16
+ * and 32 the same; tiles of up to 6 rows
  * throughout, split evenly, lost 3-8% at 16 and 32.  Every output is the same products summed
  * in the same order whatever tile it falls in. */
 static void wide_block(const wide_tile_fn *tiles, int rows, int merge_max, float *out, const float *in,

@@ -189,14 +189,16 @@ static void test_rows_any_tile(void **st) {
     openblas_set_num_threads(1);
     kvl__pool *pool = NULL;
     OK(kvl__pool_create(2, &pool));
-    const int K = 100, N = 37;   /* a K tail, a ragged N (a block of fewer than 4 weight rows) */
+    /* a K tail, a ragged N (a block of fewer than 4 weight rows), and T * K * N from 5 rows up
+     * past the size that goes to the pool (KVL_PARALLEL_MIN_MACS, 2^18) */
+    const int K = 260, N = 205;
     uint16_t *W = malloc(sizeof(uint16_t) * (size_t)N * K);
-    float *in = malloc(sizeof(float) * 32 * K), *out = malloc(sizeof(float) * 32 * N);
+    float *all = malloc(sizeof(float) * 32 * K), *out = malloc(sizeof(float) * 32 * N);
     float *one = malloc(sizeof(float) * N), *bias = malloc(sizeof(float) * N);
     float *panel = malloc(sizeof(float) * kvl__bf16_panel_elems(K));
-    assert_true(W && in && out && one && bias && panel);
+    assert_true(W && all && out && one && bias && panel);
     for (size_t i = 0; i < (size_t)N * K; i++) W[i] = kvl__f32_to_bf16(urand() * 0.05f);
-    for (size_t i = 0; i < (size_t)32 * K; i++) in[i] = urand() * 3.0f;
+    for (size_t i = 0; i < (size_t)32 * K; i++) all[i] = urand() * 3.0f;
     for (int i = 0; i < N; i++) bias[i] = urand();
     kvl__bf16_kernel kernels[] = {KVL__BF16_KERNEL_AVX512, KVL__BF16_KERNEL_AVX2};
     const int Ts[] = {5, 6, 7, 9, 10, 13, 14, 16, 17, 32};
@@ -206,19 +208,27 @@ static void test_rows_any_tile(void **st) {
         for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++)
             for (int p = 0; p < 2; p++) {
                 const int T = Ts[ti];
+                /* inputs of exactly T rows (and of one), so a tile reading past them is caught
+                 * under AddressSanitizer */
+                float *in = malloc(sizeof(float) * (size_t)T * K), *row = malloc(sizeof(float) * K);
+                assert_true(in && row);
+                memcpy(in, all, sizeof(float) * (size_t)T * K);
                 kvl__bf16_exec ex = {p ? pool : NULL, panel};
                 kvl__cpu_matmul_bf16(&ex, out, in, W, bias, T, K, N);
                 for (int t = 0; t < T; t++) {
-                    kvl__cpu_matmul_bf16(&ex, one, in + (size_t)t * K, W, bias, 1, K, N);
+                    memcpy(row, in + (size_t)t * K, sizeof(float) * K);
+                    kvl__cpu_matmul_bf16(&ex, one, row, W, bias, 1, K, N);
                     if (memcmp(one, out + (size_t)t * N, sizeof(float) * N) != 0)
                         fail_msg("%s T=%d pool=%d: row %d differs from the row multiplied alone",
                                  kvl__bf16_kernel_name(kernels[k]), T, p, t);
                 }
+                free(in);
+                free(row);
             }
     }
     kvl__bf16_set_kernel((kvl__bf16_kernel)saved);
     kvl__pool_free(pool);
-    free(W); free(in); free(out); free(one); free(bias); free(panel);
+    free(W); free(all); free(out); free(one); free(bias); free(panel);
 }
 
 /* The AMX call straight: a scratch that holds 32 rows makes a 100-row input four passes; shapes
