@@ -4,8 +4,9 @@
  *   out[T,N] = in[T,K] @ W[N,K]^T + bias[N]     W bf16 (raw uint16 bits), in/out/bias float32
  *
  * T <= KVL__BF16_WIDE_T (decode, batched decode, short chunks): tiles of 4 weight rows x up to
- * 4 input rows (on AVX-512 a last tile of 5 or 6 takes the 1 or 2 rows left over) widen the weights to float32 in registers (exact: a bf16 is the top half of a
- * float32) and multiply the exact inputs with FMA, the rows of W split over the pool's threads
+ * 4 input rows (on AVX-512 a last tile of 5 or 6 takes the 1 or 2 rows left over) widen the
+ * weights to float32 in registers (exact: a bf16 is the top half of a float32) and multiply
+ * the exact inputs with FMA, the rows of W split over the pool's threads
  * and streamed once.  Three kernels do that arithmetic, chosen once at run time: AVX-512
  * (16 lanes) where the CPU has AVX-512F/BW/VL, AVX2 + FMA (8 lanes, 4 x 3 tiles) where it has
  * those, and a portable C loop (one weight row at a time, T <= KVL__BF16_SMALL_T) otherwise.
@@ -38,7 +39,7 @@
  * threads), the AMX tiles cost about the same from 1 to 16 rows (one 16-row input block).
  * Measured, weights on huge pages, widening vs AMX: 4 rows 1.3 vs 2.0 ms, 5 rows 1.9 vs 1.9,
  * 6 rows 2.1 vs 1.9, 9 rows 3.2 vs 2.0, 16 rows 5.0 vs 1.9 (with the widening tiles of 4 + 1
- * and 4 + 2 rows at 5 and 6, before the last tile of 5 or 6 rows; not measured again since, as
+ * and 4 + 2 rows at 5 and 6, before the last tile of 5 or 6 rows; not measured again since:
  * the hosts at hand have no AMX). */
 #define KVL__BF16_AMX_MIN_T 6
 
