@@ -80,7 +80,7 @@ uint64_t kvl__transport_receives_abandoned(const kvl__transport *t);
 /* Send buf[0..len) to the peer at `addr` with `tag`; blocks until the data has left `buf`
  * (the peer took it).  Endpoints are created on first use and cached.  KVL_ERR_IO on a peer
  * failure (peer gone, unreachable) or timeout (timeout_ms <= 0: none), KVL_ERR_CANCELLED when
- * *cancel became nonzero (cancel may be NULL); after a failure the endpoint is closed and the
+ * *cancel became nonzero (cancel may be NULL; already nonzero at the call: nothing is sent); after a failure the endpoint is closed and the
  * next send to that address makes a new one. */
 kvl_status kvl__transport_send(kvl__transport *t, const uint8_t *addr, size_t addr_len,
                               uint64_t tag, const void *buf, size_t len, int64_t timeout_ms,

@@ -475,6 +475,10 @@ static kvl_status peer_op(ucx_transport *u, const uint8_t *addr, size_t addr_len
                           uint64_t tag, const void *buf, size_t len, int64_t timeout_ms,
                           const volatile int *cancel) {
     const char *what = flush ? "connect" : "send";
+    /* cancelled before it started: nothing is sent.  Checked here, not only in wait_op, since
+     * an eager send the peer takes at once completes inside ucp_tag_send_nbx (its callback
+     * runs there), and the wait then never looks at the flag */
+    if (cancel && *cancel) return kvl__errorf(KVL_ERR_CANCELLED, "transport: %s cancelled", what);
     /* heap-allocated: if the peer stalls, the request may outlive this call (see orphan) */
     op_with_t *o = calloc(1, sizeof *o);
     if (!o) return kvl__errorf(KVL_ERR_NOMEM, "transport: %s", what);
