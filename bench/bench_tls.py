@@ -10,12 +10,17 @@ bench_switch.py: a fresh session reads C tokens on the source model, then the ta
 8 new tokens either by translating the shipped span (switch) or by re-reading everything
 (re-prefill, force_reprefill).  TTFT as the client measures it (request sent -> first token);
 medians of the repeats.
+Then, with no fleet running, bench_rpc (bench_rpc.c) on the same certificates: one gRPC message
+through the rpc layer in one process, plaintext against mutual TLS, the floor under what TLS
+costs each leg of a turn.
 usage: bench_tls.py --build BUILD_DIR [--contexts 64,512,2048] [--repeats 7] [--threads 1]
+                    [--rpc-calls 2000]
 """
 import argparse
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 
@@ -36,6 +41,8 @@ def main():
     ap.add_argument("--dst", default="qwen3-b", help="the target model (default %(default)s)")
     ap.add_argument("--threads", type=int, default=1, help="OPENBLAS_NUM_THREADS of the nodes")
     ap.add_argument("--new-tokens", type=int, default=8, help="input tokens of the switched turn")
+    ap.add_argument("--rpc-calls", type=int, default=2000,
+                    help="calls of each kind for bench_rpc, the per-message floor printed last (default %(default)s)")
     ap.add_argument("--work", default=None, help="keep the fleets' files and logs here (default: a temporary dir)")
     a = ap.parse_args()
     os.environ["OPENBLAS_NUM_THREADS"] = str(a.threads)
@@ -101,8 +108,14 @@ def main():
     finally:
         for f in fleets.values():
             f.stop()
-        if not a.work:
-            shutil.rmtree(work, ignore_errors=True)
+    # the floor under those costs: one gRPC message through the rpc layer, no fleet running
+    rpc = os.path.join(a.build, "bench_rpc")
+    if os.path.exists(rpc):
+        print()
+        sys.stdout.flush()
+        subprocess.run([rpc, "--certs", os.path.join(work, "pki"), "--calls", str(a.rpc_calls)], check=False)
+    if not a.work:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
