@@ -9,8 +9,9 @@
  *   Echo (unary):      the request's B bytes back;
  *   First (stream):    one message of B bytes, then OK (a turn's first token);
  * and one client of each kind calls them N times, the two kinds interleaved (which goes first
- * alternates) with U microseconds between calls (default 1000: a fleet's links are idle between
- * turns, so a call finds its threads asleep and its code out of the caches).  Per kind: the
+ * alternates) with U microseconds between calls (default 1000, at least 200: a fleet's links are
+ * idle between turns, so a call finds its threads asleep and its code out of the caches; and a
+ * call's server-side tail must land in its own gap, not in the next call, of the other kind).  Per kind: the
  * round trip's minimum, 10th percentile and median, and the process's CPU time per call (both
  * sides: client and server threads run in this process; measured over each call and the gap
  * after it, which catches the server's work after its answer).  The last row is TLS's cost.
@@ -68,7 +69,9 @@ static void h_echo(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
 
 static void h_first(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     (void)user;
-    if (kvl__rpc_call_send(call, req, len) == KVL_OK) kvl__rpc_call_finish(call, GRPC_STATUS_OK, NULL);
+    kvl_status st = kvl__rpc_call_send(call, req, len);
+    if (st != KVL_OK) kvl__rpc_call_finish_kvl(call, st);
+    else kvl__rpc_call_finish(call, GRPC_STATUS_OK, NULL);
 }
 
 static int cmp_d(const void *a, const void *b) {
@@ -92,7 +95,11 @@ static double one_call(kind *k, int what, const uint8_t *msg, size_t len) {
         kvl_status st = kvl__rpc_client_unary(k->cli, "/kvlingo.bench.Rpc/Echo", msg, len, 10000, &res);
         double dt = mono_s() - t0;
         int ok = st == KVL_OK && res.code == GRPC_STATUS_OK && res.len == len;
-        if (!ok) fprintf(stderr, "bench_rpc: %s unary: %s\n", k->name, st ? kvl_last_error() : res.message);
+        if (st != KVL_OK)
+            fprintf(stderr, "bench_rpc: %s unary: %s\n", k->name, kvl_last_error());
+        else if (!ok)
+            fprintf(stderr, "bench_rpc: %s unary: %s \"%s\", %zu bytes back of %zu\n", k->name,
+                    kvl__rpc_status_name(res.code), res.message ? res.message : "", res.len, len);
         kvl__rpc_result_clear(&res);
         return ok ? dt : -1;
     }
@@ -108,20 +115,29 @@ static double one_call(kind *k, int what, const uint8_t *msg, size_t len) {
     const size_t first_len = got == 1 ? dl : 0;
     free(d);
     kvl__rpc_result res = {0};
-    if (got == 1) {
-        while ((got = kvl__rpc_stream_read(s, &d, &dl)) == 1) free(d);
-        kvl__rpc_stream_finish(s, &res);
-    }
-    int ok = got == 0 && res.code == GRPC_STATUS_OK && first_len == len;
-    if (!ok) fprintf(stderr, "bench_rpc: %s stream: no first message or a bad status\n", k->name);
+    while (got == 1 && (got = kvl__rpc_stream_read(s, &d, &dl)) == 1) free(d);
+    kvl_status fst = got == 0 ? kvl__rpc_stream_finish(s, &res) : (kvl_status)got;
+    int ok = fst == KVL_OK && res.code == GRPC_STATUS_OK && first_len == len;
+    if (fst != KVL_OK)
+        fprintf(stderr, "bench_rpc: %s stream: %s\n", k->name, kvl_last_error());
+    else if (!ok)
+        fprintf(stderr, "bench_rpc: %s stream: %s \"%s\", a first message of %zu bytes (sent %zu)\n", k->name,
+                kvl__rpc_status_name(res.code), res.message ? res.message : "", first_len, len);
     kvl__rpc_result_clear(&res);
     kvl__rpc_stream_free(s);
     return ok ? dt : -1;
 }
 
+/* An integer option in [lo, hi], or -1 (the caller prints the usage). */
+static long int_arg(const char *text, long lo, long hi) {
+    char *end = NULL;
+    long v = strtol(text, &end, 10);
+    return end && end != text && !*end && v >= lo && v <= hi ? v : -1;
+}
+
 int main(int argc, char **argv) {
     const char *certs = NULL;
-    int calls = 2000, gap_us = 1000, bytes = 200;
+    long calls = 2000, gap_us = 1000, bytes = 200;
     static const struct option opts[] = {{"certs", required_argument, 0, 'c'},
                                          {"calls", required_argument, 0, 'n'},
                                          {"gap-us", required_argument, 0, 'g'},
@@ -129,14 +145,15 @@ int main(int argc, char **argv) {
                                          {0, 0, 0, 0}};
     for (int o; (o = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         if (o == 'c') certs = optarg;
-        else if (o == 'n') calls = atoi(optarg);
-        else if (o == 'g') gap_us = atoi(optarg);
-        else if (o == 'b') bytes = atoi(optarg);
-        else return 2;
+        else if (o == 'n') calls = int_arg(optarg, 10, 1000000);
+        else if (o == 'g') gap_us = int_arg(optarg, 200, 1000000);
+        else if (o == 'b') bytes = int_arg(optarg, 1, 1 << 20);
+        else calls = -1;
     }
-    if (!certs || calls < 10 || calls > 1000000 || gap_us < 0 || gap_us > 1000000 || bytes < 1 ||
-        bytes > (1 << 20)) {
-        fprintf(stderr, "usage: bench_rpc --certs DIR [--calls 10..1000000] [--gap-us 0..1000000] "
+    if (!certs || calls < 0 || gap_us < 0 || bytes < 0) {
+        /* the gap's floor: a call's server-side tail (its handler's return, the send's
+         * completion) must land in its own gap, not in the next call, of the other kind */
+        fprintf(stderr, "usage: bench_rpc --certs DIR [--calls 10..1000000] [--gap-us 200..1000000] "
                         "[--bytes 1..1048576]\n");
         return 2;
     }
@@ -159,7 +176,8 @@ int main(int argc, char **argv) {
             kvl__rpc_server_start(k[i].srv) != KVL_OK ||
             snprintf(target, sizeof target, "127.0.0.1:%d", kvl__rpc_server_port(k[i].srv)) <= 0 ||
             kvl__rpc_client_create(target, 0, i ? &ctls : &plain, &k[i].cli) != KVL_OK) {
-            fprintf(stderr, "bench_rpc: %s server or client: %s\n", k[i].name, kvl_last_error());
+            fprintf(stderr, "bench_rpc: the %s server or its client on 127.0.0.1 (certificates from %s): %s\n",
+                    k[i].name, certs, kvl_last_error());
             return 1;
         }
         for (int w = 0; w < 2; w++)
@@ -175,17 +193,17 @@ int main(int argc, char **argv) {
                 double c0 = cpu_s();
                 double dt = one_call(kk, w, msg, (size_t)bytes);
                 if (dt < 0) return 1;
-                if (gap_us) usleep((useconds_t)gap_us);
+                usleep((useconds_t)gap_us);
                 if (r < 0) continue;
                 kk->rtt[w][r] = dt;
                 kk->cpu[w] += cpu_s() - c0;
             }
     double load[3] = {0};
     if (getloadavg(load, 3) < 1) load[0] = -1;
-    printf("bench_rpc: the rpc layer in one process on loopback, %d calls of each kind interleaved, %d us "
-           "apart, %d-byte messages; load average %.2f\n", calls, gap_us, bytes, load[0]);
-    printf("%-12s | %-30s | %-12s | %-30s | %-12s\n", "", "unary round trip min/p10/med", "CPU per call",
-           "stream first message min/p10/med", "CPU per call");
+    printf("bench_rpc: the rpc layer in one process on loopback, %ld calls of each kind interleaved, %ld us "
+           "apart, %ld-byte messages; load average %.2f\n", calls, gap_us, bytes, load[0]);
+    printf("%-12s | %-32s | %-12s | %-32s | %-12s\n", "", "unary round trip min/p10/med", "CPU a call",
+           "stream's 1st message min/p10/med", "CPU a call");
     double med[2][2], cpu[2][2];
     for (int i = 0; i < 2; i++) {
         char cell[2][64];
@@ -196,16 +214,18 @@ int main(int argc, char **argv) {
             snprintf(cell[w], sizeof cell[w], "%.1f / %.1f / %.1f us", k[i].rtt[w][0] * 1e6,
                      k[i].rtt[w][calls / 10] * 1e6, med[i][w] * 1e6);
         }
-        printf("%-12s | %-30s | %9.1f us | %-30s | %9.1f us\n", k[i].name, cell[0], cpu[i][0] * 1e6, cell[1],
+        printf("%-12s | %-32s | %9.1f us | %-32s | %9.1f us\n", k[i].name, cell[0], cpu[i][0] * 1e6, cell[1],
                cpu[i][1] * 1e6);
     }
     char cost[2][64];
     for (int w = 0; w < 2; w++)
         snprintf(cost[w], sizeof cost[w], "median %+.1f us (%+.1f%%)", (med[1][w] - med[0][w]) * 1e6,
                  100 * (med[1][w] / med[0][w] - 1));
-    printf("%-12s | %-30s | %+9.1f us | %-30s | %+9.1f us\n", "TLS cost", cost[0], (cpu[1][0] - cpu[0][0]) * 1e6,
+    printf("%-12s | %-32s | %+9.1f us | %-32s | %+9.1f us\n", "TLS cost", cost[0], (cpu[1][0] - cpu[0][0]) * 1e6,
            cost[1], (cpu[1][1] - cpu[0][1]) * 1e6);
-    printf("(a round trip is two messages; the CPU is both sides', client and server threads)\n");
+    printf("(a round trip is two messages; CPU a call: the process's, both sides' threads, over the whole call "
+           "(a stream's: open, message, status, free) and its gap, so the servers' and channels' idle "
+           "work is in both rows alike and cancels in the cost row)\n");
     for (int i = 0; i < 2; i++) {
         kvl__rpc_client_free(k[i].cli);
         kvl__rpc_server_free(k[i].srv);

@@ -47,6 +47,14 @@ def main():
     a = ap.parse_args()
     os.environ["OPENBLAS_NUM_THREADS"] = str(a.threads)
     work = a.work or tempfile.mkdtemp(prefix="kvlingo-bench-tls-")
+    try:
+        run(a, work)
+    finally:
+        if not a.work:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run(a, work):
     contexts = [int(x) for x in a.contexts.split(",")]
     pki = tlscerts.make(os.path.join(work, "pki"))
     kw = dict(policy={"name": "pinned"}, guardrail={"shadow_fraction": 0.0}, peers=True)
@@ -110,12 +118,14 @@ def main():
             f.stop()
     # the floor under those costs: one gRPC message through the rpc layer, no fleet running
     rpc = os.path.join(a.build, "bench_rpc")
-    if os.path.exists(rpc):
-        print()
-        sys.stdout.flush()
-        subprocess.run([rpc, "--certs", os.path.join(work, "pki"), "--calls", str(a.rpc_calls)], check=False)
-    if not a.work:
-        shutil.rmtree(work, ignore_errors=True)
+    if not os.path.exists(rpc):
+        print("\nbench_tls: %s was not built (it needs the server components): no per-message figures" % rpc)
+        return
+    print()
+    sys.stdout.flush()
+    r = subprocess.run([rpc, "--certs", os.path.dirname(pki["ca"]), "--calls", str(a.rpc_calls)])
+    if r.returncode != 0:
+        raise SystemExit("bench_tls: bench_rpc failed (exit %d)" % r.returncode)
 
 
 if __name__ == "__main__":
