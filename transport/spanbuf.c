@@ -37,7 +37,9 @@ kvl_status kvl__spanbufs_create(int max_buffers, size_t max_bytes, kvl__spanbufs
     return KVL_OK;
 }
 
-static int all_idle_freed(kvl__spanbufs *p) {   /* mu held; 1 when no buffer is taken */
+/* A slot is one of: empty (no buffer, not busy); reserved (busy, buf still NULL: a take is
+ * allocating it outside the lock); taken (busy, buf set); idle (buf set, not busy). */
+static int all_idle_freed(kvl__spanbufs *p) {   /* mu held; 1 when no buffer is taken or reserved */
     int busy = 0;
     for (int i = 0; i < p->max_buffers; i++) {
         slot *s = &p->slots[i];
@@ -46,7 +48,7 @@ static int all_idle_freed(kvl__spanbufs *p) {   /* mu held; 1 when no buffer is 
             p->bytes -= s->cap;
             memset(s, 0, sizeof *s);
         }
-        busy += s->buf != NULL;
+        busy += s->busy;
     }
     return busy == 0;
 }
@@ -75,9 +77,9 @@ uint8_t *kvl__spanbuf_take(kvl__spanbufs *p, size_t len) {
     int best = -1, empty = -1;
     for (int i = 0; i < p->max_buffers; i++) {
         slot *s = &p->slots[i];
-        if (!s->buf) {
+        if (!s->buf && !s->busy) {   /* a reserved slot is not empty: its take is allocating */
             if (empty < 0) empty = i;
-        } else if (!s->busy && s->cap >= cap && (best < 0 || s->cap < p->slots[best].cap)) {
+        } else if (s->buf && !s->busy && s->cap >= cap && (best < 0 || s->cap < p->slots[best].cap)) {
             best = i;
         }
     }
@@ -111,7 +113,14 @@ uint8_t *kvl__spanbuf_take(kvl__spanbufs *p, size_t len) {
             p->bytes -= cap;
             memset(&p->slots[empty], 0, sizeof p->slots[empty]);
         }
+        /* freed while this take allocated (kvl__spanbufs_free saw the reservation): the table
+         * goes with the last buffer given back, which may be this one, or none when it failed */
+        int gone = !b && p->closed && all_idle_freed(p);
         pthread_mutex_unlock(&p->mu);
+        if (gone) {
+            pthread_mutex_destroy(&p->mu);
+            free(p);
+        }
     }
     return b;
 }

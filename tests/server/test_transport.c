@@ -10,6 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 
 #include <cmocka.h>
 #include <xxhash.h>   /* the portable entry points, no dispatch */
@@ -176,6 +180,57 @@ static void test_spanbufs(void **state) {
     assert_non_null(g);
     kvl__spanbuf_give(NULL, g);
     kvl__spanbuf_give(NULL, NULL);
+}
+
+/* Threads taking and giving buffers of sizes no idle buffer fits, so that takes reserve a
+ * slot and allocate outside the pool's lock while others scan the slots: every buffer must be
+ * the caller's alone (nobody else writes it) and hold what was asked (usable size), and the
+ * pool's byte count must stay within its limit.  A slot reserved by one take was taken for
+ * empty by another: two takes shared it, the slot kept one buffer with the other's size, and a
+ * later take got a buffer smaller than it asked for. */
+typedef struct spanbuf_worker {
+    kvl__spanbufs *p;
+    int id, iters, bad;
+} spanbuf_worker;
+
+static atomic_uint spanbuf_next;
+
+static void *spanbuf_thread(void *arg) {
+    spanbuf_worker *w = arg;
+    for (int i = 0; i < w->iters && !w->bad; i++) {
+        /* growing sizes (in cycles): no idle buffer fits, so each take reserves a slot */
+        size_t len = 200000 + (size_t)(atomic_fetch_add(&spanbuf_next, 1) % 2000) * 512;
+        uint8_t *b = kvl__spanbuf_take(w->p, len);
+        if (!b || malloc_usable_size(b) < len) {
+            w->bad = 1;
+            break;
+        }
+        b[0] = b[len / 2] = b[len - 1] = (uint8_t)w->id;
+        sched_yield();
+        if (b[0] != (uint8_t)w->id || b[len / 2] != (uint8_t)w->id || b[len - 1] != (uint8_t)w->id) w->bad = 2;
+        kvl__spanbuf_give(w->p, b);
+    }
+    return NULL;
+}
+
+static void test_spanbufs_threads(void **state) {
+    (void)state;
+    kvl__spanbufs *p;
+    assert_int_equal(kvl__spanbufs_create(16, 32u << 20, &p), KVL_OK);
+    pthread_t th[8];
+    spanbuf_worker w[8];
+    for (int i = 0; i < 8; i++) {
+        w[i] = (spanbuf_worker){.p = p, .id = i + 1, .iters = 30000};
+        assert_int_equal(pthread_create(&th[i], NULL, spanbuf_thread, &w[i]), 0);
+    }
+    for (int i = 0; i < 8; i++) assert_int_equal(pthread_join(th[i], NULL), 0);
+    for (int i = 0; i < 8; i++) assert_int_equal(w[i].bad, 0);
+    int kept;
+    size_t bytes;
+    kvl__spanbufs_stats(p, &kept, &bytes);
+    assert_true(kept <= 16);
+    assert_true(bytes <= (32u << 20));
+    kvl__spanbufs_free(p);
 }
 
 /* qwen3-a and a cache holding tokens 100..119, the span codec tests' source */
@@ -586,6 +641,7 @@ int main(void) {
         cmocka_unit_test(test_span_trailer),
         cmocka_unit_test(test_span_codec_bf16),
         cmocka_unit_test(test_spanbufs),
+        cmocka_unit_test(test_spanbufs_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
