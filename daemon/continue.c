@@ -567,8 +567,7 @@ void kvld_rpc_continue(kvl__rpc_call *call, const uint8_t *req, size_t len, void
         char id[KVLD_ID_MAX];
         snprintf(id, sizeof id, "%s", s->id);
         int nl = s->n_ledger;
-        kvld_session_release(n->sessions, s);
-        kvld_sessions_drop(n->sessions, id);
+        kvld_session_release_drop(n->sessions, s);
         char m[200];
         snprintf(m, sizeof m, "session '%s' holds %d tokens after the pull, not the ledger's ids: dropped",
                  id, nl);

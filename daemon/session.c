@@ -171,6 +171,21 @@ void kvld_session_release(kvld_sessions *t, kvld_session *s) {
     if (gone) session_free(s);
 }
 
+void kvld_session_release_drop(kvld_sessions *t, kvld_session *s) {
+    if (!s) return;
+    pthread_mutex_lock(&t->mu);
+    for (int i = 0; i < t->n; i++)
+        if (t->items[i] == s) {
+            t->items[i] = t->items[--t->n];
+            break;
+        }
+    s->dropped = 1;
+    s->state = KVLD_IDLE;
+    int gone = --s->refs == 0;
+    pthread_mutex_unlock(&t->mu);
+    if (gone) session_free(s);
+}
+
 kvl_status kvld_sessions_drop(kvld_sessions *t, const char *id) {
     pthread_mutex_lock(&t->mu);
     int i = id ? find(t, id) : -1;

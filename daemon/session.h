@@ -55,6 +55,11 @@ kvl_status kvld_sessions_open(kvld_sessions *t, const char *id, int max_context,
 kvl_status kvld_session_acquire(kvld_sessions *t, const char *id, kvld_state state, int create,
                                 kvld_session **out, int *created);
 void kvld_session_release(kvld_sessions *t, kvld_session *s);
+/* Release s and remove it from the table in one step (under the table's lock), so that no other
+ * request acquires it in between and then finds it dropped under it: what a failed import into
+ * a session it created, or a session found holding other ids, does.  s is freed once its last
+ * holder releases it. */
+void kvld_session_release_drop(kvld_sessions *t, kvld_session *s);
 
 /* Remove `id`; a busy session is freed when its operation releases it. */
 kvl_status kvld_sessions_drop(kvld_sessions *t, const char *id);

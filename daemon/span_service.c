@@ -130,16 +130,17 @@ int kvld_span_check_header(kvld_node *n, const Kvlingo__V1__SpanHeader *h, uint6
 
 int kvld_span_check_range(const kvld_session *s, const Kvlingo__V1__SpanHeader *h, int replace,
                           kvld_span_err *e) {
-    int held = kvl_cache_n_tokens(s->cache);
-    if ((int)h->t0 > held)
+    /* as 64-bit numbers: a header's uint32 t0 / t1 past INT_MAX must not turn negative */
+    const int64_t held = kvl_cache_n_tokens(s->cache), t0 = h->t0, t1 = h->t1;
+    if (t0 > held)
         return span_refuse(e, KVL_SPAN_RANGE, GRPC_STATUS_OUT_OF_RANGE,
-                           "span [%u, %u) leaves a gap: session '%s' holds %d tokens here", h->t0,
-                           h->t1, s->id, held);
-    if ((int)h->t0 < held && !replace)
+                           "span [%u, %u) leaves a gap: session '%s' holds %lld tokens here", h->t0,
+                           h->t1, s->id, (long long)held);
+    if (t0 < held && !replace)
         return span_refuse(e, KVL_SPAN_RANGE, GRPC_STATUS_FAILED_PRECONDITION,
-                           "span [%u, %u) overlaps the %d tokens session '%s' holds (set replace to "
-                           "overwrite them)", h->t0, h->t1, held, s->id);
-    if ((int)h->t1 > s->max_context)
+                           "span [%u, %u) overlaps the %lld tokens session '%s' holds (set replace to "
+                           "overwrite them)", h->t0, h->t1, (long long)held, s->id);
+    if (t1 > s->max_context)
         return span_refuse(e, KVL_SPAN_RANGE, GRPC_STATUS_OUT_OF_RANGE,
                            "span ends at token %u, beyond the session's max context %d", h->t1,
                            s->max_context);
@@ -243,13 +244,12 @@ void kvld_span_import_end(kvld_node *n, kvl__transport_recv *rv, uint8_t *payloa
                      "never finished (its sender stopped mid-message); its buffer is not reused\"");
     }
     if (!s) return;
-    char id[KVLD_ID_MAX];
-    snprintf(id, sizeof id, "%s", s->id);
-    kvld_session_release(n->sessions, s);
-    if (drop) {   /* a failed import into a session it created leaves no trace */
-        kvld_sessions_drop(n->sessions, id);
-        kvld_metrics_set(n->metrics, KVLD_G_SESSIONS, kvld_sessions_count(n->sessions));
+    if (!drop) {
+        kvld_session_release(n->sessions, s);
+        return;
     }
+    kvld_session_release_drop(n->sessions, s);   /* a failed import into a session it created leaves no trace */
+    kvld_metrics_set(n->metrics, KVLD_G_SESSIONS, kvld_sessions_count(n->sessions));
 }
 
 void kvld_rpc_import_span(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {

@@ -184,6 +184,15 @@ def main():
         t.check(e is not None and e.code() == grpc.StatusCode.FAILED_PRECONDITION and
                 "geometry" in e.details(), "geometry mismatch -> FAILED_PRECONDITION (%s)"
                 % (e and e.details()))
+        # a range past 2^31 (uint32 in the header): a gap, not an overlap that replace allows
+        far = dict(base)
+        far["t0"], far["t1"] = 2 ** 31 + 5, 2 ** 31 + 5 + n
+        req = pb.ImportSpanRequest(session_id="x", replace=True,
+                                   header=spb.SpanHeader(source=spb.ModelId(name="qwen3-a", hash=ia.model.hash),
+                                                         target=spb.ModelId(name="qwen3-b"), **far))
+        e = rpc_error(lambda: list(sb.ImportSpan(req, timeout=10)))
+        t.check(e is not None and e.code() == grpc.StatusCode.OUT_OF_RANGE and "leaves a gap" in e.details(),
+                "span [2^31+5, +8) with replace -> OUT_OF_RANGE gap (%s)" % (e and "%s %s" % (e.code(), e.details())))
         # a real export to a node without the translator
         sa.OpenSession(pb.OpenSessionRequest(session_id="s1"), timeout=10)
         sa.Append(pb.AppendRequest(session_id="s1", tokens=list(range(300, 320)), prefill=True),
