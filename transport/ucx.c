@@ -62,6 +62,8 @@ typedef struct ucx_transport {
     ucx_peer *peers;
     struct op_with_t *orphans;   /* sends abandoned on a stalled peer (see ucx_send), receives
                                   * abandoned mid-message (ucx_recv_free) */
+    int n_orphans;               /* of outstanding: a receive whose sender died never completes,
+                                  * so the progress loop does not count them as work due */
     uint8_t *scratch;            /* where unexpected messages are received to be dropped */
     int drains;                  /* such receives in flight */
 } ucx_transport;
@@ -108,7 +110,7 @@ static void *progress_main(void *arg) {
         unsigned n = 0;
         while (n < 64 && ucp_worker_progress(u->worker)) n++;
         drain_unexpected(u);
-        int busy = u->outstanding > 0;
+        int busy = u->outstanding - u->n_orphans > 0;
         pthread_mutex_unlock(&u->mu);
         if (busy && n > 0) {
             idle = 0;
@@ -372,6 +374,7 @@ static void unlink_orphan(ucx_transport *u, op_with_t *o) {
     for (op_with_t **pp = &u->orphans; *pp; pp = &(*pp)->next_orphan) {
         if (*pp == o) {
             *pp = o->next_orphan;
+            u->n_orphans--;
             return;
         }
     }
@@ -388,6 +391,7 @@ static int ucx_recv_free(kvl__transport *t, kvl__transport_recv *r) {
         o->orphan = 1;
         o->next_orphan = u->orphans;
         u->orphans = o;
+        u->n_orphans++;
         __atomic_add_fetch(&u->base.receives_abandoned, 1, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&u->mu);
@@ -528,6 +532,7 @@ static kvl_status peer_op(ucx_transport *u, const uint8_t *addr, size_t addr_len
         o->orphan = 1;
         o->next_orphan = u->orphans;
         u->orphans = o;
+        u->n_orphans++;
     }
     pthread_mutex_unlock(&u->mu);
     return st;
