@@ -432,6 +432,10 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
         t.fb_code[0] = 0;
         out->span_tokens = 0;
         out->switch_s = 0;
+        /* what an attempt on another node set (a switch that failed before its first token)
+         * is not this attempt's: a turn chosen again on the node holding the context is none */
+        out->from_node[0] = out->from_model[0] = 0;
+        out->export_s = out->transfer_s = out->translate_s = 0;
         kvr_registry_turn_begin(r->reg, ti);
         int h = 0, started = 0, shadow = 0, one = 0;
         one_result nr = {0};
@@ -480,9 +484,17 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
         }
         kvr_registry_turn_end(r->reg, ti);
         int tail_replaced = 0;
-        if (s == KVL_ERR_CANCELLED && code == GRPC_STATUS_CANCELLED) {
+        if (s == KVL_ERR_CANCELLED && t.client_cancelled) {
             keep_cancelled_input(&t, ti, &d, out);
             break;
+        }
+        if (s == KVL_ERR_CANCELLED) {
+            /* the node cancelled its side (it is shutting down): a node failure like any other,
+             * chosen again before the first token, else UNAVAILABLE; never the client's cancel,
+             * which would keep the input in the ledger as a cancelled turn */
+            char why[400];
+            snprintf(why, sizeof why, "%s", kvl_last_error());
+            s = kvl__errorf(KVL_ERR_IO, "node %s ended the turn: %s", T->name, why);
         }
         if (!s && req->has_end_token && out->n_generated > 0 && out->n_generated <= req->max_tokens &&
             !strcmp(out->finish_reason, "eos") && gen[out->n_generated - 1] != req->end_token) {
@@ -591,7 +603,7 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
             }
             break;
         }
-        if (started || code == GRPC_STATUS_CANCELLED || !transient(code)) break;
+        if (started || t.client_cancelled || !transient(code)) break;
         /* the target failed before any token: mark it down and let the policy choose again */
         kvr_registry_mark(r->reg, ti, 0, kvl_last_error());
         kvl__svc_log_text("warn", "session %s: node %s failed before the first token (%s); choosing again",

@@ -113,6 +113,7 @@ kvl_status kvr__turn_decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void
             kvl__rpc_stream_cancel(st);
             s = kvl__errorf(KVL_ERR_CANCELLED, "client cancelled the turn");
             *code = GRPC_STATUS_CANCELLED;
+            t->client_cancelled = 1;
             break;
         }
     }

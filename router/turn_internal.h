@@ -16,6 +16,7 @@ typedef struct turn {
     char fb_code[48];             /* short fallback reason (metric label)                     */
     int64_t node_ms;
     int hash_bad;                 /* a node held the right count of tokens but other ids       */
+    int client_cancelled;         /* the client went (emit said so): not a node's CANCELLED    */
 } turn;
 
 /* What a ContinueTurn's final message said (the node's ContinueResult, copied). */

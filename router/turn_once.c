@@ -122,10 +122,12 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
     const long reserved = (long)req->n_user + (long)req->max_tokens;
     if (req->tenant) kvr_tenants_charge(r->tenants, req->tenant, reserved, kvr_wall_now());
     kvl_status s = kvr_leases_add(r->leases, req->sid);
-    if (s) return s;
     kvr_lease lease;
-    s = take_lease(r, req->sid, &lease);
-    if (s) { kvr_leases_drop(r->leases, req->sid); return s; }
+    if (!s && (s = take_lease(r, req->sid, &lease))) kvr_leases_drop(r->leases, req->sid);
+    if (s) {   /* refused before it ran (busy elsewhere, closed, expired): nothing is charged */
+        if (req->tenant) kvr_tenants_charge(r->tenants, req->tenant, -reserved, kvr_wall_now());
+        return s;
+    }
     kvr_leases_bind(r->leases, req->sid, lease.gen);
     if (lease.took_over) {
         kvr_metrics_inc(r->metrics, "kvlingo_router_lease_takeovers_total", "", 1);

@@ -16,7 +16,10 @@
   6. model failover with a node killed, in every policy: with the only qwen3-a node killed, old
      and new sessions are answered on qwen3-b (re-prefill from the ledger), the summary names
      the failover, the log and kvlingo_router_model_failovers_total record it; with every node
-     dead, Send answers UNAVAILABLE.
+     dead, Send answers UNAVAILABLE;
+  7. a node stopped (SIGTERM) in the middle of a long stream cancels it when its grace runs
+     out: the node failing, not the client cancelling, so Send answers UNAVAILABLE and the
+     ledger does not keep the turn's input as a cancelled turn.
 usage: test_faults.py --build BUILD_DIR --work WORK_DIR
 """
 import argparse
@@ -394,6 +397,59 @@ def model_failover(a):
         fleet.stop()
 
 
+def node_stops_mid_stream(a):
+    """SIGTERM of the node streaming a long turn: when its 2 s grace runs out it cancels the call
+    (its log says CANCELLED; the router's side reads gRPC's UNAVAILABLE "Cancelling all calls",
+    and a CANCELLED status from a node is read the same way).  That is the node failing, not the
+    client cancelling: the client gets UNAVAILABLE, and the ledger keeps neither the turn's input
+    as a cancelled turn nor any of it."""
+    import grpc
+    work = os.path.join(a.work, "node_stops")
+    # no drain time and one thread: 4,000 tokens take longer than the 2 s the node then gives
+    # running calls (4-5 s on this class of machine)
+    fleet = rtest.Fleet(a.build, work, policy={"name": "pinned", "default_model": "qwen3-b"},
+                        guardrail={"shadow_fraction": 0}, kvld_args=("--threads", "1", "--drain-timeout-ms", "0"),
+                        extra_top={"max_new_tokens": 4000})
+    try:
+        c = fleet.client(timeout=120)
+        sid = c.create_session()
+        c.send_all(sid, "Once upon a time", max_tokens=2, model="qwen3-b")
+        n0 = c.get_session(sid).context_tokens
+        b = fleet.nodes["qwen3-b"]
+        req = c.pb.SendRequest(session_id=sid, text=" and then", max_tokens=4000, model="qwen3-b",
+                               ignore_eos=True)
+        got, code, detail = 0, "OK", ""
+        t0 = time.time()
+        try:
+            for m in c.stub.Send(req, timeout=120, metadata=c.metadata):
+                if m.HasField("summary"):
+                    continue
+                got += 1
+                if got == 1:   # the first token is out: stop the node
+                    b.told_to_stop = True
+                    b.proc.send_signal(signal.SIGTERM)
+                    t0 = time.time()
+        except grpc.RpcError as e:
+            code, detail = e.code().name, e.details()
+        check(got > 0, "the turn gave no token: %s %s" % (code, detail))
+        b.proc.wait(30)
+        with open(b.log_path) as f:
+            blog = f.read()
+        check(re.search(r"method=ContinueTurn session=%s code=CANCELLED" % re.escape(sid), blog),
+              "the node finished the turn within its grace (%d tokens, %.1f s): no cancel to test"
+              % (got, time.time() - t0))
+        check(code == "UNAVAILABLE", "the client got %s (%s) after %d tokens, expected UNAVAILABLE"
+              % (code, detail, got))
+        with open(fleet.router.log_path) as f:
+            check("turn cancelled by the client" not in f.read(), "the node's stop was taken for a client cancel")
+        g = c.get_session(sid)
+        check(g.context_tokens == n0, "the failed turn left %d tokens in the ledger, had %d" % (g.context_tokens, n0))
+        print("  ok: node stopped %.1f s into a stream (%d tokens): UNAVAILABLE (%s), ledger unchanged" % (
+            time.time() - t0, got, detail))
+    finally:
+        fleet.stop()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
@@ -408,6 +464,7 @@ def main():
     guardrail_disables_pair(a)
     ttl_expiry(a)
     model_failover(a)
+    node_stops_mid_stream(a)
     print("test_faults: PASS")
 
 

@@ -9,7 +9,8 @@ kvld (qwen3-a) + kvlingo-router (pinned policy, a key file, the OpenAI HTTP API)
      greedy turn equals that of a control session given the same input;
   3. max_sessions: the tenant's next CreateSession is RESOURCE_EXHAUSTED (HTTP 429 on the OpenAI
      API), closing one frees a place;
-  4. tokens_per_minute: turns until the bucket is empty, then RESOURCE_EXHAUSTED (HTTP 429),
+  4. tokens_per_minute: turns refused before they run charge nothing; turns until the bucket
+     is empty, then RESOURCE_EXHAUSTED (HTTP 429),
      and after the wait the message names, a turn again;
   5. the OpenAI API: 401 without a key and with a wrong key (the official openai client raises
      AuthenticationError), 404 for another tenant's session named by x-kvlingo-session, and
@@ -213,6 +214,13 @@ def main():
         ca.close_session(s4)
 
         # ---- 4. tokens_per_minute (tight: 120, i.e. 2 a second)
+        # turns refused before they run (their session closed) charge nothing: three of them
+        # would otherwise take 300 of the 120 tokens and the loop below would get none
+        sct = ct.create_session()
+        ct.close_session(sct)
+        for _ in range(3):
+            code, _ = rpc_code(lambda: ct.send_all(sct, "x", max_tokens=100))
+            check(code not in ("OK", "RESOURCE_EXHAUSTED"), "Send to a closed session: %s" % code)
         stt = ct.create_session()
         used, turns, code, msg = 0, 0, "OK", ""
         while turns < 40:
