@@ -20,6 +20,7 @@ struct kvl__spanbufs {
     slot slots[SPANBUF_MAX_SLOTS];
     int max_buffers;
     size_t max_bytes, bytes;      /* bytes: of every buffer in slots[], taken or not */
+    int loose;                    /* buffers taken outside the slots (none free, or too big) */
     int closed;                   /* freed: buffers given back are freed, not kept */
 };
 
@@ -50,7 +51,7 @@ static int all_idle_freed(kvl__spanbufs *p) {   /* mu held; 1 when no buffer is 
         }
         busy += s->busy;
     }
-    return busy == 0;
+    return busy == 0 && p->loose == 0;
 }
 
 void kvl__spanbufs_free(kvl__spanbufs *p) {
@@ -103,15 +104,20 @@ uint8_t *kvl__spanbuf_take(kvl__spanbufs *p, size_t len) {
     if (keep) {
         p->slots[empty] = (slot){.buf = NULL, .cap = cap, .busy = 1};
         p->bytes += cap;
+    } else {
+        p->loose++;   /* the table lives until this one is given back too */
     }
     pthread_mutex_unlock(&p->mu);
     uint8_t *b = aligned_alloc(64, cap);
-    if (keep) {
+    {
         pthread_mutex_lock(&p->mu);
-        if (b) p->slots[empty].buf = b;
-        else {
+        if (keep && b) {
+            p->slots[empty].buf = b;
+        } else if (keep) {
             p->bytes -= cap;
             memset(&p->slots[empty], 0, sizeof p->slots[empty]);
+        } else if (!b) {
+            p->loose--;
         }
         /* freed while this take allocated (kvl__spanbufs_free saw the reservation): the table
          * goes with the last buffer given back, which may be this one, or none when it failed */
@@ -138,7 +144,10 @@ void kvl__spanbuf_give(kvl__spanbufs *p, uint8_t *buf) {
             p->slots[i].busy = 0;
             found = 1;
         }
-    if (!found) free(buf);
+    if (!found) {   /* one taken outside the slots */
+        free(buf);
+        p->loose--;
+    }
     int gone = p->closed && all_idle_freed(p);
     pthread_mutex_unlock(&p->mu);
     if (gone) {
