@@ -41,6 +41,9 @@ typedef struct ucx_peer {
     uint8_t *addr;
     size_t len;
     ucp_ep_h ep;
+    uint64_t id;          /* unique per endpoint made: a peer_op that waited (mu released) may
+                           * find its peer dropped and another made for the same address, at
+                           * the same heap address, and must not close that one */
     int failed;
     struct ucx_peer *next;
 } ucx_peer;
@@ -60,6 +63,7 @@ typedef struct ucx_transport {
     int outstanding;
     int waiters;          /* threads in wait_op, driving the worker themselves */
     ucx_peer *peers;
+    uint64_t next_peer_id;
     struct op_with_t *orphans;   /* sends abandoned on a stalled peer (see ucx_send), receives
                                   * abandoned mid-message (ucx_recv_free) */
     int n_orphans;               /* of outstanding: a receive whose sender died never completes,
@@ -199,9 +203,12 @@ static void drain_unexpected(ucx_transport *u) {
     }
 }
 
+/* Runs inside ucp_worker_progress (mu held).  Found by its endpoint, not by a pointer kept in
+ * the handler's argument: the peer may have been dropped and freed meanwhile. */
 static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status) {
-    ucx_peer *p = arg;
-    p->failed = 1;   /* the endpoint is closed (forced) and re-created on next use */
+    ucx_transport *u = arg;
+    for (ucx_peer *p = u->peers; p; p = p->next)
+        if (p->ep == ep) p->failed = 1;   /* the endpoint is closed (forced) and re-created on next use */
 }
 
 static void ucx_free(kvl__transport *t);
@@ -437,6 +444,7 @@ static kvl_status get_peer(ucx_transport *u, const uint8_t *addr, size_t len, uc
     }
     memcpy(p->addr, addr, len);
     p->len = len;
+    p->id = ++u->next_peer_id;
     ucp_ep_params_t ep;
     memset(&ep, 0, sizeof ep);
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
@@ -445,7 +453,7 @@ static kvl_status get_peer(ucx_transport *u, const uint8_t *addr, size_t len, uc
         ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
         ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
         ep.err_handler.cb = ep_err_cb;
-        ep.err_handler.arg = p;
+        ep.err_handler.arg = u;
     }
     ucs_status_t s = ucp_ep_create(u->worker, &ep, &p->ep);
     if (s != UCS_OK) {
@@ -460,11 +468,13 @@ static kvl_status get_peer(ucx_transport *u, const uint8_t *addr, size_t len, uc
     return KVL_OK;
 }
 
-/* mu held: drop a peer whose endpoint failed or stalled, force-closing the endpoint so that
- * requests still on it complete (UCS_ERR_CANCELED). */
-static void drop_peer(ucx_transport *u, ucx_peer *victim) {
+/* mu held: drop the peer made with `id` (ucx_peer.id) whose endpoint failed or stalled, if it
+ * is still listed, force-closing the endpoint so that requests still on it complete
+ * (UCS_ERR_CANCELED).  By id, not by pointer: the caller's pointer may be stale. */
+static void drop_peer(ucx_transport *u, uint64_t id) {
     for (ucx_peer **pp = &u->peers; *pp; pp = &(*pp)->next) {
-        if (*pp != victim) continue;
+        if ((*pp)->id != id) continue;
+        ucx_peer *victim = *pp;
         *pp = victim->next;
         close_ep(u, victim->ep, 1);
         free(victim->addr);
@@ -507,8 +517,9 @@ static kvl_status peer_op(ucx_transport *u, const uint8_t *addr, size_t addr_len
         free(o);
         return KVL_OK;
     }
+    const uint64_t peer_id = p->id;   /* p itself is not used after the wait: mu is released there */
     if (UCS_PTR_IS_ERR(r)) {
-        drop_peer(u, p);
+        drop_peer(u, peer_id);
         pthread_mutex_unlock(&u->mu);
         free(o);
         return kvl__errorf(KVL_ERR_IO, "transport: %s to peer failed: %s", what,
@@ -520,11 +531,11 @@ static kvl_status peer_op(ucx_transport *u, const uint8_t *addr, size_t addr_len
     if (st == KVL_OK && o->op.status != UCS_OK) {
         st = kvl__errorf(KVL_ERR_IO, "transport: %s failed (peer gone?): %s", what,
                         ucs_status_string(o->op.status));
-        drop_peer(u, p);
+        drop_peer(u, peer_id);
     } else if (st != KVL_OK) {
         /* timed out or cancelled: the peer stopped taking data; end the request by closing
          * the endpoint, and never reuse it */
-        drop_peer(u, p);
+        drop_peer(u, peer_id);
     }
     if (o->op.done) {
         free(o);
