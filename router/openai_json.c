@@ -105,6 +105,7 @@ static int parse_messages(kvr_oai_req *q, const cJSON *m, kvr_oai_error *err) {
     if (n == 0) return BAD("messages", "'messages' must not be empty: give at least one message");
     if (n > KVR_OAI_MAX_MESSAGES)
         return BAD("messages", "'messages' has %d messages, at most %d", n, KVR_OAI_MAX_MESSAGES);
+    if (q->msgs) return BAD("messages", "'messages' is given twice");
     q->msgs = calloc((size_t)n, sizeof *q->msgs);
     if (!q->msgs) {
         kvr_oai_set_error(err, 500, "server_error", NULL, NULL, "out of memory");
@@ -155,6 +156,7 @@ static int parse_messages(kvr_oai_req *q, const cJSON *m, kvr_oai_error *err) {
 static int parse_stop(kvr_oai_req *q, const cJSON *v, kvr_oai_error *err) {
     if (is_null(v)) return 0;
     if (cJSON_IsString(v)) {
+        if (q->n_stop >= KVR_OAI_MAX_STOP) return BAD("stop", "'stop' has more than %d sequences", KVR_OAI_MAX_STOP);
         q->stop[q->n_stop++] = v->valuestring;
     } else if (cJSON_IsArray(v)) {
         if (cJSON_GetArraySize(v) > KVR_OAI_MAX_STOP)
@@ -162,6 +164,8 @@ static int parse_stop(kvr_oai_req *q, const cJSON *v, kvr_oai_error *err) {
         const cJSON *s;
         cJSON_ArrayForEach(s, v) {
             if (!cJSON_IsString(s)) return BAD("stop", "'stop' must be a string or an array of strings");
+            if (q->n_stop >= KVR_OAI_MAX_STOP)
+                return BAD("stop", "'stop' has more than %d sequences", KVR_OAI_MAX_STOP);
             q->stop[q->n_stop++] = s->valuestring;
         }
     } else {
@@ -226,17 +230,25 @@ int kvr_oai_parse(const char *body, size_t len, int chat, long max_new_tokens,
     q->skip_special = 1;
     q->top_p = 1.0f;
     q->temperature = 1.0f;   /* OpenAI's default; 0 is greedy */
-    q->root = cJSON_ParseWithLength(body, len);
+    /* the error's position from this parse (cJSON_GetErrorPtr is one for the whole process,
+     * which another connection's parse may have set meanwhile) */
+    const char *end = NULL;
+    q->root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
     if (!q->root)
         return BAD(NULL, "We could not parse the JSON body of your request (malformed JSON near byte "
                    "%ld). The body must be a JSON object.",
-                   (long)(cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - body : 0));
+                   (long)(end && end >= body && end <= body + len ? end - body : 0));
     if (!cJSON_IsObject(q->root)) return BAD(NULL, "the request body must be a JSON object");
     const cJSON *it;
     int have_model = 0, stream_opts = 0;
     cJSON_ArrayForEach(it, q->root) {
         const char *k = it->string;
         double d;
+        /* a key given twice (cJSON keeps both) is refused, not read twice: a second 'stop' or
+         * 'messages' would add to the first.  Bounded work: every key before a repeat was
+         * accepted, and this loop refuses unknown keys, so the lookup scans few of them */
+        if (cJSON_GetObjectItemCaseSensitive(q->root, k) != it)
+            return BAD(k, "'%.48s' is given twice in the request body", k);
         if (!strcmp(k, "model")) {
             if (!cJSON_IsString(it) || !it->valuestring[0]) return BAD("model", "'model' must be a non-empty string");
             have_model = 1;

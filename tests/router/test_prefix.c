@@ -164,6 +164,18 @@ static void test_parse(void **state) {
               "stream_options", "only allowed");
     parse_err("{\"model\":\"qwen3-a\",\"prompt\":[1,2]}", 0, 400, "prompt", "one string");
     parse_err("[1]", 0, 400, "", "JSON object");
+    /* a key given twice is refused: a second 'stop' used to add to the first, past the four
+     * the request holds (a stack overflow), and a second 'messages' leaked the first */
+    parse_err("{\"model\":\"auto\",\"prompt\":\"hi\",\"stop\":[\"a\",\"b\",\"c\",\"d\"],"
+              "\"stop\":[\"e\",\"f\",\"g\",\"h\"]}", 0, 400, "stop", "given twice");
+    parse_err("{\"model\":\"auto\",\"prompt\":\"hi\",\"stop\":[\"a\",\"b\",\"c\",\"d\"],\"stop\":\"e\"}",
+              0, 400, "stop", "given twice");
+    parse_err("{\"model\":\"auto\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+              "\"messages\":[{\"role\":\"user\",\"content\":\"b\"}]}", 1, 400, "messages", "given twice");
+    parse_err("{\"model\":\"auto\",\"model\":\"qwen3-a\",\"prompt\":\"x\"}", 0, 400, "model", "given twice");
+    /* the parse error's position is this body's (cJSON's global error pointer is another
+     * connection's as often as not) */
+    parse_err("{\"model\": nope}", 0, 400, "", "near byte 10");
 }
 
 int main(void) {
