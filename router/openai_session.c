@@ -247,6 +247,16 @@ static int take_if_prefix(kvr_router *r, const char *tenant, const char *sid, co
     return ok;
 }
 
+/* A session this request made for itself (no x-kvlingo-session, no prefix hit) whose first
+ * turn failed: it is indexed only after a turn succeeds and its id is in no answer, so no later
+ * request can reach it; it is closed, instead of counting against the tenant's max_sessions
+ * until its TTL (an SDK retrying a refused request would open one per retry). */
+static void end_unreachable(kvr_router *r, const char *sid, int created) {
+    if (!created) return;
+    if (kvr_ledger_session_end(r->ledger, sid, KVR_SESSION_CLOSED, kvr_wall_now()))
+        kvl__svc_log("warn", "msg=openai_session_not_closed session=%s error=\"%s\"", sid, kvl_last_error());
+}
+
 int kvr_oai_run_turn(kvr_router *r, const kvr_oai_req *q, const char *session_hdr,
                      const kvr_tenant_info *tenant, kvr_oai_sink *sink, kvr_oai_run *u) {
     const char *tn = tenant->name;
@@ -256,7 +266,7 @@ int kvr_oai_run_turn(kvr_router *r, const kvr_oai_req *q, const char *session_hd
     u->res.created = (long)time(NULL);
     if (render(r, q, &P, &nP, err)) return -1;
     u->res.prompt_tokens = (int)nP;
-    int n_ledger = 0, have = 0;
+    int n_ledger = 0, have = 0, created = 0;
     char why[200] = "";
     if (session_hdr && session_hdr[0]) {
         if (!kvr_session_id_valid(session_hdr)) {
@@ -305,14 +315,25 @@ int kvr_oai_run_turn(kvr_router *r, const kvr_oai_req *q, const char *session_hd
             if (have) snprintf(u->sid, sizeof u->sid, "%s", ids[i]);
         }
         if (!have) {
-            new_id(u->sid, sizeof u->sid);
             n_ledger = 0;
+            if ((long)nP > r->cfg->max_input_tokens) {   /* refused before a session is made for it */
+                kvr_oai_set_error(err, 400, "invalid_request_error", q->chat ? "messages" : "prompt",
+                                  "context_length_exceeded", "this request adds %zu tokens to the session, "
+                                  "at most %ld per turn (max_input_tokens)", nP, r->cfg->max_input_tokens);
+                free(P);
+                return -1;
+            }
+            new_id(u->sid, sizeof u->sid);
             kvl_status cs = kvr_ledger_session_create_for(r->ledger, u->sid, "", tn, tenant->max_sessions,
                                                           kvr_wall_now());
             if (cs == KVL_ERR_NOMEM && strstr(kvl_last_error(), "quota:")) kvr_quota_refused(r, tn, "max_sessions");
-            if (!cs) cs = kvr_router_busy_take(r, u->sid);   /* max_busy_sessions: 503 */
+            if (!cs) {
+                created = 1;
+                cs = kvr_router_busy_take(r, u->sid);   /* max_busy_sessions: 503 */
+            }
             if (cs) {
                 turn_error(cs, err);
+                end_unreachable(r, u->sid, created);
                 free(P);
                 return -1;
             }
@@ -326,6 +347,7 @@ int kvr_oai_run_turn(kvr_router *r, const kvr_oai_req *q, const char *session_hd
                           "context_length_exceeded", "this request adds %d tokens to the session, at most "
                           "%ld per turn (max_input_tokens)", n_user, r->cfg->max_input_tokens);
         kvr_router_busy_release(r, u->sid);
+        end_unreachable(r, u->sid, created);
         free(P);
         return -1;
     }
@@ -386,6 +408,7 @@ int kvr_oai_run_turn(kvr_router *r, const kvr_oai_req *q, const char *session_hd
         rc = -1;
     }
     kvr_router_busy_release(r, u->sid);
+    if (rc) end_unreachable(r, u->sid, created);
     kvl_detok_free(e.dt);
     free(e.piece);
     free(e.gen);

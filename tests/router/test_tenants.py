@@ -72,7 +72,7 @@ TENANTS = [
     {"name": "acme", "keys": [KA, KA_CONTROL], "max_sessions": 3},
     {"name": "beta", "key_sha256": [sha(KB)]},           # the file holds only the digest
     {"name": "ops", "keys": [KO], "admin": True},
-    {"name": "tight", "keys": [KT], "tokens_per_minute": 120},
+    {"name": "tight", "keys": [KT], "tokens_per_minute": 120, "max_sessions": 2},
 ]
 
 
@@ -236,6 +236,10 @@ def main():
         st, _, body = http(hport, "POST", "/v1/completions", key=KT,
                            body={"model": "qwen3-a", "max_tokens": 2, "prompt": "Once"})
         check(st == 429 and body["error"]["code"] == "rate_limit_exceeded", "HTTP bucket empty: %d %r" % (st, body))
+        for _ in range(2):   # an SDK retrying: each refused request made a session and left it open
+            st, _, body = http(hport, "POST", "/v1/completions", key=KT,
+                               body={"model": "qwen3-a", "max_tokens": 2, "prompt": "Once"})
+            check(st == 429, "HTTP retry, bucket empty: %d %r" % (st, body))
         wait = float(re.search(r"retry in ([0-9.]+) s", msg).group(1))
         check(0 < wait < 70, "wait %r" % wait)
         code, _ = rpc_code(lambda: ca.send_all(sa, "others still run", max_tokens=2))
@@ -243,6 +247,15 @@ def main():
         time.sleep(wait + 0.3)
         ids, _, _ = ct.send_all(stt, "After the wait.", max_tokens=4)
         check(len(ids) == 4, "a turn after the refill")
+        # the refused OpenAI requests above left no session behind: tight (max_sessions 2, stt
+        # open) still gets a new conversation, once its bucket holds the turn
+        for _ in range(20):
+            st, _, body = http(hport, "POST", "/v1/completions", key=KT,
+                               body={"model": "qwen3-a", "max_tokens": 2, "prompt": "Once more"})
+            if st != 429 or "tokens_per_minute" not in body["error"]["message"]:
+                break
+            time.sleep(0.5)
+        check(st == 200, "a new OpenAI conversation after refused ones: %d %r" % (st, body))
         print("ok: tokens_per_minute: %d turns (%d tokens) then RESOURCE_EXHAUSTED (HTTP 429), a turn "
               "again after %.1f s" % (turns, used, wait))
 
