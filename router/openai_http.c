@@ -33,12 +33,17 @@ struct kvr_oai_http {
 
 enum { EP_NONE, EP_CHAT, EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_READY };
 
+/* How long a request's body may take to arrive, from its headers: a client trickling an
+ * endless body is cut off (idle connections are closed after 120 s by MHD itself). */
+#define KVR_OAI_UPLOAD_S 60.0
+
 typedef struct conn {
     int ep;
     unsigned status;              /* of the response queued (for the metric)                 */
     struct kvr_oai_http *h;
     char *body;
     size_t len, cap;
+    size_t seen;                  /* body bytes read, kept or not                            */
     int refused;                  /* a response went out before the body was read            */
     int too_large;                /* the body outgrew max_body: dropped, answered 413        */
     double t0;
@@ -396,9 +401,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (*upload_size) {
         /* a body without Content-Length (chunked) that outgrows the bound: the rest is read
-         * and dropped (MHD cannot answer in the middle of an upload), then 413 */
+         * and dropped (MHD cannot answer in the middle of an upload), then 413.  Dropped only
+         * up to as much again and for KVR_OAI_UPLOAD_S seconds: a client that keeps sending
+         * (an endless chunked body) is disconnected instead of holding a connection slot.
+         * A body on GET (the probes) is read the same way but never kept. */
+        cc->seen += *upload_size;
+        if (cc->seen > 2 * (size_t)h->max_body || kvl__now_s() - cc->t0 > KVR_OAI_UPLOAD_S) return MHD_NO;
         if (cc->len + *upload_size > (size_t)h->max_body) cc->too_large = 1;
-        if (!cc->refused && !cc->too_large) {
+        if (!cc->refused && !cc->too_large && (cc->ep == EP_CHAT || cc->ep == EP_COMPLETIONS)) {
             if (cc->len + *upload_size + 1 > cc->cap) {
                 size_t cap = cc->cap ? cc->cap : 4096;
                 while (cap < cc->len + *upload_size + 1) cap *= 2;

@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -256,6 +257,24 @@ def main():
         b, _, code = cp.stdout.decode().rpartition("\n")
         check(code == "413" and "request_too_large" in b, "chunked oversize body: %s %r" % (code, b[:200]))
         print("  ok: 413 for a chunked body past the bound")
+        # an endless chunked body (on a probe too): cut off after twice the bound, not read for ever
+        for path in ("/v1/chat/completions", "/health"):
+            sk = socket.create_connection(("127.0.0.1", port), timeout=20)
+            sent, cut = 0, False
+            try:
+                sk.sendall(("%s %s HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Type: "
+                            "application/json\r\n\r\n" % ("POST" if path.startswith("/v1") else "GET", path)).encode())
+                chunk = b"4000\r\n" + b"x" * 0x4000 + b"\r\n"
+                while sent < (16 << 20):
+                    sk.sendall(chunk)
+                    sent += 0x4000
+            except OSError:
+                cut = True
+            finally:
+                sk.close()
+            check(cut and sent < (8 << 20), "endless chunked body to %s: cut=%s after %d bytes" % (path, cut, sent))
+        check(request(port, "GET", "/health")[0] == 200, "health after the endless bodies")
+        print("  ok: an endless chunked body is cut off (POST and a probe), the server keeps serving")
         expect_error(port, 405, None, ["not allowed"], method="GET")
         expect_error(port, 404, None, ["Unknown request URL"], method="GET", path="/v1/engines")
         expect_error(port, 400, "prompt", ["required"], {"model": "qwen3-a"}, path="/v1/completions")
