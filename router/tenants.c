@@ -378,10 +378,13 @@ static kvr_bucket *bucket_locked(tenant *tn, double now) {
     return &tn->bucket;
 }
 
-int kvr_tenants_admit(kvr_tenants *t, const char *name, double now, double *wait_s) {
+int kvr_tenants_admit(kvr_tenants *t, const char *name, long reserve, double now, double *wait_s) {
     pthread_mutex_lock(&t->mu);
     kvr_bucket *b = bucket_locked(find_locked(t, name), now);
     int ok = !b || kvr_bucket_admit(b, now);
+    /* reserved under the same lock as the check: concurrent turns of one tenant each see the
+     * others' reservations, so a burst cannot all pass on one token */
+    if (b && ok) kvr_bucket_charge(b, (double)reserve, now);
     if (wait_s) *wait_s = b && !ok ? kvr_bucket_wait(b, now) : 0;
     pthread_mutex_unlock(&t->mu);
     return ok;

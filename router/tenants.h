@@ -97,8 +97,9 @@ int kvr_tenants_authorize(kvr_tenants *t, const char *value, kvr_tenant_info *ou
 void kvr_tenants_replace(kvr_tenants *t, kvr_tenants *fresh);
 
 /* Token quota: 1 when tenant `name` may start a turn at `now` (no limit, or its bucket holds
- * a token), else 0 and *wait_s says when it will. */
-int kvr_tenants_admit(kvr_tenants *t, const char *name, double now, double *wait_s);
+ * a token), with `reserve` tokens (the turn's most: prompt + max_tokens) charged in the same
+ * step; else 0, nothing charged, and *wait_s says when it may. */
+int kvr_tenants_admit(kvr_tenants *t, const char *name, long reserve, double now, double *wait_s);
 /* Charge n tokens to tenant `name` (unknown tenants, or no limit: nothing). */
 void kvr_tenants_charge(kvr_tenants *t, const char *name, long n, double now);
 

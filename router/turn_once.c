@@ -114,13 +114,12 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
      * turn reserves its most (prompt + max_tokens) now, so that concurrent turns of one tenant
      * see it, and gives back what it did not generate at the end */
     double wait_s = 0;
-    if (req->tenant && !kvr_tenants_admit(r->tenants, req->tenant, kvr_wall_now(), &wait_s)) {
+    const long reserved = (long)req->n_user + (long)req->max_tokens;
+    if (req->tenant && !kvr_tenants_admit(r->tenants, req->tenant, reserved, kvr_wall_now(), &wait_s)) {
         kvr_quota_refused(r, req->tenant, "tokens_per_minute");
         return kvl__errorf(KVL_ERR_NOMEM, "quota: tenant '%s' used its tokens_per_minute; retry in %.1f s",
                           req->tenant, wait_s);
     }
-    const long reserved = (long)req->n_user + (long)req->max_tokens;
-    if (req->tenant) kvr_tenants_charge(r->tenants, req->tenant, reserved, kvr_wall_now());
     kvl_status s = kvr_leases_add(r->leases, req->sid);
     kvr_lease lease;
     if (!s && (s = take_lease(r, req->sid, &lease))) kvr_leases_drop(r->leases, req->sid);

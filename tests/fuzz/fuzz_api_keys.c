@@ -32,7 +32,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         free(v);
     }
     kvr_tenants_charge(t, "acme", (long)size, 1.0);
-    (void)kvr_tenants_admit(t, "acme", 2.0, NULL);
+    (void)kvr_tenants_admit(t, "acme", (long)(size % 1000), 2.0, NULL);
     kvr_tenants_free(t);
     return 0;
 }

@@ -1,5 +1,6 @@
 /* tests/router/test_tenants.c: the API key file parser (router/tenants.c), key lookup, and the
  * token bucket of tokens_per_minute (cmocka). */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -179,13 +180,12 @@ static void test_quota_and_replace(void **state) {
                               "  - {name: acme, keys: [\"" KEY_A "\"], tokens_per_minute: 120}\n"
                               "  - {name: beta, keys: [\"" KEY_B "\"]}\n");
     double w = 0;
-    assert_true(kvr_tenants_admit(t, "acme", 10.0, &w));
-    kvr_tenants_charge(t, "acme", 200, 10.0);
-    assert_false(kvr_tenants_admit(t, "acme", 10.0, &w));
+    assert_true(kvr_tenants_admit(t, "acme", 200, 10.0, &w));   /* admitted, 200 reserved */
+    assert_false(kvr_tenants_admit(t, "acme", 5, 10.0, &w));
     assert_true(w > 40.0 && w < 42.0);             /* (1 + 80) tokens at 2 a second */
     kvr_tenants_charge(t, "beta", 1000000, 10.0);  /* no limit: nothing */
-    assert_true(kvr_tenants_admit(t, "beta", 10.0, &w));
-    assert_true(kvr_tenants_admit(t, "nobody", 10.0, &w));
+    assert_true(kvr_tenants_admit(t, "beta", 1000000, 10.0, &w));
+    assert_true(kvr_tenants_admit(t, "nobody", 5, 10.0, &w));
     /* reload: acme stays (its debt too), KEY_B is revoked, gamma is new */
     kvr_tenants *fresh = parse_ok("tenants:\n"
                                   "  - {name: acme, keys: [\"" KEY_A "\"], tokens_per_minute: 120}\n"
@@ -196,8 +196,8 @@ static void test_quota_and_replace(void **state) {
     assert_true(kvr_tenants_lookup(t, KEY_A2, strlen(KEY_A2), &i));
     assert_string_equal(i.name, "gamma");
     assert_int_equal(i.max_sessions, 1);
-    assert_false(kvr_tenants_admit(t, "acme", 11.0, &w));
-    assert_true(kvr_tenants_admit(t, "acme", 60.0, &w));
+    assert_false(kvr_tenants_admit(t, "acme", 0, 11.0, &w));
+    assert_true(kvr_tenants_admit(t, "acme", 0, 60.0, &w));
     kvr_tenants_free(t);
     /* the anonymous table: everyone is "default", an admin without quotas */
     assert_int_equal(kvr_tenants_anonymous(&t), KVL_OK);
@@ -209,11 +209,51 @@ static void test_quota_and_replace(void **state) {
     kvr_tenants_free(t);
 }
 
+/* A burst of one tenant's turns at once: each admitted turn reserves its most in the same step
+ * as the check, so a full bucket of 1,000 admits two turns of 500 (the second runs it to 0),
+ * not all of them (before, every turn could pass the check before any had reserved). */
+typedef struct burst {
+    kvr_tenants *t;
+    pthread_barrier_t *go;
+    int admitted;
+} burst;
+
+static void *burst_turn(void *arg) {
+    burst *b = arg;
+    pthread_barrier_wait(b->go);
+    b->admitted = kvr_tenants_admit(b->t, "acme", 500, 100.0, NULL);
+    return NULL;
+}
+
+static void test_quota_burst(void **state) {
+    (void)state;
+    enum { N = 32 };
+    for (int round = 0; round < 20; round++) {
+        kvr_tenants *t = parse_ok("tenants:\n  - {name: acme, keys: [\"" KEY_A "\"], tokens_per_minute: 1000}\n");
+        pthread_barrier_t go;
+        pthread_barrier_init(&go, NULL, N);
+        burst b[N];
+        pthread_t th[N];
+        for (int i = 0; i < N; i++) {
+            b[i] = (burst){t, &go, 0};
+            assert_int_equal(pthread_create(&th[i], NULL, burst_turn, &b[i]), 0);
+        }
+        int admitted = 0;
+        for (int i = 0; i < N; i++) {
+            pthread_join(th[i], NULL);
+            admitted += b[i].admitted;
+        }
+        pthread_barrier_destroy(&go);
+        assert_int_equal(admitted, 2);   /* one clock: no refill between them */
+        kvr_tenants_free(t);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_and_lookup), cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_bounds),           cmocka_unit_test(test_bucket),
-        cmocka_unit_test(test_quota_and_replace),
+        cmocka_unit_test(test_quota_and_replace), cmocka_unit_test(test_quota_burst),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
