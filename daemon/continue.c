@@ -519,10 +519,13 @@ void kvld_rpc_continue(kvl__rpc_call *call, const uint8_t *req, size_t len, void
         if (in->input[i] < 0 || in->input[i] >= vocab)
             st = kvl__errorf(KVL_ERR_INVALID_ARG, "input[%zu] has id %d outside the vocabulary [0, %d)", i,
                             in->input[i], vocab);
-    if (st == KVL_OK && (uint64_t)in->held + in->n_context + in->n_input > (uint64_t)n->max_context)
-        st = kvl__errorf(KVL_ERR_RANGE, "input too long: %u held + %zu context + %zu input tokens exceed the "
-                        "max context of %d tokens (--max-context)", in->held, in->n_context, in->n_input,
-                        n->max_context);
+    /* a turn needs room for one generated token past its input (the scheduler's rule) */
+    if (st == KVL_OK && (uint64_t)in->held + in->n_context + in->n_input + (in->pull_only ? 0 : 1) >
+                            (uint64_t)n->max_context)
+        st = kvl__errorf(KVL_ERR_RANGE, "input too long: %u held + %zu context + %zu input tokens %s the "
+                        "max context of %d tokens (--max-context)%s", in->held, in->n_context, in->n_input,
+                        in->pull_only ? "exceed" : "reach", n->max_context,
+                        in->pull_only ? "" : ", with no room to generate");
     if (st == KVL_OK && in->n_context + in->n_input == 0 && in->held == 0 && !in->pull_only)
         st = kvl__errorf(KVL_ERR_INVALID_ARG, "nothing to continue: no context and no input");
     if (st != KVL_OK) {
@@ -583,10 +586,10 @@ void kvld_rpc_continue(kvl__rpc_call *call, const uint8_t *req, size_t len, void
     }
     const size_t from_ctx = (size_t)(have - (int)in->held);
     const size_t n_new = in->n_context - from_ctx + in->n_input;
-    if ((size_t)s->n_ledger + n_new > (size_t)s->max_context) {
+    if ((size_t)s->n_ledger + n_new + 1 > (size_t)s->max_context) {
         /* the session may have been opened with a smaller max context than the node's */
-        st = kvl__errorf(KVL_ERR_RANGE, "input too long: %zu new tokens + %d held exceed the session's "
-                        "max context of %d tokens", n_new, have, s->max_context);
+        st = kvl__errorf(KVL_ERR_RANGE, "input too long: %zu new tokens + %d held reach the session's "
+                        "max context of %d tokens, with no room to generate", n_new, have, s->max_context);
         kvld_session_release(n->sessions, s);
         kvld_req_fail(&c.r, st, NULL);
         goto done;

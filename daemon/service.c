@@ -1,5 +1,6 @@
 /* daemon/service.c: the Node service's session handlers: Info, OpenSession, Append, Generate,
  * DropSession, SessionInfo.  (ExportSpan / ImportSpan: span_service.c.) */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,6 +171,9 @@ void kvld_rpc_append(kvl__rpc_call *call, const uint8_t *req, size_t len, void *
                             i, ids[i], vocab);
     kvld_session *s = NULL;
     if (st == KVL_OK) st = kvld_session_acquire(n->sessions, in->session_id, KVLD_PREFILL, 0, &s, NULL);
+    /* the ledger's length after a cut: checked with the new tokens before anything changes, so
+     * a refused Append leaves the session as it was */
+    int keep = st == KVL_OK ? s->n_ledger : 0;
     if (st == KVL_OK && in->truncate) {
         /* only the uncached tail may go: the KV cache (and the logits after it) stay valid */
         int cached = kvl_cache_n_tokens(s->cache);
@@ -180,14 +184,15 @@ void kvld_rpc_append(kvl__rpc_call *call, const uint8_t *req, size_t len, void *
             st = kvl__errorf(KVL_ERR_MISMATCH, "truncate_to %u would cut into the KV cache (%d tokens)",
                             in->truncate_to, cached);
         else
-            __atomic_store_n(&s->n_ledger, (int)in->truncate_to, __ATOMIC_RELAXED);
+            keep = (int)in->truncate_to;
     }
-    if (st == KVL_OK && (size_t)s->n_ledger + n_ids > (size_t)s->max_context)
+    if (st == KVL_OK && (size_t)keep + n_ids > (size_t)s->max_context)
         st = kvl__errorf(KVL_ERR_RANGE,
                         "input too long: %zu new tokens + %d held exceed the max context of %d "
-                        "tokens (--max-context)", n_ids, s->n_ledger, s->max_context);
+                        "tokens (--max-context)", n_ids, keep, s->max_context);
     double prefill_s = 0;
     if (st == KVL_OK) {
+        if (keep != s->n_ledger) __atomic_store_n(&s->n_ledger, keep, __ATOMIC_RELAXED);
         memcpy(s->ledger + s->n_ledger, ids, sizeof(int32_t) * n_ids);
         __atomic_store_n(&s->n_ledger, s->n_ledger + (int)n_ids, __ATOMIC_RELAXED);
         if (in->prefill && n_ids > 0) {
@@ -226,6 +231,16 @@ static void cancel_job(void *arg) { kvld_job_cancel(arg); }
 kvl_status kvld_gen_params_from_pb(const kvld_node *n, const Kvlingo__V1__GenerateRequest *in,
                                    kvld_gen_params *gp) {
     memset(gp, 0, sizeof *gp);
+    /* every field checked here, before a caller changes a session for the turn (ContinueTurn
+     * appends its tokens first): what the scheduler or the sampler would refuse later must not
+     * leave a session holding a turn that never ran */
+    if (in->max_tokens < 1 || in->max_tokens > INT32_MAX)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "max_tokens must be >= 1 (got %u)", in->max_tokens);
+    if (!(in->temperature >= 0.0f) || !isfinite(in->temperature))
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "temperature must be a finite number >= 0 (got %g)",
+                          (double)in->temperature);
+    if (in->top_k > INT32_MAX)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "top_k %u is too large", in->top_k);
     gp->max_tokens = (int)in->max_tokens;
     gp->stop_at_eos = in->stop_at_eos;
     gp->want_logprobs = in->return_logprobs;

@@ -8,8 +8,10 @@ context / input / native_only / nothing to pull, text too long for --max-context
 another model, unknown source model (no translator), truncated / oversized payload, checksum
 mismatch, peer gone mid-transfer, exporter cancelling, client cancelling a Generate stream,
 devices that do not exist (a bad name; CUDA where no GPU is usable) refused at start."""
+import hashlib
 import os
 import re
+import struct
 import subprocess
 import sys
 import time
@@ -97,6 +99,32 @@ def main():
             t.check(e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT and why in e.details(),
                     "ContinueTurn pull_only %s -> INVALID_ARGUMENT (%s)" % (sorted(kw), e and e.details()))
 
+        # 2b'. a ContinueTurn refused for its sampling or for a full context changes nothing:
+        # the session keeps its tokens, and none is made for a refused first turn
+        def sha(ids):
+            return hashlib.sha256(struct.pack("<%di" % len(ids), *ids)).hexdigest()
+        keep_ids = list(range(100, 140))
+        for g, why in ((pb.GenerateRequest(max_tokens=0), "max_tokens"),
+                       (pb.GenerateRequest(max_tokens=2, temperature=-1), "temperature"),
+                       (pb.GenerateRequest(max_tokens=2, temperature=float("nan")), "temperature")):
+            for sid, held in (("keep", len(keep_ids)), ("fresh-refused", 0)):
+                req = pb.ContinueRequest(session_id=sid, held=held, held_sha256=sha(keep_ids) if held else "",
+                                         context=[] if held else [7, 8, 9], input=[5, 6], generate=g)
+                e = rpc_error(lambda: list(sb.ContinueTurn(req, timeout=10)))
+                t.check(e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT and why in e.details(),
+                        "ContinueTurn %s with %s -> INVALID_ARGUMENT (%s)" % (sid, why, e and e.details()))
+        t.check(sb.SessionInfo(pb.SessionInfoRequest(session_id="keep"), timeout=10).token_count == len(keep_ids),
+                "refused ContinueTurns leave the session's tokens as they were")
+        e = rpc_error(lambda: sb.SessionInfo(pb.SessionInfoRequest(session_id="fresh-refused"), timeout=10))
+        t.check(e is not None and e.code() == grpc.StatusCode.NOT_FOUND, "no session made for a refused first turn")
+        # C's max context is 64: 64 tokens leave no room to generate
+        e = rpc_error(lambda: list(sc.ContinueTurn(pb.ContinueRequest(
+            session_id="full", context=list(range(300, 364)), generate=pb.GenerateRequest(max_tokens=1)), timeout=10)))
+        t.check(e is not None and e.code() == grpc.StatusCode.OUT_OF_RANGE and "no room" in e.details(),
+                "ContinueTurn filling the context -> OUT_OF_RANGE (%s)" % (e and e.details()))
+        e = rpc_error(lambda: sc.SessionInfo(pb.SessionInfoRequest(session_id="full"), timeout=10))
+        t.check(e is not None and e.code() == grpc.StatusCode.NOT_FOUND, "no session made for a full-context turn")
+
         # 2b. stop ids end a generation ("stop"); a ledger cut may drop only uncached tokens
         def gen(sid, **kw):
             toks, fin = [], None
@@ -125,6 +153,10 @@ def main():
         e = rpc_error(lambda: sb.Append(pb.AppendRequest(session_id="stops", truncate=True, truncate_to=n + 5),
                                         timeout=10))
         t.check(e is not None and e.code() == grpc.StatusCode.OUT_OF_RANGE, "truncate past the ledger -> OUT_OF_RANGE")
+        e = rpc_error(lambda: sb.Append(pb.AppendRequest(session_id="stops", truncate=True, truncate_to=n - 1,
+                                                         tokens=[42] * 5000), timeout=10))
+        t.check(e is not None and e.code() == grpc.StatusCode.OUT_OF_RANGE,
+                "a cut with too many new tokens -> OUT_OF_RANGE (%s)" % (e and e.details()))
         t.check(sb.SessionInfo(pb.SessionInfoRequest(session_id="stops"), timeout=10).token_count == n,
                 "refused cuts leave the ledger as it was")
         for bad in ([1] * 9, [10 ** 6]):
