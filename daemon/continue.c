@@ -257,6 +257,15 @@ static void pull_push(cont *c, kvl__rpc_client *cli, const char *src_name, const
         } else {
             if (kvl__rpc_unary_wait(call, 1)) break;
             if ((have_bytes = kvl__transport_recv_poll(n->transport, rx.rv, 0))) break;
+            if (kvl__rpc_call_cancelled(c->r.call)) {
+                /* the client went away while the source is slow: stop waiting for it.  The
+                 * span is not imported; the turn goes on as for any failed pull (its input is
+                 * appended, as the router commits it for a cancelled turn) and its cancel ends
+                 * the generation at once */
+                kvl__rpc_unary_cancel(call);
+                set_fallback(c, GRPC_STATUS_CANCELLED, "the client cancelled the turn during the pull");
+                goto out;
+            }
         }
     }
     double early_tr_s = 0;
@@ -366,7 +375,9 @@ static void pull(cont *c) {
     kvld_node *n = c->n;
     const Kvlingo__V1__SpanPull *p = c->in->pull;
     double t0 = kvl__now_s();
-    int64_t tmo = p->timeout_ms ? (int64_t)p->timeout_ms : n->cfg.span_timeout_ms;
+    /* the caller's deadline, within this node's own bound on a transfer */
+    int64_t tmo = p->timeout_ms && (int64_t)p->timeout_ms < n->cfg.span_timeout_ms ? (int64_t)p->timeout_ms
+                                                                                : n->cfg.span_timeout_ms;
     kvl__rpc_client *cli = NULL;
     kvl_status st = KVL_OK;
     if (!p->source || !p->source[0] || !kvld_node_peer_allowed(n, p->source)) {

@@ -164,8 +164,10 @@ static void settle(kvld_sched *s) {
             if (!held_back(s, j)) emit(s, j);
         } else if (cached > 0) {
             /* K/V of the last token came from a translated span (or logits were dropped):
-             * re-run that token natively to get the next-token distribution. */
-            kvl_cache_truncate(ss->cache, cached - 1);
+             * re-run that token natively to get the next-token distribution.  A cut that fails
+             * ends the job: left as it is, no pass would ever pick it up */
+            if (kvl_cache_truncate(ss->cache, cached - 1) != KVL_OK)
+                job_finish(j, KVL_ERR_INTERNAL, "error", kvl_last_error());
         }
     }
 }

@@ -277,6 +277,10 @@ kvl_status kvl__rpc_unary_start(kvl__rpc_client *cli, const char *method, const 
     return KVL_OK;
 }
 
+void kvl__rpc_unary_cancel(kvl__rpc_unary *u) {
+    if (u && u->call) grpc_call_cancel(u->call, NULL);
+}
+
 int kvl__rpc_unary_wait(kvl__rpc_unary *u, int64_t wait_ms) {
     if (!u) return 1;
     if (u->ended) return 1;

@@ -264,6 +264,8 @@ kvl_status kvl__rpc_unary_start_pb(kvl__rpc_client *cli, const char *method,
                                   const ProtobufCMessage *req, int64_t timeout_ms,
                                   kvl__rpc_unary **out);
 int kvl__rpc_unary_wait(kvl__rpc_unary *u, int64_t wait_ms);
+/* Cancel a started call (any thread; its finish then reports CANCELLED unless it had ended). */
+void kvl__rpc_unary_cancel(kvl__rpc_unary *u);
 kvl_status kvl__rpc_unary_finish(kvl__rpc_unary *u, kvl__rpc_result *res);
 kvl_status kvl__rpc_unary_finish_pb(kvl__rpc_unary *u, const ProtobufCMessageDescriptor *resp_desc,
                                    ProtobufCMessage **resp_out, kvl__rpc_result *res);
