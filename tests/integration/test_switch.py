@@ -142,6 +142,34 @@ def main():
         t.check(e is not None and e.code() == grpc.StatusCode.NOT_FOUND,
                 "pull_only that failed left no session on B")
 
+        # a source that stops answering (SIGSTOP) during a pull, and a client that gives up:
+        # B stops waiting for the source at the cancel, not at the pull's 60 s deadline
+        sid3 = "conv-pull-stalled"
+        sa.OpenSession(pb.OpenSessionRequest(session_id=sid3), timeout=10)
+        sa.Append(pb.AppendRequest(session_id=sid3, tokens=prompt, prefill=True), timeout=60)
+        A.proc.send_signal(signal.SIGSTOP)
+        try:
+            call = sb.ContinueTurn(pb.ContinueRequest(
+                session_id=sid3, context=prompt, input=[11, 12], generate=pb.GenerateRequest(max_tokens=4),
+                pull=pb.SpanPull(source=A.addr, source_tokens=n, source_sha256=sha, timeout_ms=60000)), timeout=120)
+            time.sleep(1.0)
+            call.cancel()
+            t0 = time.time()
+            state = None
+            while time.time() - t0 < 10:
+                try:
+                    state = sb.SessionInfo(pb.SessionInfoRequest(session_id=sid3), timeout=5).state
+                except grpc.RpcError as x:
+                    state = x.code().name
+                if state in ("idle", "NOT_FOUND"):
+                    break
+                time.sleep(0.05)
+            took = time.time() - t0
+        finally:
+            A.proc.send_signal(signal.SIGCONT)
+        t.check(state in ("idle", "NOT_FOUND") and took < 3.0,
+                "a client's cancel ends B's pull from a stopped source at once (%s after %.2f s)" % (state, took))
+
         # a node with a bf16 KV cache ships bf16 spans (half the K/V bytes); B (float32)
         # widens them, and its distribution stays within bf16 rounding of the reference
         C = kvlclient.Kvld(args.kvld, os.path.join(args.source, "models/qwen3-a"),
