@@ -339,6 +339,10 @@ void kvld_stream_turn(kvld_req *r, kvld_session *s, const kvld_gen_params *gp,
                      result->fallback && result->fallback[0] ? " fallback=" : "",
                      result->fallback ? result->fallback : "");
     }
+    /* the session goes back before the final message: a client that acts on done=1 (before
+     * the status) finds it idle, and a slow reader of that message holds nothing */
+    kvld_job_free(job);
+    kvld_session_release(n->sessions, s);
     if (st == KVL_OK && !send_failed) {
         Kvlingo__V1__GenerateResponse fin = KVLINGO__V1__GENERATE_RESPONSE__INIT;
         size_t pl = 0;
@@ -353,10 +357,8 @@ void kvld_stream_turn(kvld_req *r, kvld_session *s, const kvld_gen_params *gp,
         fin.result = result;
         kvl__rpc_call_send_pb(call, &fin.base);
     }
-    kvld_job_free(job);
     kvl_detok_free(dt);
     free(piece);
-    kvld_session_release(n->sessions, s);
     if (send_failed || st == KVL_ERR_CANCELLED)
         kvld_req_end(r, GRPC_STATUS_CANCELLED, "generation cancelled by the client", extra);
     else if (st != KVL_OK)
