@@ -35,6 +35,7 @@ void kvld_config_defaults(kvld_config *cfg) {
     cfg->span_push = 1;
     cfg->stream_backlog_kb = 1024;
     cfg->stream_buffer_mb = 64;
+    cfg->stream_stall_ms = 120000;
 }
 
 /* Every flag, its YAML key (the same name with '_'), what it does and its default. */
@@ -75,6 +76,8 @@ static const kvld_flag k_flags[] = {
                          "sends straight to it (0: the peer pushes it through ImportSpan)", "1"},
     {"stream-backlog-kb", "N", "unread output one Generate stream may buffer before it pauses", "1024"},
     {"stream-buffer-mb", "N", "unread output of all Generate streams on the node before they pause", "64"},
+    {"stream-stall-ms", "N", "a call whose client takes no message for this long is ended (DEADLINE_EXCEEDED): "
+                             "a reader that stopped frees its session", "120000"},
     {"config", "FILE.yaml", "read these keys from YAML (key names with '_'); flags override", NULL},
     {"quiet", NULL, "no per-request log lines (YAML: quiet: 1)", "off"},
     {"tls-cert", "FILE.pem", "this node's certificate: its server identity and its client certificate "
@@ -206,6 +209,7 @@ static kvl_status set_key(kvld_config *cfg, const char *key_in, const char *v) {
     INT(span_push, 0, 1);
     INT(stream_backlog_kb, 16, 1 << 20);
     INT(stream_buffer_mb, 1, 1 << 16);
+    INT(stream_stall_ms, 100, 3600 * 1000);
     if (!strcmp(key, "insecure")) return set_bool(&cfg->insecure, key, v);
 #undef STR
 #undef INT

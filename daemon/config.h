@@ -33,6 +33,7 @@ typedef struct kvld_config {
     int import_timeout_ms;           /* an announced span must arrive within this; default 5000 */
     int span_push;                   /* 1: a pull asks a peer that takes it to send straight   */
                                      /* to a posted receive (no ImportSpan); 0: ImportSpan      */
+    int stream_stall_ms;             /* a call's client takes no message this long: it is ended   */
     int stream_backlog_kb;           /* a Generate stream's unread output; beyond it, it pauses */
     int stream_buffer_mb;            /* all streams' unread output on the node; default 64      */
     int insecure;                    /* 1: plaintext gRPC (no TLS); must be asked for by name   */

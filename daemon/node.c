@@ -107,6 +107,7 @@ kvl_status kvld_node_serve(kvld_node *n) {
     kvl__rpc_server_params p = kvl__rpc_server_default_params();
     p.listen = n->cfg.listen;
     p.tls = &n->server_tls;
+    p.send_stall_ms = n->cfg.stream_stall_ms;
     kvl_status st = kvl__rpc_server_create(&p, &n->rpc);
     if (st != KVL_OK) return st;
     static const struct {

@@ -109,6 +109,11 @@ typedef struct kvl__rpc_server_params {
     const char *listen;         /* "host:port" ("127.0.0.1:0" picks a free port)               */
     int max_calls;              /* handlers running at once; 0 = 256                            */
     int max_message_bytes;      /* largest request/response message; 0 = 64 MiB                */
+    /* A message of a server stream (or a final answer) that the client does not take for
+     * this long (it stopped reading: HTTP/2 flow control holds the send) cancels the call
+     * with DEADLINE_EXCEEDED, so that its handler, and what the handler holds, are freed;
+     * 0 = 120000 ms. */
+    int send_stall_ms;
     const kvl__rpc_tls *tls;    /* required: TLS settings, or {.insecure = 1} for plaintext    */
     /* A health-only server: its grpc.health.v1 answers with the health of `health_of` (which
      * must outlive it), e.g. a plaintext port for orchestrator probes that cannot speak TLS

@@ -61,6 +61,7 @@ kvl_status kvl__rpc_server_create(const kvl__rpc_server_params *params, kvl__rpc
     pthread_cond_init(&srv->cv, NULL);
     pthread_cond_init(&srv->work_cv, NULL);
     srv->max_calls = params->max_calls > 0 ? params->max_calls : 256;
+    srv->send_stall_ms = params->send_stall_ms > 0 ? params->send_stall_ms : 120000;
     srv->health_src = params->health_of;
     grpc_arg args[3];
     grpc_channel_args cargs;

@@ -3,10 +3,13 @@
  * waits for it, which gives streaming calls gRPC's flow control for free. */
 #include "server_internal.h"
 
+#include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
@@ -170,9 +173,34 @@ static kvl_status send_batch(kvl__rpc_call *c, grpc_op *ops, size_t n, int final
         return kvl__errorf(KVL_ERR_INTERNAL, "rpc: %s: grpc_call_start_batch error %d", c->method,
                           (int)e);
     }
-    while (c->send_pending) pthread_cond_wait(&c->cv, &c->mu);
+    /* bounded: a client that stops reading holds the send for ever (flow control) */
+    const int stall_ms = c->srv ? c->srv->send_stall_ms : 120000;
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += stall_ms / 1000;
+    dl.tv_nsec += (long)(stall_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    int stalled = 0;
+    while (c->send_pending) {
+        if (stalled) {
+            pthread_cond_wait(&c->cv, &c->mu);
+        } else if (pthread_cond_timedwait(&c->cv, &c->mu, &dl) == ETIMEDOUT && c->send_pending) {
+            stalled = 1;
+            pthread_mutex_unlock(&c->mu);
+            char why[128];
+            snprintf(why, sizeof why, "the client took no message for %d ms: the call is ended", stall_ms);
+            grpc_call_cancel_with_status(c->call, GRPC_STATUS_DEADLINE_EXCEEDED, why, NULL);
+            pthread_mutex_lock(&c->mu);
+        }
+    }
     int ok = c->send_ok;
     pthread_mutex_unlock(&c->mu);
+    if (stalled)
+        return kvl__errorf(KVL_ERR_CANCELLED, "rpc: %s: the client took no message for %d ms", c->method,
+                          stall_ms);
     if (!ok) return kvl__errorf(KVL_ERR_CANCELLED, "rpc: %s: the call was cancelled", c->method);
     return KVL_OK;
 }

@@ -62,6 +62,7 @@ struct kvl__rpc_server {
     grpc_completion_queue *cq;
     int port;
     int max_calls;
+    int send_stall_ms;             /* kvl__rpc_server_params.send_stall_ms                    */
     kvl__rpc_method *methods;
     int n_methods;
 

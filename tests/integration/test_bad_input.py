@@ -37,7 +37,8 @@ def main():
     qa = os.path.join(args.source, "models/qwen3-a")
     qb = os.path.join(args.source, "models/qwen3-b")
     A = kvlclient.Kvld(args.kvld, qa, os.path.join(args.work, "node_a.log"), translators=trdir)
-    B = kvlclient.Kvld(args.kvld, qb, os.path.join(args.work, "node_b.log"), translators=trdir)
+    B = kvlclient.Kvld(args.kvld, qb, os.path.join(args.work, "node_b.log"), translators=trdir,
+                       extra=["--stream-stall-ms", "1000"])
     # C is configured through a YAML file (--config), flags still override it
     cfg = os.path.join(args.work, "node_c.yaml")
     with open(cfg, "w") as f:
@@ -182,6 +183,27 @@ def main():
         t.check(e is not None and e.code() == grpc.StatusCode.OUT_OF_RANGE and
                 "before tokenizing" in e.details(),
                 "a 20 MB text -> OUT_OF_RANGE before tokenizing (%s, %.2f s)" % (e and e.details(), time.time() - t0))
+
+        # 3a. a client that stops reading its stream (B: --stream-stall-ms 1000): its logprobs
+        # (16 KB a token) fill the HTTP/2 windows, B's send waits, and after 1 s B ends the call
+        # and frees the session, instead of holding it until the client goes away
+        sb.OpenSession(pb.OpenSessionRequest(session_id="unread"), timeout=10)
+        sb.Append(pb.AppendRequest(session_id="unread", tokens=list(range(300, 310)), prefill=True), timeout=30)
+        stalled = sb.Generate(pb.GenerateRequest(session_id="unread", max_tokens=3000, return_logprobs=True,
+                                                 temperature=0), timeout=60)
+        t0 = time.time()
+        state = "?"
+        while time.time() - t0 < 15:
+            time.sleep(0.2)
+            state = sb.SessionInfo(pb.SessionInfoRequest(session_id="unread"), timeout=5).state
+            if state == "idle" and time.time() - t0 > 0.5:
+                break
+        took = time.time() - t0
+        e = rpc_error(lambda: list(stalled))
+        t.check(state == "idle" and took < 6 and e is not None and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                and "took no message" in e.details(),
+                "a stream nobody reads is ended after stream_stall_ms: the session idle after %.1f s (%s), "
+                "the client sees %s" % (took, state, e and e.details()))
 
         # 4. header naming another model / 5. unknown source model (crafted ImportSpan)
         def import_with(header):
