@@ -14,6 +14,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -273,6 +274,29 @@ static enum MHD_Result run_stream(kvr_oai_http *h, struct MHD_Connection *c, kvr
 
 /* ---- endpoints ---------------------------------------------------------------------------- */
 
+/* A reply sent whole at the end: its client's connection is looked at as the text comes (a
+ * poll, no read); one that went away cancels the turn, as a streaming client's does. */
+typedef struct conn_watch {
+    int fd;   /* -1: unknown */
+} conn_watch;
+
+static int client_gone(const conn_watch *w) {
+    if (w->fd < 0) return 0;
+    struct pollfd p = {.fd = w->fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+static int watch_start(void *arg, const kvr_oai_run *run) {
+    (void)run;
+    return client_gone(arg);
+}
+
+static int watch_text(void *arg, const char *text, size_t len) {
+    (void)text;
+    (void)len;
+    return client_gone(arg);
+}
+
 static enum MHD_Result do_completion(kvr_oai_http *h, struct MHD_Connection *c, conn *cc) {
     kvr_oai_req q;
     kvr_oai_error e;
@@ -285,7 +309,10 @@ static enum MHD_Result do_completion(kvr_oai_http *h, struct MHD_Connection *c, 
     if (q.stream) return run_stream(h, c, &q, sess, &cc->tenant);
     kvr_oai_run u;
     memset(&u, 0, sizeof u);
-    int rc = kvr_oai_run_turn(h->r, &q, sess, &cc->tenant, NULL, &u);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    conn_watch w = {ci ? ci->connect_fd : -1};
+    kvr_oai_sink watch = {.on_start = watch_start, .on_text = watch_text, .arg = &w};
+    int rc = kvr_oai_run_turn(h->r, &q, sess, &cc->tenant, &watch, &u);
     enum MHD_Result ret;
     if (rc) {
         ret = send_error(c, &u.err, NULL);

@@ -320,6 +320,23 @@ def main():
         else:
             raise AssertionError("the router did not cancel the turn of a client that went away")
         print("  ok: a streaming client that disconnects cancels its turn")
+        # the same for a client waiting for a whole reply (no stream)
+        with open(fleet.router.log_path, errors="replace") as f:
+            before = f.read().count("turn cancelled by the client")
+        sk = socket.create_connection(("127.0.0.1", port), timeout=20)
+        body = json.dumps(dict(good, max_tokens=1000, ignore_eos=True)).encode()
+        sk.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        time.sleep(0.3)
+        sk.close()
+        for _ in range(100):
+            with open(fleet.router.log_path, errors="replace") as f:
+                if f.read().count("turn cancelled by the client") > before:
+                    break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the router did not cancel the turn of a non-streaming client that went away")
+        print("  ok: a client waiting for a whole reply that disconnects cancels its turn")
         st, _, b = request(port, "POST", "/v1/chat/completions", good)
         check(st == 200 and json.loads(b)["choices"][0]["message"]["role"] == "assistant", "follow-up succeeds")
         st, _, b = request(port, "GET", "/ready")
