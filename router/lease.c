@@ -43,8 +43,9 @@ static void *keeper(void *arg) {
     held *snap = k->snap;
     pthread_mutex_lock(&k->mu);
     while (!k->stop) {
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
+        struct timespec until;   /* on the monotonic clock (the cv's): a wall-clock step back
+                                  * must not stop the renewals for as long as it stepped */
+        clock_gettime(CLOCK_MONOTONIC, &until);
         double period = k->ttl_s / 3.0;
         long ns = until.tv_nsec + (long)((period - (long)period) * 1e9);
         until.tv_sec += (time_t)period + ns / 1000000000L;
@@ -99,7 +100,11 @@ kvl_status kvr_leases_create(kvr_ledger *ledger, const char *owner, double ttl_s
     k->max = max;
     snprintf(k->owner, sizeof k->owner, "%s", owner);
     pthread_mutex_init(&k->mu, NULL);
-    pthread_cond_init(&k->cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&k->cv, &ca);
+    pthread_condattr_destroy(&ca);
     if (pthread_create(&k->thread, NULL, keeper, k)) {
         kvr_leases_free(k);
         return kvl__errorf(KVL_ERR_INTERNAL, "leases: cannot start the keeper thread");

@@ -170,6 +170,11 @@ kvl_status kvr_ledger_turn_commit(kvr_ledger *l, const char *id, const int32_t *
         (n_holdings > 0 && !holdings))
         return kvl__errorf(KVL_ERR_INVALID_ARG, "ledger: session '%s': commit of %d tokens at %d "
                           "with %d holdings is malformed", id, n, t0, n_holdings);
+    /* the loaders refuse a session longer than this: one committed past it could never be
+     * loaded (nor closed, nor expired) again */
+    if ((int64_t)t0 + n > KVR_LEDGER_MAX_TOKENS)
+        return kvl__errorf(KVL_ERR_RANGE, "ledger: session '%s' would hold %lld tokens, at most %d", id,
+                          (long long)t0 + n, KVR_LEDGER_MAX_TOKENS);
     if (turn && turn->fence) {
         const kvr_fence *f = turn->fence;
         if (!f->owner || !f->owner[0]) return kvl__errorf(KVL_ERR_INVALID_ARG, "ledger: fence without an owner");

@@ -38,6 +38,9 @@
 #define KVR_NAME_MAX 64
 #define KVR_MAX_HOLDINGS 32
 
+/* The most tokens a session's ledger holds (the loaders' bound on what they read back). */
+#define KVR_LEDGER_MAX_TOKENS (1 << 28)
+
 typedef enum kvr_session_state {
     KVR_SESSION_OPEN = 0,
     KVR_SESSION_CLOSED = 1,

@@ -356,7 +356,7 @@ static kvl_status load_locked(pg *p, const char *id, int with_tokens, kvr_sessio
     out->pol_level = bin_i32(r, 7);
     out->pol_calm = bin_i32(r, 8);
     bin_text(r, 12, out->tenant, sizeof out->tenant);
-    if (out->n_tokens < 0 || out->n_tokens > (1 << 28) || out->state < KVR_SESSION_OPEN ||
+    if (out->n_tokens < 0 || out->n_tokens > KVR_LEDGER_MAX_TOKENS || out->state < KVR_SESSION_OPEN ||
         out->state > KVR_SESSION_EXPIRED) {
         PQclear(r);
         return kvl__errorf(KVL_ERR_FORMAT, "ledger %s: session '%s': state %d, %d tokens", p->shown, id,

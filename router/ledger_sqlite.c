@@ -251,7 +251,7 @@ static kvl_status load_locked(sq *q, const char *id, int with_tokens, kvr_sessio
     out->pol_calm = sqlite3_column_int(st, 8);
     copy_col(out->tenant, sizeof out->tenant, st, 9);
     done(q, st);
-    if (out->n_tokens < 0 || out->n_tokens > (1 << 28) || out->state < KVR_SESSION_OPEN ||
+    if (out->n_tokens < 0 || out->n_tokens > KVR_LEDGER_MAX_TOKENS || out->state < KVR_SESSION_OPEN ||
         out->state > KVR_SESSION_EXPIRED)
         return kvl__errorf(KVL_ERR_FORMAT, "ledger %s: session '%s': state %d, %d tokens", q->shown, id,
                           (int)out->state, out->n_tokens);

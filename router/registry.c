@@ -146,7 +146,24 @@ int kvr_registry_refresh(kvr_registry *r, int only_unhealthy, int64_t timeout_ms
             continue;
         }
         const char *name = infos[i]->model && infos[i]->model->name ? infos[i]->model->name : "";
+        const Kvlingo__V1__InfoResponse *in = infos[i];
+        /* the geometry sizes transfers and their deadlines here: a node answering absurd values
+         * (a bug, a wrong build) is not used, rather than given deadlines of years */
+        const int geometry_ok = in->n_layers >= 1 && in->n_layers <= 1024 && in->n_kv_heads >= 1 &&
+                                in->n_kv_heads <= 1024 && in->head_dim >= 1 && in->head_dim <= 4096 &&
+                                in->max_context <= (1u << 22) && in->vocab_size >= 1 &&
+                                in->vocab_size <= (1u << 24);   /* the span codec's limits */
         pthread_mutex_lock(&r->mu);
+        if (!geometry_ok) {
+            snprintf(n->error, sizeof n->error, "answers an impossible geometry (layers %u, kv heads %u, head_dim "
+                     "%u, max_context %u, vocab %u)", in->n_layers, in->n_kv_heads, in->head_dim,
+                     in->max_context, in->vocab_size);
+            if (n->healthy || !n->probed) kvl__svc_log_text("warn", "node %s: %s", n->name, n->error);
+            n->healthy = 0;
+            n->probed = 1;
+            pthread_mutex_unlock(&r->mu);
+            continue;
+        }
         if (strcmp(name, n->model)) {
             snprintf(n->error, sizeof n->error, "serves model '%s', config says '%s'", name, n->model);
             if (n->healthy || !n->probed) kvl__svc_log_text("warn", "node %s: %s", n->name, n->error);

@@ -331,11 +331,12 @@ static void h_close(kvl__rpc_call *call, const uint8_t *req, size_t len, void *u
     Kvlingo__V1__CloseSessionRequest *q = kvlingo__v1__close_session_request__unpack(NULL, len, req);
     if (!q) { fail(call, "CloseSession", GRPC_STATUS_INVALID_ARGUMENT, "malformed CloseSessionRequest"); return; }
     char id[KVR_ID_MAX];
+    /* checked whole before it is copied: a longer id must not close the one it starts with */
+    const int valid = q->session_id && kvr_session_id_valid(q->session_id);
     snprintf(id, sizeof id, "%.64s", q->session_id ? q->session_id : "");
     protobuf_c_message_free_unpacked(&q->base, NULL);
     kvr_session s;
-    kvl_status st = kvr_session_id_valid(id) ? owned(r, id, t.name)
-                                             : kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%s'", id);
+    kvl_status st = valid ? owned(r, id, t.name) : kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%s'", id);
     if (!st) st = kvr_router_busy_take(r, id);
     if (st) { fail_kvl(r, call, "CloseSession", st); return; }
     st = kvr_ledger_session_load(r->ledger, id, 0, &s);

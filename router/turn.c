@@ -180,7 +180,8 @@ static int try_translate(turn *t, int ti, int from, int tgt_tokens, int *to_out,
     unsigned L, H, D;
     kvr_registry_geometry(r->reg, t->cur, &L, &H, &D, NULL);
     double bytes = 2.0 * L * H * D * 4.0 * (to - from) + 4.0 * (to - from);
-    int64_t timeout = (int64_t)(c->transfer_base_ms + bytes / c->transfer_bytes_per_s * 1000.0);
+    double tms = c->transfer_base_ms + bytes / c->transfer_bytes_per_s * 1000.0;
+    int64_t timeout = tms < 3600e3 ? (int64_t)tms : 3600000;   /* an hour at most */
     kvr_export_result ex;
     int evicted = 0;
     for (int attempt = 0; attempt <= c->transfer_retries; attempt++) {

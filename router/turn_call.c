@@ -56,6 +56,8 @@ kvl_status kvr__turn_decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void
                          .stop_at_eos = t->req->stop_at_eos, .stop_ids = t->req->stop_ids,
                          .n_stop = t->req->n_stop, .return_logprobs = want_lp};
     int64_t timeout = turn_deadline_ms(t, ti, 0);
+    unsigned gL, gH, gD, node_vocab = 0;
+    kvr_registry_geometry(r->reg, ti, &gL, &gH, &gD, &node_vocab);
     kvl__rpc_stream *st = opened;
     kvl_status s = KVL_OK;
     if (!st && (s = kvr_node_generate(T, t->req->sid, &gp, timeout, &st))) {
@@ -82,6 +84,16 @@ kvl_status kvr__turn_decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void
                 node_tps = (o->n_generated - 1) / (m->total_seconds - m->ttft_seconds);
             protobuf_c_message_free_unpacked(&m->base, NULL);
             continue;
+        }
+        if (m->token < 0 || (node_vocab && (unsigned)m->token >= node_vocab)) {
+            /* a node bug or a wrong build: such an id must not reach the ledger, where every
+             * later re-prefill and replay of the session would refuse it */
+            s = kvl__errorf(KVL_ERR_INTERNAL, "node %s generated token id %d, outside its vocabulary of %u",
+                           T->name, m->token, node_vocab);
+            *code = GRPC_STATUS_INTERNAL;
+            protobuf_c_message_free_unpacked(&m->base, NULL);
+            kvl__rpc_stream_cancel(st);
+            break;
         }
         double now = kvl__now_s();
         if (o->n_generated == 0) { t_first = now; o->ttft_s = now - t_start; }
@@ -178,7 +190,8 @@ kvl_status kvr__turn_one_call(turn *t, int ti, int needs_entropy, kvr_emit_fn em
                 c.source = src;
                 c.source_tokens = (unsigned)src_held;
                 c.source_sha256 = src_sha;
-                c.pull_timeout_ms = (int64_t)(r->cfg->transfer_base_ms + bytes / r->cfg->transfer_bytes_per_s * 1000.0);
+                double tms = r->cfg->transfer_base_ms + bytes / r->cfg->transfer_bytes_per_s * 1000.0;
+                c.pull_timeout_ms = tms < 3600e3 ? (int64_t)tms : 3600000;   /* an hour at most */
                 /* counted when asked: a pull that falls back is counted too (a shadow then
                  * compares a native turn with itself, at no harm) */
                 *shadow = kvr_guard_count_switch(r->guard, src->model, T->model);

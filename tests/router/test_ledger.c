@@ -113,6 +113,9 @@ static void test_commit_tokens(void **state) {
     commit(l, "s2", b, 4, 3, "n0", 8, KVL_ERR_MISMATCH);   /* off by one: rejected */
     commit(l, "s2", b, 6, 3, "n0", 8, KVL_ERR_MISMATCH);
     commit(l, "s2", b, 5, 3, "n1", 8, KVL_OK);
+    /* past the most a session holds (what the loaders read back): refused, not stored */
+    commit(l, "s2", b, KVR_LEDGER_MAX_TOKENS - 2, 3, "n1", 8, KVL_ERR_RANGE);
+    commit(l, "s2", b, INT32_MAX - 1, 3, "n1", 8, KVL_ERR_RANGE);
     kvr_session s;
     assert_int_equal(kvr_ledger_session_load(l, "s2", 1, &s), KVL_OK);
     assert_int_equal(s.n_tokens, 8);

@@ -284,6 +284,19 @@ def main():
         expect_error(port, 400, "x-kvlingo-session", ["not a prefix"],
                      dict(good, messages=[{"role": "user", "content": "Something else entirely"}]),
                      headers={"x-kvlingo-session": "client-s1"})
+        # CloseSession of an id one past the 64-character limit closes nothing (it used to be cut
+        # to 64 characters first, and closed the session those name)
+        long_sid = "L" * 64
+        st, h, _ = request(port, "POST", "/v1/chat/completions", good, {"x-kvlingo-session": long_sid})
+        check(st == 200 and h.get("x-kvlingo-session") == long_sid, "a session named with 64 characters")
+        cl = fleet.client()
+        try:
+            cl.close_session(long_sid + "x")
+            code = "OK"
+        except Exception as e:  # grpc.RpcError
+            code = e.code().name
+        check(code == "NOT_FOUND" and cl.get_session(long_sid).state == "open",
+              "CloseSession of a 65-character id: %s, the 64-character session stays open" % code)
         # a long streamed reply does not hold up other requests (a thread per connection)
         hc = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         hc.request("POST", "/v1/completions", json.dumps({"model": "qwen3-b", "prompt": "Once", "max_tokens": 300,
