@@ -23,6 +23,7 @@
 
 #include "clock.h"
 #include "error.h"
+#include "nodecall.h"
 
 typedef struct emit_ctx {
     kvr_router *r;
@@ -253,6 +254,16 @@ static int take_if_prefix(kvr_router *r, const char *tenant, const char *sid, co
  * until its TTL (an SDK retrying a refused request would open one per retry). */
 static void end_unreachable(kvr_router *r, const char *sid, int created) {
     if (!created) return;
+    kvr_session s;
+    if (!kvr_ledger_session_load(r->ledger, sid, 0, &s)) {   /* a cancelled turn may have left copies */
+        for (int i = 0; i < s.n_holdings; i++) {
+            int ni = kvr_registry_find(r->reg, s.holdings[i].node);
+            if (ni >= 0 && kvr_node_drop(&r->reg->nodes[ni], sid, 2000, NULL))
+                kvl__svc_log("warn", "msg=openai_session_drop session=%s node=%s error=\"%s\"", sid,
+                             s.holdings[i].node, kvl_last_error());
+        }
+        kvr_session_clear(&s);
+    }
     if (kvr_ledger_session_end(r->ledger, sid, KVR_SESSION_CLOSED, kvr_wall_now()))
         kvl__svc_log("warn", "msg=openai_session_not_closed session=%s error=\"%s\"", sid, kvl_last_error());
 }

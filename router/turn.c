@@ -337,7 +337,10 @@ static const char *mode_name(int m) {
 
 /* The client cancelled the turn: its input stays in the ledger (the next turn continues after
  * it), the output is discarded.  The answering node now holds more than the ledger (the tokens
- * generated before the cancel), so its holding is dropped and the next turn there resets it. */
+ * generated before the cancel): its holding goes from the ledger and its copy from the node
+ * (the next turn there would reset it anyway; left there, listed nowhere, a close or expiry
+ * of the session could not reach it and it would take a place in the node's table until the
+ * node's own idle TTL). */
 static void keep_cancelled_input(turn *t, int ti, const kvr_policy_decision *d, kvr_turn_out *out) {
     kvr_router *r = t->r;
     const kvr_turn_req *req = t->req;
@@ -359,6 +362,9 @@ static void keep_cancelled_input(turn *t, int ti, const kvr_policy_decision *d, 
         kvl__svc_log_text("info", "session %s: turn cancelled by the client on %s: its %d input tokens "
                           "stay in the ledger (%d tokens), the output (%u tokens) is discarded", req->sid,
                           T->name, req->n_user, t->N + req->n_user, out->n_generated);
+    if (kvr_node_drop(T, req->sid, t->node_ms, NULL))
+        kvl__svc_log_text("warn", "session %s: dropping the cancelled turn's copy on %s: %s", req->sid, T->name,
+                          kvl_last_error());
     out->context_tokens = (unsigned)(t->N + req->n_user);
 }
 

@@ -47,6 +47,17 @@ def cancel_keeps_input(a):
             time.sleep(0.1)
         check(after == before + user, "ledger after the cancel: %d tokens, expected %d (+ the input only)"
               % (len(after), len(before) + len(user)))
+        # the node's copy (input + discarded output) went with the cancel: listed in no holding,
+        # a close or expiry could not have reached it
+        npb, node = fleet.node_stub("qwen3-a")
+        code, t0 = "OK", time.time()
+        while code != "NOT_FOUND" and time.time() - t0 < 5:   # dropped right after the commit
+            try:
+                node.SessionInfo(npb.SessionInfoRequest(session_id=sid), timeout=10)
+                time.sleep(0.05)
+            except Exception as e:  # grpc.RpcError
+                code = e.code().name
+        check(code == "NOT_FOUND", "the node's copy after the cancel: %s, expected NOT_FOUND" % code)
         ids, _, s = c.send_all(sid, tokens=[13, 198], max_tokens=3)
         check(len(ids) == 3 and s.context_tokens == len(before) + len(user) + 2 + 3,
               "the next turn continues after the kept input: %s" % s)
