@@ -331,10 +331,34 @@ void kvr_router_expire(kvr_router *r) {
         kvl__svc_log_text("warn", "expiry: %s", kvl_last_error());
         n = 0;
     }
+    char owner[KVR_NAME_MAX];
+    snprintf(owner, sizeof owner, "%.50s/expiry", r->cfg->replica_id);
     for (int i = 0; i < n; i++) {
-        if (kvr_router_is_busy(r, ids[i])) continue;
+        /* the session is taken as a turn takes it (this replica's busy slot, the ledger's lease
+         * against other replicas) and checked idle again under both: a turn that arrived after
+         * the idle listing must not see its session expire under it, nor commit into an ended one */
+        if (kvr_router_busy_take(r, ids[i])) {
+            kvl_clear_error();
+            continue;
+        }
+        kvr_lease lease;
+        if (kvr_ledger_lease_acquire(r->ledger, ids[i], owner, kvr_wall_now(), r->cfg->lease_ms / 1000.0, &lease)) {
+            kvl_clear_error();
+            kvr_router_busy_release(r, ids[i]);
+            continue;
+        }
         kvr_session s;
-        if (kvr_ledger_session_load(r->ledger, ids[i], 0, &s)) continue;
+        if (kvr_ledger_session_load(r->ledger, ids[i], 0, &s)) {
+            kvr_ledger_lease_release(r->ledger, ids[i], owner, lease.gen);
+            kvr_router_busy_release(r, ids[i]);
+            continue;
+        }
+        if (s.state != KVR_SESSION_OPEN || s.last_used > now - r->cfg->session_ttl_s) {   /* used since */
+            kvr_session_clear(&s);
+            kvr_ledger_lease_release(r->ledger, ids[i], owner, lease.gen);
+            kvr_router_busy_release(r, ids[i]);
+            continue;
+        }
         for (int h = 0; h < s.n_holdings; h++) {
             int ni = kvr_registry_find(r->reg, s.holdings[h].node);
             kvr_node nc;
@@ -347,6 +371,8 @@ void kvr_router_expire(kvr_router *r) {
         if (!kvr_ledger_session_end(r->ledger, ids[i], KVR_SESSION_EXPIRED, now))
             kvl__svc_log_text("info", "session %s expired after %.0f s idle", ids[i], now - s.last_used);
         kvr_session_clear(&s);
+        kvr_ledger_lease_release(r->ledger, ids[i], owner, lease.gen);
+        kvr_router_busy_release(r, ids[i]);
     }
     free(ids);
     kvr_ledger_purge(r->ledger, now - ENDED_KEEP_S);
