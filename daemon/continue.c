@@ -410,6 +410,7 @@ static void pull(cont *c) {
         kvld_node_peer_transport(n, p->source, addr, sizeof addr, &alen, &push) == KVL_OK && push) {
         pull_push(c, cli, peer_name, peer_hash, tmo, &er);
         c->res.pull_seconds = kvl__now_s() - t0;
+        kvld_node_peer_release(n, p->source);
         return;
     }
     kvl_clear_error();
@@ -422,6 +423,7 @@ static void pull(cont *c) {
     if (!pull_answered(c, p->source, st, &rr, resp)) pull_shipped(c, resp, resp->translate_seconds);
     kvl__rpc_result_clear(&rr);
     if (resp) protobuf_c_message_free_unpacked(&resp->base, NULL);
+    kvld_node_peer_release(n, p->source);
 }
 
 /* After the pull: does the session hold ledger ids, and how many?  Returns the tokens it

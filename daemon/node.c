@@ -179,86 +179,140 @@ void kvld_node_free(kvld_node *n) {
     free(n);
 }
 
+/* mu held: the entry for target, or a new one (a free place, else the place of an entry that
+ * is no longer a fleet member and that nobody uses). */
+static kvl_status peer_entry_locked(kvld_node *n, const char *target, kvld_peer **out) {
+    for (int i = 0; i < n->n_peers; i++)
+        if (strcmp(n->peers[i].target, target) == 0) {
+            *out = &n->peers[i];
+            return KVL_OK;
+        }
+    if (strlen(target) >= sizeof n->peers[0].target) return kvl__errorf(KVL_ERR_INVALID_ARG, "peer address too long");
+    if (!n->peers && !(n->peers = calloc(KVLD_MAX_PEERS, sizeof *n->peers)))
+        return kvl__errorf(KVL_ERR_NOMEM, "peer table");
+    kvld_peer *p = NULL;
+    if (n->n_peers < KVLD_MAX_PEERS) {
+        p = &n->peers[n->n_peers];
+    } else {
+        /* full: members come and go (reloads, pods with new addresses), so the place of one
+         * that left goes to the new one */
+        for (int i = 0; i < n->n_peers && !p; i++) {
+            int member = 0;
+            for (int j = 0; j < n->n_fleet && !member; j++) member = !strcmp(n->fleet[j], n->peers[i].target);
+            if (!member && n->peers[i].refs == 0) p = &n->peers[i];
+        }
+        if (!p) {
+            kvld_metrics_refuse(n->metrics, KVLD_R_PEER_TABLE_FULL);
+            return kvl__errorf(KVL_ERR_RANGE, "peer table full (%d peers in use or members): '%s' refused",
+                               KVLD_MAX_PEERS, target);
+        }
+        kvl__rpc_client_free(p->cli);
+    }
+    memset(p, 0, sizeof *p);
+    snprintf(p->target, sizeof p->target, "%s", target);
+    kvl_status st = kvl__rpc_client_create(target, 0, &n->client_tls, &p->cli);
+    if (st != KVL_OK) {
+        p->target[0] = 0;   /* a free place again (if it was past n_peers, n_peers did not move) */
+        return st;
+    }
+    if (p == &n->peers[n->n_peers]) n->n_peers++;
+    *out = p;
+    return KVL_OK;
+}
+
+/* Info of target into its entry; the caller holds a reference (refs) on it. */
+static kvl_status peer_fetch_info(kvld_node *n, kvl__rpc_client *cli, const char *target, int64_t timeout_ms) {
+    Kvlingo__V1__InfoRequest rq = KVLINGO__V1__INFO_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    kvl__rpc_result res;
+    kvl_status st = kvl__rpc_client_unary_pb(cli, "/kvlingo.v1.Node/Info", &rq.base,
+                                             &kvlingo__v1__info_response__descriptor, timeout_ms, &resp, &res);
+    if (st != KVL_OK) return st;
+    if (res.code != GRPC_STATUS_OK) {
+        st = kvl__errorf(KVL_ERR_IO, "peer %s unreachable: Info: %s: %s", target, kvl__rpc_status_name(res.code),
+                        res.message);
+        kvl__rpc_result_clear(&res);
+        return st;
+    }
+    Kvlingo__V1__InfoResponse *info = (Kvlingo__V1__InfoResponse *)resp;
+    pthread_mutex_lock(&n->peers_mu);
+    for (int i = 0; i < n->n_peers; i++) {
+        kvld_peer *p = &n->peers[i];
+        if (strcmp(p->target, target)) continue;
+        if (info->model) {
+            snprintf(p->model_hash, sizeof p->model_hash, "%s", info->model->hash ? info->model->hash : "");
+            snprintf(p->model_name, sizeof p->model_name, "%s", info->model->name ? info->model->name : "");
+        }
+        if (info->transport_address.len && info->transport_address.len <= sizeof p->transport_address) {
+            memcpy(p->transport_address, info->transport_address.data, info->transport_address.len);
+            p->transport_len = info->transport_address.len;
+        }
+        p->span_push = info->span_push;
+        p->stale = 0;
+    }
+    pthread_mutex_unlock(&n->peers_mu);
+    protobuf_c_message_free_unpacked(resp, NULL);
+    kvl__rpc_result_clear(&res);
+    return KVL_OK;
+}
+
 kvl_status kvld_node_peer(kvld_node *n, const char *target, int64_t timeout_ms,
                           kvl__rpc_client **out, const char **model_name,
                           const char **model_hash) {
     pthread_mutex_lock(&n->peers_mu);
     kvld_peer *p = NULL;
-    for (int i = 0; i < n->n_peers; i++)
-        if (strcmp(n->peers[i].target, target) == 0) p = &n->peers[i];
-    kvl_status st = KVL_OK;
-    if (!p) {
-        if (strlen(target) >= sizeof p->target) {
-            pthread_mutex_unlock(&n->peers_mu);
-            return kvl__errorf(KVL_ERR_INVALID_ARG, "peer address too long");
-        }
-        if (n->n_peers >= KVLD_MAX_PEERS) {   /* bounded: it never grows past the fleet's size */
-            pthread_mutex_unlock(&n->peers_mu);
-            kvld_metrics_refuse(n->metrics, KVLD_R_PEER_TABLE_FULL);
-            return kvl__errorf(KVL_ERR_RANGE, "peer table full (%d peers): '%s' refused",
-                              KVLD_MAX_PEERS, target);
-        }
-        if (!n->peers && !(n->peers = calloc(KVLD_MAX_PEERS, sizeof *n->peers))) {
-            pthread_mutex_unlock(&n->peers_mu);
-            return kvl__errorf(KVL_ERR_NOMEM, "peer table");
-        }
-        p = &n->peers[n->n_peers];
-        memset(p, 0, sizeof *p);
-        snprintf(p->target, sizeof p->target, "%s", target);
-        st = kvl__rpc_client_create(target, 0, &n->client_tls, &p->cli);
-        if (st != KVL_OK) {
-            pthread_mutex_unlock(&n->peers_mu);
-            return st;
-        }
-        n->n_peers++;
+    kvl_status pst = peer_entry_locked(n, target, &p);
+    if (pst != KVL_OK) {
+        pthread_mutex_unlock(&n->peers_mu);
+        return pst;
     }
+    p->refs++;
     kvl__rpc_client *cli = p->cli;
-    int need_info = !p->model_name[0];
+    int need_info = !p->model_name[0] || p->stale;
     pthread_mutex_unlock(&n->peers_mu);
     if (need_info) {
-        Kvlingo__V1__InfoRequest rq = KVLINGO__V1__INFO_REQUEST__INIT;
-        ProtobufCMessage *resp = NULL;
-        kvl__rpc_result res;
-        st = kvl__rpc_client_unary_pb(cli, "/kvlingo.v1.Node/Info", &rq.base,
-                                     &kvlingo__v1__info_response__descriptor, timeout_ms, &resp,
-                                     &res);
-        if (st != KVL_OK) return st;
-        if (res.code != GRPC_STATUS_OK) {
-            st = kvl__errorf(KVL_ERR_IO, "peer %s unreachable: Info: %s: %s", target,
-                            kvl__rpc_status_name(res.code), res.message);
-            kvl__rpc_result_clear(&res);
+        kvl_status st = peer_fetch_info(n, cli, target, timeout_ms);
+        if (st != KVL_OK) {
+            kvld_node_peer_release(n, target);
             return st;
         }
-        Kvlingo__V1__InfoResponse *info = (Kvlingo__V1__InfoResponse *)resp;
-        pthread_mutex_lock(&n->peers_mu);
-        for (int i = 0; i < n->n_peers; i++) {
-            if (strcmp(n->peers[i].target, target)) continue;
-            if (info->model) {
-                snprintf(n->peers[i].model_hash, sizeof n->peers[i].model_hash, "%s",
-                         info->model->hash ? info->model->hash : "");
-                snprintf(n->peers[i].model_name, sizeof n->peers[i].model_name, "%s",
-                         info->model->name ? info->model->name : "");
-            }
-            if (info->transport_address.len && info->transport_address.len <= sizeof n->peers[i].transport_address) {
-                memcpy(n->peers[i].transport_address, info->transport_address.data,
-                       info->transport_address.len);
-                n->peers[i].transport_len = info->transport_address.len;
-            }
-            n->peers[i].span_push = info->span_push;
-        }
-        pthread_mutex_unlock(&n->peers_mu);
-        protobuf_c_message_free_unpacked(resp, NULL);
-        kvl__rpc_result_clear(&res);
     }
     pthread_mutex_lock(&n->peers_mu);
-    for (int i = 0; i < n->n_peers; i++) {
-        if (strcmp(n->peers[i].target, target)) continue;
-        *model_name = n->peers[i].model_name;
-        *model_hash = n->peers[i].model_hash;
-    }
+    *model_name = p->model_name;
+    *model_hash = p->model_hash;
     pthread_mutex_unlock(&n->peers_mu);
     *out = cli;
     return KVL_OK;
+}
+
+void kvld_node_peer_release(kvld_node *n, const char *target) {
+    pthread_mutex_lock(&n->peers_mu);
+    for (int i = 0; i < n->n_peers; i++)
+        if (!strcmp(n->peers[i].target, target) && n->peers[i].refs > 0) n->peers[i].refs--;
+    pthread_mutex_unlock(&n->peers_mu);
+}
+
+void kvld_node_peer_forget(kvld_node *n, const char *target) {
+    pthread_mutex_lock(&n->peers_mu);
+    for (int i = 0; i < n->n_peers; i++)
+        if (!strcmp(n->peers[i].target, target)) n->peers[i].stale = 1;
+    pthread_mutex_unlock(&n->peers_mu);
+}
+
+kvl_status kvld_node_peer_refresh(kvld_node *n, const char *target, int64_t timeout_ms) {
+    pthread_mutex_lock(&n->peers_mu);
+    kvld_peer *p = NULL;
+    kvl_status pst = peer_entry_locked(n, target, &p);
+    if (pst != KVL_OK) {
+        pthread_mutex_unlock(&n->peers_mu);
+        return pst;
+    }
+    p->refs++;
+    kvl__rpc_client *cli = p->cli;
+    pthread_mutex_unlock(&n->peers_mu);
+    kvl_status st = peer_fetch_info(n, cli, target, timeout_ms);
+    kvld_node_peer_release(n, target);
+    return st;
 }
 
 kvl_status kvld_node_peer_transport(kvld_node *n, const char *target, uint8_t *addr, size_t cap,

@@ -34,6 +34,8 @@ typedef struct kvld_peer {
     uint8_t transport_address[KVLD_PEER_TRANSPORT_MAX];   /* from the same Info */
     size_t transport_len;
     int span_push;                    /* its Info says it honours ExportSpanRequest.push_tag */
+    int refs;                         /* callers between kvld_node_peer and kvld_node_peer_release */
+    int stale;                        /* Info is asked again on next use (a send to it failed)     */
 } kvld_peer;
 
 typedef struct kvld_node {
@@ -86,9 +88,19 @@ kvl_status kvld_node_serve(kvld_node *node);
 void kvld_node_free(kvld_node *node);
 
 /* A cached client for a peer node "host:port", with the peer's model identity (Info is asked
- * on first use).  The returned strings live as long as the node. */
+ * on first use, and again after kvld_node_peer_forget).  On success the entry is the caller's
+ * until kvld_node_peer_release(node, target): the client and the strings stay valid until
+ * then.  The table holds KVLD_MAX_PEERS entries; a new address takes the place of one that is
+ * no longer a fleet member and in nobody's use, else KVL_ERR_RANGE ("peer table full"). */
 kvl_status kvld_node_peer(kvld_node *node, const char *target, int64_t timeout_ms,
                           kvl__rpc_client **out, const char **model_name, const char **model_hash);
+void kvld_node_peer_release(kvld_node *node, const char *target);
+/* Ask `target`'s Info again on its next use: a send to its transport address failed (it may
+ * have restarted with a new one, or with another model). */
+void kvld_node_peer_forget(kvld_node *node, const char *target);
+/* Fetch `target`'s Info now (the background refresh of fleet members); KVL_OK when it
+ * answered. */
+kvl_status kvld_node_peer_refresh(kvld_node *node, const char *target, int64_t timeout_ms);
 
 /* The transport address of peer `target` from its Info (kvld_node_peer fetched it) into
  * addr[cap], and whether the peer takes pushed spans (ExportSpanRequest.push_tag).

@@ -121,7 +121,9 @@ static kvl_status connect_one(kvld_node *n, const char *target) {
     kvl__rpc_client *cli;
     const char *name, *hash;
     kvl_status st = kvld_node_peer(n, target, 1000, &cli, &name, &hash);
-    if (st != KVL_OK || !n->transport) return st;
+    if (st != KVL_OK) return st;
+    kvld_node_peer_release(n, target);
+    if (!n->transport) return KVL_OK;
     uint8_t addr[KVLD_PEER_TRANSPORT_MAX];
     size_t alen = 0;
     if (kvld_node_peer_transport(n, target, addr, sizeof addr, &alen, NULL) != KVL_OK)
@@ -168,6 +170,24 @@ static void *peers_main(void *arg) {
         }
     } while (left && !n->peers_stop);
     __atomic_store_n(&n->peers_pending, 0, __ATOMIC_RELAXED);
+    /* then every KVLD_PEER_REFRESH_S: each member's Info again, in the background, so that a
+     * peer that restarted (a new transport address, perhaps another model) is known before the
+     * next span to it, not after that span fails */
+    while (!n->peers_stop) {
+        nap(n, (int)(KVLD_PEER_REFRESH_S * 1000));
+        for (int i = 0; i < count && !n->peers_stop; i++) {
+            uint8_t before[KVLD_PEER_TRANSPORT_MAX], after[KVLD_PEER_TRANSPORT_MAX];
+            size_t lb = 0, la = 0;
+            if (kvld_node_peer_transport(n, list[i], before, sizeof before, &lb, NULL) != KVL_OK) lb = 0;
+            if (kvld_node_peer_refresh(n, list[i], 1000) != KVL_OK) continue;   /* down: kept as it was */
+            if (kvld_node_peer_transport(n, list[i], after, sizeof after, &la, NULL) != KVL_OK) la = 0;
+            if (la && (la != lb || memcmp(before, after, la))) {
+                kvl__svc_log("info", "msg=peer_changed peer=%s note=\"a new transport address: connecting\"",
+                             list[i]);
+                if (n->transport) kvl__transport_connect(n->transport, after, la, 2000);
+            }
+        }
+    }
     return NULL;
 }
 

@@ -8,6 +8,7 @@
 #define KVLD_MAX_PEERS 64            /* entries of --peers                              */
 #define KVLD_PEER_ADDR_MAX 256       /* bytes of one "host:port", NUL included           */
 #define KVLD_PEER_GIVE_UP_S 300.0    /* stop retrying a peer that never answered          */
+#define KVLD_PEER_REFRESH_S 10.0     /* a connected member's Info is asked again this often */
 
 struct kvld_node;
 

@@ -465,6 +465,7 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     double t_start = kvl__now_s(), xfer_s = 0;
     int64_t tmo = in->timeout_ms ? (int64_t)in->timeout_ms : n->cfg.span_timeout_ms;
     export_flags fl = {0};
+    int peer_held = 0;   /* the peer table's entry is ours until released */
     verdict_watch w = {.fl = &fl};
     pthread_t watcher;
     int watching = 0;
@@ -525,6 +526,7 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     if (st != KVL_OK)
         FAIL(st == KVL_ERR_RANGE ? GRPC_STATUS_RESOURCE_EXHAUSTED : GRPC_STATUS_UNAVAILABLE, "%s",
              kvl_last_error());
+    peer_held = 1;
     Kvlingo__V1__SpanHeader h = KVLINGO__V1__SPAN_HEADER__INIT;
     kvl__span_ids ids;
     const kvl_model_config *mc = kvl_model_config_get(n->model);
@@ -553,7 +555,12 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
         st = kvl__transport_send(n->transport, addr, alen, in->push_tag, payload, plen + tlen, tmo, &fl.stop_send);
         xfer_s = kvl__now_s() - t_x;
         if (fl.cancelled) FAIL(GRPC_STATUS_CANCELLED, "export cancelled by the client");
-        if (st != KVL_OK) FAIL(GRPC_STATUS_UNAVAILABLE, "transfer to peer %s failed: %s", in->peer, kvl_last_error());
+        if (st != KVL_OK) {
+            /* the peer may have restarted with a new transport address: its Info is asked
+             * again on the next span */
+            kvld_node_peer_forget(n, in->peer);
+            FAIL(GRPC_STATUS_UNAVAILABLE, "transfer to peer %s failed: %s", in->peer, kvl_last_error());
+        }
         kvld_metrics_observe(n->metrics, KVLD_H_TRANSFER_SECONDS, xfer_s);
         kvld_metrics_add(n->metrics, KVLD_C_SPAN_BYTES_SENT, plen);
         kvld_metrics_add(n->metrics, KVLD_C_SPANS_SENT, 1);
@@ -611,6 +618,7 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
         if (watching) pthread_join(watcher, NULL);
         watching = 0;
         if (fl.cancelled) FAIL(GRPC_STATUS_CANCELLED, "export cancelled by the client");
+        kvld_node_peer_forget(n, in->peer);
         if (peer_ended)
             FAIL(GRPC_STATUS_UNAVAILABLE, "peer %s gone mid-transfer: it ended the import after "
                  "%.3f s of sending", in->peer, xfer_s);
@@ -671,6 +679,7 @@ out:
     if (verdict) kvlingo__v1__import_span_response__free_unpacked(verdict, NULL);
     free(msg);
     kvl__rpc_stream_free(stream);
+    if (peer_held) kvld_node_peer_release(n, in->peer);
     kvl__spanbuf_give(n->spanbufs, payload);
     kvlingo__v1__export_span_request__free_unpacked(in, NULL);
 }

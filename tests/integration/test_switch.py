@@ -267,7 +267,54 @@ def main():
         A.stop()
         rcb = B.stop()
     t.check(rcb == 0, "node B exited cleanly (%s)" % rcb)
+    peer_restarts(args, pb, pbg, trdir, t)
     t.done()
+
+
+def peer_restarts(args, pb, pbg, trdir, t):
+    """A fleet member that restarts at the same address gets a new UCX worker address: the
+    source refreshes its members' Info in the background (every 10 s), so a pull after the
+    restart moves the span again; before, the source kept sending to the old address for good
+    (a small span went into the dead process's shared memory, and every pull fell back)."""
+    pa, pb_ = kvlclient.free_port(), kvlclient.free_port()
+    addr_a, addr_b = "127.0.0.1:%d" % pa, "127.0.0.1:%d" % pb_
+
+    def start(name, model, listen, peer):
+        k = kvlclient.Kvld(args.kvld, os.path.join(args.source, "models", model),
+                           os.path.join(args.work, "node_%s.log" % name), translators=trdir,
+                           extra=["--listen", listen, "--peers", peer])
+        k.addr = listen
+        return k
+    A = start("ra", "qwen3-a", addr_a, addr_b)
+    B = start("rb", "qwen3-b", addr_b, addr_a)
+    try:
+        sa = pbg.NodeStub(grpc.insecure_channel(addr_a))
+        prompt = list(range(400, 440))
+        sha = hashlib.sha256(struct.pack("<%di" % len(prompt), *prompt)).hexdigest()
+
+        def pull(sid, timeout_ms):
+            sa.OpenSession(pb.OpenSessionRequest(session_id=sid), timeout=10)
+            sa.Append(pb.AppendRequest(session_id=sid, tokens=prompt, prefill=True), timeout=60)
+            sb = pbg.NodeStub(grpc.insecure_channel(addr_b))
+            msgs = list(sb.ContinueTurn(pb.ContinueRequest(
+                session_id=sid, pull_only=True,
+                pull=pb.SpanPull(source=addr_a, source_tokens=len(prompt), source_sha256=sha,
+                                 timeout_ms=timeout_ms)), timeout=60))
+            return msgs[-1].result
+        res = pull("before-restart", 5000)
+        t.check(res.mode == pb.ContinueResult.MODE_TRANSLATE, "a pull before the restart (%s)" % res.fallback)
+        B.stop(sig=signal.SIGKILL)
+        B = start("rb2", "qwen3-b", addr_b, addr_a)
+        time.sleep(11.0)   # one background refresh of A's members (every 10 s)
+        t0 = time.time()
+        res = pull("after-restart", 5000)
+        t.check(res.mode == pb.ContinueResult.MODE_TRANSLATE and time.time() - t0 < 3.0,
+                "a pull after the target restarted at the same address: %s in %.2f s (%s)" % (
+                    "translated" if res.mode == pb.ContinueResult.MODE_TRANSLATE else "fell back",
+                    time.time() - t0, res.fallback))
+    finally:
+        A.stop()
+        B.stop()
 
 
 if __name__ == "__main__":
