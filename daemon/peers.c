@@ -173,13 +173,18 @@ static void *peers_main(void *arg) {
     /* then every KVLD_PEER_REFRESH_S: each member's Info again, in the background, so that a
      * peer that restarted (a new transport address, perhaps another model) is known before the
      * next span to it, not after that span fails */
+    int down = 0;   /* members that did not answer the last round: asked again in a second */
     while (!n->peers_stop) {
-        nap(n, (int)(KVLD_PEER_REFRESH_S * 1000));
+        nap(n, down ? 1000 : (int)(KVLD_PEER_REFRESH_S * 1000));
+        down = 0;
         for (int i = 0; i < count && !n->peers_stop; i++) {
             uint8_t before[KVLD_PEER_TRANSPORT_MAX], after[KVLD_PEER_TRANSPORT_MAX];
             size_t lb = 0, la = 0;
             if (kvld_node_peer_transport(n, list[i], before, sizeof before, &lb, NULL) != KVL_OK) lb = 0;
-            if (kvld_node_peer_refresh(n, list[i], 1000) != KVL_OK) continue;   /* down: kept as it was */
+            if (kvld_node_peer_refresh(n, list[i], 1000) != KVL_OK) {   /* down: kept as it was */
+                down++;
+                continue;
+            }
             if (kvld_node_peer_transport(n, list[i], after, sizeof after, &la, NULL) != KVL_OK) la = 0;
             if (la && (la != lb || memcmp(before, after, la))) {
                 kvl__svc_log("info", "msg=peer_changed peer=%s note=\"a new transport address: connecting\"",

@@ -105,6 +105,7 @@ kvl_status kvl__svc_http_start(const char *what, const char *addr, int allow_por
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)KVL_SVC_HTTP_IDLE_S,
                               MHD_OPTION_CONNECTION_LIMIT, (unsigned)KVL_SVC_HTTP_MAX_CONN,
                               MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)KVL_SVC_HTTP_MAX_PER_IP,
+                              MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)KVL_SVC_HTTP_CONN_MEMORY,
                               MHD_OPTION_END);
     if (!h->mhd) {
         free(h);

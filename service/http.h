@@ -10,11 +10,16 @@
 
 typedef struct kvl__svc_http kvl__svc_http;
 
-/* The endpoint's bounds: connections at once, from one client address, and seconds a
- * connection may stay idle (no complete request) before it is closed. */
+/* The endpoint's bounds: connections at once, from one client address, seconds a connection
+ * may stay idle (no byte) before it is closed, and the memory one connection's request may
+ * take (a request line and headers: a scrape or a probe needs a few hundred bytes).  The idle
+ * bound is MHD's, which a byte now and then resets: a client trickling a request holds its
+ * place, so the per-address cap is what keeps slow clients from one host (or a few) from
+ * taking the places of scrapes and probes from others. */
 #define KVL_SVC_HTTP_MAX_CONN 256
-#define KVL_SVC_HTTP_MAX_PER_IP 32
+#define KVL_SVC_HTTP_MAX_PER_IP 8
 #define KVL_SVC_HTTP_IDLE_S 5
+#define KVL_SVC_HTTP_CONN_MEMORY (16 * 1024)
 
 struct sockaddr_in;
 
