@@ -31,9 +31,13 @@ static size_t prefix(char *line, size_t cap, const char *level) {
     return (size_t)n < cap ? (size_t)n : cap - 1;
 }
 
-/* Terminate line[0, n) with a newline (n < LINE_MAX_BYTES) and write it in one call. */
+/* Terminate line[0, n) with a newline (n < LINE_MAX_BYTES) and write it in one call.  Control
+ * characters become spaces first: a value a caller sent (a session id, a peer address) that
+ * holds a newline must not start a line of its own, forged to look like the daemon's. */
 static void emit(char *line, size_t n) {
     if (n > LINE_MAX_BYTES - 1) n = LINE_MAX_BYTES - 1;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)line[i] < 0x20 || line[i] == 0x7f) line[i] = ' ';
     line[n++] = '\n';
     ssize_t w = write(STDERR_FILENO, line, n);
     (void)w;   /* nowhere to report a failed log write */

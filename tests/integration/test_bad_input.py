@@ -88,6 +88,16 @@ def main():
         t.check(e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT,
                 "token id outside the vocabulary -> INVALID_ARGUMENT (%s)" % (e and e.details()))
 
+        # 1a. a request whose strings hold newlines cannot forge log lines
+        forged = "x\nts=2099-01-01T00:00:00.000Z level=error component=kvld msg=forged"
+        e = rpc_error(lambda: sb.Append(pb.AppendRequest(session_id=forged, tokens=[1]), timeout=10))
+        t.check(e is not None and e.code() == grpc.StatusCode.NOT_FOUND, "Append to a forged id -> NOT_FOUND")
+        time.sleep(0.2)
+        with open(B.log_path, errors="replace") as f:
+            lines = f.read().split("\n")
+        t.check(not any(ln.startswith("ts=2099") for ln in lines) and any("msg=forged" in ln for ln in lines),
+                "a newline in a request's session id stays inside its log line")
+
         # 2a. ContinueTurn pull_only takes a pull and nothing else
         def cont(**kw):
             return list(sb.ContinueTurn(pb.ContinueRequest(session_id="po", pull_only=True, **kw), timeout=10))
