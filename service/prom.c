@@ -88,9 +88,11 @@ int kvl__svc_prom_family(const kvl__svc_prom *p, const char *name) {
  * recorded, since bounded memory beats an unbounded label explosion. */
 static series *get_locked(kvl__svc_prom *p, int family, const char *labels) {
     if (!labels) labels = "";
+    /* a label set too long to keep whole is not recorded: cut, it could end inside a quoted
+     * value (a page no scraper parses) or merge with another set sharing its start */
+    if (strlen(labels) >= sizeof p->s[0].labels) return NULL;
     for (int i = 0; i < p->n; i++)
-        if (p->s[i].family == family && !strncmp(p->s[i].labels, labels, sizeof p->s[i].labels - 1))
-            return &p->s[i];
+        if (p->s[i].family == family && !strcmp(p->s[i].labels, labels)) return &p->s[i];
     if (p->n >= p->cap) return NULL;
     series *s = &p->s[p->n++];
     s->family = family;
