@@ -140,7 +140,11 @@ static void post_request(kvl__rpc_server *srv) {
     if (!c) return;   /* the remaining slots keep accepting */
     c->srv = srv;
     pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
+    pthread_condattr_t ca;   /* the send's stall bound is timed on it: a wall-clock step must not end a call */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->cv, &ca);
+    pthread_condattr_destroy(&ca);
     grpc_call_details_init(&c->details);
     grpc_metadata_array_init(&c->md);
     c->t_new = (kvl__rpc_tag){TAG_NEW_CALL, c};

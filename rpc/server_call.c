@@ -175,8 +175,8 @@ static kvl_status send_batch(kvl__rpc_call *c, grpc_op *ops, size_t n, int final
     }
     /* bounded: a client that stops reading holds the send for ever (flow control) */
     const int stall_ms = c->srv ? c->srv->send_stall_ms : 120000;
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
+    struct timespec dl;   /* the call's cv waits on the monotonic clock (server.c) */
+    clock_gettime(CLOCK_MONOTONIC, &dl);
     dl.tv_sec += stall_ms / 1000;
     dl.tv_nsec += (long)(stall_ms % 1000) * 1000000L;
     if (dl.tv_nsec >= 1000000000L) {
