@@ -387,8 +387,8 @@ static void pull(cont *c) {
         set_fallback(c, GRPC_STATUS_PERMISSION_DENIED, m);
         return;
     }
-    const char *peer_name = NULL, *peer_hash = NULL;
-    st = kvld_node_peer(n, p->source, tmo, &cli, &peer_name, &peer_hash);
+    kvld_peer_model pm;
+    st = kvld_node_peer(n, p->source, tmo, &cli, &pm);
     if (st != KVL_OK) {
         set_fallback(c, GRPC_STATUS_UNAVAILABLE, kvl_last_error());
         return;
@@ -408,7 +408,7 @@ static void pull(cont *c) {
     int push = 0;
     if (n->transport && n->cfg.span_push &&
         kvld_node_peer_transport(n, p->source, addr, sizeof addr, &alen, &push) == KVL_OK && push) {
-        pull_push(c, cli, peer_name, peer_hash, tmo, &er);
+        pull_push(c, cli, pm.name, pm.hash, tmo, &er);
         c->res.pull_seconds = kvl__now_s() - t0;
         kvld_node_peer_release(n, p->source);
         return;

@@ -257,8 +257,7 @@ static kvl_status peer_fetch_info(kvld_node *n, kvl__rpc_client *cli, const char
 }
 
 kvl_status kvld_node_peer(kvld_node *n, const char *target, int64_t timeout_ms,
-                          kvl__rpc_client **out, const char **model_name,
-                          const char **model_hash) {
+                          kvl__rpc_client **out, kvld_peer_model *model) {
     pthread_mutex_lock(&n->peers_mu);
     kvld_peer *p = NULL;
     kvl_status pst = peer_entry_locked(n, target, &p);
@@ -278,8 +277,8 @@ kvl_status kvld_node_peer(kvld_node *n, const char *target, int64_t timeout_ms,
         }
     }
     pthread_mutex_lock(&n->peers_mu);
-    *model_name = p->model_name;
-    *model_hash = p->model_hash;
+    snprintf(model->name, sizeof model->name, "%s", p->model_name);
+    snprintf(model->hash, sizeof model->hash, "%s", p->model_hash);
     pthread_mutex_unlock(&n->peers_mu);
     *out = cli;
     return KVL_OK;

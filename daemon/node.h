@@ -87,13 +87,19 @@ kvl_status kvld_node_create(const kvld_config *cfg, kvld_node **out);
 kvl_status kvld_node_serve(kvld_node *node);
 void kvld_node_free(kvld_node *node);
 
+/* A peer's model identity, copied out of the table (a background refresh may rewrite it). */
+typedef struct kvld_peer_model {
+    char name[128];
+    char hash[32];
+} kvld_peer_model;
+
 /* A cached client for a peer node "host:port", with the peer's model identity (Info is asked
  * on first use, and again after kvld_node_peer_forget).  On success the entry is the caller's
- * until kvld_node_peer_release(node, target): the client and the strings stay valid until
- * then.  The table holds KVLD_MAX_PEERS entries; a new address takes the place of one that is
- * no longer a fleet member and in nobody's use, else KVL_ERR_RANGE ("peer table full"). */
+ * until kvld_node_peer_release(node, target): the client stays valid until then.  The table
+ * holds KVLD_MAX_PEERS entries; a new address takes the place of one that is no longer a fleet
+ * member and in nobody's use, else KVL_ERR_RANGE ("peer table full"). */
 kvl_status kvld_node_peer(kvld_node *node, const char *target, int64_t timeout_ms,
-                          kvl__rpc_client **out, const char **model_name, const char **model_hash);
+                          kvl__rpc_client **out, kvld_peer_model *model);
 void kvld_node_peer_release(kvld_node *node, const char *target);
 /* Ask `target`'s Info again on its next use: a send to its transport address failed (it may
  * have restarted with a new one, or with another model). */

@@ -119,8 +119,8 @@ static int tcp_reachable(const char *target, int timeout_ms) {
 static kvl_status connect_one(kvld_node *n, const char *target) {
     if (!tcp_reachable(target, 500)) return kvl__errorf(KVL_ERR_IO, "peer %s: nothing listens there yet", target);
     kvl__rpc_client *cli;
-    const char *name, *hash;
-    kvl_status st = kvld_node_peer(n, target, 1000, &cli, &name, &hash);
+    kvld_peer_model pm;
+    kvl_status st = kvld_node_peer(n, target, 1000, &cli, &pm);
     if (st != KVL_OK) return st;
     kvld_node_peer_release(n, target);
     if (!n->transport) return KVL_OK;

@@ -463,7 +463,9 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     grpc_status_code code = GRPC_STATUS_OK;
     char err[1024] = "";
     double t_start = kvl__now_s(), xfer_s = 0;
-    int64_t tmo = in->timeout_ms ? (int64_t)in->timeout_ms : n->cfg.span_timeout_ms;
+    /* the caller's deadline, within this node's own bound on a transfer (as a pull's) */
+    int64_t tmo = in->timeout_ms && (int64_t)in->timeout_ms < n->cfg.span_timeout_ms ? (int64_t)in->timeout_ms
+                                                                                  : n->cfg.span_timeout_ms;
     export_flags fl = {0};
     int peer_held = 0;   /* the peer table's entry is ours until released */
     verdict_watch w = {.fl = &fl};
@@ -521,8 +523,8 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
         if (st != KVL_OK) FAIL(kvl__rpc_status_from_kvl(st), "prefill before export: %s", kvl_last_error());
     }
     kvl__rpc_client *peer;
-    const char *peer_name, *peer_hash;
-    st = kvld_node_peer(n, in->peer, tmo, &peer, &peer_name, &peer_hash);
+    kvld_peer_model pm;
+    st = kvld_node_peer(n, in->peer, tmo, &peer, &pm);
     if (st != KVL_OK)
         FAIL(st == KVL_ERR_RANGE ? GRPC_STATUS_RESOURCE_EXHAUSTED : GRPC_STATUS_UNAVAILABLE, "%s",
              kvl_last_error());
@@ -536,7 +538,7 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
                             kvl_cache_tokens(s->cache), read_cache_prenorm, s->cache,
                             n->spanbufs, kvl_model_kv_dtype(n->model) == KVL_KV_BF16,
                             in->push_tag && in->push_trailer ? KVL_SPAN_TRAILER_MAX : 0};
-    st = kvl__span_encode(&src, in->from, to, peer_name, peer_hash, &ids, &h, &payload, &plen);
+    st = kvl__span_encode(&src, in->from, to, pm.name, pm.hash, &ids, &h, &payload, &plen);
     if (st != KVL_OK) FAIL(kvl__rpc_status_from_kvl(st), "%s", kvl_last_error());
     double encode_s = kvl__now_s() - t_start;
     if (in->push_tag) {

@@ -85,6 +85,7 @@ typedef struct kvr_oai_sink {
     int (*on_start)(void *arg, const kvr_oai_run *run);   /* first token: model, switch known */
     int (*on_text)(void *arg, const char *text, size_t len);
     void *arg;
+    int names_session;   /* on_start sends the client the session's id (a stream's headers) */
 } kvr_oai_sink;
 
 struct kvr_oai_run {

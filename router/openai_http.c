@@ -166,7 +166,7 @@ static int st_text(void *arg, const char *text, size_t len) {
 
 static void *st_worker(void *arg) {
     stream *s = arg;
-    kvr_oai_sink sink = {.on_start = st_start, .on_text = st_text, .arg = s};
+    kvr_oai_sink sink = {.on_start = st_start, .on_text = st_text, .arg = s, .names_session = 1};
     int rc = kvr_oai_run_turn(s->r, &s->q, s->has_session ? s->session : NULL, &s->tenant, &sink, &s->run);
     if (!rc) {
         put_event(s, kvr_oai_chunk(s->q.chat, &s->run.res, 0, s->q.chat ? NULL : "", s->run.finish,

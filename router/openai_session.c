@@ -249,9 +249,11 @@ static int take_if_prefix(kvr_router *r, const char *tenant, const char *sid, co
 }
 
 /* A session this request made for itself (no x-kvlingo-session, no prefix hit) whose first
- * turn failed: it is indexed only after a turn succeeds and its id is in no answer, so no later
- * request can reach it; it is closed, instead of counting against the tenant's max_sessions
- * until its TTL (an SDK retrying a refused request would open one per retry). */
+ * turn failed before any of it reached the client: it is indexed only after a turn succeeds
+ * and its id is in no answer, so no later request can reach it; it is closed, instead of
+ * counting against the tenant's max_sessions until its TTL (an SDK retrying a refused request
+ * would open one per retry).  A stream that started named the session in its headers, and
+ * its session is kept. */
 static void end_unreachable(kvr_router *r, const char *sid, int created) {
     if (!created) return;
     kvr_session s;
@@ -419,7 +421,8 @@ int kvr_oai_run_turn(kvr_router *r, const kvr_oai_req *q, const char *session_hd
         rc = -1;
     }
     kvr_router_busy_release(r, u->sid);
-    if (rc) end_unreachable(r, u->sid, created);
+    /* a stream that started has told its client the id: that session stays */
+    if (rc) end_unreachable(r, u->sid, created && !(e.started && sink && sink->names_session));
     kvl_detok_free(e.dt);
     free(e.piece);
     free(e.gen);

@@ -151,13 +151,11 @@ int kvr_registry_refresh(kvr_registry *r, int only_unhealthy, int64_t timeout_ms
          * (a bug, a wrong build) is not used, rather than given deadlines of years */
         const int geometry_ok = in->n_layers >= 1 && in->n_layers <= 1024 && in->n_kv_heads >= 1 &&
                                 in->n_kv_heads <= 1024 && in->head_dim >= 1 && in->head_dim <= 4096 &&
-                                in->max_context <= (1u << 22) && in->vocab_size >= 1 &&
-                                in->vocab_size <= (1u << 24);   /* the span codec's limits */
+                                in->vocab_size >= 1 && in->vocab_size <= (1u << 24);   /* the span codec's limits */
         pthread_mutex_lock(&r->mu);
         if (!geometry_ok) {
             snprintf(n->error, sizeof n->error, "answers an impossible geometry (layers %u, kv heads %u, head_dim "
-                     "%u, max_context %u, vocab %u)", in->n_layers, in->n_kv_heads, in->head_dim,
-                     in->max_context, in->vocab_size);
+                     "%u, vocab %u)", in->n_layers, in->n_kv_heads, in->head_dim, in->vocab_size);
             if (n->healthy || !n->probed) kvl__svc_log_text("warn", "node %s: %s", n->name, n->error);
             n->healthy = 0;
             n->probed = 1;

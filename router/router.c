@@ -185,7 +185,7 @@ kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
     pthread_rwlock_init(&r->policy_lock, NULL);
     pthread_mutex_init(&r->busy_mu, NULL);
     r->max_busy = (int)cfg->max_busy_sessions;
-    r->busy = calloc((size_t)r->max_busy, sizeof *r->busy);
+    r->busy = calloc((size_t)r->max_busy + 1, sizeof *r->busy);   /* + the expiry's place */
     kvl_status s = r->busy ? KVL_OK : kvl__errorf(KVL_ERR_NOMEM, "router busy table");
     if (!s) s = kvr_router_tls(cfg, &r->tls);
     if (!s && cfg->insecure) {
@@ -337,7 +337,7 @@ void kvr_router_expire(kvr_router *r) {
         /* the session is taken as a turn takes it (this replica's busy slot, the ledger's lease
          * against other replicas) and checked idle again under both: a turn that arrived after
          * the idle listing must not see its session expire under it, nor commit into an ended one */
-        if (kvr_router_busy_take(r, ids[i])) {
+        if (kvr_router_busy_take_expiry(r, ids[i])) {
             kvl_clear_error();
             continue;
         }
@@ -368,7 +368,11 @@ void kvr_router_expire(kvr_router *r) {
             if (ni >= 0 && nc.healthy && kvr_node_drop(&r->reg->nodes[ni], ids[i], 1000, NULL))
                 kvl__svc_log_text("warn", "expiry: %s", kvl_last_error());
         }
-        if (!kvr_ledger_session_end(r->ledger, ids[i], KVR_SESSION_EXPIRED, now))
+        /* the drops above may have outlasted the lease: ended only while it is still this
+         * expiry's, else another replica may be running a turn on the session */
+        if (kvr_ledger_lease_renew(r->ledger, ids[i], owner, lease.gen, kvr_wall_now(), r->cfg->lease_ms / 1000.0))
+            kvl__svc_log_text("info", "session %s: not expired: its lease was taken meanwhile", ids[i]);
+        else if (!kvr_ledger_session_end(r->ledger, ids[i], KVR_SESSION_EXPIRED, now))
             kvl__svc_log_text("info", "session %s expired after %.0f s idle", ids[i], now - s.last_used);
         kvr_session_clear(&s);
         kvr_ledger_lease_release(r->ledger, ids[i], owner, lease.gen);

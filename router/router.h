@@ -160,6 +160,7 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
 /* Sessions with a turn running: take fails (KVL_ERR_MISMATCH "is busy") when `id` has one
  * (KVL_ERR_NOMEM when max_busy_sessions are running); release after the turn. */
 kvl_status kvr_router_busy_take(kvr_router *r, const char *id);
+kvl_status kvr_router_busy_take_expiry(kvr_router *r, const char *id);
 void kvr_router_busy_release(kvr_router *r, const char *id);
 int kvr_router_is_busy(kvr_router *r, const char *id);
 

@@ -19,17 +19,23 @@
 #define MAX_BYTES_PER_TOKEN 64
 
 
-kvl_status kvr_router_busy_take(kvr_router *r, const char *id) {
+static kvl_status busy_take(kvr_router *r, const char *id, int cap) {
     pthread_mutex_lock(&r->busy_mu);
     kvl_status s = KVL_OK;
     for (int i = 0; i < r->n_busy; i++)
         if (!strcmp(r->busy[i], id)) { s = kvl__errorf(KVL_ERR_MISMATCH, "session '%s' is busy: a turn is running", id); break; }
-    if (!s && r->n_busy >= r->max_busy)
+    if (!s && r->n_busy >= cap)
         s = kvl__errorf(KVL_ERR_NOMEM, "router busy: %d turns running (max_busy_sessions)", r->n_busy);
     if (!s) snprintf(r->busy[r->n_busy++], KVR_ID_MAX, "%s", id);
     pthread_mutex_unlock(&r->busy_mu);
     return s;
 }
+
+kvl_status kvr_router_busy_take(kvr_router *r, const char *id) { return busy_take(r, id, r->max_busy); }
+
+/* The expiry's own place past max_busy_sessions (it holds one session at a time): a router
+ * whose turns fill every place still expires idle sessions, and expiry takes no turn's place. */
+kvl_status kvr_router_busy_take_expiry(kvr_router *r, const char *id) { return busy_take(r, id, r->max_busy + 1); }
 
 void kvr_router_busy_release(kvr_router *r, const char *id) {
     pthread_mutex_lock(&r->busy_mu);

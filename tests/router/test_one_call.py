@@ -127,15 +127,16 @@ def main():
         # the span's header came behind its bytes too: the target translated it as it landed,
         # before the source's answer, in at least one of a few switches (the answer can win
         # the race), and every one of them gave the control's tokens (above, and here)
-        early = 0
-        for _ in range(6):
+        early, tries = 0, 0
+        while tries < 20 and (tries < 6 or not early):   # on a loaded host the answer may win often
+            tries += 1
             s2, got2 = conversation(c, prompt)
             check([ids for ids, _ in got2] == [ids for ids, _ in ref], "a repeat's tokens differ")
             with open(os.path.join(fleet.work, "kvld-qwen3-b.log")) as f:
                 early += sum(1 for ln in f if "msg=span_landed" in ln and "session=%s " % s2 in ln
                              and "early=1" in ln)
-        check(early > 0, "no switch landed its span before the source's answer")
-        print("ok: %d of 6 switches translated the span before the source's answer" % early)
+        check(early > 0, "no switch of %d landed its span before the source's answer" % tries)
+        print("ok: %d of %d switches translated the span before the source's answer" % (early, tries))
 
         pb, stub_b = fleet.node_stub("qwen3-b")
         _, stub_a = fleet.node_stub("qwen3-a")
