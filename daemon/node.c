@@ -256,19 +256,28 @@ static kvl_status peer_fetch_info(kvld_node *n, kvl__rpc_client *cli, const char
     return KVL_OK;
 }
 
+/* The entry for target, held (refs) until kvld_node_peer_release; *need_info: its Info is
+ * missing or stale. */
+static kvl_status peer_take(kvld_node *n, const char *target, kvld_peer **out, kvl__rpc_client **cli,
+                            int *need_info) {
+    pthread_mutex_lock(&n->peers_mu);
+    kvl_status st = peer_entry_locked(n, target, out);
+    if (st == KVL_OK) {
+        (*out)->refs++;
+        *cli = (*out)->cli;
+        *need_info = !(*out)->model_name[0] || (*out)->stale;
+    }
+    pthread_mutex_unlock(&n->peers_mu);
+    return st;
+}
+
 kvl_status kvld_node_peer(kvld_node *n, const char *target, int64_t timeout_ms,
                           kvl__rpc_client **out, kvld_peer_model *model) {
-    pthread_mutex_lock(&n->peers_mu);
     kvld_peer *p = NULL;
-    kvl_status pst = peer_entry_locked(n, target, &p);
-    if (pst != KVL_OK) {
-        pthread_mutex_unlock(&n->peers_mu);
-        return pst;
-    }
-    p->refs++;
-    kvl__rpc_client *cli = p->cli;
-    int need_info = !p->model_name[0] || p->stale;
-    pthread_mutex_unlock(&n->peers_mu);
+    kvl__rpc_client *cli = NULL;
+    int need_info = 0;
+    kvl_status pst = peer_take(n, target, &p, &cli, &need_info);
+    if (pst != KVL_OK) return pst;
     if (need_info) {
         kvl_status st = peer_fetch_info(n, cli, target, timeout_ms);
         if (st != KVL_OK) {
@@ -299,16 +308,11 @@ void kvld_node_peer_forget(kvld_node *n, const char *target) {
 }
 
 kvl_status kvld_node_peer_refresh(kvld_node *n, const char *target, int64_t timeout_ms) {
-    pthread_mutex_lock(&n->peers_mu);
     kvld_peer *p = NULL;
-    kvl_status pst = peer_entry_locked(n, target, &p);
-    if (pst != KVL_OK) {
-        pthread_mutex_unlock(&n->peers_mu);
-        return pst;
-    }
-    p->refs++;
-    kvl__rpc_client *cli = p->cli;
-    pthread_mutex_unlock(&n->peers_mu);
+    kvl__rpc_client *cli = NULL;
+    int need_info = 0;
+    kvl_status pst = peer_take(n, target, &p, &cli, &need_info);
+    if (pst != KVL_OK) return pst;
     kvl_status st = peer_fetch_info(n, cli, target, timeout_ms);
     kvld_node_peer_release(n, target);
     return st;
