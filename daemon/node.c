@@ -361,7 +361,7 @@ grpc_status_code kvld_node_check_ticket(kvld_node *n, const uint8_t *ticket, siz
     }
     if (st == KVL_OK) {
         why = KVLD_R_TICKET_REPLAYED;
-        st = kvl__ticket_replay_check(&n->replay, &t, now);
+        st = kvl__ticket_replay_check(&n->replay, &t, now, kvl__now_ms());
     }
     if (st == KVL_OK) return GRPC_STATUS_OK;
     kvld_metrics_refuse(n->metrics, why);

@@ -251,11 +251,12 @@ void kvl__ticket_replay_free(kvl__ticket_replay *r) {
     pthread_mutex_destroy(&r->mu);
 }
 
-kvl_status kvl__ticket_replay_check(kvl__ticket_replay *r, const kvl__ticket *t, uint64_t now_ms) {
+kvl_status kvl__ticket_replay_check(kvl__ticket_replay *r, const kvl__ticket *t, uint64_t now_ms,
+                                    int64_t mono_ms) {
     pthread_mutex_lock(&r->mu);
-    /* forget what expired first: an expired ticket fails verify anyway */
+    /* forget what expired first (an expired ticket fails verify anyway), by both clocks */
     for (int i = 0; i < r->n;) {
-        if (r->items[i].expiry_ms <= now_ms) r->items[i] = r->items[--r->n];
+        if (r->items[i].expiry_ms <= now_ms && r->items[i].mono_until_ms <= mono_ms) r->items[i] = r->items[--r->n];
         else i++;
     }
     kvl_status st = KVL_OK;
@@ -266,7 +267,9 @@ kvl_status kvl__ticket_replay_check(kvl__ticket_replay *r, const kvl__ticket *t,
         st = kvl__errorf(KVL_ERR_RANGE, "ticket replay cache full (%d live tickets)", r->cap);
     if (st == KVL_OK) {
         memcpy(r->items[r->n].nonce, t->nonce, KVL_TICKET_NONCE);
-        r->items[r->n++].expiry_ms = t->expiry_ms;
+        r->items[r->n].expiry_ms = t->expiry_ms;
+        r->items[r->n++].mono_until_ms =
+            mono_ms + (t->expiry_ms > now_ms ? (int64_t)(t->expiry_ms - now_ms) : 0);
     }
     pthread_mutex_unlock(&r->mu);
     return st;

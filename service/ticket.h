@@ -91,7 +91,8 @@ typedef struct kvl__ticket_replay {
     pthread_mutex_t mu;
     struct kvl__replay_entry {
         uint8_t nonce[KVL_TICKET_NONCE];
-        uint64_t expiry_ms;
+        uint64_t expiry_ms;     /* the ticket's, on the wall clock                          */
+        int64_t mono_until_ms;  /* the same moment on the monotonic clock, as seen when kept */
     } *items;
     int cap, n;
 } kvl__ticket_replay;
@@ -99,8 +100,12 @@ typedef struct kvl__ticket_replay {
 kvl_status kvl__ticket_replay_init(kvl__ticket_replay *r, int cap);
 void kvl__ticket_replay_free(kvl__ticket_replay *r);
 /* Record t's nonce.  KVL_ERR_MISMATCH "ticket replayed" when it is there already,
- * KVL_ERR_RANGE when the table holds cap live nonces. */
-kvl_status kvl__ticket_replay_check(kvl__ticket_replay *r, const kvl__ticket *t, uint64_t now_ms);
+ * KVL_ERR_RANGE when the table holds cap live nonces.  now_ms: the wall clock (Unix ms, what
+ * the ticket's expiry is on); mono_ms: a monotonic clock (kvl__now_ms).  A nonce is forgotten
+ * only once both clocks say its ticket expired: a wall-clock step forward then back cannot
+ * forget a nonce while verify still takes its ticket. */
+kvl_status kvl__ticket_replay_check(kvl__ticket_replay *r, const kvl__ticket *t, uint64_t now_ms,
+                                    int64_t mono_ms);
 
 /* SHA-256 of ids[0, n) as little-endian int32s, as 64 lower-case hex digits + NUL: what a node
  * holds, compared by the router instead of a count. */
