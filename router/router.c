@@ -344,19 +344,19 @@ void kvr_router_expire(kvr_router *r) {
         kvr_lease lease;
         if (kvr_ledger_lease_acquire(r->ledger, ids[i], owner, kvr_wall_now(), r->cfg->lease_ms / 1000.0, &lease)) {
             kvl_clear_error();
-            kvr_router_busy_release(r, ids[i]);
+            kvr_router_busy_release_expiry(r, ids[i]);
             continue;
         }
         kvr_session s;
         if (kvr_ledger_session_load(r->ledger, ids[i], 0, &s)) {
             kvr_ledger_lease_release(r->ledger, ids[i], owner, lease.gen);
-            kvr_router_busy_release(r, ids[i]);
+            kvr_router_busy_release_expiry(r, ids[i]);
             continue;
         }
         if (s.state != KVR_SESSION_OPEN || s.last_used > now - r->cfg->session_ttl_s) {   /* used since */
             kvr_session_clear(&s);
             kvr_ledger_lease_release(r->ledger, ids[i], owner, lease.gen);
-            kvr_router_busy_release(r, ids[i]);
+            kvr_router_busy_release_expiry(r, ids[i]);
             continue;
         }
         for (int h = 0; h < s.n_holdings; h++) {
@@ -376,7 +376,7 @@ void kvr_router_expire(kvr_router *r) {
             kvl__svc_log_text("info", "session %s expired after %.0f s idle", ids[i], now - s.last_used);
         kvr_session_clear(&s);
         kvr_ledger_lease_release(r->ledger, ids[i], owner, lease.gen);
-        kvr_router_busy_release(r, ids[i]);
+        kvr_router_busy_release_expiry(r, ids[i]);
     }
     free(ids);
     kvr_ledger_purge(r->ledger, now - ENDED_KEEP_S);

@@ -55,6 +55,7 @@ typedef struct kvr_router {
     pthread_mutex_t busy_mu;
     char (*busy)[KVR_ID_MAX];
     int n_busy, max_busy;
+    int expiry_held;            /* the idle expiry holds its own place in busy[] (past max_busy) */
     int turns_in_flight;
     kvl__svc_tls tls;             /* the TLS files (empty with insecure)                        */
     kvl__rpc_tls server_tls;      /* the Router API: server TLS, client certificates optional   */
@@ -161,6 +162,7 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
  * (KVL_ERR_NOMEM when max_busy_sessions are running); release after the turn. */
 kvl_status kvr_router_busy_take(kvr_router *r, const char *id);
 kvl_status kvr_router_busy_take_expiry(kvr_router *r, const char *id);
+void kvr_router_busy_release_expiry(kvr_router *r, const char *id);
 void kvr_router_busy_release(kvr_router *r, const char *id);
 int kvr_router_is_busy(kvr_router *r, const char *id);
 

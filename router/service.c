@@ -19,32 +19,50 @@
 #define MAX_BYTES_PER_TOKEN 64
 
 
-static kvl_status busy_take(kvr_router *r, const char *id, int cap) {
+static kvl_status busy_take(kvr_router *r, const char *id, int expiry) {
     pthread_mutex_lock(&r->busy_mu);
     kvl_status s = KVL_OK;
     for (int i = 0; i < r->n_busy; i++)
         if (!strcmp(r->busy[i], id)) { s = kvl__errorf(KVL_ERR_MISMATCH, "session '%s' is busy: a turn is running", id); break; }
-    if (!s && r->n_busy >= cap)
+    /* turns count against max_busy without the expiry's place, which is its own */
+    if (!s && (expiry ? r->expiry_held : r->n_busy - r->expiry_held >= r->max_busy))
         s = kvl__errorf(KVL_ERR_NOMEM, "router busy: %d turns running (max_busy_sessions)", r->n_busy);
-    if (!s) snprintf(r->busy[r->n_busy++], KVR_ID_MAX, "%s", id);
+    if (!s) {
+        snprintf(r->busy[r->n_busy++], KVR_ID_MAX, "%s", id);
+        if (expiry) r->expiry_held = 1;
+    }
     pthread_mutex_unlock(&r->busy_mu);
     return s;
 }
 
-kvl_status kvr_router_busy_take(kvr_router *r, const char *id) { return busy_take(r, id, r->max_busy); }
+kvl_status kvr_router_busy_take(kvr_router *r, const char *id) { return busy_take(r, id, 0); }
 
 /* The expiry's own place past max_busy_sessions (it holds one session at a time): a router
- * whose turns fill every place still expires idle sessions, and expiry takes no turn's place. */
-kvl_status kvr_router_busy_take_expiry(kvr_router *r, const char *id) { return busy_take(r, id, r->max_busy + 1); }
+ * whose turns fill every place still expires idle sessions, and expiry takes no turn's place.
+ * Given back with kvr_router_busy_release_expiry. */
+kvl_status kvr_router_busy_take_expiry(kvr_router *r, const char *id) { return busy_take(r, id, 1); }
 
-void kvr_router_busy_release(kvr_router *r, const char *id) {
-    pthread_mutex_lock(&r->busy_mu);
+/* busy_mu held: the place and the expiry's flag go in one step, so that no turn can count the
+ * expiry's place as its own in between (busy[] holds max_busy + 1) */
+static void busy_release_locked(kvr_router *r, const char *id, int expiry) {
     for (int i = 0; i < r->n_busy; i++)
         if (!strcmp(r->busy[i], id)) {
             memmove(r->busy[i], r->busy[r->n_busy - 1], KVR_ID_MAX);
             r->n_busy--;
+            if (expiry) r->expiry_held = 0;
             break;
         }
+}
+
+void kvr_router_busy_release_expiry(kvr_router *r, const char *id) {
+    pthread_mutex_lock(&r->busy_mu);
+    busy_release_locked(r, id, 1);
+    pthread_mutex_unlock(&r->busy_mu);
+}
+
+void kvr_router_busy_release(kvr_router *r, const char *id) {
+    pthread_mutex_lock(&r->busy_mu);
+    busy_release_locked(r, id, 0);
     pthread_mutex_unlock(&r->busy_mu);
 }
 

@@ -362,7 +362,8 @@ static void keep_cancelled_input(turn *t, int ti, const kvr_policy_decision *d, 
         kvl__svc_log_text("info", "session %s: turn cancelled by the client on %s: its %d input tokens "
                           "stay in the ledger (%d tokens), the output (%u tokens) is discarded", req->sid,
                           T->name, req->n_user, t->N + req->n_user, out->n_generated);
-    if (!cs && kvr_node_drop(T, req->sid, t->node_ms, NULL))   /* not when the session is another's now */
+    /* not when the lease went to another replica (MISMATCH): the session may be its turn's now */
+    if (cs != KVL_ERR_MISMATCH && kvr_node_drop(T, req->sid, t->node_ms, NULL))
         kvl__svc_log_text("warn", "session %s: dropping the cancelled turn's copy on %s: %s", req->sid, T->name,
                           kvl_last_error());
     out->context_tokens = (unsigned)(t->N + req->n_user);
