@@ -287,19 +287,21 @@ def peer_restarts(args, pb, pbg, trdir, t):
         return k
     A = start("ra", "qwen3-a", addr_a, addr_b)
     B = start("rb", "qwen3-b", addr_b, addr_a)
+    ch_a = grpc.insecure_channel(addr_a)   # plaintext by name: kvlclient.Kvld runs nodes --insecure
     try:
-        sa = pbg.NodeStub(grpc.insecure_channel(addr_a))
+        sa = pbg.NodeStub(ch_a)
         prompt = list(range(400, 440))
         sha = hashlib.sha256(struct.pack("<%di" % len(prompt), *prompt)).hexdigest()
 
         def pull(sid, timeout_ms):
             sa.OpenSession(pb.OpenSessionRequest(session_id=sid), timeout=10)
             sa.Append(pb.AppendRequest(session_id=sid, tokens=prompt, prefill=True), timeout=60)
-            sb = pbg.NodeStub(grpc.insecure_channel(addr_b))
-            msgs = list(sb.ContinueTurn(pb.ContinueRequest(
-                session_id=sid, pull_only=True,
-                pull=pb.SpanPull(source=addr_a, source_tokens=len(prompt), source_sha256=sha,
-                                 timeout_ms=timeout_ms)), timeout=60))
+            # a channel per pull: one made before B's restart would meet gRPC's reconnect back-off
+            with grpc.insecure_channel(addr_b) as ch_b:
+                msgs = list(pbg.NodeStub(ch_b).ContinueTurn(pb.ContinueRequest(
+                    session_id=sid, pull_only=True,
+                    pull=pb.SpanPull(source=addr_a, source_tokens=len(prompt), source_sha256=sha,
+                                     timeout_ms=timeout_ms)), timeout=60))
             return msgs[-1].result
         res = pull("before-restart", 5000)
         t.check(res.mode == pb.ContinueResult.MODE_TRANSLATE, "a pull before the restart (%s)" % res.fallback)
@@ -317,6 +319,7 @@ def peer_restarts(args, pb, pbg, trdir, t):
                 "pulls after the target restarted at the same address translate again: after %.1f s, "
                 "%d tries (%s)" % (time.time() - t0, tries, res.fallback))
     finally:
+        ch_a.close()
         A.stop()
         B.stop()
 
