@@ -13,7 +13,9 @@
 #include "error.h"
 #include "nodecall.h"
 
-#define MAX_PAIRS 64
+/* every ordered pair of a full fleet's models (each node serves one): a pair past the table
+ * would go unguarded (never sampled nor disabled) */
+#define MAX_PAIRS (KVR_MAX_NODES * (KVR_MAX_NODES - 1))
 #define QUEUE_MAX 8
 
 typedef struct pair {
@@ -69,8 +71,19 @@ static pair *find_locked(kvr_guard *g, const char *src, const char *dst, int cre
     for (int i = 0; i < g->n_pairs; i++)
         if (!strcmp(g->pairs[i].st.source, src) && !strcmp(g->pairs[i].st.target, dst))
             return &g->pairs[i];
-    if (!create || g->n_pairs >= MAX_PAIRS) return NULL;
-    pair *p = &g->pairs[g->n_pairs++];
+    if (!create) return NULL;
+    pair *p = NULL;
+    if (g->n_pairs < MAX_PAIRS) {
+        p = &g->pairs[g->n_pairs++];
+    } else {
+        /* full after reloads renamed models: a pair of a model the fleet no longer serves
+         * makes room (the registry's models make fewer pairs than the table holds) */
+        for (int i = 0; i < g->n_pairs && !p; i++)
+            if (!kvr_registry_model_known(g->reg, g->pairs[i].st.source) ||
+                !kvr_registry_model_known(g->reg, g->pairs[i].st.target))
+                p = &g->pairs[i];
+        if (!p) return NULL;
+    }
     memset(p, 0, sizeof *p);
     snprintf(p->st.source, sizeof p->st.source, "%s", src);
     snprintf(p->st.target, sizeof p->st.target, "%s", dst);
@@ -148,6 +161,14 @@ int kvr_guard_pair_ok(void *arg, const char *src, const char *dst) {
     int ok = !p || p->st.enabled;
     pthread_mutex_unlock(&g->mu);
     return ok;
+}
+
+int kvr_guard_shadow_due(kvr_guard *g, const char *src, const char *dst) {
+    pthread_mutex_lock(&g->mu);
+    pair *p = find_locked(g, src, dst, 1);
+    int due = p && g->fraction > 0 && p->acc + g->fraction >= 1.0 - 1e-9;
+    pthread_mutex_unlock(&g->mu);
+    return due;
 }
 
 int kvr_guard_count_switch(kvr_guard *g, const char *src, const char *dst) {

@@ -38,6 +38,10 @@ void kvr_guard_configure(kvr_guard *g, const kvr_config *cfg);
 
 /* Pair filter for policies and the switch path: 0 when the guardrail disabled the pair. */
 int kvr_guard_pair_ok(void *g, const char *src, const char *dst);
+/* 1 when the pair's next counted switch will be shadowed (nothing counted): a caller that must
+ * ask for logprobs before it knows whether its switch translates asks this first, and counts
+ * with kvr_guard_count_switch once the switch did translate. */
+int kvr_guard_shadow_due(kvr_guard *g, const char *src, const char *dst);
 /* Count a translated switch of the pair; returns 1 when this one should be shadowed. */
 int kvr_guard_count_switch(kvr_guard *g, const char *src, const char *dst);
 /* Record one KL sample (also used by compare_reprefill turns). */

@@ -139,7 +139,7 @@ static kvl_status make_ticket(const kvl__ticket_key *key, const kvr_node *src, c
 }
 
 kvl_status kvr_node_export(kvr_node *src, const kvr_node *dst, const char *sid, unsigned from,
-                           unsigned to, int replace, int64_t timeout_ms,
+                           unsigned to, int replace, int64_t timeout_ms, int64_t grace_ms,
                            const kvl__ticket_key *key, kvr_export_result *out,
                            grpc_status_code *code) {
     Kvlingo__V1__ExportSpanRequest req = KVLINGO__V1__EXPORT_SPAN_REQUEST__INIT;
@@ -164,7 +164,7 @@ kvl_status kvr_node_export(kvr_node *src, const kvr_node *dst, const char *sid, 
     memset(out, 0, sizeof *out);
     /* the rpc deadline leaves the node time to report its own timeout first */
     kvl_status s = call(src, "ExportSpan", &req.base, &kvlingo__v1__export_span_response__descriptor,
-                        timeout_ms + 1000, (ProtobufCMessage **)&resp, code);
+                        timeout_ms + (grace_ms > 0 ? grace_ms : 0), (ProtobufCMessage **)&resp, code);
     if (!s) {
         out->t0 = resp->t0;
         out->t1 = resp->t1;

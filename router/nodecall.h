@@ -46,9 +46,11 @@ typedef struct kvr_export_result {
 
 /* ExportSpan on the source node `src`: ship [from, to) to `dst` (same session id).  With a
  * ticket key (NULL: none), the request carries a fresh ticket for exactly this move (both
- * nodes by their configured addresses, expiring a little after the deadline). */
+ * nodes by their configured addresses, expiring a little after the deadline).  timeout_ms:
+ * the node's deadline for the move, which it reports as its own error; grace_ms: how much
+ * longer the call waits for that report (its rpc deadline is timeout_ms + grace_ms). */
 kvl_status kvr_node_export(kvr_node *src, const kvr_node *dst, const char *sid, unsigned from,
-                           unsigned to, int replace, int64_t timeout_ms,
+                           unsigned to, int replace, int64_t timeout_ms, int64_t grace_ms,
                            const kvl__ticket_key *key, kvr_export_result *out,
                            grpc_status_code *code);
 

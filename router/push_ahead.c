@@ -161,14 +161,14 @@ static void remember(kvr_push_ahead *p, const push_job *j, int from, int to) {
 }
 
 /* The deadline of a push's span move of n_tokens (ms): transfer_base_ms plus its float32 bytes at
- * transfer_bytes_per_s, at most half the lease wait (a turn waiting for the lease must get it). */
-static double move_timeout_ms(const kvr_push_ahead *p, const push_job *j, int n_tokens) {
+ * transfer_bytes_per_s, at most cap_ms (what the push's budget leaves it, see push_locked). */
+static double move_timeout_ms(const kvr_push_ahead *p, const push_job *j, int n_tokens, double cap_ms) {
     const kvr_config *c = p->r->cfg;
     unsigned L = 0, H = 0, Dh = 0;
     kvr_registry_geometry(p->r->reg, j->src, &L, &H, &Dh, NULL);
     double bytes = 2.0 * L * H * Dh * 4.0 * n_tokens + 4.0 * n_tokens;
     double timeout = c->transfer_base_ms + bytes / c->transfer_bytes_per_s * 1000.0;
-    if (timeout > c->lease_wait_ms / 2) timeout = c->lease_wait_ms / 2;
+    if (timeout > cap_ms) timeout = cap_ms;
     return timeout < 1 ? 1 : timeout;
 }
 
@@ -177,7 +177,7 @@ static double move_timeout_ms(const kvr_push_ahead *p, const push_job *j, int n_
  * source, which pushes the span to the target.  NULL with [*from, *to_out) shipped and what the
  * target holds checked against the ledger, else the result label (the reason logged). */
 static const char *move_export(kvr_push_ahead *p, const push_job *j, const kvr_session *s, int64_t node_ms,
-                               int *from_out, int *to_out, double *took) {
+                               int64_t budget_ms, int *from_out, int *to_out, double *took) {
     kvr_router *r = p->r;
     const kvr_config *c = r->cfg;
     kvr_node *S = &r->reg->nodes[j->src], *D = &r->reg->nodes[j->dst];
@@ -210,12 +210,16 @@ static const char *move_export(kvr_push_ahead *p, const push_job *j, const kvr_s
                           j->sid, from, to, c->push_ahead_max_tokens);
         return "skipped";
     }
-    const double timeout = move_timeout_ms(p, j, to - from);
+    /* the budget less the two SessionInfo calls above and the listing after a failure; a
+     * quarter of the export's share waits for the node's own report of its timeout */
+    const int64_t export_ms = budget_ms - 3 * node_ms;
+    if (export_ms < 8) return "skipped";
+    const double timeout = move_timeout_ms(p, j, to - from, (double)(export_ms - export_ms / 4));
     kvr_export_result ex;
     grpc_status_code code = GRPC_STATUS_OK;
     double t0 = kvl__now_s();
     kvl_status st = kvr_node_export(S, D, j->sid, (unsigned)from, (unsigned)to, 0, (int64_t)timeout,
-                                    r->tickets ? &r->ticket_key : NULL, &ex, &code);
+                                    export_ms / 4, r->tickets ? &r->ticket_key : NULL, &ex, &code);
     *took = kvl__now_s() - t0;
     if (st) {
         kvl__svc_log_text("warn", "push-ahead %s: export %s->%s [%d,%d) failed: %s", j->sid, S->name,
@@ -241,7 +245,7 @@ static const char *move_export(kvr_push_ahead *p, const push_job *j, const kvr_s
  * target caches to what the source does (the last sampled token is in neither yet).  Returns as
  * move_export. */
 static const char *move_pull_only(kvr_push_ahead *p, const push_job *j, const kvr_session *s, int64_t node_ms,
-                                  int *from_out, int *to_out, double *took) {
+                                  int64_t budget_ms, int *from_out, int *to_out, double *took) {
     kvr_router *r = p->r;
     const kvr_config *c = r->cfg;
     kvr_node *S = &r->reg->nodes[j->src], *D = &r->reg->nodes[j->dst];
@@ -252,7 +256,12 @@ static const char *move_pull_only(kvr_push_ahead *p, const push_job *j, const kv
                           j->sid, held, j->n_ctx, c->push_ahead_max_tokens);
         return "skipped";
     }
-    const double timeout = move_timeout_ms(p, j, j->n_ctx - held);
+    /* the call: the budget less the listing after a failure.  The node's pull gets half of it,
+     * so that it reports a slow source itself; the call's deadline cancels the pull in any case
+     * (the node gives the source's ExportSpan a second more, continue.c) */
+    const int64_t call_ms = budget_ms - node_ms;
+    if (call_ms < 8) return "skipped";
+    const double timeout = move_timeout_ms(p, j, j->n_ctx - held, (double)(call_ms / 2));
     char held_sha[65] = "", src_sha[65];
     if (held > 0) kvl__tokens_sha256_hex(s->tokens, (size_t)held, held_sha);
     kvl__tokens_sha256_hex(s->tokens, (size_t)j->n_ctx, src_sha);
@@ -268,9 +277,7 @@ static const char *move_pull_only(kvr_push_ahead *p, const push_job *j, const kv
     int got = 0, to = 0, t0_span = 0, refused = 0;
     unsigned node_count = 0;
     char node_sha[65] = "", why[300] = "";
-    /* the node gives the source's ExportSpan the pull's timeout and a second more (continue.c):
-     * the call outlives it, so the router does not give up while the node still imports */
-    kvl_status ks = kvr_node_continue(D, &cr, &gp, node_ms + (int64_t)timeout + 1000, &st);
+    kvl_status ks = kvr_node_continue(D, &cr, &gp, call_ms, &st);
     while (!ks) {
         Kvlingo__V1__GenerateResponse *m = NULL;
         int rr = kvr_node_gen_next(D, st, &m, &code);
@@ -330,7 +337,9 @@ static const char *push_locked(kvr_push_ahead *p, const push_job *j, const kvr_l
     kvr_router *r = p->r;
     const kvr_config *c = r->cfg;
     /* a turn arriving now waits for this lease at most lease_wait_ms: every call of the push
-     * together (ContinueTurn, or SessionInfo x2 and the export) must end well before that */
+     * together (ContinueTurn, or SessionInfo x2 and the export, and a listing of the target
+     * after a failure) ends within half of that, the budget each call's deadline comes from */
+    const int64_t budget_ms = (int64_t)(c->lease_wait_ms / 2);
     int64_t node_ms = (int64_t)(c->lease_wait_ms / 8 < c->node_timeout_ms ? c->lease_wait_ms / 8 : c->node_timeout_ms);
     if (node_ms < 1) node_ms = 1;
     kvr_node *S = &r->reg->nodes[j->src], *D = &r->reg->nodes[j->dst];
@@ -354,8 +363,8 @@ static const char *push_locked(kvr_push_ahead *p, const push_job *j, const kvr_l
     kvr_node dc;   /* what the target serves, as its last Info said (a copy, under the registry's lock) */
     kvr_registry_copy(r->reg, j->dst, &dc);
     const char *res = dc.pull_only && c->transfer_one_call
-                          ? move_pull_only(p, j, s, node_ms, &from, &to, &took)
-                          : move_export(p, j, s, node_ms, &from, &to, &took);
+                          ? move_pull_only(p, j, s, node_ms, budget_ms, &from, &to, &took)
+                          : move_export(p, j, s, node_ms, budget_ms, &from, &to, &took);
     if (res) return res;
     /* CloseSession (and expiry) take no lease: a close that ended the session during the
      * export is seen here (its copy goes now), one that loaded the holdings before this record
@@ -371,6 +380,7 @@ static const char *push_locked(kvr_push_ahead *p, const push_job *j, const kvr_l
     kvl_status rs = !open ? KVL_ERR_MISMATCH
                   : kvr_ledger_lease_renew(r->ledger, j->sid, p->owner, lease->gen, kvr_wall_now(),
                                            c->lease_ms / 1000.0);
+    const int renewed = !rs;
     if (!rs) rs = kvr_ledger_holding_set(r->ledger, j->sid, D->name, to);
     if (rs) {
         kvl__svc_log_text("info", "push-ahead %s: not recording %s's %d tokens: %s", j->sid, D->name, to,
@@ -378,7 +388,7 @@ static const char *push_locked(kvr_push_ahead *p, const push_job *j, const kvr_l
                                                           : "the session moved on during the push");
         /* an ended session's copy goes; a session that moved on is another turn's now */
         if (ended) drop_ended(p, j->sid, j->dst);
-        else if (open) list_target(p, j, node_ms, to);
+        else if (open && renewed) list_target(p, j, node_ms, to);   /* a lease lost: the new holder's */
     }
     if (rs) return open ? "failed" : "skipped";
     kvr_metrics_observe(r->metrics, "kvlingo_router_push_ahead_seconds", "", took);
@@ -466,7 +476,7 @@ static void *worker(void *arg) {
         pthread_mutex_lock(&p->mu);
         if (!p->stop && p->n == 0) {
             struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
+            clock_gettime(CLOCK_MONOTONIC, &ts);   /* p->cv waits on it: a wall clock step holds no sweep */
             ts.tv_nsec += (long)(SWEEP_EVERY_S * 1e9);
             if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
             pthread_cond_timedwait(&p->cv, &p->mu, &ts);
@@ -518,10 +528,10 @@ kvl_status kvr_push_ahead_create(kvr_router *r, kvr_push_ahead **out) {
     }
     snprintf(p->owner, sizeof p->owner, "%.58s/push", c->replica_id);
     pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&p->cv, &ca);
     pthread_cond_init(&p->released, &ca);
     pthread_condattr_destroy(&ca);
     int nw = (int)c->push_ahead_workers;
@@ -570,8 +580,11 @@ static void claim(kvr_push_ahead *p, const kvr_turn_req *req, int node, kvr_turn
     if (!hit.sid[0]) return;
     long n_before = (long)out->context_tokens - out->user_tokens - out->n_generated;
     long held = n_before - ((long)out->prefill_tokens - out->user_tokens);   /* after the span */
-    long cached = held - (long)out->span_tokens;                            /* before the span */
-    if (hit.dst == node && out->mode == KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE && cached >= hit.to) {
+    /* what the node held before the turn: before its span, when one was translated; a turn that
+     * fell back (its source gone) still ran on the pushed tokens, which saved their prefill */
+    long cached = out->mode == KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE ? held - (long)out->span_tokens
+                                                                             : held;
+    if (hit.dst == node && cached >= hit.to) {
         out->pushed_ahead_tokens = (unsigned)(hit.to - hit.from);
         count(p, "used");
     } else {

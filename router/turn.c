@@ -187,7 +187,7 @@ static int try_translate(turn *t, int ti, int from, int tgt_tokens, int *to_out,
     for (int attempt = 0; attempt <= c->transfer_retries; attempt++) {
         double t0 = kvl__now_s();
         kvl_status st = kvr_node_export(src, dst, t->req->sid, (unsigned)from, (unsigned)to, 0,
-                                        timeout, r->tickets ? &r->ticket_key : NULL, &ex, &code);
+                                        timeout, 1000, r->tickets ? &r->ticket_key : NULL, &ex, &code);
         *xfer_s += kvl__now_s() - t0;
         if (!st) {
             /* the imported range must be exactly what the ledger expects: an off-by-one span is
@@ -599,7 +599,7 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
                 }
                 free(ctx);
                 free(native);
-            } else if (shadow && first_lp) {
+            } else if (shadow && first_lp && out->mode == KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE) {
                 int32_t *ctx = malloc(sizeof(int32_t) * (size_t)n_ctx);
                 if (ctx) {
                     memcpy(ctx, t.s.tokens, sizeof(int32_t) * (size_t)t.N);

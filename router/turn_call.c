@@ -139,6 +139,13 @@ kvl_status kvr__turn_decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void
     return s;
 }
 
+/* A one-call switch whose span was translated, counted for the guardrail now; 1 when it is to
+ * be shadowed and its first token's logprobs are here (they were asked for when the pair was
+ * due: a concurrent switch of the pair may have taken that sample, or left one to this) */
+static int count_switch(kvr_router *r, const kvr_node *src, const kvr_node *T, const float *first_lp) {
+    return kvr_guard_count_switch(r->guard, src->model, T->model) && first_lp;
+}
+
 /* The turn as one ContinueTurn call on node ti: what prepare, Append and decode do in four to
  * six calls, the node does in one.  It checks what it holds against the ledger (count and
  * token hash sent here), pulls the span it lacks from the source when asked (the same checks:
@@ -168,6 +175,7 @@ kvl_status kvr__turn_one_call(turn *t, int ti, int needs_entropy, kvr_emit_fn em
         snprintf(o->from_model, sizeof o->from_model, "%s", r->reg->nodes[t->cur].model);
     }
     *shadow = 0;
+    int shadow_due = 0;
     if (held < t->N) {
         if (t->cur < 0 || t->cur == ti) {
             kvr__turn_fallback(t, "node_state", "%s held %d of %d tokens", T->name, held, t->N);
@@ -192,9 +200,10 @@ kvl_status kvr__turn_one_call(turn *t, int ti, int needs_entropy, kvr_emit_fn em
                 c.source_sha256 = src_sha;
                 double tms = r->cfg->transfer_base_ms + bytes / r->cfg->transfer_bytes_per_s * 1000.0;
                 c.pull_timeout_ms = tms < 3600e3 ? (int64_t)tms : 3600000;   /* an hour at most */
-                /* counted when asked: a pull that falls back is counted too (a shadow then
-                 * compares a native turn with itself, at no harm) */
-                *shadow = kvr_guard_count_switch(r->guard, src->model, T->model);
+                /* logprobs are asked for when this switch may be shadowed; it is counted (and
+                 * shadowed) only once the node's result says the span was translated: a pull
+                 * that fell back is a native turn, whose KL against itself says nothing */
+                shadow_due = kvr_guard_shadow_due(r->guard, src->model, T->model);
             }
         }
     }
@@ -206,7 +215,7 @@ kvl_status kvr__turn_one_call(turn *t, int ti, int needs_entropy, kvr_emit_fn em
     o->prefill_tokens = (unsigned)(c.source ? t->N - (int)c.source_tokens + 1 + req->n_user
                                             : t->N - held + req->n_user);
     o->span_tokens = c.source ? c.source_tokens - 1 - (unsigned)held : o->prefill_tokens;
-    int want_lp = needs_entropy || *shadow || req->compare_reprefill;
+    int want_lp = needs_entropy || shadow_due || req->compare_reprefill;
     kvr_gen_params gp = {.max_tokens = req->max_tokens, .temperature = req->temperature,
                          .top_k = req->top_k, .top_p = req->top_p, .seed = req->seed,
                          .stop_at_eos = req->stop_at_eos, .stop_ids = req->stop_ids,
@@ -241,6 +250,7 @@ kvl_status kvr__turn_one_call(turn *t, int ti, int needs_entropy, kvr_emit_fn em
          * never came, the figures set above stand and the commit asks the node what it holds */
         if (strcmp(o->finish_reason, "stop"))
             return kvl__errorf(KVL_ERR_INTERNAL, "node %s: ContinueTurn ended without its result", T->name);
+        if (c.source) *shadow = count_switch(r, c.source, T, *first_lp);
         return KVL_OK;
     }
     o->switch_s = nr->pull_s;
@@ -252,6 +262,7 @@ kvl_status kvr__turn_one_call(turn *t, int ti, int needs_entropy, kvr_emit_fn em
         o->mode = KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE;
         o->span_tokens = nr->span_t1 - nr->span_t0;
         o->prefill_tokens = (unsigned)(t->N - (int)nr->span_t1 + req->n_user);
+        if (c.source) *shadow = count_switch(r, c.source, T, *first_lp);
         t->fb_code[0] = 0;
         o->fallback[0] = 0;
     } else {

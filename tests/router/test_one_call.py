@@ -167,6 +167,11 @@ def main():
         c.send_all(sid4, prompt, max_tokens=6, model="qwen3-a")
         stub_a.DropSession(pb.DropSessionRequest(session_id=sid4), timeout=10)
         stub_a.OpenSession(pb.OpenSessionRequest(session_id=sid4), timeout=10)
+
+        def ab_switches():
+            return sum(p.switches for p in c.list_nodes().pairs
+                       if (p.source_model, p.target_model) == ("qwen3-a", "qwen3-b"))
+        sw_before = ab_switches()
         ids4, _, s4 = c.send_all(sid4, " The next part", max_tokens=6, model="qwen3-b")
         check(s4.one_call and s4.switch_mode == 2 and s4.fallback_reason.startswith("source_state"),
               "turn 4: one_call %r mode %d fallback %r" % (s4.one_call, s4.switch_mode, s4.fallback_reason))
@@ -177,6 +182,9 @@ def main():
         check(ids4 == want4, "after a refused pull: %r, control %r" % (ids4, want4))
         m = fleet.metrics()
         check('kvlingo_router_fallbacks_total{reason="source_state"} 1' in m, "fallback not counted")
+        # the guardrail counts (and shadows) translated switches only: this turn ran natively
+        check(ab_switches() == sw_before, "a pull that fell back was counted as a translated switch "
+              "of qwen3-a -> qwen3-b (%d -> %d)" % (sw_before, ab_switches()))
         print("ok: a source not holding what the ledger says refuses the pull; re-prefill "
               "(%s), output equals the control" % s4.fallback_reason[:60])
 

@@ -172,6 +172,26 @@ def check_push_fleet(a, policy, want, want_races, one_call):
         check(cnt.get("failed", 0) == 0, "a push failed in the races: %r" % cnt)
         print("ok: push-ahead ships ahead, the next switch translates 0 or only new tokens, "
               "outputs equal the control")
+        if not one_call:
+            # the source dies after its push: the switch's export of the last token fails and
+            # the turn re-prefills only that token and its input on the pushed span, which
+            # saved the rest: the push is counted used, and the answer is the control's
+            c0 = push_counts(fleet)
+            sid = c.create_session()
+            c.send_all(sid, rtest.corpus_text(0, 300), max_tokens=6)
+            cnt = wait_pushes(fleet, finished(c0))
+            check(cnt.get("shipped", 0) == c0.get("shipped", 0) + 1, "the last push was not shipped: %r" % cnt)
+            fleet.nodes["qwen3-a"].kill9()
+            ids, _, s1 = c.send_all(sid, rtest.corpus_text(2000 + 131, 50), max_tokens=6)
+            print("  source gone: %s mode=%d span=%d pushed=%d fallback=%r" % (
+                s1.model, s1.switch_mode, s1.span_tokens, s1.pushed_ahead_tokens, s1.fallback_reason))
+            check(s1.model == "qwen3-b" and s1.switch_mode == 2 and s1.pushed_ahead_tokens > 0,
+                  "with the source gone: mode %d pushed %d (%s)" % (s1.switch_mode, s1.pushed_ahead_tokens,
+                                                                    s1.fallback_reason))
+            check(list(ids) == want["P"][1][0], "with the source gone: %r, control %r" % (list(ids), want["P"][1][0]))
+            cnt = push_counts(fleet)
+            check(cnt.get("used", 0) == c0.get("used", 0) + 1, "a push that saved the prefill was not counted used: %r" % cnt)
+            print("ok: a push whose source died before the switch is used (re-prefill of the last token)")
     finally:
         fleet.stop()
 
