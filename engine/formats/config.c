@@ -52,6 +52,15 @@ static kvl_status require_positive(const char *label, const char *key, int v) {
     return KVL_OK;
 }
 
+/* A model dimension in [1, hi]: the bounds are far above any released model's, and keep every
+ * size made from them (parameter tables, caches, spans) within 64-bit arithmetic and memory that
+ * a small crafted config.json cannot make the loader reserve. */
+static kvl_status require_dim(const char *label, const char *key, int v, int hi) {
+    if (v <= 0 || v > hi)
+        return kvl__errorf(KVL_ERR_FORMAT, "%s: field '%s' must be in [1, %d] (got %d)", label, key, hi, v);
+    return KVL_OK;
+}
+
 static kvl_status parse_dtype(const cJSON *root, const char *label, kvl_dtype *out) {
     const char *key = "dtype";
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, key);
@@ -253,13 +262,13 @@ kvl_status kvl_config_parse(const char *json, size_t len, const char *label, kvl
     }
 
     TRY(get_int(root, label, "vocab_size", 1, 0, &c.vocab_size));
-    TRY(require_positive(label, "vocab_size", c.vocab_size));
+    TRY(require_dim(label, "vocab_size", c.vocab_size, 1 << 22));
     TRY(get_int(root, label, "hidden_size", 1, 0, &c.hidden_size));
-    TRY(require_positive(label, "hidden_size", c.hidden_size));
+    TRY(require_dim(label, "hidden_size", c.hidden_size, 1 << 16));
     TRY(get_int(root, label, "num_hidden_layers", 1, 0, &c.n_layers));
-    TRY(require_positive(label, "num_hidden_layers", c.n_layers));
+    TRY(require_dim(label, "num_hidden_layers", c.n_layers, 1024));
     TRY(get_int(root, label, "num_attention_heads", 1, 0, &c.n_heads));
-    TRY(require_positive(label, "num_attention_heads", c.n_heads));
+    TRY(require_dim(label, "num_attention_heads", c.n_heads, 1024));
     TRY(get_int(root, label, "num_key_value_heads", 0, c.n_heads, &c.n_kv_heads));
     TRY(require_positive(label, "num_key_value_heads", c.n_kv_heads));
     if (c.n_heads % c.n_kv_heads != 0) {
@@ -276,22 +285,23 @@ kvl_status kvl_config_parse(const char *json, size_t len, const char *label, kvl
         }
         c.head_dim = c.hidden_size / c.n_heads;
     }
-    TRY(require_positive(label, "head_dim", c.head_dim));
+    TRY(require_dim(label, "head_dim", c.head_dim, 4096));
     if (c.head_dim % 2 != 0) {
         cJSON_Delete(root);
         return kvl__errorf(KVL_ERR_FORMAT, "%s: field 'head_dim' must be even for RoPE (got %d)", label, c.head_dim);
     }
     TRY(get_int(root, label, "intermediate_size", 1, 0, &c.intermediate_size));
-    TRY(require_positive(label, "intermediate_size", c.intermediate_size));
+    TRY(require_dim(label, "intermediate_size", c.intermediate_size, 1 << 18));
     TRY(get_int(root, label, "max_position_embeddings", 0, 4096, &c.max_position_embeddings));
     TRY(require_positive(label, "max_position_embeddings", c.max_position_embeddings));
     TRY(get_int(root, label, "bos_token_id", 0, -1, &c.bos_token_id));
 
     const cJSON *eps = cJSON_GetObjectItemCaseSensitive(root, "rms_norm_eps");
     if (eps && !cJSON_IsNull(eps)) {
-        if (!cJSON_IsNumber(eps) || !(eps->valuedouble > 0)) {
+        if (!cJSON_IsNumber(eps) || !((float)eps->valuedouble > 0) || !(eps->valuedouble < 1)) {
             cJSON_Delete(root);
-            return kvl__errorf(KVL_ERR_FORMAT, "%s: field 'rms_norm_eps' must be a positive number", label);
+            return kvl__errorf(KVL_ERR_FORMAT, "%s: field 'rms_norm_eps' must be a number in (0, 1) that "
+                              "float32 holds above 0", label);
         }
         c.rms_norm_eps = (float)eps->valuedouble;
     } else {

@@ -7,6 +7,8 @@
 #include "model_internal.h"
 
 #include <errno.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,6 +181,24 @@ const char *kvl_kv_dtype_name(kvl_kv_dtype d) { return d == KVL_KV_BF16 ? "bf16"
 
 kvl_kv_dtype kvl_model_kv_dtype(const kvl_model *m) { return m->kv_dtype; }
 
+/* The first non-finite element of x[0, n) (n when every one is finite): blocks OR-reduced, so the
+ * usual all-finite case runs vectorised. */
+static size_t first_non_finite(const float *x, size_t n) {
+    for (size_t b = 0; b < n; b += 4096) {
+        const size_t e = b + 4096 < n ? b + 4096 : n;
+        uint32_t any = 0;
+        for (size_t i = b; i < e; i++) {
+            uint32_t u;
+            memcpy(&u, x + i, sizeof u);
+            any |= (u & 0x7f800000u) == 0x7f800000u;
+        }
+        if (any)
+            for (size_t i = b; i < e; i++)
+                if (!isfinite(x[i])) return i;
+    }
+    return n;
+}
+
 kvl_status kvl_model_load(const char *dir, const kvl_model_params *params, kvl_model **out) {
     if (!dir || !out) return kvl__errorf(KVL_ERR_INVALID_ARG, "kvl_model_load: NULL argument");
     *out = NULL;
@@ -205,7 +225,7 @@ kvl_status kvl_model_load(const char *dir, const kvl_model_params *params, kvl_m
     kvl_st_set *set = NULL;
     if ((s = kvl__model_alloc(&cfg, &prm, &m, &specs, &n_specs, &total)) != KVL_OK) {
         free(cfg_text);
-        return s;
+        return kvl__error_prefix(s, path);
     }
     snprintf(m->dir, sizeof m->dir, "%s", dir);
     {
@@ -244,10 +264,22 @@ kvl_status kvl_model_load(const char *dir, const kvl_model_params *params, kvl_m
                            "(expected %s)", file, p->name, got, want);
             goto fail;
         }
+        if (t->dtype != KVL_DTYPE_F32 && t->dtype != KVL_DTYPE_BF16 && t->dtype != KVL_DTYPE_F16) {
+            s = kvl__errorf(KVL_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s (F32, BF16 or F16 expected)",
+                           file, p->name, kvl_dtype_name(t->dtype));
+            goto fail;
+        }
         if (p->n_dims == 2 && t->dtype != KVL_DTYPE_BF16) all_bf16 = 0;
         size_t n = spec_numel(p);
         if ((s = kvl_st_tensor_to_f32(t, cur, n)) != KVL_OK) {
             kvl__error_prefix(s, file);
+            goto fail;
+        }
+        /* a NaN or infinity in a weight makes every logit NaN, far from here: named now */
+        size_t bad = first_non_finite(cur, n);
+        if (bad < n) {
+            s = kvl__errorf(KVL_ERR_NUMERIC, "%s: tensor '%s' element %zu is %s", file, p->name, bad,
+                           isnan(cur[bad]) ? "NaN" : "Inf");
             goto fail;
         }
         *p->dst = cur;

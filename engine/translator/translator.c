@@ -255,12 +255,11 @@ static kvl_status meta_int(const kvl_safetensors *st, const char *path, const ch
     return KVL_OK;
 }
 
-/* Load tensor `name` of shape [d0] or [d0, d1] (d1 = 0 for 1-D) into dst as float32, finite. */
-static kvl_status load_tensor(const kvl_safetensors *st, const char *path, const char *name,
+/* Load tensor `name` of shape [d0] (nd 1) or [d0, d1] (nd 2) into dst as float32, finite. */
+static kvl_status load_tensor(const kvl_safetensors *st, const char *path, const char *name, int nd,
                               int64_t d0, int64_t d1, float *dst) {
     const kvl_st_tensor *t = kvl_safetensors_find(st, name);
     if (!t) return kvl__errorf(KVL_ERR_FORMAT, "%s: tensor '%s' is missing", path, name);
-    int nd = d1 ? 2 : 1;
     if (t->n_dims != nd || t->shape[0] != d0 || (nd == 2 && t->shape[1] != d1))
         return kvl__errorf(KVL_ERR_MISMATCH, "%s: tensor '%s' has shape [%lld%s%lld], expected "
                           "[%lld%s%lld] from the geometry in the metadata", path, name,
@@ -303,6 +302,17 @@ static kvl_status load_from(kvl_safetensors *st, const char *path, kvl_translato
         return s;
     if (tr->dst_head_dim % 2)
         return kvl__errorf(KVL_ERR_FORMAT, "%s: target_head_dim %d is odd (RoPE needs pairs)", path, tr->dst_head_dim);
+    /* the maps' widths and sizes in 64 bits: each factor is bounded above, their products are
+     * not (a map of 256 taps of 4096 x 4096 features wrapped an int to 0 floats) */
+    const int64_t ds = (int64_t)tr->src_kv_heads * tr->src_head_dim, din = ds * tr->taps,
+                  dt = (int64_t)tr->dst_kv_heads * tr->dst_head_dim;
+    if (ds > KVL_TR_MAX_WIDTH || din > KVL_TR_MAX_WIDTH || dt > KVL_TR_MAX_WIDTH ||
+        (int64_t)tr->dst_layers * dt * din > KVL_TR_MAX_WEIGHTS)
+        return kvl__errorf(KVL_ERR_FORMAT, "%s: the metadata's geometry (source %d taps x %d kv heads x %d "
+                          "head_dim, target %d layers x %d kv heads x %d head_dim) makes maps larger than "
+                          "%lld features wide or %lld weights per side", path, tr->taps, tr->src_kv_heads,
+                          tr->src_head_dim, tr->dst_layers, tr->dst_kv_heads, tr->dst_head_dim,
+                          (long long)KVL_TR_MAX_WIDTH, (long long)KVL_TR_MAX_WEIGHTS);
     const char *eps = kvl_safetensors_metadata(st, "target_rms_norm_eps");
     tr->k_norm_eps = eps ? strtof(eps, NULL) : 1e-6f;
     if (!(tr->k_norm_eps > 0 && tr->k_norm_eps < 1))
@@ -329,16 +339,15 @@ static kvl_status load_from(kvl_safetensors *st, const char *path, kvl_translato
             map = *end ? end + 1 : end;
         }
     }
-    int64_t dt = kvl__tr_dt(tr), ds = kvl__tr_din(tr);
     char name[96];
     for (int l = 0; l < tr->dst_layers; l++) {
         snprintf(name, sizeof name, "layers.%d.k.weight", l);
-        if ((s = load_tensor(st, path, name, dt, ds, kvl_translator_wk(tr, l)))) return s;
+        if ((s = load_tensor(st, path, name, 2, dt, din, kvl_translator_wk(tr, l)))) return s;
         snprintf(name, sizeof name, "layers.%d.v.weight", l);
-        if ((s = load_tensor(st, path, name, dt, ds, kvl_translator_wv(tr, l)))) return s;
+        if ((s = load_tensor(st, path, name, 2, dt, din, kvl_translator_wv(tr, l)))) return s;
         if (tr->dst_qk_norm) {
             snprintf(name, sizeof name, "layers.%d.k_norm.weight", l);
-            if ((s = load_tensor(st, path, name, tr->dst_head_dim, 0,
+            if ((s = load_tensor(st, path, name, 1, tr->dst_head_dim, 0,
                                  tr->k_norm + (size_t)l * tr->dst_head_dim)))
                 return s;
         }
@@ -453,9 +462,9 @@ kvl_status kvl_translator_import_plain(const char *path, const kvl_model *src, c
     for (int l = 0; s == KVL_OK && l < b->n_layers; l++) {
         char name[64];
         snprintf(name, sizeof name, "layers.%d.k.weight", l);
-        s = load_tensor(st, path, name, kvl__tr_dt(tr), kvl__tr_din(tr), kvl_translator_wk(tr, l));
+        s = load_tensor(st, path, name, 2, kvl__tr_dt(tr), kvl__tr_din(tr), kvl_translator_wk(tr, l));
         snprintf(name, sizeof name, "layers.%d.v.weight", l);
-        if (s == KVL_OK) s = load_tensor(st, path, name, kvl__tr_dt(tr), kvl__tr_din(tr), kvl_translator_wv(tr, l));
+        if (s == KVL_OK) s = load_tensor(st, path, name, 2, kvl__tr_dt(tr), kvl__tr_din(tr), kvl_translator_wv(tr, l));
     }
     if (s == KVL_OK) s = kvl_translator_set_meta(tr, "imported_from", path);
     if (s == KVL_OK) s = kvl_translator_set_meta(tr, "created_by", "kvlingo translator import --layout plain");

@@ -46,6 +46,12 @@ static inline void kvl__tr_maps_changed(kvl_translator *t) {
     __atomic_add_fetch(&t->maps_gen, 1, __ATOMIC_RELEASE);
 }
 
+/* Bounds on a loaded translator's maps (its metadata's geometry is checked against them before
+ * anything is allocated): a map's input or output width (features), and its weights per side
+ * (keys or values) over all target layers: 2^31 floats, 8 GB. */
+#define KVL_TR_MAX_WIDTH (1LL << 20)
+#define KVL_TR_MAX_WEIGHTS (1LL << 31)
+
 /* Feature widths: one source layer's Hs*Ds, a map's input T*Hs*Ds, the target's Ht*Dt. */
 static inline int kvl__tr_ds(const kvl_translator *t) { return t->src_kv_heads * t->src_head_dim; }
 static inline int kvl__tr_din(const kvl_translator *t) { return t->taps * kvl__tr_ds(t); }

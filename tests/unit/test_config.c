@@ -171,6 +171,19 @@ static void test_malformed(void **st) {
     expect_error("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE_FIELDS ", \"torch_dtype\": \"int8\"}",
                  KVL_ERR_UNSUPPORTED, "torch_dtype");
     expect_error("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE_FIELDS ", \"head_dim\": 33}", KVL_ERR_FORMAT, "head_dim");
+    /* dimensions past any model's: refused before the loader sizes anything by them (two
+     * million layers made it reserve 3 GB before it looked for the weights) */
+    expect_error("{\"architectures\": [\"Qwen2ForCausalLM\"], \"hidden_size\": 128, \"num_hidden_layers\": 2000000, "
+                 "\"num_attention_heads\": 4, \"intermediate_size\": 256, \"vocab_size\": 100}", KVL_ERR_FORMAT,
+                 "field 'num_hidden_layers' must be in [1, 1024]");
+    expect_error("{\"architectures\": [\"Qwen2ForCausalLM\"], \"hidden_size\": 128, \"num_hidden_layers\": 2, "
+                 "\"num_attention_heads\": 4, \"intermediate_size\": 256, \"vocab_size\": 100000000}", KVL_ERR_FORMAT,
+                 "field 'vocab_size'");
+    expect_error("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE_FIELDS ", \"head_dim\": 8192}", KVL_ERR_FORMAT,
+                 "field 'head_dim' must be in [1, 4096]");
+    /* an epsilon float32 rounds to 0 would divide by zero on an all-zero row */
+    expect_error("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE_FIELDS ", \"rms_norm_eps\": 1e-60}", KVL_ERR_FORMAT,
+                 "rms_norm_eps");
 }
 
 int main(void) {

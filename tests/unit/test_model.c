@@ -36,9 +36,23 @@ static void test_load_errors(void **st) {
     assert_int_equal(kvl__test_write_tiny_model(dir, "Qwen2ForCausalLM", 64, 32, 2, 4, 2, 8, 48, 1e4, 1,
                                                NULL, "model.layers.0.mlp.up_proj.weight"), 0);
     expect_load_error(dir, KVL_ERR_MISMATCH, "model.layers.0.mlp.up_proj.weight", "[49, 32]");
-    /* no weights at all */
     char p[4200];
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    /* a NaN weight: the last float of the file is model.norm.weight's last element (written
+     * last); named at load, not as NaN logits at the first turn */
+    assert_int_equal(kvl__test_write_tiny_model(dir, "Qwen3ForCausalLM", 64, 32, 2, 4, 2, 8, 48, 1e4, 1,
+                                               NULL, NULL), 0);
+    {
+        size_t len = 0;
+        char *bytes = kvl__test_read_file(p, &len);
+        assert_non_null(bytes);
+        const float nan = NAN;
+        memcpy(bytes + len - sizeof nan, &nan, sizeof nan);
+        assert_int_equal(kvl__test_write_file(p, bytes, len), 0);
+        free(bytes);
+    }
+    expect_load_error(dir, KVL_ERR_NUMERIC, "model.norm.weight", "element 31 is NaN");
+    /* no weights at all */
     remove(p);
     expect_load_error(dir, KVL_ERR_NOT_FOUND, dir, NULL);
     /* no config */

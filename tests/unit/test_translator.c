@@ -205,6 +205,25 @@ static void test_corrupt(void **state) {
     assert_int_equal(kvl_safetensors_write(miss, &t, 1, keys, vals, 8), KVL_OK);
     assert_int_equal(kvl_translator_load(miss, &back), KVL_ERR_FORMAT);
     assert_error_has("layers.0.v.weight");
+    /* a geometry whose map width overflows an int (256 taps x 4096 kv heads x 4096 head_dim
+     * wrapped to 0 floats, and a 1-D tensor then filled that empty map) is refused before any
+     * allocation, naming the sizes */
+    float w1[1024] = {0};
+    kvl_st_write_tensor t1[2] = {{"layers.0.k.weight", KVL_DTYPE_F32, 1, {1024}, w1, sizeof w1},
+                                 {"layers.0.v.weight", KVL_DTYPE_F32, 1, {1024}, w1, sizeof w1}};
+    const char *keys9[] = {"format", "source_layers", "source_kv_heads", "source_head_dim", "target_layers",
+                           "target_kv_heads", "target_head_dim", "target_qk_norm", "source_taps"};
+    const char *wrap[] = {"kvlingo-translator-1", "256", "4096", "4096", "1", "16", "4096", "0", "256"};
+    const char *wp = tmpfile_path(f, "wrap.safetensors");
+    assert_int_equal(kvl_safetensors_write(wp, t1, 2, keys9, wrap, 9), KVL_OK);
+    assert_int_equal(kvl_translator_load(wp, &back), KVL_ERR_FORMAT);
+    assert_error_has("wrap.safetensors");
+    assert_error_has("256 taps x 4096 kv heads");
+    /* a 1-D tensor where a map is due: a shape error, not a copy */
+    const char *small[] = {"kvlingo-translator-1", "1", "32", "32", "1", "1", "2", "0", "1"};
+    assert_int_equal(kvl_safetensors_write(wp, t1, 2, keys9, small, 9), KVL_OK);
+    assert_int_equal(kvl_translator_load(wp, &back), KVL_ERR_MISMATCH);
+    assert_error_has("layers.0.k.weight");
     kvl_translator_free(tr);
 }
 
