@@ -69,7 +69,7 @@ static int run_receiver(int rd, int wr, const int *sizes, int ns, double seconds
                 fprintf(stderr, "receiver: %s\n", kvl_last_error());
                 return 1;
             }
-            kvl__transport_recv_free(t, r);
+            kvl__transport_recv_free(t, r, NULL, NULL);
         }
     }
     char done = 1;
@@ -115,10 +115,10 @@ static int bench_transfer(int argc, char **argv) {
     for (int i = 0; i < ns && !rc; i++) {
         size_t b = (size_t)sizes[i] << 20;
         int iters = iters_for(b, seconds);
-        if (kvl__transport_send(t, addr, l, ++tag, buf, b, 60000, NULL) != KVL_OK) rc = 1;   /* warm-up */
+        if (kvl__transport_send(t, addr, l, ++tag, buf, b, 60000, NULL, NULL, NULL, NULL) != KVL_OK) rc = 1;   /* warm-up */
         double t0 = kvl__now_s();
         for (int k = 0; k < iters && !rc; k++)
-            if (kvl__transport_send(t, addr, l, ++tag, buf, b, 60000, NULL) != KVL_OK) rc = 1;
+            if (kvl__transport_send(t, addr, l, ++tag, buf, b, 60000, NULL, NULL, NULL, NULL) != KVL_OK) rc = 1;
         double dt = kvl__now_s() - t0;
         if (rc) fprintf(stderr, "send: %s\n", kvl_last_error());
         else printf("transfer size_mb=%d iters=%d gbps=%.3f\n", sizes[i], iters,

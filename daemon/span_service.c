@@ -233,15 +233,22 @@ kvl_status kvld_span_unland(kvld_session *s, const Kvlingo__V1__SpanHeader *h) {
     return KVL_OK;
 }
 
+/* A span buffer the transport used past its call (a send to a stalled peer, a receive whose
+ * sender died mid-message) comes back here when that ends (kvl__transport_release_fn). */
+static void give_span_buffer(void *spanbufs, void *buf) {
+    kvl__spanbuf_give(spanbufs, buf);
+}
+
 void kvld_span_import_end(kvld_node *n, kvl__transport_recv *rv, uint8_t *payload, kvld_session *s,
                           int drop) {
-    if (kvl__transport_recv_free(n->transport, rv)) {
+    if (kvl__transport_recv_free(n->transport, rv, give_span_buffer, n->spanbufs)) {
         kvl__spanbuf_give(n->spanbufs, payload);
     } else if (payload) {
         /* its sender died mid-transfer and the transport still holds the receive: the buffer
-         * may yet be written, so it is neither reused nor freed (the process keeps it) */
+         * may yet be written, so the transport keeps it until the receive ends */
         kvl__svc_log("warn", "msg=span_buffer_abandoned reason=\"a receive matched a transfer that "
-                     "never finished (its sender stopped mid-message); its buffer is not reused\"");
+                     "never finished (its sender stopped mid-message); its buffer comes back when "
+                     "the receive ends\"");
     }
     if (!s) return;
     if (!drop) {
@@ -454,6 +461,7 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     }
     kvld_session *s = NULL;
     uint8_t *payload = NULL;
+    int payload_kept = 0;   /* the transport still reads payload (a stalled peer): it gives it back */
     size_t plen = 0;
     kvl__rpc_stream *stream = NULL;
     uint8_t *msg = NULL;
@@ -554,7 +562,8 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
         if (kvld_node_peer_transport(n, in->peer, addr, sizeof addr, &alen, NULL) != KVL_OK)
             FAIL(GRPC_STATUS_UNAVAILABLE, "%s", kvl_last_error());
         double t_x = kvl__now_s();
-        st = kvl__transport_send(n->transport, addr, alen, in->push_tag, payload, plen + tlen, tmo, &fl.stop_send);
+        st = kvl__transport_send(n->transport, addr, alen, in->push_tag, payload, plen + tlen, tmo, &fl.stop_send,
+                                 give_span_buffer, n->spanbufs, &payload_kept);
         xfer_s = kvl__now_s() - t_x;
         if (fl.cancelled) FAIL(GRPC_STATUS_CANCELLED, "export cancelled by the client");
         if (st != KVL_OK) {
@@ -610,7 +619,8 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     watching = pthread_create(&watcher, NULL, watch_verdict, &w) == 0;
     double t_x = kvl__now_s();
     st = kvl__transport_send(n->transport, ep->transport_address.data, ep->transport_address.len,
-                            ep->tag, payload, plen, tmo, &fl.stop_send);
+                            ep->tag, payload, plen, tmo, &fl.stop_send, give_span_buffer, n->spanbufs,
+                            &payload_kept);
     xfer_s = kvl__now_s() - t_x;
     if (st != KVL_OK) {
         char why[512];
@@ -682,6 +692,7 @@ out:
     free(msg);
     kvl__rpc_stream_free(stream);
     if (peer_held) kvld_node_peer_release(n, in->peer);
-    kvl__spanbuf_give(n->spanbufs, payload);
+    /* a send the peer stalled keeps its payload: the transport gives it back when it ends */
+    if (!payload_kept) kvl__spanbuf_give(n->spanbufs, payload);
     kvlingo__v1__export_span_request__free_unpacked(in, NULL);
 }

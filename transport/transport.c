@@ -56,8 +56,9 @@ int kvl__transport_recv_poll(kvl__transport *t, kvl__transport_recv *r, int64_t 
     return t->ops->recv_poll(t, r, wait_us);
 }
 
-int kvl__transport_recv_free(kvl__transport *t, kvl__transport_recv *r) {
-    return t && r ? t->ops->recv_free(t, r) : 1;
+int kvl__transport_recv_free(kvl__transport *t, kvl__transport_recv *r, kvl__transport_release_fn release,
+                             void *release_arg) {
+    return t && r ? t->ops->recv_free(t, r, release, release_arg) : 1;
 }
 
 uint64_t kvl__transport_receives_abandoned(const kvl__transport *t) {
@@ -66,10 +67,12 @@ uint64_t kvl__transport_receives_abandoned(const kvl__transport *t) {
 
 kvl_status kvl__transport_send(kvl__transport *t, const uint8_t *addr, size_t addr_len,
                               uint64_t tag, const void *buf, size_t len, int64_t timeout_ms,
-                              const volatile int *cancel) {
+                              const volatile int *cancel, kvl__transport_release_fn release,
+                              void *release_arg, int *kept) {
+    if (kept) *kept = 0;
     if (!t || !addr || !addr_len || (!buf && len))
         return kvl__errorf(KVL_ERR_INVALID_ARG, "transport: send: NULL argument");
-    return t->ops->send(t, addr, addr_len, tag, buf, len, timeout_ms, cancel);
+    return t->ops->send(t, addr, addr_len, tag, buf, len, timeout_ms, cancel, release, release_arg, kept);
 }
 
 kvl_status kvl__transport_connect(kvl__transport *t, const uint8_t *addr, size_t addr_len,

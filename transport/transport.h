@@ -68,23 +68,37 @@ kvl_status kvl__transport_recv_wait(kvl__transport *t, kvl__transport_recv *r, i
  * span's bytes and for the source's answer, whichever comes first). */
 int kvl__transport_recv_poll(kvl__transport *t, kvl__transport_recv *r, int64_t wait_us);
 
+/* What takes back a buffer that a send or receive still uses after its call returned (see
+ * kvl__transport_send, kvl__transport_recv_free): called once with `arg` and the buffer, from
+ * whichever thread drives the transport when the operation finally ends, or from
+ * kvl__transport_free.  It must not call into the transport. */
+typedef void (*kvl__transport_release_fn)(void *arg, void *buf);
+
 /* Cancel if still pending and release.  Returns 1 when the receive's buffer is the caller's
  * again (NULL: a no-op, 1).  Returns 0 when the receive had already matched a message whose
  * sender stopped mid-way (killed during a transfer), so that it could be neither cancelled nor
- * completed within 2 s: the transport keeps the handle, and the buffer must be neither reused
- * nor freed until kvl__transport_free (it may still be written); counted by
+ * completed within 2 s: the transport keeps the handle and the buffer, which may still be
+ * written; it gives the buffer to release(release_arg, buf) when the receive ends or at
+ * kvl__transport_free (release NULL: the buffer must then outlive the transport).  Counted by
  * kvl__transport_receives_abandoned. */
-int kvl__transport_recv_free(kvl__transport *t, kvl__transport_recv *r);
+int kvl__transport_recv_free(kvl__transport *t, kvl__transport_recv *r, kvl__transport_release_fn release,
+                             void *release_arg);
 uint64_t kvl__transport_receives_abandoned(const kvl__transport *t);
 
 /* Send buf[0..len) to the peer at `addr` with `tag`; blocks until the data has left `buf`
  * (the peer took it).  Endpoints are created on first use and cached.  KVL_ERR_IO on a peer
  * failure (peer gone, unreachable) or timeout (timeout_ms <= 0: none), KVL_ERR_CANCELLED when
- * *cancel became nonzero (cancel may be NULL; already nonzero at the call: nothing is sent); after a failure the endpoint is closed and the
- * next send to that address makes a new one. */
+ * *cancel became nonzero (cancel may be NULL; already nonzero at the call: nothing is sent);
+ * after a failure the endpoint is closed and the next send to that address makes a new one.
+ * *kept (may be NULL) is set to 1 when the send outlived the call: a peer that stopped taking
+ * data (a frozen process) may still take the rest later, so the transport keeps reading buf
+ * and gives it to release(release_arg, buf) once the send ends; the caller must then neither
+ * free nor reuse buf (release NULL: buf must outlive the transport).  Else *kept is 0 and buf
+ * is the caller's again. */
 kvl_status kvl__transport_send(kvl__transport *t, const uint8_t *addr, size_t addr_len,
                               uint64_t tag, const void *buf, size_t len, int64_t timeout_ms,
-                              const volatile int *cancel);
+                              const volatile int *cancel, kvl__transport_release_fn release,
+                              void *release_arg, int *kept);
 
 /* Set up (and cache) the endpoint to the peer at `addr` ahead of the first send, and wait until
  * it is wired up, so that the first span to that peer pays no connection set-up.  KVL_ERR_IO on

@@ -12,11 +12,13 @@ typedef struct kvl__transport_ops {
                             kvl__transport_recv **out);
     kvl_status (*recv_wait)(kvl__transport *t, kvl__transport_recv *r, int64_t timeout_ms,
                             const volatile int *cancel, size_t *received);
-    int (*recv_free)(kvl__transport *t, kvl__transport_recv *r);   /* as kvl__transport_recv_free */
+    int (*recv_free)(kvl__transport *t, kvl__transport_recv *r, kvl__transport_release_fn release,
+                     void *release_arg);   /* as kvl__transport_recv_free */
     int (*recv_poll)(kvl__transport *t, kvl__transport_recv *r, int64_t wait_us);   /* as kvl__transport_recv_poll */
     kvl_status (*send)(kvl__transport *t, const uint8_t *addr, size_t addr_len, uint64_t tag,
                        const void *buf, size_t len, int64_t timeout_ms,
-                       const volatile int *cancel);
+                       const volatile int *cancel, kvl__transport_release_fn release,
+                       void *release_arg, int *kept);   /* as kvl__transport_send */
     /* may be NULL: the kind needs no connection set-up */
     kvl_status (*connect)(kvl__transport *t, const uint8_t *addr, size_t addr_len, int64_t timeout_ms);
 } kvl__transport_ops;

@@ -69,7 +69,9 @@ typedef struct ucx_transport {
     int n_orphans;               /* of outstanding: a receive whose sender died never completes,
                                   * so the progress loop does not count them as work due */
     uint8_t *scratch;            /* where unexpected messages are received to be dropped */
-    int drains;                  /* such receives in flight */
+    int drains;                  /* such receives in flight (a stuck one no longer counts)  */
+    struct drain_op *drain_list; /* every drain not completed yet, stuck ones included      */
+    int n_stuck;                 /* of outstanding: drains whose sender died mid-message     */
 } ucx_transport;
 
 /* Unexpected messages (no posted receive matched their tag: a guessed tag, or a transfer whose
@@ -77,14 +79,28 @@ typedef struct ucx_transport {
  * one scratch buffer (a longer one is truncated, which releases it too) and dropped.  Bounded
  * work per pass so that a flood cannot starve the worker. */
 #define DRAIN_SCRATCH (64 * 1024)
+#define KVL_UCX_ADDR_PAD 1024   /* zeros behind a peer's address copy (see get_peer) */
 #define DRAIN_PER_PASS 256
 #define DRAIN_IN_FLIGHT 64
+/* A drain not done after this long matched a message whose sender died mid-way: it may never
+ * complete, so it stops counting against DRAIN_IN_FLIGHT and as work due (else a few dead
+ * senders would stop all draining, and keep the progress thread polling for ever). */
+#define DRAIN_STUCK_S 10.0
+
+typedef struct drain_op {
+    ucx_transport *u;
+    double t0;                   /* when it was posted (kvl__now_s) */
+    int stuck;
+    struct drain_op *next;
+} drain_op;
 
 static void drain_unexpected(ucx_transport *u);
 
+/* cv waits on CLOCK_MONOTONIC (see kvl__transport_ucx_create): a step of the wall clock does
+ * not stretch a 1 ms wait. */
 static void cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, int ms) {
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     ts.tv_nsec += (long)ms * 1000000L;
     while (ts.tv_nsec >= 1000000000L) {
         ts.tv_sec++;
@@ -114,7 +130,7 @@ static void *progress_main(void *arg) {
         unsigned n = 0;
         while (n < 64 && ucp_worker_progress(u->worker)) n++;
         drain_unexpected(u);
-        int busy = u->outstanding - u->n_orphans > 0;
+        int busy = u->outstanding - u->n_orphans - u->n_stuck > 0;
         pthread_mutex_unlock(&u->mu);
         if (busy && n > 0) {
             idle = 0;
@@ -148,6 +164,9 @@ typedef struct op_with_t {
     ucx_transport *u;
     int orphan;   /* given up on: the callback (or ucx_free) frees it */
     struct op_with_t *next_orphan;
+    void *buf;                          /* the send's or receive's buffer                       */
+    kvl__transport_release_fn release;  /* an orphan's buffer goes back through it (or NULL)    */
+    void *release_arg;
 } op_with_t;
 
 /* mu held: forget an orphan that completed */
@@ -156,8 +175,9 @@ static void unlink_orphan(ucx_transport *u, op_with_t *o);
 static void send_cb(void *request, ucs_status_t status, void *user_data) {
     op_with_t *o = user_data;
     complete(o->u, &o->op, status, request);
-    if (o->orphan) {
+    if (o->orphan) {   /* the send outlived its call: its buffer goes back now */
         unlink_orphan(o->u, o);
+        if (o->release) o->release(o->release_arg, o->buf);
         free(o);
     }
 }
@@ -167,39 +187,71 @@ static void recv_cb(void *request, ucs_status_t status, const ucp_tag_recv_info_
     op_with_t *o = user_data;
     if (status == UCS_OK && info) o->op.length = info->length;
     complete(o->u, &o->op, status, request);
-    if (o->orphan) {   /* abandoned by ucx_recv_free: its buffer was never reused */
+    if (o->orphan) {   /* abandoned by ucx_recv_free: its buffer was never reused, and goes back now */
         unlink_orphan(o->u, o);
+        if (o->release) o->release(o->release_arg, o->buf);
         free(o);
     }
 }
 
 static void drain_cb(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
                      void *user_data) {
-    ucx_transport *u = user_data;
+    drain_op *d = user_data;
+    ucx_transport *u = d->u;
     u->outstanding--;
-    u->drains--;
+    if (d->stuck) u->n_stuck--;
+    else u->drains--;
+    for (drain_op **pp = &u->drain_list; *pp; pp = &(*pp)->next)
+        if (*pp == d) { *pp = d->next; break; }
+    free(d);
     __atomic_add_fetch(&u->base.unmatched_dropped, 1, __ATOMIC_RELAXED);
     ucp_request_free(request);
 }
 
+/* mu held: drains posted more than DRAIN_STUCK_S ago stop counting as in flight. */
+static void mark_stuck_drains(ucx_transport *u, double now) {
+    for (drain_op *d = u->drain_list; d; d = d->next)
+        if (!d->stuck && now - d->t0 > DRAIN_STUCK_S) {
+            d->stuck = 1;
+            u->drains--;
+            u->n_stuck++;
+        }
+}
+
 /* mu held */
 static void drain_unexpected(ucx_transport *u) {
+    if (u->drain_list) mark_stuck_drains(u, kvl__now_s());
     for (int i = 0; i < DRAIN_PER_PASS && u->drains < DRAIN_IN_FLIGHT; i++) {
+        drain_op *d = calloc(1, sizeof *d);   /* before the probe, which takes the message */
+        if (!d) return;                       /* the message waits for the next pass */
         ucp_tag_recv_info_t info;
         ucp_tag_message_h m = ucp_tag_probe_nb(u->worker, 0, 0, 1, &info);
-        if (!m) return;
+        if (!m) {
+            free(d);
+            return;
+        }
         ucp_request_param_t prm;
         memset(&prm, 0, sizeof prm);
         prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
         prm.cb.recv = drain_cb;
-        prm.user_data = u;
-        ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(u->worker, u->scratch, DRAIN_SCRATCH, m, &prm);
-        if (r == NULL || UCS_PTR_IS_ERR(r)) {   /* done at once (or refused): gone either way */
-            __atomic_add_fetch(&u->base.unmatched_dropped, 1, __ATOMIC_RELAXED);
-            continue;
-        }
+        prm.user_data = d;
+        d->u = u;
+        d->t0 = kvl__now_s();
+        /* listed and counted before the call: its callback may run inside it (a message longer
+         * than the scratch ends at once, truncated), and then unlists, uncounts and frees it */
+        d->next = u->drain_list;
+        u->drain_list = d;
         u->outstanding++;
         u->drains++;
+        ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(u->worker, u->scratch, DRAIN_SCRATCH, m, &prm);
+        if (r == NULL || UCS_PTR_IS_ERR(r)) {   /* done at once (no callback), or refused: gone either way */
+            for (drain_op **pp = &u->drain_list; *pp; pp = &(*pp)->next)
+                if (*pp == d) { *pp = d->next; break; }
+            free(d);
+            u->outstanding--;
+            u->drains--;
+            __atomic_add_fetch(&u->base.unmatched_dropped, 1, __ATOMIC_RELAXED);
+        }
     }
 }
 
@@ -311,6 +363,7 @@ static kvl_status ucx_recv_post(kvl__transport *t, uint64_t tag, void *buf, size
     op_with_t *o = calloc(1, sizeof *o);
     if (!o) return kvl__errorf(KVL_ERR_NOMEM, "transport: recv");
     o->u = u;
+    o->buf = buf;
     ucp_request_param_t prm;
     memset(&prm, 0, sizeof prm);
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -360,8 +413,11 @@ static int ucx_recv_poll(kvl__transport *t, kvl__transport_recv *r, int64_t wait
     pthread_mutex_lock(&u->mu);
     u->waiters++;
     while (!r->op.done) {
+        /* the time is looked at on every pass: a worker kept busy by other transfers (or a
+         * flood) must not hold a caller that asked for one look */
         if (ucp_worker_progress(u->worker) || r->op.done) {
             idle = 0;
+            if (r->op.done || kvl__now_s() >= until) break;
             continue;
         }
         if (kvl__now_s() >= until) break;
@@ -387,7 +443,8 @@ static void unlink_orphan(ucx_transport *u, op_with_t *o) {
     }
 }
 
-static int ucx_recv_free(kvl__transport *t, kvl__transport_recv *r) {
+static int ucx_recv_free(kvl__transport *t, kvl__transport_recv *r, kvl__transport_release_fn release,
+                         void *release_arg) {
     ucx_transport *u = (ucx_transport *)t;
     pthread_mutex_lock(&u->mu);
     static const int yes = 1;
@@ -395,6 +452,8 @@ static int ucx_recv_free(kvl__transport *t, kvl__transport_recv *r) {
     const int done = r->op.done;
     if (!done) {   /* matched, and its sender stopped mid-message: the callback frees it */
         op_with_t *o = (op_with_t *)r;
+        o->release = release;
+        o->release_arg = release_arg;
         o->orphan = 1;
         o->next_orphan = u->orphans;
         u->orphans = o;
@@ -437,8 +496,11 @@ static kvl_status get_peer(ucx_transport *u, const uint8_t *addr, size_t len, uc
         }
         pp = &p->next;
     }
+    /* ucp_ep_create takes no length: UCX reads the lengths packed inside the address, so a
+     * short or damaged one (from a peer's reply) is copied in front of zeros, which end its
+     * parse inside this copy instead of past it */
     ucx_peer *p = calloc(1, sizeof *p);
-    if (!p || !(p->addr = malloc(len))) {
+    if (!p || !(p->addr = calloc(1, len + KVL_UCX_ADDR_PAD))) {
         free(p);
         return kvl__errorf(KVL_ERR_NOMEM, "transport: peer");
     }
@@ -487,7 +549,8 @@ static void drop_peer(ucx_transport *u, uint64_t id) {
  * an endpoint flush, which completes once the endpoint's lanes are wired up with the peer. */
 static kvl_status peer_op(ucx_transport *u, const uint8_t *addr, size_t addr_len, int flush,
                           uint64_t tag, const void *buf, size_t len, int64_t timeout_ms,
-                          const volatile int *cancel) {
+                          const volatile int *cancel, kvl__transport_release_fn release,
+                          void *release_arg, int *kept) {
     const char *what = flush ? "connect" : "send";
     /* cancelled before it started: nothing is sent.  Checked here, not only in wait_op, since
      * an eager send the peer takes at once completes inside ucp_tag_send_nbx (its callback
@@ -540,6 +603,12 @@ static kvl_status peer_op(ucx_transport *u, const uint8_t *addr, size_t addr_len
     if (o->op.done) {
         free(o);
     } else {
+        /* force-closing the endpoint does not end a send over shared memory: a peer that
+         * resumes takes the rest from buf, which therefore stays the transport's until then */
+        o->buf = (void *)buf;
+        o->release = release;
+        o->release_arg = release_arg;
+        if (kept) *kept = 1;
         o->orphan = 1;
         o->next_orphan = u->orphans;
         u->orphans = o;
@@ -551,14 +620,16 @@ static kvl_status peer_op(ucx_transport *u, const uint8_t *addr, size_t addr_len
 
 static kvl_status ucx_send(kvl__transport *t, const uint8_t *addr, size_t addr_len, uint64_t tag,
                            const void *buf, size_t len, int64_t timeout_ms,
-                           const volatile int *cancel) {
-    return peer_op((ucx_transport *)t, addr, addr_len, 0, tag, buf, len, timeout_ms, cancel);
+                           const volatile int *cancel, kvl__transport_release_fn release,
+                           void *release_arg, int *kept) {
+    return peer_op((ucx_transport *)t, addr, addr_len, 0, tag, buf, len, timeout_ms, cancel, release,
+                   release_arg, kept);
 }
 
 /* Create the endpoint and flush it: the wire-up the first send would otherwise wait for. */
 static kvl_status ucx_connect(kvl__transport *t, const uint8_t *addr, size_t addr_len,
                               int64_t timeout_ms) {
-    return peer_op((ucx_transport *)t, addr, addr_len, 1, 0, NULL, 0, timeout_ms, NULL);
+    return peer_op((ucx_transport *)t, addr, addr_len, 1, 0, NULL, 0, timeout_ms, NULL, NULL, NULL, NULL);
 }
 
 static const kvl__transport_ops ucx_ops = {
@@ -583,7 +654,11 @@ kvl_status kvl__transport_ucx_create(kvl__transport **out) {
         free(u);
         return kvl__errorf(KVL_ERR_NOMEM, "transport: ucx scratch buffer");
     }
-    pthread_cond_init(&u->cv, NULL);
+    pthread_condattr_t ca;   /* cond_wait_ms waits on the monotonic clock */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&u->cv, &ca);
+    pthread_condattr_destroy(&ca);
     const char *em = getenv("KVL_UCX_ERR_MODE");
     u->err_mode_peer = em && strcmp(em, "peer") == 0;
     ucp_config_t *cfg = NULL;
@@ -678,7 +753,13 @@ static void ucx_free(kvl__transport *t) {
     while (u->orphans) {
         op_with_t *o = u->orphans;
         u->orphans = o->next_orphan;
+        if (o->release) o->release(o->release_arg, o->buf);
         free(o);
+    }
+    while (u->drain_list) {
+        drain_op *d = u->drain_list;
+        u->drain_list = d->next;
+        free(d);
     }
     if (u->ctx) ucp_cleanup(u->ctx);
     pthread_mutex_destroy(&u->mu);

@@ -121,7 +121,7 @@ static int run_flood(const char *addr, long count, long bytes) {
     for (long i = 1; i <= count; i++) {
         buf[0] = (uint8_t)i;
         if (kvl__transport_send(t, info->transport_address.data, info->transport_address.len,
-                                (uint64_t)i, buf, (size_t)bytes, 5000, NULL) == KVL_OK)
+                                (uint64_t)i, buf, (size_t)bytes, 5000, NULL, NULL, NULL, NULL) == KVL_OK)
             sent++;
     }
     printf("sent=%ld\n", sent);
@@ -210,7 +210,7 @@ int main(int argc, char **argv) {
         } else if (!strcmp(mode, "stall")) {
             /* the announced span never comes: the node must end the import by itself */
         } else if (kvl__transport_send(t, ep->transport_address.data, ep->transport_address.len,
-                                      ep->tag, buf, send_len, 10000, NULL)) {
+                                      ep->tag, buf, send_len, 10000, NULL, NULL, NULL, NULL)) {
             fprintf(stderr, "span_inject: send: %s\n", kvl_last_error());
         }
         kvl__rpc_result fin;

@@ -12,6 +12,8 @@
 #include <unistd.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <sched.h>
 #include <stdatomic.h>
 
@@ -47,12 +49,12 @@ static void test_send_recv(void **state) {
         uint64_t tag = kvl__transport_new_tag(b);
         kvl__transport_recv *r;
         assert_int_equal(kvl__transport_recv_post(b, tag, dst, n, &r), KVL_OK);
-        assert_int_equal(kvl__transport_send(a, addr, alen, tag, src, n, 10000, NULL), KVL_OK);
+        assert_int_equal(kvl__transport_send(a, addr, alen, tag, src, n, 10000, NULL, NULL, NULL, NULL), KVL_OK);
         size_t got;
         assert_int_equal(kvl__transport_recv_wait(b, r, 10000, NULL, &got), KVL_OK);
         assert_int_equal(got, n);
         assert_memory_equal(src, dst, n);
-        kvl__transport_recv_free(b, r);
+        kvl__transport_recv_free(b, r, NULL, NULL);
         free(src);
         free(dst);
     }
@@ -62,27 +64,27 @@ static void test_send_recv(void **state) {
     kvl__transport_recv *r;
     size_t got;
     assert_int_equal(kvl__transport_recv_post(b, tag, buf, sizeof buf, &r), KVL_OK);
-    assert_int_equal(kvl__transport_send(a, addr, alen, tag, small, sizeof small, 10000, NULL), KVL_OK);
+    assert_int_equal(kvl__transport_send(a, addr, alen, tag, small, sizeof small, 10000, NULL, NULL, NULL, NULL), KVL_OK);
     assert_int_equal(kvl__transport_recv_wait(b, r, 10000, NULL, &got), KVL_OK);
     assert_int_equal(got, sizeof small);
-    kvl__transport_recv_free(b, r);
+    kvl__transport_recv_free(b, r, NULL, NULL);
     /* longer than announced: the receive fails with RANGE */
     uint8_t big[256] = {0};
     tag = kvl__transport_new_tag(b);
     assert_int_equal(kvl__transport_recv_post(b, tag, buf, sizeof buf, &r), KVL_OK);
-    kvl__transport_send(a, addr, alen, tag, big, sizeof big, 10000, NULL);
+    kvl__transport_send(a, addr, alen, tag, big, sizeof big, 10000, NULL, NULL, NULL, NULL);
     assert_int_equal(kvl__transport_recv_wait(b, r, 10000, NULL, &got), KVL_ERR_RANGE);
-    kvl__transport_recv_free(b, r);
+    kvl__transport_recv_free(b, r, NULL, NULL);
     /* nothing sent: timeout, then cancellation */
     tag = kvl__transport_new_tag(b);
     assert_int_equal(kvl__transport_recv_post(b, tag, buf, sizeof buf, &r), KVL_OK);
     assert_int_equal(kvl__transport_recv_wait(b, r, 50, NULL, &got), KVL_ERR_IO);
-    kvl__transport_recv_free(b, r);
+    kvl__transport_recv_free(b, r, NULL, NULL);
     volatile int cancel = 1;
     tag = kvl__transport_new_tag(b);
     assert_int_equal(kvl__transport_recv_post(b, tag, buf, sizeof buf, &r), KVL_OK);
     assert_int_equal(kvl__transport_recv_wait(b, r, 5000, &cancel, &got), KVL_ERR_CANCELLED);
-    kvl__transport_recv_free(b, r);
+    kvl__transport_recv_free(b, r, NULL, NULL);
     /* tags are random: nobody can guess the next receive's */
     uint64_t t1 = kvl__transport_new_tag(b), t2 = kvl__transport_new_tag(b);
     assert_true(t1 != 0 && t2 != 0 && t1 != t2 && t2 != t1 + 1);
@@ -95,33 +97,33 @@ static void test_send_recv(void **state) {
     int64_t t0 = kvl__now_ms();
     for (int i = 0; i < 100; i++)
         assert_int_equal(kvl__transport_send(a, addr, alen, (uint64_t)i + 1, small, sizeof small, 5000,
-                                            NULL), KVL_OK);
+                                            NULL, NULL, NULL, NULL), KVL_OK);
     assert_int_equal(kvl__transport_send(a, addr, alen, kvl__transport_new_tag(b), bigbuf, big_n,
-                                        5000, NULL), KVL_OK);
+                                        5000, NULL, NULL, NULL, NULL), KVL_OK);
     while (kvl__transport_unmatched_dropped(b) < dropped0 + 101 && kvl__now_ms() - t0 < 5000) usleep(1000);
     assert_int_equal(kvl__transport_unmatched_dropped(b), dropped0 + 101);
     /* a posted receive is not disturbed by the drain: it still gets its message */
     tag = kvl__transport_new_tag(b);
     assert_int_equal(kvl__transport_recv_post(b, tag, buf, sizeof buf, &r), KVL_OK);
-    assert_int_equal(kvl__transport_send(a, addr, alen, tag, small, sizeof small, 10000, NULL), KVL_OK);
+    assert_int_equal(kvl__transport_send(a, addr, alen, tag, small, sizeof small, 10000, NULL, NULL, NULL, NULL), KVL_OK);
     assert_int_equal(kvl__transport_recv_wait(b, r, 10000, NULL, &got), KVL_OK);
     assert_int_equal(got, sizeof small);
-    kvl__transport_recv_free(b, r);
+    kvl__transport_recv_free(b, r, NULL, NULL);
     /* cancelled before the call: refused, and nothing reaches the peer (an eager send the peer
      * drained at once used to complete inside UCX's send call, and came back KVL_OK) */
     volatile int stop = 1;
     const uint64_t dropped1 = kvl__transport_unmatched_dropped(b);
     assert_int_equal(kvl__transport_send(a, addr, alen, kvl__transport_new_tag(b), bigbuf, big_n,
-                                        5000, &stop), KVL_ERR_CANCELLED);
+                                        5000, &stop, NULL, NULL, NULL), KVL_ERR_CANCELLED);
     usleep(20000);
     assert_int_equal(kvl__transport_unmatched_dropped(b), dropped1);
     tag = kvl__transport_new_tag(b);
     uint8_t *dst2 = malloc(big_n);
     assert_int_equal(kvl__transport_recv_post(b, tag, dst2, big_n, &r), KVL_OK);
-    assert_int_equal(kvl__transport_send(a, addr, alen, tag, bigbuf, big_n, 10000, NULL), KVL_OK);
+    assert_int_equal(kvl__transport_send(a, addr, alen, tag, bigbuf, big_n, 10000, NULL, NULL, NULL, NULL), KVL_OK);
     assert_int_equal(kvl__transport_recv_wait(b, r, 10000, NULL, &got), KVL_OK);
     assert_int_equal(got, big_n);
-    kvl__transport_recv_free(b, r);
+    kvl__transport_recv_free(b, r, NULL, NULL);
     free(dst2);
     free(bigbuf);
     /* unknown kind */
@@ -620,13 +622,13 @@ static void test_send_rendezvous(void **state) {
     kvl__transport_recv *r;
     size_t got;
     assert_int_equal(kvl__transport_recv_post(b, tag, dst, n, &r), KVL_OK);
-    assert_int_equal(kvl__transport_send(a, addr, alen, tag, src, n, 10000, NULL), KVL_OK);
+    assert_int_equal(kvl__transport_send(a, addr, alen, tag, src, n, 10000, NULL, NULL, NULL, NULL), KVL_OK);
     assert_int_equal(kvl__transport_recv_wait(b, r, 10000, NULL, &got), KVL_OK);
     assert_int_equal(got, n);
     assert_memory_equal(src, dst, n);
-    kvl__transport_recv_free(b, r);
+    kvl__transport_recv_free(b, r, NULL, NULL);
     uint64_t dropped0 = kvl__transport_unmatched_dropped(b);
-    assert_int_equal(kvl__transport_send(a, addr, alen, kvl__transport_new_tag(b), src, n, 5000, NULL),
+    assert_int_equal(kvl__transport_send(a, addr, alen, kvl__transport_new_tag(b), src, n, 5000, NULL, NULL, NULL, NULL),
                      KVL_OK);
     int64_t t0 = kvl__now_ms();
     while (kvl__transport_unmatched_dropped(b) < dropped0 + 1 && kvl__now_ms() - t0 < 5000) usleep(1000);
@@ -637,8 +639,76 @@ static void test_send_rendezvous(void **state) {
     kvl__transport_free(b);
 }
 
+static atomic_int released;
+static void on_release(void *arg, void *buf) {
+    assert_ptr_equal(arg, &released);
+    free(buf);   /* only now: the transport read it until here */
+    atomic_fetch_add(&released, 1);
+}
+
+/* A send to a peer that stops taking data (a frozen process) times out, but UCX keeps reading
+ * the buffer once the peer resumes: the buffer stays the transport's (kept) and comes back
+ * through the release callback when the send ends, never earlier.  Freed at the timeout, the
+ * sender crashed in ucp_dt_pack when the peer resumed. */
+static void test_send_stalled_peer(void **state) {
+    (void)state;
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {   /* the receiving peer: its address to the parent, then it idles */
+        close(pfd[0]);
+        kvl__transport *b = NULL;
+        if (kvl__transport_create("ucx", &b) != KVL_OK) _exit(2);
+        const uint8_t *addr;
+        size_t alen;
+        kvl__transport_address(b, &addr, &alen);
+        uint32_t l32 = (uint32_t)alen;
+        if (write(pfd[1], &l32, 4) != 4 || write(pfd[1], addr, alen) != (ssize_t)alen) _exit(3);
+        for (;;) pause();
+    }
+    close(pfd[1]);
+    uint32_t alen = 0;
+    assert_int_equal(read(pfd[0], &alen, 4), 4);
+    assert_true(alen > 0 && alen < 65536);
+    uint8_t *addr = malloc(alen);
+    assert_non_null(addr);
+    size_t got = 0;
+    while (got < alen) {
+        ssize_t r = read(pfd[0], addr + got, alen - got);
+        assert_true(r > 0);
+        got += (size_t)r;
+    }
+    close(pfd[0]);
+    kvl__transport *a = NULL;
+    assert_int_equal(kvl__transport_create("ucx", &a), KVL_OK);
+    assert_int_equal(kvl__transport_connect(a, addr, alen, 5000), KVL_OK);
+    assert_int_equal(kill(child, SIGSTOP), 0);
+    const size_t n = 24u << 20;
+    uint8_t *buf = malloc(n);
+    assert_non_null(buf);
+    memset(buf, 0x3c, n);
+    atomic_store(&released, 0);
+    int kept = -1;
+    kvl_status st = kvl__transport_send(a, addr, alen, kvl__transport_new_tag(a), buf, n, 500, NULL,
+                                        on_release, &released, &kept);
+    assert_int_not_equal(st, KVL_OK);   /* the frozen peer took too little in 500 ms */
+    print_message("stalled send: status %d, kept %d\n", (int)st, kept);
+    if (!kept) free(buf);   /* the send ended with the call: the buffer is the caller's */
+    assert_int_equal(kill(child, SIGCONT), 0);
+    int64_t t0 = kvl__now_ms();
+    while (kept && atomic_load(&released) == 0 && kvl__now_ms() - t0 < 20000) usleep(2000);
+    assert_int_equal(atomic_load(&released), kept ? 1 : 0);
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    kvl__transport_free(a);   /* a send still held here would be released now: exactly once */
+    assert_int_equal(atomic_load(&released), kept ? 1 : 0);
+    free(addr);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_send_stalled_peer),
         cmocka_unit_test(test_span_checksum_portable),
         cmocka_unit_test(test_span_vector_paths),
         cmocka_unit_test(test_send_recv),
