@@ -202,11 +202,11 @@ static kvl_status set_key(kvld_config *cfg, const char *key_in, const char *v) {
     INT(threads, 0, 1024);
     INT(drain_timeout_ms, 0, 3600 * 1000);
     INT(span_timeout_ms, 1, 3600 * 1000);
-    INT(quiet, 0, 1);
-    INT(warmup, 0, 1);
+    if (!strcmp(key, "quiet")) return set_bool(&cfg->quiet, key, v);   /* true / false, or 1 / 0 */
+    if (!strcmp(key, "warmup")) return set_bool(&cfg->warmup, key, v);   /* true / false, or 1 / 0 */
     INT(session_idle_ttl_s, 0, 30 * 24 * 3600);
     INT(import_timeout_ms, 100, 3600 * 1000);
-    INT(span_push, 0, 1);
+    if (!strcmp(key, "span_push")) return set_bool(&cfg->span_push, key, v);   /* true / false, or 1 / 0 */
     INT(stream_backlog_kb, 16, 1 << 20);
     INT(stream_buffer_mb, 1, 1 << 16);
     INT(stream_stall_ms, 100, 3600 * 1000);
@@ -232,7 +232,11 @@ static kvl_status on_pair(void *arg, const char *key, yaml_node_t *v, int line) 
     if (!key)
         return kvl__errorf(KVL_ERR_FORMAT, "config: %s: expected a mapping of key: value", w->path);
     kvl_status st = set_key(w->cfg, key, kvl__svc_yaml_scalar(v));
-    if (st != KVL_OK) kvl__error_prefix(st, w->path);
+    if (st != KVL_OK) {
+        char where[4200];
+        snprintf(where, sizeof where, "%s:%d", w->path, line);
+        kvl__error_prefix(st, where);
+    }
     return st;
 }
 

@@ -243,6 +243,9 @@ static kvl_status parse_root(kvl__svc_yaml *y, kvr_config *c, const char *name) 
     if (!s) s = kvl__svc_kv_int(&top, "max_input_tokens", 4096, 1, 1 << 24, &c->max_input_tokens);
     if (!s) s = kvl__svc_kv_int(&top, "max_new_tokens", 1024, 1, 1 << 24, &c->max_new_tokens);
     if (!s) s = kvl__svc_kv_int(&top, "default_max_tokens", 32, 1, 1 << 24, &c->default_max_tokens);
+    if (!s && c->default_max_tokens > c->max_new_tokens)   /* a request naming none would get more */
+        s = kvl__errorf(KVL_ERR_FORMAT, "%s: default_max_tokens (%ld) exceeds max_new_tokens (%ld)", c->path,
+                        (long)c->default_max_tokens, (long)c->max_new_tokens);
     if (!s) s = kvl__svc_kv_int(&top, "max_busy_sessions", 1024, 1, 1 << 20, &c->max_busy_sessions);
     if (!s) s = kvl__svc_kv_int(&top, "push_ahead_queue", 64, 0, 4096, &c->push_ahead_queue);
     if (!s) s = kvl__svc_kv_int(&top, "push_ahead_workers", 1, 1, 4, &c->push_ahead_workers);

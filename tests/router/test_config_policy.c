@@ -70,6 +70,9 @@ static void test_config_errors(void **state) {
                "fleet.yaml:10", "policy.entropy_treshold");
     expect_err("policy:\n  name: cascade\n  models: [small, huge]\n", "fleet.yaml:9", "'huge'");
     expect_err("policy:\n  name: cascade\n", "policy.models", "required");
+    /* a request that names no max_tokens must not get more than any request may ask for */
+    expect_err("policy:\n  name: pinned\n  default_model: small\nmax_new_tokens: 10\ndefault_max_tokens: 1000\n",
+               "fleet.yaml", "default_max_tokens (1000) exceeds max_new_tokens (10)");
     expect_err("policy:\n  name: pinned\nguardrail: {shadow_fraction: 2}\n", "fleet.yaml:9",
                "guardrail.shadow_fraction");
     expect_err("policy:\n  name: pinned\nlisten_typo: 1\n", "fleet.yaml:9", "listen_typo");
