@@ -20,7 +20,8 @@ int cli_args_init(cli_args *a, int argc, char **argv, int first) {
     a->argv = calloc((size_t)n + 1, sizeof(char *));
     a->split = calloc((size_t)n + 1, 1);
     a->used = calloc((size_t)n + 1, 1);
-    if (!a->argv || !a->split || !a->used) {
+    a->role = calloc((size_t)n + 1, 1);
+    if (!a->argv || !a->split || !a->used || !a->role) {
         cli_args_free(a);
         fprintf(stderr, "kvlingo: out of memory\n");
         return -1;
@@ -32,6 +33,7 @@ int cli_args_init(cli_args *a, int argc, char **argv, int first) {
         a->argv[k] = strndup(argv[i], (size_t)(eq - argv[i]));
         if (!a->argv[k]) { cli_args_free(a); return -1; }
         a->split[k++] = 1;
+        a->role[k] = CLI_ROLE_VALUE;   /* "--text=--json": the value is never an option */
         a->argv[k++] = (char *)eq + 1;
     }
     a->argc = k;
@@ -45,12 +47,14 @@ void cli_args_free(cli_args *a) {
     free(a->argv);
     free(a->split);
     free(a->used);
+    free(a->role);
     memset(a, 0, sizeof *a);
 }
 
+/* argv[i] == name, not taken as an option's value (`--text --json`: "--json" is the text) */
 static int find(cli_args *a, const char *name) {
     for (int i = a->first; i < a->argc; i++)
-        if (!strcmp(a->argv[i], name)) return i;
+        if (a->role[i] != CLI_ROLE_VALUE && !strcmp(a->argv[i], name)) return i;
     return -1;
 }
 
@@ -58,12 +62,20 @@ const char *cli_opt(cli_args *a, const char *name, int *err) {
     int i = find(a, name);
     if (i < 0) return NULL;
     a->used[i] = 1;
+    a->role[i] = CLI_ROLE_NAME;
     if (i + 1 >= a->argc) {
         fprintf(stderr, "kvlingo: option %s needs a value\n", name);
         *err = 1;
         return NULL;
     }
+    if (a->role[i + 1] == CLI_ROLE_NAME) {   /* an earlier lookup took the value for an option */
+        fprintf(stderr, "kvlingo: option %s: its value '%s' was also read as an option; write %s=%s\n",
+                name, a->argv[i + 1], name, a->argv[i + 1]);
+        *err = 1;
+        return NULL;
+    }
     a->used[i + 1] = 1;
+    a->role[i + 1] = CLI_ROLE_VALUE;
     return a->argv[i + 1];
 }
 
@@ -72,6 +84,7 @@ int cli_flag(cli_args *a, const char *name) {
     if (i < 0 && !strcmp(name, "--help")) i = find(a, "-h");
     if (i < 0) return 0;
     a->used[i] = 1;
+    a->role[i] = CLI_ROLE_NAME;
     return 1;
 }
 

@@ -16,7 +16,9 @@ typedef struct cli_args {
     int first;
     unsigned char *used;   /* [argc] marks consumed arguments */
     unsigned char *split;  /* [argc] 1: argv[i] is an owned copy of a split key */
+    unsigned char *role;   /* [argc] CLI_ROLE_*: what a lookup took argv[i] for      */
 } cli_args;
+enum { CLI_ROLE_NONE, CLI_ROLE_NAME, CLI_ROLE_VALUE };   /* a value is never found as an option */
 
 int cli_args_init(cli_args *a, int argc, char **argv, int first);
 void cli_args_free(cli_args *a);

@@ -1,6 +1,7 @@
 /* cli/cmd_eval.c: `kvlingo eval-ppl`, `tokenize`, `detokenize`. */
 #include <math.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -115,10 +116,12 @@ done:
 /* --model DIR or --tokenizer FILE */
 static kvl_tokenizer *open_tokenizer(const char *cmd, const char *dir, const char *file) {
     if (!!dir == !!file) {
-        fprintf(stderr, "kvlingo %s: give exactly one of --model DIR or --tokenizer FILE\n", cmd);
+        fprintf(stderr, "kvlingo %s: give exactly one of --model DIR or --tokenizer FILE|DIR\n", cmd);
         return NULL;
     }
     kvl_tokenizer *t;
+    struct stat sb;   /* --tokenizer names the file, or the folder holding it (as chat's does) */
+    if (file && stat(file, &sb) == 0 && S_ISDIR(sb.st_mode)) dir = file, file = NULL;
     kvl_status s = dir ? kvl_tokenizer_load_dir(dir, &t) : kvl_tokenizer_load(file, &t);
     if (s != KVL_OK) { cli_fail(cmd, s); return NULL; }
     return t;
@@ -129,7 +132,7 @@ int cmd_tokenize(int argc, char **argv) {
     if (cli_args_init(&a, argc, argv, 2)) return 1;
     int err = 0;
     if (cli_flag(&a, "--help")) {
-        puts("usage: kvlingo tokenize (--model DIR | --tokenizer FILE) (--text STR | --text-file FILE) [--json]");
+        puts("usage: kvlingo tokenize (--model DIR | --tokenizer FILE|DIR) (--text STR | --text-file FILE) [--json]");
         cli_args_free(&a);
         return 0;
     }
@@ -174,7 +177,7 @@ int cmd_detokenize(int argc, char **argv) {
     if (cli_args_init(&a, argc, argv, 2)) return 1;
     int err = 0;
     if (cli_flag(&a, "--help")) {
-        puts("usage: kvlingo detokenize (--model DIR | --tokenizer FILE) --ids 1,2,3 [--json]");
+        puts("usage: kvlingo detokenize (--model DIR | --tokenizer FILE|DIR) --ids 1,2,3 [--json]");
         cli_args_free(&a);
         return 0;
     }

@@ -26,6 +26,11 @@ kvlingo)
     && python3 -c 'import json,sys; assert len(json.loads(sys.argv[1])["ids"]) == 3' "$out" \
     && ok "kvlingo --max-tokens=3" || bad "kvlingo --max-tokens=3: $out"
   out=$("$P" generate -h) && grep -q 'max-tokens' <<<"$out" && ok "kvlingo generate -h" || bad "generate -h: $out"
+  # an option's value that looks like a flag is the value (as getopt takes it), not the flag
+  tok="$SRC/models/qwen3-a"
+  a=$("$P" tokenize --tokenizer "$tok" --text --json) && b=$("$P" tokenize --tokenizer "$tok/tokenizer.json" --text=--json) \
+    && [ "$a" = "$b" ] && ! grep -q '{' <<<"$a" && ok "kvlingo --text --json: the text is '--json' (a folder or file for --tokenizer)" \
+    || bad "--text --json: '$a' vs '$b'"
   if "$P" chat -h 2>/dev/null | grep -q -- '--tls-ca'; then   # built with the server components
     out=$("$P" chat --router 127.0.0.1:1 hi 2>&1); rc=$?
     [ $rc -eq 2 ] && grep -qF -- '--tls-ca FILE (the CA that signed the router' <<<"$out" && grep -qF -- '--insecure' <<<"$out" \
