@@ -176,8 +176,11 @@ static int render(kvr_router *r, const kvr_oai_req *q, int32_t **ids, size_t *n,
     if (q->chat) {
         kvl_status s = kvl_tokenizer_apply_chat_template(r->tok, q->msgs, (size_t)q->n_msgs, 1, &text);
         if (s) {
-            kvr_oai_set_error(err, s == KVL_ERR_NOMEM ? 500 : 400, s == KVL_ERR_NOMEM ? "server_error"
-                              : "invalid_request_error", "messages", NULL,
+            /* a template this router cannot render (none, or one it does not know) is the
+             * server's to fix, not the request's */
+            const int server = s != KVL_ERR_INVALID_ARG;
+            kvr_oai_set_error(err, server ? 500 : 400, server ? "server_error" : "invalid_request_error",
+                              server ? NULL : "messages", NULL,
                               "cannot render the chat template: %s (use /v1/completions for plain text)",
                               kvl_last_error());
             return -1;

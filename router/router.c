@@ -80,6 +80,15 @@ static kvl_status load_tokenizer(const kvr_config *cfg, kvl_tokenizer **out) {
     return s;
 }
 
+/* Whether the tokenizer's chat template renders (an empty conversation): 1, else 0 with why. */
+static int chat_template_renders(const kvl_tokenizer *tok, char *why, size_t cap) {
+    char *text = NULL;
+    kvl_status s = kvl_tokenizer_apply_chat_template(tok, NULL, 0, 1, &text);
+    free(text);
+    if (s) snprintf(why, cap, "%s", kvl_last_error());
+    return !s;
+}
+
 /* The ledger's file must be writable, or its directory must exist and be writable.  A
  * PostgreSQL ledger is not contacted (a check must not migrate a shared database). */
 static kvl_status check_ledger(const kvr_config *cfg, char *shown, size_t cap) {
@@ -133,6 +142,8 @@ kvl_status kvr_router_check(const kvr_config *cfg, FILE *out) {
     kvl_tokenizer *tok = NULL;
     kvl_status s = load_tokenizer(cfg, &tok);
     size_t vocab = tok ? kvl_tokenizer_vocab_size(tok) : 0;
+    char chat_why[600] = "";
+    const int chat_ok = tok && chat_template_renders(tok, chat_why, sizeof chat_why);
     kvl_tokenizer_free(tok);
     if (!s) s = check_ledger(cfg, ledger, sizeof ledger);
     if (!s) s = kvr_policy_check((kvr_config *)cfg);
@@ -148,6 +159,9 @@ kvl_status kvr_router_check(const kvr_config *cfg, FILE *out) {
     if (s) return s;
     if (tls.cert_pem)
         fprintf(out, "tls: %s (until %s), CA %s\n", tls.subject, tls.not_after, cfg->tls_ca);
+    if (chat_ok) fprintf(out, "chat template: renders\n");
+    else fprintf(out, "chat template: none it can render (/v1/chat/completions answers 500, /v1/completions "
+                 "works): %s\n", chat_why);
     fprintf(out, "health_listen: %s\n", cfg->health_listen ? cfg->health_listen : "off");
     kvl__svc_tls_free(&tls);
     shown_path(cfg->path, cfgp, sizeof cfgp);
@@ -229,6 +243,10 @@ kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
     }
     if (!s) s = kvr_leases_create(r->ledger, cfg->replica_id, cfg->lease_ms / 1000.0, r->max_busy, &r->leases);
     if (!s) s = load_tokenizer(cfg, &r->tok);
+    char chat_why[600];
+    if (!s && cfg->http_listen && !chat_template_renders(r->tok, chat_why, sizeof chat_why))
+        kvl__svc_log_text("warn", "%s: /v1/chat/completions will answer 500 (use /v1/completions): %s",
+                          cfg->path, chat_why);
     if (!s) s = kvr_registry_create(cfg, &r->client_tls, &r->reg);
     if (!s) s = kvr_policy_create(cfg, &r->policy);
     if (!s) s = kvr_guard_create(cfg, r->reg, r->metrics, &r->guard);

@@ -193,8 +193,9 @@ kvl_status kvl_tokenizer_apply_chat_template(const kvl_tokenizer *t, const kvl_c
         break;
     default:
         return kvl__errorf(KVL_ERR_UNSUPPORTED,
-                          "%s: chat template not recognised (known: ChatML, Qwen3, Llama 3); kvlingo does not guess",
-                          t->path);
+                          "%s: the chat template beside it (tokenizer_config.json chat_template or "
+                          "chat_template.jinja) is not one kvlingo renders (ChatML, Qwen3, Llama 3); it does "
+                          "not guess", t->path);
     }
     if (!st && !b.p) st = kvl__buf_append(&b, "", 0);
     if (st) { free(b.p); return st; }

@@ -500,6 +500,15 @@ static kvl_status load_json_text(kvl_tokenizer *t, const char *text, size_t len)
     if ((st = check_post(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), "post_processor", 0))) goto out;
     if ((st = load_added(t, cJSON_GetObjectItemCaseSensitive(root, "added_tokens")))) goto out;
     if (t->n_ids == 0) { st = kvl__errorf(KVL_ERR_FORMAT, "%s: model.vocab: empty vocabulary", t->path); goto out; }
+    /* the id tables are sized by the largest id: ids far past the tokens there are (a 90-byte
+     * file with one token of id 16777215 took 300 MB) are refused, with room for the gaps of
+     * released vocabularies (reserved ids, added tokens past the model's) */
+    const size_t n_tokens = t->vocab_str.count + t->n_added;
+    if (t->n_ids > 2 * n_tokens + 65536) {
+        st = kvl__errorf(KVL_ERR_FORMAT, "%s: model.vocab / added_tokens: ids reach %zu for %zu tokens "
+                        "(at most twice the tokens and 65536 more)", t->path, t->n_ids - 1, n_tokens);
+        goto out;
+    }
     if ((st = build_id_tables(t))) goto out;
     st = kvl__tokcache_init(t);
 out:

@@ -5,6 +5,7 @@
  * neighbours; empty pieces are dropped.  Regexes run through PCRE2 (UTF + UCP, JIT when
  * available).  tokenizers uses Oniguruma, whose \s is Unicode White_Space; PCRE2's differs
  * (U+0085, U+180E), so \s and \S are rewritten to the explicit White_Space set. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -157,7 +158,7 @@ static kvl_status regex_spans(const kvl__pretok *pt, const char *s, size_t len, 
         if (rc < 0) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(rc, msg, sizeof msg);
-            return kvl__errorf(KVL_ERR_INTERNAL, "tokenizer: pre-tokenizer regex failed: %s", (char *)msg);
+            return kvl__errorf(KVL_ERR_FORMAT, "its regex failed: %s", (char *)msg);
         }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         size_t a = ov[0], b = ov[1];
@@ -238,6 +239,12 @@ static kvl_status split_stage(const kvl_tokenizer *t, size_t k, const kvl__preto
     spanvec sv;
     spanvec_init(&sv);
     kvl_status st = regex_spans(pt, s, len, md, &sv);
+    if (st) {   /* which file and which stage: the input itself is fine, the pattern is not */
+        char why[256];
+        snprintf(why, sizeof why, "%s", kvl_last_error());
+        kvl__errorf(KVL_ERR_FORMAT, "%s: pre_tokenizer %zu (%s): %s on %zu bytes of input", t->path, k,
+                    pt->kind == KVL_PRETOK_SPLIT ? "Split" : "ByteLevel", why, len);
+    }
     if (!st) {
         apply_behavior(&sv, beh, invert);
         for (size_t i = 0; i < sv.n && !st; i++)

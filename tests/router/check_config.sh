@@ -46,6 +46,17 @@ refuse "http_max_body_bytes too small" "$T/conf/http2.yaml" "http2.yaml:11" "htt
 out=$("$R" --insecure --config "$T/conf/http3.yaml" --check); rc=$?
 [ $rc -eq 0 ] && grep -q '^http (OpenAI API): 127.0.0.1:8000 (body <= 1048576 bytes' <<<"$out" \
   && ok "http_listen shown by --check" || bad "http3: $rc $out"
+# the chat template: the shipped one renders; one kvlingo does not know is named by --check
+# (the chat endpoint then answers 500, a server error, not the client's 400)
+grep -q '^chat template: renders' <<<"$out" && ok "chat template renders (--check)" || bad "chat template: $out"
+mkdir -p "$T/tok"
+cp "$SRC/models/qwen3-a/tokenizer.json" "$T/tok/"
+echo '{{ garbage }}' > "$T/tok/chat_template.jinja"
+good | sed "s|^tokenizer: .*|tokenizer: $T/tok|" > "$T/conf/badtpl.yaml"
+out=$("$R" --insecure --config "$T/conf/badtpl.yaml" --check); rc=$?
+[ $rc -eq 0 ] && grep -q '^chat template: none it can render (/v1/chat/completions answers 500' <<<"$out" \
+  && grep -q 'chat_template.jinja) is not one kvlingo renders' <<<"$out" \
+  && ok "an unknown chat template is named by --check" || bad "badtpl: $rc $out"
 out=$("$R" --insecure --config "$T/conf/good.yaml" --http-listen 127.0.0.1:8123 --check); rc=$?
 [ $rc -eq 0 ] && grep -q '^http (OpenAI API): 127.0.0.1:8123' <<<"$out" && ok "--http-listen overrides" || bad "flag: $rc $out"
 out=$("$R" --insecure --config "$T/conf/good.yaml" --http-listen nonsense --check 2>&1); rc=$?
