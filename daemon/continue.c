@@ -90,10 +90,14 @@ static int check_state(cont *c) {
         return 1;
     }
     if (in->held == 0 && si.state == KVLD_IDLE) {
-        /* the whole context came with the request: start this node's copy afresh */
-        kvld_sessions_drop(c->n->sessions, in->session_id);
-        c->absent = 1;
-        return 1;
+        /* the whole context came with the request: start this node's copy afresh, unless a
+         * request (a push's import) took the session since it was looked at */
+        kvl_status ds = kvld_sessions_drop_idle(c->n->sessions, in->session_id);
+        if (ds == KVL_OK || ds == KVL_ERR_NOT_FOUND) {
+            c->absent = 1;
+            return 1;
+        }
+        why = "busy";
     }
     snprintf(msg, sizeof msg, "session '%s' holds %d tokens (%s, %d translated), the ledger says %u: %s",
              in->session_id, si.n_ledger, kvld_state_name(si.state), si.n_imported, in->held,

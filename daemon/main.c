@@ -127,6 +127,12 @@ static void on_tick(void *arg) {
         kvld_metrics_add(n->metrics, KVLD_C_UCX_UNMATCHED_DROPPED, dropped - dropped_seen);
         dropped_seen = dropped;
     }
+    static uint64_t kept_seen;
+    uint64_t kept = kvl__transport_sends_kept(n->transport);
+    if (kept > kept_seen) {
+        kvld_metrics_add(n->metrics, KVLD_C_UCX_SEND_KEPT, kept - kept_seen);
+        kept_seen = kept;
+    }
     uint64_t abandoned = kvl__transport_receives_abandoned(n->transport);
     if (abandoned > abandoned_seen) {
         kvld_metrics_add(n->metrics, KVLD_C_UCX_RECV_ABANDONED, abandoned - abandoned_seen);

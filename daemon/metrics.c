@@ -33,7 +33,11 @@ static const char *const counter_names[KVLD_C_N][2] = {
     {"kvlingo_ucx_unmatched_dropped_total", "UCX messages whose tag no import expected, received "
                                             "and dropped (their memory freed)."},
     {"kvlingo_ucx_receives_abandoned_total", "Span receives given up on after their sender stopped "
-                                             "mid-transfer; each one's buffer is kept, never reused."},
+                                             "mid-transfer; each one's buffer is held until the receive "
+                                             "ends."},
+    {"kvlingo_ucx_sends_kept_total", "Span sends that timed out or were cancelled on a peer that "
+                                     "stopped taking data; each one's buffer is held until the send "
+                                     "ends (the peer resumes or the node stops)."},
 };
 
 static const char *const refusal_names[KVLD_R_N] = {

@@ -33,6 +33,7 @@ typedef enum kvld_counter {
     KVLD_C_PEERS_CONNECTED,       /* kvlingo_peers_connected_total                           */
     KVLD_C_UCX_UNMATCHED_DROPPED, /* kvlingo_ucx_unmatched_dropped_total                     */
     KVLD_C_UCX_RECV_ABANDONED,    /* kvlingo_ucx_receives_abandoned_total                    */
+    KVLD_C_UCX_SEND_KEPT,         /* kvlingo_ucx_sends_kept_total                            */
     KVLD_C_N
 } kvld_counter;
 

@@ -202,6 +202,25 @@ kvl_status kvld_sessions_drop(kvld_sessions *t, const char *id) {
     return KVL_OK;
 }
 
+kvl_status kvld_sessions_drop_idle(kvld_sessions *t, const char *id) {
+    pthread_mutex_lock(&t->mu);
+    int i = id ? find(t, id) : -1;
+    if (i < 0) {
+        pthread_mutex_unlock(&t->mu);
+        return kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%s'", id ? id : "");
+    }
+    kvld_session *s = t->items[i];
+    if (s->state != KVLD_IDLE || s->refs != 0) {
+        pthread_mutex_unlock(&t->mu);
+        return kvl__errorf(KVL_ERR_MISMATCH, "session '%s' is %s", id, kvld_state_name(s->state));
+    }
+    t->items[i] = t->items[--t->n];
+    s->dropped = 1;
+    pthread_mutex_unlock(&t->mu);
+    session_free(s);
+    return KVL_OK;
+}
+
 kvl_status kvld_sessions_info(kvld_sessions *t, const char *id, kvld_session_info *out) {
     pthread_mutex_lock(&t->mu);
     int i = id ? find(t, id) : -1;

@@ -63,6 +63,10 @@ void kvld_session_release_drop(kvld_sessions *t, kvld_session *s);
 
 /* Remove `id`; a busy session is freed when its operation releases it. */
 kvl_status kvld_sessions_drop(kvld_sessions *t, const char *id);
+/* Remove `id` only while it is idle and nobody holds it, checked under the table's lock (a
+ * decision taken on an earlier kvld_sessions_info may be stale): KVL_ERR_MISMATCH when another
+ * request took it meanwhile (nothing removed), KVL_ERR_NOT_FOUND when it is gone. */
+kvl_status kvld_sessions_drop_idle(kvld_sessions *t, const char *id);
 
 typedef struct kvld_session_info {
     int n_ledger, n_cached, max_context, n_imported;

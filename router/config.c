@@ -242,10 +242,14 @@ static kvl_status parse_root(kvl__svc_yaml *y, kvr_config *c, const char *name) 
     if (!s) s = kvl__svc_kv_double(&top, "session_ttl_seconds", 3600, 1, 1e9, &c->session_ttl_s);
     if (!s) s = kvl__svc_kv_int(&top, "max_input_tokens", 4096, 1, 1 << 24, &c->max_input_tokens);
     if (!s) s = kvl__svc_kv_int(&top, "max_new_tokens", 1024, 1, 1 << 24, &c->max_new_tokens);
-    if (!s) s = kvl__svc_kv_int(&top, "default_max_tokens", 32, 1, 1 << 24, &c->default_max_tokens);
-    if (!s && c->default_max_tokens > c->max_new_tokens)   /* a request naming none would get more */
-        s = kvl__errorf(KVL_ERR_FORMAT, "%s: default_max_tokens (%ld) exceeds max_new_tokens (%ld)", c->path,
-                        (long)c->default_max_tokens, (long)c->max_new_tokens);
+    /* a request naming no max_tokens gets no more than any may ask for: the default follows a
+     * smaller max_new_tokens, and a larger value given is refused */
+    if (!s) s = kvl__svc_kv_int(&top, "default_max_tokens", c->max_new_tokens < 32 ? c->max_new_tokens : 32, 1,
+                                1 << 24, &c->default_max_tokens);
+    if (!s && c->default_max_tokens > c->max_new_tokens)
+        s = kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key 'default_max_tokens': %ld exceeds max_new_tokens (%ld)", c->path,
+                        kvl__svc_kv_line(&top, "default_max_tokens"), (long)c->default_max_tokens,
+                        (long)c->max_new_tokens);
     if (!s) s = kvl__svc_kv_int(&top, "max_busy_sessions", 1024, 1, 1 << 20, &c->max_busy_sessions);
     if (!s) s = kvl__svc_kv_int(&top, "push_ahead_queue", 64, 0, 4096, &c->push_ahead_queue);
     if (!s) s = kvl__svc_kv_int(&top, "push_ahead_workers", 1, 1, 4, &c->push_ahead_workers);

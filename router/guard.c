@@ -13,9 +13,7 @@
 #include "error.h"
 #include "nodecall.h"
 
-/* every ordered pair of a full fleet's models (each node serves one): a pair past the table
- * would go unguarded (never sampled nor disabled) */
-#define MAX_PAIRS (KVR_MAX_NODES * (KVR_MAX_NODES - 1))
+#define MAX_PAIRS KVR_GUARD_MAX_PAIRS
 #define QUEUE_MAX 8
 
 typedef struct pair {
@@ -71,19 +69,8 @@ static pair *find_locked(kvr_guard *g, const char *src, const char *dst, int cre
     for (int i = 0; i < g->n_pairs; i++)
         if (!strcmp(g->pairs[i].st.source, src) && !strcmp(g->pairs[i].st.target, dst))
             return &g->pairs[i];
-    if (!create) return NULL;
-    pair *p = NULL;
-    if (g->n_pairs < MAX_PAIRS) {
-        p = &g->pairs[g->n_pairs++];
-    } else {
-        /* full after reloads renamed models: a pair of a model the fleet no longer serves
-         * makes room (the registry's models make fewer pairs than the table holds) */
-        for (int i = 0; i < g->n_pairs && !p; i++)
-            if (!kvr_registry_model_known(g->reg, g->pairs[i].st.source) ||
-                !kvr_registry_model_known(g->reg, g->pairs[i].st.target))
-                p = &g->pairs[i];
-        if (!p) return NULL;
-    }
+    if (!create || g->n_pairs >= MAX_PAIRS) return NULL;   /* the fleet's models make fewer pairs */
+    pair *p = &g->pairs[g->n_pairs++];
     memset(p, 0, sizeof *p);
     snprintf(p->st.source, sizeof p->st.source, "%s", src);
     snprintf(p->st.target, sizeof p->st.target, "%s", dst);
@@ -171,14 +158,16 @@ int kvr_guard_shadow_due(kvr_guard *g, const char *src, const char *dst) {
     return due;
 }
 
-int kvr_guard_count_switch(kvr_guard *g, const char *src, const char *dst) {
+int kvr_guard_count_switch(kvr_guard *g, const char *src, const char *dst, int can_shadow) {
     pthread_mutex_lock(&g->mu);
     pair *p = find_locked(g, src, dst, 1);
     int shadow = 0;
     if (p) {
         p->st.switches++;
         p->acc += g->fraction;
-        if (g->fraction > 0 && p->acc >= 1.0 - 1e-9) { p->acc -= 1.0; shadow = 1; }
+        /* a switch that cannot be shadowed leaves the sample due to the pair's next one */
+        if (p->acc > 1.0 + g->fraction) p->acc = 1.0 + g->fraction;
+        if (can_shadow && g->fraction > 0 && p->acc >= 1.0 - 1e-9) { p->acc -= 1.0; shadow = 1; }
     }
     pthread_mutex_unlock(&g->mu);
     return shadow;

@@ -42,10 +42,14 @@ int kvr_guard_pair_ok(void *g, const char *src, const char *dst);
  * ask for logprobs before it knows whether its switch translates asks this first, and counts
  * with kvr_guard_count_switch once the switch did translate. */
 int kvr_guard_shadow_due(kvr_guard *g, const char *src, const char *dst);
-/* Count a translated switch of the pair; returns 1 when this one should be shadowed. */
-int kvr_guard_count_switch(kvr_guard *g, const char *src, const char *dst);
+/* Count a translated switch of the pair; returns 1 when this one should be shadowed.
+ * can_shadow 0: the caller has not the logprobs a shadow compares (it asked for them before
+ * the pair was due), so a sample that falls due stays due for the pair's next switch. */
+int kvr_guard_count_switch(kvr_guard *g, const char *src, const char *dst, int can_shadow);
 /* Record one KL sample (also used by compare_reprefill turns). */
 void kvr_guard_record(kvr_guard *g, const char *src, const char *dst, double kl);
+/* Every ordered pair of a full fleet's models (each node serves one): the pairs tracked. */
+#define KVR_GUARD_MAX_PAIRS (KVR_MAX_NODES * (KVR_MAX_NODES - 1))
 int kvr_guard_pairs(kvr_guard *g, kvr_pair_status *out, int max);
 int kvr_guard_disabled_count(kvr_guard *g);
 

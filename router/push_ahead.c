@@ -176,8 +176,13 @@ static double move_timeout_ms(const kvr_push_ahead *p, const push_job *j, int n_
  * transfer.one_call off): SessionInfo on the source and the target, then ExportSpan from the
  * source, which pushes the span to the target.  NULL with [*from, *to_out) shipped and what the
  * target holds checked against the ledger, else the result label (the reason logged). */
+/* Milliseconds until `end` (kvl__now_s clock), less `reserve`: what a call may still take. */
+static int64_t ms_left(double end, int64_t reserve) {
+    return (int64_t)((end - kvl__now_s()) * 1000.0) - reserve;
+}
+
 static const char *move_export(kvr_push_ahead *p, const push_job *j, const kvr_session *s, int64_t node_ms,
-                               int64_t budget_ms, int *from_out, int *to_out, double *took) {
+                               double end, int *from_out, int *to_out, double *took) {
     kvr_router *r = p->r;
     const kvr_config *c = r->cfg;
     kvr_node *S = &r->reg->nodes[j->src], *D = &r->reg->nodes[j->dst];
@@ -210,16 +215,21 @@ static const char *move_export(kvr_push_ahead *p, const push_job *j, const kvr_s
                           j->sid, from, to, c->push_ahead_max_tokens);
         return "skipped";
     }
-    /* the budget less the two SessionInfo calls above and the listing after a failure; a
-     * quarter of the export's share waits for the node's own report of its timeout */
-    const int64_t export_ms = budget_ms - 3 * node_ms;
-    if (export_ms < 8) return "skipped";
-    const double timeout = move_timeout_ms(p, j, to - from, (double)(export_ms - export_ms / 4));
+    /* what the budget leaves after the two SessionInfo calls above, less the listing after a
+     * failure; a quarter of it (a second at most) waits for the node's own report of its timeout */
+    const int64_t export_ms = ms_left(end, node_ms);
+    if (export_ms < 8) {
+        kvl__svc_log_text("info", "push-ahead %s: %lld ms of the push's budget left for the export (lease_wait_ms "
+                          "%.0f): skipped", j->sid, (long long)export_ms, c->lease_wait_ms);
+        return "skipped";
+    }
+    const int64_t grace = export_ms / 4 < 1000 ? export_ms / 4 : 1000;
+    const double timeout = move_timeout_ms(p, j, to - from, (double)(export_ms - grace));
     kvr_export_result ex;
     grpc_status_code code = GRPC_STATUS_OK;
     double t0 = kvl__now_s();
     kvl_status st = kvr_node_export(S, D, j->sid, (unsigned)from, (unsigned)to, 0, (int64_t)timeout,
-                                    export_ms / 4, r->tickets ? &r->ticket_key : NULL, &ex, &code);
+                                    grace, r->tickets ? &r->ticket_key : NULL, &ex, &code);
     *took = kvl__now_s() - t0;
     if (st) {
         kvl__svc_log_text("warn", "push-ahead %s: export %s->%s [%d,%d) failed: %s", j->sid, S->name,
@@ -245,7 +255,7 @@ static const char *move_export(kvr_push_ahead *p, const push_job *j, const kvr_s
  * target caches to what the source does (the last sampled token is in neither yet).  Returns as
  * move_export. */
 static const char *move_pull_only(kvr_push_ahead *p, const push_job *j, const kvr_session *s, int64_t node_ms,
-                                  int64_t budget_ms, int *from_out, int *to_out, double *took) {
+                                  double end, int *from_out, int *to_out, double *took) {
     kvr_router *r = p->r;
     const kvr_config *c = r->cfg;
     kvr_node *S = &r->reg->nodes[j->src], *D = &r->reg->nodes[j->dst];
@@ -259,8 +269,12 @@ static const char *move_pull_only(kvr_push_ahead *p, const push_job *j, const kv
     /* the call: the budget less the listing after a failure.  The node's pull gets half of it,
      * so that it reports a slow source itself; the call's deadline cancels the pull in any case
      * (the node gives the source's ExportSpan a second more, continue.c) */
-    const int64_t call_ms = budget_ms - node_ms;
-    if (call_ms < 8) return "skipped";
+    const int64_t call_ms = ms_left(end, node_ms);
+    if (call_ms < 8) {
+        kvl__svc_log_text("info", "push-ahead %s: %lld ms of the push's budget left for its call (lease_wait_ms "
+                          "%.0f): skipped", j->sid, (long long)call_ms, c->lease_wait_ms);
+        return "skipped";
+    }
     const double timeout = move_timeout_ms(p, j, j->n_ctx - held, (double)(call_ms / 2));
     char held_sha[65] = "", src_sha[65];
     if (held > 0) kvl__tokens_sha256_hex(s->tokens, (size_t)held, held_sha);
@@ -339,7 +353,7 @@ static const char *push_locked(kvr_push_ahead *p, const push_job *j, const kvr_l
     /* a turn arriving now waits for this lease at most lease_wait_ms: every call of the push
      * together (ContinueTurn, or SessionInfo x2 and the export, and a listing of the target
      * after a failure) ends within half of that, the budget each call's deadline comes from */
-    const int64_t budget_ms = (int64_t)(c->lease_wait_ms / 2);
+    const double end = kvl__now_s() + c->lease_wait_ms / 2 / 1000.0;
     int64_t node_ms = (int64_t)(c->lease_wait_ms / 8 < c->node_timeout_ms ? c->lease_wait_ms / 8 : c->node_timeout_ms);
     if (node_ms < 1) node_ms = 1;
     kvr_node *S = &r->reg->nodes[j->src], *D = &r->reg->nodes[j->dst];
@@ -363,8 +377,8 @@ static const char *push_locked(kvr_push_ahead *p, const push_job *j, const kvr_l
     kvr_node dc;   /* what the target serves, as its last Info said (a copy, under the registry's lock) */
     kvr_registry_copy(r->reg, j->dst, &dc);
     const char *res = dc.pull_only && c->transfer_one_call
-                          ? move_pull_only(p, j, s, node_ms, budget_ms, &from, &to, &took)
-                          : move_export(p, j, s, node_ms, budget_ms, &from, &to, &took);
+                          ? move_pull_only(p, j, s, node_ms, end, &from, &to, &took)
+                          : move_export(p, j, s, node_ms, end, &from, &to, &took);
     if (res) return res;
     /* CloseSession (and expiry) take no lease: a close that ended the session during the
      * export is seen here (its copy goes now), one that loaded the holdings before this record

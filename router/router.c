@@ -409,8 +409,8 @@ void kvr_router_gauges(void *arg, kvl__svc_text *b) {
     kvl__svc_text_printf(b, "# HELP kvlingo_router_pairs_disabled Translator pairs disabled by the guardrail.\n"
                           "# TYPE kvlingo_router_pairs_disabled gauge\nkvlingo_router_pairs_disabled %d\n",
                        kvr_guard_disabled_count(r->guard));
-    kvr_pair_status ps[64];
-    int np = kvr_guard_pairs(r->guard, ps, 64);
+    kvr_pair_status *ps = calloc(KVR_GUARD_MAX_PAIRS, sizeof *ps);
+    int np = ps ? kvr_guard_pairs(r->guard, ps, KVR_GUARD_MAX_PAIRS) : 0;
     kvl__svc_text_printf(b, "# HELP kvlingo_router_pair_moving_kl_nats Moving KL(native||translated) per pair.\n"
                           "# TYPE kvlingo_router_pair_moving_kl_nats gauge\n");
     for (int i = 0; i < np; i++)
@@ -421,6 +421,7 @@ void kvr_router_gauges(void *arg, kvl__svc_text *b) {
     for (int i = 0; i < np; i++)
         kvl__svc_text_printf(b, "kvlingo_router_pair_enabled{source=\"%s\",target=\"%s\"} %d\n",
                            ps[i].source, ps[i].target, ps[i].enabled);
+    free(ps);
     int healthy = 0, inflight = 0;
     kvl__svc_text_printf(b, "# HELP kvlingo_router_node_healthy 1 when the node answers.\n"
                           "# TYPE kvlingo_router_node_healthy gauge\n");

@@ -397,10 +397,13 @@ static void h_list(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
     Kvlingo__V1__NodeStatus *ns = calloc((size_t)nn, sizeof *ns);
     Kvlingo__V1__NodeStatus **nsp = calloc((size_t)nn, sizeof *nsp);
     char **from = calloc((size_t)nn * KVR_MAX_TR, sizeof *from);
-    kvr_pair_status ps[64];
-    Kvlingo__V1__PairStatus pst[64], *pp[64];
-    if (!nodes || !ns || !nsp || !from) {
-        free(nodes); free(ns); free(nsp); free(from);
+    /* the guardrail's pairs and the unusable translators the nodes announced */
+    const int max_pairs = KVR_GUARD_MAX_PAIRS + KVR_MAX_NODES * KVR_MAX_TR;
+    kvr_pair_status *ps = calloc((size_t)max_pairs, sizeof *ps);
+    Kvlingo__V1__PairStatus *pst = calloc((size_t)max_pairs, sizeof *pst);
+    Kvlingo__V1__PairStatus **pp = calloc((size_t)max_pairs, sizeof *pp);
+    if (!nodes || !ns || !nsp || !from || !ps || !pst || !pp) {
+        free(nodes); free(ns); free(nsp); free(from); free(ps); free(pst); free(pp);
         fail(call, "ListNodes", GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
@@ -428,11 +431,11 @@ static void h_list(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
                                      : n->n_decode_samples ? "decode measured" : "unmeasured");
         nsp[i] = &ns[i];
     }
-    int np = kvr_guard_pairs(r->guard, ps, 64);
+    int np = kvr_guard_pairs(r->guard, ps, KVR_GUARD_MAX_PAIRS);
     /* translators a node announced but the router cannot use (wrong target, hash mismatch,
      * source not in the fleet): listed disabled, with the reason */
-    for (int i = 0; i < nn && np < 64; i++)
-        for (int t = 0; t < nodes[i].n_tr_bad && np < 64; t++) {
+    for (int i = 0; i < nn && np < max_pairs; i++)
+        for (int t = 0; t < nodes[i].n_tr_bad && np < max_pairs; t++) {
             memset(&ps[np], 0, sizeof ps[np]);
             snprintf(ps[np].source, sizeof ps[np].source, "%s", nodes[i].tr_bad[t].src);
             snprintf(ps[np].target, sizeof ps[np].target, "%s", nodes[i].model);
@@ -465,7 +468,7 @@ static void h_list(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
     kvr_ledger_count_open(r->ledger, &open);
     resp.sessions_open = (uint32_t)open;
     kvl__rpc_call_reply_pb(call, &resp.base);
-    free(nodes); free(ns); free(nsp); free(from);
+    free(nodes); free(ns); free(nsp); free(from); free(ps); free(pst); free(pp);
 }
 
 kvl_status kvr_router_serve(kvr_router *r) {

@@ -484,7 +484,7 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
             }
             if (!s) {
                 shadow = out->mode == KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE &&
-                         kvr_guard_count_switch(r->guard, out->from_model, out->model);
+                         kvr_guard_count_switch(r->guard, out->from_model, out->model, 1);
                 int want_lp = needs_entropy || shadow || req->compare_reprefill;
                 s = kvr__turn_decode(&t, ti, want_lp, emit, arg, t_start, gen, &first_lp, &vocab, &started, &code,
                            NULL, NULL);

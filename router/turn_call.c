@@ -143,7 +143,7 @@ kvl_status kvr__turn_decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void
  * be shadowed and its first token's logprobs are here (they were asked for when the pair was
  * due: a concurrent switch of the pair may have taken that sample, or left one to this) */
 static int count_switch(kvr_router *r, const kvr_node *src, const kvr_node *T, const float *first_lp) {
-    return kvr_guard_count_switch(r->guard, src->model, T->model) && first_lp;
+    return kvr_guard_count_switch(r->guard, src->model, T->model, first_lp != NULL);
 }
 
 /* The turn as one ContinueTurn call on node ti: what prepare, Append and decode do in four to
@@ -250,8 +250,7 @@ kvl_status kvr__turn_one_call(turn *t, int ti, int needs_entropy, kvr_emit_fn em
          * never came, the figures set above stand and the commit asks the node what it holds */
         if (strcmp(o->finish_reason, "stop"))
             return kvl__errorf(KVL_ERR_INTERNAL, "node %s: ContinueTurn ended without its result", T->name);
-        if (c.source) *shadow = count_switch(r, c.source, T, *first_lp);
-        return KVL_OK;
+        return KVL_OK;   /* not counted: whether the span was translated is not known */
     }
     o->switch_s = nr->pull_s;
     o->export_s = nr->export_s;

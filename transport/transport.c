@@ -61,6 +61,10 @@ int kvl__transport_recv_free(kvl__transport *t, kvl__transport_recv *r, kvl__tra
     return t && r ? t->ops->recv_free(t, r, release, release_arg) : 1;
 }
 
+uint64_t kvl__transport_sends_kept(const kvl__transport *t) {
+    return t ? __atomic_load_n(&t->sends_kept, __ATOMIC_RELAXED) : 0;
+}
+
 uint64_t kvl__transport_receives_abandoned(const kvl__transport *t) {
     return t ? __atomic_load_n(&t->receives_abandoned, __ATOMIC_RELAXED) : 0;
 }

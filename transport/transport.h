@@ -99,6 +99,8 @@ kvl_status kvl__transport_send(kvl__transport *t, const uint8_t *addr, size_t ad
                               uint64_t tag, const void *buf, size_t len, int64_t timeout_ms,
                               const volatile int *cancel, kvl__transport_release_fn release,
                               void *release_arg, int *kept);
+/* Sends whose buffer the transport kept past their call (a stalled peer), since it started. */
+uint64_t kvl__transport_sends_kept(const kvl__transport *t);
 
 /* Set up (and cache) the endpoint to the peer at `addr` ahead of the first send, and wait until
  * it is wired up, so that the first span to that peer pays no connection set-up.  KVL_ERR_IO on

@@ -29,6 +29,7 @@ struct kvl__transport {
     uint64_t next_tag;   /* atomic */
     uint64_t unmatched_dropped;   /* atomic: messages no posted receive expected, dropped */
     uint64_t receives_abandoned;  /* atomic: receives kvl__transport_recv_free could not take back */
+    uint64_t sends_kept;          /* atomic: sends whose buffer outlived kvl__transport_send   */
 };
 
 kvl_status kvl__transport_ucx_create(kvl__transport **out);

@@ -208,10 +208,11 @@ static void drain_cb(void *request, ucs_status_t status, const ucp_tag_recv_info
     ucp_request_free(request);
 }
 
-/* mu held: drains posted more than DRAIN_STUCK_S ago stop counting as in flight. */
+/* mu held: drains posted more than DRAIN_STUCK_S ago stop counting as in flight.  The list is
+ * newest first, so the walk ends at the first one marked already: the rest are older. */
 static void mark_stuck_drains(ucx_transport *u, double now) {
-    for (drain_op *d = u->drain_list; d; d = d->next)
-        if (!d->stuck && now - d->t0 > DRAIN_STUCK_S) {
+    for (drain_op *d = u->drain_list; d && !d->stuck; d = d->next)
+        if (now - d->t0 > DRAIN_STUCK_S) {
             d->stuck = 1;
             u->drains--;
             u->n_stuck++;
@@ -497,8 +498,8 @@ static kvl_status get_peer(ucx_transport *u, const uint8_t *addr, size_t len, uc
         pp = &p->next;
     }
     /* ucp_ep_create takes no length: UCX reads the lengths packed inside the address, so a
-     * short or damaged one (from a peer's reply) is copied in front of zeros, which end its
-     * parse inside this copy instead of past it */
+     * short or damaged one (from a peer's reply) is copied in front of zeros: a parse that runs
+     * past its end reads them rather than the heap beyond (valgrind showed such reads) */
     ucx_peer *p = calloc(1, sizeof *p);
     if (!p || !(p->addr = calloc(1, len + KVL_UCX_ADDR_PAD))) {
         free(p);
@@ -609,6 +610,7 @@ static kvl_status peer_op(ucx_transport *u, const uint8_t *addr, size_t addr_len
         o->release = release;
         o->release_arg = release_arg;
         if (kept) *kept = 1;
+        __atomic_add_fetch(&u->base.sends_kept, 1, __ATOMIC_RELAXED);
         o->orphan = 1;
         o->next_orphan = u->orphans;
         u->orphans = o;

@@ -293,7 +293,7 @@ kvl_status kvl_config_parse(const char *json, size_t len, const char *label, kvl
     TRY(get_int(root, label, "intermediate_size", 1, 0, &c.intermediate_size));
     TRY(require_dim(label, "intermediate_size", c.intermediate_size, 1 << 18));
     TRY(get_int(root, label, "max_position_embeddings", 0, 4096, &c.max_position_embeddings));
-    TRY(require_positive(label, "max_position_embeddings", c.max_position_embeddings));
+    TRY(require_dim(label, "max_position_embeddings", c.max_position_embeddings, 1 << 24));
     TRY(get_int(root, label, "bos_token_id", 0, -1, &c.bos_token_id));
 
     const cJSON *eps = cJSON_GetObjectItemCaseSensitive(root, "rms_norm_eps");

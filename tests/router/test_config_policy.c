@@ -72,7 +72,13 @@ static void test_config_errors(void **state) {
     expect_err("policy:\n  name: cascade\n", "policy.models", "required");
     /* a request that names no max_tokens must not get more than any request may ask for */
     expect_err("policy:\n  name: pinned\n  default_model: small\nmax_new_tokens: 10\ndefault_max_tokens: 1000\n",
-               "fleet.yaml", "default_max_tokens (1000) exceeds max_new_tokens (10)");
+               "fleet.yaml:11: key 'default_max_tokens'", "1000 exceeds max_new_tokens (10)");
+    /* without default_max_tokens, a smaller max_new_tokens is the default (a file that set only
+     * max_new_tokens: 10 loaded before, and still does) */
+    kvr_config *c10 = NULL;
+    assert_int_equal(load("policy:\n  name: pinned\n  default_model: small\nmax_new_tokens: 10\n", &c10), KVL_OK);
+    assert_int_equal(c10->default_max_tokens, 10);
+    kvr_config_free(c10);
     expect_err("policy:\n  name: pinned\nguardrail: {shadow_fraction: 2}\n", "fleet.yaml:9",
                "guardrail.shadow_fraction");
     expect_err("policy:\n  name: pinned\nlisten_typo: 1\n", "fleet.yaml:9", "listen_typo");

@@ -219,7 +219,7 @@ static void test_corrupt(void **state) {
     assert_int_equal(kvl_translator_load(wp, &back), KVL_ERR_FORMAT);
     assert_error_has("wrap.safetensors");
     assert_error_has("256 taps x 4096 kv heads");
-    /* a 1-D tensor where a map is due: a shape error, not a copy */
+    /* a 1-D tensor where a map is due: a shape error naming the tensor */
     const char *small[] = {"kvlingo-translator-1", "1", "32", "32", "1", "1", "2", "0", "1"};
     assert_int_equal(kvl_safetensors_write(wp, t1, 2, keys9, small, 9), KVL_OK);
     assert_int_equal(kvl_translator_load(wp, &back), KVL_ERR_MISMATCH);
