@@ -11,6 +11,14 @@
 #include "clock.h"
 #include "error.h"
 
+/* Health checks keep reserved capacity: Health/Check has slots of its own, outside max_calls,
+ * so that a server whose every slot is taken (long streams, Watch floods) still answers the
+ * orchestrator's probe; Health/Watch streams are capped, so they cannot take every slot. */
+#define KVL_RPC_CHECK_SLOTS 16
+#define KVL_RPC_WATCH_MAX 32
+/* Memory gRPC may take for all of a server's connections and streams (its resource quota). */
+#define KVL_RPC_SERVER_MEMORY (256u << 20)
+
 /* Accept this many calls concurrently at the gRPC level (outstanding request_call slots). */
 #define KVL_RPC_ACCEPT_SLOTS 8
 
@@ -63,7 +71,7 @@ kvl_status kvl__rpc_server_create(const kvl__rpc_server_params *params, kvl__rpc
     srv->max_calls = params->max_calls > 0 ? params->max_calls : 256;
     srv->send_stall_ms = params->send_stall_ms > 0 ? params->send_stall_ms : 120000;
     srv->health_src = params->health_of;
-    grpc_arg args[3];
+    grpc_arg args[5];
     grpc_channel_args cargs;
     kvl__rpc_message_limits(params->max_message_bytes, args, &cargs);
     /* no SO_REUSEPORT: a second server on a port another one holds must fail at start, not
@@ -71,7 +79,26 @@ kvl_status kvl__rpc_server_create(const kvl__rpc_server_params *params, kvl__rpc
     args[2].type = GRPC_ARG_INTEGER;
     args[2].key = (char *)GRPC_ARG_ALLOW_REUSEPORT;
     args[2].value.integer = 0;
-    cargs.num_args = 3;
+    /* Calls are admitted (max_calls) once their request message has arrived; before that a
+     * stream costs memory only.  One connection may hold no more streams than the server
+     * would ever run (10,000 header-only streams on one took 125 MB), and what all connections'
+     * streams and buffers take is bounded by a memory quota, under which gRPC shrinks its
+     * flow-control windows and refuses new streams (50 streams announcing 60 MiB requests
+     * and sending 2 MB each held 90 MB). */
+    args[3].type = GRPC_ARG_INTEGER;
+    args[3].key = (char *)GRPC_ARG_MAX_CONCURRENT_STREAMS;
+    args[3].value.integer = srv->max_calls + KVL_RPC_CHECK_SLOTS + KVL_RPC_WATCH_MAX;
+    srv->quota = grpc_resource_quota_create("kvl-rpc-server");
+    if (!srv->quota) {
+        kvl__rpc_server_free(srv);
+        return kvl__errorf(KVL_ERR_NOMEM, "rpc: grpc_resource_quota_create failed");
+    }
+    grpc_resource_quota_resize(srv->quota, KVL_RPC_SERVER_MEMORY);
+    args[4].type = GRPC_ARG_POINTER;
+    args[4].key = (char *)GRPC_ARG_RESOURCE_QUOTA;
+    args[4].value.pointer.p = srv->quota;
+    args[4].value.pointer.vtable = grpc_resource_quota_arg_vtable();
+    cargs.num_args = 5;
     srv->server = grpc_server_create(&cargs, NULL);
     srv->cq = grpc_completion_queue_create_for_next(NULL);
     if (!srv->server || !srv->cq) {
@@ -166,11 +193,6 @@ static void post_request(kvl__rpc_server *srv) {
     }
 }
 
-/* Health checks keep reserved capacity: Health/Check has slots of its own, outside max_calls,
- * so that a server whose every slot is taken (long streams, Watch floods) still answers the
- * orchestrator's probe; Health/Watch streams are capped, so they cannot take every slot. */
-#define KVL_RPC_CHECK_SLOTS 16
-#define KVL_RPC_WATCH_MAX 32
 
 typedef enum { CALL_GENERAL = 0, CALL_CHECK = 1, CALL_WATCH = 2 } call_class;
 
@@ -504,6 +526,7 @@ void kvl__rpc_server_free(kvl__rpc_server *srv) {
     while (srv->n_threads > srv->active) pthread_cond_wait(&srv->cv, &srv->mu);
     pthread_mutex_unlock(&srv->mu);
     if (srv->server) grpc_server_destroy(srv->server);
+    if (srv->quota) grpc_resource_quota_unref(srv->quota);   /* the server took its own ref */
     if (srv->cq) {
         if (!srv->freed_cq) {
             grpc_completion_queue_shutdown(srv->cq);

@@ -59,6 +59,7 @@ struct kvl__rpc_call {
 
 struct kvl__rpc_server {
     grpc_server *server;
+    grpc_resource_quota *quota;   /* its memory bound (server.c), released at free */
     grpc_completion_queue *cq;
     int port;
     int max_calls;

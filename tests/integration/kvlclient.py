@@ -69,6 +69,13 @@ class Kvld:
             time.sleep(0.05)
         raise RuntimeError("kvld did not start:\n" + open(log_path).read())
 
+    def rss_kb(self):
+        with open("/proc/%d/status" % self.proc.pid) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return 0
+
     def metrics(self):
         import urllib.request
         with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.metrics_port) as r:

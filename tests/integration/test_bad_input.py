@@ -14,11 +14,12 @@ import re
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvlclient  # noqa: E402
-import grpc  # noqa: E402
+import grpc
 
 
 def rpc_error(fn):
@@ -388,6 +389,32 @@ def main():
         for it in streams:
             it.cancel()
         hch.close()
+
+        # 13. streams that send headers and never their request: one connection holds no more
+        # than the server would ever run (10,000 such streams took 125 MB), the rest wait on
+        # the client's side; the node's memory stays put and another connection's probe answers
+        fch = grpc.insecure_channel(C.addr)
+        info_stream = fch.stream_unary("/kvlingo.v1.Node/Info")
+        hold = threading.Event()
+
+        def never():
+            hold.wait()
+            return
+            yield b""
+        rss0 = C.rss_kb()
+        futs = [info_stream.future(never(), timeout=60) for _ in range(10000)]
+        time.sleep(3)
+        grew = C.rss_kb() - rss0
+        pch = grpc.insecure_channel(C.addr, options=[("grpc.use_local_subchannel_pool", 1)])
+        t.check(pch.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=10) == b"\x08\x01",
+                "Health/Check on another connection answers SERVING under 10,000 request-less streams")
+        t.check(grew < 40 * 1024, "10,000 request-less streams on one connection grew kvld by %d KB "
+                "(under 40 MB expected)" % grew)
+        hold.set()
+        for f in futs:
+            f.cancel()
+        fch.close()
+        pch.close()
     finally:
         codes = [node.stop() for node in nodes]
     t.check(codes == [0, 0, 0], "all nodes exit 0 on SIGTERM (%s)" % codes)
