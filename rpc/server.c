@@ -16,6 +16,10 @@
  * orchestrator's probe; Health/Watch streams are capped, so they cannot take every slot. */
 #define KVL_RPC_CHECK_SLOTS 16
 #define KVL_RPC_WATCH_MAX 32
+/* A Health/Check's answer that its client does not take within this long ends the call: a
+ * client that opens checks on a connection whose window it keeps at 0 would otherwise hold
+ * the reserved slots for the whole send_stall_ms (120 s) and fail the real probe meanwhile. */
+#define KVL_RPC_CHECK_STALL_MS 2000
 /* Memory gRPC may take for all of a server's connections and streams (its resource quota). */
 #define KVL_RPC_SERVER_MEMORY (256u << 20)
 
@@ -352,6 +356,8 @@ static void on_request_message(kvl__rpc_server *srv, kvl__rpc_call *c, int ok) {
     job->call = c;
     job->cls = c->m->fn == kvl__rpc_health_check ? CALL_CHECK
                : c->m->fn == kvl__rpc_health_watch ? CALL_WATCH : CALL_GENERAL;
+    c->stall_ms = job->cls == CALL_CHECK && srv->send_stall_ms > KVL_RPC_CHECK_STALL_MS ? KVL_RPC_CHECK_STALL_MS
+                                                                                        : srv->send_stall_ms;
     pthread_mutex_lock(&srv->mu);
     const char *why = NULL;
     if (job->cls == CALL_CHECK) {

@@ -174,7 +174,7 @@ static kvl_status send_batch(kvl__rpc_call *c, grpc_op *ops, size_t n, int final
                           (int)e);
     }
     /* bounded: a client that stops reading holds the send for ever (flow control) */
-    const int stall_ms = c->srv ? c->srv->send_stall_ms : 120000;
+    const int stall_ms = c->stall_ms > 0 ? c->stall_ms : c->srv ? c->srv->send_stall_ms : 120000;
     struct timespec dl;   /* the call's cv waits on the monotonic clock (server.c) */
     clock_gettime(CLOCK_MONOTONIC, &dl);
     dl.tv_sec += stall_ms / 1000;

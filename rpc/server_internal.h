@@ -40,6 +40,9 @@ struct kvl__rpc_call {
     grpc_byte_buffer *recv_buf;
     int close_cancelled;           /* written by gRPC when RECV_CLOSE_ON_SERVER completes      */
     const kvl__rpc_method *m;
+    int stall_ms;                  /* how long one send may wait for the client (set before the
+                                    * handler runs: the server's send_stall_ms, less for a
+                                    * health check)                                          */
 
     pthread_mutex_t mu;            /* guards the fields below                                 */
     pthread_cond_t cv;
