@@ -122,7 +122,7 @@ def make_shapes(build, pairs, work, dtype, env):
     for i, name in enumerate(dict.fromkeys([m for p in pairs for m in p])):
         dirs[name] = os.path.join(mdir, name)
         t0 = time.time()
-        subprocess.run([kvl, "model", "random", "--shape", name, "--out", dirs[name], "--dtype", dtype,
+        subprocess.run([kvl, "model", "random", "--force", "--shape", name, "--out", dirs[name], "--dtype", dtype,
                         "--seed", str(i + 1)], check=True, stdout=subprocess.DEVNULL, env=env)
         print("bench_switch: made %s (%s) in %.0f s" % (dirs[name], dtype, time.time() - t0), flush=True)
     for s, d in pairs:

@@ -291,10 +291,10 @@ int cmd_chat(int argc, char **argv) {
     int chat = interactive || system;
     /* the one positional argument: TEXT */
     const char *text = NULL;
-    for (int i = 2; i < argc; i++) {
-        if (a.used[i] || !strncmp(argv[i], "--", 2)) continue;
-        if (text) { fprintf(stderr, "kvlingo chat: more than one TEXT argument ('%s')\n", argv[i]); err = 1; break; }
-        text = argv[i];
+    for (int i = 2; i < a.argc; i++) {   /* a.argv: "--key=value" split in two, as a.used counts */
+        if (a.used[i] || !strncmp(a.argv[i], "--", 2)) continue;
+        if (text) { fprintf(stderr, "kvlingo chat: more than one TEXT argument ('%s')\n", a.argv[i]); err = 1; break; }
+        text = a.argv[i];
         a.used[i] = 1;
     }
     if (!err && cli_args_leftover(&a, "chat")) err = 1;

@@ -4,6 +4,7 @@
  * Both are reproducible: the same arguments give byte-identical files (hence the same model
  * hashes, which translators and kvld check). */
 #include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,10 +32,12 @@ static int model_random(int argc, char **argv) {
     if (cli_args_init(&a, argc, argv, 3)) return 1;
     int err = 0;
     if (cli_flag(&a, "--help")) {
-        printf("usage: kvlingo model random --shape SHAPE --out DIR [--dtype f32|bf16] [--seed S]\n"
+        printf("usage: kvlingo model random --shape SHAPE --out DIR [--dtype f32|bf16] [--seed S] [--force]\n"
                "Writes DIR/config.json and DIR/model.safetensors: random weights (std 0.02, norms 1,\n"
                "biases 0; kvlingo/shapes.h) of SHAPE's geometry, f32 by default; no tokenizer (kvld\n"
-               "then serves token ids only).  SHAPE: %s.  Seed default 1.\n", kvl_shape_names());
+               "then serves token ids only).  SHAPE: %s.  Seed default 1.  A DIR that holds a\n"
+               "model already is refused unless --force (its other files, a tokenizer, would stay).\n",
+               kvl_shape_names());
         cli_args_free(&a);
         return 0;
     }
@@ -42,6 +45,7 @@ static int model_random(int argc, char **argv) {
     const char *out = cli_opt(&a, "--out", &err);
     kvl_dtype dt = opt_dtype(&a, "model random", KVL_DTYPE_F32, &err);
     long seed = cli_opt_long(&a, "--seed", 1, 0, 1L << 62, &err);
+    const int force = cli_flag(&a, "--force");
     if (err || cli_args_leftover(&a, "model random")) { cli_args_free(&a); return 2; }
     cli_args_free(&a);
     if (!shape || !out) {
@@ -51,6 +55,16 @@ static int model_random(int argc, char **argv) {
     kvl_model_config cfg;
     kvl_status s = kvl_shape_config(shape, &cfg);
     if (s != KVL_OK) return cli_fail("model random --shape", s);
+    static const char *const held[] = {"config.json", "model.safetensors", "model.safetensors.index.json"};
+    for (size_t i = 0; i < sizeof held / sizeof held[0] && !force; i++) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/%s", out, held[i]);
+        if (access(p, F_OK) == 0) {
+            fprintf(stderr, "kvlingo model random: option --out: %s holds a model already (%s); give --force "
+                    "to replace its weights and config (its other files stay)\n", out, held[i]);
+            return 2;
+        }
+    }
     if ((s = kvl_model_write_random(&cfg, (uint64_t)seed, dt, out)) != KVL_OK) return cli_fail("model random", s);
     printf("kvlingo model random: wrote %s (%s, %lld parameters, %s, seed %ld)\n", out, shape,
            (long long)kvl_config_param_count(&cfg), dt == KVL_DTYPE_BF16 ? "bf16" : "f32", seed);

@@ -6,6 +6,7 @@
 #include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <errno.h>
 
 #include "cli.h"
 #include "kvlingo/backend.h"
@@ -537,6 +538,14 @@ static int cmd_import(int argc, char **argv) {
     return rc;
 }
 
+/* 1 when s has a control character: inside a gnuplot literal a newline ends the command and
+ * the rest runs as gnuplot (`system "..."` included), so such text is refused, not quoted. */
+static int has_control(const char *s) {
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || *s == 0x7f) return 1;
+    return 0;
+}
+
 /* Quote s for a gnuplot string literal (single quotes; a quote is doubled). */
 static void gp_quote(FILE *f, const char *s) {
     fputc('\'', f);
@@ -568,11 +577,35 @@ static int cmd_plot(int argc, char **argv) {
         fprintf(stderr, "kvlingo translator plot: --csv and --out are required\n");
         return 2;
     }
+    const char *bad = has_control(out) ? "--out" : title && has_control(title) ? "--title"
+                      : !title && has_control(csv) ? "--csv" : NULL;
+    if (bad) {
+        fprintf(stderr, "kvlingo translator plot: option %s: control characters (a newline, a tab...) are not "
+                "allowed: gnuplot would run what follows them\n", bad);
+        return 2;
+    }
+    /* the PNG is drawn into a file beside --out and renamed onto it once gnuplot succeeded: a
+     * folder that does not exist is named now, and a failure leaves no half-drawn image */
+    char part[4200];
+    if (snprintf(part, sizeof part, "%s.part-XXXXXX", out) >= (int)sizeof part) {
+        fprintf(stderr, "kvlingo translator plot: option --out: path too long\n");
+        return 2;
+    }
+    int pfd = mkstemp(part);
+    if (pfd < 0) {
+        fprintf(stderr, "kvlingo translator plot: option --out: cannot write beside %s: %s\n", out, strerror(errno));
+        return 1;
+    }
+    close(pfd);
     /* lay the runs end to end into one data file gnuplot reads */
     char tmp[] = "/tmp/kvlingo-plot-XXXXXX";
     int fd = mkstemp(tmp);
     FILE *d = fd >= 0 ? fdopen(fd, "w") : NULL;
-    if (!d) { fprintf(stderr, "kvlingo translator plot: cannot create a temporary file\n"); return 1; }
+    if (!d) {
+        fprintf(stderr, "kvlingo translator plot: cannot create a temporary file\n");
+        unlink(part);
+        return 1;
+    }
     char *list = strdup(csv);
     long offset = 0, rows = 0;
     int rc = 0, runs = 0;
@@ -609,13 +642,13 @@ static int cmd_plot(int argc, char **argv) {
     free(list);
     fclose(d);
     if (!rc && rows == 0) { fprintf(stderr, "kvlingo translator plot: %s: no rows\n", csv); rc = 1; }
-    if (rc) { unlink(tmp); return rc; }
+    if (rc) { unlink(tmp); unlink(part); return rc; }
     char cmd[512];
     snprintf(cmd, sizeof cmd, "%s", prog ? prog : "gnuplot");
     FILE *g = popen(cmd, "w");
-    if (!g) { fprintf(stderr, "kvlingo translator plot: cannot run %s\n", cmd); unlink(tmp); return 1; }
+    if (!g) { fprintf(stderr, "kvlingo translator plot: cannot run %s\n", cmd); unlink(tmp); unlink(part); return 1; }
     fputs("set terminal pngcairo size 1100,800 font ',10'\nset output ", g);
-    gp_quote(g, out);
+    gp_quote(g, part);
     fputs("\nset multiplot layout 2,1 title ", g);
     gp_quote(g, title ? title : csv);
     fputs("\nset grid\nset key top right\nset logscale y\nset ylabel 'KL(teacher || student), nats'\n"
@@ -632,8 +665,16 @@ static int cmd_plot(int argc, char **argv) {
     int st = pclose(g);
     unlink(tmp);
     if (st != 0) {
-        fprintf(stderr, "kvlingo translator plot: %s failed (exit status %d); is gnuplot installed "
-                "(Debian: apt-get install gnuplot-nox)?\n", cmd, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+        const int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        fprintf(stderr, "kvlingo translator plot: %s failed (exit status %d)%s\n", cmd, code,
+                code == 127 ? "; is gnuplot installed (Debian: apt-get install gnuplot-nox)?"
+                            : " (its own message is above)");
+        unlink(part);
+        return 1;
+    }
+    if (rename(part, out) != 0) {
+        fprintf(stderr, "kvlingo translator plot: option --out: cannot write %s: %s\n", out, strerror(errno));
+        unlink(part);
         return 1;
     }
     fprintf(stderr, "translator plot: %ld steps of %d run(s) -> %s\n", rows, runs, out);

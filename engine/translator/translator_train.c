@@ -2,6 +2,8 @@
  * (stage 2 of the KV-Lingo method, kvlingo/translator_train.h).  Sampling, teacher and student passes, AdamW
  * with warm-up + cosine decay, gradient clipping, worker threads, checkpoints.  The per-sample
  * forward/backward is translator_core.inc. */
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -181,7 +183,7 @@ static kvl_status save_checkpoint(const char *path, const kvl_translator *tr, co
 }
 
 static kvl_status load_checkpoint(const char *path, kvl_translator *tr, float *m, float *v,
-                                  int *step, uint64_t seed) {
+                                  int *step, uint64_t seed, int steps) {
     kvl_safetensors *st = NULL;
     kvl_status s = kvl_safetensors_open(path, &st);
     if (s) return s;
@@ -204,7 +206,18 @@ static kvl_status load_checkpoint(const char *path, kvl_translator *tr, float *m
         else
             s = kvl_st_tensor_to_f32(t, dst[i], np);
     }
-    if (s == KVL_OK) *step = atoi(sstep);
+    if (s == KVL_OK) {   /* the step indexes the loss history: within [0, steps) */
+        char *end;
+        errno = 0;
+        long v = strtol(sstep, &end, 10);
+        if (errno || end == sstep || *end || v < 0 || v > INT_MAX)
+            s = kvl__errorf(KVL_ERR_FORMAT, "%s: metadata 'step' = \"%s\" is not a step count", path, sstep);
+        else if (v >= steps)
+            s = kvl__errorf(KVL_ERR_RANGE, "%s: the checkpoint is at step %ld, at or past this run's %d steps: "
+                           "nothing is left to train (raise --steps)", path, v, steps);
+        else
+            *step = (int)v;
+    }
     kvl_safetensors_close(st);
     return s;
 }
@@ -255,7 +268,7 @@ kvl_status kvl_translator_train(kvl_translator *tr, kvl_model *src, kvl_model *d
     int nw = 0;
     for (; nw < p.threads && s == KVL_OK; nw++) s = worker_init(&ws[nw], tr, src, dst, nw > 0, &p);
     int step0 = 0;
-    if (s == KVL_OK && p.resume) s = load_checkpoint(p.resume, tr, m, v, &step0, p.seed);
+    if (s == KVL_OK && p.resume) s = load_checkpoint(p.resume, tr, m, v, &step0, p.seed, p.steps);
     const double t_start = kvl__now_s();
     const clock_t cpu_start = clock();   /* process CPU time, all threads */
     long tokens_total = 0;

@@ -37,6 +37,10 @@ kvlingo)
       && ok "kvlingo chat without --tls-ca nor --insecure refused" || bad "chat no tls: $rc $out"
     out=$("$P" chat --router 127.0.0.1:1 --tls-ca "$T/nope.pem" hi 2>&1); rc=$?
     [ $rc -ne 0 ] && grep -qF "tls_ca '$T/nope.pem': no such file" <<<"$out" && ok "kvlingo chat --tls-ca missing file named" || bad "chat bad ca: $rc $out"
+    # TEXT after a --key=value option is the text (the split form shifted the positions)
+    out=$("$P" chat --router=127.0.0.1:9 --insecure --timeout-ms=2000 hello 2>&1); rc=$?
+    ! grep -q "unexpected argument" <<<"$out" && [ $rc -eq 1 ] && grep -q "CreateSession: UNAVAILABLE" <<<"$out" \
+      && ok "kvlingo chat --router=ADDR TEXT parses TEXT" || bad "chat --key=value TEXT: $rc $out"
   fi
   ;;
 kvld)

@@ -19,6 +19,14 @@ mkdir -p "$T/again" "$T/other"
 "$KVL" model random --shape tiny --out "$T/again/tiny-a" >/dev/null || bad "model random again"
 cmp -s "$T/tiny-a/model.safetensors" "$T/again/tiny-a/model.safetensors" || bad "same seed, different weights file"
 cmp -s "$T/tiny-a/config.json" "$T/again/tiny-a/config.json" || bad "same seed, different config.json"
+# a folder that holds a model is not overwritten unless asked
+out=$("$KVL" model random --shape tiny --out "$T/tiny-a" --seed 5 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "option --out: $T/tiny-a holds a model already" <<<"$out" \
+  && cmp -s "$T/tiny-a/model.safetensors" "$T/again/tiny-a/model.safetensors" && echo "ok   an existing model is kept" \
+  || bad "overwrote an existing model: $rc $out"
+cp -r "$T/tiny-a" "$T/forced"
+"$KVL" model random --shape tiny --out "$T/forced" --seed 5 --force >/dev/null \
+  && ! cmp -s "$T/tiny-a/model.safetensors" "$T/forced/model.safetensors" || bad "--force did not replace"
 info=$("$KVL" info --model "$T/tiny-a" --json) || bad "info tiny-a"
 for kv in layers=2 hidden_size=64 heads=4 kv_heads=2 head_dim=32 intermediate_size=128 vocab_size=512 \
           dtype=float32 name=tiny-a; do

@@ -33,4 +33,12 @@ PYEOF
 printf 'a,b\n1,2\n' > "$T/bad.csv"
 out=$("$KVL" translator plot --csv "$T/bad.csv" --out "$T/x.png" 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -q "bad.csv:1: not a loss curve" <<<"$out" && ok "bad csv refused" || bad "bad csv: $out"
+[ ! -e "$T/x.png" ] && ! ls "$T"/x.png.part-* >/dev/null 2>&1 && ok "a refused plot leaves no file" || bad "leftovers: $(ls "$T")"
+# a newline in a string gnuplot reads would end its command and run the rest: refused
+out=$("$KVL" translator plot --csv "$T/r1.csv" --out "$T/y.png" --title $'T\nsystem "touch '"$T"'/PWNED"' 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "option --title: control characters" <<<"$out" && [ ! -e "$T/PWNED" ] \
+  && ok "a --title with a newline is refused, nothing runs" || bad "title injection: $rc $out"
+out=$("$KVL" translator plot --csv "$T/r1.csv" --out "$T/nodir/z.png" 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "option --out: cannot write beside $T/nodir/z.png" <<<"$out" \
+  && ok "--out in a folder that does not exist is named" || bad "nodir: $rc $out"
 exit $fail

@@ -173,6 +173,46 @@ static void test_resume_is_exact(void **state) {
     /* a checkpoint of another seed is refused */
     q.seed = 8;
     assert_int_equal(kvl_translator_train(b, f->src, f->dst, f->stream, f->n, &q, NULL), KVL_ERR_MISMATCH);
+    q.seed = p.seed;
+    /* a run with fewer steps than the checkpoint's has nothing to train: refused, not 'done' */
+    q.steps = 3;
+    assert_int_equal(kvl_translator_train(b, f->src, f->dst, f->stream, f->n, &q, NULL), KVL_ERR_RANGE);
+    assert_non_null(strstr(kvl_last_error(), "at or past this run's 3 steps"));
+    /* a checkpoint whose step is negative (it indexed the loss history before it) is refused */
+    {
+        kvl_safetensors *st = NULL;
+        assert_int_equal(kvl_safetensors_open(ckpt, &st), KVL_OK);
+        const char *keys[16], *vals[16];
+        size_t nm = 0;
+        static const char *const want[] = {"format", "seed", "step"};
+        for (size_t k = 0; k < 3; k++) {
+            const char *v = kvl_safetensors_metadata(st, want[k]);
+            if (!v) continue;
+            keys[nm] = want[k];
+            vals[nm++] = strcmp(want[k], "step") ? v : "-3";
+        }
+        kvl_st_write_tensor tw[6];
+        static const char *const names[6] = {"wk", "wv", "adam_m.k", "adam_m.v", "adam_v.k", "adam_v.v"};
+        float *bufs[6] = {0};
+        for (int k = 0; k < 6; k++) {
+            const kvl_st_tensor *t = kvl_safetensors_find(st, names[k]);
+            assert_non_null(t);
+            bufs[k] = malloc(sizeof(float) * (size_t)t->n_elements);
+            assert_non_null(bufs[k]);
+            assert_int_equal(kvl_st_tensor_to_f32(t, bufs[k], (size_t)t->n_elements), KVL_OK);
+            tw[k] = (kvl_st_write_tensor){names[k], KVL_DTYPE_F32, t->n_dims, {t->shape[0], t->shape[1]},
+                                          bufs[k], sizeof(float) * (size_t)t->n_elements};
+        }
+        kvl_safetensors_close(st);
+        char bad[4300];
+        snprintf(bad, sizeof bad, "%s/ckpt_neg.safetensors", f->dir);
+        assert_int_equal(kvl_safetensors_write(bad, tw, 6, keys, vals, nm), KVL_OK);
+        for (int k = 0; k < 6; k++) free(bufs[k]);
+        q.steps = 6;
+        q.resume = bad;
+        assert_int_equal(kvl_translator_train(b, f->src, f->dst, f->stream, f->n, &q, NULL), KVL_ERR_FORMAT);
+        assert_non_null(strstr(kvl_last_error(), "metadata 'step' = \"-3\""));
+    }
     kvl_translator_free(a);
     kvl_translator_free(b);
 }
