@@ -88,6 +88,14 @@ int cli_flag(cli_args *a, const char *name) {
     return 1;
 }
 
+int cli_check_context(const char *cmd, const char *flags, long tokens, const struct kvl_model *m) {
+    const kvl_model_config *c = kvl_model_config_get(m);
+    if (tokens <= c->max_position_embeddings) return 0;
+    fprintf(stderr, "kvlingo %s: %s: %ld positions exceed model '%s''s context (config.json "
+            "max_position_embeddings %d)\n", cmd, flags, tokens, kvl_model_name(m), c->max_position_embeddings);
+    return 1;
+}
+
 long cli_opt_long(cli_args *a, const char *name, long dflt, long lo, long hi, int *err) {
     const char *v = cli_opt(a, name, err);
     if (!v) return dflt;

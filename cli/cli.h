@@ -20,6 +20,8 @@ typedef struct cli_args {
 } cli_args;
 enum { CLI_ROLE_NONE, CLI_ROLE_NAME, CLI_ROLE_VALUE };   /* a value is never found as an option */
 
+struct kvl_model;
+
 int cli_args_init(cli_args *a, int argc, char **argv, int first);
 void cli_args_free(cli_args *a);
 /* Value of --name (NULL when absent).  A missing value is reported and *err set. */
@@ -44,6 +46,10 @@ int cli_parse_ids(const char *s, int32_t **ids_out, size_t *n_out);
 
 /* Print "kvlingo <cmd>: <status text>: <detail>" to stderr and return 1. */
 int cli_fail(const char *cmd, kvl_status s);
+/* 0 when `tokens` positions fit in the model's context (config.json max_position_embeddings);
+ * else 1 after naming the command, the flag(s) that set them, the model and its limit (a longer
+ * window runs, but on positions the model never saw: its figures mean nothing). */
+int cli_check_context(const char *cmd, const char *flags, long tokens, const struct kvl_model *m);
 
 /* Read a whole file (malloc'ed, NUL-terminated). Prints the error and returns NULL on failure. */
 char *cli_read_file(const char *path, size_t *len_out);

@@ -236,6 +236,17 @@ static int bench_switch(int argc, char **argv) {
         free(lens);
         return cli_fail("bench switch (target)", s);
     }
+    for (size_t i = 0; i < n_lens; i++) {   /* positions past the models' context mean nothing */
+        const long need = (long)lens[i] + n_new;
+        const int lim = src.cfg.max_position_embeddings < dst.cfg.max_position_embeddings
+                            ? src.cfg.max_position_embeddings : dst.cfg.max_position_embeddings;
+        if (need > lim) {
+            fprintf(stderr, "kvlingo bench switch: options --lengths + --new-tokens: %ld positions exceed the "
+                    "models' context (max_position_embeddings %d)\n", need, lim);
+            rc = 2;
+            goto done;
+        }
+    }
     if ((s = kvl_kv_maps_random(&src.cfg, &dst.cfg, (uint64_t)seed + 2, &maps)) != KVL_OK) goto done;
     if (cuda && (s = kvl_cuda_translator_create(&maps, &src.cfg, dst.dev, &tr.dev)) != KVL_OK) goto done;
     if (!cuda && (s = cli_translator_from_maps(src.host, dst.host, &maps, &tr.host)) != KVL_OK) goto done;

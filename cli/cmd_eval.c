@@ -56,6 +56,7 @@ int cmd_eval_ppl(int argc, char **argv) {
     if (s != KVL_OK) { rc = cli_fail("eval-ppl", s); goto done; }
     if ((s = kvl_tokenizer_load_dir(dir, &tok)) != KVL_OK) { rc = cli_fail("eval-ppl", s); goto done; }
     const kvl_model_config *c = kvl_model_config_get(m);
+    if (cli_check_context("eval-ppl", "option --window", W, m)) goto done;
     int32_t eos = kvl_tokenizer_token_id(tok, "<|endoftext|>");
     if (eos < 0) eos = kvl_tokenizer_eos_id(tok);
     if (eos < 0 && c->n_eos > 0) eos = c->eos_token_ids[0];

@@ -150,6 +150,13 @@ static int cmd_train(int argc, char **argv) {
         rc = cli_fail("translator train", s);
         goto done;
     }
+    if (cli_check_context("translator train", "options --prefix-max + --cont-len", (long)tp.prefix_max + tp.cont_len,
+                          src) ||
+        cli_check_context("translator train", "options --prefix-max + --cont-len", (long)tp.prefix_max + tp.cont_len,
+                          dst)) {
+        rc = 2;
+        goto done;
+    }
     if (encode_corpus("translator train", ddir, corpus, &stream, &n)) goto done;
     t1 = kvl__now_s();
     fprintf(stderr, "corpus %s: %zu tokens (encoded in %.1fs)\n", corpus, n,
@@ -292,6 +299,14 @@ static int cmd_eval(int argc, char **argv) {
         (rev && (s = kvl_translator_load(rev, &rtr)))) {
         rc = cli_fail("translator eval", s);
         goto done;
+    }
+    {   /* the longest context an evaluation builds: the prefix and continuation, or the turns */
+        const long need = ep.turns ? (long)ep.turns * ep.turn_len + ep.cont_len : (long)ep.prefix_len + ep.cont_len;
+        const char *fl = ep.turns ? "options --turns x --turn-len + --cont-len" : "options --prefix-len + --cont-len";
+        if (cli_check_context("translator eval", fl, need, src) || cli_check_context("translator eval", fl, need, dst)) {
+            rc = 2;
+            goto done;
+        }
     }
     ep.reverse = rtr;
     cli_progress pr;

@@ -56,4 +56,9 @@ expect device-index "device 'cuda:-1'" -- "$KVL" eval-ppl --model "$SRC/models/q
 if ! "$KVL" generate --model "$SRC/models/qwen3-a" --prompt-ids 1,2 --max-tokens 1 --device cuda >/dev/null 2>&1; then
   expect device-cuda "--device cuda" -- "$KVL" generate --model "$SRC/models/qwen3-a" --prompt-ids 1,2 --device cuda
 fi
+# windows past the model's context run on positions it never saw: refused, naming the flag
+expect eval-window-past-context "option --window: 8000 positions exceed model 'qwen3-a''s context" -- \
+  "$KVL" eval-ppl --model "$SRC/models/qwen3-a" --text-file "$SRC/testdata/corpus/train_slice.txt" --window 8000
+expect bench-lengths-past-context "options --lengths + --new-tokens: 5009 positions" -- \
+  "$KVL" bench switch --source "$SRC/models/qwen3-a" --target "$SRC/models/qwen3-b" --lengths 5000
 exit $fail
