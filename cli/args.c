@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 #include "clock.h"
@@ -94,6 +95,25 @@ int cli_check_context(const char *cmd, const char *flags, long tokens, const str
     fprintf(stderr, "kvlingo %s: %s: %ld positions exceed model '%s''s context (config.json "
             "max_position_embeddings %d)\n", cmd, flags, tokens, kvl_model_name(m), c->max_position_embeddings);
     return 1;
+}
+
+int cli_check_output(const char *cmd, const char *flag, const char *path) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "kvlingo %s: option %s: %s is a folder (a file path is expected)\n", cmd, flag, path);
+        return 1;
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = 0;
+    else *slash = 0;
+    if (access(dir, W_OK) != 0) {
+        fprintf(stderr, "kvlingo %s: option %s: cannot write into %s: %s\n", cmd, flag, dir, strerror(errno));
+        return 1;
+    }
+    return 0;
 }
 
 long cli_opt_long(cli_args *a, const char *name, long dflt, long lo, long hi, int *err) {

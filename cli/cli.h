@@ -50,6 +50,10 @@ int cli_fail(const char *cmd, kvl_status s);
  * else 1 after naming the command, the flag(s) that set them, the model and its limit (a longer
  * window runs, but on positions the model never saw: its figures mean nothing). */
 int cli_check_context(const char *cmd, const char *flags, long tokens, const struct kvl_model *m);
+/* 0 when `path` can be written as a file (not a folder; its folder exists and is writable),
+ * else 1 after naming the command, the flag and why: checked before long work that ends by
+ * writing it. */
+int cli_check_output(const char *cmd, const char *flag, const char *path);
 
 /* Read a whole file (malloc'ed, NUL-terminated). Prints the error and returns NULL on failure. */
 char *cli_read_file(const char *path, size_t *len_out);

@@ -136,6 +136,22 @@ static int cmd_train(int argc, char **argv) {
         return 2;
     }
     if (tp.resume && !tp.checkpoint) tp.checkpoint = tp.resume;
+    /* what would fail only after the models loaded and stage 1 ran (minutes): refused now */
+    if (tp.prefix_min > tp.prefix_max) {
+        fprintf(stderr, "kvlingo translator train: --prefix-min %d is above --prefix-max %d\n", tp.prefix_min,
+                tp.prefix_max);
+        return 2;
+    }
+    if (tp.batch % tp.per_window) {
+        fprintf(stderr, "kvlingo translator train: --batch %d is not a multiple of --per-window %d\n", tp.batch,
+                tp.per_window);
+        return 2;
+    }
+    if (cli_check_output("translator train", "--out", out) ||
+        (s1out && cli_check_output("translator train", "--stage1-out", s1out)) ||
+        (tp.checkpoint && cli_check_output("translator train", "--checkpoint", tp.checkpoint)) ||
+        (csv_opt && cli_check_output("translator train", "--loss-csv", csv_opt)))
+        return 2;
     kvl_model_params mp = kvl_model_default_params();
     mp.n_threads = tp.threads > 1 ? 1 : 0;
     kvl_model *src = NULL, *dst = NULL;

@@ -61,4 +61,12 @@ expect eval-window-past-context "option --window: 8000 positions exceed model 'q
   "$KVL" eval-ppl --model "$SRC/models/qwen3-a" --text-file "$SRC/testdata/corpus/train_slice.txt" --window 8000
 expect bench-lengths-past-context "options --lengths + --new-tokens: 5009 positions" -- \
   "$KVL" bench switch --source "$SRC/models/qwen3-a" --target "$SRC/models/qwen3-b" --lengths 5000
+# training settings and outputs that would fail only after the models loaded and stage 1 ran
+TR=(translator train --source "$SRC/models/qwen3-a" --target "$SRC/models/qwen3-b" --corpus "$SRC/testdata/corpus/train_slice.txt")
+expect train-out-folder "option --out: $T is a folder" -- "$KVL" "${TR[@]}" --out "$T"
+expect train-out-nodir "option --out: cannot write into $T/nodir" -- "$KVL" "${TR[@]}" --out "$T/nodir/x.safetensors"
+expect train-prefix-order "--prefix-min 300 is above --prefix-max 200" -- "$KVL" "${TR[@]}" --out "$T/x.safetensors" \
+  --prefix-min 300 --prefix-max 200
+expect train-per-window "--batch 5 is not a multiple of --per-window 2" -- "$KVL" "${TR[@]}" --out "$T/x.safetensors" \
+  --batch 5 --per-window 2
 exit $fail
