@@ -8,6 +8,7 @@
 
 #include "cli.h"
 #include "clock.h"
+#include "error.h"
 
 #include "kvlingo/backend.h"
 #include "kvlingo/tokenizer.h"
@@ -308,7 +309,9 @@ int cli_encode_documents(const char *cmd, kvl_tokenizer *tok, int32_t eos, const
     int32_t *stream = malloc(sizeof(int32_t) * cap);
     if (!stream) { free(text); fprintf(stderr, "kvlingo %s: out of memory\n", cmd); return 1; }
     char *p = text, *end = text + len;
+    long line = 0;
     while (p < end) {
+        line++;
         char *nl = memchr(p, '\n', (size_t)(end - p));
         size_t dl = nl ? (size_t)(nl - p) : (size_t)(end - p);
         if (dl > 0 && p[dl - 1] == '\r') dl--;
@@ -316,7 +319,14 @@ int cli_encode_documents(const char *cmd, kvl_tokenizer *tok, int32_t eos, const
             int32_t *ids;
             size_t k;
             kvl_status s = kvl_tokenizer_encode(tok, p, dl, &ids, &k);
-            if (s != KVL_OK) { free(stream); free(text); return cli_fail(cmd, s); }
+            if (s != KVL_OK) {   /* which line of which file: a corpus is long */
+                char where[4200];
+                snprintf(where, sizeof where, "%s:%ld", path, line);
+                kvl__error_prefix(s, where);
+                free(stream);
+                free(text);
+                return cli_fail(cmd, s);
+            }
             if (n + k + 1 > cap) {
                 while (n + k + 1 > cap) cap *= 2;
                 int32_t *ns = realloc(stream, sizeof(int32_t) * cap);

@@ -69,4 +69,8 @@ expect train-prefix-order "--prefix-min 300 is above --prefix-max 200" -- "$KVL"
   --prefix-min 300 --prefix-max 200
 expect train-per-window "--batch 5 is not a multiple of --per-window 2" -- "$KVL" "${TR[@]}" --out "$T/x.safetensors" \
   --batch 5 --per-window 2
+# a corpus line that is not UTF-8 is named by file and line
+printf 'good line\nbad \xff line\n' > "$T/bad-utf8.txt"
+expect corpus-not-utf8 "$T/bad-utf8.txt:2: kvl_tokenizer_encode: text is not valid UTF-8" -- \
+  "$KVL" eval-ppl --model "$SRC/models/qwen3-a" --text-file "$T/bad-utf8.txt" --window 8
 exit $fail
