@@ -37,6 +37,7 @@ struct kvl__rpc_stream {
     int status_pending;            /* RECV_STATUS_ON_CLIENT batch outstanding               */
     int status_done;
     int ended;                     /* read saw the end of the stream                         */
+    int md_received;               /* the first read took the initial metadata with it       */
     char tag_start, tag_read, tag_status;
 };
 
@@ -393,7 +394,10 @@ kvl_status kvl__rpc_client_stream_open(kvl__rpc_client *cli, const char *method,
     }
     call_md cm;
     call_md_fill(cli, &cm);
-    grpc_op ops[4];
+    /* the request only: the server sends its initial metadata with its first message, so
+     * waiting for it here would hold the caller, with no handle to cancel the call, until the
+     * server's first message (a prefill); the first read takes it instead */
+    grpc_op ops[3];
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
     ops[0].data.send_initial_metadata.count = cm.n;
@@ -401,10 +405,8 @@ kvl_status kvl__rpc_client_stream_open(kvl__rpc_client *cli, const char *method,
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = bb;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &st->initial_md;
     kvl_status s = KVL_OK;
-    if (grpc_call_start_batch(st->call, ops, 4, &st->tag_start, NULL) != GRPC_CALL_OK) {
+    if (grpc_call_start_batch(st->call, ops, 3, &st->tag_start, NULL) != GRPC_CALL_OK) {
         s = kvl__errorf(KVL_ERR_INTERNAL, "rpc: %s: cannot start the call", method);
     } else {
         grpc_completion_queue_pluck(st->cq, &st->tag_start, gpr_inf_future(GPR_CLOCK_REALTIME),
@@ -436,11 +438,17 @@ int kvl__rpc_stream_read(kvl__rpc_stream *st, uint8_t **data, size_t *len) {
     *len = 0;
     if (!st || st->ended) return 0;
     grpc_byte_buffer *bb = NULL;
-    grpc_op op;
-    memset(&op, 0, sizeof op);
-    op.op = GRPC_OP_RECV_MESSAGE;
-    op.data.recv_message.recv_message = &bb;
-    if (grpc_call_start_batch(st->call, &op, 1, &st->tag_read, NULL) != GRPC_CALL_OK) {
+    grpc_op op[2];
+    memset(op, 0, sizeof op);
+    size_t nop = 0;
+    if (!st->md_received) {
+        op[nop].op = GRPC_OP_RECV_INITIAL_METADATA;
+        op[nop++].data.recv_initial_metadata.recv_initial_metadata = &st->initial_md;
+        st->md_received = 1;
+    }
+    op[nop].op = GRPC_OP_RECV_MESSAGE;
+    op[nop++].data.recv_message.recv_message = &bb;
+    if (grpc_call_start_batch(st->call, op, nop, &st->tag_read, NULL) != GRPC_CALL_OK) {
         st->ended = 1;
         return 0;
     }

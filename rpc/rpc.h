@@ -275,7 +275,9 @@ kvl_status kvl__rpc_unary_finish(kvl__rpc_unary *u, kvl__rpc_result *res);
 kvl_status kvl__rpc_unary_finish_pb(kvl__rpc_unary *u, const ProtobufCMessageDescriptor *resp_desc,
                                    ProtobufCMessage **resp_out, kvl__rpc_result *res);
 
-/* Start a server-streaming call (request sent at once).  Free with kvl__rpc_stream_free. */
+/* Start a server-streaming call: returns once the request is sent, without waiting for the
+ * server's first message (the first read takes its initial metadata), so the caller can cancel
+ * a call whose server has sent nothing yet.  Free with kvl__rpc_stream_free. */
 kvl_status kvl__rpc_client_stream_open(kvl__rpc_client *cli, const char *method,
                                       const uint8_t *req, size_t req_len, int64_t timeout_ms,
                                       kvl__rpc_stream **out);

@@ -96,6 +96,16 @@ static void whoami(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
     kvl__rpc_call_reply(call, (const uint8_t *)&me, sizeof me);
 }
 
+/* a stream that sends nothing until the client goes away (a node's long prefill) */
+static void late(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    (void)req, (void)len;
+    fixture *f = user;
+    kvl__rpc_call_on_cancel(call, on_cancel, f);
+    pthread_mutex_lock(&f->mu);
+    while (!f->cancel_seen) pthread_cond_wait(&f->cv, &f->mu);
+    pthread_mutex_unlock(&f->mu);
+}
+
 static void slow(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     while (!kvl__rpc_call_cancelled(call)) usleep(10000);
     kvl__rpc_call_finish(call, GRPC_STATUS_ABORTED, "too late");
@@ -115,6 +125,7 @@ static int setup(void **state) {
     assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/Hang", KVL_RPC_SERVER_STREAM,
                                                hang, f), 0);
     assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/Slow", KVL_RPC_UNARY, slow, f), 0);
+    assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/Late", KVL_RPC_SERVER_STREAM, late, f), 0);
     assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/Who", KVL_RPC_UNARY, whoami, f), 0);
     assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/Md", KVL_RPC_UNARY, md_echo, NULL), 0);
     assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/MdStream", KVL_RPC_SERVER_STREAM,
@@ -337,6 +348,33 @@ static void test_cancel(void **state) {
     while (kvl__rpc_server_active_calls(f->srv) > 0) usleep(1000);
 }
 
+/* Opening a stream does not wait for the server's first message: the caller gets its handle at
+ * once and can cancel a call whose server has not sent anything yet (it blocked until the
+ * server's first message, or the deadline, before). */
+static void test_cancel_before_first_message(void **state) {
+    fixture *f = *state;
+    f->cancel_seen = 0;
+    kvl__rpc_stream *st;
+    int64_t t0 = kvl__now_ms();
+    assert_int_equal(kvl__rpc_client_stream_open(f->cli, "/t.S/Late", NULL, 0, 20000, &st), KVL_OK);
+    assert_true(kvl__now_ms() - t0 < 2000);
+    usleep(50 * 1000);
+    kvl__rpc_stream_cancel(st);
+    uint8_t *d = NULL;
+    size_t len = 0;
+    assert_int_equal(kvl__rpc_stream_read(st, &d, &len), 0);
+    kvl__rpc_result r;
+    assert_int_equal(kvl__rpc_stream_finish(st, &r), KVL_OK);
+    assert_int_equal(r.code, GRPC_STATUS_CANCELLED);
+    kvl__rpc_result_clear(&r);
+    kvl__rpc_stream_free(st);
+    assert_true(kvl__now_ms() - t0 < 5000);
+    pthread_mutex_lock(&f->mu);
+    while (!f->cancel_seen) pthread_cond_wait(&f->cv, &f->mu);
+    pthread_mutex_unlock(&f->mu);
+    while (kvl__rpc_server_active_calls(f->srv) > 0) usleep(1000);
+}
+
 static void test_health(void **state) {
     fixture *f = *state;
     Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
@@ -540,6 +578,7 @@ int main(void) {
         cmocka_unit_test(test_unary_halves),
         cmocka_unit_test(test_thread_reuse),
         cmocka_unit_test(test_stream),  cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_cancel_before_first_message),
         cmocka_unit_test(test_health),  cmocka_unit_test(test_health_watch),
         cmocka_unit_test(test_unreachable), cmocka_unit_test(test_metadata),
         cmocka_unit_test(test_health_mirror), cmocka_unit_test(test_tls_required),
