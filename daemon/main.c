@@ -28,6 +28,7 @@ static int tickets_settled(const kvld_config *cfg, const char *pre) {
         kvl__ticket_key k;
         kvl_status st = kvl__ticket_key_load(cfg->ticket_key_file, &k);
         memset(&k, 0, sizeof k);
+        if (st == KVL_OK) kvl__svc_warn_if_world_readable("ticket_key_file", cfg->ticket_key_file);
         if (st == KVL_OK) return 1;
         fprintf(stderr, "kvld: %s%s (ticket_key_file)\n", pre, kvl_last_error());
         return 0;

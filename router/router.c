@@ -233,6 +233,7 @@ kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
     }
     if (!s && cfg->ticket_key_file) {
         s = kvl__ticket_key_load(cfg->ticket_key_file, &r->ticket_key);
+        if (!s) kvl__svc_warn_if_world_readable("ticket_key_file", cfg->ticket_key_file);
         if (!s) s = kvl__ticket_warmup(&r->ticket_key);
         r->tickets = s == KVL_OK;
     }

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <openssl/bio.h>
 #include <openssl/err.h>
@@ -14,6 +15,7 @@
 #include <openssl/x509_vfy.h>
 
 #include "error.h"
+#include "log.h"
 #include "file.h"
 
 /* The PEM text of `path` (key name `what` in messages). */
@@ -52,6 +54,14 @@ static STACK_OF(X509) *read_certs(const char *pem) {
 }
 
 /* An encrypted key would make OpenSSL ask for a passphrase on the terminal; refuse instead. */
+void kvl__svc_warn_if_world_readable(const char *what, const char *path) {
+    struct stat sb;
+    if (path && stat(path, &sb) == 0 && (sb.st_mode & S_IROTH))
+        kvl__svc_log("warn", "msg=key_file_readable key=%s file=\"%s\" mode=%03o detail=\"readable by every user "
+                     "of this host: whoever reads it can act as this fleet member (chmod o-r)\"", what, path,
+                     (unsigned)(sb.st_mode & 0777));
+}
+
 static int no_passphrase(char *buf, int size, int rwflag, void *u) {
     (void)buf; (void)size; (void)rwflag; (void)u;
     return -1;
@@ -172,6 +182,7 @@ kvl_status kvl__svc_tls_load(const char *cert, const char *key, const char *ca, 
     kvl_status st = KVL_OK;
     if (hc) st = read_pem("tls_cert", cert, &out->cert_pem);
     if (st == KVL_OK && hk) st = read_pem("tls_key", key, &out->key_pem);
+    if (st == KVL_OK && hk) kvl__svc_warn_if_world_readable("tls_key", key);
     if (st == KVL_OK && ha) st = read_pem("tls_ca", ca, &out->ca_pem);
     if (st == KVL_OK) st = check(cert, key, ca, out);
     if (st != KVL_OK) kvl__svc_tls_free(out);

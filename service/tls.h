@@ -42,4 +42,9 @@ void kvl__svc_tls_free(kvl__svc_tls *t);
 #define KVL_SVC_TLS_REQUIRED_MSG \
     "no TLS certificate: set tls_cert/tls_key/tls_ca or pass --insecure to run plaintext"
 
+/* Log a warning when the secret at `path` (`what`: the key's config name) is readable by every
+ * user of the host (a private key, the fleet's ticket key): not refused, as mounted secrets
+ * differ in their modes, but said at start. */
+void kvl__svc_warn_if_world_readable(const char *what, const char *path);
+
 #endif

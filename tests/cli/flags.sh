@@ -55,6 +55,14 @@ kvld)
     && grep -q "^transfer tickets: key $T/fleet.key" <<<"$out" \
     && ok "kvld --check --key=value" || bad "kvld check: $rc $out"
   grep -q '^insecure: yes' <<<"$out" && ok "kvld --insecure shown by --check" || bad "kvld --insecure: $out"
+  # a ticket key every local user can read is said at start (not refused: mounted secrets vary)
+  chmod 644 "$T/fleet.key"
+  out=$("$P" --model="$SRC/models/qwen3-a" --insecure --ticket-key-file="$T/fleet.key" --check 2>&1)
+  grep -q "msg=key_file_readable key=ticket_key_file file=\"$T/fleet.key\" mode=644" <<<"$out" \
+    && ok "kvld warns of a world-readable ticket key" || bad "no key warning: $out"
+  chmod 600 "$T/fleet.key"
+  out=$("$P" --model="$SRC/models/qwen3-a" --insecure --ticket-key-file="$T/fleet.key" --check 2>&1)
+  ! grep -q "key_file_readable" <<<"$out" && ok "kvld: a 0600 key draws no warning" || bad "0600 warned: $out"
   out=$("$P" --model="$SRC/models/qwen3-a" --check 2>&1); rc=$?
   [ $rc -eq 1 ] && grep -q '^insecure: no' <<<"$out" \
     && grep -qF 'no TLS certificate: set tls_cert/tls_key/tls_ca or pass --insecure to run plaintext' <<<"$out" \
