@@ -65,6 +65,11 @@ static size_t lossy(const uint8_t *s, size_t n, int hold, char *dst, size_t *con
     return o;
 }
 
+/* id >= 0 names a token with bytes (not past the tokenizer's ids, nor an unused one) */
+static int is_token(const kvl_tokenizer *t, int32_t id) {
+    return (size_t)id < t->n_ids && t->id_bytes[id];
+}
+
 kvl_status kvl_tokenizer_decode(const kvl_tokenizer *t, const int32_t *ids, size_t n, char **text_out,
                                 size_t *len_out) {
     if (text_out) *text_out = NULL;
@@ -72,15 +77,16 @@ kvl_status kvl_tokenizer_decode(const kvl_tokenizer *t, const int32_t *ids, size
     if (!t || !text_out || (!ids && n)) return kvl__errorf(KVL_ERR_INVALID_ARG, "kvl_tokenizer_decode: NULL argument");
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
-        if (ids[i] < 0 || (size_t)ids[i] >= t->n_ids || !t->id_bytes[ids[i]])
-            return kvl__errorf(KVL_ERR_RANGE, "kvl_tokenizer_decode: ids[%zu] = %d is not a token (vocab size %zu)", i,
-                              ids[i], t->n_ids);
+        if (ids[i] < 0)
+            return kvl__errorf(KVL_ERR_RANGE, "kvl_tokenizer_decode: ids[%zu] = %d is negative", i, ids[i]);
+        if (!is_token(t, ids[i])) continue;   /* a padded logit's id: nothing, as tokenizers skips it */
         total += t->id_bytes_len[ids[i]];
     }
     uint8_t *raw = malloc(total ? total : 1);
     if (!raw) return kvl__errorf(KVL_ERR_NOMEM, "kvl_tokenizer_decode: out of memory (%zu bytes)", total);
     size_t off = 0;
     for (size_t i = 0; i < n; i++) {
+        if (!is_token(t, ids[i])) continue;
         memcpy(raw + off, t->id_bytes[ids[i]], t->id_bytes_len[ids[i]]);
         off += t->id_bytes_len[ids[i]];
     }
@@ -146,8 +152,8 @@ kvl_status kvl_detok_push(kvl_detok *d, int32_t id, char *buf, size_t cap, size_
     if (!d || !len_out || (!buf && cap)) return kvl__errorf(KVL_ERR_INVALID_ARG, "kvl_detok_push: NULL argument");
     *len_out = 0;
     const kvl_tokenizer *t = d->tok;
-    if (id < 0 || (size_t)id >= t->n_ids || !t->id_bytes[id])
-        return kvl__errorf(KVL_ERR_RANGE, "kvl_detok_push: id %d is not a token (vocab size %zu)", id, t->n_ids);
+    if (id < 0) return kvl__errorf(KVL_ERR_RANGE, "kvl_detok_push: id %d is negative", id);
+    if (!is_token(t, id)) return KVL_OK;   /* nothing, as kvl_tokenizer_decode skips it */
     memcpy(d->scratch, d->pending, d->n_pending);
     memcpy(d->scratch + d->n_pending, t->id_bytes[id], t->id_bytes_len[id]);
     return emit(d, d->n_pending + t->id_bytes_len[id], 1, buf, cap, len_out);

@@ -78,8 +78,9 @@ kvl_status kvl_tokenizer_encode(const kvl_tokenizer *tok, const char *text, size
  * that do not form valid UTF-8 are replaced by U+FFFD as `tokenizers` does (lossy).
  * On success *text_out is malloc'ed and NUL-terminated (caller free()s), *len_out (may be
  * NULL) is its length in bytes without the NUL.
- * Errors: KVL_ERR_INVALID_ARG (NULL args), KVL_ERR_RANGE (an id < 0 or >= vocab size),
- * KVL_ERR_NOMEM. */
+ * An id >= 0 that is no token (past the tokenizer's ids: models pad their vocabulary, e.g.
+ * Qwen's 151,936 logits for 151,669 ids) decodes to nothing, as `tokenizers` skips it.
+ * Errors: KVL_ERR_INVALID_ARG (NULL args), KVL_ERR_RANGE (an id < 0), KVL_ERR_NOMEM. */
 kvl_status kvl_tokenizer_decode(const kvl_tokenizer *tok, const int32_t *ids, size_t n,
                                 char **text_out, size_t *len_out);
 
@@ -117,9 +118,10 @@ kvl_status kvl_detok_create(const kvl_tokenizer *tok, kvl_detok **out);
 
 /* Push one id; writes the newly complete text (not NUL-terminated) to buf[0..*len_out).
  * A buffer of kvl_detok_push_capacity(tok) bytes is always large enough.
- * Errors: KVL_ERR_INVALID_ARG (NULL d/len_out, or buf NULL with cap > 0), KVL_ERR_RANGE (id out
- * of range, or cap too small: then the state is unchanged and *len_out is the capacity
- * required), KVL_ERR_NOMEM. */
+ * An id >= 0 that is no token writes nothing (as kvl_tokenizer_decode skips it).
+ * Errors: KVL_ERR_INVALID_ARG (NULL d/len_out, or buf NULL with cap > 0), KVL_ERR_RANGE (id < 0,
+ * or cap too small: then the state is unchanged and *len_out is the capacity required),
+ * KVL_ERR_NOMEM. */
 kvl_status kvl_detok_push(kvl_detok *d, int32_t id, char *buf, size_t cap, size_t *len_out);
 
 /* Emit whatever is held back (an incomplete sequence becomes U+FFFD replacement characters,
