@@ -208,11 +208,21 @@ static kvl_status parse_rope(const cJSON *root, const char *label, const kvl_mod
     return KVL_OK;
 }
 
+/* A token id of config.json: a non-negative integer (1e30, -7 or 2.9 are not; an id past the
+ * vocabulary is accepted, as transformers does: it is never sampled). */
+static int token_id_ok(const cJSON *e) {
+    return cJSON_IsNumber(e) && e->valuedouble >= 0 && e->valuedouble <= 2147483647.0 &&
+           e->valuedouble == (double)e->valueint;
+}
+
 static kvl_status parse_eos(const cJSON *root, const char *label, kvl_model_config *c) {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");
     c->n_eos = 0;
     if (!it || cJSON_IsNull(it)) return KVL_OK;
     if (cJSON_IsNumber(it)) {
+        if (!token_id_ok(it))
+            return kvl__errorf(KVL_ERR_FORMAT, "%s: field 'eos_token_id' (%g) is not a token id (an integer >= 0)",
+                              label, it->valuedouble);
         c->eos_token_ids[c->n_eos++] = it->valueint;
         return KVL_OK;
     }
@@ -220,8 +230,9 @@ static kvl_status parse_eos(const cJSON *root, const char *label, kvl_model_conf
         return kvl__errorf(KVL_ERR_FORMAT, "%s: field 'eos_token_id' must be an integer or a list", label);
     const cJSON *e;
     cJSON_ArrayForEach(e, it) {
-        if (!cJSON_IsNumber(e))
-            return kvl__errorf(KVL_ERR_FORMAT, "%s: field 'eos_token_id' has a non-integer entry", label);
+        if (!token_id_ok(e))
+            return kvl__errorf(KVL_ERR_FORMAT, "%s: field 'eos_token_id' has an entry that is not a token id (an "
+                              "integer >= 0)", label);
         if (c->n_eos >= KVL_MAX_EOS_IDS)
             return kvl__errorf(KVL_ERR_UNSUPPORTED, "%s: field 'eos_token_id' lists more than %d ids",
                               label, KVL_MAX_EOS_IDS);
@@ -232,6 +243,19 @@ static kvl_status parse_eos(const cJSON *root, const char *label, kvl_model_conf
 
 #define TRY(x) do { kvl_status s_ = (x); if (s_ != KVL_OK) { cJSON_Delete(root); return s_; } } while (0)
 
+/* The first key an object (at any depth) names twice, or NULL: cJSON keeps the first, Python's
+ * json (and so transformers) the last, so such a file would load as another model. */
+static const char *duplicate_key(const cJSON *o) {
+    for (const cJSON *a = o ? o->child : NULL; a; a = a->next) {
+        if (cJSON_IsObject(o) && a->string)
+            for (const cJSON *b = a->next; b; b = b->next)
+                if (b->string && !strcmp(a->string, b->string)) return a->string;
+        const char *d = duplicate_key(a);
+        if (d) return d;
+    }
+    return NULL;
+}
+
 kvl_status kvl_config_parse(const char *json, size_t len, const char *label, kvl_model_config *out) {
     if (!json || !out) return kvl__errorf(KVL_ERR_INVALID_ARG, "kvl_config_parse: NULL argument");
     if (!label) label = "config.json";
@@ -240,6 +264,12 @@ kvl_status kvl_config_parse(const char *json, size_t len, const char *label, kvl
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return kvl__errorf(KVL_ERR_FORMAT, "%s: top level must be a JSON object", label);
+    }
+    const char *dup = duplicate_key(root);
+    if (dup) {
+        kvl_status s = kvl__errorf(KVL_ERR_FORMAT, "%s: key '%.100s' is given twice", label, dup);
+        cJSON_Delete(root);
+        return s;
     }
     kvl_model_config c;
     memset(&c, 0, sizeof c);

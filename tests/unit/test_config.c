@@ -181,6 +181,16 @@ static void test_malformed(void **st) {
                  "field 'vocab_size'");
     expect_error("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE_FIELDS ", \"head_dim\": 8192}", KVL_ERR_FORMAT,
                  "field 'head_dim' must be in [1, 4096]");
+    /* a key given twice: cJSON took the first, transformers the last (another model) */
+    expect_error("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE_FIELDS ", \"num_hidden_layers\": 3}", KVL_ERR_FORMAT,
+                 "key 'num_hidden_layers' is given twice");
+    /* eos ids are token ids: integers >= 0 */
+    expect_error("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE_FIELDS ", \"eos_token_id\": [1e30, 2]}", KVL_ERR_FORMAT,
+                 "eos_token_id");
+    expect_error("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE_FIELDS ", \"eos_token_id\": 2.9}", KVL_ERR_FORMAT,
+                 "eos_token_id");
+    expect_error("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE_FIELDS ", \"eos_token_id\": -7}", KVL_ERR_FORMAT,
+                 "eos_token_id");
     /* an epsilon float32 rounds to 0 would divide by zero on an all-zero row */
     expect_error("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE_FIELDS ", \"rms_norm_eps\": 1e-60}", KVL_ERR_FORMAT,
                  "rms_norm_eps");
