@@ -186,7 +186,8 @@ void kvld_session_release_drop(kvld_sessions *t, kvld_session *s) {
     if (gone) session_free(s);
 }
 
-kvl_status kvld_sessions_drop(kvld_sessions *t, const char *id) {
+/* Remove `id` from the table; only_idle: only while idle and unheld (else KVL_ERR_MISMATCH). */
+static kvl_status drop(kvld_sessions *t, const char *id, int only_idle) {
     pthread_mutex_lock(&t->mu);
     int i = id ? find(t, id) : -1;
     if (i < 0) {
@@ -194,32 +195,21 @@ kvl_status kvld_sessions_drop(kvld_sessions *t, const char *id) {
         return kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%s'", id ? id : "");
     }
     kvld_session *s = t->items[i];
+    if (only_idle && (s->state != KVLD_IDLE || s->refs != 0)) {
+        pthread_mutex_unlock(&t->mu);
+        return kvl__errorf(KVL_ERR_MISMATCH, "session '%s' is %s", id, kvld_state_name(s->state));
+    }
     t->items[i] = t->items[--t->n];
-    int now = s->refs == 0;
+    int now = s->refs == 0;   /* a busy one is freed when its operation releases it */
     s->dropped = 1;
     pthread_mutex_unlock(&t->mu);
     if (now) session_free(s);
     return KVL_OK;
 }
 
-kvl_status kvld_sessions_drop_idle(kvld_sessions *t, const char *id) {
-    pthread_mutex_lock(&t->mu);
-    int i = id ? find(t, id) : -1;
-    if (i < 0) {
-        pthread_mutex_unlock(&t->mu);
-        return kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%s'", id ? id : "");
-    }
-    kvld_session *s = t->items[i];
-    if (s->state != KVLD_IDLE || s->refs != 0) {
-        pthread_mutex_unlock(&t->mu);
-        return kvl__errorf(KVL_ERR_MISMATCH, "session '%s' is %s", id, kvld_state_name(s->state));
-    }
-    t->items[i] = t->items[--t->n];
-    s->dropped = 1;
-    pthread_mutex_unlock(&t->mu);
-    session_free(s);
-    return KVL_OK;
-}
+kvl_status kvld_sessions_drop(kvld_sessions *t, const char *id) { return drop(t, id, 0); }
+
+kvl_status kvld_sessions_drop_idle(kvld_sessions *t, const char *id) { return drop(t, id, 1); }
 
 kvl_status kvld_sessions_info(kvld_sessions *t, const char *id, kvld_session_info *out) {
     pthread_mutex_lock(&t->mu);
