@@ -99,9 +99,18 @@ int cli_check_context(const char *cmd, const char *flags, long tokens, const str
 }
 
 int cli_check_output(const char *cmd, const char *flag, const char *path) {
+    if (!path[0] || strlen(path) >= 4096 || path[strlen(path) - 1] == '/') {
+        fprintf(stderr, "kvlingo %s: option %s: '%.200s' is not a file path\n", cmd, flag, path);
+        return 1;
+    }
     struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    const int sr = stat(path, &st);
+    if (sr == 0 && S_ISDIR(st.st_mode)) {
         fprintf(stderr, "kvlingo %s: option %s: %s is a folder (a file path is expected)\n", cmd, flag, path);
+        return 1;
+    }
+    if (sr != 0 && errno == ENOTDIR) {   /* a part of the path is a file */
+        fprintf(stderr, "kvlingo %s: option %s: %s: %s\n", cmd, flag, path, strerror(errno));
         return 1;
     }
     char dir[4096];

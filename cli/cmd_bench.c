@@ -173,7 +173,7 @@ static double host_copy_gbps(void) {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: kvlingo bench switch --source DIR|SHAPE --target DIR|SHAPE [--device cpu|cuda]\n"
-               "                            [--lengths 64,1024,8192,32768] [--dtype bf16|f32] [--reps N]\n"
+               "                            [--lengths 64,1024,8192,32752] [--dtype bf16|f32] [--reps N]\n"
                "                            [--new-tokens N] [--seed S] [--json]\n"
                "--new-tokens N: tokens of the switched turn the target runs after the context (default 9)\n"
                "--dtype: the weights' dtype (CUDA: bf16 unless told; CPU: a directory's checkpoint dtype,\n"
@@ -208,7 +208,7 @@ static int bench_switch(int argc, char **argv) {
     else if (dtype) { fprintf(stderr, "kvlingo bench: --dtype must be bf16 or f32\n"); return 2; }
     int32_t *lens = NULL;
     size_t n_lens = 0;
-    if (cli_parse_ids(lengths ? lengths : (cuda ? "64,1024,8192,32768" : "16,64"), &lens, &n_lens)) return 2;
+    if (cli_parse_ids(lengths ? lengths : (cuda ? "64,1024,8192,32752" : "16,64"), &lens, &n_lens)) return 2;
     int max_len = 0;
     for (size_t i = 0; i < n_lens; i++) {
         if (lens[i] < 1 || lens[i] > (1 << 24)) {

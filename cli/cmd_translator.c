@@ -6,6 +6,8 @@
 #include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <errno.h>
 
 #include "cli.h"
@@ -316,9 +318,12 @@ static int cmd_eval(int argc, char **argv) {
         rc = cli_fail("translator eval", s);
         goto done;
     }
-    {   /* the longest context an evaluation builds: the prefix and continuation, or the turns */
-        const long need = ep.turns ? (long)ep.turns * ep.turn_len + ep.cont_len : (long)ep.prefix_len + ep.cont_len;
-        const char *fl = ep.turns ? "options --turns x --turn-len + --cont-len" : "options --prefix-len + --cont-len";
+    {   /* the longest context an evaluation builds: a sample's prefix and continuation, and the
+         * multi-turn sessions' turns (and the token after them) */
+        const long single = ep.samples > 0 ? (long)ep.prefix_len + ep.cont_len : 0;
+        const long multi = ep.turns ? (long)ep.turns * ep.turn_len + 1 : 0;
+        const long need = single > multi ? single : multi;
+        const char *fl = single >= multi ? "options --prefix-len + --cont-len" : "options --turns x --turn-len";
         if (cli_check_context("translator eval", fl, need, src) || cli_check_context("translator eval", fl, need, dst)) {
             rc = 2;
             goto done;
@@ -627,6 +632,9 @@ static int cmd_plot(int argc, char **argv) {
         fprintf(stderr, "kvlingo translator plot: option --out: cannot write beside %s: %s\n", out, strerror(errno));
         return 1;
     }
+    mode_t um = umask(0);   /* the image gets the mode a plain create would give it, not mkstemp's 0600 */
+    umask(um);
+    (void)fchmod(pfd, 0666 & ~um);
     close(pfd);
     /* lay the runs end to end into one data file gnuplot reads */
     char tmp[] = "/tmp/kvlingo-plot-XXXXXX";
@@ -634,6 +642,10 @@ static int cmd_plot(int argc, char **argv) {
     FILE *d = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (!d) {
         fprintf(stderr, "kvlingo translator plot: cannot create a temporary file\n");
+        if (fd >= 0) {
+            close(fd);
+            unlink(tmp);
+        }
         unlink(part);
         return 1;
     }
@@ -676,8 +688,17 @@ static int cmd_plot(int argc, char **argv) {
     if (rc) { unlink(tmp); unlink(part); return rc; }
     char cmd[512];
     snprintf(cmd, sizeof cmd, "%s", prog ? prog : "gnuplot");
+    /* a gnuplot that exits early (missing, or refusing a line) closes the pipe: a write then
+     * fails instead of killing this process with SIGPIPE and leaving the files behind */
+    void (*was)(int) = signal(SIGPIPE, SIG_IGN);
     FILE *g = popen(cmd, "w");
-    if (!g) { fprintf(stderr, "kvlingo translator plot: cannot run %s\n", cmd); unlink(tmp); unlink(part); return 1; }
+    if (!g) {
+        signal(SIGPIPE, was);
+        fprintf(stderr, "kvlingo translator plot: cannot run %s\n", cmd);
+        unlink(tmp);
+        unlink(part);
+        return 1;
+    }
     fputs("set terminal pngcairo size 1100,800 font ',10'\nset output ", g);
     gp_quote(g, part);
     fputs("\nset multiplot layout 2,1 title ", g);
@@ -694,6 +715,7 @@ static int cmd_plot(int argc, char **argv) {
     gp_quote(g, tmp);
     fputs(" using 1:4 with lines lw 2 lc rgb '#d94801' title 'lr'\nunset multiplot\n", g);
     int st = pclose(g);
+    signal(SIGPIPE, was);
     unlink(tmp);
     if (st != 0) {
         const int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;

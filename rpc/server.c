@@ -91,7 +91,7 @@ kvl_status kvl__rpc_server_create(const kvl__rpc_server_params *params, kvl__rpc
      * and sending 2 MB each held 90 MB). */
     args[3].type = GRPC_ARG_INTEGER;
     args[3].key = (char *)GRPC_ARG_MAX_CONCURRENT_STREAMS;
-    args[3].value.integer = srv->max_calls + KVL_RPC_CHECK_SLOTS + KVL_RPC_WATCH_MAX;
+    args[3].value.integer = srv->max_calls + KVL_RPC_CHECK_SLOTS;   /* Watch streams count in max_calls */
     srv->quota = grpc_resource_quota_create("kvl-rpc-server");
     if (!srv->quota) {
         kvl__rpc_server_free(srv);

@@ -13,7 +13,7 @@
 # conformance suite on both backends, the CLI with --device cpu|cuda (greedy tokens, eval-ppl,
 # translated KL of every shipped translator), two kvld --device cuda + the router (where the
 # server components are built), the switch bench for qwen2.5-0.5b -> qwen2.5-1.5b and back at
-# 64/1024/8192/32768 tokens; then, time permitting, compute-sanitizer memcheck on the parity
+# 64/1024/8192/32752 tokens (with the turn's 9 new ones, within Qwen2.5's 32,768 positions); then, time permitting, compute-sanitizer memcheck on the parity
 # test.  Logs go to $OUT (or build-gpu/out).
 # Where the system already has the libraries (a full Debian dev machine with a GPU), set
 # KVL_GPU_SYSTEM_DEPS=1 to use them (and OpenBLAS) instead.
@@ -142,7 +142,7 @@ for run in "${runs[@]}"; do
     if [ "$(el)" -gt "$BUDGET" ]; then echo "skipped $2 -> $3 ($1): past the time budget"; continue; fi
     echo "-- flash kernel: $1" | tee -a "$OUT/bench.txt"
     KVL_FLASH=$1 timeout 150 ./build-gpu/kvlingo bench switch --device cuda --source "$2" --target "$3" \
-        --lengths 64,1024,8192,32768 --reps 3 2>&1 | tee -a "$OUT/bench.txt"
+        --lengths 64,1024,8192,32752 --reps 3 2>&1 | tee -a "$OUT/bench.txt"
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 done
 

@@ -53,7 +53,6 @@ static STACK_OF(X509) *read_certs(const char *pem) {
     return sk;
 }
 
-/* An encrypted key would make OpenSSL ask for a passphrase on the terminal; refuse instead. */
 void kvl__svc_warn_if_world_readable(const char *what, const char *path) {
     struct stat sb;
     if (path && stat(path, &sb) == 0 && (sb.st_mode & S_IROTH))
@@ -62,6 +61,7 @@ void kvl__svc_warn_if_world_readable(const char *what, const char *path) {
                      (unsigned)(sb.st_mode & 0777));
 }
 
+/* An encrypted key would make OpenSSL ask for a passphrase on the terminal; refuse instead. */
 static int no_passphrase(char *buf, int size, int rwflag, void *u) {
     (void)buf; (void)size; (void)rwflag; (void)u;
     return -1;

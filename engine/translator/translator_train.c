@@ -209,14 +209,14 @@ static kvl_status load_checkpoint(const char *path, kvl_translator *tr, float *m
     if (s == KVL_OK) {   /* the step indexes the loss history: within [0, steps) */
         char *end;
         errno = 0;
-        long v = strtol(sstep, &end, 10);
-        if (errno || end == sstep || *end || v < 0 || v > INT_MAX)
+        long at = strtol(sstep, &end, 10);
+        if (errno || end == sstep || *end || at < 0 || at > INT_MAX)
             s = kvl__errorf(KVL_ERR_FORMAT, "%s: metadata 'step' = \"%s\" is not a step count", path, sstep);
-        else if (v >= steps)
+        else if (at >= steps)
             s = kvl__errorf(KVL_ERR_RANGE, "%s: the checkpoint is at step %ld, at or past this run's %d steps: "
-                           "nothing is left to train (raise --steps)", path, v, steps);
+                           "nothing is left to train (raise --steps)", path, at, steps);
         else
-            *step = (int)v;
+            *step = (int)at;
     }
     kvl_safetensors_close(st);
     return s;

@@ -19,7 +19,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvlclient  # noqa: E402
-import grpc
+import grpc  # noqa: E402
 
 
 def rpc_error(fn):

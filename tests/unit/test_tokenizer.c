@@ -369,6 +369,21 @@ static void test_malformed(void **state) {
     free(txt);
     int32_t neg = -1;
     assert_int_equal(kvl_tokenizer_decode(tok, &neg, 1, &txt, NULL), KVL_ERR_RANGE);
+    {   /* the streaming decoder skips it too: its pieces join to the one-shot decode */
+        kvl_detok *dt = NULL;
+        assert_int_equal(kvl_detok_create(tok, &dt), KVL_OK);
+        char piece[64], joined[64] = "";
+        size_t pl = 0;
+        for (int k = 0; k < 3; k++) {
+            assert_int_equal(kvl_detok_push(dt, bad_ids[k], piece, sizeof piece, &pl), KVL_OK);
+            strncat(joined, piece, pl);
+        }
+        assert_int_equal(kvl_detok_flush(dt, piece, sizeof piece, &pl), KVL_OK);
+        strncat(joined, piece, pl);
+        assert_string_equal(joined, "ab");
+        assert_int_equal(kvl_detok_push(dt, -1, piece, sizeof piece, &pl), KVL_ERR_RANGE);
+        kvl_detok_free(dt);
+    }
     kvl_tokenizer_free(tok);
 
     expect_error("not json", KVL_ERR_FORMAT, "not valid JSON");

@@ -203,10 +203,10 @@ static void test_resume_is_exact(void **state) {
             tw[k] = (kvl_st_write_tensor){names[k], KVL_DTYPE_F32, t->n_dims, {t->shape[0], t->shape[1]},
                                           bufs[k], sizeof(float) * (size_t)t->n_elements};
         }
-        kvl_safetensors_close(st);
         char bad[4300];
         snprintf(bad, sizeof bad, "%s/ckpt_neg.safetensors", f->dir);
         assert_int_equal(kvl_safetensors_write(bad, tw, 6, keys, vals, nm), KVL_OK);
+        kvl_safetensors_close(st);   /* after the write: vals point into its metadata */
         for (int k = 0; k < 6; k++) free(bufs[k]);
         q.steps = 6;
         q.resume = bad;
