@@ -172,15 +172,15 @@ static double move_timeout_ms(const kvr_push_ahead *p, const push_job *j, int n_
     return timeout < 1 ? 1 : timeout;
 }
 
-/* The span move of a push by the several calls (a target without ContinueRequest.pull_only, or
- * transfer.one_call off): SessionInfo on the source and the target, then ExportSpan from the
- * source, which pushes the span to the target.  NULL with [*from, *to_out) shipped and what the
- * target holds checked against the ledger, else the result label (the reason logged). */
 /* Milliseconds until `end` (kvl__now_s clock), less `reserve`: what a call may still take. */
 static int64_t ms_left(double end, int64_t reserve) {
     return (int64_t)((end - kvl__now_s()) * 1000.0) - reserve;
 }
 
+/* The span move of a push by the several calls (a target without ContinueRequest.pull_only, or
+ * transfer.one_call off): SessionInfo on the source and the target, then ExportSpan from the
+ * source, which pushes the span to the target.  NULL with [*from, *to_out) shipped and what the
+ * target holds checked against the ledger, else the result label (the reason logged). */
 static const char *move_export(kvr_push_ahead *p, const push_job *j, const kvr_session *s, int64_t node_ms,
                                double end, int *from_out, int *to_out, double *took) {
     kvr_router *r = p->r;
