@@ -159,10 +159,6 @@ kvl_status kvr_router_check(const kvr_config *cfg, FILE *out) {
     if (s) return s;
     if (tls.cert_pem)
         fprintf(out, "tls: %s (until %s), CA %s\n", tls.subject, tls.not_after, cfg->tls_ca);
-    if (chat_ok) fprintf(out, "chat template: renders\n");
-    else fprintf(out, "chat template: none it can render (/v1/chat/completions answers 500, /v1/completions "
-                 "works): %s\n", chat_why);
-    fprintf(out, "health_listen: %s\n", cfg->health_listen ? cfg->health_listen : "off");
     kvl__svc_tls_free(&tls);
     shown_path(cfg->path, cfgp, sizeof cfgp);
     shown_path(cfg->tokenizer, tokp, sizeof tokp);
@@ -176,6 +172,10 @@ kvl_status kvr_router_check(const kvr_config *cfg, FILE *out) {
                                                                                                 : "exists",
             tokp, vocab, cfg->policy_name, cfg->n_nodes, cfg->replica_id, cfg->lease_ms, cfg->lease_wait_ms,
             cfg->insecure ? "yes (plaintext gRPC)" : "no");
+    fprintf(out, "health_listen: %s\n", cfg->health_listen ? cfg->health_listen : "off");
+    if (chat_ok) fprintf(out, "chat template: renders\n");
+    else fprintf(out, "chat template: none it can render (/v1/chat/completions answers 500, /v1/completions "
+                 "works): %s\n", chat_why);
     fprintf(out, "transfer tickets: %s%s\n", cfg->ticket_key_file ? "key " : "off (no ticket_key_file)",
             cfg->ticket_key_file ? cfg->ticket_key_file : "");
     for (int i = 0; i < cfg->n_nodes; i++)

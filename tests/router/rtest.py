@@ -182,7 +182,9 @@ class Fleet:
         self.replicas = {}
         os.makedirs(work, exist_ok=True)
         if tickets:
-            with open(self.key_file, "wb") as f:
+            # the owner's alone, as a fleet's secret is (kvld and the router warn otherwise)
+            fd = os.open(self.key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
                 f.write(os.urandom(24).hex().encode() + b"\n")
         self.nodes = {}
         self.node_ports = {}
