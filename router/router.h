@@ -97,6 +97,20 @@ double kvr_wall_now(void);
 
 /* ---- one turn (turn.c) --------------------------------------------------------------------- */
 
+/* How a caller ends its turn from another thread when its client goes away (the gRPC call's
+ * cancel callback): kvr_turn_cancel_fire marks it and cancels the node call the turn waits on,
+ * so a turn whose node is still prefilling (no token yet, nothing to emit into) ends at once
+ * instead of at its deadline.  Initialise with kvr_turn_cancel_init; the turn registers the
+ * node stream it reads (under mu) and takes it back before freeing it. */
+typedef struct kvr_turn_cancel {
+    pthread_mutex_t mu;
+    int fired;
+    struct kvl__rpc_stream *st;   /* the node stream the turn reads now, or NULL */
+} kvr_turn_cancel;
+void kvr_turn_cancel_init(kvr_turn_cancel *c);
+void kvr_turn_cancel_destroy(kvr_turn_cancel *c);
+void kvr_turn_cancel_fire(kvr_turn_cancel *c);   /* any thread; idempotent */
+
 typedef struct kvr_turn_req {
     const char *sid;
     const int32_t *user;          /* this turn's input ids                                     */
@@ -119,6 +133,7 @@ typedef struct kvr_turn_req {
                                      checked before the turn and charged with its tokens; NULL
                                      none (in-process callers)                                 */
     const char *prefetch_model;   /* push-ahead hint: the model likely next; "" or NULL none    */
+    kvr_turn_cancel *cancel;      /* the caller's cancel (NULL: none but emit's answer)         */
 } kvr_turn_req;
 
 typedef struct kvr_turn_out {

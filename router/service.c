@@ -145,6 +145,8 @@ typedef struct emit_ctx {
     int special_text;
 } emit_ctx;
 
+static void on_client_cancel(void *arg) { kvr_turn_cancel_fire(arg); }
+
 static int emit_token(void *arg, int32_t token, const char *text, float logprob) {
     emit_ctx *e = arg;
     Kvlingo__V1__SendResponse m = KVLINGO__V1__SEND_RESPONSE__INIT;
@@ -248,7 +250,15 @@ static void h_send(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
                        .prefetch_model = q->prefetch_model ? q->prefetch_model : ""};
     kvr_turn_out o;
     emit_ctx e = {.call = call, .tok = r->tok, .special_text = q->special_text};
+    /* a client that goes away while the node has not answered yet (a long prefill) ends the
+     * node's call at once; after the first token, a failed send says it as well */
+    kvr_turn_cancel cx;
+    kvr_turn_cancel_init(&cx);
+    tr.cancel = &cx;
+    kvl__rpc_call_on_cancel(call, on_client_cancel, &cx);
     s = kvr_turn_run(r, &tr, emit_token, &e, &o);
+    kvl__rpc_call_on_cancel(call, NULL, NULL);   /* returns once no callback runs */
+    kvr_turn_cancel_destroy(&cx);
     kvr_router_busy_release(r, q->session_id);
     if (s) {
         fail_kvl(r, call, "Send", s);

@@ -43,6 +43,21 @@ static int64_t turn_deadline_ms(const turn *t, int ti, int64_t pull_ms) {
            (int64_t)(t->req->max_tokens * dec_ms + (t->N + t->req->n_user) * pf_ms);
 }
 
+void kvr_turn_cancel_init(kvr_turn_cancel *c) {
+    pthread_mutex_init(&c->mu, NULL);
+    c->fired = 0;
+    c->st = NULL;
+}
+
+void kvr_turn_cancel_destroy(kvr_turn_cancel *c) { pthread_mutex_destroy(&c->mu); }
+
+void kvr_turn_cancel_fire(kvr_turn_cancel *c) {
+    pthread_mutex_lock(&c->mu);
+    __atomic_store_n(&c->fired, 1, __ATOMIC_RELEASE);
+    if (c->st) kvl__rpc_stream_cancel(c->st);   /* the turn frees it only after taking it back */
+    pthread_mutex_unlock(&c->mu);
+}
+
 /* Stream the turn from node ti: a Generate opened here after prepare, or the ContinueTurn
  * stream `opened` (its ContinueResult kept in *nr). */
 kvl_status kvr__turn_decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void *arg, double t_start,
@@ -64,11 +79,24 @@ kvl_status kvr__turn_decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void
         *code = GRPC_STATUS_UNAVAILABLE;
         return s;
     }
+    kvr_turn_cancel *cx = t->req->cancel;
+    if (cx) {   /* the client's cancel reaches this stream from now on (and at once if it came) */
+        pthread_mutex_lock(&cx->mu);
+        cx->st = st;
+        if (cx->fired) kvl__rpc_stream_cancel(st);
+        pthread_mutex_unlock(&cx->mu);
+    }
     double ent_sum = 0, t_first = 0, t_last = 0, node_tps = 0;
     int n_ent = 0;
     for (;;) {
         Kvlingo__V1__GenerateResponse *m = NULL;
         int rr = kvr_node_gen_next(T, st, &m, code);
+        if (rr <= 0 && cx && __atomic_load_n(&cx->fired, __ATOMIC_ACQUIRE)) {   /* ended by the client */
+            s = kvl__errorf(KVL_ERR_CANCELLED, "client cancelled the turn");
+            *code = GRPC_STATUS_CANCELLED;
+            t->client_cancelled = 1;
+            break;
+        }
         if (rr < 0) { s = (kvl_status)rr; break; }
         if (rr == 0) {
             if (*code != GRPC_STATUS_OK) { s = kvl__rpc_status_to_kvl(*code); if (!s) s = KVL_ERR_INTERNAL; }
@@ -128,6 +156,11 @@ kvl_status kvr__turn_decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void
             t->client_cancelled = 1;
             break;
         }
+    }
+    if (cx) {
+        pthread_mutex_lock(&cx->mu);
+        cx->st = NULL;
+        pthread_mutex_unlock(&cx->mu);
     }
     kvl__rpc_stream_free(st);
     if (o->n_generated > t->req->max_tokens && !s)

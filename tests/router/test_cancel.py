@@ -10,6 +10,7 @@ usage: test_cancel.py --build BUILD_DIR --work WORK_DIR
 """
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -68,6 +69,43 @@ def cancel_keeps_input(a):
         fleet.stop()
 
 
+def cancel_before_first_token(a):
+    """A client that goes away while the node has not answered yet (here: the node is frozen)
+    ends the turn at once: the router cancels the node's call instead of waiting for a token
+    to fail to send (or for its deadline)."""
+    fleet = rtest.Fleet(a.build, os.path.join(a.work, "early"), models=("qwen3-a",),
+                        policy={"name": "pinned"}, translators=False)
+    node = fleet.nodes["qwen3-a"]
+    try:
+        c = fleet.client(timeout=60)
+        sid = c.create_session()
+        c.send_all(sid, tokens=[725, 732, 1553, 623], max_tokens=2)
+        before = list(c.get_session(sid, include_tokens=True).tokens)
+        node.proc.send_signal(signal.SIGSTOP)
+        try:
+            try:
+                for _ in c.stub.Send(c.pb.SendRequest(session_id=sid, tokens=[39, 918], max_tokens=4),
+                                     timeout=0.5, metadata=c.metadata):
+                    pass
+            except Exception:  # grpc.RpcError: DEADLINE_EXCEEDED, the client went away
+                pass
+            t0, seen = time.time(), False
+            while time.time() - t0 < 2.5 and not seen:
+                seen = "session %s: turn cancelled by the client" % sid in open(fleet.router.log_path).read()
+                time.sleep(0.05)
+            check(seen, "the router did not end the turn within 2.5 s of the client's cancel, with "
+                  "its node frozen")
+        finally:
+            node.proc.send_signal(signal.SIGCONT)
+        after = list(c.get_session(sid, include_tokens=True).tokens)
+        check(after == before + [39, 918], "ledger after the early cancel: %r" % after[len(before):])
+        ids, _, s2 = c.send_all(sid, tokens=[13, 198], max_tokens=3)
+        check(len(ids) == 3, "the next turn after an early cancel: %s" % s2)
+        print("  ok: a turn cancelled before its first token ends at once (node frozen); its input kept")
+    finally:
+        fleet.stop()
+
+
 def clients_name_the_session(a):
     fleet = rtest.Fleet(a.build, os.path.join(a.work, "sid"), models=("qwen3-a",),
                         policy={"name": "pinned"}, translators=False)
@@ -97,6 +135,7 @@ def main():
     ap.add_argument("--work", required=True)
     a = ap.parse_args()
     cancel_keeps_input(a)
+    cancel_before_first_token(a)
     clients_name_the_session(a)
     print("test_cancel: PASS")
 
