@@ -201,7 +201,10 @@ int cli_parse_ids(const char *s, int32_t **ids_out, size_t *n_out) {
         char *end;
         errno = 0;
         long v = strtol(p, &end, 10);
-        if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
+        /* digits only: strtol also takes leading blanks and a sign (" 1", "+1"), and a comma
+         * must be followed by another entry */
+        if (*p < '0' || *p > '9' || end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ',') ||
+            (*end == ',' && !end[1])) {
             fprintf(stderr, "kvlingo: token id list '%s': bad entry at offset %zu (expected "
                     "comma-separated non-negative integers)\n", s, (size_t)(p - s));
             free(ids);

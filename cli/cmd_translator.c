@@ -11,6 +11,7 @@
 #include <errno.h>
 
 #include "cli.h"
+#include "kvlingo/safetensors.h"
 #include "kvlingo/backend.h"
 #include "clock.h"
 #include "kvlingo/cache.h"
@@ -260,6 +261,19 @@ static void on_eval_progress(void *user, const char *phase, int done, int total)
     cli_progress_step(user, phase, done, total);
 }
 
+/* The dtype a translator file stores its maps in (F32 unless they are BF16), so that a file
+ * written again keeps it. */
+static kvl_dtype maps_dtype_of(const char *path) {
+    kvl_safetensors *st = NULL;
+    kvl_dtype dt = KVL_DTYPE_F32;
+    if (kvl_safetensors_open(path, &st) == KVL_OK) {
+        const kvl_st_tensor *t = kvl_safetensors_find(st, "layers.0.k.weight");
+        if (t && t->dtype == KVL_DTYPE_BF16) dt = KVL_DTYPE_BF16;
+        kvl_safetensors_close(st);
+    }
+    return dt;
+}
+
 static int cmd_eval(int argc, char **argv) {
     cli_args a;
     if (cli_args_init(&a, argc, argv, 3)) return 1;
@@ -301,6 +315,10 @@ static int cmd_eval(int argc, char **argv) {
     cli_args_free(&a);
     if (!file || !sdir || !ddir || !text) {
         fprintf(stderr, "kvlingo translator eval: --translator, --source, --target and --text-file are required\n");
+        return 2;
+    }
+    if (store_file && access(store_file, R_OK | W_OK) != 0) {   /* before the evaluation, not after */
+        fprintf(stderr, "kvlingo translator eval: option --store-file: %s: %s\n", store_file, strerror(errno));
         return 2;
     }
     kvl_model_params mp = dev;
@@ -377,7 +395,7 @@ static int cmd_eval(int argc, char **argv) {
         }
         if (other) dest = other;
         s = kvl_translator_set_meta(dest, store, js);
-        if (s == KVL_OK) s = kvl_translator_save(dest, sf, KVL_DTYPE_F32);
+        if (s == KVL_OK) s = kvl_translator_save(dest, sf, maps_dtype_of(sf));   /* as it was stored */
         kvl_translator_free(other);
         if (s) { rc = cli_fail("translator eval", s); goto done; }
         fprintf(stderr, "stored the figures under metadata '%s' of %s\n", store, sf);

@@ -73,4 +73,10 @@ expect train-per-window "--batch 5 is not a multiple of --per-window 2" -- "$KVL
 printf 'good line\nbad \xff line\n' > "$T/bad-utf8.txt"
 expect corpus-not-utf8 "$T/bad-utf8.txt:2: kvl_tokenizer_encode: text is not valid UTF-8" -- \
   "$KVL" eval-ppl --model "$SRC/models/qwen3-a" --text-file "$T/bad-utf8.txt" --window 8
+# a token id list takes digits and commas only
+expect ids-leading-blank "token id list ' 1'" -- "$KVL" detokenize --model "$SRC/models/qwen3-a" --ids " 1"
+expect ids-trailing-comma "token id list '1,2,'" -- "$KVL" detokenize --model "$SRC/models/qwen3-a" --ids "1,2,"
+expect store-file-missing "option --store-file: $T/nope.safetensors" -- "$KVL" translator eval --translator "$T/x" \
+  --source "$SRC/models/qwen3-a" --target "$SRC/models/qwen3-b" --text-file "$SRC/testdata/corpus/train_slice.txt" \
+  --store k --store-file "$T/nope.safetensors"
 exit $fail

@@ -32,6 +32,14 @@ out=$("$KVL" translator eval --translator "$T/s2.safetensors" --source "$A" --ta
       --turns 4 --turn-len 8 --sessions 2 --store eval 2>&1)
 [ "$(grep -cE '^ +[0-3] +(source|target)' <<<"$out")" = 4 ] && ok turns || bad "turns: $out"
 "$KVL" translator info "$T/s2.safetensors" | grep -qE '^  final +[0-9.]+ ' && ok "info shows stored eval" || bad "info eval"
+# --store writes the file again in the dtype it had: a bf16 translator stays bf16
+"$KVL" translator train --source "$A" --target "$B" --corpus "$SLICE" --out "$T/s1b.safetensors" \
+    --stage1-only --ridge-tokens 4096 --bf16 2>/dev/null || bad "stage1 --bf16"
+sz0=$(stat -c %s "$T/s1b.safetensors")
+"$KVL" translator eval --translator "$T/s1b.safetensors" --source "$A" --target "$B" \
+    --text-file "$SRC/testdata/corpus/valid.txt" --prefix-len 32 --cont-len 8 --samples 2 --store ev >/dev/null 2>&1 \
+  && sz1=$(stat -c %s "$T/s1b.safetensors") && [ "$sz1" -lt $((sz0 * 3 / 2)) ] \
+  && ok "eval --store keeps a bf16 file bf16 ($sz0 -> $sz1 bytes)" || bad "bf16 after --store: $sz0 -> ${sz1:-?}"
 "$KVL" translator info "$T/s2.safetensors" | grep -qE '^ +1 +4 +2 ' && ok "info lists the training run" || bad "info run"
 "$KVL" translator info "$T/s2.safetensors" --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["eval"]["samples"] == 2 and d["training"]["steps"] == 4' \
     && ok "info json" || bad "info json"
