@@ -22,6 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rtest  # noqa: E402
+import grpc  # noqa: E402
 from rtest import check  # noqa: E402
 
 
@@ -151,7 +152,17 @@ def main():
             time.sleep(0.1)
         check(c.get_session(sid).context_tokens == n_before + 3,
               "a cancelled turn keeps exactly its input: %d -> %d" % (n_before, c.get_session(sid).context_tokens))
-        ids, _, s = c.send_all(sid, " after cancel", max_tokens=3)
+        # the cancelled turn commits its input, then drops the node's copy and lets the session
+        # go: a turn sent in between is told the session is busy (ABORTED), and a client retries
+        t0 = time.time()
+        while True:
+            try:
+                ids, _, s = c.send_all(sid, " after cancel", max_tokens=3)
+                break
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.ABORTED or "busy" not in err.details() or time.time() - t0 > 10:
+                    raise
+                time.sleep(0.05)
         check(s.context_tokens == n_before + 3 + s.user_tokens + 3, "turn after a cancel")
         print("  ok: client cancel mid-stream: input kept, output discarded, next turn consistent (%s)" % (
             s.fallback_reason or rtest.MODES[s.switch_mode]))
