@@ -615,12 +615,29 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     free(msg);
     msg = NULL;
     if (fl.cancelled) FAIL(GRPC_STATUS_CANCELLED, "export cancelled by the client");
+    /* the payload goes to the transport address of the member's own Info, as in push mode,
+     * never to one its reply names: a reply is only the importer's word, and its address
+     * must be the one the fleet knows it by */
+    uint8_t paddr[KVLD_PEER_TRANSPORT_MAX];
+    size_t palen = 0;
+    if (kvld_node_peer_transport(n, in->peer, paddr, sizeof paddr, &palen, NULL) != KVL_OK)
+        FAIL(GRPC_STATUS_UNAVAILABLE, "%s", kvl_last_error());
+    if (ep->transport_address.len != palen || memcmp(ep->transport_address.data, paddr, palen)) {
+        /* a member that restarted answers its new address before the peer table has it: the
+         * table asks its Info again, and the span goes only if the two then agree */
+        if (kvld_node_peer_refresh(n, in->peer, tmo < 2000 ? tmo : 2000) != KVL_OK ||
+            kvld_node_peer_transport(n, in->peer, paddr, sizeof paddr, &palen, NULL) != KVL_OK ||
+            ep->transport_address.len != palen || memcmp(ep->transport_address.data, paddr, palen)) {
+            kvl__rpc_stream_cancel(stream);
+            FAIL(GRPC_STATUS_PERMISSION_DENIED, "peer %s answered a transport address other than "
+                 "its Info's: the span is not sent there", in->peer);
+        }
+    }
     w.stream = stream;
     watching = pthread_create(&watcher, NULL, watch_verdict, &w) == 0;
     double t_x = kvl__now_s();
-    st = kvl__transport_send(n->transport, ep->transport_address.data, ep->transport_address.len,
-                            ep->tag, payload, plen, tmo, &fl.stop_send, give_span_buffer, n->spanbufs,
-                            &payload_kept);
+    st = kvl__transport_send(n->transport, paddr, palen, ep->tag, payload, plen, tmo, &fl.stop_send,
+                             give_span_buffer, n->spanbufs, &payload_kept);
     xfer_s = kvl__now_s() - t_x;
     if (st != KVL_OK) {
         char why[512];

@@ -330,6 +330,21 @@ def main():
         si = sa.SessionInfo(pb.SessionInfoRequest(session_id="big"), timeout=10)
         t.check(si.state == "idle" and si.cached_count == 1000, "A's session intact after the failed export")
 
+        # an importer whose ImportSpan reply names another UCX worker than its Info: the span
+        # goes only to the address the fleet knows the member by, so nothing reaches the other
+        sink = subprocess.Popen([args.span_inject, "--sink-redirect"], stdout=subprocess.PIPE, text=True)
+        port = int(sink.stdout.readline().split("=")[1])
+        e = rpc_error(lambda: sa.ExportSpan(pb.ExportSpanRequest(
+            session_id="big", peer="127.0.0.1:%d" % port, timeout_ms=20000), timeout=60))
+        got = sink.stdout.readline().strip()
+        sink.wait(timeout=30)
+        t.check(e is not None and e.code() == grpc.StatusCode.PERMISSION_DENIED
+                and "other than its Info" in e.details(),
+                "ImportSpan naming another transport address -> PERMISSION_DENIED (%s)" % (e and e.details()))
+        t.check(got == "redirect_received=0", "nothing reached the address the reply named (%s)" % got)
+        si = sa.SessionInfo(pb.SessionInfoRequest(session_id="big"), timeout=10)
+        t.check(si.state == "idle" and si.cached_count == 1000, "A's session intact after the refused export")
+
         # 10. client cancelling a stream
         stream = sa.Generate(pb.GenerateRequest(session_id="s1", max_tokens=3000), timeout=60)
         got = 0

@@ -15,6 +15,10 @@
  *        span_inject --sink   a fake importer: prints "port=N", answers ImportSpan with a UCX
  *                             endpoint that never receives, then exits (importer gone
  *                             mid-transfer, seen from the exporter)
+ *        span_inject --sink-redirect   a fake importer whose ImportSpan names the UCX address
+ *                             of another worker than its Info's (a member aiming the span
+ *                             elsewhere); prints "redirect_received=N" (bytes that reached
+ *                             the other worker) when the call ends, then exits
  * Prints "code=<grpc status name> msg=<message>" of the ImportSpan call. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,15 +45,47 @@ static int die(const char *what) {
 
 typedef struct sink {
     kvl__transport *t;
+    kvl__transport *other;   /* redirect mode: the worker its ImportSpan names instead */
 } sink;
 
+/* Info as a node answers it: its model and its own transport address */
 static void sink_info(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    sink *sk = user;
     Kvlingo__V1__InfoResponse out = KVLINGO__V1__INFO_RESPONSE__INIT;
     Kvlingo__V1__ModelId mid = KVLINGO__V1__MODEL_ID__INIT;
     mid.name = "qwen3-b";
     mid.hash = "";
     out.model = &mid;
+    const uint8_t *a;
+    size_t al;
+    kvl__transport_address(sk->t, &a, &al);
+    out.transport = "ucx";
+    out.transport_address.data = (uint8_t *)a;
+    out.transport_address.len = al;
     kvl__rpc_call_reply_pb(call, &out.base);
+}
+
+/* announce the other worker's endpoint, and report what reached it once the exporter ends
+ * the call */
+static void sink_redirect(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    sink *sk = user;
+    static uint8_t buf[4 << 20];
+    kvl__transport_recv *rv = NULL;
+    if (kvl__transport_recv_post(sk->other, 42, buf, sizeof buf, &rv) != KVL_OK) _exit(die("recv_post"));
+    Kvlingo__V1__ImportSpanResponse ep = KVLINGO__V1__IMPORT_SPAN_RESPONSE__INIT;
+    const uint8_t *a;
+    size_t al;
+    kvl__transport_address(sk->other, &a, &al);
+    ep.transport = "ucx";
+    ep.transport_address.data = (uint8_t *)a;
+    ep.transport_address.len = al;
+    ep.tag = 42;
+    kvl__rpc_call_send_pb(call, &ep.base);
+    size_t got = 0;
+    kvl_status st = kvl__transport_recv_wait(sk->other, rv, 3000, NULL, &got);
+    printf("redirect_received=%zu\n", st == KVL_OK ? got : (size_t)0);
+    fflush(stdout);
+    _exit(0);
 }
 
 /* announce an endpoint (a live UCX worker that never posts the receive), then die */
@@ -69,16 +105,17 @@ static void sink_import(kvl__rpc_call *call, const uint8_t *req, size_t len, voi
     _exit(0);
 }
 
-static int run_sink(void) {
-    sink sk;
+static int run_sink(int redirect) {
+    sink sk = {0};
     if (kvl__transport_create("ucx", &sk.t)) return die("transport");
+    if (redirect && kvl__transport_create("ucx", &sk.other)) return die("transport");
     kvl__rpc_server_params p = kvl__rpc_server_default_params();
     p.tls = &plaintext;
     kvl__rpc_server *srv;
     if (kvl__rpc_server_create(&p, &srv) ||
         kvl__rpc_server_add_method(srv, "/kvlingo.v1.Node/Info", KVL_RPC_UNARY, sink_info, &sk) ||
         kvl__rpc_server_add_method(srv, "/kvlingo.v1.Node/ImportSpan", KVL_RPC_SERVER_STREAM,
-                                  sink_import, &sk) ||
+                                  redirect ? sink_redirect : sink_import, &sk) ||
         kvl__rpc_server_start(srv))
         return die("server");
     printf("port=%d\n", kvl__rpc_server_port(srv));
@@ -145,7 +182,8 @@ static size_t unhex(const char *hx, uint8_t *out, size_t cap) {
 }
 
 int main(int argc, char **argv) {
-    if (argc == 2 && !strcmp(argv[1], "--sink")) return run_sink();
+    if (argc == 2 && !strcmp(argv[1], "--sink")) return run_sink(0);
+    if (argc == 2 && !strcmp(argv[1], "--sink-redirect")) return run_sink(1);
     if (argc == 5 && !strcmp(argv[1], "--flood")) return run_flood(argv[2], atol(argv[3]), atol(argv[4]));
     if (argc < 5) {
         fprintf(stderr, "usage: span_inject NODE_ADDR MODEL_DIR SESSION MODE [N_TOKENS]\n");
