@@ -55,12 +55,44 @@ typedef struct progress_state {
     double loss_ema;
     FILE *csv;                     /* loss curve, one row per step (NULL: none) */
     const kvl_train_params *tp;
-    int step0;                     /* steps done before this run (a resume) */
+    const char *csv_path;
+    int trim;                      /* a resumed run appending: cut the rows it repeats first */
 } progress_state;
+
+/* Cut the loss curve at path before its first row of step `from` or later: a run resumed from
+ * a checkpoint of step from-1 writes those steps again, and the rows the interrupted run wrote
+ * past its checkpoint would otherwise stay in the curve twice.  Rows are in step order; the
+ * header line stays. */
+static void csv_trim_from(const char *path, int from) {
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char *line = NULL;
+    size_t cap = 0;
+    long off = 0, cut = -1;
+    ssize_t n;
+    while ((n = getline(&line, &cap, f)) > 0) {
+        char *end;
+        long step = strtol(line, &end, 10);
+        if (end != line && *end == ',' && step >= from) {
+            cut = off;
+            break;
+        }
+        off += (long)n;
+    }
+    free(line);
+    fclose(f);
+    if (cut >= 0 && truncate(path, (off_t)cut) != 0)
+        fprintf(stderr, "kvlingo translator train: --loss-csv %s: cannot cut the rows past the checkpoint: %s\n",
+                path, strerror(errno));
+}
 
 static int on_progress(void *user, int step, int steps, double loss, double tok_s, double el,
                        size_t mem) {
     progress_state *ps = user;
+    if (ps->trim) {   /* the first step of a resumed run: the file is flushed, nothing buffered */
+        ps->trim = 0;
+        csv_trim_from(ps->csv_path, step);
+    }
     ps->loss_ema = ps->loss_ema < 0 ? loss : 0.9 * ps->loss_ema + 0.1 * loss;
     if (ps->csv) {
         fprintf(ps->csv, "%d,%.6f,%.6f,%.6g,%.1f\n", step, loss, ps->loss_ema,
@@ -233,6 +265,9 @@ static int cmd_train(int argc, char **argv) {
         goto done;
     }
     if (!append) fputs("step,loss,kl_ema,lr,tokens_per_s\n", ps.csv);
+    fflush(ps.csv);
+    ps.csv_path = csv_path;
+    ps.trim = append;
     tp.progress = on_progress;
     tp.user = &ps;
     double fl = 0;

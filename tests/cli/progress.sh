@@ -30,6 +30,19 @@ for r in rows:
 PYEOF
 "$KVL" "${TR[@]}" --out "$T/q.safetensors" --loss-csv "$T/q.csv" --quiet 2>"$T/log"
 ! grep -q "step " "$T/log" && [ "$(wc -l < "$T/q.csv")" = 7 ] && ok "train --quiet: no step lines, --loss-csv honoured" || { cat "$T/log"; bad "train quiet"; }
+# a run interrupted after its last checkpoint (step 6) had written steps 7 and 8 to the curve:
+# resumed, it runs them again, and each step is in the curve once
+cp "$T/s2.csv" "$T/r.csv"
+printf '7,0.5,0.5,0.0001,100.0\n8,0.5,0.5,0.0001,100.0\n' >> "$T/r.csv"
+"$KVL" "${TR[@]/#6/8}" --out "$T/r.safetensors" --loss-csv "$T/r.csv" --resume "$T/ck.safetensors" \
+    --quiet 2>"$T/log" || { cat "$T/log"; bad "resume"; }
+python3 - "$T/r.csv" "$T/s2.csv" <<'PYEOF' && ok "train --resume: the steps past the checkpoint are in the curve once" || bad "resume csv: $(cat "$T/r.csv")"
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert [int(r["step"]) for r in rows] == [1, 2, 3, 4, 5, 6, 7, 8], rows
+assert open(sys.argv[1]).read().startswith(open(sys.argv[2]).read()), "steps 1-6 kept as they were"
+assert all(float(r["loss"]) != 0.5 for r in rows[6:]), rows[6:]
+PYEOF
 EV=(translator eval --translator "$T/s2.safetensors" --source "$A" --target "$B" --text-file "$VALID"
     --prefix-len 32 --cont-len 8 --samples 5 --turns 2 --turn-len 8 --sessions 2 --json)
 out=$("$KVL" "${EV[@]}" 2>"$T/log")
