@@ -13,12 +13,16 @@
 #include "log.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <microhttpd.h>
 
@@ -37,6 +41,10 @@ enum { EP_NONE, EP_CHAT, EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_READY };
 /* How long a request's body may take to arrive, from its headers: a client trickling an
  * endless body is cut off (idle connections are closed after 120 s by MHD itself). */
 #define KVR_OAI_UPLOAD_S 60.0
+
+/* How often a stream's connection thread, idle until the turn's first token, looks whether
+ * its client went away. */
+#define KVR_OAI_HUP_POLL_MS 20
 
 typedef struct conn {
     int ep;
@@ -107,6 +115,8 @@ typedef struct stream {
     char *buf;                    /* SSE bytes not yet sent                                  */
     size_t len, cap, off;
     int started, done, gone, oom, rc;
+    int fd;                       /* the client's socket (-1: unknown)                       */
+    kvr_turn_cancel cancel;       /* the client went away before the first token             */
 } stream;
 
 static int put_locked(stream *s, const char *a, size_t n) {
@@ -166,7 +176,8 @@ static int st_text(void *arg, const char *text, size_t len) {
 
 static void *st_worker(void *arg) {
     stream *s = arg;
-    kvr_oai_sink sink = {.on_start = st_start, .on_text = st_text, .arg = s, .names_session = 1};
+    kvr_oai_sink sink = {.on_start = st_start, .on_text = st_text, .arg = s, .names_session = 1,
+                         .cancel = &s->cancel};
     int rc = kvr_oai_run_turn(s->r, &s->q, s->has_session ? s->session : NULL, &s->tenant, &sink, &s->run);
     if (!rc) {
         put_event(s, kvr_oai_chunk(s->q.chat, &s->run.res, 0, s->q.chat ? NULL : "", s->run.finish,
@@ -216,11 +227,14 @@ static void st_free(stream *s) {
     kvr_oai_req_clear(&s->q);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
+    kvr_turn_cancel_destroy(&s->cancel);
     free(s->buf);
     free(s);
 }
 
 static void st_free_cb(void *cls) { st_free(cls); }
+
+static int fd_hung_up(int fd);
 
 static enum MHD_Result run_stream(kvr_oai_http *h, struct MHD_Connection *c, kvr_oai_req *q,
                                   const char *session, const kvr_tenant_info *tenant) {
@@ -236,18 +250,40 @@ static enum MHD_Result run_stream(kvr_oai_http *h, struct MHD_Connection *c, kvr
     s->q = *q;                    /* the stream owns the request now */
     memset(q, 0, sizeof *q);
     if (session) { snprintf(s->session, sizeof s->session, "%.*s", KVR_ID_MAX - 1, session); s->has_session = 1; }
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    s->fd = ci ? ci->connect_fd : -1;
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    kvr_turn_cancel_init(&s->cancel);
     if (pthread_create(&s->th, NULL, st_worker, s)) {
         kvr_oai_req_clear(&s->q);
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->cv);
+        kvr_turn_cancel_destroy(&s->cancel);
         free(s);
         kvr_oai_set_error(&e, 503, "server_error", NULL, NULL, "cannot start a thread for the request");
         return send_error(c, &e, NULL);
     }
+    /* until the first token this thread has nothing to send: it looks at the client's socket
+     * every KVR_OAI_HUP_POLL_MS, and a client gone ends the turn at once (a long prefill, a
+     * slow node) rather than when its first token fails to go out */
     pthread_mutex_lock(&s->mu);
-    while (!s->started && !s->done) pthread_cond_wait(&s->cv, &s->mu);
+    int hup = 0;
+    while (!s->started && !s->done) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += KVR_OAI_HUP_POLL_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+        if (!hup && !s->started && !s->done && fd_hung_up(s->fd)) {
+            hup = 1;
+            kvr_turn_cancel_fire(&s->cancel);
+        }
+    }
     int failed = !s->started;
     pthread_mutex_unlock(&s->mu);
     if (failed) {   /* no token went out: a plain HTTP error */
@@ -258,6 +294,7 @@ static enum MHD_Result run_stream(kvr_oai_http *h, struct MHD_Connection *c, kvr
         kvr_oai_req_clear(&s->q);
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->cv);
+        kvr_turn_cancel_destroy(&s->cancel);
         free(s->buf);
         free(s);
         return send_error(c, &e, NULL);
@@ -280,10 +317,64 @@ typedef struct conn_watch {
     int fd;   /* -1: unknown */
 } conn_watch;
 
-static int client_gone(const conn_watch *w) {
-    if (w->fd < 0) return 0;
-    struct pollfd p = {.fd = w->fd, .events = POLLRDHUP};
+/* 1 when the peer of socket fd closed or reset it (a poll, no read: a request body is read
+ * whole before a turn starts, so nothing of the client's is consumed). */
+static int fd_hung_up(int fd) {
+    if (fd < 0) return 0;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
     return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+static int client_gone(const conn_watch *w) { return fd_hung_up(w->fd); }
+
+/* A reply sent whole: the turn runs on the connection's thread, so until its first token a
+ * watcher thread polls the socket (and a pipe that ends it) and fires the turn's cancel when
+ * the client goes away; after that, watch_text's poll at each piece of text does. */
+typedef struct hup_watch {
+    int fd, stop[2];
+    kvr_turn_cancel *cx;
+    pthread_t th;
+    int running;
+} hup_watch;
+
+static void *hup_main(void *arg) {
+    hup_watch *w = arg;
+    struct pollfd p[2] = {{.fd = w->fd, .events = POLLRDHUP}, {.fd = w->stop[0], .events = POLLIN}};
+    for (;;) {
+        int n = poll(p, 2, -1);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 || p[1].revents) break;
+        if (p[0].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) {
+            kvr_turn_cancel_fire(w->cx);
+            break;
+        }
+    }
+    return NULL;
+}
+
+/* Start watching fd for cx (nothing when fd is unknown or no thread can start: the client's
+ * leaving is then seen at its first piece of text, as before). */
+static void hup_watch_start(hup_watch *w, int fd, kvr_turn_cancel *cx) {
+    w->running = 0;
+    w->fd = fd;
+    w->cx = cx;
+    if (fd < 0 || pipe2(w->stop, O_CLOEXEC) != 0) return;
+    if (pthread_create(&w->th, NULL, hup_main, w) != 0) {
+        close(w->stop[0]);
+        close(w->stop[1]);
+        return;
+    }
+    w->running = 1;
+}
+
+static void hup_watch_stop(hup_watch *w) {
+    if (!w->running) return;
+    char b = 1;
+    while (write(w->stop[1], &b, 1) < 0 && errno == EINTR) {}
+    pthread_join(w->th, NULL);
+    close(w->stop[0]);
+    close(w->stop[1]);
+    w->running = 0;
 }
 
 static int watch_start(void *arg, const kvr_oai_run *run) {
@@ -311,8 +402,14 @@ static enum MHD_Result do_completion(kvr_oai_http *h, struct MHD_Connection *c, 
     memset(&u, 0, sizeof u);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     conn_watch w = {ci ? ci->connect_fd : -1};
-    kvr_oai_sink watch = {.on_start = watch_start, .on_text = watch_text, .arg = &w};
+    kvr_turn_cancel cx;
+    kvr_turn_cancel_init(&cx);
+    kvr_oai_sink watch = {.on_start = watch_start, .on_text = watch_text, .arg = &w, .cancel = &cx};
+    hup_watch hw;
+    hup_watch_start(&hw, w.fd, &cx);
     int rc = kvr_oai_run_turn(h->r, &q, sess, &cc->tenant, &watch, &u);
+    hup_watch_stop(&hw);
+    kvr_turn_cancel_destroy(&cx);
     enum MHD_Result ret;
     if (rc) {
         ret = send_error(c, &u.err, NULL);

@@ -381,7 +381,7 @@ int kvr_oai_run_turn(kvr_router *r, const kvr_oai_req *q, const char *session_hd
                        .top_p = q->top_p < 1 ? q->top_p : 0, .seed = q->seed,
                        .stop_at_eos = !q->ignore_eos, .stop_ids = stop_ids, .n_stop = n_stop,
                        .has_end_token = eot >= 0, .end_token = eot,
-                       .model = q->model, .tenant = tn};
+                       .model = q->model, .tenant = tn, .cancel = sink ? sink->cancel : NULL};
     kvr_turn_out o;
     emit_ctx e = {.r = r, .q = q, .sink = sink, .run = u, .out = &o, .cap_gen = (int)max_tokens};
     for (int i = 0; i < q->n_stop; i++) {

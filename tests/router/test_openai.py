@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -350,6 +351,31 @@ def main():
         else:
             raise AssertionError("the router did not cancel the turn of a non-streaming client that went away")
         print("  ok: a client waiting for a whole reply that disconnects cancels its turn")
+        # a client that goes away before the first token (its node frozen mid-prefill): the
+        # router ends the turn at once, streaming or not, rather than at its first token
+        node = fleet.nodes["qwen3-a"]
+        for streamed in (True, False):
+            with open(fleet.router.log_path, errors="replace") as f:
+                before = f.read().count("turn cancelled by the client")
+            node.proc.send_signal(signal.SIGSTOP)
+            try:
+                sk = socket.create_connection(("127.0.0.1", port), timeout=20)
+                body = json.dumps(dict(good, max_tokens=50, stream=streamed)).encode()
+                sk.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                time.sleep(0.3)
+                sk.close()
+                t0, seen = time.time(), False
+                while time.time() - t0 < 2.5 and not seen:
+                    with open(fleet.router.log_path, errors="replace") as f:
+                        seen = f.read().count("turn cancelled by the client") > before
+                    time.sleep(0.05)
+            finally:
+                node.proc.send_signal(signal.SIGCONT)
+            check(seen, "the router did not end the turn of a %s client gone before its first token "
+                  "within 2.5 s (node frozen)" % ("streaming" if streamed else "non-streaming"))
+            print("  ok: a %s client gone before the first token ends its turn at once (node frozen)"
+                  % ("streaming" if streamed else "non-streaming"))
         st, _, b = request(port, "POST", "/v1/chat/completions", good)
         check(st == 200 and json.loads(b)["choices"][0]["message"]["role"] == "assistant", "follow-up succeeds")
         st, _, b = request(port, "GET", "/ready")
