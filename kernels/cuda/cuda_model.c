@@ -80,12 +80,20 @@ static float bf16_to_f32(uint16_t h) {
     return f;
 }
 
+/* One host-to-device copy on the model's stream, complete when this returns.  A plain
+ * cudaMemcpy from pageable memory may return before its DMA lands, and it runs on the legacy
+ * default stream, which the model's non-blocking stream does not wait for: a forward or a
+ * translate kernel queued next could read the rows before they arrive.  On the model's stream
+ * the copy also waits for work already queued there that may still read `dst`. */
+static kvl_status upload_sync(kvl_cuda_model *m, void *dst, const void *src, size_t bytes) {
+    KVL_CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, m->stream));
+    KVL_CU_TRY(cudaStreamSynchronize(m->stream));   /* and the host buffer is free again */
+    return KVL_OK;
+}
+
 /* Copy n host floats to device memory of the model's dtype (bf16: converted in chunks). */
 kvl_status kvl__cu_upload(kvl_cuda_model *m, void *dst, const float *src, size_t n, int as_f32) {
-    if (as_f32 || m->dt == 1) {
-        KVL_CU_TRY(cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyHostToDevice));
-        return KVL_OK;
-    }
+    if (as_f32 || m->dt == 1) return upload_sync(m, dst, src, n * sizeof(float));
     enum { CHUNK = 1 << 20 };
     uint16_t *buf = malloc(sizeof(uint16_t) * CHUNK);
     if (!buf) return kvl__errorf(KVL_ERR_NOMEM, "cuda: out of host memory converting weights");
@@ -93,7 +101,7 @@ kvl_status kvl__cu_upload(kvl_cuda_model *m, void *dst, const float *src, size_t
     for (size_t o = 0; o < n && s == KVL_OK; o += CHUNK) {
         size_t c = n - o < CHUNK ? n - o : CHUNK;
         for (size_t i = 0; i < c; i++) buf[i] = f32_to_bf16(src[o + i]);
-        s = KVL_CU(cudaMemcpy((uint16_t *)dst + o, buf, c * 2, cudaMemcpyHostToDevice));
+        s = upload_sync(m, (uint16_t *)dst + o, buf, c * 2);
     }
     free(buf);
     return s;
@@ -369,7 +377,8 @@ kvl_status kvl__cuda_cache_write_host(kvl_cuda_cache *c, int t0, int n, const fl
                            "%d tokens", t0, t0 + n, c->n_tokens, c->capacity);
     const int L = c->model->cfg.n_layers;
     const size_t esz = c->model->esz;
-    /* the new rows are not read by anything queued: synchronous uploads need no stream order */
+    /* kvl__cu_upload copies on the model's stream and waits: the rows are in place before the
+     * next forward reads them */
     for (int l = 0; l < L; l++) {
         const float *src[3] = {k_post + (size_t)l * n * c->kd, v + (size_t)l * n * c->kd,
                                k_pre ? k_pre + (size_t)l * n * c->kd : NULL};
