@@ -92,6 +92,7 @@ struct kvl_cuda_model {
 struct kvl_cuda_cache {
     kvl_cuda_model *model;
     int capacity, n_tokens, planes;
+    int device;             /* the model's GPU, kept for the free (the model may be gone)   */
     size_t kd;              /* Hkv*D                                                      */
     void *base;             /* [L][planes][capacity][KD] act                              */
     int32_t *ids;           /* [capacity] host token ids                                  */
@@ -100,6 +101,15 @@ struct kvl_cuda_cache {
     cudaGraph_t graph;
     cudaGraphExec_t graph_exec;
 };
+
+/* Make the model's GPU the calling thread's current device.  The current device is per host
+ * thread and model_alloc set it only on the thread that made the model: a call from another
+ * thread (a daemon's workers), or after a model on another GPU was made, would allocate on
+ * and launch into device 0 with streams of device N.  Every entry point taking a model or a
+ * cache calls this first. */
+static inline kvl_status kvl__cu_use(const struct kvl_cuda_model *m) {
+    return KVL_CU(cudaSetDevice(m->prm.device));
+}
 
 /* Pointer to (layer, plane) of a cache: [capacity][KD]. */
 static inline void *kvl__cu_plane(const struct kvl_cuda_cache *c, int layer, int plane) {

@@ -226,6 +226,7 @@ static kvl_status model_alloc(const kvl_model_config *cfg, const kvl_cuda_params
 
 void kvl_cuda_model_free(kvl_cuda_model *m) {
     if (!m) return;
+    (void)cudaSetDevice(m->prm.device);   /* best effort: a free reports nothing */
     if (m->stream) cudaStreamSynchronize(m->stream);
     if (m->blas) cublasDestroy(m->blas);
     cudaFree(m->blas_ws);
@@ -325,6 +326,8 @@ const kvl_model_config *kvl_cuda_model_config(const kvl_cuda_model *m) { return 
 size_t kvl_cuda_model_weight_bytes(const kvl_cuda_model *m) { return m->weight_bytes; }
 
 kvl_status kvl_cuda_synchronize(kvl_cuda_model *m) {
+    kvl_status s = kvl__cu_use(m);
+    if (s != KVL_OK) return s;
     KVL_CU_TRY(cudaStreamSynchronize(m->stream));
     return KVL_OK;
 }
@@ -335,14 +338,17 @@ kvl_status kvl_cuda_cache_create(kvl_cuda_model *m, int max_tokens, kvl_cuda_cac
     if (!m || !out || max_tokens < 1)
         return kvl__errorf(KVL_ERR_INVALID_ARG, "kvl_cuda_cache_create: NULL model or max_tokens %d < 1", max_tokens);
     *out = NULL;
+    kvl_status s = kvl__cu_use(m);
+    if (s != KVL_OK) return s;
     kvl_cuda_cache *c = calloc(1, sizeof *c);
     if (!c) return kvl__errorf(KVL_ERR_NOMEM, "cuda: out of memory");
     c->model = m;
+    c->device = m->prm.device;
     c->capacity = max_tokens;
     c->planes = m->cfg.qk_norm ? 3 : 2;
     c->kd = (size_t)m->cfg.n_kv_heads * m->cfg.head_dim;
     c->ids = malloc(sizeof(int32_t) * (size_t)max_tokens);
-    kvl_status s = c->ids ? KVL_OK : kvl__errorf(KVL_ERR_NOMEM, "cuda: out of memory for %d token ids", max_tokens);
+    s = c->ids ? KVL_OK : kvl__errorf(KVL_ERR_NOMEM, "cuda: out of memory for %d token ids", max_tokens);
     size_t bytes = (size_t)m->cfg.n_layers * c->planes * (size_t)max_tokens * c->kd * m->esz;
     if (s == KVL_OK) s = KVL_CU(cudaMalloc(&c->base, bytes));
     if (s == KVL_OK) s = KVL_CU(cudaMalloc((void **)&c->d_pos, 2 * sizeof(int32_t)));
@@ -357,6 +363,7 @@ kvl_status kvl_cuda_cache_create(kvl_cuda_model *m, int max_tokens, kvl_cuda_cac
 
 void kvl_cuda_cache_free(kvl_cuda_cache *c) {
     if (!c) return;
+    (void)cudaSetDevice(c->device);
     if (c->graph_exec) cudaGraphExecDestroy(c->graph_exec);
     if (c->graph) cudaGraphDestroy(c->graph);
     cudaFree(c->base);
@@ -375,6 +382,8 @@ kvl_status kvl__cuda_cache_write_host(kvl_cuda_cache *c, int t0, int n, const fl
     if (t0 != c->n_tokens || t0 + n > c->capacity)
         return kvl__errorf(KVL_ERR_RANGE, "cuda cache write: rows [%d, %d) but the cache holds %d of "
                            "%d tokens", t0, t0 + n, c->n_tokens, c->capacity);
+    kvl_status us = kvl__cu_use(c->model);
+    if (us != KVL_OK) return us;
     const int L = c->model->cfg.n_layers;
     const size_t esz = c->model->esz;
     /* kvl__cu_upload copies on the model's stream and waits: the rows are in place before the
@@ -467,6 +476,7 @@ kvl_status kvl_cuda_prefill(kvl_cuda_model *m, kvl_cuda_cache *c, const int32_t 
         return kvl__errorf(KVL_ERR_RANGE, "cuda prefill: %d tokens exceed the cache capacity %d",
                           c->n_tokens + n, c->capacity);
     kvl_status s = check_tokens(m, tokens, n);
+    if (s == KVL_OK) s = kvl__cu_use(m);
     if (s != KVL_OK) return s;
     const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
     if (m->pre.cap_T < n && (s = acts_alloc(m, &m->pre, n, 1)) != KVL_OK) return s;
@@ -536,6 +546,7 @@ kvl_status kvl_cuda_decode(kvl_cuda_model *m, kvl_cuda_cache *c, int32_t token, 
     if (c->n_tokens + 1 > c->capacity)
         return kvl__errorf(KVL_ERR_RANGE, "cuda decode: cache full (%d tokens)", c->capacity);
     kvl_status s = check_tokens(m, &token, 1);
+    if (s == KVL_OK) s = kvl__cu_use(m);
     if (s != KVL_OK) return s;
     m->h_pinned[0] = c->n_tokens;
     m->h_pinned[1] = token;
@@ -569,6 +580,8 @@ static kvl_status read_plane(const kvl_cuda_cache *c, int layer, int plane, int 
     const kvl_cuda_model *m = c->model;
     size_t n = (size_t)(t1 - t0) * c->kd;
     const char *src = (const char *)kvl__cu_plane(c, layer, plane) + (size_t)t0 * c->kd * m->esz;
+    kvl_status us = kvl__cu_use(m);
+    if (us != KVL_OK) return us;
     KVL_CU_TRY(cudaStreamSynchronize(m->stream));   /* the rows may still be being written */
     if (m->dt == 1) {
         KVL_CU_TRY(cudaMemcpy(out, src, n * sizeof(float), cudaMemcpyDeviceToHost));

@@ -10,6 +10,7 @@
 
 struct kvl_cuda_translator {
     kvl_cuda_model *dst;
+    int device;            /* dst's GPU, kept for the free (the model may be gone)         */
     kvl_model_config src_cfg;
     int Ls, Hs, Ds, Lt, Ht, Dt;
     void *w;               /* [2][Lt][Ht*Dt][Hs*Ds] act: W_K maps, then W_V maps          */
@@ -24,6 +25,7 @@ struct kvl_cuda_translator {
 
 void kvl_cuda_translator_free(kvl_cuda_translator *tr) {
     if (!tr) return;
+    (void)cudaSetDevice(tr->device);
     cudaFree(tr->w);
     cudaFree(tr->layer_map);
     cudaFree(tr->k_norm);
@@ -59,9 +61,12 @@ kvl_status kvl_cuda_translator_create(const kvl_kv_maps *mp, const kvl_model_con
                               "to source layer %d of %d", l, sl, src->n_layers);
         if (!used[sl]++) n_used++;
     }
+    kvl_status us = kvl__cu_use(dst);
+    if (us != KVL_OK) return us;
     kvl_cuda_translator *tr = calloc(1, sizeof *tr);
     if (!tr) return kvl__errorf(KVL_ERR_NOMEM, "cuda translator: out of memory");
     tr->dst = dst;
+    tr->device = dst->prm.device;
     tr->src_cfg = *src;
     tr->Ls = src->n_layers; tr->Hs = src->n_kv_heads; tr->Ds = src->head_dim;
     tr->Lt = t->n_layers; tr->Ht = t->n_kv_heads; tr->Dt = t->head_dim;
@@ -124,6 +129,11 @@ kvl_status kvl_cuda_translate(kvl_cuda_translator *tr, const kvl_cuda_cache *src
         return kvl__errorf(KVL_ERR_RANGE, "cuda translate: %d tokens exceed the target capacity %d",
                           t1, dst->capacity);
     kvl_cuda_model *m = tr->dst;
+    if (src->model->prm.device != m->prm.device)
+        return kvl__errorf(KVL_ERR_UNSUPPORTED, "cuda translate: source cache on GPU %d, target on "
+                           "GPU %d (one device only)", src->model->prm.device, m->prm.device);
+    kvl_status us = kvl__cu_use(m);
+    if (us != KVL_OK) return us;
     /* the source rows were written on the source model's stream */
     if (src->model->stream != m->stream) KVL_CU_TRY(cudaStreamSynchronize(src->model->stream));
     const int n = t1 - t0;
@@ -173,6 +183,8 @@ kvl_status kvl__cuda_translate_host(kvl_cuda_translator *tr, const float *k_src,
                            t0 + n, dst->capacity);
     if (n == 0) return KVL_OK;
     kvl_cuda_model *m = tr->dst;
+    kvl_status us = kvl__cu_use(m);
+    if (us != KVL_OK) return us;
     const size_t ks = (size_t)tr->Hs * tr->Ds;
     if (n > tr->stage_cap) {
         /* the staging area is the kernel's source "cache" of 3 planes (K unused, V, Kpre) */
