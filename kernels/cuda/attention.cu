@@ -319,12 +319,12 @@ flash_prefill_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int
 template <int D>
 static int flash_launch(cudaStream_t s, void *out, const void *q, const void *k, const void *v,
                         int T, int p0, int Hq, int Hkv) {
-    static int attr_set = 0;   /* > 48 KiB of dynamic shared memory must be opted into */
-    if (!attr_set) {
-        if (cudaFuncSetAttribute(flash_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)fa_smem<D>::BYTES) != cudaSuccess)
-            return -2;
-        attr_set = 1;
+    /* > 48 KiB of dynamic shared memory must be opted into, per device: set before every
+     * launch (a microsecond) rather than once per process, which left a second GPU without it */
+    if (cudaFuncSetAttribute(flash_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)fa_smem<D>::BYTES) != cudaSuccess) {
+        (void)cudaGetLastError();   /* reported by the caller's message, not by a later check */
+        return -2;
     }
     dim3 grid((T + FA_BR - 1) / FA_BR, Hq);
     flash_prefill_kernel<D><<<grid, FA_THREADS, fa_smem<D>::BYTES, s>>>(
@@ -524,12 +524,10 @@ template <int D>
 static int flash2_launch(cudaStream_t s, void *out, const void *q, const void *k, const void *v,
                          int T, int p0, int Hq, int Hkv) {
     const int bytes = (F2_BR + 4 * F2_BC) * (D + 8) * 2;
-    static int attr_set = 0;
-    if (!attr_set) {
-        if (cudaFuncSetAttribute(flash2_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 bytes) != cudaSuccess)
-            return -2;
-        attr_set = 1;
+    if (cudaFuncSetAttribute(flash2_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             bytes) != cudaSuccess) {   /* per device: as flash_launch */
+        (void)cudaGetLastError();
+        return -2;
     }
     dim3 grid((T + F2_BR - 1) / F2_BR, Hq);
     flash2_prefill_kernel<D><<<grid, F2_THREADS, bytes, s>>>(

@@ -210,12 +210,12 @@ __global__ void __launch_bounds__(TR_THREADS) translate_scalar_kernel(kvl__cu_tr
 
 template <int DT>
 static int wmma_launch(cudaStream_t s, const kvl__cu_translate_args *a) {
-    static int attr_set = 0;
-    if (!attr_set) {
-        if (cudaFuncSetAttribute(translate_wmma_kernel<DT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)tr_smem<DT>::BYTES) != cudaSuccess)
-            return -2;
-        attr_set = 1;
+    /* > 48 KiB of dynamic shared memory: opted into per device, so before every launch (a
+     * once-per-process flag left a second GPU without it) */
+    if (cudaFuncSetAttribute(translate_wmma_kernel<DT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)tr_smem<DT>::BYTES) != cudaSuccess) {
+        (void)cudaGetLastError();   /* reported by the caller's message, not by a later check */
+        return -2;
     }
     dim3 grid((a->n + TR_TOK - 1) / TR_TOK, a->Ht, a->Lt);
     translate_wmma_kernel<DT><<<grid, TR_THREADS, tr_smem<DT>::BYTES, s>>>(*a);
