@@ -112,6 +112,12 @@ kvl_status kvl__cu_upload(kvl_cuda_model *m, void *dst, const float *src, size_t
 static kvl_status check_geometry(const kvl_model_config *c) {
     if (c->head_dim != 32 && c->head_dim != 64 && c->head_dim != 128)
         return kvl__errorf(KVL_ERR_UNSUPPORTED, "cuda: head_dim %d not supported (32, 64 or 128)", c->head_dim);
+    /* the device table is kvl_rope_inv_freq's rope.dim / 2 entries copied as head_dim / 2: a
+     * config whose rope was left unset (dim 0) would upload uninitialised frequencies, one
+     * with a larger dim would overrun model_alloc's table (as the CPU's kvl_model_create_random) */
+    if (c->rope.dim != c->head_dim)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "cuda: RoPE dim %d is not head_dim %d (fill "
+                          "kvl_model_config.rope, e.g. kvl_rope_default_params)", c->rope.dim, c->head_dim);
     if (c->rope.type == KVL_ROPE_DYNAMIC)   /* one inv_freq table per model, uploaded once */
         return kvl__errorf(KVL_ERR_UNSUPPORTED, "cuda: 'dynamic' RoPE scaling is not supported (its "
                           "frequencies depend on the sequence length; use the CPU backend)");

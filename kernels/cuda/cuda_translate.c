@@ -50,6 +50,10 @@ kvl_status kvl_cuda_translator_create(const kvl_kv_maps *mp, const kvl_model_con
                           src->head_dim, t->n_layers, t->n_kv_heads, t->head_dim);
     if (src->head_dim % 2 || src->head_dim > 1024)
         return kvl__errorf(KVL_ERR_UNSUPPORTED, "cuda translator: source head_dim %d", src->head_dim);
+    /* the source's inverse-RoPE table is computed for rope.dim and read as head_dim / 2 */
+    if (src->rope.dim != src->head_dim)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "cuda translator: source RoPE dim %d is not its "
+                           "head_dim %d", src->rope.dim, src->head_dim);
     if (t->n_layers > 4096 || src->n_layers > 4096)
         return kvl__errorf(KVL_ERR_UNSUPPORTED, "cuda translator: more than 4096 layers");
     unsigned char used[4096] = {0};

@@ -63,6 +63,29 @@ static void test_no_device(void) {
     kvl_model_free(m);
 }
 
+/* Geometry is checked before the device is probed, so these hold on any machine: a config
+ * whose RoPE was left unset would otherwise upload an uninitialised frequency table. */
+static void test_bad_geometry(void) {
+    if (!kvl_cuda_built()) return;   /* the stub answers UNSUPPORTED to everything */
+    kvl_model_config cfg;
+    kvl_shape_config("tiny", &cfg);
+    kvl_cuda_model *cm = (kvl_cuda_model *)1;
+    cfg.rope.dim = 0;
+    kvl_status s = kvl_cuda_model_create_random(&cfg, 1, NULL, &cm);
+    CHECK(s == KVL_ERR_INVALID_ARG && cm == NULL, "rope dim 0 gave %d: %s", s, kvl_last_error());
+    CHECK(strstr(kvl_last_error(), "RoPE dim") != NULL, "message '%s'", kvl_last_error());
+    cfg.rope.dim = 2 * cfg.head_dim;
+    CHECK(kvl_cuda_model_create_random(&cfg, 1, NULL, &cm) == KVL_ERR_INVALID_ARG, "rope dim 2D accepted");
+    kvl_shape_config("tiny", &cfg);
+    cfg.head_dim = 20;
+    cfg.rope.dim = 20;
+    CHECK(kvl_cuda_model_create_random(&cfg, 1, NULL, &cm) == KVL_ERR_UNSUPPORTED, "head_dim 20 accepted");
+    kvl_shape_config("tiny", &cfg);
+    cfg.n_heads = 18;
+    cfg.n_kv_heads = 2;   /* GQA group 9 */
+    CHECK(kvl_cuda_model_create_random(&cfg, 1, NULL, &cm) == KVL_ERR_UNSUPPORTED, "GQA group 9 accepted");
+}
+
 static void test_shapes(void) {
     static const struct { const char *name; double params; } want[] = {
         {"qwen2.5-0.5b", 494.0e6}, {"qwen2.5-1.5b", 1543.7e6}, {"qwen3-4b", 4022.5e6}, {"qwen3-8b", 8190.7e6},
@@ -153,6 +176,7 @@ static void identity_translate(const char *name, int t0) {
 
 int main(void) {
     test_no_device();
+    test_bad_geometry();
     test_shapes();
     test_random_model();
     identity_translate("qwen3-a", 0);    /* k_norm target: Kpre plane, norm, RoPE */
