@@ -114,8 +114,9 @@ const char *kvl_weights_dtype_name(kvl_weights_dtype dtype);
  *   KVL_KV_BF16  bfloat16, K/V/Kpre rounded to nearest even as they are written and widened to
  *                float32 as attention reads them: half the bytes a decode step reads per token
  *                of context and half the cache memory; attention itself accumulates in float32.
- * Spans exported from a bf16 cache carry the widened float32 values.  The CUDA backend keeps
- * float32 caches and refuses KVL_KV_BF16 (KVL_ERR_UNSUPPORTED). */
+ * Spans exported from a bf16 cache carry the widened float32 values.  The CUDA backend's cache
+ * holds its weight dtype (bf16 by default, kvlingo/cuda.h), not this setting, and it refuses
+ * KVL_KV_BF16 (KVL_ERR_UNSUPPORTED). */
 typedef enum kvl_kv_dtype {
     KVL_KV_F32 = 0,
     KVL_KV_BF16 = 1,
