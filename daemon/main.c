@@ -139,6 +139,13 @@ static void on_tick(void *arg) {
         kvld_metrics_add(n->metrics, KVLD_C_UCX_RECV_ABANDONED, abandoned - abandoned_seen);
         abandoned_seen = abandoned;
     }
+    static uint64_t evicted_seen;
+    uint64_t evicted = kvl__transport_peers_evicted(n->transport);
+    if (evicted > evicted_seen) {
+        kvld_metrics_add(n->metrics, KVLD_C_UCX_EP_EVICTED, evicted - evicted_seen);
+        evicted_seen = evicted;
+    }
+    kvld_metrics_set(n->metrics, KVLD_G_UCX_ENDPOINTS, (double)kvl__transport_peers_open(n->transport));
     kvld_metrics_set(n->metrics, KVLD_G_SESSIONS, kvld_sessions_count(n->sessions));
     kvld_metrics_set(n->metrics, KVLD_G_CACHE_BYTES,
                      (double)kvld_sessions_cache_bytes(n->sessions));

@@ -38,6 +38,9 @@ static const char *const counter_names[KVLD_C_N][2] = {
     {"kvlingo_ucx_sends_kept_total", "Span sends that timed out or were cancelled on a peer that "
                                      "stopped taking data; each one's buffer is held until the send "
                                      "ends (the peer resumes or the node stops)."},
+    {"kvlingo_ucx_endpoints_evicted_total", "Idle UCX endpoints closed to keep their number within the "
+                                            "transport's bound (peers that came back at a new address "
+                                            "leave their old one)."},
 };
 
 static const char *const refusal_names[KVLD_R_N] = {
@@ -54,6 +57,7 @@ static const char *const gauge_names[KVLD_G_N][2] = {
     {"kvlingo_scheduler_jobs", "Prefill and generate jobs in the scheduler."},
     {"kvlingo_cache_bytes", "KV cache bytes allocated by all sessions."},
     {"kvlingo_draining", "1 while the node drains after SIGTERM."},
+    {"kvlingo_ucx_endpoints", "UCX endpoints to peers kept open."},
 };
 
 static const hist_def hist_defs[KVLD_H_N] = {

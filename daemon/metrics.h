@@ -34,6 +34,7 @@ typedef enum kvld_counter {
     KVLD_C_UCX_UNMATCHED_DROPPED, /* kvlingo_ucx_unmatched_dropped_total                     */
     KVLD_C_UCX_RECV_ABANDONED,    /* kvlingo_ucx_receives_abandoned_total                    */
     KVLD_C_UCX_SEND_KEPT,         /* kvlingo_ucx_sends_kept_total                            */
+    KVLD_C_UCX_EP_EVICTED,        /* kvlingo_ucx_endpoints_evicted_total                     */
     KVLD_C_N
 } kvld_counter;
 
@@ -42,6 +43,7 @@ typedef enum kvld_gauge {
     KVLD_G_ACTIVE_JOBS,           /* kvlingo_scheduler_jobs                                  */
     KVLD_G_CACHE_BYTES,           /* kvlingo_cache_bytes                                     */
     KVLD_G_DRAINING,              /* kvlingo_draining                                        */
+    KVLD_G_UCX_ENDPOINTS,         /* kvlingo_ucx_endpoints                                   */
     KVLD_G_N
 } kvld_gauge;
 

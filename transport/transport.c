@@ -65,6 +65,14 @@ uint64_t kvl__transport_sends_kept(const kvl__transport *t) {
     return t ? __atomic_load_n(&t->sends_kept, __ATOMIC_RELAXED) : 0;
 }
 
+uint64_t kvl__transport_peers_open(const kvl__transport *t) {
+    return t ? __atomic_load_n(&t->peers_open, __ATOMIC_RELAXED) : 0;
+}
+
+uint64_t kvl__transport_peers_evicted(const kvl__transport *t) {
+    return t ? __atomic_load_n(&t->peers_evicted, __ATOMIC_RELAXED) : 0;
+}
+
 uint64_t kvl__transport_receives_abandoned(const kvl__transport *t) {
     return t ? __atomic_load_n(&t->receives_abandoned, __ATOMIC_RELAXED) : 0;
 }

@@ -101,6 +101,10 @@ kvl_status kvl__transport_send(kvl__transport *t, const uint8_t *addr, size_t ad
                               void *release_arg, int *kept);
 /* Sends whose buffer the transport kept past their call (a stalled peer), since it started. */
 uint64_t kvl__transport_sends_kept(const kvl__transport *t);
+/* Endpoints to peers kept now, and idle ones closed since the start to keep them within the
+ * transport's bound (a peer that restarted with a new address leaves its old one behind). */
+uint64_t kvl__transport_peers_open(const kvl__transport *t);
+uint64_t kvl__transport_peers_evicted(const kvl__transport *t);
 
 /* Set up (and cache) the endpoint to the peer at `addr` ahead of the first send, and wait until
  * it is wired up, so that the first span to that peer pays no connection set-up.  KVL_ERR_IO on

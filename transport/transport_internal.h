@@ -30,6 +30,8 @@ struct kvl__transport {
     uint64_t unmatched_dropped;   /* atomic: messages no posted receive expected, dropped */
     uint64_t receives_abandoned;  /* atomic: receives kvl__transport_recv_free could not take back */
     uint64_t sends_kept;          /* atomic: sends whose buffer outlived kvl__transport_send   */
+    uint64_t peers_open;          /* atomic: endpoints kept now                                 */
+    uint64_t peers_evicted;       /* atomic: idle endpoints closed to stay within the bound     */
 };
 
 kvl_status kvl__transport_ucx_create(kvl__transport **out);

@@ -45,8 +45,18 @@ typedef struct ucx_peer {
                            * find its peer dropped and another made for the same address, at
                            * the same heap address, and must not close that one */
     int failed;
+    int busy;             /* peer_ops on it now (mu released while they wait): not evicted  */
+    uint64_t last_use;    /* the transport's use count at its last use: the least recently    */
+                          /* used idle one goes first (a clock's ticks could tie)             */
     struct ucx_peer *next;
 } ucx_peer;
+
+/* Endpoints kept at most.  Peers are fleet members, but a member that restarts comes back
+ * with a new worker address, and its old endpoint would otherwise stay for the process's life
+ * (with what UCX holds for it: a mapping of the peer's shared-memory segments); past the bound
+ * the least recently used endpoint with no operation in flight is closed.  A send to it later
+ * makes a new one.  KVL_UCX_MAX_PEERS in the environment sets another bound (at least 1). */
+#define KVL_UCX_MAX_PEERS_DEFAULT 128
 
 typedef struct ucx_transport {
     kvl__transport base;
@@ -63,6 +73,8 @@ typedef struct ucx_transport {
     int outstanding;
     int waiters;          /* threads in wait_op, driving the worker themselves */
     ucx_peer *peers;
+    int n_peers, max_peers;
+    uint64_t uses;        /* endpoint uses so far: ucx_peer.last_use */
     uint64_t next_peer_id;
     struct op_with_t *orphans;   /* sends abandoned on a stalled peer (see ucx_send), receives
                                   * abandoned mid-message (ucx_recv_free) */
@@ -479,6 +491,30 @@ static void close_ep(ucx_transport *u, ucp_ep_h ep, int force) {
     ucp_request_free(r);
 }
 
+/* mu held: unlink and close one listed peer. */
+static void remove_peer(ucx_transport *u, ucx_peer **pp, int force) {
+    ucx_peer *p = *pp;
+    *pp = p->next;
+    u->n_peers--;
+    __atomic_store_n(&u->base.peers_open, (uint64_t)u->n_peers, __ATOMIC_RELAXED);
+    close_ep(u, p->ep, force);
+    free(p->addr);
+    free(p);
+}
+
+/* mu held: make room for one more endpoint by closing the least recently used idle one (none
+ * when every endpoint has an operation in flight: the list then grows past the bound for as
+ * long as they last, which the callers' own bounds limit). */
+static void evict_lru(ucx_transport *u) {
+    ucx_peer **victim = NULL;
+    for (ucx_peer **pp = &u->peers; *pp; pp = &(*pp)->next)
+        if (!(*pp)->busy && (!victim || (*pp)->last_use < (*victim)->last_use)) victim = pp;
+    if (victim) {
+        __atomic_add_fetch(&u->base.peers_evicted, 1, __ATOMIC_RELAXED);
+        remove_peer(u, victim, 1);   /* nothing in flight: a dead peer's close must not wait */
+    }
+}
+
 /* mu held.  Find or create the endpoint for addr; failed endpoints are replaced. */
 static kvl_status get_peer(ucx_transport *u, const uint8_t *addr, size_t len, ucx_peer **out) {
     ucx_peer **pp = &u->peers;
@@ -486,16 +522,19 @@ static kvl_status get_peer(ucx_transport *u, const uint8_t *addr, size_t len, uc
         ucx_peer *p = *pp;
         if (p->len == len && memcmp(p->addr, addr, len) == 0) {
             if (!p->failed) {
+                p->last_use = ++u->uses;
                 *out = p;
                 return KVL_OK;
             }
-            *pp = p->next;
-            close_ep(u, p->ep, 1);
-            free(p->addr);
-            free(p);
+            remove_peer(u, pp, 1);
             break;
         }
         pp = &p->next;
+    }
+    while (u->n_peers >= u->max_peers) {
+        int before = u->n_peers;
+        evict_lru(u);
+        if (u->n_peers == before) break;
     }
     /* ucp_ep_create takes no length: UCX reads the lengths packed inside the address, so a
      * short or damaged one (from a peer's reply) is copied in front of zeros: a parse that runs
@@ -525,10 +564,19 @@ static kvl_status get_peer(ucx_transport *u, const uint8_t *addr, size_t len, uc
         return kvl__errorf(KVL_ERR_IO, "transport: cannot reach peer (ucp_ep_create: %s)",
                           ucs_status_string(s));
     }
+    p->last_use = ++u->uses;
     p->next = u->peers;
     u->peers = p;
+    u->n_peers++;
+    __atomic_store_n(&u->base.peers_open, (uint64_t)u->n_peers, __ATOMIC_RELAXED);
     *out = p;
     return KVL_OK;
+}
+
+/* mu held: the peer made with `id` (if still listed) ends an operation. */
+static void peer_idle(ucx_transport *u, uint64_t id) {
+    for (ucx_peer *p = u->peers; p; p = p->next)
+        if (p->id == id && p->busy > 0) p->busy--;
 }
 
 /* mu held: drop the peer made with `id` (ucx_peer.id) whose endpoint failed or stalled, if it
@@ -537,11 +585,7 @@ static kvl_status get_peer(ucx_transport *u, const uint8_t *addr, size_t len, uc
 static void drop_peer(ucx_transport *u, uint64_t id) {
     for (ucx_peer **pp = &u->peers; *pp; pp = &(*pp)->next) {
         if ((*pp)->id != id) continue;
-        ucx_peer *victim = *pp;
-        *pp = victim->next;
-        close_ep(u, victim->ep, 1);
-        free(victim->addr);
-        free(victim);
+        remove_peer(u, pp, 1);
         return;
     }
 }
@@ -591,7 +635,9 @@ static kvl_status peer_op(ucx_transport *u, const uint8_t *addr, size_t addr_len
     }
     u->outstanding++;
     o->op.req = r;
+    p->busy++;
     st = wait_op(u, &o->op, timeout_ms, cancel, what, 0);
+    peer_idle(u, peer_id);
     if (st == KVL_OK && o->op.status != UCS_OK) {
         st = kvl__errorf(KVL_ERR_IO, "transport: %s failed (peer gone?): %s", what,
                         ucs_status_string(o->op.status));
@@ -663,6 +709,9 @@ kvl_status kvl__transport_ucx_create(kvl__transport **out) {
     pthread_condattr_destroy(&ca);
     const char *em = getenv("KVL_UCX_ERR_MODE");
     u->err_mode_peer = em && strcmp(em, "peer") == 0;
+    const char *mp = getenv("KVL_UCX_MAX_PEERS");
+    long maxp = mp ? strtol(mp, NULL, 10) : 0;
+    u->max_peers = maxp >= 1 && maxp <= 1000000 ? (int)maxp : KVL_UCX_MAX_PEERS_DEFAULT;
     ucp_config_t *cfg = NULL;
     ucs_status_t s = ucp_config_read(NULL, NULL, &cfg);
     if (s != UCS_OK) {

@@ -134,6 +134,46 @@ static void test_send_recv(void **state) {
     kvl__transport_free(b);
 }
 
+/* Endpoints stay within the transport's bound (here 3, KVL_UCX_MAX_PEERS): a peer that comes
+ * back with a new address leaves its old endpoint behind, and past the bound the least
+ * recently used idle one is closed.  Sends to any peer still arrive, an evicted one's too (a
+ * new endpoint is made). */
+static void test_peer_bound(void **state) {
+    (void)state;
+    setenv("KVL_UCX_MAX_PEERS", "3", 1);
+    kvl__transport *a;
+    assert_int_equal(kvl__transport_create("ucx", &a), KVL_OK);
+    unsetenv("KVL_UCX_MAX_PEERS");
+    enum { NP = 6 };
+    kvl__transport *peer[NP];
+    for (int i = 0; i < NP; i++) assert_int_equal(kvl__transport_create("ucx", &peer[i]), KVL_OK);
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < NP; i++) {
+            const uint8_t *addr;
+            size_t alen;
+            kvl__transport_address(peer[i], &addr, &alen);
+            uint8_t src[64], dst[64] = {0};
+            for (int j = 0; j < 64; j++) src[j] = (uint8_t)(i * 31 + j + round);
+            uint64_t tag = kvl__transport_new_tag(peer[i]);
+            kvl__transport_recv *r;
+            assert_int_equal(kvl__transport_recv_post(peer[i], tag, dst, sizeof dst, &r), KVL_OK);
+            assert_int_equal(kvl__transport_send(a, addr, alen, tag, src, sizeof src, 10000, NULL, NULL,
+                                                 NULL, NULL), KVL_OK);
+            size_t got = 0;
+            assert_int_equal(kvl__transport_recv_wait(peer[i], r, 10000, NULL, &got), KVL_OK);
+            assert_int_equal(got, sizeof src);
+            assert_memory_equal(src, dst, sizeof src);
+            kvl__transport_recv_free(peer[i], r, NULL, NULL);
+            assert_true(kvl__transport_peers_open(a) <= 3);
+        }
+    }
+    /* 12 sends to 6 peers through 3 places: every send after the third made room */
+    assert_int_equal(kvl__transport_peers_open(a), 3);
+    assert_int_equal(kvl__transport_peers_evicted(a), 2 * NP - 3);
+    for (int i = 0; i < NP; i++) kvl__transport_free(peer[i]);
+    kvl__transport_free(a);
+}
+
 static void test_spanbufs(void **state) {
     (void)state;
     kvl__spanbufs *p;
@@ -718,6 +758,7 @@ static void test_send_stalled_peer(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_send_stalled_peer),
+        cmocka_unit_test(test_peer_bound),
         cmocka_unit_test(test_span_checksum_portable),
         cmocka_unit_test(test_span_vector_paths),
         cmocka_unit_test(test_send_recv),
