@@ -111,8 +111,9 @@ typedef struct kvl__rpc_server_params {
     int max_message_bytes;      /* largest request/response message; 0 = 64 MiB                */
     /* A message of a server stream (or a final answer) that the client does not take for
      * this long (it stopped reading: HTTP/2 flow control holds the send) cancels the call
-     * with DEADLINE_EXCEEDED, so that its handler, and what the handler holds, are freed;
-     * 0 = 120000 ms. */
+     * with DEADLINE_EXCEEDED, so that its handler, and what the handler holds, are freed; so
+     * do a call's sends that have waited this long all together (a client reading a message
+     * now and then, each within the bound); 0 = 120000 ms. */
     int send_stall_ms;
     const kvl__rpc_tls *tls;    /* required: TLS settings, or {.insecure = 1} for plaintext    */
     /* A health-only server: its grpc.health.v1 answers with the health of `health_of` (which

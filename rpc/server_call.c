@@ -173,12 +173,22 @@ static kvl_status send_batch(kvl__rpc_call *c, grpc_op *ops, size_t n, int final
         return kvl__errorf(KVL_ERR_INTERNAL, "rpc: %s: grpc_call_start_batch error %d", c->method,
                           (int)e);
     }
-    /* bounded: a client that stops reading holds the send for ever (flow control) */
+    /* bounded: a client that stops reading holds the send for ever (flow control), and one
+     * that reads a message now and then, each just within the bound, would hold the call (and
+     * what its handler holds) for as long as the stream is long.  So stall_ms bounds both one
+     * send's wait and the call's sends' waits all together: a reader that keeps up never waits
+     * long, as HTTP/2's windows take messages ahead of its reads */
     const int stall_ms = c->stall_ms > 0 ? c->stall_ms : c->srv ? c->srv->send_stall_ms : 120000;
-    struct timespec dl;   /* the call's cv waits on the monotonic clock (server.c) */
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    dl.tv_sec += stall_ms / 1000;
-    dl.tv_nsec += (long)(stall_ms % 1000) * 1000000L;
+    const int64_t budget_ms = (int64_t)stall_ms - c->stall_spent_ms;
+    const int64_t wait_ms = budget_ms > 0 ? budget_ms : 0;
+    /* what ends this send, if it is ended: the call's waits all together once earlier sends
+     * used a tenth of the bound, else this message's (a client that stopped reading) */
+    const int whole_call = c->stall_spent_ms * 10 >= stall_ms;
+    struct timespec t_start, dl;   /* the call's cv waits on the monotonic clock (server.c) */
+    clock_gettime(CLOCK_MONOTONIC, &t_start);
+    dl = t_start;
+    dl.tv_sec += (time_t)(wait_ms / 1000);
+    dl.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
     if (dl.tv_nsec >= 1000000000L) {
         dl.tv_sec++;
         dl.tv_nsec -= 1000000000L;
@@ -190,17 +200,26 @@ static kvl_status send_batch(kvl__rpc_call *c, grpc_op *ops, size_t n, int final
         } else if (pthread_cond_timedwait(&c->cv, &c->mu, &dl) == ETIMEDOUT && c->send_pending) {
             stalled = 1;
             pthread_mutex_unlock(&c->mu);
-            char why[128];
-            snprintf(why, sizeof why, "the client took no message for %d ms: the call is ended", stall_ms);
+            char why[160];
+            if (whole_call)
+                snprintf(why, sizeof why, "the client's reads held this stream's messages for %d ms in all: "
+                         "the call is ended", stall_ms);
+            else
+                snprintf(why, sizeof why, "the client took no message for %d ms: the call is ended", stall_ms);
             grpc_call_cancel_with_status(c->call, GRPC_STATUS_DEADLINE_EXCEEDED, why, NULL);
             pthread_mutex_lock(&c->mu);
         }
     }
+    struct timespec t_end;
+    clock_gettime(CLOCK_MONOTONIC, &t_end);
+    c->stall_spent_ms += (int64_t)(t_end.tv_sec - t_start.tv_sec) * 1000 +
+                         (t_end.tv_nsec - t_start.tv_nsec) / 1000000;
     int ok = c->send_ok;
     pthread_mutex_unlock(&c->mu);
     if (stalled)
-        return kvl__errorf(KVL_ERR_CANCELLED, "rpc: %s: the client took no message for %d ms", c->method,
-                          stall_ms);
+        return kvl__errorf(KVL_ERR_CANCELLED, whole_call ? "rpc: %s: the client's reads held the stream's "
+                           "messages for %d ms in all" : "rpc: %s: the client took no message for %d ms",
+                           c->method, stall_ms);
     if (!ok) return kvl__errorf(KVL_ERR_CANCELLED, "rpc: %s: the call was cancelled", c->method);
     return KVL_OK;
 }

@@ -42,7 +42,8 @@ struct kvl__rpc_call {
     const kvl__rpc_method *m;
     int stall_ms;                  /* how long one send may wait for the client (set before the
                                     * handler runs: the server's send_stall_ms, less for a
-                                    * health check)                                          */
+                                    * health check), and all of the call's sends together     */
+    int64_t stall_spent_ms;        /* what the call's sends have waited so far (under mu)     */
 
     pthread_mutex_t mu;            /* guards the fields below                                 */
     pthread_cond_t cv;

@@ -216,6 +216,32 @@ def main():
                 "a stream nobody reads is ended after stream_stall_ms: the session idle after %.1f s (%s), "
                 "the client sees %s" % (took, state, e and e.details()))
 
+        # 3b. a client that reads in bursts, 40 messages every 0.8 s: each of B's sends waits
+        # less than stream_stall_ms, but their waits add up, and B ends the call once they come
+        # to 1 s in all (before, the stream ran all 3,000 tokens at the client's pace: a minute)
+        sb.Append(pb.AppendRequest(session_id="unread", tokens=list(range(310, 320)), prefill=True), timeout=30)
+        slow = sb.Generate(pb.GenerateRequest(session_id="unread", max_tokens=3000, return_logprobs=True,
+                                              temperature=0), timeout=120)
+        t0, got, e, freed = time.time(), 0, None, None
+        try:
+            for _ in slow:
+                got += 1
+                if got % 40 == 0:
+                    if freed is None and sb.SessionInfo(pb.SessionInfoRequest(session_id="unread"),
+                                                        timeout=5).state == "idle":
+                        freed = time.time() - t0
+                    time.sleep(0.8)
+                if time.time() - t0 > 40:
+                    break
+        except grpc.RpcError as err:
+            e = err
+        took = time.time() - t0
+        t.check(freed is not None and freed < 6, "a client reading in bursts: B freed its session %s s into "
+                "the stream (%d messages read by then)" % (freed and round(freed, 1), got))
+        t.check(e is not None and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "in all" in e.details(),
+                "... and the client, once it read what was on its way, sees %s after %.1f s" % (
+                    e and e.details(), took))
+
         # 4. header naming another model / 5. unknown source model (crafted ImportSpan)
         def import_with(header):
             req = pb.ImportSpanRequest(session_id="x", header=header)
