@@ -76,8 +76,9 @@ static const kvld_flag k_flags[] = {
                          "sends straight to it (0: the peer pushes it through ImportSpan)", "1"},
     {"stream-backlog-kb", "N", "unread output one Generate stream may buffer before it pauses", "1024"},
     {"stream-buffer-mb", "N", "unread output of all Generate streams on the node before they pause", "64"},
-    {"stream-stall-ms", "N", "a call whose client takes no message for this long is ended (DEADLINE_EXCEEDED): "
-                             "a reader that stopped frees its session", "120000"},
+    {"stream-stall-ms", "N", "a call whose client takes no message for this long, or whose messages "
+                             "waited this long in all, is ended (DEADLINE_EXCEEDED): a reader that "
+                             "stopped or crawls frees its session", "120000"},
     {"config", "FILE.yaml", "read these keys from YAML (key names with '_'); flags override", NULL},
     {"quiet", NULL, "no per-request log lines (YAML: quiet: 1)", "off"},
     {"tls-cert", "FILE.pem", "this node's certificate: its server identity and its client certificate "
