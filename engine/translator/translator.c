@@ -774,6 +774,19 @@ kvl_status kvl_kv_maps_apply_host(const kvl_kv_maps *mp, const kvl_model *dst_mo
         return kvl__errorf(KVL_ERR_MISMATCH, "kv maps: source cache geometry %d x %d x %d, maps expect "
                           "%d x %d x %d", sc->n_layers, sc->n_kv_heads, sc->head_dim,
                           mp->src_layers, mp->src_kv_heads, mp->src_head_dim);
+    /* the kernels write the maps' rows into dst's blocks as they are laid out for its own
+     * geometry, and read the source layer each entry of layer_map names */
+    const kvl_model_config *dc = kvl_cache_config(dst);
+    if (dc->n_layers != tc->n_layers || dc->n_kv_heads != tc->n_kv_heads ||
+        dc->head_dim != tc->head_dim || dc->qk_norm != tc->qk_norm)
+        return kvl__errorf(KVL_ERR_MISMATCH, "kv maps: target cache geometry %d x %d x %d is not model "
+                          "'%s''s %d x %d x %d", dc->n_layers, dc->n_kv_heads, dc->head_dim,
+                          kvl_model_name(dst_model), tc->n_layers, tc->n_kv_heads, tc->head_dim);
+    for (int l = 0; l < mp->dst_layers; l++)
+        if (!mp->layer_map || mp->layer_map[l] < 0 || mp->layer_map[l] >= mp->src_layers)
+            return kvl__errorf(KVL_ERR_MISMATCH, "kv maps: target layer %d maps to source layer %d, "
+                              "outside [0, %d)", l, mp->layer_map ? mp->layer_map[l] : -1,
+                              mp->src_layers);
     if (t0 < 0 || t1 < t0 || t1 > kvl_cache_n_tokens(src))
         return kvl__errorf(KVL_ERR_RANGE, "kv maps: span [%d, %d) outside the source's %d tokens", t0,
                           t1, kvl_cache_n_tokens(src));

@@ -299,6 +299,11 @@ kvl_status kvl__cpu_translate_apply(void *pp, const float *k_src, const float *v
     const int Lt = mp->dst_layers, D = mp->dst_head_dim;
     const int ds = mp->src_kv_heads * mp->src_head_dim, dt = mp->dst_kv_heads * D;
     const size_t per = (size_t)n * dt, tab = (size_t)n * (D / 2);
+    /* the rows are written at the cache's own layout: maps of another target would overrun it */
+    if (Lt != c->cfg.n_layers || D != c->cfg.head_dim || (size_t)dt != c->row)
+        return kvl__errorf(KVL_ERR_MISMATCH, "translate: maps for %d layers x %d x %d, the cache holds "
+                           "%d x %d x %d", Lt, mp->dst_kv_heads, D, c->cfg.n_layers, c->cfg.n_kv_heads,
+                           c->cfg.head_dim);
     kvl_status s = kvl__kv_blocks_reserve(c, t0 + n);
     if (s != KVL_OK) return s;
     if ((mp->wkT || n >= KVL_TR_FUSED_MIN_TOKENS) && kvl__translate_avx512_usable(D, dt) &&

@@ -453,6 +453,56 @@ static void translate_threads(void **st) {
     kvl_model_free(ms);
 }
 
+/* ---- translate-apply into a cache of another geometry is refused ------------------------------ */
+
+/* Maps made for qwen3-b (6 layers x 2 x 64) into a qwen3-a cache (4 x 2 x 32): the rows would be
+ * written past the cache's blocks.  Refused before anything is written, by the host apply and by
+ * the backend's translate_apply itself; so is a layer map naming a source layer that is not there. */
+static void translate_other_geometry(void **st) {
+    (void)st;
+    kvl_model *ms = load_on("qwen2-c", &CASES[0]), *mt = load_on("qwen3-b", &CASES[0]);
+    kvl_model *ma = load_on("qwen3-a", &CASES[0]);
+    kvl_kv_maps maps;
+    OK(kvl_kv_maps_random(kvl_model_config_get(ms), kvl_model_config_get(mt), 7, &maps));
+    const int n = 40;
+    int32_t ids[40];
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)(5 + i);
+    kvl_cache *src = NULL, *dst = NULL, *ok = NULL;
+    OK(kvl_model_cache_create(ms, NULL, &src));
+    OK(kvl_model_prefill(ms, src, ids, n, KVL_LOGITS_NONE, NULL));
+    kvl_cache_params cp = kvl_cache_default_params();
+    cp.max_tokens = 64;
+    OK(kvl_cache_create(kvl_model_config_get(ma), &cp, &dst));
+    assert_int_equal(kvl_kv_maps_apply_host(&maps, mt, src, 0, n, dst), KVL_ERR_MISMATCH);
+    assert_int_equal(kvl_cache_n_tokens(dst), 0);
+    /* the backend's own check, for callers that reach it without the host apply's */
+    const kvl_backend_ops *ops = kvl_backend_cpu();
+    const size_t per = (size_t)n * maps.src_kv_heads * maps.src_head_dim * maps.src_layers;
+    float *k = calloc(per, sizeof(float)), *v = calloc(per, sizeof(float));
+    assert_true(k && v);
+    void *raw = NULL;
+    OK(ops->cache_create(kvl_model_config_get(ma), NULL, 64, 16, &raw));
+    const kvl_model_config *tc = kvl_model_config_get(mt);
+    kvl_translate_params tp = {&maps, NULL, tc->rms_norm_eps, tc->rope};
+    void *prep = NULL;
+    OK(ops->translate_prepare(NULL, &tp, &prep));
+    assert_int_equal(ops->translate_apply(prep, k, v, 0, n, raw), KVL_ERR_MISMATCH);
+    ops->translate_release(prep);
+    assert_int_equal(ops->cache_bytes(raw), 0);
+    /* the right geometry, a layer map out of range */
+    OK(kvl_model_cache_create(mt, NULL, &ok));
+    maps.layer_map[1] = maps.src_layers;
+    assert_int_equal(kvl_kv_maps_apply_host(&maps, mt, src, 0, n, ok), KVL_ERR_MISMATCH);
+    maps.layer_map[1] = -1;
+    assert_int_equal(kvl_kv_maps_apply_host(&maps, mt, src, 0, n, ok), KVL_ERR_MISMATCH);
+    assert_int_equal(kvl_cache_n_tokens(ok), 0);
+    free(k); free(v);
+    kvl_kv_maps_free(&maps);
+    ops->cache_free(raw);
+    kvl_cache_free(ok); kvl_cache_free(dst); kvl_cache_free(src);
+    kvl_model_free(ms); kvl_model_free(mt); kvl_model_free(ma);
+}
+
 /* ---- every check on every backend ----------------------------------------------------------------- */
 
 #define PER_BACKEND(i)                                                                           \
@@ -478,7 +528,7 @@ int main(void) {
         cmocka_unit_test(forward_qwen3_a_2), cmocka_unit_test(forward_qwen2_c_2),
         cmocka_unit_test(contract_2),        cmocka_unit_test(write_read_2),
         cmocka_unit_test(translate_2),       cmocka_unit_test(translate_scaled_2),
-        cmocka_unit_test(translate_threads),
+        cmocka_unit_test(translate_threads), cmocka_unit_test(translate_other_geometry),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
