@@ -31,7 +31,7 @@ typedef struct kvl_cache kvl_cache;
 
 typedef struct kvl_cache_params {
     int max_tokens;      /* capacity in tokens (context limit); 0 = config max_position_embeddings */
-    int block_tokens;    /* tokens per block; 0 = 16                                              */
+    int block_tokens;    /* tokens per block; 0 = 16, at most 65536                               */
 } kvl_cache_params;
 
 kvl_cache_params kvl_cache_default_params(void);

@@ -1,6 +1,7 @@
 /* kernels/cpu/kv_blocks.c: block storage of the CPU backend's KV cache (kv_blocks.h). */
 #include "kv_blocks.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,12 @@ kvl_status kvl__kv_blocks_create(const kvl_model_config *cfg, int capacity, int 
     if (capacity < 1 || block_tokens < 1)
         return kvl__errorf(KVL_ERR_INVALID_ARG, "cache: capacity %d and block_tokens %d must be > 0",
                            capacity, block_tokens);
+    /* block counts are rounded up as (tokens + block_tokens - 1) / block_tokens in int, here
+     * and in the attention kernels' callers: past INT_MAX that sum wraps negative (a cache with
+     * no block table, written through anyway) */
+    if (block_tokens > KVL__KV_BLOCK_TOKENS_MAX || capacity > INT_MAX - block_tokens)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "cache: block_tokens %d (at most %d) with capacity %d "
+                           "is too large", block_tokens, KVL__KV_BLOCK_TOKENS_MAX, capacity);
     kvl__kv_blocks *c = calloc(1, sizeof *c);
     if (!c) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
     c->cfg = *cfg;

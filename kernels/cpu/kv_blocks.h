@@ -55,6 +55,9 @@ typedef struct kvl__kv_blocks {
     int exp_t0, exp_t1;
 } kvl__kv_blocks;
 
+/* The largest block_tokens a cache takes (a block of 64k tokens already holds every layer's
+ * K/V for more context than a block is useful for). */
+#define KVL__KV_BLOCK_TOKENS_MAX 65536
 /* pool may be NULL (blocks are then malloc'ed and freed); a pool of another block size is
  * not used.  bf16: store elements as bf16 (rounded to nearest even on the way in, widened
  * exactly on the way out), half the bytes of float32. */

@@ -190,6 +190,48 @@ static void test_chunk_tail_rows(void **st) {
     }
 }
 
+/* block_tokens at the edges: one block as large as the cache takes, a block count that wrapped
+ * past INT_MAX is refused (it made a cache with no block table that a prefill wrote through), and
+ * a block boundary at the span's end (block_tokens 5, prefill 5 then 5) gives one prefill's logits. */
+static void test_block_tokens_edges(void **st) {
+    (void)st;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/models/qwen3-a", KVL_SOURCE_DIR);
+    kvl_model *m;
+    assert_int_equal(kvl_model_load(dir, NULL, &m), KVL_OK);
+    const int V = kvl_model_config_get(m)->vocab_size;
+    int32_t toks[10];
+    for (int i = 0; i < 10; i++) toks[i] = (i * 37 + 3) % V;
+    kvl_cache_params cp = kvl_cache_default_params();
+    cp.max_tokens = 10;
+    kvl_cache *c = NULL;
+    cp.block_tokens = 2147483647;
+    assert_int_equal(kvl_model_cache_create(m, &cp, &c), KVL_ERR_INVALID_ARG);
+    cp.block_tokens = 65537;
+    assert_int_equal(kvl_model_cache_create(m, &cp, &c), KVL_ERR_INVALID_ARG);
+    float *a = malloc(sizeof(float) * (size_t)V), *b = malloc(sizeof(float) * (size_t)V);
+    assert_true(a && b);
+    cp.max_tokens = 10;
+    const int sizes[] = {65536, 5, 1};
+    for (int k = 0; k < 3; k++) {
+        cp.block_tokens = sizes[k];
+        assert_int_equal(kvl_model_cache_create(m, &cp, &c), KVL_OK);
+        assert_int_equal(kvl_model_prefill(m, c, toks, 5, KVL_LOGITS_NONE, NULL), KVL_OK);
+        assert_int_equal(kvl_model_prefill(m, c, toks + 5, 5, KVL_LOGITS_LAST, a), KVL_OK);
+        assert_int_equal(kvl_cache_n_tokens(c), 10);
+        assert_int_equal(kvl_model_decode(m, c, toks[0], NULL), KVL_ERR_RANGE);   /* at capacity */
+        assert_int_equal(kvl_cache_truncate(c, 0), KVL_OK);
+        assert_int_equal(kvl_model_prefill(m, c, toks, 10, KVL_LOGITS_LAST, b), KVL_OK);
+        for (int v = 0; v < V; v++)
+            if (!(fabsf(a[v] - b[v]) <= 1e-4f * (fabsf(b[v]) > 1 ? fabsf(b[v]) : 1)))
+                fail_msg("block_tokens %d: logit %d: %g after 5+5, %g after 10", sizes[k], v, a[v], b[v]);
+        kvl_cache_free(c);
+    }
+    free(a);
+    free(b);
+    kvl_model_free(m);
+}
+
 static void test_kv_bf16(void **st) {
     (void)st;
     const char *names[] = {"qwen3-b", "qwen2-c", "llama3-d"};
@@ -378,6 +420,7 @@ int main(void) {
         cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_incremental_and_batched),
         cmocka_unit_test(test_chunk_tail_rows),
+        cmocka_unit_test(test_block_tokens_edges),
         cmocka_unit_test(test_kv_bf16),
         cmocka_unit_test(test_sampling),
         cmocka_unit_test(test_logprob),
