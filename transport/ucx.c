@@ -11,7 +11,7 @@
  * every transfer (its cancellation cancels the receive), and (b) the send deadline, after which
  * the endpoint is force-closed, which completes its requests.  KVL_UCX_ERR_MODE=peer selects
  * UCX's own failure detection for fleets where the transports support it (RDMA, TCP). */
-#include "transport_internal.h"
+#include "ucx_internal.h"
 
 #include <dirent.h>
 #include <pthread.h>
@@ -26,72 +26,13 @@
 #include "clock.h"
 #include "error.h"
 
-typedef struct ucx_op {
-    int done;
-    ucs_status_t status;
-    size_t length;
-    void *req;
-} ucx_op;
 
-struct kvl__transport_recv {
-    ucx_op op;
-};
-
-typedef struct ucx_peer {
-    uint8_t *addr;
-    size_t len;
-    ucp_ep_h ep;
-    uint64_t id;          /* unique per endpoint made: a peer_op that waited (mu released) may
-                           * find its peer dropped and another made for the same address, at
-                           * the same heap address, and must not close that one */
-    int failed;
-    int busy;             /* peer_ops on it now (mu released while they wait): not evicted  */
-    uint64_t last_use;    /* the transport's use count at its last use: the least recently    */
-                          /* used idle one goes first (a clock's ticks could tie)             */
-    struct ucx_peer *next;
-} ucx_peer;
-
-/* Endpoints kept at most.  Peers are fleet members, but a member that restarts comes back
- * with a new worker address, and its old endpoint would otherwise stay for the process's life
- * (with what UCX holds for it: a mapping of the peer's shared-memory segments); past the bound
- * the least recently used endpoint with no operation in flight is closed.  A send to it later
- * makes a new one.  KVL_UCX_MAX_PEERS in the environment sets another bound (at least 1). */
-#define KVL_UCX_MAX_PEERS_DEFAULT 128
-
-typedef struct ucx_transport {
-    kvl__transport base;
-    ucp_context_h ctx;
-    ucp_worker_h worker;
-    ucp_address_t *addr;
-    size_t addr_len;
-    int err_mode_peer;
-    pthread_mutex_t mu;   /* guards every ucp call and the fields below */
-    pthread_cond_t cv;    /* an op completed */
-    pthread_t progress;
-    int progress_started;
-    int stop;
-    int outstanding;
-    int waiters;          /* threads in wait_op, driving the worker themselves */
-    ucx_peer *peers;
-    int n_peers, max_peers;
-    uint64_t uses;        /* endpoint uses so far: ucx_peer.last_use */
-    uint64_t next_peer_id;
-    struct op_with_t *orphans;   /* sends abandoned on a stalled peer (see ucx_send), receives
-                                  * abandoned mid-message (ucx_recv_free) */
-    int n_orphans;               /* of outstanding: a receive whose sender died never completes,
-                                  * so the progress loop does not count them as work due */
-    uint8_t *scratch;            /* where unexpected messages are received to be dropped */
-    int drains;                  /* such receives in flight (a stuck one no longer counts)  */
-    struct drain_op *drain_list; /* every drain not completed yet, stuck ones included      */
-    int n_stuck;                 /* of outstanding: drains whose sender died mid-message     */
-} ucx_transport;
 
 /* Unexpected messages (no posted receive matched their tag: a guessed tag, or a transfer whose
  * import already ended) would stay in UCX's unexpected queue for ever; they are received into
  * one scratch buffer (a longer one is truncated, which releases it too) and dropped.  Bounded
  * work per pass so that a flood cannot starve the worker. */
 #define DRAIN_SCRATCH (64 * 1024)
-#define KVL_UCX_ADDR_PAD 1024   /* zeros behind a peer's address copy (see get_peer) */
 #define DRAIN_PER_PASS 256
 #define DRAIN_IN_FLIGHT 64
 /* A drain not done after this long matched a message whose sender died mid-way: it may never
@@ -266,14 +207,6 @@ static void drain_unexpected(ucx_transport *u) {
             __atomic_add_fetch(&u->base.unmatched_dropped, 1, __ATOMIC_RELAXED);
         }
     }
-}
-
-/* Runs inside ucp_worker_progress (mu held).  Found by its endpoint, not by a pointer kept in
- * the handler's argument: the peer may have been dropped and freed meanwhile. */
-static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status) {
-    ucx_transport *u = arg;
-    for (ucx_peer *p = u->peers; p; p = p->next)
-        if (p->ep == ep) p->failed = 1;   /* the endpoint is closed (forced) and re-created on next use */
 }
 
 static void ucx_free(kvl__transport *t);
@@ -478,118 +411,6 @@ static int ucx_recv_free(kvl__transport *t, kvl__transport_recv *r, kvl__transpo
     return done;
 }
 
-static void close_ep(ucx_transport *u, ucp_ep_h ep, int force) {
-    ucp_request_param_t prm;
-    memset(&prm, 0, sizeof prm);
-    prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    prm.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &prm);
-    if (r == NULL || UCS_PTR_IS_ERR(r)) return;
-    int64_t until = kvl__now_ms() + 1000;
-    while (ucp_request_check_status(r) == UCS_INPROGRESS && kvl__now_ms() < until)
-        ucp_worker_progress(u->worker);
-    ucp_request_free(r);
-}
-
-/* mu held: unlink and close one listed peer. */
-static void remove_peer(ucx_transport *u, ucx_peer **pp, int force) {
-    ucx_peer *p = *pp;
-    *pp = p->next;
-    u->n_peers--;
-    __atomic_store_n(&u->base.peers_open, (uint64_t)u->n_peers, __ATOMIC_RELAXED);
-    close_ep(u, p->ep, force);
-    free(p->addr);
-    free(p);
-}
-
-/* mu held: make room for one more endpoint by closing the least recently used idle one (none
- * when every endpoint has an operation in flight: the list then grows past the bound for as
- * long as they last, which the callers' own bounds limit). */
-static void evict_lru(ucx_transport *u) {
-    ucx_peer **victim = NULL;
-    for (ucx_peer **pp = &u->peers; *pp; pp = &(*pp)->next)
-        if (!(*pp)->busy && (!victim || (*pp)->last_use < (*victim)->last_use)) victim = pp;
-    if (victim) {
-        __atomic_add_fetch(&u->base.peers_evicted, 1, __ATOMIC_RELAXED);
-        remove_peer(u, victim, 1);   /* nothing in flight: a dead peer's close must not wait */
-    }
-}
-
-/* mu held.  Find or create the endpoint for addr; failed endpoints are replaced. */
-static kvl_status get_peer(ucx_transport *u, const uint8_t *addr, size_t len, ucx_peer **out) {
-    ucx_peer **pp = &u->peers;
-    while (*pp) {
-        ucx_peer *p = *pp;
-        if (p->len == len && memcmp(p->addr, addr, len) == 0) {
-            if (!p->failed) {
-                p->last_use = ++u->uses;
-                *out = p;
-                return KVL_OK;
-            }
-            remove_peer(u, pp, 1);
-            break;
-        }
-        pp = &p->next;
-    }
-    while (u->n_peers >= u->max_peers) {
-        int before = u->n_peers;
-        evict_lru(u);
-        if (u->n_peers == before) break;
-    }
-    /* ucp_ep_create takes no length: UCX reads the lengths packed inside the address, so a
-     * short or damaged one (from a peer's reply) is copied in front of zeros: a parse that runs
-     * past its end reads them rather than the heap beyond (valgrind showed such reads) */
-    ucx_peer *p = calloc(1, sizeof *p);
-    if (!p || !(p->addr = calloc(1, len + KVL_UCX_ADDR_PAD))) {
-        free(p);
-        return kvl__errorf(KVL_ERR_NOMEM, "transport: peer");
-    }
-    memcpy(p->addr, addr, len);
-    p->len = len;
-    p->id = ++u->next_peer_id;
-    ucp_ep_params_t ep;
-    memset(&ep, 0, sizeof ep);
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
-    ep.address = (const ucp_address_t *)p->addr;
-    if (u->err_mode_peer) {
-        ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-        ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-        ep.err_handler.cb = ep_err_cb;
-        ep.err_handler.arg = u;
-    }
-    ucs_status_t s = ucp_ep_create(u->worker, &ep, &p->ep);
-    if (s != UCS_OK) {
-        free(p->addr);
-        free(p);
-        return kvl__errorf(KVL_ERR_IO, "transport: cannot reach peer (ucp_ep_create: %s)",
-                          ucs_status_string(s));
-    }
-    p->last_use = ++u->uses;
-    p->next = u->peers;
-    u->peers = p;
-    u->n_peers++;
-    __atomic_store_n(&u->base.peers_open, (uint64_t)u->n_peers, __ATOMIC_RELAXED);
-    *out = p;
-    return KVL_OK;
-}
-
-/* mu held: the peer made with `id` (if still listed) ends an operation. */
-static void peer_idle(ucx_transport *u, uint64_t id) {
-    for (ucx_peer *p = u->peers; p; p = p->next)
-        if (p->id == id && p->busy > 0) p->busy--;
-}
-
-/* mu held: drop the peer made with `id` (ucx_peer.id) whose endpoint failed or stalled, if it
- * is still listed, force-closing the endpoint so that requests still on it complete
- * (UCS_ERR_CANCELED).  By id, not by pointer: the caller's pointer may be stale. */
-static void drop_peer(ucx_transport *u, uint64_t id) {
-    for (ucx_peer **pp = &u->peers; *pp; pp = &(*pp)->next) {
-        if ((*pp)->id != id) continue;
-        remove_peer(u, pp, 1);
-        return;
-    }
-}
-
 /* One request on the endpoint to `addr`, waited for: a tagged send of buf[0..len), or (flush)
  * an endpoint flush, which completes once the endpoint's lanes are wired up with the peer. */
 static kvl_status peer_op(ucx_transport *u, const uint8_t *addr, size_t addr_len, int flush,
@@ -613,7 +434,7 @@ static kvl_status peer_op(ucx_transport *u, const uint8_t *addr, size_t addr_len
     prm.user_data = o;
     pthread_mutex_lock(&u->mu);
     ucx_peer *p = NULL;
-    kvl_status st = get_peer(u, addr, addr_len, &p);
+    kvl_status st = kvl__ucx_get_peer(u, addr, addr_len, &p);
     if (st != KVL_OK) {
         pthread_mutex_unlock(&u->mu);
         free(o);
@@ -627,7 +448,7 @@ static kvl_status peer_op(ucx_transport *u, const uint8_t *addr, size_t addr_len
     }
     const uint64_t peer_id = p->id;   /* p itself is not used after the wait: mu is released there */
     if (UCS_PTR_IS_ERR(r)) {
-        drop_peer(u, peer_id);
+        kvl__ucx_drop_peer(u, peer_id);
         pthread_mutex_unlock(&u->mu);
         free(o);
         return kvl__errorf(KVL_ERR_IO, "transport: %s to peer failed: %s", what,
@@ -637,15 +458,15 @@ static kvl_status peer_op(ucx_transport *u, const uint8_t *addr, size_t addr_len
     o->op.req = r;
     p->busy++;
     st = wait_op(u, &o->op, timeout_ms, cancel, what, 0);
-    peer_idle(u, peer_id);
+    kvl__ucx_peer_idle(u, peer_id);
     if (st == KVL_OK && o->op.status != UCS_OK) {
         st = kvl__errorf(KVL_ERR_IO, "transport: %s failed (peer gone?): %s", what,
                         ucs_status_string(o->op.status));
-        drop_peer(u, peer_id);
+        kvl__ucx_drop_peer(u, peer_id);
     } else if (st != KVL_OK) {
         /* timed out or cancelled: the peer stopped taking data; end the request by closing
          * the endpoint, and never reuse it */
-        drop_peer(u, peer_id);
+        kvl__ucx_drop_peer(u, peer_id);
     }
     if (o->op.done) {
         free(o);
@@ -791,13 +612,7 @@ static void ucx_free(kvl__transport *t) {
         pthread_mutex_unlock(&u->mu);
         pthread_join(u->progress, NULL);
     }
-    while (u->peers) {
-        ucx_peer *p = u->peers;
-        u->peers = p->next;
-        close_ep(u, p->ep, 1);
-        free(p->addr);
-        free(p);
-    }
+    kvl__ucx_drop_all_peers(u);
     if (u->addr) ucp_worker_release_address(u->worker, u->addr);
     if (u->worker) ucp_worker_destroy(u->worker);
     /* the worker is gone, so no callback can touch the abandoned sends and receives any more */
