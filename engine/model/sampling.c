@@ -145,6 +145,7 @@ static void log_sum_exp(const float *logits, int vocab, double *m, double *log_s
 }
 
 double kvl_logprob(const float *logits, int vocab, int32_t id) {
+    if (!logits || vocab < 1 || id < 0 || id >= vocab) return NAN;   /* never read past logits */
     double m, ls;
     log_sum_exp(logits, vocab, &m, &ls);
     return (double)logits[id] - m - ls;

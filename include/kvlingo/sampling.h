@@ -37,7 +37,8 @@ kvl_status kvl_sampler_sample(kvl_sampler *s, const float *logits, int vocab, in
                               float *logprob_out);
 
 /* log-softmax value of logits[id] (float32 in; e^x terms in float lanes, summed in double:
- * within a few 1e-6 of an all-double computation). */
+ * within a few 1e-6 of an all-double computation).  NaN when id is not in [0, vocab) (or
+ * logits is NULL, vocab < 1): nothing outside logits[vocab] is read. */
 double kvl_logprob(const float *logits, int vocab, int32_t id);
 
 /* x[n] (float32, in place) replaced by log softmax(x), summed as kvl_logprob sums: every

@@ -410,6 +410,10 @@ static void test_logprob(void **st) {
                 if (n > 5000) i += 997;   /* the large vocabulary: a sample of its entries */
             }
             free(ls);
+            /* an id outside the vocabulary reads nothing past logits: NaN */
+            if (!isnan(kvl_logprob(lg, n, n)) || !isnan(kvl_logprob(lg, n, -1)) ||
+                !isnan(kvl_logprob(lg, n, INT32_MAX)))
+                fail_msg("vocab %d: an id outside [0, %d) gave a number", n, n);
         }
         free(lg);
     }
