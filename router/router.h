@@ -169,6 +169,11 @@ typedef int (*kvr_emit_fn)(void *arg, int32_t token, const char *text, float log
  * with is kvl__rpc_status_from_kvl(status), ABORTED for a "busy" KVL_ERR_MISMATCH. */
 kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit, void *arg,
                         kvr_turn_out *out);
+/* Take session `sid`'s lease for this replica as a turn does (turn_once.c): waiting up to
+ * lease_wait_ms while another replica or a push-ahead holds it, then KVL_ERR_MISMATCH "is busy"
+ * (ABORTED); an ended session is KVL_ERR_MISMATCH naming its state.  Release with
+ * kvr_ledger_lease_release under kvr_leases_owner(r->leases). */
+kvl_status kvr_turn_lease_take(kvr_router *r, const char *sid, kvr_lease *lease);
 /* The turn itself (turn.c), its commit fenced by req->fence. */
 kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit, void *arg,
                              kvr_turn_out *out);

@@ -376,15 +376,39 @@ static void h_close(kvl__rpc_call *call, const uint8_t *req, size_t len, void *u
     st = kvr_ledger_session_load(r->ledger, id, 0, &s);
     int closed = 0;
     if (!st && s.state == KVR_SESSION_OPEN) {
-        for (int i = 0; i < s.n_holdings; i++) {
-            int ni = kvr_registry_find(r->reg, s.holdings[i].node);
-            if (ni >= 0 && kvr_node_drop(&r->reg->nodes[ni], id, 2000, NULL))
-                kvl__svc_log_text("warn", "CloseSession %s: %s", id, kvl_last_error());
+        kvr_session_clear(&s);
+        /* the busy slot keeps this replica's turns out; another replica's turn holds the
+         * session's lease: the close waits for it as a turn would (ABORTED when it stays held),
+         * else it would drop the nodes' copies under that turn and end the session before its
+         * commit, and the client would get the whole answer and then an error */
+        const char *owner = kvr_leases_owner(r->leases);
+        kvr_lease lease;
+        st = kvr_turn_lease_take(r, id, &lease);
+        const int leased = !st;
+        /* another replica closed (or expired) it meanwhile: closed already, as below */
+        if (st == KVL_ERR_MISMATCH && (strstr(kvl_last_error(), "' is closed") || strstr(kvl_last_error(), "' is expired"))) {
+            kvl_clear_error();
+            st = KVL_OK;
         }
-        st = kvr_ledger_session_end(r->ledger, id, KVR_SESSION_CLOSED, kvr_wall_now());
-        closed = !st;
+        /* what the nodes hold is read again under the lease: that turn may have moved it */
+        if (leased && !(st = kvr_ledger_session_load(r->ledger, id, 0, &s))) {
+            for (int i = 0; i < s.n_holdings; i++) {
+                int ni = kvr_registry_find(r->reg, s.holdings[i].node);
+                if (ni >= 0 && kvr_node_drop(&r->reg->nodes[ni], id, 2000, NULL))
+                    kvl__svc_log_text("warn", "CloseSession %s: %s", id, kvl_last_error());
+            }
+            kvr_session_clear(&s);
+            /* the drops may have outlasted the lease: ended only while it is still ours */
+            st = kvr_ledger_lease_renew(r->ledger, id, owner, lease.gen, kvr_wall_now(), r->cfg->lease_ms / 1000.0);
+            if (st) st = kvl__errorf(KVL_ERR_MISMATCH, "session '%s' is busy: another replica took it while it "
+                                    "was being closed; retry", id);
+            else st = kvr_ledger_session_end(r->ledger, id, KVR_SESSION_CLOSED, kvr_wall_now());
+            closed = !st;
+        }
+        if (leased) kvr_ledger_lease_release(r->ledger, id, owner, lease.gen);
+    } else if (!st) {
+        kvr_session_clear(&s);
     }
-    if (!st) kvr_session_clear(&s);
     kvr_router_busy_release(r, id);
     if (st) { fail_kvl(r, call, "CloseSession", st); return; }
     Kvlingo__V1__CloseSessionResponse resp = KVLINGO__V1__CLOSE_SESSION_RESPONSE__INIT;

@@ -32,7 +32,7 @@ static void sleep_s(double s) {
     nanosleep(&ts, NULL);
 }
 
-static kvl_status take_lease(kvr_router *r, const char *sid, kvr_lease *lease) {
+kvl_status kvr_turn_lease_take(kvr_router *r, const char *sid, kvr_lease *lease) {
     const kvr_config *c = r->cfg;
     double deadline = kvl__now_s() + c->lease_wait_ms / 1000.0, step = WAIT_FIRST_S;
     for (;;) {
@@ -122,7 +122,7 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
     }
     kvl_status s = kvr_leases_add(r->leases, req->sid);
     kvr_lease lease;
-    if (!s && (s = take_lease(r, req->sid, &lease))) kvr_leases_drop(r->leases, req->sid);
+    if (!s && (s = kvr_turn_lease_take(r, req->sid, &lease))) kvr_leases_drop(r->leases, req->sid);
     if (s) {   /* refused before it ran (busy elsewhere, closed, expired): nothing is charged */
         if (req->tenant) kvr_tenants_charge(r->tenants, req->tenant, -reserved, kvr_wall_now());
         return s;

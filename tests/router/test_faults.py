@@ -19,8 +19,10 @@
      dead, Send answers UNAVAILABLE;
   7. a node stopped (SIGTERM) in the middle of a long stream cancels it when its grace runs
      out: the node failing, not the client cancelling, so Send answers UNAVAILABLE and the
-     ledger does not keep the turn's input as a cancelled turn.
-usage: test_faults.py --build BUILD_DIR --work WORK_DIR
+     ledger does not keep the turn's input as a cancelled turn;
+  8. CloseSession sent to another replica while a turn of the session runs: refused as busy
+     (the lease), the turn completes and commits, the session continues.
+usage: test_faults.py --build BUILD_DIR --work WORK_DIR [--only NAME,...]
 """
 import argparse
 import os
@@ -458,21 +460,78 @@ def node_stops_mid_stream(a):
         fleet.stop()
 
 
+def close_on_other_replica_mid_turn(a):
+    """Two replicas on one ledger: a long turn runs on the first, a CloseSession reaches the
+    second.  The close must not drop the node's copy under the running turn: it waits for the
+    session's lease like a turn does, and answers ABORTED when the turn outlasts lease_wait_ms."""
+    import grpc
+    work = os.path.join(a.work, "close_other_replica")
+    fleet = rtest.Fleet(a.build, work, models=("qwen3-a",), policy={"name": "pinned"},
+                        translators=False, tickets=False,
+                        extra_top={"lease_wait_ms": 200, "max_new_tokens": 4000})
+    try:
+        fleet.add_replica("r1")
+        c0, c1 = fleet.client(), fleet.replica_client("r1")
+        sid = c0.create_session()
+        c0.send_all(sid, "Once upon a time", max_tokens=2)
+        n0 = c0.get_session(sid).context_tokens
+        res = {"got": 0}
+        first = threading.Event()
+
+        def turn():
+            try:
+                for _, summary in c0.send(sid, " and then", max_tokens=3000, ignore_eos=True):
+                    if summary is None:
+                        res["got"] += 1
+                        first.set()
+                    else:
+                        res["summary"] = summary
+            except grpc.RpcError as e:
+                res["error"] = "%s: %s" % (e.code().name, e.details())
+            first.set()
+        th = threading.Thread(target=turn)
+        th.start()
+        check(first.wait(60), "no token within 60 s")
+        close = None
+        try:
+            close = c1.close_session(sid)
+        except grpc.RpcError as e:
+            close = e
+        th.join(120)
+        print("  close on r1 mid-turn: %s; turn: %d tokens, %s" % (
+            close if not isinstance(close, grpc.RpcError) else "%s %s" % (close.code().name, close.details()),
+            res["got"], res.get("error", "completed")))
+        check("summary" in res and res["got"] == 3000,
+              "the turn on r0 did not complete (%d tokens): %s" % (res["got"], res.get("error")))
+        check(isinstance(close, grpc.RpcError) and close.code().name == "ABORTED",
+              "CloseSession on r1 during r0's turn: %r, expected ABORTED" % close)
+        g = c0.get_session(sid)
+        check(g.state == "open" and g.context_tokens == n0 + res["summary"].user_tokens + 3000,
+              "ledger after the turn: %s, %d tokens" % (g.state, g.context_tokens))
+        _, _, s = c0.send_all(sid, " Finally", max_tokens=2)
+        check(s.n_generated == 2, "the session continues")
+        check(c1.close_session(sid), "closed once idle")
+        print("  ok: CloseSession on another replica mid-turn: ABORTED; the turn committed, the session continued")
+    finally:
+        fleet.stop()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
     ap.add_argument("--work", required=True)
+    ap.add_argument("--only", default="", help="comma-separated test names (default: all)")
     a = ap.parse_args()
     shutil.rmtree(a.work, ignore_errors=True)
-    kill_source_during_switch(a)
-    kill_source_mid_export(a)
-    kill_source_sweep(a)
-    router_restart(a)
-    config_errors(a)
-    guardrail_disables_pair(a)
-    ttl_expiry(a)
-    model_failover(a)
-    node_stops_mid_stream(a)
+    tests = [kill_source_during_switch, kill_source_mid_export, kill_source_sweep, router_restart,
+             config_errors, guardrail_disables_pair, ttl_expiry, model_failover, node_stops_mid_stream,
+             close_on_other_replica_mid_turn]
+    only = [n for n in a.only.split(",") if n]
+    for n in only:
+        check(any(t.__name__ == n for t in tests), "unknown test %r" % n)
+    for t in tests:
+        if not only or t.__name__ in only:
+            t(a)
     print("test_faults: PASS")
 
 
