@@ -569,6 +569,14 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
             free(newtok);
             out->context_tokens = (unsigned)(t.N + n_new);
             if (s) break;
+            /* the node holds other than the ledger (a stop sequence ended the turn after the
+             * node had decoded further, or it answered other figures): its holding is gone from
+             * the ledger, and so goes its copy, which the next turn there would reset anyway;
+             * left there, listed nowhere, a close or expiry of the session could not reach it,
+             * nor could the eviction of a full node's least recently used session */
+            if (!after && kvr_node_drop(T, req->sid, t.node_ms, NULL))
+                kvl__svc_log_text("warn", "session %s: dropping the unlisted copy on %s: %s", req->sid, T->name,
+                                  kvl_last_error());
             /* push-ahead: report a push this turn used, queue one for the next turn */
             kvr_push_ahead_after_turn(r->push, req, ti, &in, &ps, out);
             /* rates for the cost policy */

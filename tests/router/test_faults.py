@@ -21,7 +21,9 @@
      out: the node failing, not the client cancelling, so Send answers UNAVAILABLE and the
      ledger does not keep the turn's input as a cancelled turn;
   8. CloseSession sent to another replica while a turn of the session runs: refused as busy
-     (the lease), the turn completes and commits, the session continues.
+     (the lease), the turn completes and commits, the session continues;
+  9. a turn ended by a stop sequence (OpenAI `stop`) whose node went further than the ledger:
+     the node's copy is dropped with its holding, so closing the session leaves nothing behind.
 usage: test_faults.py --build BUILD_DIR --work WORK_DIR [--only NAME,...]
 """
 import argparse
@@ -516,6 +518,50 @@ def close_on_other_replica_mid_turn(a):
         fleet.stop()
 
 
+def stop_sequence_leaves_no_copy(a):
+    """An OpenAI completion ended by a stop sequence: the router cancels the node's stream after
+    the matching token, and the node has usually decoded further.  The ledger then does not list
+    that node as holding the session; the node's copy must go too, else a close or expiry of the
+    session cannot reach it and it keeps a place in the node's table (where the router's
+    least-recently-used eviction, which reads the ledger, cannot see it either)."""
+    import json
+    import urllib.request
+    work = os.path.join(a.work, "stop_sequence")
+    hport = rtest.free_port()
+    fleet = rtest.Fleet(a.build, work, models=("qwen3-a",), policy={"name": "pinned"},
+                        translators=False, tickets=False,
+                        extra_top={"http_listen": "127.0.0.1:%d" % hport})
+    try:
+        def complete(body):
+            req = urllib.request.Request("http://127.0.0.1:%d/v1/completions" % hport,
+                                         data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return dict(r.headers), json.loads(r.read())
+        body = {"model": "qwen3-a", "prompt": "Once upon a time", "max_tokens": 200, "temperature": 0}
+        h1, r1 = complete(body)
+        text = r1["choices"][0]["text"]
+        # a stop string whose first match is a few characters in: the node decodes on past it
+        k = next((i for i in range(2, 40) if len(text) >= i + 3 and text.find(text[i:i + 3]) == i), None)
+        check(k is not None, "no usable stop string in %r" % text)
+        h2, r2 = complete(dict(body, stop=[text[k:k + 3]]))
+        check(r2["choices"][0]["finish_reason"] == "stop", "finish %r" % r2["choices"][0]["finish_reason"])
+        c = fleet.client()
+        s1, s2 = h1["x-kvlingo-session"], h2["x-kvlingo-session"]
+        g = c.get_session(s2)
+        print("  stop %r after %d chars: ledger %d tokens, holdings %s; node holds %d sessions" % (
+            text[k:k + 3], k, g.context_tokens, [(x.node, x.n_tokens) for x in g.holdings],
+            fleet.node_info("qwen3-a").sessions))
+        for sid in (s1, s2):
+            check(c.close_session(sid), "close %s" % sid)
+        n = fleet.node_info("qwen3-a").sessions
+        check(n == 0, "after closing both sessions the node still holds %d (a copy the ledger does "
+              "not list)" % n)
+        print("  ok: a stop-sequence turn left no unlisted copy on the node")
+    finally:
+        fleet.stop()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
@@ -525,7 +571,7 @@ def main():
     shutil.rmtree(a.work, ignore_errors=True)
     tests = [kill_source_during_switch, kill_source_mid_export, kill_source_sweep, router_restart,
              config_errors, guardrail_disables_pair, ttl_expiry, model_failover, node_stops_mid_stream,
-             close_on_other_replica_mid_turn]
+             close_on_other_replica_mid_turn, stop_sequence_leaves_no_copy]
     only = [n for n in a.only.split(",") if n]
     for n in only:
         check(any(t.__name__ == n for t in tests), "unknown test %r" % n)
