@@ -394,6 +394,7 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
     if (!gen) { kvr_session_clear(&t.s); return kvl__errorf(KVL_ERR_NOMEM, "turn"); }
     float *first_lp = NULL;
     int vocab = 0, ti = -1, tried[KVR_MAX_NODES] = {0};
+    char failed[300] = "";        /* the last node that failed before its first token, and why */
     kvr_policy_decision d;
     kvr_policy_input in;
     kvr_node_view views[KVR_MAX_NODES];
@@ -414,6 +415,13 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
         s = kvr_policy_choose(r->policy, &in, &d);
         needs_entropy = kvr_policy_needs_entropy(r->policy);
         pthread_rwlock_unlock(&r->policy_lock);
+        if (s && failed[0]) {
+            /* no node left after a failure: the client learns that failure, not only the
+             * policy's "no healthy node" */
+            char why[320];
+            snprintf(why, sizeof why, "%s", kvl_last_error());
+            s = kvl__errorf(s, "%s (%s)", why, failed);
+        }
         if (s) break;
         ti = d.node;
         tried[ti] = 1;
@@ -624,6 +632,7 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
         kvr_registry_mark(r->reg, ti, 0, kvl_last_error());
         kvl__svc_log_text("warn", "session %s: node %s failed before the first token (%s); choosing again",
                 req->sid, T->name, kvl_last_error());
+        snprintf(failed, sizeof failed, "node %s failed before the first token: %.240s", T->name, kvl_last_error());
         free(first_lp);
         first_lp = NULL;
     }

@@ -394,8 +394,10 @@ def model_failover(a):
             c.send_all(old, " More", max_tokens=2)
             raise AssertionError("Send with every node dead succeeded")
         except grpc.RpcError as e:
-            check(e.code().name == "UNAVAILABLE" and "no other node is healthy" in e.details(),
-                  "every node dead: %s %s" % (e.code().name, e.details()))
+            # and the node that failed last is named, with why
+            check(e.code().name == "UNAVAILABLE" and "no other node is healthy" in e.details() and
+                  "node b0 failed before the first token: node b0 (127.0.0.1:%d)" % fleet.node_ports["qwen3-b"]
+                  in e.details(), "every node dead: %s %s" % (e.code().name, e.details()))
             print("  ok: every node dead -> UNAVAILABLE: %s" % e.details())
     finally:
         fleet.stop()
