@@ -241,9 +241,15 @@ void kvr_registry_turn_end(kvr_registry *r, int i) {
     pthread_mutex_unlock(&r->mu);
 }
 
+/* Rates a measurement may report, tokens per second: what a node's answer yields outside them
+ * (a clock that jumped, a node that answers garbage) is not a measurement, and one such value
+ * would skew the cost policy and every later turn deadline of the node (4000 / 1e-300 ms). */
+#define KVR_RATE_MIN 0.01
+#define KVR_RATE_MAX 1e9
+
 /* The first measurement replaces the seed; later ones move the average. */
 static void ema(double *v, unsigned *n, double x) {
-    if (!(x > 0)) return;
+    if (!(x >= KVR_RATE_MIN && x <= KVR_RATE_MAX)) return;   /* NaN too */
     *v = *n ? (1 - RATE_ALPHA) * *v + RATE_ALPHA * x : x;
     ++*n;
 }

@@ -79,7 +79,8 @@ void kvr_registry_geometry(kvr_registry *r, int i, unsigned *layers, unsigned *k
 void kvr_registry_turn_begin(kvr_registry *r, int i);
 void kvr_registry_turn_end(kvr_registry *r, int i);
 
-/* Fold a measurement into node i's EMA rates (a rate <= 0 is ignored). */
+/* Fold a measurement into node i's EMA rates, tokens per second (a rate outside [0.01, 1e9],
+ * or not a number, is ignored: 0 stands for "not measured this turn"). */
 void kvr_registry_observe(kvr_registry *r, int i, double prefill_tps, double decode_tps,
                           double translate_tps);
 

@@ -39,8 +39,10 @@ static int64_t turn_deadline_ms(const turn *t, int ti, int64_t pull_ms) {
     double pf_ms = c.n_prefill_samples ? 2.0 : 50.0, dec_ms = 200.0;
     if (c.n_prefill_samples && c.prefill_tps > 0 && 4000.0 / c.prefill_tps > pf_ms) pf_ms = 4000.0 / c.prefill_tps;
     if (c.n_decode_samples && c.decode_tps > 0 && 4000.0 / c.decode_tps > dec_ms) dec_ms = 4000.0 / c.decode_tps;
-    return t->node_ms * 2 + pull_ms +
-           (int64_t)(t->req->max_tokens * dec_ms + (t->N + t->req->n_user) * pf_ms);
+    /* at most a day: the rates are bounded (registry.c), and the sum stays far from int64's end */
+    double ms = (double)t->req->max_tokens * dec_ms + (double)(t->N + t->req->n_user) * pf_ms;
+    if (!(ms < 86400e3)) ms = 86400e3;
+    return t->node_ms * 2 + pull_ms + (int64_t)ms;
 }
 
 void kvr_turn_cancel_init(kvr_turn_cancel *c) {

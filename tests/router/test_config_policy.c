@@ -3,6 +3,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,8 @@
 
 #include "config.h"
 #include "policy.h"
+#include "registry.h"
+#include "rpc.h"
 
 static const char *k_base =
     "listen: 127.0.0.1:7000\n"
@@ -298,6 +301,30 @@ static void test_push_ahead(void **state) {
     kvr_policy_free(p);
 }
 
+/* What a node's answers yield as rates is bounded: NaN, infinities, 0, negatives and values
+ * far outside a model's rates leave the averages as they were. */
+static void test_rates_bounded(void **state) {
+    (void)state;
+    kvr_config *c = NULL;
+    assert_int_equal(parse("policy:\n  name: pinned\n", &c), KVL_OK);
+    const kvl__rpc_tls tls = {.insecure = 1};
+    kvr_registry *reg = NULL;
+    if (kvr_registry_create(c, &tls, &reg) != KVL_OK) fail_msg("registry: %s", kvl_last_error());
+    kvr_registry_observe(reg, 0, 2000, 100, 50000);
+    const double bad[] = {NAN, INFINITY, -INFINITY, 0, -5, 1e-300, 1e-3, 1e12, 1e300};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) kvr_registry_observe(reg, 0, bad[i], bad[i], bad[i]);
+    kvr_node n;
+    kvr_registry_copy(reg, 0, &n);
+    assert_true(n.prefill_tps == 2000 && n.decode_tps == 100 && n.translate_tps == 50000);
+    assert_int_equal(n.n_prefill_samples, 1);
+    assert_int_equal(n.n_decode_samples, 1);
+    kvr_registry_observe(reg, 0, 0.02, 0.02, 0.02);   /* slow, but a rate */
+    kvr_registry_copy(reg, 0, &n);
+    assert_int_equal(n.n_decode_samples, 2);
+    kvr_registry_free(reg);
+    kvr_config_free(c);
+}
+
 static void test_cost(void **state) {
     (void)state;
     kvr_policy *p = make_policy("policy: {name: cost}\n");
@@ -330,6 +357,7 @@ int main(void) {
         cmocka_unit_test(test_pinned),          cmocka_unit_test(test_least_loaded),
         cmocka_unit_test(test_cascade),         cmocka_unit_test(test_cost),
         cmocka_unit_test(test_failover),        cmocka_unit_test(test_push_ahead),
+        cmocka_unit_test(test_rates_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
