@@ -89,7 +89,7 @@ kvl_status kvr__turn_decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void
         pthread_mutex_unlock(&cx->mu);
     }
     double ent_sum = 0, t_first = 0, t_last = 0, node_tps = 0;
-    int n_ent = 0;
+    int n_ent = 0, saw_done = 0;
     for (;;) {
         Kvlingo__V1__GenerateResponse *m = NULL;
         int rr = kvr_node_gen_next(T, st, &m, code);
@@ -105,6 +105,7 @@ kvl_status kvr__turn_decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void
             break;
         }
         if (m->done) {
+            saw_done = 1;
             snprintf(o->finish_reason, sizeof o->finish_reason, "%s", m->finish_reason ? m->finish_reason : "");
             if (m->result && nr) keep_result(nr, m->result);
             o->forward_s = m->ttft_seconds;
@@ -165,6 +166,13 @@ kvl_status kvr__turn_decode(turn *t, int ti, int want_lp, kvr_emit_fn emit, void
         pthread_mutex_unlock(&cx->mu);
     }
     kvl__rpc_stream_free(st);
+    if (!s && !saw_done && strcmp(o->finish_reason, "stop")) {
+        /* a stream that ends OK without its final message is a broken node, as a ContinueTurn
+         * without its result is: its tokens are not committed as a finished turn */
+        s = kvl__errorf(KVL_ERR_INTERNAL, "node %s ended the turn's stream without its final message "
+                       "(%u tokens)", T->name, o->n_generated);
+        *code = GRPC_STATUS_INTERNAL;
+    }
     if (o->n_generated > t->req->max_tokens && !s)
         s = kvl__errorf(KVL_ERR_INTERNAL, "node %s generated %u tokens, asked %u", T->name,
                        o->n_generated, t->req->max_tokens);
