@@ -318,7 +318,12 @@ kvl_status kvr__turn_one_call(turn *t, int ti, int needs_entropy, kvr_emit_fn em
             const char *colon = strchr(nr->fallback, ':');
             size_t n = colon ? (size_t)(colon - nr->fallback) : strlen(nr->fallback);
             if (n >= sizeof t->fb_code) n = sizeof t->fb_code - 1;
-            memcpy(t->fb_code, nr->fallback, n);
+            /* the node's text becomes a label value: only [a-z0-9_] of it, so that a node's
+             * quote, backslash or newline cannot break the metrics' exposition format */
+            for (size_t i = 0; i < n; i++) {
+                char ch = nr->fallback[i];
+                t->fb_code[i] = (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' ? ch : '_';
+            }
             t->fb_code[n] = 0;
             snprintf(o->fallback, sizeof o->fallback, "%s", nr->fallback);
             kvl__svc_log_text("warn", "session %s: %s could not pull the span from %s: %s", req->sid,
