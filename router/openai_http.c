@@ -327,9 +327,10 @@ static int fd_hung_up(int fd) {
 
 static int client_gone(const conn_watch *w) { return fd_hung_up(w->fd); }
 
-/* A reply sent whole: the turn runs on the connection's thread, so until its first token a
- * watcher thread polls the socket (and a pipe that ends it) and fires the turn's cancel when
- * the client goes away; after that, watch_text's poll at each piece of text does. */
+/* A reply sent whole: the turn runs on the connection's thread, so a watcher thread polls the
+ * socket (and a pipe that ends it) for the whole turn and fires the turn's cancel when the
+ * client goes away; before the first token nothing else would see it (watch_text's poll runs
+ * at each piece of text). */
 typedef struct hup_watch {
     int fd, stop[2];
     kvr_turn_cancel *cx;
