@@ -71,6 +71,21 @@ def expect_error(port, status, param, words, body=None, raw=None, method="POST",
     return e
 
 
+def cancels_logged(log_path):
+    with open(log_path, errors="replace") as f:
+        return f.read().count("turn cancelled by the client")
+
+
+def post_and_leave(port, body, after_s):
+    """POST body to /v1/chat/completions on a raw socket and close it after_s later."""
+    sk = socket.create_connection(("127.0.0.1", port), timeout=20)
+    raw = json.dumps(body).encode()
+    sk.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw))
+    time.sleep(after_s)
+    sk.close()
+
+
 def chatml(messages):
     return "".join("<|im_start|>%s\n%s<|im_end|>\n" % (m["role"], m["content"]) for m in messages) + \
         "<|im_start|>assistant\n"
@@ -335,18 +350,11 @@ def main():
             raise AssertionError("the router did not cancel the turn of a client that went away")
         print("  ok: a streaming client that disconnects cancels its turn")
         # the same for a client waiting for a whole reply (no stream)
-        with open(fleet.router.log_path, errors="replace") as f:
-            before = f.read().count("turn cancelled by the client")
-        sk = socket.create_connection(("127.0.0.1", port), timeout=20)
-        body = json.dumps(dict(good, max_tokens=1000, ignore_eos=True)).encode()
-        sk.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                   b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        time.sleep(0.3)
-        sk.close()
+        before = cancels_logged(fleet.router.log_path)
+        post_and_leave(port, dict(good, max_tokens=1000, ignore_eos=True), 0.3)
         for _ in range(100):
-            with open(fleet.router.log_path, errors="replace") as f:
-                if f.read().count("turn cancelled by the client") > before:
-                    break
+            if cancels_logged(fleet.router.log_path) > before:
+                break
             time.sleep(0.1)
         else:
             raise AssertionError("the router did not cancel the turn of a non-streaming client that went away")
@@ -355,20 +363,13 @@ def main():
         # router ends the turn at once, streaming or not, rather than at its first token
         node = fleet.nodes["qwen3-a"]
         for streamed in (True, False):
-            with open(fleet.router.log_path, errors="replace") as f:
-                before = f.read().count("turn cancelled by the client")
+            before = cancels_logged(fleet.router.log_path)
             node.proc.send_signal(signal.SIGSTOP)
             try:
-                sk = socket.create_connection(("127.0.0.1", port), timeout=20)
-                body = json.dumps(dict(good, max_tokens=50, stream=streamed)).encode()
-                sk.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                           b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-                time.sleep(0.3)
-                sk.close()
+                post_and_leave(port, dict(good, max_tokens=50, stream=streamed), 0.3)
                 t0, seen = time.time(), False
                 while time.time() - t0 < 2.5 and not seen:
-                    with open(fleet.router.log_path, errors="replace") as f:
-                        seen = f.read().count("turn cancelled by the client") > before
+                    seen = cancels_logged(fleet.router.log_path) > before
                     time.sleep(0.05)
             finally:
                 node.proc.send_signal(signal.SIGCONT)

@@ -65,6 +65,19 @@ static void sink_info(kvl__rpc_call *call, const uint8_t *req, size_t len, void 
     kvl__rpc_call_reply_pb(call, &out.base);
 }
 
+/* ImportSpan's first reply: the endpoint of worker t, tag 42 */
+static void announce(kvl__rpc_call *call, kvl__transport *t) {
+    Kvlingo__V1__ImportSpanResponse ep = KVLINGO__V1__IMPORT_SPAN_RESPONSE__INIT;
+    const uint8_t *a;
+    size_t al;
+    kvl__transport_address(t, &a, &al);
+    ep.transport = "ucx";
+    ep.transport_address.data = (uint8_t *)a;
+    ep.transport_address.len = al;
+    ep.tag = 42;
+    kvl__rpc_call_send_pb(call, &ep.base);
+}
+
 /* announce the other worker's endpoint, and report what reached it once the exporter ends
  * the call */
 static void sink_redirect(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
@@ -72,15 +85,7 @@ static void sink_redirect(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     static uint8_t buf[4 << 20];
     kvl__transport_recv *rv = NULL;
     if (kvl__transport_recv_post(sk->other, 42, buf, sizeof buf, &rv) != KVL_OK) _exit(die("recv_post"));
-    Kvlingo__V1__ImportSpanResponse ep = KVLINGO__V1__IMPORT_SPAN_RESPONSE__INIT;
-    const uint8_t *a;
-    size_t al;
-    kvl__transport_address(sk->other, &a, &al);
-    ep.transport = "ucx";
-    ep.transport_address.data = (uint8_t *)a;
-    ep.transport_address.len = al;
-    ep.tag = 42;
-    kvl__rpc_call_send_pb(call, &ep.base);
+    announce(call, sk->other);
     size_t got = 0;
     kvl_status st = kvl__transport_recv_wait(sk->other, rv, 3000, NULL, &got);
     printf("redirect_received=%zu\n", st == KVL_OK ? got : (size_t)0);
@@ -91,15 +96,7 @@ static void sink_redirect(kvl__rpc_call *call, const uint8_t *req, size_t len, v
 /* announce an endpoint (a live UCX worker that never posts the receive), then die */
 static void sink_import(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     sink *sk = user;
-    Kvlingo__V1__ImportSpanResponse ep = KVLINGO__V1__IMPORT_SPAN_RESPONSE__INIT;
-    const uint8_t *a;
-    size_t al;
-    kvl__transport_address(sk->t, &a, &al);
-    ep.transport = "ucx";
-    ep.transport_address.data = (uint8_t *)a;
-    ep.transport_address.len = al;
-    ep.tag = 42;
-    kvl__rpc_call_send_pb(call, &ep.base);
+    announce(call, sk->t);
     usleep(200 * 1000);   /* the exporter is sending by now */
     fprintf(stderr, "span_inject sink: dying mid-transfer\n");
     _exit(0);
