@@ -302,13 +302,47 @@ void kvr_router_sync_pairs(kvr_router *r) {
     }
 }
 
+/* 1 when the file's node list is not the one the router runs (names, addresses, models, order). */
+static int nodes_differ(const kvr_config *a, const kvr_config *b) {
+    if (a->n_nodes != b->n_nodes) return 1;
+    for (int i = 0; i < a->n_nodes; i++)
+        if (strcmp(a->nodes[i].name, b->nodes[i].name) || strcmp(a->nodes[i].address, b->nodes[i].address) ||
+            strcmp(a->nodes[i].model, b->nodes[i].model))
+            return 1;
+    return 0;
+}
+
 kvl_status kvr_router_reload(kvr_router *r) {
     kvr_config *nc = NULL;
     kvl_status s = kvr_config_load(r->cfg->path, &nc);
     if (s) return s;
+    /* The nodes are read at start only (the registry, its probes and every session's holdings
+     * name them), so the new policy is checked against the running fleet: checked against the
+     * file's list, a policy naming a model only a newly listed node serves was accepted, and
+     * every turn it chose that model for failed NOT_FOUND. */
+    int moved = nodes_differ(nc, r->cfg);
+    kvr_node_cfg *file_nodes = nc->nodes;
+    int file_n = nc->n_nodes;
+    nc->nodes = r->cfg->nodes;
+    nc->n_nodes = r->cfg->n_nodes;
     kvr_policy *np = NULL;
     s = kvr_policy_create(nc, &np);
-    if (s) { kvr_config_free(nc); return s; }
+    nc->nodes = file_nodes;
+    nc->n_nodes = file_n;
+    if (s) {
+        if (moved) {
+            char why[1024];
+            snprintf(why, sizeof why, "%s", kvl_last_error());   /* errorf writes that buffer */
+            kvl__errorf(s, "%s (checked against the running fleet's nodes: 'nodes:' changed in the "
+                        "file, but it is read at start only; restart the router to apply it)", why);
+        }
+        kvr_config_free(nc);
+        return s;
+    }
+    if (moved)
+        kvl__svc_log_text("warn", "%s: 'nodes:' differs from the running fleet's %d nodes and is read at "
+                          "start only: the nodes are as they were; restart the router to apply it",
+                          r->cfg->path, r->cfg->n_nodes);
     /* only the policy and the guardrail change: nodes, ledger and listen addresses need a
      * restart (sessions survive that too) */
     pthread_rwlock_wrlock(&r->policy_lock);

@@ -199,7 +199,32 @@ def main():
         fleet.router.proc.send_signal(signal.SIGHUP)
         time.sleep(0.5)
         check(c.list_nodes().policy == "pinned" and fleet.router.alive(), "router after bad reload")
-        print("  ok: SIGHUP reloads the policy, sessions kept; a bad file keeps the old one")
+        log = open(fleet.router.log_path).read()
+        check("reload failed, keeping the old policy: %s:" % fleet.config in log and "bogus_key" in log,
+              "the log names the file, line and key of a bad reload")
+        # nodes are read at start only: a policy naming a model only a newly listed node serves
+        # is refused (it would fail every turn NOT_FOUND), and the reason says why
+        def with_node_c(policy):
+            fleet.write_config(policy, {"shadow_fraction": 1.0, "kl_budget": 100})
+            with open(fleet.config) as f:
+                text = f.read()
+            with open(fleet.config, "w") as f:
+                f.write(text.replace("nodes:\n", "nodes:\n  - {name: c0, address: 127.0.0.1:9, model: qwen2-c}\n"))
+            fleet.router.proc.send_signal(signal.SIGHUP)
+            time.sleep(0.5)
+            return open(fleet.router.log_path).read()
+        log = with_node_c({"name": "cascade", "models": ["qwen3-a", "qwen2-c"]})
+        check("model 'qwen2-c' is served by no node" in log and "read at start only" in log,
+              "a policy for a node added to the file: %r" % log[-600:])
+        check(c.list_nodes().policy == "pinned", "the old policy stays: %s" % c.list_nodes().policy)
+        ids, out, s = c.send_all(c.create_session(), "Hello", max_tokens=4)
+        check(s.model == "qwen3-b", "a new session after the refused reload: %s" % s.model)
+        log = with_node_c({"name": "least_loaded", "default_model": "qwen3-a"})
+        check("'nodes:' differs from the running fleet's 2 nodes" in log and
+              c.list_nodes().policy == "least_loaded", "a reload with a changed node list warns")
+        check(len(c.list_nodes().nodes) == 2, "the node list is the one started with")
+        print("  ok: SIGHUP reloads the policy, sessions kept; a bad file keeps the old one; "
+              "a changed node list is not applied and said so")
         check(fleet.router.alive(), "router died")
     finally:
         fleet.stop()
