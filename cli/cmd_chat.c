@@ -41,7 +41,8 @@ static void chat_usage(FILE *f) {
           "                    [options above] [TEXT]\n"
           "  One turn of a session through kvlingo-router: streams the text as it is generated,\n"
           "  then a one-line summary (model, switch mode, span tokens, TTFT, tokens, tokens/s).\n"
-          "  Without --session a new session is created; its id is printed to continue it.\n"
+          "  Without --session a new session is created; its id is printed to continue it (one\n"
+          "  whose first turn was refused before it held anything is closed again).\n"
           "  Stops at EOS unless --ignore-eos; special tokens' text is left out unless --special.\n"
           "  Chat mode (--system or --interactive): messages with roles, rendered by the chat\n"
           "  template of --tokenizer DIR (the fleet's tokenizer, e.g. models/qwen3-a); --system\n"
@@ -112,6 +113,34 @@ static int ledger_tokens(kvl__rpc_client *cli, const char *sid, int32_t **ids, s
     if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
     kvl__rpc_result_clear(&res);
     return rc;
+}
+
+/* A session this call created whose first turn failed before the ledger took anything (a
+ * refused Send: max_tokens over the router's bound, empty input, an unknown model, a quota)
+ * holds nothing worth continuing, yet stays open until the router's session TTL and counts
+ * against the tenant's max_sessions: close it.  1 when it was closed. */
+static int close_if_empty(kvl__rpc_client *cli, const char *sid) {
+    Kvlingo__V1__GetSessionRequest q = KVLINGO__V1__GET_SESSION_REQUEST__INIT;
+    q.session_id = (char *)sid;
+    Kvlingo__V1__GetSessionResponse *r = NULL;
+    kvl__rpc_result res = {0};
+    kvl_status s = kvl__rpc_client_unary_pb(cli, ROUTER "GetSession", &q.base,
+                                            &kvlingo__v1__get_session_response__descriptor, 10000,
+                                            (ProtobufCMessage **)&r, &res);
+    int empty = !s && res.code == GRPC_STATUS_OK && r && r->open && !r->context_tokens && !r->n_turns;
+    if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
+    kvl__rpc_result_clear(&res);
+    if (!empty) return 0;
+    Kvlingo__V1__CloseSessionRequest cq = KVLINGO__V1__CLOSE_SESSION_REQUEST__INIT;
+    cq.session_id = (char *)sid;
+    Kvlingo__V1__CloseSessionResponse *cr = NULL;
+    s = kvl__rpc_client_unary_pb(cli, ROUTER "CloseSession", &cq.base,
+                                 &kvlingo__v1__close_session_response__descriptor, 10000,
+                                 (ProtobufCMessage **)&cr, &res);
+    int closed = !s && res.code == GRPC_STATUS_OK;
+    if (cr) protobuf_c_message_free_unpacked(&cr->base, NULL);
+    kvl__rpc_result_clear(&res);
+    return closed;
 }
 
 /* One Send: text or tokens; streams the reply, prints the summary; the reply text goes to
@@ -358,8 +387,12 @@ int cmd_chat(int argc, char **argv) {
     else if (!rc) rc = send_turn(cli, sid, &o, text, NULL, 0, 0, NULL, &summary);
     /* a session this call created exists even when its turn failed: say which, so the
      * conversation can be continued with --session (one given with --session the user knows) */
-    if (sid && !(session && session[0]) && (!summary || rc))
-        fprintf(stderr, "kvlingo chat: session %s (continue with --session %s)\n", sid, sid);
+    if (sid && !(session && session[0]) && (!summary || rc)) {
+        if (rc && close_if_empty(cli, sid))
+            fprintf(stderr, "kvlingo chat: session %s closed (the turn failed before it held anything)\n", sid);
+        else
+            fprintf(stderr, "kvlingo chat: session %s (continue with --session %s)\n", sid, sid);
+    }
     free(sid);
     kvl__rpc_client_free(cli);
     return rc;

@@ -177,6 +177,15 @@ def main():
                             capture_output=True, text=True, timeout=60)
         check(r2.returncode == 1 and "NOT_FOUND" in r2.stderr and "unknown session" in r2.stderr,
               "kvlingo chat bad session: %r" % r2.stderr)
+        # a refused first turn leaves no open session behind (it would count against the
+        # tenant's max_sessions until the TTL); the id of one that holds something is printed
+        open_before = c.list_nodes().sessions_open
+        r3 = subprocess.run([kv, "chat", "--router", fleet.addr] + fleet.cli_security() + ["--max-tokens", "99999", "hi"],
+                            capture_output=True, text=True, timeout=60)
+        check(r3.returncode == 1 and "OUT_OF_RANGE" in r3.stderr and "closed (the turn failed before it held "
+              "anything)" in r3.stderr and "continue with" not in r3.stderr, "kvlingo chat refused turn: %r" % r3.stderr)
+        check(c.list_nodes().sessions_open == open_before,
+              "sessions open after a refused chat: %d, before %d" % (c.list_nodes().sessions_open, open_before))
         print("  ok: kvlingo chat: %s" % r.stdout.strip().split("\n")[-1])
         ledger = list(c.get_session(sid, include_tokens=True).tokens)
 
