@@ -210,10 +210,12 @@ static kvl_status parse_tenant(kvl__svc_yaml *y, kvr_tenants *t, yaml_node_t *m,
         snprintf(field, sizeof field, "%s.key_sha256", sect);
         s = add_keys(t, hex, 1, t->n, y->file, kvl__svc_kv_line(&l, "key_sha256"), field);
     }
+    /* unknown keys before "no keys": a misspelt `keys:` (kyes) is the likeliest cause of a
+     * tenant without keys, and the message should name it */
+    if (!s) s = kvl__svc_kv_check_unused(&l);
     if (!s && t->n_keys == before)
         s = kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s': tenant '%s' has no keys (give keys or key_sha256)",
                        y->file, l.line, sect, tn->info.name);
-    if (!s) s = kvl__svc_kv_check_unused(&l);
     kvl__svc_kvlist_clear(&l);
     if (!s) t->n++;
     return s;

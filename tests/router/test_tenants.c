@@ -95,6 +95,8 @@ static void test_refusals(void **state) {
     refused("tenants:\n  - keys: [\"" KEY_A "\"]\n", "keys.yaml:2", "tenants[0].name' is required");
     refused("tenants:\n  - name: \"a b\"\n    keys: [\"" KEY_A "\"]\n", "keys.yaml:2", "tenants[0].name");
     refused("tenants:\n  - name: acme\n", "tenants[0]", "has no keys");
+    /* a misspelt `keys:` is named as such, not as a tenant without keys */
+    refused("tenants:\n  - name: acme\n    kyes: [\"" KEY_A "\"]\n", "keys.yaml:3", "unknown key 'tenants[0].kyes'");
     refused("tenants:\n  - name: acme\n    keys: [short]\n", "keys.yaml:3", "tenants[0].keys' [0]: 5 characters");
     refused("tenants:\n  - name: acme\n    keys: [\"" KEY_A "\", \"sk has a space 00\"]\n", "tenants[0].keys' [1]",
             "printable");
