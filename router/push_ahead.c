@@ -90,6 +90,24 @@ static void list_target(kvr_push_ahead *p, const push_job *j, int64_t node_ms, i
                           D->name, kvl_last_error());
 }
 
+/* A target that refused the push because it does not know the session although the ledger
+ * lists it (the node restarted) holds nothing: its holding is removed, so the next push there
+ * starts it afresh in one call instead of every push being refused (and warned about) until a
+ * turn lands there and resets it.  A target that holds the session keeps its listing: the next
+ * turn there checks it by count and hash.  Only under the lease. */
+static void forget_lost(kvr_push_ahead *p, const push_job *j, int64_t node_ms) {
+    kvr_router *r = p->r;
+    kvr_node *D = &r->reg->nodes[j->dst];
+    kvr_node_session di;
+    if (kvr_node_session_info(D, j->sid, node_ms, &di, NULL) || di.found) return;
+    if (kvr_ledger_holding_set(r->ledger, j->sid, D->name, 0))
+        kvl__svc_log_text("warn", "push-ahead %s: removing %s's holding (it lost the session): %s", j->sid,
+                          D->name, kvl_last_error());
+    else
+        kvl__svc_log_text("info", "push-ahead %s: %s does not hold the session the ledger listed (restarted?): "
+                          "holding removed", j->sid, D->name);
+}
+
 /* An ended session runs no turn: its copy on the target can go without a lease. */
 static void drop_ended(kvr_push_ahead *p, const char *sid, int dst) {
     kvr_router *r = p->r;
@@ -324,6 +342,8 @@ static const char *move_pull_only(kvr_push_ahead *p, const push_job *j, const kv
                           ks ? kvl_last_error() : "it ended without its result");
         if (ks && code != GRPC_STATUS_FAILED_PRECONDITION && code != GRPC_STATUS_INVALID_ARGUMENT)
             list_target(p, j, node_ms, held);
+        else if (ks && code == GRPC_STATUS_FAILED_PRECONDITION && held > 0)
+            forget_lost(p, j, node_ms);
         return ks && code == GRPC_STATUS_FAILED_PRECONDITION ? "skipped" : "failed";
     }
     if (!to) {

@@ -11,6 +11,8 @@ default), one with `push_ahead: false` in the policy block (the control, switchi
      qwen3-a: pushed back from b0 to a0 ahead of time;
   W  a wrong guess: pushed to b0 after turn 0, turn 1 stays on qwen3-a (counted "unused"), turn 2
      moves to qwen3-b and ships only the tokens after the push;
+  T  a target restarted (kill -9, same port) under a listed copy: the push refused there removes
+     the stale holding, and a later push ships (one-call fleet);
   R  races: as P, but each next turn is sent at once, so the push and the turn meet (the push is
      skipped, or the turn waits for it, or the push finds the session moved on);
 and in every case the outputs equal the control's, with the turn as one ContinueTurn call on
@@ -172,6 +174,36 @@ def check_push_fleet(a, policy, want, want_races, one_call):
         check(cnt.get("failed", 0) == 0, "a push failed in the races: %r" % cnt)
         print("ok: push-ahead ships ahead, the next switch translates 0 or only new tokens, "
               "outputs equal the control")
+        if one_call:
+            # the target restarts (kill -9, the same port) while the ledger lists its copy: the
+            # next push there is refused (session unknown), which removes the stale holding, so
+            # the push after it starts the session afresh and ships, instead of every push being
+            # refused until a turn lands there
+            c0 = push_counts(fleet)
+            sid = c.create_session()
+            c.send_all(sid, rtest.corpus_text(0, 300), max_tokens=6)
+            cnt = wait_pushes(fleet, finished(c0))
+            check(holding(c, sid, "b0") > 0, "the first push was not recorded: %r" % cnt)
+            fleet.nodes["qwen3-b"].kill9()
+            fleet.start_node("qwen3-b")
+            # the source's first send to the target's new UCX address may fail (its peer table
+            # still has the old one until a failed send makes it ask Info again): a few turns
+            results = []
+            for k in range(4):
+                c0 = push_counts(fleet)
+                c.send_all(sid, rtest.corpus_text(500 + 50 * k, 40), max_tokens=6, model="qwen3-a")
+                cnt = wait_pushes(fleet, finished(c0))
+                results.append([r for r in cnt if cnt[r] > c0.get(r, 0) and r not in ("used", "unused")])
+                if cnt.get("shipped", 0) > c0.get("shipped", 0):
+                    break
+            check(results[0] == ["skipped"] and results[-1] == ["shipped"],
+                  "pushes to the restarted target: %r (the first refused, then shipped)" % results)
+            check("b0 does not hold the session the ledger listed" in open(fleet.router.log_path).read(),
+                  "the stale holding's removal is logged")
+            g = c.get_session(sid)
+            check(holding(c, sid, "b0") == g.context_tokens - 1,
+                  "b0 holds %d after the restart's pushes, the ledger %d" % (holding(c, sid, "b0"), g.context_tokens))
+            print("ok: a restarted push target's stale holding is removed and the next push ships")
         if not one_call:
             # the source dies after its push: the switch's export of the last token fails and
             # the turn re-prefills only that token and its input on the pushed span, which
