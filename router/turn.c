@@ -37,16 +37,36 @@ static int same_tokens(const turn *t, const char *node_sha, int n) {
     return want[0] && !strcmp(node_sha, want);
 }
 
+void kvr__reason_copy(char *dst, size_t cap, const char *src) {
+    size_t n = strlen(src);
+    if (n < cap) {
+        memcpy(dst, src, n + 1);
+        return;
+    }
+    if (cap < 8) {
+        snprintf(dst, cap, "%s", src);
+        return;
+    }
+    /* too long for the summary and the ledger: cut after the last whole word that leaves room
+     * for "...", not mid-word (a reader would take "Connectio" for the message) */
+    size_t cut = cap - 4;
+    while (cut > cap / 2 && src[cut] != ' ') cut--;
+    if (src[cut] != ' ') cut = cap - 4;
+    memcpy(dst, src, cut);
+    memcpy(dst + cut, "...", 4);
+}
+
 void kvr__turn_fallback(turn *t, const char *code, const char *fmt, ...) {
     snprintf(t->fb_code, sizeof t->fb_code, "%s", code);
-    char detail[128] = "";
+    char detail[512] = "", all[600];
     if (fmt) {
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(detail, sizeof detail, fmt, ap);
         va_end(ap);
     }
-    snprintf(t->out->fallback, sizeof t->out->fallback, "%s%s%s", code, detail[0] ? ": " : "", detail);
+    snprintf(all, sizeof all, "%s%s%s", code, detail[0] ? ": " : "", detail);
+    kvr__reason_copy(t->out->fallback, sizeof t->out->fallback, all);
 }
 
 /* Short label for a gRPC failure of ExportSpan. */

@@ -325,7 +325,7 @@ kvl_status kvr__turn_one_call(turn *t, int ti, int needs_entropy, kvr_emit_fn em
                 t->fb_code[i] = (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' ? ch : '_';
             }
             t->fb_code[n] = 0;
-            snprintf(o->fallback, sizeof o->fallback, "%s", nr->fallback);
+            kvr__reason_copy(o->fallback, sizeof o->fallback, nr->fallback);
             kvl__svc_log_text("warn", "session %s: %s could not pull the span from %s: %s", req->sid,
                               T->name, r->reg->nodes[t->cur].name, nr->fallback);
             if (!strcmp(t->fb_code, "source_unavailable"))

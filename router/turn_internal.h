@@ -23,7 +23,7 @@ typedef struct turn {
 typedef struct one_result {
     int got;                      /* the final message carried a ContinueResult */
     int mode;                     /* KVLINGO__V1__CONTINUE_RESULT__MODE__* */
-    char fallback[160];
+    char fallback[400];           /* the node's, whole: the summary's copy is cut (kvr__reason_copy) */
     unsigned span_t0, span_t1, prefill_tokens, token_count;
     char sha256[65];
     double pull_s, transfer_s, translate_s, export_s, forward_s;
@@ -31,6 +31,8 @@ typedef struct one_result {
 
 /* The fallback reason of the turn: `code` (the metric's label) and a detail (printf). */
 void kvr__turn_fallback(turn *t, const char *code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* src into dst[cap]; one too long is cut after its last whole word that fits, with "...". */
+void kvr__reason_copy(char *dst, size_t cap, const char *src);
 /* Node ti's session table is full: drop its least recently used idle session (1 when done). */
 int kvr__turn_make_room(turn *t, int ti);
 /* How many places one turn may free on a full node before it gives up. */

@@ -325,6 +325,22 @@ static void test_rates_bounded(void **state) {
     kvr_config_free(c);
 }
 
+void kvr__reason_copy(char *dst, size_t cap, const char *src);   /* router/turn.c */
+
+/* A fallback reason too long for the summary is cut after a whole word, marked with "...". */
+static void test_reason_copy(void **state) {
+    (void)state;
+    char b[32];
+    kvr__reason_copy(b, sizeof b, "export_failed: short");
+    assert_string_equal(b, "export_failed: short");
+    kvr__reason_copy(b, sizeof b, "export_failed: failed to connect: Connection refused");
+    assert_string_equal(b, "export_failed: failed to...");
+    assert_true(strlen(b) < sizeof b);
+    kvr__reason_copy(b, sizeof b, "x_0123456789012345678901234567890123456789");   /* no space: cut */
+    assert_int_equal(strlen(b), sizeof b - 1);
+    assert_string_equal(b + sizeof b - 4, "...");
+}
+
 static void test_cost(void **state) {
     (void)state;
     kvr_policy *p = make_policy("policy: {name: cost}\n");
@@ -357,7 +373,7 @@ int main(void) {
         cmocka_unit_test(test_pinned),          cmocka_unit_test(test_least_loaded),
         cmocka_unit_test(test_cascade),         cmocka_unit_test(test_cost),
         cmocka_unit_test(test_failover),        cmocka_unit_test(test_push_ahead),
-        cmocka_unit_test(test_rates_bounded),
+        cmocka_unit_test(test_rates_bounded),   cmocka_unit_test(test_reason_copy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
