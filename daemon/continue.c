@@ -23,6 +23,7 @@
 
 #include "clock.h"
 #include "error.h"
+#include "hash.h"
 #include "kvlingo/v1/node.pb-c.h"
 #include "log.h"
 #include "node.h"
@@ -236,6 +237,12 @@ static void pull_push(cont *c, kvl__rpc_client *cli, const char *src_name, const
     er->push_tag = kvl__transport_new_tag(n->transport);
     er->push_max_bytes = rx.cap;
     er->push_trailer = 1;
+    {
+        const uint8_t *my_addr;
+        size_t my_len;
+        kvl__transport_address(n->transport, &my_addr, &my_len);
+        er->push_address_hash = kvl__xxh3_64(my_addr, my_len);
+    }
     if (kvl__transport_recv_post(n->transport, er->push_tag, rx.buf, rx.cap, &rx.rv) != KVL_OK) {
         set_fallback(c, GRPC_STATUS_UNAVAILABLE, kvl_last_error());
         goto out;

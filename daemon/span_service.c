@@ -16,6 +16,7 @@
 
 #include "clock.h"
 #include "error.h"
+#include "hash.h"
 #include "bf16.h"
 #include "kvlingo/translator.h"
 #include "kvlingo/v1/node.pb-c.h"
@@ -561,6 +562,18 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
         size_t alen = 0;
         if (kvld_node_peer_transport(n, in->peer, addr, sizeof addr, &alen, NULL) != KVL_OK)
             FAIL(GRPC_STATUS_UNAVAILABLE, "%s", kvl_last_error());
+        if (in->push_address_hash && kvl__xxh3_64(addr, alen) != in->push_address_hash) {
+            /* the peer came back with a new worker (a restart) before the table's refresh saw
+             * it: its Info is asked now, and the span goes where that names, or nowhere */
+            if (kvld_node_peer_refresh(n, in->peer, tmo < 2000 ? tmo : 2000) != KVL_OK ||
+                kvld_node_peer_transport(n, in->peer, addr, sizeof addr, &alen, NULL) != KVL_OK)
+                FAIL(GRPC_STATUS_UNAVAILABLE, "peer %s: asking its Info again: %s", in->peer, kvl_last_error());
+            if (kvl__xxh3_64(addr, alen) != in->push_address_hash)
+                FAIL(GRPC_STATUS_UNAVAILABLE, "peer %s pulls with a transport address its Info does not "
+                     "name: the span is not sent", in->peer);
+            kvl__svc_log("info", "msg=peer_refreshed peer=%s why=\"it pulls from another transport address "
+                         "than the table had (restarted)\"", in->peer);
+        }
         double t_x = kvl__now_s();
         st = kvl__transport_send(n->transport, addr, alen, in->push_tag, payload, plen + tlen, tmo, &fl.stop_send,
                                  give_span_buffer, n->spanbufs, &payload_kept);
