@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -327,4 +328,41 @@ kvl_status kvld_config_tls(const kvld_config *cfg, kvl__svc_tls *out) {
         return kvl__errorf(KVL_ERR_INVALID_ARG, "TLS needs tls_cert, tls_key and tls_ca; %s is not set",
                           !hc ? "tls_cert" : !hk ? "tls_key" : "tls_ca");
     return kvl__svc_tls_load(cfg->tls_cert, cfg->tls_key, cfg->tls_ca, out);
+}
+
+/* The settings a reload compares (every one but peers, which SIGHUP applies): name, place, size,
+ * and whether it is a string. */
+typedef struct cfg_field {
+    const char *name;
+    size_t off, size;
+    int str;
+} cfg_field;
+#define FS(f) {#f, offsetof(kvld_config, f), sizeof(((kvld_config *)0)->f), 1}
+#define FN(f) {#f, offsetof(kvld_config, f), sizeof(((kvld_config *)0)->f), 0}
+static const cfg_field cfg_fields[] = {
+    FS(model), FS(listen), FS(translators), FS(transport), FS(metrics), FS(device), FS(weights_dtype),
+    FS(kv_dtype), FN(warmup), FN(max_sessions), FN(max_context), FN(max_batch), FN(prefill_chunk),
+    FN(decode_stretch), FN(threads), FN(drain_timeout_ms), FN(span_timeout_ms), FN(quiet),
+    FS(ticket_key_file), FS(advertise), FN(session_idle_ttl_s), FN(import_timeout_ms), FN(span_push),
+    FN(stream_stall_ms), FN(stream_backlog_kb), FN(stream_buffer_mb), FN(insecure), FS(tls_cert),
+    FS(tls_key), FS(tls_ca), FS(health_listen),
+};
+#undef FS
+#undef FN
+
+int kvld_config_changed(const kvld_config *a, const kvld_config *b, char *names, size_t cap) {
+    int n = 0;
+    size_t used = 0;
+    if (cap) names[0] = 0;
+    for (size_t i = 0; i < sizeof cfg_fields / sizeof cfg_fields[0]; i++) {
+        const cfg_field *f = &cfg_fields[i];
+        const char *pa = (const char *)a + f->off, *pb = (const char *)b + f->off;
+        if (f->str ? strncmp(pa, pb, f->size) == 0 : memcmp(pa, pb, f->size) == 0) continue;
+        n++;
+        if (cap && used < cap) {
+            int w = snprintf(names + used, cap - used, "%s%s", used ? "," : "", f->name);
+            used = w < 0 ? cap : used + (size_t)w;
+        }
+    }
+    return n;
 }

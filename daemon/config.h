@@ -2,6 +2,7 @@
 #ifndef KVLD_CONFIG_H
 #define KVLD_CONFIG_H
 
+#include <stddef.h>
 #include "kvlingo/status.h"
 
 #define KVLD_STR_MAX 512
@@ -63,6 +64,10 @@ kvl_status kvld_config_parse_cli(kvld_config *cfg, int argc, char **argv, kvld_c
  * the three -> KVL_ERR_INVALID_ARG naming the keys.  Free *out with kvl__svc_tls_free. */
 struct kvl__svc_tls;
 kvl_status kvld_config_tls(const kvld_config *cfg, struct kvl__svc_tls *out);
+
+/* How many settings other than peers differ between a and b, their keys comma-separated into
+ * names[cap] (cut at cap): what a SIGHUP reload read but does not apply. */
+int kvld_config_changed(const kvld_config *a, const kvld_config *b, char *names, size_t cap);
 
 /* The --help text: every flag with what it does and its default. */
 const char *kvld_config_usage(void);

@@ -167,6 +167,10 @@ static void on_hup(void *arg) {
     if (st == KVL_OK) st = kvld_peers_reload(n, next->peers);
     if (st != KVL_OK)
         kvl__svc_log("error", "msg=reload_failed err=\"%s\" note=\"the fleet is as it was\"", kvl_last_error());
+    char changed[512];
+    if (st == KVL_OK && kvld_config_changed(&n->cfg, next, changed, sizeof changed))
+        kvl__svc_log("warn", "msg=reload_ignored keys=%s note=\"SIGHUP applies peers only: restart kvld to "
+                     "apply these\"", changed);
     free(next);
 }
 

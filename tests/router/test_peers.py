@@ -168,6 +168,7 @@ def main():
         na.proc.send_signal(signal.SIGHUP)
         wait_log(la, r"msg=peers_reloaded members=2 added=1 removed=0")
         wait_log(la, r"msg=peer_ready peer=%s " % re.escape(b_addr))
+        check("reload_ignored" not in open(la).read(), "a reload changing peers only warned of other keys")
         r = export_refusal()
         check("not a member" not in r and r.startswith("NOT_FOUND"), "after adding b: %s" % r)
         with open(cfg_a, "w") as f:
@@ -176,9 +177,11 @@ def main():
         wait_log(la, r"msg=reload_failed .*not HOST:PORT")
         r = export_refusal()
         check("not a member" not in r, "a failed reload changed the fleet: %s" % r)
-        write_peers("127.0.0.1:1")
+        with open(cfg_a, "w") as f:   # b leaves; a setting SIGHUP does not apply changes too
+            f.write("peers: 127.0.0.1:1\nmax_sessions: 9\n")
         na.proc.send_signal(signal.SIGHUP)
         wait_log(la, r"msg=peers_reloaded members=1 added=0 removed=1")
+        wait_log(la, r"msg=reload_ignored keys=max_sessions note=")
         r = export_refusal()
         check(r.startswith("PERMISSION_DENIED") and "not a member" in r, "after removing b: %s" % r)
         check(na.alive(), "kvld a died on SIGHUP")
