@@ -27,7 +27,12 @@ static kvl_status read_pem(const char *what, const char *path, char **out) {
     if (st == KVL_ERR_RANGE)
         return kvl__errorf(KVL_ERR_RANGE, "%s '%s': larger than %u bytes, not a PEM file", what,
                           path, KVL_SVC_TLS_MAX_FILE);
-    if (st != KVL_OK) return kvl__error_prefix(st, what);
+    if (st != KVL_OK) {   /* a directory, no permission, an I/O error: the reader's reason */
+        char why[512];
+        const char *e = kvl_last_error(), *tail = strstr(e, ": ");
+        snprintf(why, sizeof why, "%s", tail && strstr(e, path) ? tail + 2 : e);
+        return kvl__errorf(st, "%s '%s': %s", what, path, why);
+    }
     if (!strstr(*out, "-----BEGIN ")) {
         free(*out);
         *out = NULL;
@@ -116,6 +121,14 @@ static kvl_status check(const char *cert, const char *key, const char *ca, kvl__
          * client's: a certificate that limits its use must allow both (UINT32_MAX: no
          * extendedKeyUsage extension, any use), or the handshake fails later with only a closed
          * socket to show for it */
+        /* a CA's certificate as a member's own: it would sign what it likes in the fleet's
+         * name if its key leaked with the node, and is almost always the wrong file */
+        if (X509_check_ca(leaf) >= 1 && X509_get_extension_flags(leaf) & EXFLAG_CA) {
+            st = kvl__errorf(KVL_ERR_FORMAT, "tls_cert '%s' (%s): a CA certificate (basicConstraints "
+                            "CA:TRUE), not a fleet member's own; give the node's certificate, signed by "
+                            "that CA", cert, t->subject);
+            goto out;
+        }
         uint32_t xku = X509_get_extended_key_usage(leaf);
         if (xku != UINT32_MAX && (!(xku & XKU_SSL_SERVER) || !(xku & XKU_SSL_CLIENT))) {
             st = kvl__errorf(KVL_ERR_FORMAT, "tls_cert '%s' (%s): its extendedKeyUsage lacks %s; a "
@@ -182,9 +195,11 @@ kvl_status kvl__svc_tls_load(const char *cert, const char *key, const char *ca, 
     kvl_status st = KVL_OK;
     if (hc) st = read_pem("tls_cert", cert, &out->cert_pem);
     if (st == KVL_OK && hk) st = read_pem("tls_key", key, &out->key_pem);
-    if (st == KVL_OK && hk) kvl__svc_warn_if_world_readable("tls_key", key);
     if (st == KVL_OK && ha) st = read_pem("tls_ca", ca, &out->ca_pem);
     if (st == KVL_OK) st = check(cert, key, ca, out);
+    /* once the file is known to hold the key: a certificate given as the key is refused above,
+     * not warned about as a readable key first */
+    if (st == KVL_OK && hk) kvl__svc_warn_if_world_readable("tls_key", key);
     if (st != KVL_OK) kvl__svc_tls_free(out);
     return st;
 }

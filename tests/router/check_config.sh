@@ -170,6 +170,20 @@ out=$("$R" --config "$T/conf/tls6.yaml" --check 2>&1); rc=$?
 tlsgood "$P/r.csr" "$P/r-key.pem" "$P/ca.pem" > "$T/conf/tls4.yaml"
 out=$("$R" --config "$T/conf/tls4.yaml" --check 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -qF "tls_cert '$P/r.csr': no PEM certificate" <<<"$out" && ok "refused: a CSR as tls_cert" || bad "tls4: $rc $out"
+tlsgood "$P/ca.pem" "$P/ca-key.pem" "$P/ca.pem" > "$T/conf/tls7.yaml"
+out=$("$R" --config "$T/conf/tls7.yaml" --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -qF "tls_cert '$P/ca.pem' (CN=test-ca): a CA certificate" <<<"$out" \
+  && ok "refused: the CA's own certificate as tls_cert" || bad "tls7: $rc $out"
+chmod 644 "$P/r.pem"
+tlsgood "$P/r.pem" "$P/r.pem" "$P/ca.pem" > "$T/conf/tls8.yaml"
+out=$("$R" --config "$T/conf/tls8.yaml" --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -qF "tls_key '$P/r.pem': not an unencrypted PEM private key" <<<"$out" \
+  && ! grep -q "readable" <<<"$out" && ok "refused: a certificate as tls_key, with no warning about a readable key" \
+  || bad "tls8: $rc $out"
+tlsgood "$P/r.pem" "$P/r-key.pem" "$P" > "$T/conf/tls9.yaml"
+out=$("$R" --config "$T/conf/tls9.yaml" --check 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -qF "tls_ca '$P': " <<<"$out" && grep -qi "directory" <<<"$out" \
+  && ok "refused: a directory as tls_ca, named as the other files are" || bad "tls9: $rc $out"
 { good; printf 'tls_cert: %s\ntls_key: %s\nticket_key_file: %s\napi_keys: keys.yaml\n' "$P/r.pem" "$P/r-key.pem" "$T/fleet.key"; } > "$T/conf/tls5.yaml"
 out=$("$R" --config "$T/conf/tls5.yaml" --check 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -qF "tls_ca is not set" <<<"$out" && ok "refused: tls_ca missing" || bad "tls5: $rc $out"
