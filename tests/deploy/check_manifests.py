@@ -24,6 +24,9 @@ What a schema validator cannot see, checked here on the objects `kubectl kustomi
     every node address is <statefulset>-<ordinal>.<service>:<grpc port> of a pod that exists,
     with the StatefulSet's model; every kvld pod is listed exactly once; the policy names only
     models the fleet has;
+  - NetworkPolicies: default deny; kvld's gRPC port admits the router and the nodes only; the
+    router's client port admits anyone; every metrics port admits a pod labelled only
+    kvlingo.dev/metrics-scraper: "true" (as deploy/README.md asks of Prometheus);
   - GPUs (nvidia.com/gpu requested = limited) on every kvld exactly in the gpu overlays;
   - the router's API keys: api_keys names a file in a Secret volume (mounted whole, so that an
     update of the Secret reaches the router);
@@ -55,10 +58,23 @@ def oid(o):
 
 
 def selects(selector, labels):
-    """matchLabels-style (or plain map) selector against labels; an empty selector selects
-    nothing here (none of ours should be empty)."""
-    sel = selector.get("matchLabels", selector) if selector else {}
-    return bool(sel) and all(labels.get(k) == v for k, v in sel.items())
+    """matchLabels-style (or plain map) selector, with matchExpressions In / NotIn / Exists /
+    DoesNotExist, against labels; an empty selector selects nothing here (none of ours should
+    be empty)."""
+    selector = selector or {}
+    exprs = selector.get("matchExpressions") or []
+    sel = selector.get("matchLabels", {} if exprs else selector)
+    if not sel and not exprs:
+        return False
+    if not all(labels.get(k) == v for k, v in sel.items()):
+        return False
+    for e in exprs:
+        k, op, vals = e.get("key"), e.get("operator"), e.get("values") or []
+        ok = {"In": k in labels and labels[k] in vals, "NotIn": labels.get(k) not in vals,
+              "Exists": k in labels, "DoesNotExist": k not in labels}.get(op, False)
+        if not ok:
+            return False
+    return True
 
 
 def pod_spec(o):
@@ -420,6 +436,9 @@ def policy_admits(policy, port, from_labels):
     return False
 
 
+SCRAPER = {"kvlingo.dev/metrics-scraper": "true"}   # the label deploy/README.md asks Prometheus' pods for
+
+
 def check_network_policies(by_kind, workloads):
     """Every pod is under a default-deny ingress policy; kvld's gRPC port admits the router and
     other nodes but nobody else; the router's client port admits any client."""
@@ -445,6 +464,12 @@ def check_network_policies(by_kind, workloads):
             bad(f"{oid(w)}: no NetworkPolicy selects its pods")
             continue
         admits = lambda labels: any(policy_admits(p, grpc, labels) for p in mine)
+        # a scraper labelled as deploy/README.md says (and nothing else) reaches /metrics
+        metrics = port_by_name(c, "metrics")
+        if not any(policy_admits(p, metrics, SCRAPER) for p in mine):
+            bad(f"{oid(w)}: its metrics port {metrics} does not admit a pod labelled only "
+                "kvlingo.dev/metrics-scraper: \"true\" (commonLabels adds part-of to a matchLabels "
+                "selector)")
         if w["kind"] == "StatefulSet":
             if any(policy_admits(p, grpc, None) for p in mine):
                 bad(f"{oid(w)}: its gRPC port {grpc} admits any source (should be router + nodes)")
