@@ -13,6 +13,7 @@ What a schema validator cannot see, checked here on the objects `kubectl kustomi
   - every StatefulSet: a headless Service (serviceName) selecting its pods, a
     PodDisruptionBudget selecting them, a "models" volume claim; kvld's flags agree with the
     ports (--listen, --metrics, --health-listen) and the model label (--model /models/<model>);
+    its --peers lists every other kvld of fleet.yaml (spans move only between listed nodes);
   - TLS everywhere: kvld's --tls-cert/--tls-key/--tls-ca and fleet.yaml's tls_cert/tls_key/tls_ca
     name files of a mounted Secret volume whose items provide them; nothing runs --insecure;
   - transfer tickets: kvld's --ticket-key-file and fleet.yaml's ticket_key_file are files of a
@@ -165,6 +166,7 @@ def check_overlay(name, objs):
         bad("no StatefulSet (kvld nodes)")
 
     kvld_pods = {}      # (statefulset, ordinal) -> (service, grpc port, model)
+    kvld_peers = {}     # statefulset -> its --peers, $(VAR)s expanded as Kubernetes does
     router = None
     for w in workloads:
         wid = oid(w)
@@ -279,6 +281,9 @@ def check_overlay(name, objs):
                 f"{port_by_name(c, 'grpc')} (the address fleet.yaml names the pod by)")
         for i in range(int(w["spec"].get("replicas", 1))):
             kvld_pods[(w["metadata"]["name"], i)] = (sname, port_by_name(c, "grpc"), model)
+        env = {e["name"]: str(e["value"]) for e in c.get("env", []) if "value" in e}
+        peers = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), str(flags.get("peers", "")))
+        kvld_peers[w["metadata"]["name"]] = {p.strip() for p in peers.split(",") if p.strip()}
 
     # ---- Services select pods and name existing ports
     for s in services.values():
@@ -401,6 +406,12 @@ def check_overlay(name, objs):
             bad(f"fleet.yaml node {n.get('name')}: model {n.get('model')} but the pod runs {pod[2]}")
         if key in seen:
             bad(f"fleet.yaml lists pod {key[0]}-{key[1]} twice")
+        # spans move only between members of each side's --peers (ExportSpan and a ContinueTurn
+        # pull refuse any other node): every other kvld must list this one
+        for (sts, i) in kvld_pods:
+            if (sts, i) != key and n.get("address") not in kvld_peers.get(sts, set()):
+                bad(f"{sts}-{i}: --peers lacks {n.get('address')} (fleet.yaml node {n.get('name')}): "
+                    "spans to and from it would be refused")
         seen[key] = n
         models.add(n.get("model"))
     for key in kvld_pods:

@@ -173,7 +173,7 @@ def localise(container, binary, paths, ports, env_values):
         m = re.fullmatch(r"0\.0\.0\.0:(\d+)", a)
         if m:
             a = f"127.0.0.1:{ports[int(m.group(1))]}"
-        a = paths.get(a, a)
+        a = ",".join(paths.get(x, x) for x in a.split(","))   # --peers is a list
         argv.append(a)
     return argv, env
 
