@@ -7,6 +7,8 @@ Static checks of deploy/grafana/kvlingo.json and deploy/prometheus/:
   - it has the panels the fleet needs (sessions, turns/s, switches by pair and mode, switch TTFT
     percentiles translate vs re-prefill, fallbacks by reason, span bytes, transfer bandwidth,
     decode tokens/s per node, KV memory per node);
+  - no query sums a gauge that every router replica reports about the whole fleet
+    (sessions_open, nodes_healthy, pairs_disabled);
   - every kvlingo_* metric a dashboard query or an alert rule uses appears in the exporters' source
     (daemon/*.c, router/*.c) -- tests/deploy/test_dashboard_metrics.sh
     checks the same names against running binaries;
@@ -26,6 +28,8 @@ import tempfile
 problems = []
 METRIC = re.compile(r"\bkvlingo_[a-zA-Z0-9_]+")
 SUFFIXES = ("_bucket", "_sum", "_count")
+FLEET_GAUGES = ("kvlingo_router_sessions_open", "kvlingo_router_nodes_healthy",
+                "kvlingo_router_pairs_disabled")
 
 
 def bad(msg):
@@ -125,6 +129,14 @@ def main():
     for what, rx in required:
         if not any(re.search(rx, e, re.S) for e in exprs):
             bad(f"no panel shows {what} (a query matching /{rx}/)")
+
+    # ---- gauges every router replica reports about the whole fleet (the shared ledger, the
+    # nodes each replica probes, its guardrail's pairs): summed over replicas they count twice
+    # with the overlays' two replicas
+    for title, e in qs:
+        for m in FLEET_GAUGES:
+            if re.search(r"\bsum\s*(by\s*\([^)]*\)\s*)?\(\s*" + m + r"\b", e):
+                bad(f"panel {title!r}: sum({m}) counts it once per router replica (use max)")
 
     # ---- metric names against the exporters' source
     rules_path = os.path.join(src, "deploy", "prometheus", "kvlingo-rules.yml")
