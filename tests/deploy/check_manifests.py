@@ -29,6 +29,7 @@ What a schema validator cannot see, checked here on the objects `kubectl kustomi
     router's client port admits anyone; every metrics port admits a pod labelled only
     kvlingo.dev/metrics-scraper: "true" (as deploy/README.md asks of Prometheus);
   - GPUs (nvidia.com/gpu requested = limited) on every kvld exactly in the gpu overlays;
+  - every Secret volume without the "other" read bit (defaultMode);
   - the router's API keys: api_keys names a file in a Secret volume (mounted whole, so that an
     update of the Secret reaches the router);
   - the router's ledger: a SQLite file on a writable volume (one replica), or env:NAME from a
@@ -178,6 +179,12 @@ def check_overlay(name, objs):
             bad(f"{wid}: pod securityContext.runAsNonRoot is not set")
         if spec.get("automountServiceAccountToken") is not False:
             bad(f"{wid}: automountServiceAccountToken is not false (no pod needs API credentials)")
+        # Secret files hold keys: the programs warn at start about one any user can read, which
+        # a Secret volume without defaultMode (0644) is
+        for v in spec.get("volumes", []):
+            if "secret" in v and v["secret"].get("defaultMode", 0o644) & 0o004:
+                bad(f"{wid}: Secret volume {v['name']} is readable by every user (defaultMode "
+                    f"{oct(v['secret'].get('defaultMode', 0o644))}; 0440 with fsGroup)")
         vol_names = {v["name"] for v in spec.get("volumes", [])}
         vol_names |= {t["metadata"]["name"] for t in w["spec"].get("volumeClaimTemplates", [])}
         for v in spec.get("volumes", []):
