@@ -6,7 +6,8 @@
      works, and the installed package (module and the kvlingo-client command) talks to a real
      kvld + kvlingo-router on loopback, over TLS (tls_ca= / --tls-ca with the fleet CA): the
      same greedy tokens as the repository's client; --insecure against the TLS router fails,
-     and neither option is refused (ValueError, usage error).
+     and neither option is refused (ValueError, usage error); send_all(retries=) rides out the
+     ABORTED of a session still busy with an abandoned stream, and its request_id replays.
 usage: test_python_package.py --build BUILD_DIR --work WORK_DIR
 """
 import argparse
@@ -36,7 +37,8 @@ def venv_python():
 
 USE = r"""
 import json, sys
-from kvlingo_client import RouterClient
+import grpc
+from kvlingo_client import RouterClient, new_request_id
 try:
     RouterClient(sys.argv[1])
     sys.exit("RouterClient without tls_ca or insecure did not refuse")
@@ -45,8 +47,28 @@ except ValueError:
 c = RouterClient(sys.argv[1], tls_ca=sys.argv[2])   # TLS, verified with the fleet CA
 sid = c.create_session()
 ids, text, s = c.send_all(sid, "Once upon a time", max_tokens=6, ignore_eos=True)
+# a stream left early is cancelled, but the router frees the session a few ms later: the next
+# turn, sent at once, meets ABORTED "busy", which send_all(retries=) rides out; the same
+# request_id again is answered from the ledger, not run twice
+for i, _ in enumerate(c.send(sid, " and", max_tokens=200, ignore_eos=True)):
+    if i == 1:
+        break
+rid = new_request_id()
+r1 = c.send_all(sid, " then", max_tokens=3, ignore_eos=True, retries=8, request_id=rid)
+r2 = c.send_all(sid, " then", max_tokens=3, ignore_eos=True, request_id=rid)
+if r1[0] != r2[0] or not r2[2].policy_reason.startswith("replayed") or r1[2].turn != r2[2].turn:
+    sys.exit("request_id replay: %r / %r" % (r1, r2))
+sid2 = c.create_session()
+for i, _ in enumerate(c.send(sid2, "Hello", max_tokens=200, ignore_eos=True)):
+    if i == 1:
+        break
+try:
+    c.send_all(sid2, " x", max_tokens=2)   # retries=0: the error as the router gave it
+    busy = "ok"
+except grpc.RpcError as e:
+    busy = e.code().name
 print(json.dumps({"ids": ids, "text": text, "model": s.model, "n": s.n_generated,
-                  "closed": c.close_session(sid)}))
+                  "closed": c.close_session(sid), "busy_without_retry": busy}))
 """
 
 
@@ -96,7 +118,8 @@ def main():
         ids, text, s = c.send_all(sid, "Once upon a time", max_tokens=6, ignore_eos=True)
         check(got["ids"] == ids and got["text"] == text and got["n"] == 6 and got["model"] == "qwen3-a" and
               got["closed"], "installed client %r vs repository client %r" % (got, (ids, text)))
-        print("  ok: the installed client: %r" % got["text"])
+        print("  ok: the installed client: %r; retries with one request_id, replayed (a turn sent "
+              "right after a stream left early, without retries: %s)" % (got["text"], got["busy_without_retry"]))
         cli = os.path.join(os.path.dirname(py), "kvlingo-client")
         tls = ["--tls-ca", pki["ca"]]
         p = subprocess.run([cli, "--router", fleet.addr] + tls + ["--max-tokens", "3", "Hello"], capture_output=True,

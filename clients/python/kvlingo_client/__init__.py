@@ -9,19 +9,32 @@
 Every call raises grpc.RpcError with the router's status and message on failure (unknown
 session: NOT_FOUND; empty or malformed input: INVALID_ARGUMENT; too long: OUT_OF_RANGE;
 session busy: ABORTED; no healthy node: UNAVAILABLE; no or an unknown API key:
-UNAUTHENTICATED; a quota used up: RESOURCE_EXHAUSTED).  `kvlingo-client --help` is the command
-line.
+UNAUTHENTICATED; a quota used up: RESOURCE_EXHAUSTED).  UNAVAILABLE and ABORTED can pass: retry
+the turn with the same request_id, which send_all(..., retries=N) does.  `kvlingo-client --help`
+is the command line.
 """
 import argparse
 import os
 import sys
+import time
+import uuid
 
 import grpc
 
 from kvlingo.v1 import router_pb2 as pb
 from kvlingo.v1 import router_pb2_grpc as pb_grpc
 
-__all__ = ["RouterClient", "channel", "pb", "main"]
+__all__ = ["RouterClient", "channel", "new_request_id", "pb", "main", "RETRYABLE"]
+
+# What the router answers when a retry of the same turn (same request_id) can succeed: no
+# healthy node or ledger down, a replica going away (UNAVAILABLE), the session driven by
+# another replica or still busy with a turn just abandoned (ABORTED).
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED)
+
+
+def new_request_id():
+    """A fresh SendRequest.request_id (the router accepts 1-64 of A-Za-z0-9._:-)."""
+    return "py-" + uuid.uuid4().hex
 
 # A server-streaming call (Send) is read on the caller's thread, not handed over from a thread
 # of the channel's: one thread wake-up less before each token (~0.07 ms a turn).  grpc's
@@ -72,7 +85,10 @@ class RouterClient:
 
     def send(self, session_id, text=None, tokens=None, **params):
         """Yield (text_piece, None) per token, then ("", TurnSummary).  params: any SendRequest
-        field (max_tokens, temperature, model, escalate, ignore_eos, chat, ...)."""
+        field (max_tokens, temperature, model, escalate, ignore_eos, chat, request_id, ...).
+        Not retried: after an error, send the turn again with the same request_id (a turn
+        already committed streams its stored tokens again from the first), or use
+        send_all(retries=N).  The client's timeout bounds the whole stream."""
         req = pb.SendRequest(session_id=session_id, text=text or "", tokens=tokens or [], **params)
         for m in self.stub.Send(req, timeout=self.timeout, metadata=self.metadata):
             if m.HasField("summary"):
@@ -80,17 +96,33 @@ class RouterClient:
             else:
                 yield m.text, None
 
-    def send_all(self, session_id, text=None, tokens=None, **params):
-        """Run one turn; returns (token ids, text, summary)."""
+    def send_all(self, session_id, text=None, tokens=None, retries=0, **params):
+        """Run one turn; returns (token ids, text, summary).
+
+        retries=N: on UNAVAILABLE or ABORTED (RETRYABLE) send the turn again, up to N more
+        times (0.1 s back-off doubling to 2 s), with the same request_id: params' request_id,
+        or one made here (new_request_id()) when retries > 0.  A turn the router already
+        committed is answered from its ledger (summary.policy_reason starts with "replayed"),
+        never run twice.  Each attempt has the client's timeout."""
+        if retries > 0 and not params.get("request_id"):
+            params["request_id"] = new_request_id()
         req = pb.SendRequest(session_id=session_id, text=text or "", tokens=tokens or [], **params)
-        ids, pieces, summary = [], [], None
-        for m in self.stub.Send(req, timeout=self.timeout, metadata=self.metadata):
-            if m.HasField("summary"):
-                summary = m.summary
-            else:
-                ids.append(m.token)
-                pieces.append(m.text)
-        return ids, "".join(pieces), summary
+        delay = 0.1
+        for attempt in range(retries + 1):
+            ids, pieces, summary = [], [], None
+            try:
+                for m in self.stub.Send(req, timeout=self.timeout, metadata=self.metadata):
+                    if m.HasField("summary"):
+                        summary = m.summary
+                    else:
+                        ids.append(m.token)
+                        pieces.append(m.text)
+                return ids, "".join(pieces), summary
+            except grpc.RpcError as e:
+                if attempt == retries or e.code() not in RETRYABLE:
+                    raise
+            time.sleep(delay)
+            delay = min(2 * delay, 2.0)
 
     def get_session(self, session_id, include_tokens=False):
         return self.stub.GetSession(pb.GetSessionRequest(session_id=session_id,
