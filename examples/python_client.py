@@ -169,6 +169,8 @@ def main():
         if a.list_nodes:
             print(c.list_nodes())
             return 0
+        if not a.text:   # before a session is made: an empty turn is INVALID_ARGUMENT anyway
+            ap.error("TEXT is required (or --list-nodes)")
         sid = a.session or c.create_session()
         summary = False
         for piece, s in c.send(sid, a.text, max_tokens=a.max_tokens, model=a.model,

@@ -125,6 +125,13 @@ def clients_name_the_session(a):
         check(r.returncode == 1 and "UNAVAILABLE" in r.stderr and "session s" in r.stderr,
               "python_client on a dead fleet: rc %d %r" % (r.returncode, r.stderr))
         print("  ok: python_client printed the session after UNAVAILABLE")
+        # no text: a usage error before any session is made (not a session left behind)
+        r = subprocess.run(["/usr/bin/python3", os.path.join(rtest.SRC, "examples", "python_client.py"),
+                            "--router", fleet.addr, "--insecure"], capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, PYTHONPATH=os.path.join(fleet.work, "stubs")))
+        check(r.returncode == 2 and "TEXT is required" in r.stderr and "session s" not in r.stderr,
+              "python_client without text: rc %d %r" % (r.returncode, r.stderr))
+        print("  ok: python_client without text is a usage error")
     finally:
         fleet.stop()
 
