@@ -100,7 +100,7 @@ class RouterClient:
         self.stub = self.pb_grpc.RouterStub(self.channel)
         self.timeout = timeout
 
-    def create_session(self, session_id="", model=""):
+    def create_session(self, *, session_id="", model=""):
         r = self.stub.CreateSession(self.pb.CreateSessionRequest(session_id=session_id, model=model),
                                     timeout=self.timeout, metadata=self.metadata)
         return r.session_id

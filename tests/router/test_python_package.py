@@ -36,7 +36,7 @@ def venv_python():
 
 
 USE = r"""
-import json, sys
+import json, os, sys
 import grpc
 from kvlingo_client import RouterClient, new_request_id
 try:
@@ -58,6 +58,16 @@ r1 = c.send_all(sid, " then", max_tokens=3, ignore_eos=True, retries=8, request_
 r2 = c.send_all(sid, " then", max_tokens=3, ignore_eos=True, request_id=rid)
 if r1[0] != r2[0] or not r2[2].policy_reason.startswith("replayed") or r1[2].turn != r2[2].turn:
     sys.exit("request_id replay: %r / %r" % (r1, r2))
+# create_session takes keywords only (positionally, a session id went in as the model)
+try:
+    c.create_session("my-session")
+    sys.exit("create_session took a positional argument")
+except TypeError:
+    pass
+with RouterClient(sys.argv[1], tls_ca=sys.argv[2]) as c3:
+    named = c3.create_session(session_id="py-named-%d" % os.getpid())
+    if not named.startswith("py-named-"):
+        sys.exit("create_session(session_id=) gave %r" % named)
 sid2 = c.create_session()
 for i, _ in enumerate(c.send(sid2, "Hello", max_tokens=200, ignore_eos=True)):
     if i == 1:

@@ -79,7 +79,9 @@ class RouterClient:
         self.channel = channel(address, tls_ca, insecure)
         self.stub = pb_grpc.RouterStub(self.channel)
 
-    def create_session(self, model="", session_id=""):
+    def create_session(self, *, model="", session_id=""):
+        """A new session; its id.  Keywords only: `model` pins it to a model ("": the router's
+        policy chooses), `session_id` names it ("": the router makes one)."""
         return self.stub.CreateSession(pb.CreateSessionRequest(model=model, session_id=session_id),
                                        timeout=self.timeout, metadata=self.metadata).session_id
 
@@ -138,6 +140,13 @@ class RouterClient:
 
     def close(self):
         self.channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
 
 def main(argv=None):
