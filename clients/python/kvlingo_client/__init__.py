@@ -105,7 +105,10 @@ class RouterClient:
         times (0.1 s back-off doubling to 2 s), with the same request_id: params' request_id,
         or one made here (new_request_id()) when retries > 0.  A turn the router already
         committed is answered from its ledger (summary.policy_reason starts with "replayed"),
-        never run twice.  Each attempt has the client's timeout."""
+        never run twice; one the router saw its client leave mid-stream (a dropped connection)
+        was committed as cancelled and is answered so: no tokens, summary.finish_reason
+        "cancelled", its input kept in the session (continue with the next turn).  Each attempt
+        has the client's timeout."""
         if retries > 0 and not params.get("request_id"):
             params["request_id"] = new_request_id()
         req = pb.SendRequest(session_id=session_id, text=text or "", tokens=tokens or [], **params)
