@@ -91,12 +91,19 @@ class RouterClient:
             raise ValueError("RouterClient: pass tls_ca=PATH or insecure=True (exactly one)")
         api_key = api_key if api_key is not None else os.environ.get("KVL_API_KEY", "")
         self.metadata = (("authorization", "Bearer " + api_key),) if api_key else None
+        # Send's stream is read on the thread that iterates it, as the installable client does
+        # (clients/python): no hand-off from gRPC's own thread for each message
+        try:
+            from grpc.experimental import ChannelOptions
+            opts = [(ChannelOptions.SingleThreadedUnaryStream, 1)]
+        except (ImportError, AttributeError):   # a grpcio without the option: its default threading
+            opts = []
         if tls_ca:
             with open(tls_ca, "rb") as f:
                 creds = grpc.ssl_channel_credentials(root_certificates=f.read())
-            self.channel = grpc.secure_channel(address, creds)
+            self.channel = grpc.secure_channel(address, creds, options=opts)
         else:
-            self.channel = grpc.insecure_channel(address)
+            self.channel = grpc.insecure_channel(address, options=opts)
         self.stub = self.pb_grpc.RouterStub(self.channel)
         self.timeout = timeout
 
