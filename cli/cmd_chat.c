@@ -229,13 +229,11 @@ static int send_turn(kvl__rpc_client *cli, const char *sid, const chat_opts *o, 
 /* Chat mode: render msgs, send the tokens past the session's ledger. */
 static int chat_turn(kvl__rpc_client *cli, const kvl_tokenizer *tok, char **sid, const chat_opts *o,
                      const kvl_chat_message *msgs, size_t n, char **reply, int *summary) {
-    char *text = NULL;
     int32_t *ids = NULL, *led = NULL;
     size_t nids = 0, nled = 0;
-    kvl_status s = kvl_tokenizer_apply_chat_template(tok, msgs, n, 1, &text);
-    if (!s) s = kvl_tokenizer_encode(tok, text, strlen(text), &ids, &nids);
-    free(text);
-    if (s) { free(ids); return cli_fail("chat: chat template", s); }
+    /* what the user typed (and the replies) never becomes a special token */
+    kvl_status s = kvl_tokenizer_encode_chat(tok, msgs, n, 1, &ids, &nids);
+    if (s) return cli_fail("chat: chat template", s);
     int rc = ledger_tokens(cli, *sid, &led, &nled);
     if (!rc && (nled >= nids || (nled && memcmp(led, ids, sizeof(int32_t) * nled)))) {
         /* the session's ledger is not this conversation's prefix (a reply that re-tokenizes

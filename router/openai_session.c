@@ -169,27 +169,28 @@ static void turn_error(kvl_status s, kvr_oai_error *err) {
     }
 }
 
-/* P: the request rendered and tokenized. */
+/* P: the request rendered and tokenized.  A chat request's messages are encoded as text, so
+ * that no message can write a special token (end its turn, open a system turn); a prompt of
+ * /v1/completions is the client's whole input, its special tokens parsed (as gRPC Send's text). */
 static int render(kvr_router *r, const kvr_oai_req *q, int32_t **ids, size_t *n, kvr_oai_error *err) {
-    char *text = NULL;
-    const char *src = q->prompt;
+    kvl_status s;
     if (q->chat) {
-        kvl_status s = kvl_tokenizer_apply_chat_template(r->tok, q->msgs, (size_t)q->n_msgs, 1, &text);
-        if (s) {
+        s = kvl_tokenizer_encode_chat(r->tok, q->msgs, (size_t)q->n_msgs, 1, ids, n);
+        if (s == KVL_ERR_NOT_FOUND || s == KVL_ERR_UNSUPPORTED) {
             /* a template this router cannot render (none, or one it does not know) is the
              * server's to fix, not the request's */
-            const int server = s != KVL_ERR_INVALID_ARG;
-            kvr_oai_set_error(err, server ? 500 : 400, server ? "server_error" : "invalid_request_error",
-                              server ? NULL : "messages", NULL,
+            kvr_oai_set_error(err, 500, "server_error", NULL, NULL,
                               "cannot render the chat template: %s (use /v1/completions for plain text)",
                               kvl_last_error());
             return -1;
         }
-        src = text;
+    } else {
+        s = kvl_tokenizer_encode(r->tok, q->prompt, strlen(q->prompt), ids, n);
     }
-    size_t bytes = strlen(src);
-    kvl_status s = kvl_tokenizer_encode(r->tok, src, bytes, ids, n);
-    free(text);
+    if (s == KVL_ERR_NOMEM) {
+        kvr_oai_set_error(err, 500, "server_error", NULL, NULL, "out of memory");
+        return -1;
+    }
     if (s) {
         kvr_oai_set_error(err, 400, "invalid_request_error", q->chat ? "messages" : "prompt", NULL,
                           "cannot tokenize the input: %s", kvl_last_error());

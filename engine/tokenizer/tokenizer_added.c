@@ -91,9 +91,19 @@ kvl_status kvl__added_build(kvl_tokenizer *t) {
     return KVL_OK;
 }
 
+/* A special token may not be matched over a byte that `guard` marks (client text inside a
+ * chat template): for those bytes the special tokens are out of the trie, as with tokenizers'
+ * split_special_tokens, and the text is encoded as ordinary text. */
+static int guarded(const kvl_tokenizer *t, const uint8_t *guard, int32_t tok, size_t from, size_t to) {
+    if (!guard || !t->added[tok].special) return 0;
+    for (size_t k = from; k < to; k++)
+        if (guard[k]) return 1;
+    return 0;
+}
+
 /* Leftmost-longest match at or after `pos`; returns 1 and sets *ms, *me, *tok when found. */
-static int trie_find(const kvl__trie *tr, const char *s, size_t len, size_t pos, size_t *ms,
-                     size_t *me, int32_t *tok) {
+static int trie_find(const kvl_tokenizer *t, const kvl__trie *tr, const char *s, size_t len,
+                     const uint8_t *guard, size_t pos, size_t *ms, size_t *me, int32_t *tok) {
     const uint8_t *p = (const uint8_t *)s;
     for (size_t i = pos; i < len; i++) {
         if (!tr->first[p[i]]) continue;
@@ -102,7 +112,8 @@ static int trie_find(const kvl__trie *tr, const char *s, size_t len, size_t pos,
         for (size_t j = i; j < len; j++) {
             node = trie_child(tr, node, p[j]);
             if (node < 0) break;
-            if (tr->nodes[node].token >= 0) { best = tr->nodes[node].token; best_end = j + 1; }
+            int32_t k = tr->nodes[node].token;
+            if (k >= 0 && !guarded(t, guard, k, i, j + 1)) { best = k; best_end = j + 1; }
         }
         if (best >= 0) { *ms = i; *me = best_end; *tok = best; return 1; }
     }
@@ -142,13 +153,13 @@ static uint32_t last_cp(const char *s, size_t end, size_t *start) {
 }
 
 kvl_status kvl__added_split(const kvl_tokenizer *t, const kvl__trie *trie, const char *s, size_t len,
-                           kvl__added_cb cb, void *ctx) {
+                           const uint8_t *guard, kvl__added_cb cb, void *ctx) {
     if (len == 0) return KVL_OK;
     if (trie->n_tokens == 0) return cb(ctx, s, len, -1);
     size_t start_offset = 0, pos = 0, ms, me;
     int32_t tok;
     kvl_status st;
-    while (pos < len && trie_find(trie, s, len, pos, &ms, &me, &tok)) {
+    while (pos < len && trie_find(t, trie, s, len, guard, pos, &ms, &me, &tok)) {
         pos = me;
         const kvl__added_token *a = &t->added[tok];
         size_t start = ms, stop = me;
@@ -191,6 +202,8 @@ typedef struct enc_ctx {
     const kvl_tokenizer *t;
     kvl__idvec *out;
     pcre2_match_data *md;
+    const char *text;        /* the whole input, which `guard` (or NULL) marks byte by byte */
+    const uint8_t *guard;
 } enc_ctx;
 
 static kvl_status norm_cb(void *vctx, const char *s, size_t len, int32_t id) {
@@ -206,13 +219,27 @@ static kvl_status raw_cb(void *vctx, const char *s, size_t len, int32_t id) {
     size_t nlen = len;
     kvl_status st;
     if (c->t->nfc && (st = kvl__tok_nfc(s, len, &norm, &nlen))) return st;
-    st = kvl__added_split(c->t, &c->t->trie_norm, norm ? norm : s, nlen, norm_cb, c);
+    const uint8_t *guard = c->guard ? c->guard + (s - c->text) : NULL;
+    uint8_t *nguard = NULL;
+    if (guard && norm) {
+        /* normalizing moved the bytes: the whole piece is guarded when any of it was */
+        int any = 0;
+        for (size_t k = 0; k < len && !any; k++) any = guard[k] != 0;
+        guard = NULL;
+        if (any && !(guard = nguard = malloc(nlen ? nlen : 1))) {
+            free(norm);
+            return kvl__errorf(KVL_ERR_NOMEM, "kvl_tokenizer_encode: out of memory");
+        }
+        if (any) memset(nguard, 1, nlen);
+    }
+    st = kvl__added_split(c->t, &c->t->trie_norm, norm ? norm : s, nlen, guard, norm_cb, c);
+    free(nguard);
     free(norm);
     return st;
 }
 
-kvl_status kvl_tokenizer_encode(const kvl_tokenizer *tok, const char *text, size_t len,
-                                int32_t **ids_out, size_t *n_out) {
+kvl_status kvl__tokenizer_encode_guarded(const kvl_tokenizer *tok, const char *text, size_t len,
+                                        const uint8_t *guard, int32_t **ids_out, size_t *n_out) {
     if (ids_out) *ids_out = NULL;
     if (n_out) *n_out = 0;
     if (!tok || !ids_out || !n_out || (!text && len))
@@ -223,8 +250,8 @@ kvl_status kvl_tokenizer_encode(const kvl_tokenizer *tok, const char *text, size
     kvl__idvec out = {0};
     pcre2_match_data *md = pcre2_match_data_create(1, NULL);
     if (!md) return kvl__errorf(KVL_ERR_NOMEM, "kvl_tokenizer_encode: out of memory");
-    enc_ctx c = {tok, &out, md};
-    kvl_status st = kvl__added_split(tok, &tok->trie_raw, text, len, raw_cb, &c);
+    enc_ctx c = {tok, &out, md, text, guard};
+    kvl_status st = kvl__added_split(tok, &tok->trie_raw, text, len, guard, raw_cb, &c);
     pcre2_match_data_free(md);
     if (st) {
         free(out.v);
@@ -233,4 +260,9 @@ kvl_status kvl_tokenizer_encode(const kvl_tokenizer *tok, const char *text, size
     *ids_out = out.v;
     *n_out = out.n;
     return KVL_OK;
+}
+
+kvl_status kvl_tokenizer_encode(const kvl_tokenizer *tok, const char *text, size_t len,
+                                int32_t **ids_out, size_t *n_out) {
+    return kvl__tokenizer_encode_guarded(tok, text, len, NULL, ids_out, n_out);
 }

@@ -42,7 +42,35 @@ kvl_chat_format kvl__chat_detect(const char *tmpl) {
     return KVL_CHAT_UNKNOWN;
 }
 
-static kvl_status put(kvl__buf *b, const char *s) { return kvl__buf_append(b, s, strlen(s)); }
+/* The rendered text, and beside it (when `guard` is set) one byte per text byte: 1 where the
+ * text came from a message (its role or content), 0 where the template wrote it. */
+typedef struct chat_out {
+    kvl__buf text, mask;
+    int guard;
+} chat_out;
+
+static kvl_status mark(chat_out *o, int from_message, size_t len) {
+    if (!o->guard) return KVL_OK;
+    uint8_t chunk[64];
+    memset(chunk, from_message ? 1 : 0, sizeof chunk);
+    kvl_status st = KVL_OK;
+    for (size_t k = 0; k < len && !st; k += 64)
+        st = kvl__buf_append(&o->mask, chunk, len - k < 64 ? len - k : 64);
+    return st;
+}
+
+/* Template text. */
+static kvl_status put(chat_out *o, const char *s) {
+    size_t n = strlen(s);
+    kvl_status st = kvl__buf_append(&o->text, s, n);
+    return st ? st : mark(o, 0, n);
+}
+
+/* Text from a message: never a special token, however it is spelled. */
+static kvl_status put_msg(chat_out *o, const char *s, size_t n) {
+    kvl_status st = kvl__buf_append(&o->text, s, n);
+    return st ? st : mark(o, 1, n);
+}
 
 /* Python str.isspace() for one code point (Jinja's trim is Python's strip()). */
 static int py_space(uint32_t c) {
@@ -89,10 +117,10 @@ static int starts_ends_tool_response(const char *c) {
     return n >= strlen(a) && !strncmp(c, a, strlen(a)) && n >= strlen(z) && !strcmp(c + n - strlen(z), z);
 }
 
-static kvl_status render_qwen3(const kvl_chat_message *m, size_t n, int gen, kvl__buf *b) {
+static kvl_status render_qwen3(const kvl_chat_message *m, size_t n, int gen, chat_out *b) {
     kvl_status st = KVL_OK;
     if (n > 0 && !strcmp(m[0].role, "system")) {
-        if ((st = put(b, "<|im_start|>system\n")) || (st = put(b, m[0].content)) || (st = put(b, "<|im_end|>\n")))
+        if ((st = put(b, "<|im_start|>system\n")) || (st = put_msg(b, m[0].content, strlen(m[0].content))) || (st = put(b, "<|im_end|>\n")))
             return st;
     }
     size_t last_query = n ? n - 1 : 0;
@@ -103,7 +131,8 @@ static kvl_status render_qwen3(const kvl_chat_message *m, size_t n, int gen, kvl
         const char *role = m[i].role, *c = m[i].content;
         size_t cl = strlen(c);
         if (!strcmp(role, "user") || (!strcmp(role, "system") && i != 0)) {
-            if ((st = put(b, "<|im_start|>")) || (st = put(b, role)) || (st = put(b, "\n")) || (st = put(b, c)) ||
+            if ((st = put(b, "<|im_start|>")) || (st = put_msg(b, role, strlen(role))) || (st = put(b, "\n")) ||
+                (st = put_msg(b, c, cl)) ||
                 (st = put(b, "<|im_end|>\n")))
                 return st;
         } else if (!strcmp(role, "assistant")) {
@@ -136,16 +165,16 @@ static kvl_status render_qwen3(const kvl_chat_message *m, size_t n, int gen, kvl
                 strip(reason, reason_len, 0, 1, 1, &a, &z);
                 size_t ca, cz;
                 strip(content, content_len, 0, 1, 0, &ca, &cz);
-                if ((st = put(b, "<think>\n")) || (st = kvl__buf_append(b, reason + a, z - a)) ||
-                    (st = put(b, "\n</think>\n\n")) || (st = kvl__buf_append(b, content + ca, cz - ca)))
+                if ((st = put(b, "<think>\n")) || (st = put_msg(b, reason + a, z - a)) ||
+                    (st = put(b, "\n</think>\n\n")) || (st = put_msg(b, content + ca, cz - ca)))
                     return st;
-            } else if ((st = kvl__buf_append(b, content, content_len))) {
+            } else if ((st = put_msg(b, content, content_len))) {
                 return st;
             }
             if ((st = put(b, "<|im_end|>\n"))) return st;
         } else if (!strcmp(role, "tool")) {
             if ((i == 0 || strcmp(m[i - 1].role, "tool")) && (st = put(b, "<|im_start|>user"))) return st;
-            if ((st = put(b, "\n<tool_response>\n")) || (st = put(b, c)) || (st = put(b, "\n</tool_response>")))
+            if ((st = put(b, "\n<tool_response>\n")) || (st = put_msg(b, c, cl)) || (st = put(b, "\n</tool_response>")))
                 return st;
             if ((i == n - 1 || strcmp(m[i + 1].role, "tool")) && (st = put(b, "<|im_end|>\n"))) return st;
         }
@@ -154,10 +183,10 @@ static kvl_status render_qwen3(const kvl_chat_message *m, size_t n, int gen, kvl
     return st;
 }
 
-kvl_status kvl_tokenizer_apply_chat_template(const kvl_tokenizer *t, const kvl_chat_message *msgs, size_t n,
-                                             int add_generation_prompt, char **text_out) {
-    if (text_out) *text_out = NULL;
-    if (!t || !text_out || (!msgs && n))
+/* Render into o (o->guard: with the mask of message bytes). */
+static kvl_status render(const kvl_tokenizer *t, const kvl_chat_message *msgs, size_t n,
+                         int add_generation_prompt, chat_out *o) {
+    if (!t || (!msgs && n))
         return kvl__errorf(KVL_ERR_INVALID_ARG, "kvl_tokenizer_apply_chat_template: NULL argument");
     for (size_t i = 0; i < n; i++)
         if (!msgs[i].role || !msgs[i].content)
@@ -165,31 +194,31 @@ kvl_status kvl_tokenizer_apply_chat_template(const kvl_tokenizer *t, const kvl_c
     if (t->chat_format == KVL_CHAT_NONE)
         return kvl__errorf(KVL_ERR_NOT_FOUND, "%s: no chat template (tokenizer_config.json chat_template or chat_template.jinja)",
                           t->path);
-    kvl__buf b = {0};
     kvl_status st = KVL_OK;
     switch (t->chat_format) {
     case KVL_CHAT_CHATML:
         for (size_t i = 0; i < n && !st; i++)
-            if ((st = put(&b, "<|im_start|>")) || (st = put(&b, msgs[i].role)) || (st = put(&b, "\n")) ||
-                (st = put(&b, msgs[i].content)) || (st = put(&b, "<|im_end|>\n")))
+            if ((st = put(o, "<|im_start|>")) || (st = put_msg(o, msgs[i].role, strlen(msgs[i].role))) ||
+                (st = put(o, "\n")) || (st = put_msg(o, msgs[i].content, strlen(msgs[i].content))) ||
+                (st = put(o, "<|im_end|>\n")))
                 break;
-        if (!st && add_generation_prompt) st = put(&b, "<|im_start|>assistant\n");
+        if (!st && add_generation_prompt) st = put(o, "<|im_start|>assistant\n");
         break;
     case KVL_CHAT_QWEN3:
-        st = render_qwen3(msgs, n, add_generation_prompt, &b);
+        st = render_qwen3(msgs, n, add_generation_prompt, o);
         break;
     case KVL_CHAT_LLAMA3:
         for (size_t i = 0; i < n && !st; i++) {
             size_t a, z;
             strip(msgs[i].content, strlen(msgs[i].content), 1, 1, 1, &a, &z);
-            if ((i == 0 && (st = put(&b, t->bos_token ? t->bos_token : ""))) ||
-                (st = put(&b, "<|start_header_id|>")) || (st = put(&b, msgs[i].role)) ||
-                (st = put(&b, "<|end_header_id|>\n\n")) || (st = kvl__buf_append(&b, msgs[i].content + a, z - a)) ||
-                (st = put(&b, "<|eot_id|>")))
+            if ((i == 0 && (st = put(o, t->bos_token ? t->bos_token : ""))) ||
+                (st = put(o, "<|start_header_id|>")) || (st = put_msg(o, msgs[i].role, strlen(msgs[i].role))) ||
+                (st = put(o, "<|end_header_id|>\n\n")) || (st = put_msg(o, msgs[i].content + a, z - a)) ||
+                (st = put(o, "<|eot_id|>")))
                 break;
         }
         /* this template appends the assistant header whatever add_generation_prompt says */
-        if (!st) st = put(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        if (!st) st = put(o, "<|start_header_id|>assistant<|end_header_id|>\n\n");
         break;
     default:
         return kvl__errorf(KVL_ERR_UNSUPPORTED,
@@ -197,8 +226,30 @@ kvl_status kvl_tokenizer_apply_chat_template(const kvl_tokenizer *t, const kvl_c
                           "chat_template.jinja) is not one kvlingo renders (ChatML, Qwen3, Llama 3); it does "
                           "not guess", t->path);
     }
-    if (!st && !b.p) st = kvl__buf_append(&b, "", 0);
-    if (st) { free(b.p); return st; }
-    *text_out = b.p;
+    if (!st && !o->text.p) st = kvl__buf_append(&o->text, "", 0);
+    return st;
+}
+
+kvl_status kvl_tokenizer_apply_chat_template(const kvl_tokenizer *t, const kvl_chat_message *msgs, size_t n,
+                                             int add_generation_prompt, char **text_out) {
+    if (text_out) *text_out = NULL;
+    if (!text_out) return kvl__errorf(KVL_ERR_INVALID_ARG, "kvl_tokenizer_apply_chat_template: NULL argument");
+    chat_out o = {0};
+    kvl_status st = render(t, msgs, n, add_generation_prompt, &o);
+    if (st) { free(o.text.p); return st; }
+    *text_out = o.text.p;
     return KVL_OK;
+}
+
+kvl_status kvl_tokenizer_encode_chat(const kvl_tokenizer *t, const kvl_chat_message *msgs, size_t n,
+                                     int add_generation_prompt, int32_t **ids_out, size_t *n_out) {
+    if (ids_out) *ids_out = NULL;
+    if (n_out) *n_out = 0;
+    if (!ids_out || !n_out) return kvl__errorf(KVL_ERR_INVALID_ARG, "kvl_tokenizer_encode_chat: NULL argument");
+    chat_out o = {.guard = 1};
+    kvl_status st = render(t, msgs, n, add_generation_prompt, &o);
+    if (!st) st = kvl__tokenizer_encode_guarded(t, o.text.p, o.text.n, (const uint8_t *)o.mask.p, ids_out, n_out);
+    free(o.text.p);
+    free(o.mask.p);
+    return st;
 }

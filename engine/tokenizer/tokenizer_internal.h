@@ -209,10 +209,16 @@ kvl_status kvl__tok_nfc(const char *s, size_t len, char **out, size_t *out_len);
 kvl_status kvl__added_build(kvl_tokenizer *t);
 void kvl__added_free(kvl_tokenizer *t);
 /* Split s[0..len) on the added tokens of `trie` (HF find_matches), calling back for each piece:
- * id >= 0 for an added token, -1 for plain text. */
+ * id >= 0 for an added token, -1 for plain text.  `guard` (NULL: none) marks, byte by byte
+ * beside s, the bytes no special token may be matched over. */
 typedef kvl_status (*kvl__added_cb)(void *ctx, const char *s, size_t len, int32_t id);
 kvl_status kvl__added_split(const kvl_tokenizer *t, const kvl__trie *trie, const char *s, size_t len,
-                           kvl__added_cb cb, void *ctx);
+                           const uint8_t *guard, kvl__added_cb cb, void *ctx);
+
+/* kvl_tokenizer_encode, with no special token matched over a byte guard[i] != 0 marks (guard
+ * NULL: as kvl_tokenizer_encode). */
+kvl_status kvl__tokenizer_encode_guarded(const kvl_tokenizer *tok, const char *text, size_t len,
+                                        const uint8_t *guard, int32_t **ids_out, size_t *n_out);
 
 /* Load from memory (fuzzing, tests); `name` is used in messages in place of a path. */
 kvl_status kvl__tokenizer_load_json(const char *json, size_t len, const char *name, kvl_tokenizer **out);

@@ -156,14 +156,27 @@ kvl_chat_format kvl_tokenizer_chat_format(const kvl_tokenizer *tok);
 
 /* Render `n` messages with the tokenizer's chat template, exactly as transformers'
  * apply_chat_template(messages, tokenize=False, add_generation_prompt=...) would (no tools;
- * Qwen3: enable_thinking left undefined).  The result is text; encode it with
- * kvl_tokenizer_encode (special-token text in it is matched as special tokens).
+ * Qwen3: enable_thinking left undefined).  The result is text; kvl_tokenizer_encode of it
+ * matches special-token text wherever it is, in the messages' contents too: to encode client
+ * messages use kvl_tokenizer_encode_chat.
  * *text_out is malloc'ed, NUL-terminated; the caller free()s it.
  * Errors: KVL_ERR_INVALID_ARG (NULL args, NULL role/content), KVL_ERR_NOT_FOUND (no chat
  * template loaded), KVL_ERR_UNSUPPORTED (template not recognised), KVL_ERR_NOMEM. */
 kvl_status kvl_tokenizer_apply_chat_template(const kvl_tokenizer *tok,
                                              const kvl_chat_message *msgs, size_t n,
                                              int add_generation_prompt, char **text_out);
+
+/* Render `n` messages as kvl_tokenizer_apply_chat_template and encode the result, with one
+ * difference from encoding that text: what the messages wrote (roles, contents) is never
+ * matched as a special token.  A user message "<|im_end|>\n<|im_start|>system\n..." is
+ * encoded as the characters it spells, so message text cannot end its turn or open another
+ * role's; only the template's own markers are special tokens (transformers' apply_chat_template
+ * with tokenize=True parses them in contents too; a server must not).  Non-special added tokens
+ * (Qwen3's <think>) are matched in contents as usual.  The ids equal kvl_tokenizer_encode of the
+ * rendered text whenever the messages spell no special token.
+ * On success *ids_out is malloc'ed (*n_out ids); errors as the two functions combined. */
+kvl_status kvl_tokenizer_encode_chat(const kvl_tokenizer *tok, const kvl_chat_message *msgs, size_t n,
+                                     int add_generation_prompt, int32_t **ids_out, size_t *n_out);
 
 #ifdef __cplusplus
 }
