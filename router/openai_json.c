@@ -25,18 +25,51 @@ void kvr_oai_set_error(kvr_oai_error *e, int http, const char *type, const char 
     va_end(ap);
 }
 
+/* s with each byte that is not part of a valid UTF-8 sequence replaced by U+FFFD (malloc'ed).
+ * Messages quote the client's strings (a model name, a key, a role), which cJSON does not check,
+ * cut to a byte count that can split a character: JSON out must be UTF-8 all the same. */
+static char *valid_utf8(const char *s) {
+    size_t n = strlen(s), o = 0;
+    char *d = malloc(3 * n + 1);
+    if (!d) return NULL;
+    const unsigned char *p = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        unsigned char b = p[i];
+        size_t w = b < 0x80 ? 1 : b >= 0xc2 && b <= 0xdf ? 2 : b >= 0xe0 && b <= 0xef ? 3 : b >= 0xf0 && b <= 0xf4 ? 4 : 0;
+        int ok = w > 0 && i + w <= n;
+        for (size_t k = 1; ok && k < w; k++) ok = (p[i + k] & 0xc0) == 0x80;
+        /* overlong forms, surrogates, past U+10FFFF */
+        if (ok && w == 3) ok = !(b == 0xe0 && p[i + 1] < 0xa0) && !(b == 0xed && p[i + 1] > 0x9f);
+        if (ok && w == 4) ok = !(b == 0xf0 && p[i + 1] < 0x90) && !(b == 0xf4 && p[i + 1] > 0x8f);
+        if (ok) {
+            memcpy(d + o, p + i, w);
+            o += w;
+            i += w;
+        } else {
+            memcpy(d + o, "\xef\xbf\xbd", 3);
+            o += 3;
+            i++;
+        }
+    }
+    d[o] = 0;
+    return d;
+}
+
 char *kvr_oai_error_json(const kvr_oai_error *e) {
     cJSON *root = cJSON_CreateObject();
     cJSON *err = root ? cJSON_AddObjectToObject(root, "error") : NULL;
     char *out = NULL;
-    if (err && cJSON_AddStringToObject(err, "message", e->message) &&
+    char *msg = valid_utf8(e->message), *param = valid_utf8(e->param);
+    if (err && msg && param && cJSON_AddStringToObject(err, "message", msg) &&
         cJSON_AddStringToObject(err, "type", e->type ? e->type : "invalid_request_error") &&
-        (e->param[0] ? cJSON_AddStringToObject(err, "param", e->param) != NULL
-                     : cJSON_AddNullToObject(err, "param") != NULL) &&
+        (param[0] ? cJSON_AddStringToObject(err, "param", param) != NULL
+                  : cJSON_AddNullToObject(err, "param") != NULL) &&
         (e->code[0] ? cJSON_AddStringToObject(err, "code", e->code) != NULL
                     : cJSON_AddNullToObject(err, "code") != NULL))
         out = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
+    free(msg);
+    free(param);
     return out;
 }
 

@@ -135,6 +135,35 @@ static void parse_err(const char *body, int chat, int http, const char *param, c
     free(j);
 }
 
+/* Strict UTF-8 (no overlong forms, surrogates or values past U+10FFFF). */
+static int utf8_ok(const char *s) {
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        unsigned char b = *p;
+        size_t w = b < 0x80 ? 1 : b >= 0xc2 && b <= 0xdf ? 2 : b >= 0xe0 && b <= 0xef ? 3 : b >= 0xf0 && b <= 0xf4 ? 4 : 0;
+        if (!w) return 0;
+        for (size_t k = 1; k < w; k++)
+            if ((p[k] & 0xc0) != 0x80) return 0;
+        if ((b == 0xe0 && p[1] < 0xa0) || (b == 0xed && p[1] > 0x9f) || (b == 0xf0 && p[1] < 0x90) ||
+            (b == 0xf4 && p[1] > 0x8f))
+            return 0;
+        p += w;
+    }
+    return 1;
+}
+
+static void utf8_err(const char *body, const char *word) {
+    kvr_oai_req q;
+    kvr_oai_error e;
+    assert_int_equal(kvr_oai_parse(body, strlen(body), strstr(body, "messages") != NULL, 100, known, NULL, &q, &e), -1);
+    kvr_oai_req_clear(&q);
+    char *j = kvr_oai_error_json(&e);
+    assert_non_null(j);
+    if (!strstr(j, word)) fail_msg("%s lacks '%s'", j, word);
+    if (!utf8_ok(j)) fail_msg("not UTF-8: %s", j);
+    free(j);
+}
+
 static void test_parse(void **state) {
     (void)state;
     const char *ok = "{\"model\":\"auto\",\"messages\":[{\"role\":\"developer\",\"content\":\"be brief\"},"
@@ -176,6 +205,16 @@ static void test_parse(void **state) {
     /* the parse error's position is this body's (cJSON's global error pointer is another
      * connection's as often as not) */
     parse_err("{\"model\": nope}", 0, 400, "", "near byte 10");
+    /* the error quotes the client's strings cut to a byte count, and cJSON does not check them:
+     * the JSON out is UTF-8 all the same (a 63-byte name + "é" cut inside the "é"; raw bytes) */
+    char name[80];
+    memset(name, 'x', 63);
+    snprintf(name + 63, sizeof name - 63, "\xc3\xa9");
+    char body[200];
+    snprintf(body, sizeof body, "{\"model\":\"%s\",\"prompt\":\"x\"}", name);
+    utf8_err(body, "does not exist");
+    utf8_err("{\"model\":\"auto\",\"prompt\":\"x\",\"k\xff\xed\xa0\x80\":1}", "Unrecognized");
+    utf8_err("{\"model\":\"auto\",\"messages\":[{\"role\":\"\xe4\xb8\",\"content\":\"x\"}]}", "invalid");
 }
 
 int main(void) {

@@ -7,7 +7,8 @@ kvld (qwen3-a) + kvlingo-router (http_listen) on loopback:
      through `kvlingo chat` (gRPC), with the same ids; the session's ledger holds exactly the
      template's special tokens.  gRPC Send's text and /v1/completions' prompt are the client's
      whole input and do parse special-token text (documented);
-  2. text the tokenizer refuses (invalid UTF-8, a lone surrogate) is a 400 naming the field.
+  2. text the tokenizer refuses (invalid UTF-8, a lone surrogate) is a 400 naming the field, and
+     an error body quoting a client's string cut inside a character is UTF-8.
 usage: test_text.py --build BUILD_DIR --work WORK_DIR
 """
 import argparse
@@ -98,6 +99,11 @@ def main():
         st, b = post(port, "/v1/chat/completions", raw=raw)
         check(st == 400, "a lone surrogate: %d %r" % (st, b[:300]))
         print("  ok: invalid UTF-8 and lone surrogates are 400")
+        # an error quoting a client's string cut inside a character is still UTF-8
+        st, b = post(port, "/v1/chat/completions", {"model": "x" * 63 + "\u00e9", "messages": msgs})
+        check(st == 404, "unknown model: %d" % st)
+        b.decode("utf-8")
+        print("  ok: the 404 quoting a 64-byte model name is UTF-8")
         check(fleet.router.alive(), "router still up")
     finally:
         fleet.stop()
