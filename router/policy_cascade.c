@@ -75,7 +75,7 @@ static kvl_status cascade_choose(void *self, const kvr_policy_input *in, kvr_pol
     int level = in->state.level;
     if (level < 0) level = 0;
     if (level >= p->n) level = p->n - 1;
-    const char *why = "rung";
+    const char *why = "where the session stands";   /* its rung, from the turns before */
     int r = in->requested_model[0] ? rung_of(p, in->requested_model) : -1;
     if (in->requested_model[0] && r < 0)
         return kvl__errorf(KVL_ERR_NOT_FOUND, "model '%s' is not on the cascade ladder",

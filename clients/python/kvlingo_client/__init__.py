@@ -24,7 +24,7 @@ import grpc
 from kvlingo.v1 import router_pb2 as pb
 from kvlingo.v1 import router_pb2_grpc as pb_grpc
 
-__all__ = ["RouterClient", "channel", "new_request_id", "pb", "main", "RETRYABLE"]
+__all__ = ["RouterClient", "channel", "new_request_id", "pb", "main", "RETRYABLE", "MODES"]
 
 # What the router answers when a retry of the same turn (same request_id) can succeed: no
 # healthy node or ledger down, a replica going away (UNAVAILABLE), the session driven by
@@ -45,6 +45,7 @@ try:
 except (ImportError, AttributeError):   # a grpcio without the option: the default threading
     _STREAM_ON_CALLER = []
 
+# summary.switch_mode (an enum number) as the name the CLI prints
 MODES = {pb.SWITCH_MODE_NONE: "none", pb.SWITCH_MODE_TRANSLATE: "translate",
          pb.SWITCH_MODE_REPREFILL: "re-prefill"}
 
