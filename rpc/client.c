@@ -74,14 +74,28 @@ kvl_status kvl__rpc_client_create(const char *target, int max_message_bytes,
     }
     pthread_mutex_init(&cli->md_mu, NULL);
     kvl__rpc_init();
-    grpc_arg args[3];
+    grpc_arg args[6];
     grpc_channel_args cargs;
     kvl__rpc_message_limits(max_message_bytes, args, &cargs);
+    /* A peer that went away is tried again within KVL_RPC_RECONNECT_MAX_MS, not gRPC's default
+     * of up to 120 s: fleet members and routers restart in seconds, and until the channel
+     * reconnects every call to the member fails at once (UNAVAILABLE) although it serves */
+    const char *bk[3] = {GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+                         GRPC_ARG_MAX_RECONNECT_BACKOFF_MS};
+    /* (the "min" is gRPC's least time one connection attempt gets: a handshake over a slow
+     * link still has a second, while a refused connect is tried again 100 ms later) */
+    const int bv[3] = {KVL_RPC_RECONNECT_MIN_MS, 1000, KVL_RPC_RECONNECT_MAX_MS};
+    for (int i = 0; i < 3; i++) {
+        args[cargs.num_args].type = GRPC_ARG_INTEGER;
+        args[cargs.num_args].key = (char *)bk[i];
+        args[cargs.num_args].value.integer = bv[i];
+        cargs.num_args++;
+    }
     if (!tls->insecure && tls->target_name && tls->target_name[0]) {
-        args[2].type = GRPC_ARG_STRING;
-        args[2].key = (char *)GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
-        args[2].value.string = (char *)tls->target_name;
-        cargs.num_args = 3;
+        args[cargs.num_args].type = GRPC_ARG_STRING;
+        args[cargs.num_args].key = (char *)GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
+        args[cargs.num_args].value.string = (char *)tls->target_name;
+        cargs.num_args++;
     }
     grpc_channel_credentials *creds = channel_credentials(tls);
     cli->channel = creds ? grpc_channel_create(target, creds, &cargs) : NULL;

@@ -30,6 +30,11 @@ static inline void kvl__rpc_message_limits(int max_msg, grpc_arg args[2], grpc_c
     out->num_args = 2;
     out->args = args;
 }
+/* Client channels' reconnect back-off after a peer went away (ms): first try, and the most it
+ * grows to (rpc/client.c). */
+#define KVL_RPC_RECONNECT_MIN_MS 100
+#define KVL_RPC_RECONNECT_MAX_MS 2000
+
 /* Pack a protobuf-c message into a malloc'ed buffer. */
 kvl_status kvl__rpc_pack(const ProtobufCMessage *msg, uint8_t **out, size_t *len);
 
