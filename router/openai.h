@@ -86,8 +86,9 @@ typedef struct kvr_oai_sink {
     int (*on_text)(void *arg, const char *text, size_t len);
     void *arg;
     int names_session;   /* on_start sends the client the session's id (a stream's headers) */
-    struct kvr_turn_cancel *cancel;   /* fired when the client goes away before a token: the
-                                         node's call ends at once (NULL: none) */
+    struct kvr_turn_cancel *cancel;   /* fired when the client goes away (a stream: before its
+                                         first token; a whole reply: any time): the node's call
+                                         ends at once (NULL: none) */
 } kvr_oai_sink;
 
 struct kvr_oai_run {

@@ -400,9 +400,9 @@ static const char *push_locked(kvr_push_ahead *p, const push_job *j, const kvr_l
                           ? move_pull_only(p, j, s, node_ms, end, &from, &to, &took)
                           : move_export(p, j, s, node_ms, end, &from, &to, &took);
     if (res) return res;
-    /* CloseSession (and expiry) take no lease: a close that ended the session during the
-     * export is seen here (its copy goes now), one that loaded the holdings before this record
-     * and ends the session after it is caught by the sweep; one that comes later drops it. */
+    /* A close or expiry takes the session's lease as a turn does, so neither ends the session
+     * during this push; one that did anyway (a replica of an older build, which took no lease
+     * to close) is seen here and its copy goes now, or is caught by the sweep. */
     kvr_session now;
     memset(&now, 0, sizeof now);
     int loaded = !kvr_ledger_session_load(r->ledger, j->sid, 0, &now);

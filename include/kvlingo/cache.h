@@ -31,7 +31,8 @@ typedef struct kvl_cache kvl_cache;
 
 typedef struct kvl_cache_params {
     int max_tokens;      /* capacity in tokens (context limit); 0 = config max_position_embeddings */
-    int block_tokens;    /* tokens per block; 0 = 16, at most 65536                               */
+    int block_tokens;    /* tokens per block; 0 = 16, at most 65536 (the CPU backend's blocks;   */
+                         /* the CUDA cache is one slab and ignores it)                           */
 } kvl_cache_params;
 
 kvl_cache_params kvl_cache_default_params(void);

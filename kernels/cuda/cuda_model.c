@@ -286,8 +286,8 @@ kvl_status kvl_cuda_model_create(const kvl_weights_view *host, const kvl_cuda_pa
         }
         if (c->o_bias && (s = kvl__cu_upload(m, L->bo, hw->bo, H, 1)) != KVL_OK) break;
     }
-    /* cudaMemcpy from pageable memory may return before the DMA lands, and the legacy default
-     * stream does not order the model's non-blocking stream: wait for the uploads here */
+    /* every upload waited on the model's stream (kvl__cu_upload); this also waits for any other
+     * device work the loading queued, before the model is handed out */
     if (s == KVL_OK) s = KVL_CU(cudaDeviceSynchronize());
     if (s != KVL_OK) { kvl_cuda_model_free(m); return s; }
     *out = m;
