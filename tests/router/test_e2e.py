@@ -39,6 +39,21 @@ def expect_error(fn, code, words):
     raise AssertionError("expected %s, the call succeeded" % code)
 
 
+def hup_and_wait(fleet):
+    """SIGHUP the router and wait (up to 20 s) until its log shows the reload's outcome."""
+    def outcomes():
+        with open(fleet.router.log_path, errors="replace") as f:
+            t = f.read()
+        return t.count("reloaded ") + t.count("reload failed")
+    before = outcomes()
+    fleet.router.proc.send_signal(signal.SIGHUP)
+    deadline = time.time() + 20
+    while outcomes() == before and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.05)   # the line after the outcome (a warning) is written right after it
+    return open(fleet.router.log_path, errors="replace").read()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
@@ -192,8 +207,7 @@ def main():
         # 4. SIGHUP: switch the policy to pinned on qwen3-b; the session continues there
         fleet.write_config({"name": "pinned", "default_model": "qwen3-b"},
                            {"shadow_fraction": 1.0, "kl_budget": 100})
-        fleet.router.proc.send_signal(signal.SIGHUP)
-        time.sleep(0.5)
+        hup_and_wait(fleet)
         check(c.list_nodes().policy == "pinned", "policy after SIGHUP")
         ids, out, s = c.send_all(sid, " Then", max_tokens=4)
         check(s.model == "qwen3-a" and rtest.MODES[s.switch_mode] == "none",
@@ -205,8 +219,7 @@ def main():
         # a broken config on SIGHUP keeps the old policy
         with open(fleet.config, "a") as f:
             f.write("bogus_key: 1\n")
-        fleet.router.proc.send_signal(signal.SIGHUP)
-        time.sleep(0.5)
+        hup_and_wait(fleet)
         check(c.list_nodes().policy == "pinned" and fleet.router.alive(), "router after bad reload")
         log = open(fleet.router.log_path).read()
         check("reload failed, keeping the old policy: %s:" % fleet.config in log and "bogus_key" in log,
@@ -219,9 +232,7 @@ def main():
                 text = f.read()
             with open(fleet.config, "w") as f:
                 f.write(text.replace("nodes:\n", "nodes:\n  - {name: c0, address: 127.0.0.1:9, model: qwen2-c}\n"))
-            fleet.router.proc.send_signal(signal.SIGHUP)
-            time.sleep(0.5)
-            return open(fleet.router.log_path).read()
+            return hup_and_wait(fleet)
         log = with_node_c({"name": "cascade", "models": ["qwen3-a", "qwen2-c"]})
         check("model 'qwen2-c' is served by no node" in log and "read at start only" in log,
               "a policy for a node added to the file: %r" % log[-600:])
