@@ -53,6 +53,9 @@ typedef struct worker {
     double loss_sum;
     long tokens;
     kvl_status status;
+    /* the failure's message: kvl_last_error() is per thread, so a worker's is copied here for
+     * the calling thread to report */
+    char errmsg[512];
 } worker;
 
 static void worker_free(worker *w) {
@@ -158,6 +161,7 @@ static void *worker_main(void *arg) {
     int nwin = w->n_samples / w->per_window;
     for (int g = w->first; g < nwin && w->status == KVL_OK; g += w->stride)
         w->status = run_window(w, &w->samples[g * w->per_window], w->per_window);
+    if (w->status != KVL_OK) snprintf(w->errmsg, sizeof w->errmsg, "%s", kvl_last_error());
     return NULL;
 }
 
@@ -292,13 +296,20 @@ kvl_status kvl_translator_train(kvl_translator *tr, kvl_model *src, kvl_model *d
             w->per_window = p.per_window;
             w->stride = nw; w->first = i; w->cont = p.cont_len; w->grad_scale = 1.0 / p.batch;
         }
-        for (int i = 1; i < nw; i++)
-            if (pthread_create(&th[i], NULL, worker_main, &ws[i])) ws[i].status = KVL_ERR_INTERNAL;
+        int started[64] = {0};
+        for (int i = 1; i < nw; i++) {
+            started[i] = pthread_create(&th[i], NULL, worker_main, &ws[i]) == 0;
+            if (!started[i]) {
+                ws[i].status = KVL_ERR_INTERNAL;
+                snprintf(ws[i].errmsg, sizeof ws[i].errmsg, "training: cannot start worker thread %d", i);
+            }
+        }
         worker_main(&ws[0]);
-        for (int i = 1; i < nw; i++) if (ws[i].status != KVL_ERR_INTERNAL) pthread_join(th[i], NULL);
+        for (int i = 1; i < nw; i++) if (started[i]) pthread_join(th[i], NULL);
         double loss = 0;
         for (int i = 0; i < nw && s == KVL_OK; i++) {
             s = ws[i].status;
+            if (s != KVL_OK) kvl__errorf(s, "%s", ws[i].errmsg);   /* the worker's message, on this thread */
             loss += ws[i].loss_sum;
             tokens_total += ws[i].tokens;
             if (i > 0)

@@ -1,7 +1,7 @@
 /* tests/unit/test_translator_train.c: a short end-to-end training run on the shipped models
  * (stage 1 ridge + a few stage-2 steps on a slice of the training text) must reduce the KL of
  * held-out samples; a resumed run must equal the uninterrupted one bit for bit; two worker
- * threads must be deterministic. */
+ * threads must be deterministic, and a worker thread's failure reaches the caller with its message. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -262,6 +262,39 @@ static void test_identity_student_matches_teacher(void **state) {
     kvl_translator_free(tr);
 }
 
+/* A failure in a worker thread other than the caller's is reported with its own message:
+ * kvl_last_error() is per thread.  The stream's second half holds ids outside the vocabulary,
+ * so with two threads some seeds fail only in worker 1's window. */
+static void test_worker_error_reaches_caller(void **state) {
+    fixture *f = *state;
+    const size_t n = 4000;
+    int32_t *bad = malloc(sizeof(int32_t) * n);
+    assert_non_null(bad);
+    for (size_t i = 0; i < n; i++) bad[i] = i < n / 2 ? f->stream[i] : 999999;
+    kvl_train_params p = kvl_train_default_params();
+    p.steps = 1;
+    p.batch = 2;
+    p.prefix_min = p.prefix_max = 8;
+    p.cont_len = 8;
+    p.warmup = 0;
+    p.threads = 2;
+    int failures = 0;
+    for (int seed = 1; seed <= 12; seed++) {
+        kvl_translator *tr = NULL;
+        assert_int_equal(kvl_translator_create(f->src, f->dst, NULL, &tr), KVL_OK);
+        p.seed = (uint64_t)seed;
+        kvl_clear_error();
+        if (kvl_translator_train(tr, f->src, f->dst, bad, n, &p, NULL) != KVL_OK) {
+            failures++;
+            if (!strstr(kvl_last_error(), "outside the vocabulary"))
+                fail_msg("seed %d: the failure's message is '%s'", seed, kvl_last_error());
+        }
+        kvl_translator_free(tr);
+    }
+    assert_true(failures >= 6);   /* 3/4 of the seeds draw a bad window in one worker or both */
+    free(bad);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_identity_student_matches_teacher),
@@ -269,6 +302,7 @@ int main(void) {
         cmocka_unit_test(test_resume_is_exact),
         cmocka_unit_test(test_taps_fit_and_train),
         cmocka_unit_test(test_threads_deterministic),
+        cmocka_unit_test(test_worker_error_reaches_caller),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
