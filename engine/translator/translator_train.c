@@ -141,8 +141,8 @@ static kvl_status run_window(worker *w, const sample_ref *r, int k) {
         double loss = kvl__tr_step_f32(w->net, ds, tr->wk, tr->wv, &smp, w->gk, w->gv, w->grad_scale,
                                       w->ws, NULL);
         if (!isfinite(loss))
-            return kvl__errorf(KVL_ERR_NUMERIC, "training: loss is %g at stream offset %zu (prefix %d)",
-                              loss, r[j].offset, P);
+            return kvl__errorf(KVL_ERR_NUMERIC, "the loss of the sample at stream offset %zu (prefix %d) "
+                              "is %g", r[j].offset, P, loss);
         w->loss_sum += loss;
         w->tokens += 2L * C;   /* student forward + backward */
     }
@@ -309,7 +309,11 @@ kvl_status kvl_translator_train(kvl_translator *tr, kvl_model *src, kvl_model *d
         double loss = 0;
         for (int i = 0; i < nw && s == KVL_OK; i++) {
             s = ws[i].status;
-            if (s != KVL_OK) kvl__errorf(s, "%s", ws[i].errmsg);   /* the worker's message, on this thread */
+            if (s == KVL_ERR_NUMERIC)   /* a sample's loss is not finite: the maps have diverged */
+                kvl__errorf(s, "training diverged at step %d of %d: %s; no checkpoint was written at "
+                            "or after this step", step + 1, p.steps, ws[i].errmsg);
+            else if (s != KVL_OK)
+                kvl__errorf(s, "%s", ws[i].errmsg);   /* the worker's message, on this thread */
             loss += ws[i].loss_sum;
             tokens_total += ws[i].tokens;
             if (i > 0)
@@ -322,9 +326,16 @@ kvl_status kvl_translator_train(kvl_translator *tr, kvl_model *src, kvl_model *d
         double gn = 0;
         for (size_t k = 0; k < np; k++) gn += (double)ws[0].gk[k] * ws[0].gk[k] + (double)ws[0].gv[k] * ws[0].gv[k];
         gn = sqrt(gn);
+        if (!isfinite(gn)) {   /* NaN would pass the clip (gn > clip is false) into every map */
+            s = kvl__errorf(KVL_ERR_NUMERIC, "training diverged at step %d of %d: the gradient norm is %g "
+                           "(loss %g); the maps keep step %d's values, no checkpoint was written at or "
+                           "after this step", step + 1, p.steps, gn, loss, step);
+            break;
+        }
         double cs = p.clip > 0 && gn > p.clip ? p.clip / gn : 1.0;
         double lr = kvl_train_lr_at(&p, step);
         double bc1 = 1 - pow(p.beta1, step + 1), bc2 = 1 - pow(p.beta2, step + 1);
+        int nonfinite = 0;
         for (int side = 0; side < 2; side++) {
             float *W = side ? tr->wv : tr->wk, *g = side ? ws[0].gv : ws[0].gk;
             float *mm = m + side * np, *vv = v + side * np;
@@ -334,9 +345,16 @@ kvl_status kvl_translator_train(kvl_translator *tr, kvl_model *src, kvl_model *d
                 vv[k] = (float)(p.beta2 * vv[k] + (1 - p.beta2) * gk * gk);
                 double upd = (mm[k] / bc1) / (sqrt(vv[k] / bc2) + p.adam_eps);
                 W[k] = (float)(W[k] - lr * (upd + p.weight_decay * W[k]));
+                nonfinite |= !isfinite(W[k]) || !isfinite(vv[k]);
             }
         }
         kvl__tr_maps_changed(tr);
+        if (nonfinite) {   /* an update overflowed float: neither checkpointed nor returned as trained */
+            s = kvl__errorf(KVL_ERR_NUMERIC, "training diverged at step %d of %d: the update made a map or "
+                           "an AdamW moment non-finite (lr %g, gradient norm %g); no checkpoint was "
+                           "written at or after this step", step + 1, p.steps, lr, gn);
+            break;
+        }
         double el = kvl__now_s() - t_start;
         if (p.checkpoint && ((step + 1) % p.checkpoint_every == 0 || step + 1 == p.steps))
             s = save_checkpoint(p.checkpoint, tr, m, v, step + 1, p.seed);

@@ -136,7 +136,9 @@ double kvl_train_lr_at(const kvl_train_params *p, int step);
  * from a generator seeded by (seed, s), so a resumed run repeats the uninterrupted one).
  * `src_dir`, `dst_dir`: model directories, loaded once per extra worker thread.
  * The metadata key "training" receives a JSON summary.  *final_loss (may be NULL): mean loss
- * of the last 10% of steps. */
+ * of the last 10% of steps.  Divergence (a sample's loss, the gradient norm, an updated map or
+ * AdamW moment not finite) stops training with KVL_ERR_NUMERIC naming the step: the checkpoint
+ * file keeps the last step written before it, and tr's maps are not to be used. */
 kvl_status kvl_translator_train(kvl_translator *tr, kvl_model *src, kvl_model *dst,
                                 const int32_t *stream, size_t n, const kvl_train_params *p,
                                 double *final_loss);

@@ -295,6 +295,57 @@ static void test_worker_error_reaches_caller(void **state) {
     free(bad);
 }
 
+/* Divergence stops training with KVL_ERR_NUMERIC naming the step, and the checkpoint keeps the
+ * last good step: non-finite maps (a NaN loss at the first sample), and an update that
+ * overflows float (lr 1e39 after a good step; before, step 2's inf maps were checkpointed over
+ * step 1's, and a run ending at that step returned KVL_OK). */
+static void test_divergence_is_reported(void **state) {
+    fixture *f = *state;
+    kvl_train_params p = small_params();
+    p.steps = 3;
+    p.batch = 2;
+    p.prefix_min = 8;
+    p.prefix_max = 16;
+    p.cont_len = 8;
+    p.warmup = 0;
+    char ckpt[4200];
+    snprintf(ckpt, sizeof ckpt, "%s/diverge.safetensors", f->dir);
+    kvl_translator *tr = NULL;
+    assert_int_equal(kvl_translator_create(f->src, f->dst, NULL, &tr), KVL_OK);
+    kvl_translator_wk(tr, 1)[5] = NAN;
+    assert_int_equal(kvl_translator_train(tr, f->src, f->dst, f->stream, f->n, &p, NULL), KVL_ERR_NUMERIC);
+    assert_non_null(strstr(kvl_last_error(), "diverged at step 1 of 3"));
+    kvl_translator_free(tr);
+
+    assert_int_equal(kvl_translator_create(f->src, f->dst, NULL, &tr), KVL_OK);
+    p.checkpoint = ckpt;
+    p.checkpoint_every = 1;
+    p.steps = 1;
+    assert_int_equal(kvl_translator_train(tr, f->src, f->dst, f->stream, f->n, &p, NULL), KVL_OK);
+    const size_t per = (size_t)64 * 128;
+    float *good = malloc(sizeof(float) * per);
+    assert_non_null(good);
+    memcpy(good, kvl_translator_wk(tr, 0), sizeof(float) * per);
+    p.steps = 3;
+    p.resume = ckpt;
+    p.lr = 1e39;
+    assert_int_equal(kvl_translator_train(tr, f->src, f->dst, f->stream, f->n, &p, NULL), KVL_ERR_NUMERIC);
+    assert_non_null(strstr(kvl_last_error(), "diverged at step 2 of 3"));
+    kvl_safetensors *st = NULL;
+    assert_int_equal(kvl_safetensors_open(ckpt, &st), KVL_OK);
+    assert_string_equal(kvl_safetensors_metadata(st, "step"), "1");
+    const kvl_st_tensor *t = kvl_safetensors_find(st, "wk");
+    assert_non_null(t);
+    float *w = malloc(sizeof(float) * (size_t)t->n_elements);
+    assert_non_null(w);
+    assert_int_equal(kvl_st_tensor_to_f32(t, w, (size_t)t->n_elements), KVL_OK);
+    assert_memory_equal(w, good, sizeof(float) * per);
+    kvl_safetensors_close(st);
+    free(w);
+    free(good);
+    kvl_translator_free(tr);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_identity_student_matches_teacher),
@@ -303,6 +354,7 @@ int main(void) {
         cmocka_unit_test(test_taps_fit_and_train),
         cmocka_unit_test(test_threads_deterministic),
         cmocka_unit_test(test_worker_error_reaches_caller),
+        cmocka_unit_test(test_divergence_is_reported),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
