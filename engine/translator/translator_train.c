@@ -167,8 +167,31 @@ static void *worker_main(void *arg) {
 
 /* ---- checkpoints: maps + AdamW moments + step, as safetensors ----------------------------- */
 
+/* What a checkpoint must share with the run resuming it, beyond the seed, for the resumed run to
+ * repeat the uninterrupted one: the pair (model hashes), the layout of the maps (layer map and
+ * taps: two layouts can have the same number of weights) and how samples are drawn. */
+typedef struct ckpt_ident {
+    char layer_map[4096];   /* "0,1,1,2" or "0+1,1+2" as in the translator file; cut when longer */
+    char sampling[160];
+    const char *source_hash, *target_hash;
+} ckpt_ident;
+
+static void ckpt_ident_of(ckpt_ident *id, const kvl_translator *tr, const kvl_model *src,
+                          const kvl_model *dst, const kvl_train_params *p) {
+    size_t len = 0;
+    id->layer_map[0] = 0;
+    for (int l = 0; l < tr->dst_layers && len < sizeof id->layer_map - 24; l++)
+        for (int j = 0; j < tr->taps && len < sizeof id->layer_map - 24; j++)
+            len += (size_t)snprintf(id->layer_map + len, sizeof id->layer_map - len,
+                                    j ? "+%d" : (l ? ",%d" : "%d"), tr->layer_map[(size_t)l * tr->taps + j]);
+    snprintf(id->sampling, sizeof id->sampling, "batch %d, per_window %d, prefix %d..%d, continuation %d",
+             p->batch, p->per_window, p->prefix_min, p->prefix_max, p->cont_len);
+    id->source_hash = kvl_model_hash(src);
+    id->target_hash = kvl_model_hash(dst);
+}
+
 static kvl_status save_checkpoint(const char *path, const kvl_translator *tr, const float *m,
-                                  const float *v, int step, uint64_t seed) {
+                                  const float *v, int step, uint64_t seed, const ckpt_ident *id) {
     size_t np = (size_t)tr->dst_layers * kvl__tr_dt(tr) * kvl__tr_din(tr);
     kvl_st_write_tensor ts[6] = {
         {"wk", KVL_DTYPE_F32, 1, {(int64_t)np}, tr->wk, np * 4},
@@ -181,13 +204,30 @@ static kvl_status save_checkpoint(const char *path, const kvl_translator *tr, co
     char sstep[32], sseed[32];
     snprintf(sstep, sizeof sstep, "%d", step);
     snprintf(sseed, sizeof sseed, "%llu", (unsigned long long)seed);
-    const char *keys[] = {"format", "step", "seed"};
-    const char *vals[] = {"kvlingo-translator-checkpoint-1", sstep, sseed};
-    return kvl_safetensors_write(path, ts, 6, keys, vals, 3);
+    const char *keys[] = {"format", "step", "seed", "source_hash", "target_hash", "layer_map", "sampling"};
+    const char *vals[] = {"kvlingo-translator-checkpoint-1", sstep, sseed, id->source_hash,
+                          id->target_hash, id->layer_map, id->sampling};
+    return kvl_safetensors_write(path, ts, 6, keys, vals, 7);
+}
+
+/* The identity keys of a checkpoint must equal this run's; a checkpoint written before they
+ * were recorded lacks them and is taken on its seed and tensor sizes alone. */
+static kvl_status check_ident(const kvl_safetensors *st, const char *path, const ckpt_ident *id) {
+    static const char *const keys[] = {"source_hash", "target_hash", "layer_map", "sampling"};
+    static const char *const what[] = {"source model (hash)", "target model (hash)", "layer map",
+                                       "sampling"};
+    const char *want[] = {id->source_hash, id->target_hash, id->layer_map, id->sampling};
+    for (int i = 0; i < 4; i++) {
+        const char *have = kvl_safetensors_metadata(st, keys[i]);
+        if (have && strcmp(have, want[i]))
+            return kvl__errorf(KVL_ERR_MISMATCH, "%s: the checkpoint's %s is %s, this run's is %s: "
+                              "not a checkpoint of this run", path, what[i], have, want[i]);
+    }
+    return KVL_OK;
 }
 
 static kvl_status load_checkpoint(const char *path, kvl_translator *tr, float *m, float *v,
-                                  int *step, uint64_t seed, int steps) {
+                                  int *step, uint64_t seed, int steps, const ckpt_ident *id) {
     kvl_safetensors *st = NULL;
     kvl_status s = kvl_safetensors_open(path, &st);
     if (s) return s;
@@ -202,6 +242,8 @@ static kvl_status load_checkpoint(const char *path, kvl_translator *tr, float *m
     else if (strtoull(sseed, NULL, 10) != seed)
         s = kvl__errorf(KVL_ERR_MISMATCH, "%s: checkpoint was written with seed %s, this run uses %llu",
                        path, sseed, (unsigned long long)seed);
+    else
+        s = check_ident(st, path, id);
     for (int i = 0; s == KVL_OK && i < 6; i++) {
         const kvl_st_tensor *t = kvl_safetensors_find(st, names[i]);
         if (!t || t->dtype != KVL_DTYPE_F32 || (size_t)t->n_elements != np)
@@ -272,7 +314,9 @@ kvl_status kvl_translator_train(kvl_translator *tr, kvl_model *src, kvl_model *d
     int nw = 0;
     for (; nw < p.threads && s == KVL_OK; nw++) s = worker_init(&ws[nw], tr, src, dst, nw > 0, &p);
     int step0 = 0;
-    if (s == KVL_OK && p.resume) s = load_checkpoint(p.resume, tr, m, v, &step0, p.seed, p.steps);
+    ckpt_ident ident;
+    ckpt_ident_of(&ident, tr, src, dst, &p);
+    if (s == KVL_OK && p.resume) s = load_checkpoint(p.resume, tr, m, v, &step0, p.seed, p.steps, &ident);
     const double t_start = kvl__now_s();
     const clock_t cpu_start = clock();   /* process CPU time, all threads */
     long tokens_total = 0;
@@ -357,7 +401,7 @@ kvl_status kvl_translator_train(kvl_translator *tr, kvl_model *src, kvl_model *d
         }
         double el = kvl__now_s() - t_start;
         if (p.checkpoint && ((step + 1) % p.checkpoint_every == 0 || step + 1 == p.steps))
-            s = save_checkpoint(p.checkpoint, tr, m, v, step + 1, p.seed);
+            s = save_checkpoint(p.checkpoint, tr, m, v, step + 1, p.seed, &ident);
         if (s == KVL_OK && p.progress &&
             p.progress(p.user, step + 1, p.steps, loss, el > 0 ? tokens_total / el : 0, el, mem))
             s = kvl__errorf(KVL_ERR_CANCELLED, "training cancelled at step %d", step + 1);

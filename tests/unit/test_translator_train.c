@@ -346,6 +346,50 @@ static void test_divergence_is_reported(void **state) {
     kvl_translator_free(tr);
 }
 
+/* A checkpoint resumes only the run it belongs to: another pair whose maps have as many weights
+ * (qwen3-b -> qwen3-a with one tap, qwen3-a -> qwen3-a with two: 4 x 64 x 128 each), another
+ * layer map of the same pair, or other sampling parameters are refused (before, all three
+ * loaded and trained on). */
+static void test_checkpoint_of_another_run_is_refused(void **state) {
+    fixture *f = *state;
+    kvl_train_params p = small_params();
+    p.steps = 1;
+    p.batch = 2;
+    p.prefix_min = 8;
+    p.prefix_max = 16;
+    p.cont_len = 8;
+    char ckpt[4200];
+    snprintf(ckpt, sizeof ckpt, "%s/ident.safetensors", f->dir);
+    p.checkpoint = ckpt;
+    kvl_translator *tr = NULL;
+    assert_int_equal(kvl_translator_create(f->src, f->dst, NULL, &tr), KVL_OK);
+    assert_int_equal(kvl_translator_train(tr, f->src, f->dst, f->stream, f->n, &p, NULL), KVL_OK);
+    kvl_train_params q = p;
+    q.steps = 2;
+    q.resume = ckpt;
+    q.checkpoint = NULL;
+    /* the same run resumes */
+    assert_int_equal(kvl_translator_train(tr, f->src, f->dst, f->stream, f->n, &q, NULL), KVL_OK);
+    kvl_translator_free(tr);
+    /* another pair, same number of weights */
+    assert_int_equal(kvl_translator_create_taps(f->dst, f->dst, 2, NULL, &tr), KVL_OK);
+    assert_int_equal(kvl_translator_train(tr, f->dst, f->dst, f->stream, f->n, &q, NULL), KVL_ERR_MISMATCH);
+    assert_non_null(strstr(kvl_last_error(), "source model"));
+    kvl_translator_free(tr);
+    /* the same pair with another layer map */
+    const int map[4] = {0, 0, 5, 5};
+    assert_int_equal(kvl_translator_create(f->src, f->dst, map, &tr), KVL_OK);
+    assert_int_equal(kvl_translator_train(tr, f->src, f->dst, f->stream, f->n, &q, NULL), KVL_ERR_MISMATCH);
+    assert_non_null(strstr(kvl_last_error(), "layer map is 0,2,3,5, this run's is 0,0,5,5"));
+    kvl_translator_free(tr);
+    /* the same translator with another batch */
+    assert_int_equal(kvl_translator_create(f->src, f->dst, NULL, &tr), KVL_OK);
+    q.batch = 4;
+    assert_int_equal(kvl_translator_train(tr, f->src, f->dst, f->stream, f->n, &q, NULL), KVL_ERR_MISMATCH);
+    assert_non_null(strstr(kvl_last_error(), "sampling is batch 2,"));
+    kvl_translator_free(tr);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_identity_student_matches_teacher),
@@ -355,6 +399,7 @@ int main(void) {
         cmocka_unit_test(test_threads_deterministic),
         cmocka_unit_test(test_worker_error_reaches_caller),
         cmocka_unit_test(test_divergence_is_reported),
+        cmocka_unit_test(test_checkpoint_of_another_run_is_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
