@@ -251,6 +251,12 @@ static kvl_status load_checkpoint(const char *path, kvl_translator *tr, float *m
                            "(checkpoint of another pair?)", path, names[i], np);
         else
             s = kvl_st_tensor_to_f32(t, dst[i], np);
+        /* a corrupted file: NaN maps or moments (or a negative second moment, whose square root
+         * is NaN) would train on as NaN maps and be checkpointed over this file */
+        for (size_t k = 0; s == KVL_OK && k < np; k++)
+            if (!isfinite(dst[i][k]) || (i >= 4 && dst[i][k] < 0))
+                s = kvl__errorf(KVL_ERR_NUMERIC, "%s: tensor '%s' element %zu is %g: a corrupted checkpoint",
+                               path, names[i], k, dst[i][k]);
     }
     if (s == KVL_OK) {   /* the step indexes the loss history: within [0, steps) */
         char *end;

@@ -349,7 +349,7 @@ static void test_divergence_is_reported(void **state) {
 /* A checkpoint resumes only the run it belongs to: another pair whose maps have as many weights
  * (qwen3-b -> qwen3-a with one tap, qwen3-a -> qwen3-a with two: 4 x 64 x 128 each), another
  * layer map of the same pair, or other sampling parameters are refused (before, all three
- * loaded and trained on). */
+ * loaded and trained on); so is one whose values are not finite. */
 static void test_checkpoint_of_another_run_is_refused(void **state) {
     fixture *f = *state;
     kvl_train_params p = small_params();
@@ -387,6 +387,28 @@ static void test_checkpoint_of_another_run_is_refused(void **state) {
     q.batch = 4;
     assert_int_equal(kvl_translator_train(tr, f->src, f->dst, f->stream, f->n, &q, NULL), KVL_ERR_MISMATCH);
     assert_non_null(strstr(kvl_last_error(), "sampling is batch 2,"));
+    q.batch = p.batch;
+    /* a corrupted checkpoint: NaN in a second moment (before, it resumed, wrote NaN maps over the
+     * checkpoint and returned KVL_OK) */
+    size_t len = 0;
+    unsigned char *bytes = (unsigned char *)kvl__test_read_file(ckpt, &len);
+    assert_non_null(bytes);
+    kvl_safetensors *st = NULL;
+    assert_int_equal(kvl_safetensors_open(ckpt, &st), KVL_OK);
+    const kvl_st_tensor *t = kvl_safetensors_find(st, "adam_v.v");
+    assert_non_null(t);
+    const float nanv = NAN;
+    size_t at = len - (size_t)t->n_elements * 4 + 40;   /* adam_v.v is the last tensor written */
+    kvl_safetensors_close(st);
+    memcpy(bytes + at, &nanv, 4);
+    char bad[4300];
+    snprintf(bad, sizeof bad, "%s/ident_nan.safetensors", f->dir);
+    assert_int_equal(kvl__test_write_file(bad, bytes, len), 0);
+    free(bytes);
+    q.resume = bad;
+    q.checkpoint = bad;
+    assert_int_equal(kvl_translator_train(tr, f->src, f->dst, f->stream, f->n, &q, NULL), KVL_ERR_NUMERIC);
+    assert_non_null(strstr(kvl_last_error(), "tensor 'adam_v.v' element 10 is nan"));
     kvl_translator_free(tr);
 }
 
