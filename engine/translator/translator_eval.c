@@ -54,13 +54,23 @@ static void bufs_free(eval_bufs *b) {
     free(b->ka); free(b->va); free(b->kb); free(b->vb);
 }
 
+/* The multi-turn parameters, checked before any sample runs.  Turn 0 scores turn_len - 1
+ * tokens and each turn's perplexity averages over the sessions: fewer would divide 0 by 0 (a
+ * NaN perplexity in the figures). */
+static kvl_status turn_params_check(const kvl_eval_params *p) {
+    if (p->turns > KVL_EVAL_MAX_TURNS)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "eval: at most %d turns", KVL_EVAL_MAX_TURNS);
+    if (p->turn_len < 2 || p->sessions < 1 || p->turn_len > (1 << 20) || p->sessions > (1 << 20))
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "eval: multi-turn needs turn_len in [2, %d] (got %d) and "
+                          "sessions in [1, %d] (got %d)", 1 << 20, p->turn_len, 1 << 20, p->sessions);
+    return KVL_OK;
+}
+
 /* Multi-turn sessions (see the header): accumulates per-turn NLL into r. */
 static kvl_status eval_turns(const kvl_translator *tr, kvl_model *src, kvl_model *dst,
                              const int32_t *stream, size_t n, const kvl_eval_params *p,
                              kvl_eval_result *r) {
-    const int K = p->turns, TL = p->turn_len, total = K * TL;
-    if (K > KVL_EVAL_MAX_TURNS)
-        return kvl__errorf(KVL_ERR_INVALID_ARG, "eval: at most %d turns", KVL_EVAL_MAX_TURNS);
+    const int K = p->turns, TL = p->turn_len, total = K * TL;   /* turn_params_check: <= 64 x 2^20 */
     if ((size_t)total + 1 > n)
         return kvl__errorf(KVL_ERR_RANGE, "eval: %zu tokens are too few for a session of %d turns of %d",
                           n, K, TL);
@@ -133,6 +143,7 @@ kvl_status kvl_translator_evaluate(const kvl_translator *tr, kvl_model *src, kvl
     if (s != KVL_OK) return s;
     const int P = p.prefix_len, C = p.cont_len, V = kvl_model_config_get(dst)->vocab_size, Lt = tr->dst_layers;
     const int dt = kvl__tr_dt(tr);
+    if (p.turns > 0 && (s = turn_params_check(&p))) return s;
     if (p.samples == 0 && p.turns > 0) {   /* multi-turn figures only */
         r->n_layers = 0;
         return eval_turns(tr, src, dst, stream, n, &p, r);

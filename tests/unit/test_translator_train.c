@@ -412,6 +412,34 @@ static void test_checkpoint_of_another_run_is_refused(void **state) {
     kvl_translator_free(tr);
 }
 
+/* Multi-turn parameters that leave a turn with no scored token (turn_len 1: turn 0 scores
+ * turn_len - 1) or no session are refused before any sample runs; before, the evaluation
+ * returned KVL_OK with 0/0 = NaN perplexities, which the JSON figures printed as 'nan'. */
+static void test_eval_turn_params(void **state) {
+    fixture *f = *state;
+    kvl_translator *tr = NULL;
+    assert_int_equal(kvl_translator_create(f->src, f->dst, NULL, &tr), KVL_OK);
+    kvl_eval_params ep = kvl_eval_default_params();
+    ep.prefix_len = 8;
+    ep.cont_len = 4;
+    ep.samples = 1;
+    ep.turns = 2;
+    ep.turn_len = 4;
+    ep.sessions = 1;
+    kvl_eval_result r;
+    assert_int_equal(kvl_translator_evaluate(tr, f->src, f->dst, f->stream, f->n, &ep, &r), KVL_OK);
+    assert_true(isfinite(r.turn_ppl_translated[0]) && isfinite(r.turn_ppl_reprefill[1]));
+    ep.turn_len = 1;
+    assert_int_equal(kvl_translator_evaluate(tr, f->src, f->dst, f->stream, f->n, &ep, &r), KVL_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvl_last_error(), "turn_len in [2,"));
+    ep.turn_len = 4;
+    ep.sessions = 0;
+    ep.samples = 0;
+    assert_int_equal(kvl_translator_evaluate(tr, f->src, f->dst, f->stream, f->n, &ep, &r), KVL_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvl_last_error(), "sessions in [1,"));
+    kvl_translator_free(tr);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_identity_student_matches_teacher),
@@ -422,6 +450,7 @@ int main(void) {
         cmocka_unit_test(test_worker_error_reaches_caller),
         cmocka_unit_test(test_divergence_is_reported),
         cmocka_unit_test(test_checkpoint_of_another_run_is_refused),
+        cmocka_unit_test(test_eval_turn_params),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
