@@ -185,11 +185,13 @@ typedef struct kvl_eval_result {
  * 0 without a cache) and is scored on the C continuation tokens.  KL is KL(native ||
  * translated); context_gain_recovered = (ln ppl_none - ln ppl_tr) / (ln ppl_none - ln ppl_nat).
  * Per-layer relative errors ||K_tr - K_nat|| / ||K_nat|| of the pre-norm keys and values over
- * the prefix tokens.  Multi-turn (p->turns > 0): sessions of `turns` turns of turn_len tokens
- * taken after the samples' span (wrapping), turn 0 on the source, alternating; at a switch to
+ * the prefix tokens.  Multi-turn (p->turns > 0): sessions of `turns` turns of turn_len tokens,
+ * session s at stream offset (s turns turn_len) mod (n - turns turn_len) (from the stream's
+ * start, so they may cover the samples' tokens), turn 0 on the source, alternating; at a switch to
  * the target the source's new span is translated and appended to the target's retained cache;
  * at a switch back the target's span is translated by p->reverse (or re-prefilled by the
- * source natively when NULL).  Errors: KVL_ERR_RANGE (stream shorter than one sample). */
+ * source natively when NULL).  Errors: KVL_ERR_RANGE (stream shorter than one sample or one
+ * session), KVL_ERR_INVALID_ARG (turn_len < 2 or sessions < 1 with turns > 0). */
 kvl_status kvl_translator_evaluate(const kvl_translator *tr, kvl_model *src, kvl_model *dst,
                                    const int32_t *stream, size_t n, const kvl_eval_params *p,
                                    kvl_eval_result *out);
