@@ -413,7 +413,7 @@ kvl_status kvl_translator_train(kvl_translator *tr, kvl_model *src, kvl_model *d
             s = kvl__errorf(KVL_ERR_CANCELLED, "training cancelled at step %d", step + 1);
     }
     if (s == KVL_OK) {
-        int from = p.steps - p.steps / 10 - 1;
+        int from = p.steps - (p.steps >= 10 ? p.steps / 10 : 1);   /* the last 10% of steps, at least one */
         if (from < step0) from = step0;
         double fl = 0;
         int cnt = 0;

@@ -440,6 +440,36 @@ static void test_eval_turn_params(void **state) {
     kvl_translator_free(tr);
 }
 
+static double g_losses[64];
+static int record_losses(void *user, int step, int steps, double loss, double tps, double el, size_t mem) {
+    (void)user; (void)steps; (void)tps; (void)el; (void)mem;
+    g_losses[step - 1] = loss;
+    return 0;
+}
+
+/* *final_loss is the mean loss of the last 10% of steps (before: one step more, 2 of 10 and
+ * 41 of 400). */
+static void test_final_loss_is_last_tenth(void **state) {
+    fixture *f = *state;
+    kvl_train_params p = small_params();
+    p.batch = 2;
+    p.prefix_min = 8;
+    p.prefix_max = 16;
+    p.cont_len = 8;
+    p.progress = record_losses;
+    for (int steps = 10; steps <= 30; steps += 20) {
+        kvl_translator *tr = NULL;
+        assert_int_equal(kvl_translator_create(f->src, f->dst, NULL, &tr), KVL_OK);
+        p.steps = steps;
+        double fl = -1, want = 0;
+        assert_int_equal(kvl_translator_train(tr, f->src, f->dst, f->stream, f->n, &p, &fl), KVL_OK);
+        int last = steps / 10;
+        for (int k = steps - last; k < steps; k++) want += g_losses[k] / last;
+        assert_true(fabs(fl - want) <= 1e-12 * fabs(want));
+        kvl_translator_free(tr);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_identity_student_matches_teacher),
@@ -451,6 +481,7 @@ int main(void) {
         cmocka_unit_test(test_divergence_is_reported),
         cmocka_unit_test(test_checkpoint_of_another_run_is_refused),
         cmocka_unit_test(test_eval_turn_params),
+        cmocka_unit_test(test_final_loss_is_last_tenth),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
