@@ -310,12 +310,12 @@ kvl_status kvl_translator_train(kvl_translator *tr, kvl_model *src, kvl_model *d
         free(ws); free(m); free(v); free(samples); free(th); free(hist);
         return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
     }
-    int saved_threads[2] = {0, 0};
+    int saved_threads[2] = {0, 0}, blas_was = 0;
     if (p.threads > 1) {
         /* parallel over samples; BLAS single-threaded inside each worker */
         saved_threads[0] = kvl__model_set_threads(src, 1);
         saved_threads[1] = kvl__model_set_threads(dst, 1);
-        kvl__cpu_set_threads(1);
+        blas_was = kvl__cpu_set_threads(1);
     }
     int nw = 0;
     for (; nw < p.threads && s == KVL_OK; nw++) s = worker_init(&ws[nw], tr, src, dst, nw > 0, &p);
@@ -444,6 +444,7 @@ out:
     if (p.threads > 1) {
         kvl__model_set_threads(src, saved_threads[0]);
         kvl__model_set_threads(dst, saved_threads[1]);
+        kvl__cpu_set_threads(blas_was);   /* the caller's BLAS threads (stage 1, apply) */
     }
     free(ws); free(m); free(v); free(samples); free(th); free(hist);
     return s;

@@ -470,6 +470,32 @@ static void test_final_loss_is_last_tenth(void **state) {
     }
 }
 
+/* OpenBLAS's own thread count (the library's BLAS), set to 1 while worker threads train */
+int openblas_get_num_threads(void);
+void openblas_set_num_threads(int n);
+
+/* Training with worker threads gives the caller its BLAS thread count back (before, it stayed
+ * at 1, so a later stage 1 or apply in the process ran its GEMMs on one core). */
+static void test_threads_restore_blas(void **state) {
+    fixture *f = *state;
+    const int was = openblas_get_num_threads();
+    openblas_set_num_threads(3);
+    const int want = openblas_get_num_threads();   /* 3, or fewer where OpenBLAS was built so */
+    kvl_translator *tr = NULL;
+    assert_int_equal(kvl_translator_create(f->src, f->dst, NULL, &tr), KVL_OK);
+    kvl_train_params p = small_params();
+    p.steps = 1;
+    p.batch = 2;
+    p.prefix_min = 8;
+    p.prefix_max = 16;
+    p.cont_len = 8;
+    p.threads = 2;
+    assert_int_equal(kvl_translator_train(tr, f->src, f->dst, f->stream, f->n, &p, NULL), KVL_OK);
+    assert_int_equal(openblas_get_num_threads(), want);
+    openblas_set_num_threads(was);
+    kvl_translator_free(tr);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_identity_student_matches_teacher),
@@ -482,6 +508,7 @@ int main(void) {
         cmocka_unit_test(test_checkpoint_of_another_run_is_refused),
         cmocka_unit_test(test_eval_turn_params),
         cmocka_unit_test(test_final_loss_is_last_tenth),
+        cmocka_unit_test(test_threads_restore_blas),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
