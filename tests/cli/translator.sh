@@ -21,6 +21,12 @@ bad() { echo "FAIL $1"; fail=1; }
     --init "$T/s1.safetensors" --steps 6 --batch 2 --prefix-min 16 --prefix-max 48 --cont-len 16 \
     --resume "$T/ck.safetensors" 2>"$T/log" && grep -q "step 6/6" "$T/log" && ! grep -q "step 1/6" "$T/log" \
     && ok resume || { cat "$T/log"; bad resume; }
+# a checkpoint resumes only its own run: another --batch draws other samples
+out=$("$KVL" translator train --source "$A" --target "$B" --corpus "$SLICE" --out "$T/s2x.safetensors" \
+      --init "$T/s1.safetensors" --steps 8 --batch 4 --prefix-min 16 --prefix-max 48 --cont-len 16 \
+      --resume "$T/ck.safetensors" 2>&1); rc=$?
+[ $rc -ne 0 ] && [ ! -e "$T/s2x.safetensors" ] && grep -q "sampling is batch 2," <<<"$out" \
+    && ok "resume with another --batch refused" || bad "resume with another batch: rc $rc: $out"
 out=$("$KVL" translator eval --translator "$T/s2.safetensors" --source "$A" --target "$B" \
       --text-file "$SRC/testdata/corpus/valid.txt" --prefix-len 32 --cont-len 8 --samples 3 --json 2>&1)
 for k in kl ppl_native ppl_translated ppl_no_context top1_agreement context_gain_recovered k_rel_err v_rel_err; do
