@@ -133,7 +133,9 @@ double kvl_train_lr_at(const kvl_train_params *p, int step);
  * target cache, the target reads the same last C tokens; loss = mean over the C tokens of
  * KL(teacher || student).  AdamW on the maps, linear warm-up then cosine decay, global-norm
  * clipping.  Deterministic for a given seed and thread count (samples of step s are drawn
- * from a generator seeded by (seed, s), so a resumed run repeats the uninterrupted one).
+ * from a generator seeded by (seed, s), so a resumed run repeats the uninterrupted one); another
+ * thread count sums the samples' gradients in another order, so the maps agree to float
+ * rounding (about 1e-6 of the weights after a few steps), not bit for bit.
  * `src_dir`, `dst_dir`: model directories, loaded once per extra worker thread.
  * The metadata key "training" receives a JSON summary.  *final_loss (may be NULL): mean loss
  * of the last 10% of steps.  Divergence (a sample's loss, the gradient norm, an updated map or
