@@ -1,6 +1,6 @@
 /* tests/unit/test_translator_grad.c: gradient check of stage-2 training (relative error below 1e-4).
- * On tiny random target models in double precision (with q/k norm like Qwen3, and with biases
- * and no norm like Qwen2), the analytic gradients of the loss with respect to every entry of
+ * On tiny random target models in double precision (with q/k norm like Qwen3, with biases and
+ * no norm like Qwen2, and YaRN RoPE with one or two kv heads), the analytic gradients of the loss with respect to every entry of
  * W_K and W_V (backward through the whole frozen target, attention into the translated cache,
  * RoPE, k_norm) must match central finite differences to a relative error <= 1e-4. */
 #include <setjmp.h>
@@ -36,14 +36,24 @@ typedef struct tiny {
 
 static const double *keep(tiny *t, double *p) { t->bufs[t->nb++] = p; return p; }
 
-static void tiny_init(tiny *t, int qk_norm, int bias) {
+/* hkv: kv heads (2: GQA, 1: MQA); yarn: YaRN RoPE, whose attention factor scales cos and sin
+ * (the RoPE backward must scale by it too) */
+static void tiny_init(tiny *t, int qk_norm, int bias, int hkv, int yarn) {
     memset(t, 0, sizeof *t);
     kvl_model_config *c = &t->net.cfg;
-    c->n_layers = 2; c->hidden_size = 16; c->n_heads = 4; c->n_kv_heads = 2; c->head_dim = 8;
+    c->n_layers = 2; c->hidden_size = 16; c->n_heads = 4; c->n_kv_heads = hkv; c->head_dim = 8;
     c->intermediate_size = 24; c->vocab_size = 40; c->rms_norm_eps = 1e-6; c->rope_theta = 10000.0;
     c->rope = kvl_rope_default_params(10000.0, 8, 4096);
+    if (yarn) {
+        c->rope.type = KVL_ROPE_YARN;
+        c->rope.factor = 4.0;
+        c->rope.original_max_position_embeddings = 1024;
+        c->rope.beta_fast = 32;
+        c->rope.beta_slow = 1;
+        c->rope.truncate = 1;
+    }
     c->qk_norm = qk_norm;
-    const int H = 16, QD = 32, KD = 16, F = 24, V = 40, D = 8;
+    const int H = 16, QD = 32, KD = hkv * 8, F = 24, V = 40, D = 8;
     double s = 1.0 / sqrt((double)H);
     t->net.embed = keep(t, rnd((size_t)V * H, 1.0, 0));
     t->net.final_norm = keep(t, rnd(H, 0.2, 1.0));
@@ -76,11 +86,11 @@ static void tiny_free(tiny *t) {
     for (int i = 0; i < t->nb; i++) free(t->bufs[i]);
 }
 
-static void check_case(int qk_norm, int bias) {
-    g_rng = 12345 + qk_norm * 7 + bias * 13;
+static void check_case(int qk_norm, int bias, int hkv, int yarn, int Pc) {
+    g_rng = 12345 + qk_norm * 7 + bias * 13 + (hkv != 2) * 17 + yarn * 19;
     tiny t;
-    tiny_init(&t, qk_norm, bias);
-    const int L = 2, KD = 16, ds = 12, Pc = 7, C = 5, V = 40;
+    tiny_init(&t, qk_norm, bias, hkv, yarn);
+    const int L = 2, KD = hkv * 8, ds = 12, C = 5, V = 40;
     const size_t np = (size_t)L * KD * ds;
     double *wk = rnd(np, 0.4, 0), *wv = rnd(np, 0.4, 0);
     double *xk = rnd((size_t)L * Pc * ds, 1.0, 0), *xv = rnd((size_t)L * Pc * ds, 1.0, 0);
@@ -115,8 +125,9 @@ static void check_case(int qk_norm, int bias) {
         }
     }
     double rel = sqrt(num / den);
-    print_message("qk_norm=%d bias=%d: loss %.6f, |grad| %.3e, relative error (norm) %.2e, worst "
-                  "element %.2e\n", qk_norm, bias, loss, sqrt(den), rel, worst);
+    print_message("qk_norm=%d bias=%d kv_heads=%d yarn=%d prefix=%d: loss %.6f, |grad| %.3e, relative "
+                  "error (norm) %.2e, worst element %.2e\n", qk_norm, bias, hkv, yarn, Pc, loss, sqrt(den),
+                  rel, worst);
     assert_true(den > 0);
     assert_true(rel <= 1e-4);
     assert_true(worst <= 1e-4);
@@ -125,13 +136,18 @@ static void check_case(int qk_norm, int bias) {
     tiny_free(&t);
 }
 
-static void test_grad_qwen3_like(void **state) { (void)state; check_case(1, 0); }
-static void test_grad_qwen2_like(void **state) { (void)state; check_case(0, 1); }
+static void test_grad_qwen3_like(void **state) { (void)state; check_case(1, 0, 2, 0, 7); }
+static void test_grad_qwen2_like(void **state) { (void)state; check_case(0, 1, 2, 0, 7); }
+/* multi-query attention, YaRN, q/k norm with biases, and a one-token translated prefix */
+static void test_grad_mqa_yarn_one_token(void **state) { (void)state; check_case(1, 1, 1, 1, 1); }
+static void test_grad_yarn_gqa(void **state) { (void)state; check_case(0, 1, 2, 1, 6); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grad_qwen3_like),
         cmocka_unit_test(test_grad_qwen2_like),
+        cmocka_unit_test(test_grad_mqa_yarn_one_token),
+        cmocka_unit_test(test_grad_yarn_gqa),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
