@@ -95,6 +95,17 @@ static kvl_train_params small_params(void) {
     return p;
 }
 
+/* small_params with `steps` steps of 2 short samples: the error-path tests' runs */
+static kvl_train_params tiny_params(int steps) {
+    kvl_train_params p = small_params();
+    p.steps = steps;
+    p.batch = 2;
+    p.prefix_min = 8;
+    p.prefix_max = 16;
+    p.cont_len = 8;
+    return p;
+}
+
 static double eval_kl(fixture *f, const kvl_translator *tr) {
     kvl_eval_params ep = kvl_eval_default_params();
     ep.prefix_len = 64;
@@ -301,12 +312,7 @@ static void test_worker_error_reaches_caller(void **state) {
  * step 1's, and a run ending at that step returned KVL_OK). */
 static void test_divergence_is_reported(void **state) {
     fixture *f = *state;
-    kvl_train_params p = small_params();
-    p.steps = 3;
-    p.batch = 2;
-    p.prefix_min = 8;
-    p.prefix_max = 16;
-    p.cont_len = 8;
+    kvl_train_params p = tiny_params(3);
     p.warmup = 0;
     char ckpt[4200];
     snprintf(ckpt, sizeof ckpt, "%s/diverge.safetensors", f->dir);
@@ -352,12 +358,7 @@ static void test_divergence_is_reported(void **state) {
  * loaded and trained on); so is one whose values are not finite. */
 static void test_checkpoint_of_another_run_is_refused(void **state) {
     fixture *f = *state;
-    kvl_train_params p = small_params();
-    p.steps = 1;
-    p.batch = 2;
-    p.prefix_min = 8;
-    p.prefix_max = 16;
-    p.cont_len = 8;
+    kvl_train_params p = tiny_params(1);
     char ckpt[4200];
     snprintf(ckpt, sizeof ckpt, "%s/ident.safetensors", f->dir);
     p.checkpoint = ckpt;
@@ -463,11 +464,7 @@ static int record_losses(void *user, int step, int steps, double loss, double tp
  * 41 of 400). */
 static void test_final_loss_is_last_tenth(void **state) {
     fixture *f = *state;
-    kvl_train_params p = small_params();
-    p.batch = 2;
-    p.prefix_min = 8;
-    p.prefix_max = 16;
-    p.cont_len = 8;
+    kvl_train_params p = tiny_params(small_params().steps);
     p.progress = record_losses;
     for (int steps = 10; steps <= 30; steps += 20) {
         kvl_translator *tr = NULL;
@@ -529,12 +526,7 @@ static void test_threads_restore_blas(void **state) {
     const int want = openblas_get_num_threads();   /* 3, or fewer where OpenBLAS was built so */
     kvl_translator *tr = NULL;
     assert_int_equal(kvl_translator_create(f->src, f->dst, NULL, &tr), KVL_OK);
-    kvl_train_params p = small_params();
-    p.steps = 1;
-    p.batch = 2;
-    p.prefix_min = 8;
-    p.prefix_max = 16;
-    p.cont_len = 8;
+    kvl_train_params p = tiny_params(1);
     p.threads = 2;
     assert_int_equal(kvl_translator_train(tr, f->src, f->dst, f->stream, f->n, &p, NULL), KVL_OK);
     assert_int_equal(openblas_get_num_threads(), want);
