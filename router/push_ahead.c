@@ -626,12 +626,13 @@ static void claim(kvr_push_ahead *p, const kvr_turn_req *req, int node, kvr_turn
     }
 }
 
-void kvr_push_ahead_after_turn(kvr_push_ahead *p, const kvr_turn_req *req, int node,
+void kvr_push_ahead_after_turn(kvr_push_ahead *p, const kvr_turn_req *req, int node, int node_dropped,
                                const kvr_policy_input *in, const kvr_policy_state *st,
                                kvr_turn_out *out) {
     if (!p) return;
     kvr_router *r = p->r;
     claim(p, req, node, out);
+    if (node_dropped) return;   /* the source of any push holds nothing now: it could only fail */
     char model[KVR_CFG_NAME_MAX] = "";
     pthread_rwlock_rdlock(&r->policy_lock);
     int on = kvr_policy_push_ahead(r->policy);

@@ -50,8 +50,10 @@ void kvr_push_ahead_free(kvr_push_ahead *p);
 /* Called by the turn right after its commit succeeded (the session is still reserved), with
  * the answering node's index, the policy input of the turn and the state observe() left.
  * Fills out->pushed_ahead_tokens when this turn used a push of the previous one, and queues a
- * push to the predicted node (never blocks: a full queue drops it).  p == NULL: no-op. */
-void kvr_push_ahead_after_turn(kvr_push_ahead *p, const struct kvr_turn_req *req, int node,
+ * push to the predicted node (never blocks: a full queue drops it), unless node_dropped: the
+ * answering node's copy was dropped after the commit (it held other than the ledger), so
+ * there is nothing to push from.  p == NULL: no-op. */
+void kvr_push_ahead_after_turn(kvr_push_ahead *p, const struct kvr_turn_req *req, int node, int node_dropped,
                                const struct kvr_policy_input *in,
                                const struct kvr_policy_state *st, struct kvr_turn_out *out);
 

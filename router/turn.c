@@ -606,7 +606,7 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
                 kvl__svc_log_text("warn", "session %s: dropping the unlisted copy on %s: %s", req->sid, T->name,
                                   kvl_last_error());
             /* push-ahead: report a push this turn used, queue one for the next turn */
-            kvr_push_ahead_after_turn(r->push, req, ti, &in, &ps, out);
+            kvr_push_ahead_after_turn(r->push, req, ti, !after, &in, &ps, out);
             /* rates for the cost policy */
             double pf_s = out->ttft_s - out->switch_s;
             int prefilled = out->mode == KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE ? req->n_user : (int)out->span_tokens;
