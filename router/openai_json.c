@@ -255,6 +255,19 @@ static int neutral_or_refuse(const cJSON *it, kvr_oai_error *err) {
     return 1;   /* not one of these keys */
 }
 
+/* Offset of the first \u0000 escape in JSON text (a backslash not itself escaped, then u0000),
+ * or -1.  cJSON decodes it to a NUL byte, which ends its C string there: the rest of that
+ * string would be dropped without a word. */
+static long nul_escape_at(const char *s, size_t len) {
+    for (size_t i = 0; i + 6 <= len; i++) {
+        if (s[i] != '\\') continue;
+        if (s[i + 1] == 'u' && s[i + 2] == '0' && s[i + 3] == '0' && s[i + 4] == '0' && s[i + 5] == '0')
+            return (long)i;
+        i++;   /* an escape's second character is never the start of another */
+    }
+    return -1;
+}
+
 int kvr_oai_parse(const char *body, size_t len, int chat, long max_new_tokens,
                   int (*known_model)(void *arg, const char *name), void *arg, kvr_oai_req *q,
                   kvr_oai_error *err) {
@@ -272,6 +285,10 @@ int kvr_oai_parse(const char *body, size_t len, int chat, long max_new_tokens,
                    "%ld). The body must be a JSON object.",
                    (long)(end && end >= body && end <= body + len ? end - body : 0));
     if (!cJSON_IsObject(q->root)) return BAD(NULL, "the request body must be a JSON object");
+    long nul = nul_escape_at(body, len);
+    if (nul >= 0)
+        return BAD(NULL, "the request body holds a NUL character (\\u0000, at byte %ld), which no "
+                   "string of a request may contain", nul);
     const cJSON *it;
     int have_model = 0, stream_opts = 0;
     cJSON_ArrayForEach(it, q->root) {

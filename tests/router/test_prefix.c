@@ -193,6 +193,17 @@ static void test_parse(void **state) {
               "stream_options", "only allowed");
     parse_err("{\"model\":\"qwen3-a\",\"prompt\":[1,2]}", 0, 400, "prompt", "one string");
     parse_err("[1]", 0, 400, "", "JSON object");
+    /* a \u0000 would end cJSON's C string there, dropping the rest of the text unsaid; an
+     * escaped backslash before "u0000" is text, not a NUL */
+    parse_err("{\"model\":\"qwen3-a\",\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000 secret\"}]}",
+              1, 400, "", "NUL character");
+    parse_err("{\"model\":\"qwen3-a\",\"prompt\":\"x\",\"stop\":[\"\\u0000\"]}", 0, 400, "", "NUL character");
+    {
+        const char *lit = "{\"model\":\"qwen3-a\",\"prompt\":\"a\\\\u0000 b\"}";
+        assert_int_equal(kvr_oai_parse(lit, strlen(lit), 0, 100, known, NULL, &q, &e), 0);
+        assert_string_equal(q.prompt, "a\\u0000 b");
+        kvr_oai_req_clear(&q);
+    }
     /* a key given twice is refused: a second 'stop' used to add to the first, past the four
      * the request holds (a stack overflow), and a second 'messages' leaked the first */
     parse_err("{\"model\":\"auto\",\"prompt\":\"hi\",\"stop\":[\"a\",\"b\",\"c\",\"d\"],"
