@@ -93,6 +93,7 @@ int cmd_chat(int argc, char **argv);   /* cli/cmd_chat.c: gRPC client of kvlingo
 #endif
 int cmd_translator(int argc, char **argv);
 int cmd_translator_random(int argc, char **argv);
+int cmd_translator_plot(int argc, char **argv);   /* cli/cmd_plot.c */
 /* A translator src -> dst holding `maps` (kvlingo/kv_maps.h, the default layer map, one tap):
  * what kvld applies, for benchmarks and random translator files.  KVL_ERR_MISMATCH when the
  * maps' geometry or layer map is not the pair's; free with kvl_translator_free. */

@@ -256,8 +256,8 @@ static kvl_status meta_int(const kvl_safetensors *st, const char *path, const ch
 }
 
 /* Load tensor `name` of shape [d0] (nd 1) or [d0, d1] (nd 2) into dst as float32, finite. */
-static kvl_status load_tensor(const kvl_safetensors *st, const char *path, const char *name, int nd,
-                              int64_t d0, int64_t d1, float *dst) {
+kvl_status kvl__tr_load_tensor(const kvl_safetensors *st, const char *path, const char *name, int nd,
+                               int64_t d0, int64_t d1, float *dst) {
     const kvl_st_tensor *t = kvl_safetensors_find(st, name);
     if (!t) return kvl__errorf(KVL_ERR_FORMAT, "%s: tensor '%s' is missing", path, name);
     if (t->n_dims != nd || t->shape[0] != d0 || (nd == 2 && t->shape[1] != d1))
@@ -342,12 +342,12 @@ static kvl_status load_from(kvl_safetensors *st, const char *path, kvl_translato
     char name[96];
     for (int l = 0; l < tr->dst_layers; l++) {
         snprintf(name, sizeof name, "layers.%d.k.weight", l);
-        if ((s = load_tensor(st, path, name, 2, dt, din, kvl_translator_wk(tr, l)))) return s;
+        if ((s = kvl__tr_load_tensor(st, path, name, 2, dt, din, kvl_translator_wk(tr, l)))) return s;
         snprintf(name, sizeof name, "layers.%d.v.weight", l);
-        if ((s = load_tensor(st, path, name, 2, dt, din, kvl_translator_wv(tr, l)))) return s;
+        if ((s = kvl__tr_load_tensor(st, path, name, 2, dt, din, kvl_translator_wv(tr, l)))) return s;
         if (tr->dst_qk_norm) {
             snprintf(name, sizeof name, "layers.%d.k_norm.weight", l);
-            if ((s = load_tensor(st, path, name, 1, tr->dst_head_dim, 0,
+            if ((s = kvl__tr_load_tensor(st, path, name, 1, tr->dst_head_dim, 0,
                                  tr->k_norm + (size_t)l * tr->dst_head_dim)))
                 return s;
         }
@@ -373,103 +373,6 @@ kvl_status kvl_translator_load(const char *path, kvl_translator **out) {
     for (size_t i = 0; s == KVL_OK && i < kvl_safetensors_metadata_count(st); i++)
         s = kvl_translator_set_meta(tr, kvl_safetensors_metadata_key(st, i), kvl_safetensors_metadata_value(st, i));
     kvl_safetensors_close(st);
-    if (s != KVL_OK) {
-        kvl_translator_free(tr);
-        return s;
-    }
-    *out = tr;
-    return KVL_OK;
-}
-
-/* ---- import of the plain layout ------------------------------------------------------------ */
-
-/* One source layer per target layer ("0,1,2", "[0, 1, 2]", " 0 1 2") or several: "[[0, 1], [1, 2]]"
- * or "0+1,1+2" (every entry the same number of taps, ascending).  map: [Lt][KVL_TR_PLAIN_TAPS_MAX];
- * *taps receives the count. */
-#define KVL_TR_PLAIN_TAPS_MAX 64
-static kvl_status parse_plain_layer_map(const char *path, const char *v, int Ls, int Lt, int *map,
-                                        int *taps) {
-    const char *p = v;
-    *taps = 0;
-    while (*p == ' ') p++;
-    int outer = *p == '[';
-    if (outer) p++;
-    for (int l = 0; l < Lt; l++) {
-        while (*p == ' ' || *p == ',') p++;
-        int nested = *p == '[', k = 0;
-        if (nested) p++;
-        for (;;) {
-            while (*p == ' ' || (nested && *p == ',')) p++;
-            if (nested && *p == ']') { p++; break; }
-            char *end;
-            long x = strtol(p, &end, 10);
-            if (end == p || x < 0 || x >= Ls || k >= KVL_TR_PLAIN_TAPS_MAX ||
-                (k && x <= map[l * KVL_TR_PLAIN_TAPS_MAX + k - 1]))
-                return kvl__errorf(KVL_ERR_FORMAT, "%s: metadata 'layer_map' = \"%s\": entry %d is not a "
-                                  "list of ascending source layers in [0, %d) (the target has %d layers)",
-                                  path, v, l, Ls, Lt);
-            map[l * KVL_TR_PLAIN_TAPS_MAX + k++] = (int)x;
-            p = end;
-            while (*p == ' ') p++;
-            if (!nested && *p == '+') { p++; continue; }
-            if (!nested) break;
-        }
-        if (*taps == 0) *taps = k;
-        if (k != *taps)
-            return kvl__errorf(KVL_ERR_FORMAT, "%s: metadata 'layer_map' = \"%s\": entry %d has %d source "
-                              "layers, entry 0 has %d (every target layer reads the same number)",
-                              path, v, l, k, *taps);
-    }
-    while (*p == ' ' || *p == ']') p++;
-    if (*p)
-        return kvl__errorf(KVL_ERR_FORMAT, "%s: metadata 'layer_map' = \"%s\" lists more than the "
-                          "target's %d layers", path, v, Lt);
-    return KVL_OK;
-}
-
-kvl_status kvl_translator_import_plain(const char *path, const kvl_model *src, const kvl_model *dst,
-                                       kvl_translator **out) {
-    if (!path || !src || !dst || !out)
-        return kvl__errorf(KVL_ERR_INVALID_ARG, "translator import: NULL argument");
-    kvl_safetensors *st = NULL;
-    kvl_status s = kvl_safetensors_open(path, &st);
-    if (s != KVL_OK) return s;
-    const kvl_model_config *a = kvl_model_config_get(src), *b = kvl_model_config_get(dst);
-    int *map = calloc((size_t)b->n_layers * KVL_TR_PLAIN_TAPS_MAX, sizeof(int)), taps = 1;
-    kvl_translator *tr = NULL;
-    const char *mv = kvl_safetensors_metadata(st, "layer_map");
-    if (!map) s = kvl__errorf(KVL_ERR_NOMEM, "out of memory");
-    else if (kvl_safetensors_metadata(st, "format"))
-        s = kvl__errorf(KVL_ERR_FORMAT, "%s: has a 'format' metadata key (\"%s\"): not a plain-layout "
-                       "file (a kvlingo translator loads as it is)", path, kvl_safetensors_metadata(st, "format"));
-    else if (!mv)
-        s = kvl__errorf(KVL_ERR_FORMAT, "%s: metadata key 'layer_map' is missing (the plain layout names "
-                       "the source layer of each of the target's %d layers)", path, b->n_layers);
-    else
-        s = parse_plain_layer_map(path, mv, a->n_layers, b->n_layers, map, &taps);
-    for (int l = 0; s == KVL_OK && l < b->n_layers; l++)   /* compact [Lt][MAX] to [Lt][taps] */
-        memmove(map + (size_t)l * taps, map + (size_t)l * KVL_TR_PLAIN_TAPS_MAX, sizeof(int) * (size_t)taps);
-    for (int l = 0; s == KVL_OK && l < b->n_layers + 1; l++) {   /* no tensor past the target's depth */
-        char name[64];
-        snprintf(name, sizeof name, "layers.%d.k.weight", l);
-        if (l == b->n_layers && kvl_safetensors_find(st, name))
-            s = kvl__errorf(KVL_ERR_MISMATCH, "%s: tensor '%s' exists but target model '%s' has %d layers",
-                           path, name, kvl_model_name(dst), b->n_layers);
-    }
-    /* k_norm comes from the target model (kvl_translator_create copies it); the maps from the file,
-     * each checked against [Ht*Dt, Hs*Ds] of the two models */
-    if (s == KVL_OK) s = kvl_translator_create_taps(src, dst, taps, map, &tr);
-    for (int l = 0; s == KVL_OK && l < b->n_layers; l++) {
-        char name[64];
-        snprintf(name, sizeof name, "layers.%d.k.weight", l);
-        s = load_tensor(st, path, name, 2, kvl__tr_dt(tr), kvl__tr_din(tr), kvl_translator_wk(tr, l));
-        snprintf(name, sizeof name, "layers.%d.v.weight", l);
-        if (s == KVL_OK) s = load_tensor(st, path, name, 2, kvl__tr_dt(tr), kvl__tr_din(tr), kvl_translator_wv(tr, l));
-    }
-    if (s == KVL_OK) s = kvl_translator_set_meta(tr, "imported_from", path);
-    if (s == KVL_OK) s = kvl_translator_set_meta(tr, "created_by", "kvlingo translator import --layout plain");
-    kvl_safetensors_close(st);
-    free(map);
     if (s != KVL_OK) {
         kvl_translator_free(tr);
         return s;

@@ -11,6 +11,7 @@
 #include "decoder.h"
 #include "kvlingo/backend.h"
 #include "kvlingo/model.h"
+#include "kvlingo/safetensors.h"
 #include "kvlingo/translator.h"
 
 struct kvl_translator {
@@ -67,6 +68,10 @@ void kvl__tr_default_sources(int l, int Ls, int Lt, int T, int *out);
  *   x:   [Ls][n][Hs*Ds] float32, every source layer (kvl_translator_apply's k_src layout)
  *   out: [n][T*Hs*Ds], row t = [x[s(l,0)][t] | ... | x[s(l,T-1)][t]] */
 void kvl__tr_gather(const kvl_translator *tr, int l, const float *x, int n, float *out);
+/* Tensor `name` of a translator file at path, of shape [d0] (nd 1) or [d0, d1] (nd 2), into
+ * dst as float32, every value finite; errors name the file and the tensor (translator.c). */
+kvl_status kvl__tr_load_tensor(const kvl_safetensors *st, const char *path, const char *name, int nd,
+                               int64_t d0, int64_t d1, float *dst);
 
 /* ---- training core, generic over the scalar type (float: training; double: grad check) ---- */
 
