@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 
+import grpc
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rtest  # noqa: E402
 from rtest import check  # noqa: E402
@@ -100,7 +102,17 @@ def cancel_before_first_token(a):
             node.proc.send_signal(signal.SIGCONT)
         after = list(c.get_session(sid, include_tokens=True).tokens)
         check(after == before + [39, 918], "ledger after the early cancel: %r" % after[len(before):])
-        ids, _, s2 = c.send_all(sid, tokens=[13, 198], max_tokens=3)
+        # the cancelled turn commits its input, then drops the node's copy and lets the session
+        # go: a turn sent in between is told the session is busy (ABORTED), and a client retries
+        t0 = time.time()
+        while True:
+            try:
+                ids, _, s2 = c.send_all(sid, tokens=[13, 198], max_tokens=3)
+                break
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.ABORTED or "busy" not in err.details() or time.time() - t0 > 10:
+                    raise
+                time.sleep(0.05)
         check(len(ids) == 3, "the next turn after an early cancel: %s" % s2)
         print("  ok: a turn cancelled before its first token ends at once (node frozen); its input kept")
     finally:
