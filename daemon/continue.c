@@ -189,6 +189,15 @@ static int same_header(const Kvlingo__V1__SpanHeader *h, const uint8_t *raw, siz
     return same;
 }
 
+/* How long the pull drives the receive between looks at the source's answer.  A look polls
+ * gRPC's sockets, which on a small host takes the CPU from the two threads moving the span
+ * (the source's send and this receive): measured on 2 cores (bench_switch.py, qwen3-a ->
+ * qwen3-b, 512 tokens, 1 MB), the source's send took 0.35-0.74 ms with a look every 200 us and
+ * 0.17-0.21 ms with one every 1.5 ms, and the switch 0.25-0.5 ms less (turns of both kinds
+ * interleaved in one fleet).  In push mode the bytes come before the answer, so only a
+ * refusal, which comes without bytes, is seen up to this much later. */
+#define PULL_LOOK_US 1000
+
 static void pull_push(cont *c, kvl__rpc_client *cli, const char *src_name, const char *src_hash,
                       int64_t tmo, Kvlingo__V1__ExportSpanRequest *er) {
     kvld_node *n = c->n;
@@ -256,14 +265,14 @@ static void pull_push(cont *c, kvl__rpc_client *cli, const char *src_name, const
     }
     /* the bytes or the answer, whichever comes first; the call's deadline bounds the loop.
      * While the span is due (its export and transfer: 2 ms plus 1 ms per 2 MB) this thread
-     * drives the receive itself, which sees the last byte at once; after that it sleeps in the
-     * call's queue a millisecond at a time (a slow or hung source costs no core) and looks at
-     * the receive between naps */
+     * drives the receive itself, which sees the last byte at once, and looks at the call every
+     * PULL_LOOK_US; after that it sleeps in the call's queue a millisecond at a time (a slow or
+     * hung source costs no core) and looks at the receive between naps */
     int have_bytes = 0;
     const double spin_until = t_w + 0.002 + (double)rx.cap / 2e9;
     for (;;) {
         if (kvl__now_s() < spin_until) {
-            if ((have_bytes = kvl__transport_recv_poll(n->transport, rx.rv, 200))) break;
+            if ((have_bytes = kvl__transport_recv_poll(n->transport, rx.rv, PULL_LOOK_US))) break;
             if (kvl__rpc_unary_wait(call, 0)) break;
         } else {
             if (kvl__rpc_unary_wait(call, 1)) break;
