@@ -5,6 +5,15 @@
  *       Span payload transfer over kvlingo's UCX transport between two processes on this host
  *       (fork: the child receives), one tagged message at a time, as ExportSpan sends them.
  *       Prints "transfer size_mb=S iters=N gbps=X" per size (GB = 1e9 bytes).
+ *
+ *   bench_transfer latency [--sizes-kb 128,1024,4096] [--iters 50] [--gap-ms 20]
+ *       One span at a time, as a switch moves it: the receiver posts its receive and asks the
+ *       sender (a pipe stands in for the ExportSpan request), then drives it as a pull does
+ *       (kvl__transport_recv_poll) until the last byte lands; the sender sends from a buffer it
+ *       has just written (the span's encode).  gap-ms apart, so that each message finds both
+ *       processes idle, as turns do.  Prints per size the medians of the sender's send time
+ *       (ExportSpan's transfer_ms) and of the receiver's wait from its request to the last byte;
+ *       the floor to compare with is `ucx_perftest -t tag_lat -s BYTES` (back to back, hot).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -135,9 +144,158 @@ static int bench_transfer(int argc, char **argv) {
     return rc || !WIFEXITED(status) || WEXITSTATUS(status) != 0;
 }
 
+/* ---- latency -------------------------------------------------------------------------------- */
+
+static int cmp_dbl(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_dbl);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static int read_full(int fd, void *p, size_t n) {
+    for (size_t got = 0; got < n;) {
+        ssize_t r = read(fd, (uint8_t *)p + got, n - got);
+        if (r <= 0) return -1;
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+static size_t max_bytes_kb(const int *sizes, int ns) {
+    size_t m = 0;
+    for (int i = 0; i < ns; i++)
+        if (((size_t)sizes[i] << 10) > m) m = (size_t)sizes[i] << 10;
+    return m;
+}
+
+/* The child: per message, post the receive, ask for the span (its tag down the pipe), drive the
+ * receive 1 ms at a time (the pull's look at its gRPC answer between) until it lands, and send
+ * the wait (seconds) back. */
+static int latency_receiver(int rd, int wr, const int *sizes, int ns, int iters) {
+    kvl__transport *t;
+    if (kvl__transport_create("ucx", &t) != KVL_OK) return 1;
+    const uint8_t *addr;
+    size_t alen;
+    kvl__transport_address(t, &addr, &alen);
+    uint32_t l = (uint32_t)alen;
+    if (write(wr, &l, 4) != 4 || write(wr, addr, alen) != (ssize_t)alen) return 1;
+    const size_t maxb = max_bytes_kb(sizes, ns);
+    uint8_t *buf = malloc(maxb);
+    if (!buf) return 1;
+    memset(buf, 0, maxb);
+    uint64_t tag = 1000;
+    for (int i = 0; i < ns; i++) {
+        const size_t b = (size_t)sizes[i] << 10;
+        for (int k = 0; k <= iters; k++) {
+            char go;
+            if (read_full(rd, &go, 1)) return 1;   /* the sender is ready for the next one */
+            kvl__transport_recv *r;
+            if (kvl__transport_recv_post(t, ++tag, buf, b, &r) != KVL_OK) return 1;
+            const double t0 = kvl__now_s();
+            if (write(wr, &tag, sizeof tag) != (ssize_t)sizeof tag) return 1;
+            while (!kvl__transport_recv_poll(t, r, 1000)) {
+            }
+            const double w = kvl__now_s() - t0;
+            size_t got;
+            if (kvl__transport_recv_wait(t, r, 1000, NULL, &got) != KVL_OK || got != b) {
+                fprintf(stderr, "receiver: %s\n", kvl_last_error());
+                return 1;
+            }
+            kvl__transport_recv_free(t, r, NULL, NULL);
+            if (write(wr, &w, sizeof w) != (ssize_t)sizeof w) return 1;
+        }
+    }
+    free(buf);
+    kvl__transport_free(t);
+    return 0;
+}
+
+static int bench_latency(int argc, char **argv) {
+    const char *sizes_s = "128,1024,4096";
+    int iters = 50, gap_ms = 20;
+    for (int i = 2; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--sizes-kb")) sizes_s = argv[i + 1];
+        else if (!strcmp(argv[i], "--iters")) iters = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--gap-ms")) gap_ms = atoi(argv[i + 1]);
+    }
+    int sizes[32];
+    const int ns = parse_list(sizes_s, sizes, 32);
+    int bad = ns < 1 || iters < 1 || iters > 100000 || gap_ms < 0 || gap_ms > 10000;
+    for (int i = 0; i < ns; i++) bad |= sizes[i] < 1 || sizes[i] > (1 << 20);
+    if (bad) {
+        fprintf(stderr, "bench_transfer latency: sizes 1..1048576 KB, iters 1..100000, gap-ms 0..10000\n");
+        return 2;
+    }
+    int to_parent[2], to_child[2];
+    if (pipe(to_parent) || pipe(to_child)) return 1;
+    pid_t pid = fork();
+    if (pid < 0) return 1;
+    if (pid == 0) _exit(latency_receiver(to_child[0], to_parent[1], sizes, ns, iters));
+    uint32_t l;
+    if (read_full(to_parent[0], &l, 4) || l == 0 || l > (1u << 20)) return 1;
+    uint8_t *addr = malloc(l);
+    if (!addr || read_full(to_parent[0], addr, l)) return 1;
+    kvl__transport *t;
+    if (kvl__transport_create("ucx", &t) != KVL_OK) return 1;
+    const size_t maxb = max_bytes_kb(sizes, ns);
+    uint8_t *buf = malloc(maxb);
+    double *snd = malloc(sizeof(double) * (size_t)iters), *rcv = malloc(sizeof(double) * (size_t)iters);
+    if (!buf || !snd || !rcv) return 1;
+    printf("%10s %6s %14s %18s\n", "size_kb", "iters", "send_us(med)", "recv_wait_us(med)");
+    int rc = 0;
+    for (int i = 0; i < ns && !rc; i++) {
+        const size_t b = (size_t)sizes[i] << 10;
+        for (int k = 0; k <= iters && !rc; k++) {   /* the first is the warm-up */
+            struct timespec gap = {gap_ms / 1000, (long)(gap_ms % 1000) * 1000000L};
+            nanosleep(&gap, NULL);
+            char go = 1;
+            uint64_t tag;
+            double w;
+            if (write(to_child[1], &go, 1) != 1 || read_full(to_parent[0], &tag, sizeof tag)) {
+                rc = 1;
+                break;
+            }
+            memset(buf, k & 0xff, b);   /* written just before, as the encode does */
+            const double t0 = kvl__now_s();
+            if (kvl__transport_send(t, addr, l, tag, buf, b, 60000, NULL, NULL, NULL, NULL) != KVL_OK) {
+                fprintf(stderr, "send: %s\n", kvl_last_error());
+                rc = 1;
+                break;
+            }
+            const double sent = kvl__now_s() - t0;
+            if (read_full(to_parent[0], &w, sizeof w)) {
+                rc = 1;
+                break;
+            }
+            if (k > 0) {
+                snd[k - 1] = sent;
+                rcv[k - 1] = w;
+            }
+        }
+        if (!rc)
+            printf("%10d %6d %14.1f %18.1f\n", sizes[i], iters, median(snd, iters) * 1e6, median(rcv, iters) * 1e6);
+        fflush(stdout);
+    }
+    close(to_child[1]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    kvl__transport_free(t);
+    free(buf);
+    free(addr);
+    free(snd);
+    free(rcv);
+    return rc || !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+}
+
 int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "transfer")) return bench_transfer(argc, argv);
-    fprintf(stderr, "usage: bench_transfer transfer [--sizes-mb 1,4,16,64,256] [--seconds 1]\n");
+    if (argc >= 2 && !strcmp(argv[1], "latency")) return bench_latency(argc, argv);
+    fprintf(stderr, "usage: bench_transfer transfer [--sizes-mb 1,4,16,64,256] [--seconds 1]\n"
+                    "       bench_transfer latency [--sizes-kb 128,1024,4096] [--iters 50] [--gap-ms 20]\n");
     return 2;
 }
 #endif
