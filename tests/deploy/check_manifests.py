@@ -21,12 +21,14 @@ What a schema validator cannot see, checked here on the objects `kubectl kustomi
   - every Service selects some pods and its target ports exist; a ServiceMonitor exactly in the
     *-monitoring overlays, selecting Services that have its endpoint port; every referenced
     ConfigMap / PVC exists;
-  - fleet.yaml (the router's ConfigMap): listen / metrics ports = the router's container ports;
+  - fleet.yaml (the router's ConfigMap): listen / metrics / health_listen ports = the router's
+    container ports; http_listen (the OpenAI-compatible API) is set exactly when the router has
+    a container port named openai, and on it;
     every node address is <statefulset>-<ordinal>.<service>:<grpc port> of a pod that exists,
     with the StatefulSet's model; every kvld pod is listed exactly once; the policy names only
     models the fleet has;
   - NetworkPolicies: default deny; kvld's gRPC port admits the router and the nodes only; the
-    router's client port admits anyone; every metrics port admits a pod labelled only
+    router's client ports (grpc, openai) admit anyone; every metrics port admits a pod labelled only
     kvlingo.dev/metrics-scraper: "true" (as deploy/README.md asks of Prometheus);
   - GPUs (nvidia.com/gpu requested = limited) on every kvld exactly in the gpu overlays;
   - every Secret volume without the "other" read bit (defaultMode);
@@ -352,6 +354,12 @@ def check_overlay(name, objs):
         bad(f"fleet.yaml metrics {fleet.get('metrics')} is not the router's metrics port")
     if port_of(fleet.get("health_listen"))[1] != port_by_name(rc, "health"):
         bad(f"fleet.yaml health_listen {fleet.get('health_listen')} is not the router's health port")
+    openai = port_by_name(rc, "openai")
+    if fleet.get("http_listen") and port_of(fleet.get("http_listen"))[1] != openai:
+        bad(f"fleet.yaml http_listen {fleet.get('http_listen')} is not the router's openai port "
+            f"({openai})")
+    if openai is not None and not fleet.get("http_listen"):
+        bad(f"the router has an openai port {openai} but fleet.yaml sets no http_listen")
     if fleet.get("insecure") not in (None, False) or "--insecure" in [str(a) for a in rc.get("args", [])]:
         bad("the router runs insecure (plaintext gRPC)")
     for k in ("tls_cert", "tls_key", "tls_ca", "ticket_key_file"):
@@ -497,8 +505,11 @@ def check_network_policies(by_kind, workloads):
                 bad(f"{oid(w)}: its gRPC port {grpc} does not admit the other nodes")
             if admits({"app": "stranger"}):
                 bad(f"{oid(w)}: its gRPC port {grpc} admits an unlabelled pod")
-        elif not any(policy_admits(p, grpc, None) for p in mine):
-            bad(f"{oid(w)}: the router's client port {grpc} is closed to clients")
+        else:
+            for pname in ("grpc", "openai"):
+                port = port_by_name(c, pname)
+                if port is not None and not any(policy_admits(p, port, None) for p in mine):
+                    bad(f"{oid(w)}: the router's client port {port} ({pname}) is closed to clients")
 
 
 def normalise(objs):

@@ -34,6 +34,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -395,6 +396,9 @@ def main():
     fleet["listen"] = f"127.0.0.1:{ports['r']}"
     fleet["metrics"] = f"127.0.0.1:{ports['rm']}"
     fleet["health_listen"] = f"127.0.0.1:{ports['rh']}"
+    if fleet.get("http_listen"):   # the OpenAI-compatible API the manifests open (HTTPS)
+        ports["ro"] = free_port()
+        fleet["http_listen"] = f"127.0.0.1:{ports['ro']}"
     for k in ("tls_cert", "tls_key", "tls_ca"):
         fleet[k] = str(fleet[k]).replace("/etc/kvlingo-tls", tls_dirs["router"])
     fleet["ledger"] = os.path.join(work, "router.db")
@@ -465,6 +469,25 @@ def main():
             root_certificates=open(pki["ca"], "rb").read()))
         stub = pbg.RouterStub(ch)
         sid = stub.CreateSession(pb2.CreateSessionRequest(), timeout=30, metadata=md).session_id
+        if "ro" in ports:
+            # the OpenAI door of the shipped fleet.yaml: HTTPS with the router's certificate,
+            # verified with the fleet CA, and the same API keys
+            import ssl
+            ctx = ssl.create_default_context(cafile=pki["ca"])
+            rq = urllib.request.Request(f"https://127.0.0.1:{ports['ro']}/v1/models",
+                                        headers={"Authorization": "Bearer " + api_key})
+            with urllib.request.urlopen(rq, timeout=10, context=ctx) as r:
+                ids = sorted(m["id"] for m in json.loads(r.read())["data"])
+            if not {"qwen3-a", "qwen3-b"} <= set(ids):
+                problems.append(f"GET /v1/models over HTTPS listed {ids}")
+            try:
+                urllib.request.urlopen(f"https://127.0.0.1:{ports['ro']}/v1/models", timeout=10, context=ctx)
+                problems.append("GET /v1/models without an API key was served")
+            except urllib.error.HTTPError as e:
+                if e.code != 401:
+                    problems.append(f"GET /v1/models without an API key: HTTP {e.code}, expected 401")
+            print(f"ok: the OpenAI API of the shipped fleet.yaml answers over HTTPS (models {ids}), "
+                  "401 without a key")
         text = open(os.path.join(src, "testdata", "corpus", "valid.txt")).read().split("\n")
         text = [t for t in text if len(t) > 200]
         prom = None

@@ -102,6 +102,24 @@ PY
       echo "FAIL: check_manifests.py missed a planted fault ($want)"; fail=1
     fi
   done
+  # the OpenAI port closed by the router's NetworkPolicy, and fleet.yaml serving it elsewhere
+  "$py" - "$tmp/base.yaml" "$tmp/mut5.yaml" <<'PY'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+for d in docs:
+    if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "kvlingo-router-ingress":
+        for rule in d["spec"]["ingress"]:
+            rule["ports"] = [p for p in rule.get("ports", []) if p.get("port") != 7003]
+    if d["kind"] == "ConfigMap" and "fleet.yaml" in d.get("data", {}):
+        d["data"]["fleet.yaml"] = d["data"]["fleet.yaml"].replace("http_listen: 0.0.0.0:7003", "http_listen: 0.0.0.0:7999")
+yaml.safe_dump_all(docs, open(sys.argv[2], "w"))
+PY
+  out=$("$py" "$here/check_manifests.py" --overlay base "$tmp/mut5.yaml")
+  for want in "client port 7003 (openai) is closed to clients" "http_listen 0.0.0.0:7999 is not the router's openai port"; do
+    if ! grep -q "$want" <<< "$out"; then
+      echo "FAIL: check_manifests.py missed a planted fault ($want)"; fail=1
+    fi
+  done
   [ "$fail" -eq 0 ] && echo "ok: check_manifests.py finds planted faults"
 fi
 [ "$fail" -eq 0 ] && echo "PASS: deploy manifests" || echo "FAIL: deploy manifests"
