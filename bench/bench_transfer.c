@@ -12,8 +12,10 @@
  *       (kvl__transport_recv_poll) until the last byte lands; the sender sends from a buffer it
  *       has just written (the span's encode).  gap-ms apart, so that each message finds both
  *       processes idle, as turns do.  Prints per size the medians of the sender's send time
- *       (ExportSpan's transfer_ms) and of the receiver's wait from its request to the last byte;
- *       the floor to compare with is `ucx_perftest -t tag_lat -s BYTES` (back to back, hot).
+ *       (ExportSpan's transfer_ms) and of the receiver's wait from its request to the last byte
+ *       (which also holds the request's trip and the sender's writing of the buffer, as a
+ *       pull's does); `ucx_perftest -t tag_lat -s BYTES` gives the floor of the send time (back
+ *       to back, buffers hot).  A failure on either side ends both (exit 1).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +28,8 @@ int main(void) {
 }
 #else
 #include <pthread.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -70,15 +74,23 @@ static int run_receiver(int rd, int wr, const int *sizes, int ns, double seconds
     for (int i = 0; i < ns; i++) {
         size_t b = (size_t)sizes[i] << 20;
         int iters = iters_for(b, seconds) + 1;   /* + warm-up */
-        for (int k = 0; k < iters; k++) {
-            kvl__transport_recv *r;
-            size_t got;
-            if (kvl__transport_recv_post(t, ++tag, buf, b, &r) != KVL_OK ||
-                kvl__transport_recv_wait(t, r, 60000, NULL, &got) != KVL_OK || got != b) {
+        /* every receive of the size is posted before the sender starts: the transport drops a
+         * message that finds no receive posted (an unmatched one), so a receive posted after
+         * its message came would wait for ever */
+        kvl__transport_recv *rs[2001];
+        for (int k = 0; k < iters; k++)
+            if (kvl__transport_recv_post(t, ++tag, buf, b, &rs[k]) != KVL_OK) {
                 fprintf(stderr, "receiver: %s\n", kvl_last_error());
                 return 1;
             }
-            kvl__transport_recv_free(t, r, NULL, NULL);
+        if (write(wr, "r", 1) != 1) return 1;
+        for (int k = 0; k < iters; k++) {
+            size_t got;
+            if (kvl__transport_recv_wait(t, rs[k], 60000, NULL, &got) != KVL_OK || got != b) {
+                fprintf(stderr, "receiver: %s\n", kvl_last_error());
+                return 1;
+            }
+            kvl__transport_recv_free(t, rs[k], NULL, NULL);
         }
     }
     char done = 1;
@@ -99,9 +111,17 @@ static int bench_transfer(int argc, char **argv) {
     int ns = parse_list(sizes_s, sizes, 32);
     int to_parent[2], to_child[2];
     if (pipe(to_parent) || pipe(to_child)) return 1;
+    signal(SIGPIPE, SIG_IGN);
     pid_t pid = fork();
     if (pid < 0) return 1;
-    if (pid == 0) _exit(run_receiver(to_child[0], to_parent[1], sizes, ns, seconds));
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(to_child[1]);
+        close(to_parent[0]);
+        _exit(run_receiver(to_child[0], to_parent[1], sizes, ns, seconds));
+    }
+    close(to_child[0]);
+    close(to_parent[1]);
     uint32_t l;
     if (read(to_parent[0], &l, 4) != 4 || l == 0 || l > (1u << 20)) return 1;
     uint8_t *addr = malloc(l);
@@ -124,6 +144,11 @@ static int bench_transfer(int argc, char **argv) {
     for (int i = 0; i < ns && !rc; i++) {
         size_t b = (size_t)sizes[i] << 20;
         int iters = iters_for(b, seconds);
+        char ready;
+        if (read(to_parent[0], &ready, 1) != 1) {   /* the receiver posted this size's receives */
+            rc = 1;
+            break;
+        }
         if (kvl__transport_send(t, addr, l, ++tag, buf, b, 60000, NULL, NULL, NULL, NULL) != KVL_OK) rc = 1;   /* warm-up */
         double t0 = kvl__now_s();
         for (int k = 0; k < iters && !rc; k++)
@@ -136,6 +161,7 @@ static int bench_transfer(int argc, char **argv) {
     }
     char done = 1;
     if (write(to_child[1], &done, 1) != 1) rc = 1;
+    if (rc) kill(pid, SIGKILL);   /* it may be waiting for messages that will not come */
     int status = 0;
     waitpid(pid, &status, 0);
     kvl__transport_free(t);
@@ -173,9 +199,10 @@ static size_t max_bytes_kb(const int *sizes, int ns) {
 }
 
 /* The child: per message, post the receive, ask for the span (its tag down the pipe), drive the
- * receive 1 ms at a time (the pull's look at its gRPC answer between) until it lands, and send
- * the wait (seconds) back. */
+ * receive until it lands (at most 60 s), and send the wait (seconds) back.  Dies with its
+ * parent. */
 static int latency_receiver(int rd, int wr, const int *sizes, int ns, int iters) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     kvl__transport *t;
     if (kvl__transport_create("ucx", &t) != KVL_OK) return 1;
     const uint8_t *addr;
@@ -197,7 +224,7 @@ static int latency_receiver(int rd, int wr, const int *sizes, int ns, int iters)
             if (kvl__transport_recv_post(t, ++tag, buf, b, &r) != KVL_OK) return 1;
             const double t0 = kvl__now_s();
             if (write(wr, &tag, sizeof tag) != (ssize_t)sizeof tag) return 1;
-            while (!kvl__transport_recv_poll(t, r, 1000)) {
+            while (!kvl__transport_recv_poll(t, r, 1000) && kvl__now_s() - t0 < 60) {
             }
             const double w = kvl__now_s() - t0;
             size_t got;
@@ -216,37 +243,49 @@ static int latency_receiver(int rd, int wr, const int *sizes, int ns, int iters)
 
 static int bench_latency(int argc, char **argv) {
     const char *sizes_s = "128,1024,4096";
-    int iters = 50, gap_ms = 20;
+    int iters = 50, gap_ms = 20, bad = (argc - 2) % 2 != 0;
     for (int i = 2; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--sizes-kb")) sizes_s = argv[i + 1];
         else if (!strcmp(argv[i], "--iters")) iters = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--gap-ms")) gap_ms = atoi(argv[i + 1]);
+        else bad = 1;
     }
     int sizes[32];
     const int ns = parse_list(sizes_s, sizes, 32);
-    int bad = ns < 1 || iters < 1 || iters > 100000 || gap_ms < 0 || gap_ms > 10000;
+    bad |= ns < 1 || ns > 31 || iters < 1 || iters > 100000 || gap_ms < 0 || gap_ms > 10000;
     for (int i = 0; i < ns; i++) bad |= sizes[i] < 1 || sizes[i] > (1 << 20);
     if (bad) {
-        fprintf(stderr, "bench_transfer latency: sizes 1..1048576 KB, iters 1..100000, gap-ms 0..10000\n");
+        fprintf(stderr, "usage: bench_transfer latency [--sizes-kb LIST] [--iters N] [--gap-ms MS]: at most 31 "
+                        "sizes of 1..1048576 KB, iters 1..100000, gap-ms 0..10000\n");
         return 2;
     }
     int to_parent[2], to_child[2];
     if (pipe(to_parent) || pipe(to_child)) return 1;
+    signal(SIGPIPE, SIG_IGN);   /* a receiver that died is a failed write, not this process's end */
     pid_t pid = fork();
     if (pid < 0) return 1;
-    if (pid == 0) _exit(latency_receiver(to_child[0], to_parent[1], sizes, ns, iters));
+    if (pid == 0) {
+        close(to_child[1]);
+        close(to_parent[0]);
+        _exit(latency_receiver(to_child[0], to_parent[1], sizes, ns, iters));
+    }
+    close(to_child[0]);
+    close(to_parent[1]);
     uint32_t l;
-    if (read_full(to_parent[0], &l, 4) || l == 0 || l > (1u << 20)) return 1;
-    uint8_t *addr = malloc(l);
-    if (!addr || read_full(to_parent[0], addr, l)) return 1;
-    kvl__transport *t;
-    if (kvl__transport_create("ucx", &t) != KVL_OK) return 1;
+    uint8_t *addr = NULL, *buf = NULL;
+    double *snd = NULL, *rcv = NULL;
+    kvl__transport *t = NULL;
+    int rc = 1;
+    if (read_full(to_parent[0], &l, 4) || l == 0 || l > (1u << 20) || !(addr = malloc(l)) ||
+        read_full(to_parent[0], addr, l) || kvl__transport_create("ucx", &t) != KVL_OK)
+        goto out;
     const size_t maxb = max_bytes_kb(sizes, ns);
-    uint8_t *buf = malloc(maxb);
-    double *snd = malloc(sizeof(double) * (size_t)iters), *rcv = malloc(sizeof(double) * (size_t)iters);
-    if (!buf || !snd || !rcv) return 1;
+    buf = malloc(maxb);
+    snd = malloc(sizeof(double) * (size_t)iters);
+    rcv = malloc(sizeof(double) * (size_t)iters);
+    if (!buf || !snd || !rcv) goto out;
+    rc = 0;
     printf("%10s %6s %14s %18s\n", "size_kb", "iters", "send_us(med)", "recv_wait_us(med)");
-    int rc = 0;
     for (int i = 0; i < ns && !rc; i++) {
         const size_t b = (size_t)sizes[i] << 10;
         for (int k = 0; k <= iters && !rc; k++) {   /* the first is the warm-up */
@@ -280,10 +319,13 @@ static int bench_latency(int argc, char **argv) {
             printf("%10d %6d %14.1f %18.1f\n", sizes[i], iters, median(snd, iters) * 1e6, median(rcv, iters) * 1e6);
         fflush(stdout);
     }
+out:
     close(to_child[1]);
+    close(to_parent[0]);
+    if (rc) kill(pid, SIGKILL);   /* it may be waiting for a span that will not come */
     int status = 0;
     waitpid(pid, &status, 0);
-    kvl__transport_free(t);
+    if (t) kvl__transport_free(t);
     free(buf);
     free(addr);
     free(snd);
