@@ -18,7 +18,8 @@ What a schema validator cannot see, checked here on the objects `kubectl kustomi
     name files of a mounted Secret volume whose items provide them; nothing runs --insecure;
   - transfer tickets: kvld's --ticket-key-file and fleet.yaml's ticket_key_file are files of a
     mounted Secret; kvld --advertise is its pod's DNS name $(POD_NAME).<service>:<grpc port>;
-  - every Service selects some pods and its target ports exist; a ServiceMonitor exactly in the
+  - every Service selects some pods and its target ports exist; the router's grpc and openai
+    ports are published, the openai one with sessionAffinity ClientIP; a ServiceMonitor exactly in the
     *-monitoring overlays, selecting Services that have its endpoint port; every referenced
     ConfigMap / PVC exists;
   - fleet.yaml (the router's ConfigMap): listen / metrics / health_listen ports = the router's
@@ -308,6 +309,21 @@ def check_overlay(name, objs):
             tp = p.get("targetPort", p.get("port"))
             if isinstance(tp, str) and tp not in cports:
                 bad(f"{oid(s)}: targetPort {tp} is no container port")
+    # the router's client ports are published, the OpenAI door's with client affinity (its
+    # prefix index lives in each replica's memory)
+    router_svcs = [s for s in services.values()
+                   if s["spec"].get("selector", {}).get("app.kubernetes.io/name") == "kvlingo-router"]
+    router_c = next((pod_spec(w)["containers"][0] for w in workloads if w["kind"] == "Deployment"), None)
+    for pname in ("grpc", "openai"):
+        if router_c is None or port_by_name(router_c, pname) is None:
+            continue
+        pub = [s for s in router_svcs if any(p.get("targetPort") in (pname, port_by_name(router_c, pname))
+                                             for p in s["spec"].get("ports", []))]
+        if not pub:
+            bad(f"no Service publishes the router's {pname} port")
+        elif pname == "openai" and not any(s["spec"].get("sessionAffinity") == "ClientIP" for s in pub):
+            bad("the Service publishing the router's openai port has no sessionAffinity: ClientIP "
+                "(stateless OpenAI requests would alternate between replicas' prefix indexes)")
 
     # ---- ServiceMonitor: only in the *-monitoring overlays (the others must apply on a cluster
     # without the Prometheus Operator's CRDs)
@@ -467,7 +483,7 @@ SCRAPER = {"kvlingo.dev/metrics-scraper": "true"}   # the label deploy/README.md
 
 def check_network_policies(by_kind, workloads):
     """Every pod is under a default-deny ingress policy; kvld's gRPC port admits the router and
-    other nodes but nobody else; the router's client port admits any client."""
+    other nodes but nobody else; the router's client ports admit any client."""
     pols = by_kind.get("NetworkPolicy", [])
     if not any(p["spec"].get("podSelector", {}) in ({}, None) or
                p["spec"]["podSelector"].get("matchLabels", {}).keys() <= {"app.kubernetes.io/part-of"}

@@ -15,7 +15,9 @@ the Kubernetes probes ask) and /healthz on each, and drives one session:
   turn 1 on qwen3-a, turn 2 on qwen3-b (translated switch: span shipped and translated),
   turn 3 back on qwen3-a (no qwen3-b -> qwen3-a translator: fallback, re-prefill),
   a Send to an unknown session (an error turn).
-Every fleet.yaml under deploy/k8s also passes `kvlingo-router --check`.
+Every fleet.yaml under deploy/k8s also passes `kvlingo-router --check`, and the OpenAI door the
+shipped fleet.yaml opens (http_listen) answers GET /v1/models over HTTPS, verified with the
+fleet CA, with the API key (401 without).
 Then reads /metrics of the three processes and checks that each kvlingo_* series the dashboard
 (deploy/grafana/kvlingo.json) and the rules (deploy/prometheus/kvlingo-rules.yml) use is
 exported, with the labels their queries group or filter by.  With a Prometheus server
@@ -481,8 +483,9 @@ def main():
             if not {"qwen3-a", "qwen3-b"} <= set(ids):
                 problems.append(f"GET /v1/models over HTTPS listed {ids}")
             try:
-                urllib.request.urlopen(f"https://127.0.0.1:{ports['ro']}/v1/models", timeout=10, context=ctx)
-                problems.append("GET /v1/models without an API key was served")
+                with urllib.request.urlopen(f"https://127.0.0.1:{ports['ro']}/v1/models", timeout=10,
+                                            context=ctx):
+                    problems.append("GET /v1/models without an API key was served")
             except urllib.error.HTTPError as e:
                 if e.code != 401:
                     problems.append(f"GET /v1/models without an API key: HTTP {e.code}, expected 401")

@@ -102,7 +102,8 @@ PY
       echo "FAIL: check_manifests.py missed a planted fault ($want)"; fail=1
     fi
   done
-  # the OpenAI port closed by the router's NetworkPolicy, and fleet.yaml serving it elsewhere
+  # the OpenAI port closed by the router's NetworkPolicy, fleet.yaml serving it elsewhere, and
+  # its Service without client affinity
   "$py" - "$tmp/base.yaml" "$tmp/mut5.yaml" <<'PY'
 import sys, yaml
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
@@ -112,10 +113,13 @@ for d in docs:
             rule["ports"] = [p for p in rule.get("ports", []) if p.get("port") != 7003]
     if d["kind"] == "ConfigMap" and "fleet.yaml" in d.get("data", {}):
         d["data"]["fleet.yaml"] = d["data"]["fleet.yaml"].replace("http_listen: 0.0.0.0:7003", "http_listen: 0.0.0.0:7999")
+    if d["kind"] == "Service" and d["metadata"]["name"] == "kvlingo-router":
+        d["spec"].pop("sessionAffinity", None)
 yaml.safe_dump_all(docs, open(sys.argv[2], "w"))
 PY
   out=$("$py" "$here/check_manifests.py" --overlay base "$tmp/mut5.yaml")
-  for want in "client port 7003 (openai) is closed to clients" "http_listen 0.0.0.0:7999 is not the router's openai port"; do
+  for want in "client port 7003 (openai) is closed to clients" "http_listen 0.0.0.0:7999 is not the router's openai port" \
+              "openai port has no sessionAffinity: ClientIP"; do
     if ! grep -q "$want" <<< "$out"; then
       echo "FAIL: check_manifests.py missed a planted fault ($want)"; fail=1
     fi
