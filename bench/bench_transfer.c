@@ -48,6 +48,82 @@ static int parse_list(const char *s, int *out, int cap) {
     return n;
 }
 
+static int read_full(int fd, void *p, size_t n) {
+    for (size_t got = 0; got < n;) {
+        ssize_t r = read(fd, (uint8_t *)p + got, n - got);
+        if (r <= 0) return -1;
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+/* The receiving child's transport, its address written down the pipe to the parent (a u32
+ * length, then the bytes); NULL on failure. */
+static kvl__transport *announce(int wr) {
+    kvl__transport *t;
+    if (kvl__transport_create("ucx", &t) != KVL_OK) return NULL;
+    const uint8_t *addr;
+    size_t alen;
+    kvl__transport_address(t, &addr, &alen);
+    uint32_t l = (uint32_t)alen;
+    if (write(wr, &l, 4) != 4 || write(wr, addr, alen) != (ssize_t)alen) {
+        kvl__transport_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+/* The parent's side of announce: the child's address (malloc'd, *len bytes), NULL on failure. */
+static uint8_t *read_address(int rd, uint32_t *len) {
+    uint8_t *addr = NULL;
+    if (read_full(rd, len, 4) || *len == 0 || *len > (1u << 20) || !(addr = malloc(*len))) return NULL;
+    if (read_full(rd, addr, *len)) {
+        free(addr);
+        return NULL;
+    }
+    return addr;
+}
+
+/* What the receiving child needs to know (both modes). */
+typedef struct receiver_args {
+    const int *sizes;
+    int ns;
+    double seconds;   /* transfer */
+    int iters;        /* latency */
+} receiver_args;
+
+typedef int (*receiver_fn)(int rd, int wr, const receiver_args *a);
+
+/* Fork the receiving child, which runs fn on its ends of two pipes and dies with this process;
+ * *rd and *wr are this side's ends.  -1 on failure. */
+static pid_t spawn_receiver(receiver_fn fn, const receiver_args *a, int *rd, int *wr) {
+    int to_parent[2], to_child[2];
+    if (pipe(to_parent)) return -1;
+    if (pipe(to_child)) {
+        close(to_parent[0]);
+        close(to_parent[1]);
+        return -1;
+    }
+    signal(SIGPIPE, SIG_IGN);   /* a receiver that died is a failed write, not this process's end */
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(to_child[1]);
+        close(to_parent[0]);
+        _exit(fn(to_child[0], to_parent[1], a));
+    }
+    close(to_child[0]);
+    close(to_parent[1]);
+    if (pid < 0) {
+        close(to_child[1]);
+        close(to_parent[0]);
+        return -1;
+    }
+    *rd = to_parent[0];
+    *wr = to_child[1];
+    return pid;
+}
+
 /* ---- transfer ------------------------------------------------------------------------------- */
 
 static int iters_for(size_t bytes, double seconds) {
@@ -56,14 +132,11 @@ static int iters_for(size_t bytes, double seconds) {
     return n < 3 ? 3 : n > 2000 ? 2000 : (int)n;
 }
 
-static int run_receiver(int rd, int wr, const int *sizes, int ns, double seconds) {
-    kvl__transport *t;
-    if (kvl__transport_create("ucx", &t) != KVL_OK) return 1;
-    const uint8_t *addr;
-    size_t alen;
-    kvl__transport_address(t, &addr, &alen);
-    uint32_t l = (uint32_t)alen;
-    if (write(wr, &l, 4) != 4 || write(wr, addr, alen) != (ssize_t)alen) return 1;
+static int run_receiver(int rd, int wr, const receiver_args *a) {
+    const int *sizes = a->sizes, ns = a->ns;
+    const double seconds = a->seconds;
+    kvl__transport *t = announce(wr);
+    if (!t) return 1;
     size_t maxb = (size_t)sizes[0] << 20;
     for (int i = 1; i < ns; i++)
         if (((size_t)sizes[i] << 20) > maxb) maxb = (size_t)sizes[i] << 20;
@@ -109,28 +182,13 @@ static int bench_transfer(int argc, char **argv) {
     }
     int sizes[32];
     int ns = parse_list(sizes_s, sizes, 32);
-    int to_parent[2], to_child[2];
-    if (pipe(to_parent) || pipe(to_child)) return 1;
-    signal(SIGPIPE, SIG_IGN);
-    pid_t pid = fork();
+    const receiver_args ra = {.sizes = sizes, .ns = ns, .seconds = seconds};
+    int rd, wr;
+    const pid_t pid = spawn_receiver(run_receiver, &ra, &rd, &wr);
     if (pid < 0) return 1;
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        close(to_child[1]);
-        close(to_parent[0]);
-        _exit(run_receiver(to_child[0], to_parent[1], sizes, ns, seconds));
-    }
-    close(to_child[0]);
-    close(to_parent[1]);
     uint32_t l;
-    if (read(to_parent[0], &l, 4) != 4 || l == 0 || l > (1u << 20)) return 1;
-    uint8_t *addr = malloc(l);
-    size_t got = 0;
-    while (got < l) {
-        ssize_t r = read(to_parent[0], addr + got, l - got);
-        if (r <= 0) return 1;
-        got += (size_t)r;
-    }
+    uint8_t *addr = read_address(rd, &l);
+    if (!addr) return 1;
     kvl__transport *t;
     if (kvl__transport_create("ucx", &t) != KVL_OK) return 1;
     size_t maxb = 0;
@@ -145,7 +203,7 @@ static int bench_transfer(int argc, char **argv) {
         size_t b = (size_t)sizes[i] << 20;
         int iters = iters_for(b, seconds);
         char ready;
-        if (read(to_parent[0], &ready, 1) != 1) {   /* the receiver posted this size's receives */
+        if (read(rd, &ready, 1) != 1) {   /* the receiver posted this size's receives */
             rc = 1;
             break;
         }
@@ -160,7 +218,7 @@ static int bench_transfer(int argc, char **argv) {
         fflush(stdout);
     }
     char done = 1;
-    if (write(to_child[1], &done, 1) != 1) rc = 1;
+    if (write(wr, &done, 1) != 1) rc = 1;
     if (rc) kill(pid, SIGKILL);   /* it may be waiting for messages that will not come */
     int status = 0;
     waitpid(pid, &status, 0);
@@ -182,15 +240,6 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-static int read_full(int fd, void *p, size_t n) {
-    for (size_t got = 0; got < n;) {
-        ssize_t r = read(fd, (uint8_t *)p + got, n - got);
-        if (r <= 0) return -1;
-        got += (size_t)r;
-    }
-    return 0;
-}
-
 static size_t max_bytes_kb(const int *sizes, int ns) {
     size_t m = 0;
     for (int i = 0; i < ns; i++)
@@ -201,15 +250,10 @@ static size_t max_bytes_kb(const int *sizes, int ns) {
 /* The child: per message, post the receive, ask for the span (its tag down the pipe), drive the
  * receive until it lands (at most 60 s), and send the wait (seconds) back.  Dies with its
  * parent. */
-static int latency_receiver(int rd, int wr, const int *sizes, int ns, int iters) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    kvl__transport *t;
-    if (kvl__transport_create("ucx", &t) != KVL_OK) return 1;
-    const uint8_t *addr;
-    size_t alen;
-    kvl__transport_address(t, &addr, &alen);
-    uint32_t l = (uint32_t)alen;
-    if (write(wr, &l, 4) != 4 || write(wr, addr, alen) != (ssize_t)alen) return 1;
+static int latency_receiver(int rd, int wr, const receiver_args *a) {
+    const int *sizes = a->sizes, ns = a->ns, iters = a->iters;
+    kvl__transport *t = announce(wr);
+    if (!t) return 1;
     const size_t maxb = max_bytes_kb(sizes, ns);
     uint8_t *buf = malloc(maxb);
     if (!buf) return 1;
@@ -259,26 +303,16 @@ static int bench_latency(int argc, char **argv) {
                         "sizes of 1..1048576 KB, iters 1..100000, gap-ms 0..10000\n");
         return 2;
     }
-    int to_parent[2], to_child[2];
-    if (pipe(to_parent) || pipe(to_child)) return 1;
-    signal(SIGPIPE, SIG_IGN);   /* a receiver that died is a failed write, not this process's end */
-    pid_t pid = fork();
+    const receiver_args ra = {.sizes = sizes, .ns = ns, .iters = iters};
+    int rd, wr;
+    const pid_t pid = spawn_receiver(latency_receiver, &ra, &rd, &wr);
     if (pid < 0) return 1;
-    if (pid == 0) {
-        close(to_child[1]);
-        close(to_parent[0]);
-        _exit(latency_receiver(to_child[0], to_parent[1], sizes, ns, iters));
-    }
-    close(to_child[0]);
-    close(to_parent[1]);
     uint32_t l;
     uint8_t *addr = NULL, *buf = NULL;
     double *snd = NULL, *rcv = NULL;
     kvl__transport *t = NULL;
     int rc = 1;
-    if (read_full(to_parent[0], &l, 4) || l == 0 || l > (1u << 20) || !(addr = malloc(l)) ||
-        read_full(to_parent[0], addr, l) || kvl__transport_create("ucx", &t) != KVL_OK)
-        goto out;
+    if (!(addr = read_address(rd, &l)) || kvl__transport_create("ucx", &t) != KVL_OK) goto out;
     const size_t maxb = max_bytes_kb(sizes, ns);
     buf = malloc(maxb);
     snd = malloc(sizeof(double) * (size_t)iters);
@@ -294,7 +328,7 @@ static int bench_latency(int argc, char **argv) {
             char go = 1;
             uint64_t tag;
             double w;
-            if (write(to_child[1], &go, 1) != 1 || read_full(to_parent[0], &tag, sizeof tag)) {
+            if (write(wr, &go, 1) != 1 || read_full(rd, &tag, sizeof tag)) {
                 rc = 1;
                 break;
             }
@@ -306,7 +340,7 @@ static int bench_latency(int argc, char **argv) {
                 break;
             }
             const double sent = kvl__now_s() - t0;
-            if (read_full(to_parent[0], &w, sizeof w)) {
+            if (read_full(rd, &w, sizeof w)) {
                 rc = 1;
                 break;
             }
@@ -320,8 +354,8 @@ static int bench_latency(int argc, char **argv) {
         fflush(stdout);
     }
 out:
-    close(to_child[1]);
-    close(to_parent[0]);
+    close(wr);
+    close(rd);
     if (rc) kill(pid, SIGKILL);   /* it may be waiting for a span that will not come */
     int status = 0;
     waitpid(pid, &status, 0);
