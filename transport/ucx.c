@@ -71,8 +71,8 @@ static void cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, int ms) {
  * thread found work, or another thread drove it) in the last PROGRESS_QUIET_S, else
  * PROGRESS_IDLE_US: a node nobody sends to wakes 100 times a second, not 1,000 (measured: an
  * idle kvld took 1.4% of a core, 0.4% now; each wake-up also took its core from a running
- * forward pass for a moment).  What only this thread drives then
- * waits that much longer once: the first message of a peer's wire-up or of a stray sender. */
+ * forward pass for a moment).  What only this thread drives then waits that much longer once:
+ * the first message of a peer's wire-up or of a stray sender. */
 #define PROGRESS_QUIET_S 0.1
 #define PROGRESS_IDLE_US 10000
 
