@@ -98,8 +98,9 @@ def main():
                 ref[s.turn] = r.ttft_seconds
                 c.close_session(sid_r)
         print("(each turn generates %d tokens: the demo sets ignore_eos, since these small models "
-              "often end a document's sentence with EOS at once; clients stop at EOS by default)"
-              % a.max_tokens)
+              "often end a document's sentence with EOS at once; clients stop at EOS by default.  "
+              "span: tokens shipped and translated on a translated turn, tokens prefilled on the "
+              "others)" % a.max_tokens)
         print("\nswitches: %d (translated %d); context %d tokens at the end" % (
             len(sw), sum(s.switch_mode == 1 for s in sw), rows[-1].context_tokens))
         print("\n%-4s %-20s %8s %12s %14s %7s %10s   %s" % (
@@ -113,9 +114,8 @@ def main():
                 s.context_tokens - s.n_generated, s.ttft_seconds * 1e3, rp * 1e3, ratio,
                 "%.4f" % s.shadow_kl if s.switch_mode == 1 else "-", s.export_seconds * 1e3,
                 s.transfer_seconds * 1e3, s.translate_seconds * 1e3, s.forward_seconds * 1e3))
-        print("(context: the tokens the target holds for the turn before generating; span: tokens "
-              "shipped and translated on a translated turn, tokens prefilled on the others.  A switch "
-              "the router pushed ahead shows span 0 and export, transfer and translate phases of 0: "
+        print("(context: the tokens the target holds for the turn before generating.  A switch "
+              "the router pushed ahead (span 0 above) shows export, transfer and translate phases of 0: "
               "the cascade ships the span after a turn when it can foresee the next model, and "
               "whether that lands before the next turn varies from run to run.)")
         print("(T: translated span; P: re-prefill.  Re-prefill TTFT: the same turn again, forced to "
