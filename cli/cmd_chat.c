@@ -192,6 +192,7 @@ static int send_turn(kvl__rpc_client *cli, const char *sid, const chat_opts *o, 
             if (x->from_model && x->from_model[0]) printf(" from %s", x->from_model);
             printf(" (%u span tokens), TTFT %.2f ms, %u tokens, %.1f tok/s", x->span_tokens,
                    x->ttft_seconds * 1e3, x->n_generated, x->tokens_per_second);
+            if (x->pushed_ahead_tokens) printf(", %u tokens pushed ahead", x->pushed_ahead_tokens);
             if (x->fallback_reason && x->fallback_reason[0]) printf(", fallback: %s", x->fallback_reason);
             if (x->failover_from && x->failover_from[0])
                 printf(", failover from %s (%s)", x->failover_from, x->policy_reason);

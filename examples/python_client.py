@@ -77,6 +77,25 @@ def load_stubs(proto_dir=None, out_dir=None):
 MODES = {0: "none", 1: "translate", 2: "re-prefill"}
 
 
+def summary_line(sid, s):
+    """A turn summary as `kvlingo chat` prints it: "[session S turn N: MODEL on NODE, switch MODE
+    [from MODEL] (N span tokens), TTFT x ms, N tokens, x tok/s[, N tokens pushed ahead]
+    [, fallback: ...][, failover from MODEL (reason)]]"."""
+    text = "[session %s turn %d: %s on %s, switch %s" % (sid, s.turn, s.model, s.node,
+                                                          MODES.get(s.switch_mode, "?"))
+    if s.from_model:
+        text += " from " + s.from_model
+    text += " (%d span tokens), TTFT %.2f ms, %d tokens, %.1f tok/s" % (
+        s.span_tokens, s.ttft_seconds * 1e3, s.n_generated, s.tokens_per_second)
+    if s.pushed_ahead_tokens:
+        text += ", %d tokens pushed ahead" % s.pushed_ahead_tokens
+    if s.fallback_reason:
+        text += ", fallback: " + s.fallback_reason
+    if s.failover_from:
+        text += ", failover from %s (%s)" % (s.failover_from, s.policy_reason)
+    return text + "]"
+
+
 class RouterClient:
     """Thin wrapper over the generated Router stub."""
 
@@ -187,15 +206,7 @@ def main():
                 sys.stdout.write(piece)
                 sys.stdout.flush()
             else:
-                print("\n[session %s turn %d: %s on %s, switch %s, span %d tokens, TTFT %.2f ms, "
-                      "%d tokens, %.1f tok/s%s]" % (
-                          sid, s.turn, s.model, s.node, MODES.get(s.switch_mode, "?"),
-                          s.span_tokens, s.ttft_seconds * 1e3, s.n_generated,
-                          s.tokens_per_second,
-                          ", fallback: " + s.fallback_reason if s.fallback_reason else "") +
-                      (" [%d tokens pushed ahead]" % s.pushed_ahead_tokens if s.pushed_ahead_tokens else ""))
-                if s.failover_from:
-                    print("[failover from %s: %s]" % (s.failover_from, s.policy_reason))
+                print("\n" + summary_line(sid, s))
                 summary = True
     except grpc.RpcError as e:
         print("error: %s: %s" % (e.code().name, e.details()), file=sys.stderr)

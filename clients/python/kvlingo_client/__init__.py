@@ -24,7 +24,7 @@ import grpc
 from kvlingo.v1 import router_pb2 as pb
 from kvlingo.v1 import router_pb2_grpc as pb_grpc
 
-__all__ = ["RouterClient", "channel", "new_request_id", "pb", "main", "RETRYABLE", "MODES"]
+__all__ = ["RouterClient", "channel", "new_request_id", "pb", "main", "RETRYABLE", "MODES", "summary_line"]
 
 # What the router answers when a retry of the same turn (same request_id) can succeed: no
 # healthy node or ledger down, a replica going away (UNAVAILABLE), the session driven by
@@ -48,6 +48,25 @@ except (ImportError, AttributeError):   # a grpcio without the option: the defau
 # summary.switch_mode (an enum number) as the name the CLI prints
 MODES = {pb.SWITCH_MODE_NONE: "none", pb.SWITCH_MODE_TRANSLATE: "translate",
          pb.SWITCH_MODE_REPREFILL: "re-prefill"}
+
+
+def summary_line(sid, s):
+    """A turn summary as `kvlingo chat` prints it: "[session S turn N: MODEL on NODE, switch MODE
+    [from MODEL] (N span tokens), TTFT x ms, N tokens, x tok/s[, N tokens pushed ahead]
+    [, fallback: ...][, failover from MODEL (reason)]]"."""
+    text = "[session %s turn %d: %s on %s, switch %s" % (sid, s.turn, s.model, s.node,
+                                                          MODES.get(s.switch_mode, "?"))
+    if s.from_model:
+        text += " from " + s.from_model
+    text += " (%d span tokens), TTFT %.2f ms, %d tokens, %.1f tok/s" % (
+        s.span_tokens, s.ttft_seconds * 1e3, s.n_generated, s.tokens_per_second)
+    if s.pushed_ahead_tokens:
+        text += ", %d tokens pushed ahead" % s.pushed_ahead_tokens
+    if s.fallback_reason:
+        text += ", fallback: " + s.fallback_reason
+    if s.failover_from:
+        text += ", failover from %s (%s)" % (s.failover_from, s.policy_reason)
+    return text + "]"
 
 
 def channel(address, tls_ca=None, insecure=False):
@@ -188,11 +207,7 @@ def main(argv=None):
                 sys.stdout.write(piece)
                 sys.stdout.flush()
             else:
-                print("\n[session %s turn %d: %s on %s, switch %s, span %d tokens, TTFT %.2f ms, "
-                      "%d tokens%s]" % (sid, s.turn, s.model, s.node, MODES.get(s.switch_mode, "?"),
-                                        s.span_tokens, s.ttft_seconds * 1e3, s.n_generated,
-                                        ", fallback: " + s.fallback_reason if s.fallback_reason else "") +
-                      (" [%d tokens pushed ahead]" % s.pushed_ahead_tokens if s.pushed_ahead_tokens else ""))
+                print("\n" + summary_line(sid, s))
                 done = True
     except grpc.RpcError as e:
         print("error: %s: %s" % (e.code().name, e.details()), file=sys.stderr)
