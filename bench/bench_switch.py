@@ -15,7 +15,8 @@ summary); medians of the repeats (after one warm-up), ratio = re-prefill / switc
 In the same run (unless --no-pieces), the switch's pieces: `kvlingo bench switch --json
 --new-tokens 9` on the same pair, lengths and OPENBLAS_NUM_THREADS (in-process translate and
 forward), and the wire time the nodes log for each switch (the target's ContinueTurn
-transfer_ms, the source's ExportSpan transfer_ms), so `stack / sum` shows what the RPCs, the router and the client add.
+transfer_ms, the source's ExportSpan transfer_ms), so `stack / sum` shows what the RPCs, the router and the client add
+(the in-process translate includes reading the span from the source's cache, as the export does).
 
 --cold: the first switch of a freshly started fleet (a new fleet per repeat, --cold-repeats),
 against a re-prefill that is the first turn on the target of another fresh fleet.
@@ -407,11 +408,12 @@ def main():
         if not a.no_pieces:
             print("(pieces: stack switch = the client's warm switch TTFT above; translate and forward = "
                   "`kvlingo bench switch --json --new-tokens %d` in one process, same models and "
-                  "OPENBLAS_NUM_THREADS, median of %d: translate = the target's translation of the C-token "
-                  "span into an empty cache, forward = its forward pass over the %d new tokens on it until "
+                  "OPENBLAS_NUM_THREADS, median of %d: translate = the C-token span read from the source's "
+                  "cache (the export's read) and translated into an empty target cache, forward = the "
+                  "target's forward pass over the %d new tokens on it until "
                   "the first token; wire = the target's ContinueTurn transfer_ms from its log: the source's "
                   "send and the wait for the whole span's arrival; sum = translate + forward + wire; "
-                  "stack / sum: what the RPCs, the router, the client and the source's export add; "
+                  "stack / sum: what the RPCs, the router and the client add; "
                   "in-proc RP = the in-process re-prefill of C+%d tokens; node transl = the target's "
                   "translate_ms, export tx = the source's ExportSpan transfer_ms, both from the logs)" % (
                       a.new_tokens + 1, a.repeats, a.new_tokens + 1, a.new_tokens + 1))
