@@ -11,6 +11,7 @@ import sys
 import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import testports  # noqa: E402
+import testprocs  # noqa: E402
 
 
 def load_stubs(src_dir, out_dir):
@@ -87,6 +88,10 @@ class Kvld:
 
     def alive(self):
         return self.proc.poll() is None
+
+    def freeze(self):
+        """SIGSTOP, returning once every thread is stopped (tests/testprocs.py)."""
+        testprocs.freeze(self.proc)
 
     def stop(self, sig=signal.SIGTERM, timeout=30):
         if self.proc.poll() is None:

@@ -147,7 +147,7 @@ def main():
         sid3 = "conv-pull-stalled"
         sa.OpenSession(pb.OpenSessionRequest(session_id=sid3), timeout=10)
         sa.Append(pb.AppendRequest(session_id=sid3, tokens=prompt, prefill=True), timeout=60)
-        A.proc.send_signal(signal.SIGSTOP)
+        A.freeze()
         try:
             call = sb.ContinueTurn(pb.ContinueRequest(
                 session_id=sid3, context=prompt, input=[11, 12], generate=pb.GenerateRequest(max_tokens=4),

@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.join(SRC, "examples"))
 import python_client  # noqa: E402
 sys.path.insert(0, os.path.dirname(HERE))
 import testports  # noqa: E402
+from testprocs import freeze  # noqa: E402,F401  (tests call rtest.freeze)
 
 MODES = {0: "none", 1: "translate", 2: "re-prefill"}
 
@@ -486,3 +487,4 @@ def corpus_text(start=0, chars=400):
 def check(cond, msg):
     if not cond:
         raise AssertionError(msg)
+

@@ -84,7 +84,7 @@ def cancel_before_first_token(a):
         sid = c.create_session()
         c.send_all(sid, tokens=[725, 732, 1553, 623], max_tokens=2)
         before = list(c.get_session(sid, include_tokens=True).tokens)
-        node.proc.send_signal(signal.SIGSTOP)
+        rtest.freeze(node.proc)
         try:
             try:
                 for _ in c.stub.Send(c.pb.SendRequest(session_id=sid, tokens=[39, 918], max_tokens=4),

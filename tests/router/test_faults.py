@@ -53,7 +53,7 @@ def kill_source_during_switch(a):
         c.send_all(sid, rtest.corpus_text(0, 2000), max_tokens=4)
         src = fleet.nodes["qwen3-a"]
         # freeze the source so the router's call to it is in flight, then kill it
-        src.proc.send_signal(signal.SIGSTOP)
+        rtest.freeze(src.proc)
         result = {}
 
         def turn():

@@ -364,7 +364,7 @@ def main():
         node = fleet.nodes["qwen3-a"]
         for streamed in (True, False):
             before = cancels_logged(fleet.router.log_path)
-            node.proc.send_signal(signal.SIGSTOP)
+            rtest.freeze(node.proc)
             try:
                 post_and_leave(port, dict(good, max_tokens=50, stream=streamed), 0.3)
                 t0, seen = time.time(), False
