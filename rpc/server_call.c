@@ -181,9 +181,10 @@ static kvl_status send_batch(kvl__rpc_call *c, grpc_op *ops, size_t n, int final
     const int stall_ms = c->stall_ms > 0 ? c->stall_ms : c->srv ? c->srv->send_stall_ms : 120000;
     const int64_t budget_ms = (int64_t)stall_ms - c->stall_spent_ms;
     const int64_t wait_ms = budget_ms > 0 ? budget_ms : 0;
-    /* what ends this send, if it is ended: the call's waits all together once earlier sends
-     * used a tenth of the bound, else this message's (a client that stopped reading) */
-    const int whole_call = c->stall_spent_ms * 10 >= stall_ms;
+    /* what ends this send, if it is ended, is said with both measures: this message's wait and,
+     * where earlier sends waited too, the call's waits all together (a reader in bursts whose
+     * one wait passed what was left of the bound must not read as one that stopped reading) */
+    const int64_t spent_before_ms = c->stall_spent_ms;
     struct timespec t_start, dl;   /* the call's cv waits on the monotonic clock (server.c) */
     clock_gettime(CLOCK_MONOTONIC, &t_start);
     dl = t_start;
@@ -200,10 +201,10 @@ static kvl_status send_batch(kvl__rpc_call *c, grpc_op *ops, size_t n, int final
         } else if (pthread_cond_timedwait(&c->cv, &c->mu, &dl) == ETIMEDOUT && c->send_pending) {
             stalled = 1;
             pthread_mutex_unlock(&c->mu);
-            char why[160];
-            if (whole_call)
-                snprintf(why, sizeof why, "the client's reads held this stream's messages for %d ms in all: "
-                         "the call is ended", stall_ms);
+            char why[200];
+            if (spent_before_ms > 0)
+                snprintf(why, sizeof why, "the client took no message for %lld ms, and its reads held this "
+                         "stream's messages for %d ms in all: the call is ended", (long long)wait_ms, stall_ms);
             else
                 snprintf(why, sizeof why, "the client took no message for %d ms: the call is ended", stall_ms);
             grpc_call_cancel_with_status(c->call, GRPC_STATUS_DEADLINE_EXCEEDED, why, NULL);
@@ -217,9 +218,8 @@ static kvl_status send_batch(kvl__rpc_call *c, grpc_op *ops, size_t n, int final
     int ok = c->send_ok;
     pthread_mutex_unlock(&c->mu);
     if (stalled)
-        return kvl__errorf(KVL_ERR_CANCELLED, whole_call ? "rpc: %s: the client's reads held the stream's "
-                           "messages for %d ms in all" : "rpc: %s: the client took no message for %d ms",
-                           c->method, stall_ms);
+        return kvl__errorf(KVL_ERR_CANCELLED, "rpc: %s: the client took no message for %lld ms (%d ms in all "
+                           "with the stream's earlier waits)", c->method, (long long)wait_ms, stall_ms);
     if (!ok) return kvl__errorf(KVL_ERR_CANCELLED, "rpc: %s: the call was cancelled", c->method);
     return KVL_OK;
 }
