@@ -149,6 +149,13 @@ static kvl_status set_key(kvld_config *cfg, const char *key_in, const char *v) {
 #define STR(name) if (!strcmp(key, #name)) return set_str(cfg->name, sizeof cfg->name, key, v)
 #define INT(name, lo, hi) if (!strcmp(key, #name)) return set_int(&cfg->name, key, v, lo, hi)
     STR(model);
+    if (!strcmp(key, "listen") || !strcmp(key, "health_listen") || !strcmp(key, "advertise")) {
+        /* checked here: gRPC would listen on port 99999 as 34463, and on 443 with none */
+        kvl_status st = v[0] || !strcmp(key, "listen")
+                            ? kvl__svc_check_hostport(key, v, strcmp(key, "advertise") != 0)
+                            : KVL_OK;
+        if (st != KVL_OK) return kvl__error_prefix(st, "config");
+    }
     STR(listen);
     STR(translators);
     STR(transport);

@@ -22,6 +22,7 @@
 #include "error.h"
 #include "log.h"
 #include "node.h"
+#include "yamlcfg.h"
 
 kvl_status kvld_peers_parse(const char *list, char (*out)[KVLD_PEER_ADDR_MAX], int max, int *n) {
     *n = 0;
@@ -33,13 +34,11 @@ kvl_status kvld_peers_parse(const char *list, char (*out)[KVLD_PEER_ADDR_MAX], i
         if (len >= KVLD_PEER_ADDR_MAX)
             return kvl__errorf(KVL_ERR_INVALID_ARG, "peers: entry %d is longer than %d bytes", *n + 1,
                               KVLD_PEER_ADDR_MAX - 1);
-        const char *colon = memrchr(p, ':', len);
-        if (!colon || colon == p || colon == p + len - 1)
-            return kvl__errorf(KVL_ERR_INVALID_ARG, "peers: entry '%.*s' is not HOST:PORT", (int)len, p);
-        for (const char *c = colon + 1; c < p + len; c++)
-            if (*c < '0' || *c > '9')
-                return kvl__errorf(KVL_ERR_INVALID_ARG, "peers: entry '%.*s': the port is not a number",
-                                  (int)len, p);
+        char entry[KVLD_PEER_ADDR_MAX];
+        memcpy(entry, p, len);
+        entry[len] = 0;
+        kvl_status st = kvl__svc_check_hostport("peers: entry", entry, 0);
+        if (st != KVL_OK) return st;
         if (*n >= max)
             return kvl__errorf(KVL_ERR_INVALID_ARG, "peers: more than %d entries", max);
         memcpy(out[*n], p, len);

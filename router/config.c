@@ -34,13 +34,12 @@ static kvl_status need_str(kvl__svc_kvlist *l, const char *key, char **out) {
     return *out ? KVL_OK : kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
 }
 
-static kvl_status check_address(const char *file, int line, const char *key, const char *a) {
-    const char *colon = strrchr(a, ':');
-    char *end = NULL;
-    long port = colon ? strtol(colon + 1, &end, 10) : -1;
-    if (!colon || colon == a || !end || *end || port < 0 || port > 65535)
-        return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s': '%s' is not host:port", file, line,
-                          key, a);
+/* A node's address takes a port in [1, 65535]; a listening one may also say 0 (any free port) */
+static kvl_status check_address(const char *file, int line, const char *key, const char *a, int port0) {
+    kvl_status st = kvl__svc_check_hostport("", a, port0);
+    if (st != KVL_OK)
+        return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s': '%s' is not host:port (a port in [%d, 65535])",
+                          file, line, key, a, port0 ? 0 : 1);
     return KVL_OK;
 }
 
@@ -80,7 +79,7 @@ static kvl_status parse_nodes(kvl__svc_yaml *y, kvr_config *c, yaml_node_t *seq)
         if (!s) {
             char key[48];
             snprintf(key, sizeof key, "%s.address", sect);
-            s = check_address(y->file, kvl__svc_kv_line(&l, "address"), key, nc->address);
+            s = check_address(y->file, kvl__svc_kv_line(&l, "address"), key, nc->address, 0);
         }
         c->n_nodes++;
         for (int j = 0; !s && j < i; j++)
@@ -194,21 +193,21 @@ static kvl_status parse_root(kvl__svc_yaml *y, kvr_config *c, const char *name) 
     /* the top-level list has an empty section: messages read "key 'listen'" */
     const char *tmp;
     if (!s) s = need_str(&top, "listen", &c->listen);
-    if (!s) s = check_address(name, kvl__svc_kv_line(&top, "listen"), "listen", c->listen);
+    if (!s) s = check_address(name, kvl__svc_kv_line(&top, "listen"), "listen", c->listen, 1);
     if (!s && (tmp = kvl__svc_kv_str(&top, "metrics", NULL)) && tmp[0]) {
         c->metrics = strdup(tmp);
         if (!c->metrics) s = kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
-        if (!s) s = check_address(name, kvl__svc_kv_line(&top, "metrics"), "metrics", c->metrics);
+        if (!s) s = check_address(name, kvl__svc_kv_line(&top, "metrics"), "metrics", c->metrics, 1);
     }
     if (!s && (tmp = kvl__svc_kv_str(&top, "http_listen", NULL)) && tmp[0]) {
         c->http_listen = strdup(tmp);
         if (!c->http_listen) s = kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
-        if (!s) s = check_address(name, kvl__svc_kv_line(&top, "http_listen"), "http_listen", c->http_listen);
+        if (!s) s = check_address(name, kvl__svc_kv_line(&top, "http_listen"), "http_listen", c->http_listen, 1);
     }
     if (!s && (tmp = kvl__svc_kv_str(&top, "health_listen", NULL)) && tmp[0]) {
         c->health_listen = strdup(tmp);
         if (!c->health_listen) s = kvl__errorf(KVL_ERR_NOMEM, "config: out of memory");
-        if (!s) s = check_address(name, kvl__svc_kv_line(&top, "health_listen"), "health_listen", c->health_listen);
+        if (!s) s = check_address(name, kvl__svc_kv_line(&top, "health_listen"), "health_listen", c->health_listen, 1);
     }
     if (!s && (tmp = kvl__svc_kv_str(&top, "api_keys", NULL))) {
         c->api_keys_line = kvl__svc_kv_line(&top, "api_keys");

@@ -17,6 +17,7 @@
 #include "openai.h"
 #include "router.h"
 #include "tls.h"
+#include "yamlcfg.h"
 #include "error.h"
 #include "kvlingo/version.h"
 
@@ -135,8 +136,8 @@ int main(int argc, char **argv) {
     if (!s && http_listen) {   /* the flag wins over the file's key */
         char *dup = strdup(http_listen);
         if (!dup) s = kvl__errorf(KVL_ERR_NOMEM, "--http-listen");
-        else if (!strchr(dup, ':') || strrchr(dup, ':') == dup || !strrchr(dup, ':')[1]) {
-            s = kvl__errorf(KVL_ERR_INVALID_ARG, "--http-listen '%s' is not host:port", dup);
+        else if (kvl__svc_check_hostport("--http-listen", dup, 1) != KVL_OK) {
+            s = kvl__errorf(KVL_ERR_INVALID_ARG, "--http-listen '%s' is not host:port (a port in [0, 65535])", dup);
             free(dup);
         } else {
             free(cfg->http_listen);

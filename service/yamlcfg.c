@@ -306,3 +306,17 @@ void kvl__svc_kvlist_clear(kvl__svc_kvlist *l) {
     memset(l, 0, sizeof *l);
 }
 
+
+kvl_status kvl__svc_check_hostport(const char *what, const char *addr, int allow_port0) {
+    const char *colon = addr ? strrchr(addr, ':') : NULL;
+    /* "[::1]" alone has its last ':' inside the brackets: no port */
+    if (!colon || colon == addr || (addr[0] == '[' && colon[-1] != ']'))
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "%s '%s': expected HOST:PORT", what, addr ? addr : "");
+    long port = -1;
+    const char *d = colon + 1;
+    if (*d && strspn(d, "0123456789") == strlen(d) && strlen(d) <= 5) port = strtol(d, NULL, 10);
+    if (port < (allow_port0 ? 0 : 1) || port > 65535)
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "%s '%s': the port must be a number in [%d, 65535]", what,
+                          addr, allow_port0 ? 0 : 1);
+    return KVL_OK;
+}

@@ -107,4 +107,14 @@ kvl_status kvl__svc_kv_check_unused(const kvl__svc_kvlist *l);
 /* Free what the list owns and zero it (NULL is a no-op). */
 void kvl__svc_kvlist_clear(kvl__svc_kvlist *l);
 
+/* ---- addresses -------------------------------------------------------------------------- */
+
+/* Check a gRPC address "HOST:PORT" (HOST a name, an IPv4 address or a bracketed IPv6 one) as
+ * written in a flag or key `what`: a non-empty host and a port of digits in [1, 65535], or 0
+ * where allow_port0 (a listening address: any free port).  gRPC itself takes a port past 65535
+ * modulo 65536 and a missing one as 443, so a typo would otherwise listen or dial elsewhere.
+ * KVL_ERR_INVALID_ARG "WHAT 'ADDR': expected HOST:PORT" / "WHAT 'ADDR': the port must be a
+ * number in [1, 65535]" (or [0, 65535]). */
+kvl_status kvl__svc_check_hostport(const char *what, const char *addr, int allow_port0);
+
 #endif

@@ -63,6 +63,15 @@ kvld)
   chmod 600 "$T/fleet.key"
   out=$("$P" --model="$SRC/models/qwen3-a" --insecure --ticket-key-file="$T/fleet.key" --check 2>&1)
   ! grep -q "key_file_readable" <<<"$out" && ok "kvld: a 0600 key draws no warning" || bad "0600 warned: $out"
+  # an address gRPC would take otherwise: a port past 65535 (modulo 65536) or none (443)
+  for a in 127.0.0.1:99999 localhost 127.0.0.1:-1; do
+    out=$("$P" --model="$SRC/models/qwen3-a" --insecure --listen "$a" --check 2>&1); rc=$?
+    [ $rc -eq 2 ] && grep -qE "listen '$a': (expected HOST:PORT|the port must be a number in \[0, 65535\])" <<<"$out" \
+      && ok "kvld --listen $a refused" || bad "kvld --listen $a: $rc $out"
+  done
+  out=$("$P" --model="$SRC/models/qwen3-a" --insecure --advertise 10.0.0.1:0 --check 2>&1); rc=$?
+  [ $rc -eq 2 ] && grep -q "advertise '10.0.0.1:0': the port must be a number in \[1, 65535\]" <<<"$out" \
+    && ok "kvld --advertise with port 0 refused" || bad "kvld --advertise: $rc $out"
   out=$("$P" --model="$SRC/models/qwen3-a" --check 2>&1); rc=$?
   [ $rc -eq 1 ] && grep -q '^insecure: no' <<<"$out" \
     && grep -qF 'no TLS certificate: set tls_cert/tls_key/tls_ca or pass --insecure to run plaintext' <<<"$out" \

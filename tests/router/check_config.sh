@@ -40,6 +40,10 @@ refuse "relative tokenizer path" "$T/conf/reltok.yaml" "reltok.yaml:3: key 'toke
 # the OpenAI HTTP API: a bad address and a body bound out of range are refused; a good one is shown
 { good; echo "http_listen: 8000"; } > "$T/conf/http1.yaml"
 refuse "http_listen without host" "$T/conf/http1.yaml" "http1.yaml:10: key 'http_listen'" "not host:port"
+good | sed 's|address: 127.0.0.1:7101|address: 127.0.0.1:99999|' > "$T/conf/port.yaml"
+refuse "a node port past 65535" "$T/conf/port.yaml" "port.yaml:6: key 'nodes[1].address'" "a port in [1, 65535]"
+good | sed 's|address: 127.0.0.1:7101|address: 127.0.0.1:0|' > "$T/conf/port0.yaml"
+refuse "a node on port 0" "$T/conf/port0.yaml" "port0.yaml:6: key 'nodes[1].address'" "a port in [1, 65535]"
 { good; echo "http_listen: 127.0.0.1:8000"; echo "http_max_body_bytes: 10"; } > "$T/conf/http2.yaml"
 refuse "http_max_body_bytes too small" "$T/conf/http2.yaml" "http2.yaml:11" "http_max_body_bytes"
 { good; echo "http_listen: 127.0.0.1:8000"; } > "$T/conf/http3.yaml"

@@ -67,7 +67,8 @@ def main():
     model = lambda m: os.path.join(rtest.SRC, "models", m)  # noqa: E731
 
     # bad entries: refused at start, the entry named; --check shows the list
-    for bad, needle in (("127.0.0.1", "not HOST:PORT"), ("127.0.0.1:70x1", "port is not a number"),
+    for bad, needle in (("127.0.0.1", "expected HOST:PORT"), ("127.0.0.1:70x1", "port must be a number"),
+                        ("127.0.0.1:70000", "port must be a number in [1, 65535]"),
                         (",".join("127.0.0.1:%d" % (1000 + i) for i in range(65)), "more than 64")):
         r = subprocess.run([kvld, "--insecure", "--model", model("qwen3-a"), "--peers", bad], capture_output=True,
                            text=True, timeout=60)
@@ -172,9 +173,9 @@ def main():
         r = export_refusal()
         check("not a member" not in r and r.startswith("NOT_FOUND"), "after adding b: %s" % r)
         with open(cfg_a, "w") as f:
-            f.write("peers: 127.0.0.1\n")   # not HOST:PORT: the reload fails, b stays a member
+            f.write("peers: 127.0.0.1\n")   # no port: the reload fails, b stays a member
         na.proc.send_signal(signal.SIGHUP)
-        wait_log(la, r"msg=reload_failed .*not HOST:PORT")
+        wait_log(la, r"msg=reload_failed .*expected HOST:PORT")
         r = export_refusal()
         check("not a member" not in r, "a failed reload changed the fleet: %s" % r)
         with open(cfg_a, "w") as f:   # b leaves; a setting SIGHUP does not apply changes too
