@@ -153,7 +153,7 @@ kvl_status kvr_ledger_session_create(kvr_ledger *l, const char *id, const char *
 
 kvl_status kvr_ledger_session_load(kvr_ledger *l, const char *id, int with_tokens, kvr_session *out) {
     memset(out, 0, sizeof *out);
-    if (!kvr_session_id_valid(id)) return kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", id ? id : "");
+    if (!kvr_session_id_valid(id)) return bad_id("session id", id);   /* no session has such an id */
     double t0 = kvl__now_s();
     kvl_status s = l->ops->session_load(l->impl, id, with_tokens, out);
     observe(l, "load", 0, t0);
@@ -205,7 +205,7 @@ kvl_status kvr_ledger_holding_set(kvr_ledger *l, const char *id, const char *nod
 }
 
 kvl_status kvr_ledger_session_end(kvr_ledger *l, const char *id, kvr_session_state state, double now) {
-    if (!kvr_session_id_valid(id)) return kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", id ? id : "");
+    if (!kvr_session_id_valid(id)) return bad_id("session id", id);   /* no session has such an id */
     double m0 = kvl__now_s();
     kvl_status s = l->ops->session_end(l->impl, id, state, now);
     observe(l, "end", 1, m0);
@@ -249,7 +249,7 @@ kvl_status kvr_ledger_count_open(kvr_ledger *l, long *n) {
 kvl_status kvr_ledger_lease_acquire(kvr_ledger *l, const char *id, const char *owner, double now,
                                     double ttl_s, kvr_lease *out) {
     memset(out, 0, sizeof *out);
-    if (!kvr_session_id_valid(id)) return kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", id ? id : "");
+    if (!kvr_session_id_valid(id)) return bad_id("session id", id);   /* no session has such an id */
     if (!owner || !owner[0]) return kvl__errorf(KVL_ERR_INVALID_ARG, "ledger: lease without an owner");
     kvl_status s = check_name("lease owner", owner);
     if (s) return s;
@@ -282,7 +282,7 @@ kvl_status kvr_ledger_lease_release(kvr_ledger *l, const char *id, const char *o
 kvl_status kvr_ledger_turn_find(kvr_ledger *l, const char *id, const char *request_id,
                                 kvr_turn_found *out) {
     memset(out, 0, sizeof *out);
-    if (!kvr_session_id_valid(id)) return kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", id ? id : "");
+    if (!kvr_session_id_valid(id)) return bad_id("session id", id);   /* no session has such an id */
     if (!kvr_session_id_valid(request_id)) return bad_id("request id", request_id);
     double m0 = kvl__now_s();
     kvl_status s = l->ops->turn_find(l->impl, id, request_id, out);

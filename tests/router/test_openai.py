@@ -311,7 +311,7 @@ def main():
             code = "OK"
         except Exception as e:  # grpc.RpcError
             code = e.code().name
-        check(code == "NOT_FOUND" and cl.get_session(long_sid).state == "open",
+        check(code == "INVALID_ARGUMENT" and cl.get_session(long_sid).state == "open",
               "CloseSession of a 65-character id: %s, the 64-character session stays open" % code)
         # a long streamed reply does not hold up other requests (a thread per connection)
         hc = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
