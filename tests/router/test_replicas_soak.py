@@ -22,6 +22,9 @@ from rtest import check  # noqa: E402
 from test_replicas import consistent, grpc_code  # noqa: E402
 
 NAMES = ("r0", "r1", "r2")
+# a worker's session is left for a new one past this many tokens: the nodes hold 4,096 a session,
+# and a quiet 2-core machine runs 230+ turns of ~16 tokens on one session in the soak's 2 minutes
+CONTEXT_CAP = 3500
 
 
 def main():
@@ -57,19 +60,21 @@ def main():
         fleet.add_replica("r2")
         stop_at[0] = time.time() + a.seconds
 
+        def open_session(w, clients, name):
+            for _ in range(100):
+                try:
+                    return clients[NAMES[w % 3]].create_session(session_id=name)
+                except Exception as e:  # noqa: BLE001
+                    if grpc_code(e) == "ALREADY_EXISTS":   # created before a lost answer
+                        return name
+                    time.sleep(0.2)
+            return None
+
         def worker(w):
             rnd = random.Random(w)
             clients = {n: fleet.replica_client(n, timeout=30) for n in NAMES}
-            sid = None
-            for _ in range(100):
-                try:
-                    sid = clients[NAMES[w % 3]].create_session(session_id="soak-%d" % w)
-                    break
-                except Exception as e:  # noqa: BLE001
-                    if grpc_code(e) == "ALREADY_EXISTS":   # created before a lost answer
-                        sid = "soak-%d" % w
-                        break
-                    time.sleep(0.2)
+            k = 0          # the worker's session: a full one (CONTEXT_CAP) is followed by a new one
+            sid = open_session(w, clients, "soak-%d" % w)
             if sid is None:
                 with lock:
                     stats["errors"].append("worker %d: no session" % w)
@@ -79,7 +84,17 @@ def main():
             t = 0
             ctx = 0
             while time.time() < stop_at[0]:
-                rid = "w%d-t%d" % (w, t)
+                if ctx > CONTEXT_CAP:
+                    k += 1
+                    sid = open_session(w, clients, "soak-%d-%d" % (w, k))
+                    if sid is None:
+                        with lock:
+                            stats["errors"].append("worker %d: no session %d" % (w, k))
+                        return
+                    with lock:
+                        done[sid] = []
+                    t, ctx = 0, 0
+                rid = "w%d-s%d-t%d" % (w, k, t)
                 off = (w * 997 + t * 131) % 19000
                 start = rnd.randrange(3)
                 t_first = time.time()
