@@ -55,14 +55,24 @@ static void chat_usage(FILE *f) {
           "  sessions only it sees.\n", f);
 }
 
-static int rpc_fail(const char *what, const kvl__rpc_result *res) {
+/* The call's error, with what the user can do about it.  `got`: the turn's tokens that had
+ * come when it ended (Send; 0 for other calls). */
+static int rpc_fail(const char *what, const kvl__rpc_result *res, unsigned got) {
     const char *msg = res->message && res->message[0] ? res->message : "(no details)";
-    /* a plaintext client of a TLS router (or the reverse) sees only a closed socket */
-    int tls_hint = res->code == GRPC_STATUS_UNAVAILABLE &&
-                   (strstr(msg, "Socket closed") || strstr(msg, "handshake") || strstr(msg, "ssl"));
-    fprintf(stderr, "kvlingo chat: %s: %s: %s%s\n", what, kvl__rpc_status_name(res->code), msg,
-            tls_hint ? " (does the router run TLS? --tls-ca CA.pem for a TLS router, --insecure "
-                       "for a plaintext one)" : "");
+    char hint[200] = "";
+    if (strstr(msg, "certificate verify failed") || strstr(msg, "CERTIFICATE_VERIFY_FAILED"))
+        snprintf(hint, sizeof hint, " (the router's certificate does not verify against --tls-ca: give the "
+                 "CA that signed it)");
+    else if (got > 0)   /* the router records a turn once it is whole (router/turn.c) */
+        snprintf(hint, sizeof hint, " (the turn ended after %u token%s; the router recorded nothing of it: "
+                 "send it again)", got, got == 1 ? "" : "s");
+    else if (res->code == GRPC_STATUS_UNAVAILABLE && strncmp(msg, "node ", 5) &&
+             (strstr(msg, "Socket closed") || strstr(msg, "handshake") || strstr(msg, "ssl")))
+        /* a plaintext client of a TLS router (or the reverse) sees only a closed socket; a
+         * message naming a node is the router's, which this client reached */
+        snprintf(hint, sizeof hint, " (does the router run TLS? --tls-ca CA.pem for a TLS router, --insecure "
+                 "for a plaintext one)");
+    fprintf(stderr, "kvlingo chat: %s: %s: %s%s\n", what, kvl__rpc_status_name(res->code), msg, hint);
     return 1;
 }
 
@@ -83,7 +93,7 @@ static int create_session(kvl__rpc_client *cli, const char *model, char **sid) {
                                             (ProtobufCMessage **)&cr, &res);
     int rc = 0;
     if (s) rc = cli_fail("chat", s);
-    else if (res.code != GRPC_STATUS_OK) rc = rpc_fail("CreateSession", &res);
+    else if (res.code != GRPC_STATUS_OK) rc = rpc_fail("CreateSession", &res, 0);
     else if (!(*sid = strdup(cr->session_id))) rc = cli_fail("chat", KVL_ERR_NOMEM);
     if (cr) protobuf_c_message_free_unpacked(&cr->base, NULL);
     kvl__rpc_result_clear(&res);
@@ -104,7 +114,7 @@ static int ledger_tokens(kvl__rpc_client *cli, const char *sid, int32_t **ids, s
     *ids = NULL;
     *n = 0;
     if (s) rc = cli_fail("chat", s);
-    else if (res.code != GRPC_STATUS_OK) rc = rpc_fail("GetSession", &res);
+    else if (res.code != GRPC_STATUS_OK) rc = rpc_fail("GetSession", &res, 0);
     else if (r->n_tokens && !(*ids = malloc(sizeof(int32_t) * r->n_tokens))) rc = cli_fail("chat", KVL_ERR_NOMEM);
     else if (r->n_tokens) {
         memcpy(*ids, r->tokens, sizeof(int32_t) * r->n_tokens);
@@ -176,6 +186,7 @@ static int send_turn(kvl__rpc_client *cli, const char *sid, const chat_opts *o, 
     size_t rl = 0, rcap = 0;
     char *acc = NULL;
     int rc = 0;
+    unsigned n_text = 0;   /* token messages received */
     *summary = 0;
     for (;;) {
         uint8_t *data = NULL;
@@ -200,6 +211,7 @@ static int send_turn(kvl__rpc_client *cli, const char *sid, const chat_opts *o, 
             fflush(stdout);
             *summary = 1;
         } else if (m->text) {
+            n_text++;
             size_t pl = strlen(m->text);
             fputs(m->text, stdout);
             fflush(stdout);
@@ -219,7 +231,7 @@ static int send_turn(kvl__rpc_client *cli, const char *sid, const chat_opts *o, 
     s = kvl__rpc_stream_finish(st, &res);
     kvl__rpc_stream_free(st);
     if (s) rc = cli_fail("chat", s);
-    else if (res.code != GRPC_STATUS_OK) rc = rpc_fail("Send", &res);
+    else if (res.code != GRPC_STATUS_OK) rc = rpc_fail("Send", &res, n_text);
     kvl__rpc_result_clear(&res);
     if (reply && !rc) *reply = acc ? acc : strdup("");
     else free(acc);

@@ -19,7 +19,8 @@
      dead, Send answers UNAVAILABLE;
   7. a node stopped (SIGTERM) in the middle of a long stream cancels it when its grace runs
      out: the node failing, not the client cancelling, so Send answers UNAVAILABLE and the
-     ledger does not keep the turn's input as a cancelled turn;
+     ledger does not keep the turn's input as a cancelled turn; `kvlingo chat` whose node is
+     killed mid-reply says the turn ended after N tokens and was not recorded (not a TLS hint);
   8. CloseSession sent to another replica while a turn of the session runs: refused as busy
      (the lease), the turn completes and commits, the session continues;
   9. a turn ended by a stop sequence (OpenAI `stop`) whose node went further than the ledger:
@@ -464,6 +465,35 @@ def node_stops_mid_stream(a):
         fleet.stop()
 
 
+def cli_node_dies_mid_reply(a):
+    """kvlingo chat while its node is killed (-9) mid-reply: the error says the turn ended after
+    N tokens and the router recorded nothing of it (so: send it again), not the TLS hint a
+    closed socket gave it; the ledger is unchanged."""
+    work = os.path.join(a.work, "cli_node_dies")
+    fleet = rtest.Fleet(a.build, work, policy={"name": "pinned", "default_model": "qwen3-b"},
+                        guardrail={"shadow_fraction": 0}, kvld_args=("--threads", "1"),
+                        extra_top={"max_new_tokens": 4000})
+    try:
+        c = fleet.client(timeout=120)
+        sid = c.create_session()
+        c.send_all(sid, "Once upon a time", max_tokens=2, model="qwen3-b")
+        n0 = c.get_session(sid).context_tokens
+        p = subprocess.Popen([os.path.join(a.build, "kvlingo"), "chat", "--router", fleet.addr, "--insecure",
+                              "--session", sid, "--model", "qwen3-b", "--max-tokens", "4000", "--ignore-eos",
+                              " and then"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        first = p.stdout.read(1)   # the reply has begun: kill its node
+        fleet.nodes["qwen3-b"].kill9()
+        out, err = p.communicate(timeout=60)
+        err = err.decode(errors="replace")
+        check(first and p.returncode == 1 and "the turn ended after" in err and "recorded nothing of it" in err
+              and "does the router run TLS" not in err, "kvlingo chat, node killed mid-reply: rc %s %r"
+              % (p.returncode, err))
+        check(c.get_session(sid).context_tokens == n0, "the broken turn changed the ledger")
+        print("  ok: kvlingo chat, node killed mid-reply: %s" % err.strip().split("\n")[-1][-120:])
+    finally:
+        fleet.stop()
+
+
 def close_on_other_replica_mid_turn(a):
     """Two replicas on one ledger: a long turn runs on the first, a CloseSession reaches the
     second.  The close must not drop the node's copy under the running turn: it waits for the
@@ -573,7 +603,7 @@ def main():
     shutil.rmtree(a.work, ignore_errors=True)
     tests = [kill_source_during_switch, kill_source_mid_export, kill_source_sweep, router_restart,
              config_errors, guardrail_disables_pair, ttl_expiry, model_failover, node_stops_mid_stream,
-             close_on_other_replica_mid_turn, stop_sequence_leaves_no_copy]
+             cli_node_dies_mid_reply, close_on_other_replica_mid_turn, stop_sequence_leaves_no_copy]
     only = [n for n in a.only.split(",") if n]
     for n in only:
         check(any(t.__name__ == n for t in tests), "unknown test %r" % n)

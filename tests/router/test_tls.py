@@ -188,11 +188,14 @@ def main():
         refused(lambda: router_grpc.RouterStub(ch).ListNodes(router_pb.ListNodesRequest(), timeout=10),
                 "client trusting another CA -> router")
         ch.close()
-        for args, what in ((["--insecure"], "--insecure"), (["--tls-ca", pki["rogue-ca"]], "--tls-ca rogue CA")):
+        # each with the hint that fits: a plaintext client of a TLS router, a CA that did not sign it
+        for args, what, hint in ((["--insecure"], "--insecure", "does the router run TLS?"),
+                                 (["--tls-ca", pki["rogue-ca"]], "--tls-ca rogue CA",
+                                  "does not verify against --tls-ca")):
             r = subprocess.run([kv, "chat", "--router", fleet.addr] + args + ["--timeout-ms", "10000", "Hi"],
                                capture_output=True, text=True, timeout=60)
-            check(r.returncode != 0 and "UNAVAILABLE" in r.stderr, "kvlingo chat %s: rc %d %r" % (
-                what, r.returncode, r.stderr))
+            check(r.returncode != 0 and "UNAVAILABLE" in r.stderr and hint in r.stderr,
+                  "kvlingo chat %s: rc %d %r" % (what, r.returncode, r.stderr))
             print("  ok: kvlingo chat %s against the TLS router fails: %s" % (what, r.stderr.strip()[:100]))
 
         # 4. the Node API: mutual TLS with the fleet CA
