@@ -50,12 +50,24 @@ kvl_status kvld_translators_load(const char *dir, const kvl_model *self, kvld_tr
             continue;
         }
         const char *tn = kvl_translator_target_name(tr), *th = kvl_translator_target_hash(tr);
-        int mine = tn && strcmp(tn, kvl_model_name(self)) == 0 &&
-                   (!th || !th[0] || strcmp(th, kvl_model_hash(self)) == 0);
+        const int same_name = tn && strcmp(tn, kvl_model_name(self)) == 0;
+        const int same_hash = th && th[0] && strcmp(th, kvl_model_hash(self)) == 0;
+        int mine = same_name && (!th || !th[0] || same_hash);
         const char *sn = kvl_translator_source_name(tr);
         if (!mine || !sn) {
-            kvl__svc_log("info", "msg=translator_other_target path=\"%s\" target=%s", path,
-                     tn ? tn : "?");
+            /* another pair's file is normal in a shared folder; a near miss is the operator's
+             * mistake, and every switch here would re-prefill: said as a warning */
+            if (same_hash && tn)
+                kvl__svc_log("warn", "msg=translator_other_name path=\"%s\" target=%s hash=%s: the same weights "
+                             "as this model, which is named '%s' after its directory (--model): name the "
+                             "directory %s, as the fleet and the translators do", path, tn, th,
+                             kvl_model_name(self), tn);
+            else if (same_name)
+                kvl__svc_log("warn", "msg=translator_other_weights path=\"%s\" target=%s hash=%s: this node's "
+                             "%s has hash %s (other weights: the translator was trained for another "
+                             "checkpoint of that name)", path, tn, th ? th : "?", tn, kvl_model_hash(self));
+            else
+                kvl__svc_log("info", "msg=translator_other_target path=\"%s\" target=%s", path, tn ? tn : "?");
             kvl_translator_free(tr);
             continue;
         }
@@ -79,6 +91,10 @@ kvl_status kvld_translators_load(const char *dir, const kvl_model *self, kvld_tr
         x->src_head_dim = meta_int(tr, "source_head_dim");
         kvl__svc_log("info", "msg=translator_loaded path=\"%s\" source=%s target=%s", path, sn, tn);
     }
+    if (st == KVL_OK && out->n == 0)
+        kvl__svc_log("warn", "msg=no_translators dir=\"%s\" files=%d model=%s hash=%s: none of them translates into "
+                     "this model, so every switch to this node re-prefills", dir, n_names, kvl_model_name(self),
+                     kvl_model_hash(self));
     for (int i = 0; i < n_names; i++) free(names[i]);
     free(names);
     return st;

@@ -7,6 +7,7 @@
 #include "model_internal.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -229,13 +230,21 @@ kvl_status kvl_model_load(const char *dir, const kvl_model_params *params, kvl_m
     }
     snprintf(m->dir, sizeof m->dir, "%s", dir);
     {
-        /* short name: last non-empty path component */
-        char tmp[1024];
+        /* short name: the last path component that names a directory ("models/qwen3-a/." and
+         * "models/qwen3-a/" are qwen3-a; ".", ".." and the like are named by where they lead) */
+        char tmp[PATH_MAX];
         snprintf(tmp, sizeof tmp, "%s", dir);
         size_t n = strlen(tmp);
-        while (n > 1 && tmp[n - 1] == '/') tmp[--n] = '\0';
+        for (;;) {
+            if (n > 1 && tmp[n - 1] == '/') tmp[--n] = '\0';
+            else if (n > 2 && !strcmp(tmp + n - 2, "/.")) tmp[n -= 2] = '\0';
+            else break;
+        }
         const char *slash = strrchr(tmp, '/');
-        snprintf(m->name, sizeof m->name, "%s", slash ? slash + 1 : tmp);
+        const char *last = slash ? slash + 1 : tmp;
+        if ((!strcmp(last, ".") || !strcmp(last, "..")) && realpath(dir, tmp) && strrchr(tmp, '/'))
+            last = strrchr(tmp, '/')[1] ? strrchr(tmp, '/') + 1 : tmp;
+        snprintf(m->name, sizeof m->name, "%s", last);
     }
     if ((s = kvl_st_set_open_dir(dir, &set)) != KVL_OK) goto fail;
     m->weights_base = kvl__bigalloc(total * sizeof(float));   /* huge pages: streamed each step */

@@ -160,7 +160,9 @@ kvl_status kvl_model_load(const char *dir, const kvl_model_params *params, kvl_m
 void kvl_model_free(kvl_model *model);
 
 const kvl_model_config *kvl_model_config_get(const kvl_model *model);
-/* Directory the model was loaded from, and its short name (last path component). */
+/* Directory the model was loaded from, and its short name: the directory's last path component
+ * ("models/qwen3-a/." is qwen3-a; "." is named after the directory it is), which span headers,
+ * translators and the router's fleet file name the model by. */
 const char *kvl_model_dir(const kvl_model *model);
 const char *kvl_model_name(const kvl_model *model);
 /* Content hash (xxh3-64) of config.json text and all weights as loaded, hex, 16 chars. */

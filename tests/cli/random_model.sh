@@ -55,19 +55,26 @@ out=$("$KVL" bench switch --source "$T/tiny-a" --target "$T/tiny-b" --lengths 16
 # kvld: loads the translator for tiny-b; a tiny-b of other weights (seed 9) skips it
 if [ -x "$KVLD" ]; then
     "$KVL" model random --shape tiny --out "$T/other/tiny-b" --seed 9 >/dev/null || bad "model random other"
-    for m in "$T/tiny-b" "$T/other/tiny-b"; do
+    mkdir -p "$T/alias" && ln -sfn "$T/tiny-b" "$T/alias/mymodel"   # tiny-b's weights under another name
+    for m in "$T/tiny-b" "$T/other/tiny-b" "$T/alias/mymodel"; do
         log="$T/kvld-$(basename "$(dirname "$m")").log"
         "$KVLD" --model "$m" --translators "$T/tr" --listen 127.0.0.1:0 --insecure --warmup 1 >"$log" 2>&1 &
         pid=$!
-        for _ in $(seq 100); do grep -qE "translator_(loaded|other_target)|listening" "$log" && break; sleep 0.1; done
+        for _ in $(seq 100); do grep -qE "translator_(loaded|other_target|other_weights|other_name)|listening" "$log" && break; sleep 0.1; done
         sleep 0.3
         kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
         if [ "$m" = "$T/tiny-b" ]; then
             grep -q "msg=translator_loaded .*source=tiny-a target=tiny-b" "$log" || { cat "$log"; bad "kvld did not load the translator"; }
             grep -q "no_tokenizer" "$log" || bad "kvld without tokenizer.json: no warning"
+        elif [ "$m" = "$T/alias/mymodel" ]; then
+            grep -q "level=warn .*msg=translator_other_name .*target=tiny-b .*named 'mymodel' after its directory" "$log" \
+                && ! grep -q "translator_loaded" "$log" \
+                || { cat "$log"; bad "kvld named after another directory: no warning that the translator is the same model's"; }
         else
-            grep -q "translator_other_target" "$log" && ! grep -q "translator_loaded" "$log" \
-                || { cat "$log"; bad "kvld loaded a translator for other weights"; }
+            # said as a warning naming both hashes, and that no translator is left
+            grep -q "level=warn .*msg=translator_other_weights .*target=tiny-b" "$log" && ! grep -q "translator_loaded" "$log" \
+                && grep -q "level=warn .*msg=no_translators" "$log" \
+                || { cat "$log"; bad "kvld loaded a translator for other weights, or did not warn"; }
         fi
     done
 fi
