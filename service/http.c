@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 #include <microhttpd.h>
 
 #include "error.h"
+#include "log.h"
 
 struct kvl__svc_http {
     struct MHD_Daemon *mhd;
@@ -17,7 +19,21 @@ struct kvl__svc_http {
     kvl__svc_health_fn health;
     void *arg;
     int port;
+    char err[200];   /* libmicrohttpd's last message (mhd_log) */
 };
+
+/* libmicrohttpd's messages: kept for the start's error and logged as the process's other
+ * lines are (its own logger writes bare lines to stderr, "Failed to bind to port 0" for an
+ * address given by socket address) */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    kvl__svc_http *h = cls;
+    vsnprintf(h->err, sizeof h->err, fmt, ap);
+    size_t n = strlen(h->err);
+    while (n && (h->err[n - 1] == '\n' || h->err[n - 1] == '\r')) h->err[--n] = '\0';
+    for (char *c = h->err; *c; c++)
+        if (*c == '"') *c = '\'';
+    kvl__svc_log("warn", "msg=http_server_error detail=\"%s\"", h->err);
+}
 
 static enum MHD_Result reply(struct MHD_Connection *conn, unsigned code, const char *type,
                              kvl__svc_text *b) {
@@ -100,16 +116,19 @@ kvl_status kvl__svc_http_start(const char *what, const char *addr, int allow_por
      * closed after KVL_SVC_HTTP_IDLE_S: a flood of slow clients from one host cannot keep a
      * probe from another host out */
     h->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG,
-                              0, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
-                              (struct sockaddr *)&sa,
+                              (uint16_t)port, NULL, NULL, on_request, h,
+                              MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,   /* first, to have every message */
+                              MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)KVL_SVC_HTTP_IDLE_S,
                               MHD_OPTION_CONNECTION_LIMIT, (unsigned)KVL_SVC_HTTP_MAX_CONN,
                               MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)KVL_SVC_HTTP_MAX_PER_IP,
                               MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)KVL_SVC_HTTP_CONN_MEMORY,
                               MHD_OPTION_END);
     if (!h->mhd) {
+        kvl_status st = kvl__errorf(KVL_ERR_IO, "metrics: cannot listen on %s%s%s%s", addr, h->err[0] ? " (" : "",
+                                   h->err, h->err[0] ? ")" : "");
         free(h);
-        return kvl__errorf(KVL_ERR_IO, "metrics: cannot listen on %s", addr);
+        return st;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);
     h->port = info && info->port ? info->port : (int)port;
