@@ -80,7 +80,8 @@ static const kvld_flag k_flags[] = {
     {"stream-stall-ms", "N", "a call whose client takes no message for this long, or whose messages "
                              "waited this long in all, is ended (DEADLINE_EXCEEDED): a reader that "
                              "stopped or crawls frees its session", "120000"},
-    {"config", "FILE.yaml", "read these keys from YAML (key names with '_'); flags override", NULL},
+    {"config", "FILE.yaml", "read these keys from YAML (key names with '_'); flags override; paths in "
+                            "it, as in flags, are relative to the working directory", NULL},
     {"quiet", NULL, "no per-request log lines (YAML: quiet: 1)", "off"},
     {"tls-cert", "FILE.pem", "this node's certificate: its server identity and its client certificate "
                              "towards peers (mutual TLS)", NULL},

@@ -40,13 +40,27 @@ static int tickets_settled(const kvld_config *cfg, const char *pre) {
     return 0;
 }
 
+/* " (relative to the working directory DIR ...)" for a relative path that failed, else "": kvld
+ * reads every path against its working directory, its --config file's too (the router's fleet
+ * file is read against its own folder), which is a surprise worth naming. */
+static const char *relative_note(const char *path, char *buf, size_t cap) {
+    char cwd[PATH_MAX];
+    buf[0] = '\0';
+    if (path && path[0] && path[0] != '/' && getcwd(cwd, sizeof cwd))
+        snprintf(buf, cap, " (relative to the working directory %s, in a --config file too)", cwd);
+    return buf;
+}
+
 /* --check: the settings parsed; the files they name exist (paths shown resolved); nothing is
  * bound or loaded. */
 static int check_settings(const kvld_config *cfg) {
     char res[PATH_MAX], path[PATH_MAX + 32];
     int bad = 0;
+    char note[PATH_MAX + 64];
     if (!realpath(cfg->model, res)) {
-        fprintf(stderr, "kvld: --check: model '%s': %s\n", cfg->model, strerror(errno));
+        int e = errno;
+        fprintf(stderr, "kvld: --check: model '%s': %s%s\n", cfg->model, strerror(e),
+                relative_note(cfg->model, note, sizeof note));
         return 1;
     }
     snprintf(path, sizeof path, "%s/config.json", res);
@@ -59,7 +73,8 @@ static int check_settings(const kvld_config *cfg) {
         char tres[PATH_MAX];
         struct stat sb;
         if (!realpath(cfg->translators, tres) || stat(tres, &sb) || !S_ISDIR(sb.st_mode)) {
-            fprintf(stderr, "kvld: --check: translators '%s': not a directory\n", cfg->translators);
+            fprintf(stderr, "kvld: --check: translators '%s': not a directory%s\n", cfg->translators,
+                    relative_note(cfg->translators, note, sizeof note));
             bad = 1;
         } else {
             printf("translators: %s\n", tres);
@@ -227,7 +242,11 @@ int main(int argc, char **argv) {
     kvld_node *node = NULL;
     kvl_status st = kvld_node_create(&cfg, &node);
     if (st != KVL_OK) {
-        kvl__svc_log("error", "msg=startup_failed err=\"%s\"", kvl_last_error());
+        char note[PATH_MAX + 64];
+        /* a model that is not there: whose working directory the path was read against */
+        relative_note(st == KVL_ERR_IO && strstr(kvl_last_error(), "loading the model") ? cfg.model : NULL, note,
+                      sizeof note);
+        kvl__svc_log("error", "msg=startup_failed err=\"%s%s\"", kvl_last_error(), note);
         return 1;
     }
     /* warm before serving: the health check turns SERVING only once a request would find the
