@@ -63,6 +63,10 @@ kvld)
   chmod 600 "$T/fleet.key"
   out=$("$P" --model="$SRC/models/qwen3-a" --insecure --ticket-key-file="$T/fleet.key" --check 2>&1)
   ! grep -q "key_file_readable" <<<"$out" && ok "kvld: a 0600 key draws no warning" || bad "0600 warned: $out"
+  # a relative path that is not there: read against the working directory, which is named
+  out=$(cd "$T" && "$P" --model models/nope --insecure --check 2>&1); rc=$?
+  [ $rc -ne 0 ] && grep -qF "model 'models/nope': No such file or directory (relative to the working directory $T" <<<"$out" \
+    && ok "kvld names the working directory of a relative model path" || bad "kvld relative path: $rc $out"
   # an address gRPC would take otherwise: a port past 65535 (modulo 65536) or none (443)
   for a in 127.0.0.1:99999 localhost 127.0.0.1:-1; do
     out=$("$P" --model="$SRC/models/qwen3-a" --insecure --listen "$a" --check 2>&1); rc=$?
