@@ -208,6 +208,7 @@ static void on_start(void *arg) {
 
 int main(int argc, char **argv) {
     kvl__svc_log_init("kvld");
+    kvl__rpc_log_to(kvl__svc_log);   /* gRPC core's own lines in the same logfmt */
     kvld_config cfg;
     kvld_config_defaults(&cfg);
     kvld_cli_mode mode;

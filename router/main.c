@@ -92,6 +92,7 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
     kvl__svc_log_init("router");
+    kvl__rpc_log_to(kvl__svc_log);   /* gRPC core's own lines in the same logfmt */
     const char *config = NULL, *http_listen = NULL, *api_keys = NULL, *ticket_key = NULL;
     int check = 0, insecure = 0;
     static const struct option opts[] = {

@@ -137,8 +137,14 @@ int kvr_registry_refresh(kvr_registry *r, int only_unhealthy, int64_t timeout_ms
             char msg[256];
             snprintf(msg, sizeof msg, "%s", kvl_last_error());
             pthread_mutex_lock(&r->mu);
+            /* a closed socket or a failed handshake at the first call is most often a router
+             * and a node that disagree about TLS (or about the CA) */
+            const int tls_like = !n->probed && (strstr(msg, "Socket closed") || strstr(msg, "andshake") ||
+                                                 strstr(msg, "SSL") || strstr(msg, "ssl"));
             if (!n->down_logged)
-                kvl__svc_log_text("warn", "node %s (%s) does not answer: %s", n->name, n->address, msg);
+                kvl__svc_log_text("warn", "node %s (%s) does not answer: %s%s", n->name, n->address, msg,
+                                  tls_like ? " (if it runs: the router and its nodes must both run TLS with "
+                                             "certificates of one fleet CA, or both --insecure)" : "");
             n->down_logged = 1;
             n->healthy = 0;
             snprintf(n->error, sizeof n->error, "%s", msg);

@@ -1,12 +1,16 @@
 /* rpc/common.c: status mapping, gRPC library lifetime, byte-buffer and protobuf helpers. */
 #include "rpc_internal.h"
 
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/slice.h>
+#include <grpc/support/log.h>
 
+#include "clock.h"
 #include "error.h"
 
 grpc_status_code kvl__rpc_status_from_kvl(kvl_status s) {
@@ -53,6 +57,67 @@ const char *kvl__rpc_status_name(grpc_status_code code) {
 }
 
 void kvl__rpc_init(void) { grpc_init(); }
+
+/* ---- gRPC core's log ---------------------------------------------------------------------- */
+
+#define KVL_RPC_LOG_SITES 32          /* source lines remembered for the rate limit */
+#define KVL_RPC_LOG_EVERY_S 10.0
+
+static struct {
+    pthread_mutex_t mu;
+    void (*log)(const char *level, const char *fmt, ...);
+    struct { const char *file; int line; double last; unsigned left_out; } site[KVL_RPC_LOG_SITES];
+    int n_sites;
+} g_rpc_log = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void rpc_log_fn(gpr_log_func_args *a) {
+    const char *level = a->severity == GPR_LOG_SEVERITY_ERROR ? "error"
+                        : a->severity == GPR_LOG_SEVERITY_INFO ? "info" : "debug";
+    const char *file = a->file ? a->file : "?";
+    const char *base = strrchr(file, '/') ? strrchr(file, '/') + 1 : file;
+    const double now = kvl__now_s();
+    unsigned left_out = 0;
+    pthread_mutex_lock(&g_rpc_log.mu);
+    int i = 0;
+    while (i < g_rpc_log.n_sites && !(g_rpc_log.site[i].line == a->line && !strcmp(g_rpc_log.site[i].file, file))) i++;
+    if (i == g_rpc_log.n_sites && i < KVL_RPC_LOG_SITES) {
+        g_rpc_log.site[i].file = file;   /* gRPC's __FILE__: a string that lives as long as the library */
+        g_rpc_log.site[i].line = a->line;
+        g_rpc_log.site[i].last = -1e9;
+        g_rpc_log.n_sites++;
+    }
+    if (i < KVL_RPC_LOG_SITES) {
+        if (now - g_rpc_log.site[i].last < KVL_RPC_LOG_EVERY_S) {
+            g_rpc_log.site[i].left_out++;
+            pthread_mutex_unlock(&g_rpc_log.mu);
+            return;
+        }
+        g_rpc_log.site[i].last = now;
+        left_out = g_rpc_log.site[i].left_out;
+        g_rpc_log.site[i].left_out = 0;
+    }
+    void (*log)(const char *, const char *, ...) = g_rpc_log.log;
+    pthread_mutex_unlock(&g_rpc_log.mu);
+    char detail[600];
+    snprintf(detail, sizeof detail, "%s", a->message ? a->message : "");
+    for (char *c = detail; *c; c++)   /* one logfmt value: no quotes, no line breaks */
+        if (*c == '"') *c = '\'';
+        else if (*c == '\n' || *c == '\r') *c = ' ';
+    if (log) {
+        if (left_out)
+            log(level, "msg=grpc_core where=%s:%d detail=\"%s\" left_out=%u", base, a->line, detail, left_out);
+        else
+            log(level, "msg=grpc_core where=%s:%d detail=\"%s\"", base, a->line, detail);
+    }
+}
+
+void kvl__rpc_log_to(void (*log)(const char *level, const char *fmt, ...)) {
+    if (!log) return;   /* gRPC's own writer cannot be named from C to be put back: kept as it is */
+    pthread_mutex_lock(&g_rpc_log.mu);
+    g_rpc_log.log = log;
+    pthread_mutex_unlock(&g_rpc_log.mu);
+    gpr_set_log_function(rpc_log_fn);
+}
 void kvl__rpc_shutdown(void) { grpc_shutdown(); }
 
 grpc_byte_buffer *kvl__rpc_bb_from(const uint8_t *data, size_t len) {

@@ -305,6 +305,15 @@ void kvl__rpc_stream_free(kvl__rpc_stream *st);
 void kvl__rpc_init(void);
 void kvl__rpc_shutdown(void);
 
+/* gRPC core's own messages (a failed TLS handshake, a bind error), which it writes to stderr
+ * as bare lines ("E1207 12:01:56.97 ... ssl_transport_security.cc:1501] Handshake failed"),
+ * go to `log` instead: log(level, fmt, ...) with level "error" / "info" / "debug" and a logfmt
+ * body `msg=grpc_core where=FILE:LINE detail="..."` (the servers pass kvl__svc_log).  At most
+ * one message per source line every 10 s: a client that probes with the wrong certificate
+ * would otherwise write a line per probe; the next one says how many were left out.  Call
+ * once, before any server or client is created (NULL: no change). */
+void kvl__rpc_log_to(void (*log)(const char *level, const char *fmt, ...));
+
 #ifdef __cplusplus
 }
 #endif

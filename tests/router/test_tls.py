@@ -213,6 +213,16 @@ def main():
                 stub, ch = node_stub(fleet, m, creds)
                 refused(lambda: stub.Info(node_pb.InfoRequest(), timeout=10), "%s %s" % (what, m))
                 ch.close()
+        # gRPC core's own lines about those handshakes are in the node's logfmt log, one per
+        # source line every 10 s, not bare "E1207 ..." lines on stderr
+        for m in ("qwen3-a", "qwen3-b"):
+            with open(fleet.nodes[m].log_path) as f:
+                lines = f.read().split("\n")
+            core = [ln for ln in lines if "msg=grpc_core" in ln and "andshake" in ln]
+            check(core and not [ln for ln in lines if re.match(r"[EWI]\d{4} ", ln)],
+                  "kvld %s: gRPC core's lines: %r" % (m, core[:3] or [ln for ln in lines if re.match(r"[EWI]\d{4} ", ln)][:3]))
+            check(len(core) < 3, "kvld %s: %d handshake lines for 3 refused handshakes (not rate-limited)" % (m, len(core)))
+        print("  ok: gRPC core's handshake failures are logfmt lines of the node's log (%d in kvld qwen3-b)" % len(core))
         info = fleet.node_info("qwen3-a")
         check(info.model.name == "qwen3-a", "fleet-CA client certificate: Info %s" % info)
         print("  ok: a client certificate of the fleet CA reaches the Node API (Info: %s)" % info.model.name)
