@@ -85,6 +85,7 @@ kvl_status kvld_node_create(const kvld_config *cfg, kvld_node **out) {
     if (cfg->ticket_key_file[0]) {
         if ((st = kvl__ticket_key_load(cfg->ticket_key_file, &n->ticket_key)) != KVL_OK) goto fail;
         if ((st = kvl__ticket_warmup(&n->ticket_key)) != KVL_OK) goto fail;
+        if ((st = kvl__ticket_key_id(&n->ticket_key, n->ticket_key_id)) != KVL_OK) goto fail;
         n->tickets = 1;
     }
     if ((st = kvl__ticket_replay_init(&n->replay, KVLD_REPLAY_CAP)) != KVL_OK) goto fail;

@@ -63,6 +63,7 @@ typedef struct kvld_node {
     int n_fleet;
     int tickets;                      /* 1: spans move only on a router-issued ticket */
     kvl__ticket_key ticket_key;
+    char ticket_key_id[17];           /* its public name (Info), "" without tickets            */
     kvl__ticket_replay replay;        /* nonces of tickets this node accepted */
     char self[KVLD_PEER_ADDR_MAX];    /* this node's fleet address (tickets' source/target) */
     pthread_t peers_thread;           /* connects --peers at start and reload (peers.c) */

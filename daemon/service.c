@@ -59,6 +59,7 @@ void kvld_rpc_info(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
     out.continue_rpc = 1;
     out.continue_pull_only = 1;
     out.span_push = 1;
+    out.ticket_key_id = n->tickets ? n->ticket_key_id : (char *)"";
     out.dtype = dtype_pb(c->weight_dtype);
     int nt = n->translators.n;
     Kvlingo__V1__TranslatorInfo *ti = calloc((size_t)nt + 1, sizeof *ti);

@@ -190,6 +190,23 @@ int kvr_registry_refresh(kvr_registry *r, int only_unhealthy, int64_t timeout_ms
         n->pull_only = infos[i]->continue_pull_only;
         n->vocab = infos[i]->vocab_size;
         n->sessions = infos[i]->sessions;
+        /* a node with a ticket key other than the router's (or with one where the router has
+         * none) refuses the router's tickets, so a span it must ship falls back to re-prefill:
+         * said once, at the first Info, not at each switch.  A node without a key takes spans
+         * unticketed. */
+        const char *kid = in->ticket_key_id ? in->ticket_key_id : "";
+        if (kid[0] && strcmp(kid, r->ticket_key_id)) {
+            if (!n->key_warned || strcmp(kid, n->key_id))
+                kvl__svc_log_text("warn", "node %s (%s): its transfer-ticket key is not the router's (key id %s, "
+                                  "the router's %s): it refuses the router's transfer tickets, so a switch that "
+                                  "needs a span from it re-prefills; give the router and every node the "
+                                  "fleet's one ticket_key_file",
+                                  n->name, n->address, kid[0] ? kid : "none", r->ticket_key_id[0] ? r->ticket_key_id : "none");
+            n->key_warned = 1;
+        } else {
+            n->key_warned = 0;
+        }
+        snprintf(n->key_id, sizeof n->key_id, "%s", kid);
         pthread_mutex_unlock(&r->mu);
     }
     pthread_mutex_lock(&r->mu);

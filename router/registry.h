@@ -40,6 +40,8 @@ typedef struct kvr_node {
         char src[KVR_NAME_MAX], why[128];
     } tr_bad[KVR_MAX_TR];
     int n_tr_bad;
+    char key_id[17];             /* its ticket key's public name (Info), as last warned about  */
+    int key_warned;              /* a key other than the router's has been logged            */
     int active;                  /* turns in flight here                                      */
     /* moving averages (EMA) of the rates measured on real turns; until the first measurement
      * (n_*_samples == 0) they hold the seed the cost policy plans with */
@@ -51,6 +53,7 @@ typedef struct kvr_registry {
     kvr_node nodes[KVR_MAX_NODES];
     int n;
     int64_t node_timeout_ms;
+    char ticket_key_id[17];      /* the router's ticket key's public name, "" without tickets  */
     pthread_mutex_t mu;
 } kvr_registry;
 

@@ -249,6 +249,7 @@ kvl_status kvr_router_create(kvr_config *cfg, kvr_router **out) {
         kvl__svc_log_text("warn", "%s: /v1/chat/completions will answer 500 (use /v1/completions): %s",
                           cfg->path, chat_why);
     if (!s) s = kvr_registry_create(cfg, &r->client_tls, &r->reg);
+    if (!s && r->tickets) s = kvl__ticket_key_id(&r->ticket_key, r->reg->ticket_key_id);
     if (!s) s = kvr_policy_create(cfg, &r->policy);
     if (!s) s = kvr_guard_create(cfg, r->reg, r->metrics, &r->guard);
     if (!s) s = kvr_prefix_create((int)cfg->prefix_blocks, &r->prefix);

@@ -110,6 +110,16 @@ static int mac_of(const kvl__ticket_key *key, const uint8_t *msg, size_t len,
     return 0;
 }
 
+kvl_status kvl__ticket_key_id(const kvl__ticket_key *key, char out[17]) {
+    static const char label[] = "kvlingo ticket key id v1";
+    uint8_t mac[KVL_TICKET_MAC];
+    out[0] = '\0';
+    if (mac_of(key, (const uint8_t *)label, sizeof label - 1, mac))
+        return kvl__errorf(KVL_ERR_INTERNAL, "ticket: HMAC-SHA256 failed");
+    for (int i = 0; i < 8; i++) snprintf(out + 2 * i, 3, "%02x", mac[i]);
+    return KVL_OK;
+}
+
 kvl_status kvl__ticket_encode(const kvl__ticket_key *key, const kvl__ticket *t, uint8_t *out,
                               size_t cap, size_t *len) {
     *len = 0;

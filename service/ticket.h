@@ -48,6 +48,12 @@ typedef struct kvl__ticket {
  * or unreadable (KVL_ERR_IO), shorter than KVL_TICKET_KEY_MIN bytes (KVL_ERR_RANGE). */
 kvl_status kvl__ticket_key_load(const char *path, kvl__ticket_key *out);
 
+/* The key's public name: the first 8 bytes of HMAC-SHA256(key, "kvlingo ticket key id v1") in
+ * hex (16 characters and a NUL into out[17]), which says whether two fleet members hold the
+ * same key without telling anything of it (HMAC is a pseudo-random function of the key).
+ * KVL_ERR_INTERNAL when HMAC fails (out is then ""). */
+kvl_status kvl__ticket_key_id(const kvl__ticket_key *key, char out[17]);
+
 /* Unix time in milliseconds (the clock tickets' expiry is measured on). */
 uint64_t kvl__ticket_now_ms(void);
 

@@ -21,6 +21,7 @@
      out: the node failing, not the client cancelling, so Send answers UNAVAILABLE and the
      ledger does not keep the turn's input as a cancelled turn; `kvlingo chat` whose node is
      killed mid-reply says the turn ended after N tokens and was not recorded (not a TLS hint);
+     a node restarted with another ticket key: the router says so at its first Info;
   8. CloseSession sent to another replica while a turn of the session runs: refused as busy
      (the lease), the turn completes and commits, the session continues;
   9. a turn ended by a stop sequence (OpenAI `stop`) whose node went further than the ledger:
@@ -494,6 +495,46 @@ def cli_node_dies_mid_reply(a):
         fleet.stop()
 
 
+def node_with_another_ticket_key(a):
+    """A node restarted with a ticket key other than the fleet's: the router says so at its first
+    Info (the nodes' Info names their key by an HMAC of a fixed label, never the key), and a
+    switch that needs a span from it re-prefills with the reason; the fleet's nodes name one key."""
+    import base64
+    work = os.path.join(a.work, "other_key")
+    fleet = rtest.Fleet(a.build, work, policy={"name": "cascade", "models": ["qwen3-a", "qwen3-b"],
+                                               "entropy_threshold": 100, "calm_turns": 1},
+                        guardrail={"shadow_fraction": 0})
+    try:
+        ids = {m: fleet.node_info(m).ticket_key_id for m in ("qwen3-a", "qwen3-b")}
+        check(re.fullmatch(r"[0-9a-f]{16}", ids["qwen3-a"]) and ids["qwen3-a"] == ids["qwen3-b"],
+              "the fleet's nodes name one key: %r" % ids)
+        other = os.path.join(work, "other.key")
+        with open(other, "w") as f:
+            f.write(base64.b64encode(os.urandom(48)).decode() + "\n")
+        os.chmod(other, 0o600)
+        fleet.nodes["qwen3-b"].stop()
+        fleet.start_node("qwen3-b", kvld_args=("--ticket-key-file", other))
+        kid = fleet.node_info("qwen3-b").ticket_key_id
+        check(re.fullmatch(r"[0-9a-f]{16}", kid) and kid != ids["qwen3-a"], "the restarted node's key id %r" % kid)
+        t0, said = time.time(), ""
+        while time.time() - t0 < 30 and not said:
+            with open(fleet.router.log_path) as f:
+                said = next((ln for ln in f if "its transfer-ticket key is not the router's (key id %s" % kid in ln), "")
+            time.sleep(0.2)
+        check(said and ("the router's %s" % ids["qwen3-a"]) in said, "the router did not say the node's key differs")
+        # a switch that needs a span from it: the source checks the ticket, and refuses it
+        c = fleet.client(timeout=120)
+        sid = c.create_session()
+        c.send_all(sid, rtest.corpus_text(0, 400), max_tokens=2, model="qwen3-b")
+        _, _, s = c.send_all(sid, " and then", max_tokens=2, model="qwen3-a")
+        check(rtest.MODES[s.switch_mode] == "re-prefill" and "ticket" in s.fallback_reason,
+              "a switch from the node: %s (%s)" % (rtest.MODES[s.switch_mode], s.fallback_reason))
+        print("  ok: a node with another ticket key: the router said so at once; a switch from it re-prefilled (%s)"
+              % s.fallback_reason[:70])
+    finally:
+        fleet.stop()
+
+
 def close_on_other_replica_mid_turn(a):
     """Two replicas on one ledger: a long turn runs on the first, a CloseSession reaches the
     second.  The close must not drop the node's copy under the running turn: it waits for the
@@ -603,7 +644,7 @@ def main():
     shutil.rmtree(a.work, ignore_errors=True)
     tests = [kill_source_during_switch, kill_source_mid_export, kill_source_sweep, router_restart,
              config_errors, guardrail_disables_pair, ttl_expiry, model_failover, node_stops_mid_stream,
-             cli_node_dies_mid_reply, close_on_other_replica_mid_turn, stop_sequence_leaves_no_copy]
+             cli_node_dies_mid_reply, node_with_another_ticket_key, close_on_other_replica_mid_turn, stop_sequence_leaves_no_copy]
     only = [n for n in a.only.split(",") if n]
     for n in only:
         check(any(t.__name__ == n for t in tests), "unknown test %r" % n)

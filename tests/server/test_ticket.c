@@ -238,6 +238,17 @@ static void test_key_file(void **st) {
 
 /* the start-up warm-up: a usable key passes; one that cannot make a ticket fails there, at
  * start, with the encoder's error */
+/* the key's public name: HMAC-SHA256(key, label) cut to 8 bytes, as Python's hmac computes it */
+static void test_key_id(void **st) {
+    (void)st;
+    kvl__ticket_key a = test_key('A'), b = test_key('B');
+    char ia[17], ib[17];
+    assert_int_equal(kvl__ticket_key_id(&a, ia), KVL_OK);
+    assert_int_equal(kvl__ticket_key_id(&b, ib), KVL_OK);
+    assert_string_equal(ia, "e7e860cce485e7cc");
+    assert_string_equal(ib, "a0160a9c49daa055");
+}
+
 static void test_warmup(void **st) {
     (void)st;
     kvl__ticket_key k;
@@ -269,7 +280,7 @@ int main(void) {
         cmocka_unit_test(test_wrong_fields), cmocka_unit_test(test_window),
         cmocka_unit_test(test_tampered),
         cmocka_unit_test(test_replay), cmocka_unit_test(test_key_file),
-        cmocka_unit_test(test_token_hash), cmocka_unit_test(test_warmup),
+        cmocka_unit_test(test_token_hash), cmocka_unit_test(test_warmup), cmocka_unit_test(test_key_id),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
