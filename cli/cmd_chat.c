@@ -63,6 +63,8 @@ static int rpc_fail(const char *what, const kvl__rpc_result *res, unsigned got) 
     if (strstr(msg, "certificate verify failed") || strstr(msg, "CERTIFICATE_VERIFY_FAILED"))
         snprintf(hint, sizeof hint, " (the router's certificate does not verify against --tls-ca: give the "
                  "CA that signed it)");
+    else if (res->code == GRPC_STATUS_UNAUTHENTICATED)
+        snprintf(hint, sizeof hint, " (give a key of the router's api_keys: --api-key KEY or KVL_API_KEY)");
     else if (got > 0)   /* the router records a turn once it is whole (router/turn.c) */
         snprintf(hint, sizeof hint, " (the turn ended after %u token%s; the router recorded nothing of it: "
                  "send it again)", got, got == 1 ? "" : "s");

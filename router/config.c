@@ -86,6 +86,9 @@ static kvl_status parse_nodes(kvl__svc_yaml *y, kvr_config *c, yaml_node_t *seq)
             if (!strcmp(c->nodes[j].name, nc->name))
                 s = kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s.name': node '%s' named twice",
                                y->file, kvl__svc_kv_line(&l, "name"), sect, nc->name);
+            else if (!strcmp(c->nodes[j].address, nc->address))   /* one kvld serves one model */
+                s = kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s.address': %s is node '%s''s address too",
+                               y->file, kvl__svc_kv_line(&l, "address"), sect, nc->address, c->nodes[j].name);
         kvl__svc_kvlist_clear(&l);
         if (s) return s;
     }

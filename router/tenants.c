@@ -159,8 +159,10 @@ static kvl_status add_keys(kvr_tenants *t, const char *v, int hex, int ti, const
                                   KVR_KEY_MIN, KVR_KEY_MAX);
             for (size_t i = 0; i < n; i++)
                 if ((unsigned char)p[i] <= ' ' || (unsigned char)p[i] >= 127)
-                    return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s' [%d]: character %zu is not printable "
-                                      "ASCII (spaces and commas are not allowed)", file, line, field, idx, i);
+                    return kvl__errorf(KVL_ERR_FORMAT, "%s:%d: key '%s' [%d]: character %zu is %s (a key is "
+                                      "printable ASCII without spaces or commas)", file, line, field, idx, i,
+                                      p[i] == ' ' ? "a space" : (unsigned char)p[i] < ' ' ? "a control character"
+                                                                                      : "not ASCII");
             if (sha256(p, n, d)) return kvl__errorf(KVL_ERR_INTERNAL, "%s: SHA-256 failed", file);
         }
         kvl_status s = add_digest(t, d, ti, file, line, field, idx);

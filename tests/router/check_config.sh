@@ -120,6 +120,11 @@ printf 'tenants:\n  - name: acme\n    keys: [short]\n' > "$T/conf/keys-short.yam
 out=$("$R" --insecure --config "$T/conf/keys1.yaml" --api-keys "$T/conf/keys-short.yaml" --check 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -qF -- "--api-keys: $T/conf/keys-short.yaml:3: key 'tenants[0].keys' [0]: 5 characters" <<<"$out" \
   && ok "--api-keys overrides api_keys, its errors named" || bad "--api-keys: $rc $out"
+printf 'tenants:\n  - name: acme\n    keys: ["sk-acme 0123456789abcdef"]\n' > "$T/conf/keys-space.yaml"
+{ good; echo "api_keys: keys-space.yaml"; } > "$T/conf/keys4.yaml"
+refuse "a key with a space" "$T/conf/keys4.yaml" "keys-space.yaml:3: key 'tenants[0].keys' [0]: character 7 is a space"
+good | sed 's|address: 127.0.0.1:7101|address: 127.0.0.1:7100|' > "$T/conf/dupaddr.yaml"
+refuse "two nodes at one address" "$T/conf/dupaddr.yaml" "dupaddr.yaml:6: key 'nodes[1].address': 127.0.0.1:7100 is node 'a0''s address too"
 { good; echo "api_keys: nope.yaml"; } > "$T/conf/keys3.yaml"
 refuse "missing key file" "$T/conf/keys3.yaml" "keys3.yaml:10: key 'api_keys'" "nope.yaml"
 head -c 48 /dev/urandom | base64 > "$T/fleet.key"

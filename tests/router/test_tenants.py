@@ -309,7 +309,8 @@ def main():
             fleet.cli_security()
         p = subprocess.run(chat + ["Once upon a time"], capture_output=True, text=True, timeout=60,
                            env={k: v for k, v in os.environ.items() if k != "KVL_API_KEY"})
-        check(p.returncode == 1 and "UNAUTHENTICATED" in p.stderr, "chat without a key: %d %s" % (p.returncode, p.stderr))
+        check(p.returncode == 1 and "UNAUTHENTICATED" in p.stderr and "--api-key KEY or KVL_API_KEY" in p.stderr,
+              "chat without a key: %d %s" % (p.returncode, p.stderr))
         p = subprocess.run(chat + ["--api-key", KO, "Once upon a time"], capture_output=True, text=True, timeout=60)
         check(p.returncode == 0 and "[session " in p.stdout, "chat --api-key: %d %s %s" % (p.returncode, p.stdout, p.stderr))
         p = subprocess.run(chat + ["Once upon a time"], capture_output=True, text=True, timeout=60,
