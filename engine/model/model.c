@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "bigalloc.h"
 #include "error.h"
@@ -208,6 +209,14 @@ kvl_status kvl_model_load(const char *dir, const kvl_model_params *params, kvl_m
         const kvl_backend_ops *ops = NULL;
         kvl_status ds = kvl_backend_for_device(prm.device, &ops);
         if (ds != KVL_OK) return kvl__error_prefix(ds, "kvl_model_load");
+    }
+    {   /* the directory itself first: "models/nope: no such directory", not its config.json */
+        struct stat sb;
+        if (stat(dir, &sb) != 0)
+            return kvl__errorf(KVL_ERR_IO, "model directory '%s': %s", dir, strerror(errno));
+        if (!S_ISDIR(sb.st_mode))
+            return kvl__errorf(KVL_ERR_IO, "model directory '%s': not a directory (give the folder holding "
+                              "config.json and the *.safetensors)", dir);
     }
     char path[1200];
     snprintf(path, sizeof path, "%s/config.json", dir);
