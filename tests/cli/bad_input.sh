@@ -14,7 +14,7 @@ expect() {  # expect NAME NEEDLE -- command...
 }
 mk() { rm -rf "$T/m"; mkdir -p "$T/m"; cp "$SRC/models/qwen3-a/config.json" "$SRC/models/qwen3-a/tokenizer.json" "$T/m/"; }
 
-expect missing-dir "config.json" -- "$KVL" info --model "$T/nope"
+expect missing-dir "model directory '$T/nope': No such file or directory" -- "$KVL" info --model "$T/nope"
 mk; head -c 5 "$SRC/models/qwen3-a/model.safetensors" > "$T/m/model.safetensors"
 expect truncated "model.safetensors" -- "$KVL" info --model "$T/m"
 mk; printf '\xff\xff\xff\x00\x00\x00\x00\x00{}' > "$T/m/model.safetensors"
