@@ -65,9 +65,14 @@ static int rpc_fail(const char *what, const kvl__rpc_result *res, unsigned got) 
                  "CA that signed it)");
     else if (res->code == GRPC_STATUS_UNAUTHENTICATED)
         snprintf(hint, sizeof hint, " (give a key of the router's api_keys: --api-key KEY or KVL_API_KEY)");
-    else if (got > 0)   /* the router records a turn once it is whole (router/turn.c) */
+    else if (got > 0 && res->code == GRPC_STATUS_UNAVAILABLE)
+        /* a node that failed mid-reply: the router commits a turn only once it is whole */
         snprintf(hint, sizeof hint, " (the turn ended after %u token%s; the router recorded nothing of it: "
                  "send it again)", got, got == 1 ? "" : "s");
+    else if (got > 0 && (res->code == GRPC_STATUS_DEADLINE_EXCEEDED || res->code == GRPC_STATUS_CANCELLED))
+        /* this client's own deadline: the router keeps the input as a cancelled turn (router/README) */
+        snprintf(hint, sizeof hint, " (after %u token%s; the router kept your input as a cancelled turn: the "
+                 "next message continues after it; --timeout-ms sets the deadline)", got, got == 1 ? "" : "s");
     else if (res->code == GRPC_STATUS_UNAVAILABLE && strncmp(msg, "node ", 5) &&
              (strstr(msg, "Socket closed") || strstr(msg, "handshake") || strstr(msg, "ssl")))
         /* a plaintext client of a TLS router (or the reverse) sees only a closed socket; a

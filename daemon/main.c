@@ -47,7 +47,8 @@ static const char *relative_note(const char *path, char *buf, size_t cap) {
     char cwd[PATH_MAX];
     buf[0] = '\0';
     if (path && path[0] && path[0] != '/' && getcwd(cwd, sizeof cwd))
-        snprintf(buf, cap, " (relative to the working directory %s, in a --config file too)", cwd);
+        snprintf(buf, cap, " (relative to the working directory %s, as every kvld path is, a --config file's too)",
+                 cwd);
     return buf;
 }
 
@@ -56,7 +57,7 @@ static const char *relative_note(const char *path, char *buf, size_t cap) {
 static int check_settings(const kvld_config *cfg) {
     char res[PATH_MAX], path[PATH_MAX + 32];
     int bad = 0;
-    char note[PATH_MAX + 64];
+    char note[PATH_MAX + 96];
     if (!realpath(cfg->model, res)) {
         int e = errno;
         fprintf(stderr, "kvld: --check: model '%s': %s%s\n", cfg->model, strerror(e),
@@ -243,10 +244,11 @@ int main(int argc, char **argv) {
     kvld_node *node = NULL;
     kvl_status st = kvld_node_create(&cfg, &node);
     if (st != KVL_OK) {
-        char note[PATH_MAX + 64];
-        /* a model that is not there: whose working directory the path was read against */
-        relative_note(st == KVL_ERR_IO && strstr(kvl_last_error(), "loading the model") ? cfg.model : NULL, note,
-                      sizeof note);
+        char note[PATH_MAX + 96];
+        struct stat sb;
+        /* a model directory that is not there: whose working directory the path was read against */
+        relative_note(strstr(kvl_last_error(), "loading the model") && stat(cfg.model, &sb) != 0 ? cfg.model : NULL,
+                      note, sizeof note);
         kvl__svc_log("error", "msg=startup_failed err=\"%s%s\"", kvl_last_error(), note);
         return 1;
     }

@@ -314,6 +314,11 @@ kvl_status kvld_node_peer_refresh(kvld_node *n, const char *target, int64_t time
     int need_info = 0;
     kvl_status pst = peer_take(n, target, &p, &cli, &need_info);
     if (pst != KVL_OK) return pst;
+    /* asked because the peer showed it is (back) up: a channel still waiting out its reconnect
+     * back-off from the outage would fail this Info at once (seen: the first pull after a
+     * member's restart fell back, the channel refused 'Connection refused' 50 ms after the
+     * member had called this node) */
+    kvl__rpc_client_reconnect_now(cli);
     kvl_status st = peer_fetch_info(n, cli, target, timeout_ms);
     kvld_node_peer_release(n, target);
     return st;

@@ -2,9 +2,12 @@
 #include "translators.h"
 
 #include <dirent.h>
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "error.h"
 #include "log.h"
@@ -23,7 +26,11 @@ kvl_status kvld_translators_load(const char *dir, const kvl_model *self, kvld_tr
     if (!dir || !dir[0]) return KVL_OK;
     DIR *d = opendir(dir);
     if (!d) {
-        kvl__svc_log("warn", "msg=translators_dir_unreadable dir=\"%s\"", dir);
+        char cwd[PATH_MAX] = "";
+        if (dir[0] != '/' && !getcwd(cwd, sizeof cwd)) cwd[0] = '\0';
+        kvl__svc_log("warn", "msg=translators_dir_unreadable dir=\"%s\" err=\"%s\"%s%s%s: no translator loads, "
+                     "every switch to this node re-prefills", dir, strerror(errno), cwd[0] ? " cwd=\"" : "", cwd,
+                     cwd[0] ? "\"" : "");
         return KVL_OK;
     }
     char **names = NULL;
@@ -57,12 +64,15 @@ kvl_status kvld_translators_load(const char *dir, const kvl_model *self, kvld_tr
         if (!mine || !sn) {
             /* another pair's file is normal in a shared folder; a near miss is the operator's
              * mistake, and every switch here would re-prefill: said as a warning */
-            if (same_hash && tn)
+            if (mine)   /* this model's, but it does not say which model it translates from */
+                kvl__svc_log("warn", "msg=translator_skipped path=\"%s\" err=\"no source_name in its metadata: "
+                             "which model it translates from is unknown\"", path);
+            else if (same_hash && !same_name && tn)
                 kvl__svc_log("warn", "msg=translator_other_name path=\"%s\" target=%s hash=%s: the same weights "
                              "as this model, which is named '%s' after its directory (--model): name the "
                              "directory %s, as the fleet and the translators do", path, tn, th,
                              kvl_model_name(self), tn);
-            else if (same_name)
+            else if (same_name && th && th[0])
                 kvl__svc_log("warn", "msg=translator_other_weights path=\"%s\" target=%s hash=%s: this node's "
                              "%s has hash %s (other weights: the translator was trained for another "
                              "checkpoint of that name)", path, tn, th ? th : "?", tn, kvl_model_hash(self));

@@ -140,8 +140,9 @@ kvl_status kvr_ledger_session_create(kvr_ledger *l, const char *id, const char *
 kvl_status kvr_ledger_session_create_for(kvr_ledger *l, const char *id, const char *model,
                                          const char *tenant, long max_open, double now);
 
-/* Load a session (any state); tokens only when with_tokens.  KVL_ERR_NOT_FOUND when unknown.
- * Release with kvr_session_clear. */
+/* Load a session (any state); tokens only when with_tokens.  KVL_ERR_NOT_FOUND when unknown;
+ * KVL_ERR_INVALID_ARG when `id` is no session id (1-64 of A-Za-z0-9._:-).  Release with
+ * kvr_session_clear. */
 kvl_status kvr_ledger_session_load(kvr_ledger *l, const char *id, int with_tokens,
                                    kvr_session *out);
 void kvr_session_clear(kvr_session *s);
@@ -160,7 +161,8 @@ kvl_status kvr_ledger_turn_commit(kvr_ledger *l, const char *id, const int32_t *
 kvl_status kvr_ledger_holding_set(kvr_ledger *l, const char *id, const char *node, int n);
 
 /* End a session (CLOSED or EXPIRED): its tokens and holdings are deleted, the row and turns
- * stay (GetSession says why it is gone) until kvr_ledger_purge.  KVL_ERR_NOT_FOUND if unknown. */
+ * stay (GetSession says why it is gone) until kvr_ledger_purge.  KVL_ERR_NOT_FOUND if unknown;
+ * KVL_ERR_INVALID_ARG when `id` is no session id. */
 kvl_status kvr_ledger_session_end(kvr_ledger *l, const char *id, kvr_session_state state,
                                   double now);
 
@@ -182,7 +184,8 @@ kvl_status kvr_ledger_count_open(kvr_ledger *l, long *n);
  * already `owner`'s, or expired (out->took_over then says whose it was).  A compare-and-set on
  * the generation: of two replicas racing, one wins.  KVL_ERR_MISMATCH "is busy" naming the
  * holder and the time left when another replica holds it; KVL_ERR_NOT_FOUND when unknown;
- * KVL_ERR_MISMATCH "no longer open" for an ended session. */
+ * KVL_ERR_MISMATCH "no longer open" for an ended session; KVL_ERR_INVALID_ARG when `id` is no
+ * session id or `owner` is empty. */
 kvl_status kvr_ledger_lease_acquire(kvr_ledger *l, const char *id, const char *owner, double now,
                                     double ttl_s, kvr_lease *out);
 /* Extend a held lease to now + ttl_s.  KVL_ERR_MISMATCH when it is no longer (owner, gen). */
@@ -191,8 +194,9 @@ kvl_status kvr_ledger_lease_renew(kvr_ledger *l, const char *id, const char *own
 /* Give a held lease back (no-op when it is no longer (owner, gen)). */
 kvl_status kvr_ledger_lease_release(kvr_ledger *l, const char *id, const char *owner, int64_t gen);
 
-/* The turn of session `id` committed with `request_id`.  KVL_ERR_NOT_FOUND when none.
- * Release with kvr_turn_found_clear. */
+/* The turn of session `id` committed with `request_id`.  KVL_ERR_NOT_FOUND when none;
+ * KVL_ERR_INVALID_ARG when either is no id (1-64 of A-Za-z0-9._:-).  Release with
+ * kvr_turn_found_clear. */
 kvl_status kvr_ledger_turn_find(kvr_ledger *l, const char *id, const char *request_id,
                                 kvr_turn_found *out);
 void kvr_turn_found_clear(kvr_turn_found *f);

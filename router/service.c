@@ -328,8 +328,10 @@ static void h_get(kvl__rpc_call *call, const uint8_t *req, size_t len, void *use
     kvr_session s;
     kvl_status st = kvr_session_id_valid(q->session_id)
                         ? kvr_ledger_session_load(r->ledger, q->session_id, q->include_tokens, &s)
-                        : kvl__errorf(KVL_ERR_INVALID_ARG, "session_id '%.64s' is invalid (1-64 of A-Za-z0-9._:-)",
-                                      q->session_id ? q->session_id : "");
+                        : kvl__errorf(KVL_ERR_INVALID_ARG, "session_id '%.64s%s' (%zu characters) is invalid "
+                                      "(1-64 of A-Za-z0-9._:-)", q->session_id ? q->session_id : "",
+                                      q->session_id && strlen(q->session_id) > 64 ? "..." : "",
+                                      q->session_id ? strlen(q->session_id) : 0);
     if (!st && strcmp(s.tenant, t.name)) {   /* another tenant's: as if it did not exist */
         kvr_session_clear(&s);
         st = kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", q->session_id);
@@ -370,12 +372,13 @@ static void h_close(kvl__rpc_call *call, const uint8_t *req, size_t len, void *u
     char id[KVR_ID_MAX];
     /* checked whole before it is copied: a longer id must not close the one it starts with */
     const int valid = q->session_id && kvr_session_id_valid(q->session_id);
+    const size_t id_len = q->session_id ? strlen(q->session_id) : 0;
     snprintf(id, sizeof id, "%.64s", q->session_id ? q->session_id : "");
     protobuf_c_message_free_unpacked(&q->base, NULL);
     kvr_session s;
     kvl_status st = valid ? owned(r, id, t.name)
-                          : kvl__errorf(KVL_ERR_INVALID_ARG, "session_id '%s%s' is invalid (1-64 of A-Za-z0-9._:-)",
-                                        id, strlen(id) == 64 ? "..." : "");
+                          : kvl__errorf(KVL_ERR_INVALID_ARG, "session_id '%s%s' (%zu characters) is invalid "
+                                        "(1-64 of A-Za-z0-9._:-)", id, id_len > 64 ? "..." : "", id_len);
     if (!st) st = kvr_router_busy_take(r, id);
     if (st) { fail_kvl(r, call, "CloseSession", st); return; }
     st = kvr_ledger_session_load(r->ledger, id, 0, &s);

@@ -108,6 +108,10 @@ kvl_status kvl__rpc_client_create(const char *target, int max_message_bytes,
     return KVL_OK;
 }
 
+void kvl__rpc_client_reconnect_now(kvl__rpc_client *cli) {
+    if (cli && cli->channel) grpc_channel_reset_connect_backoff(cli->channel);
+}
+
 void kvl__rpc_client_free(kvl__rpc_client *cli) {
     if (!cli) return;
     if (cli->channel) grpc_channel_destroy(cli->channel);

@@ -100,8 +100,9 @@ static void rpc_log_fn(gpr_log_func_args *a) {
     pthread_mutex_unlock(&g_rpc_log.mu);
     char detail[600];
     snprintf(detail, sizeof detail, "%s", a->message ? a->message : "");
-    for (char *c = detail; *c; c++)   /* one logfmt value: no quotes, no line breaks */
+    for (char *c = detail; *c; c++)   /* one logfmt value: no quote or backslash to escape, one line */
         if (*c == '"') *c = '\'';
+        else if (*c == '\\') *c = '/';
         else if (*c == '\n' || *c == '\r') *c = ' ';
     if (log) {
         if (left_out)

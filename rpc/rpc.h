@@ -227,6 +227,10 @@ void kvl__rpc_result_clear(kvl__rpc_result *res);
 kvl_status kvl__rpc_client_create(const char *target, int max_message_bytes,
                                  const kvl__rpc_tls *tls, kvl__rpc_client **out);
 void kvl__rpc_client_free(kvl__rpc_client *cli);
+/* Try to connect again at once: a channel whose server went away waits out a reconnect
+ * back-off (up to KVL_RPC_RECONNECT_MAX_MS) and fails every call meanwhile, even after the server
+ * is back; a caller that knows it is back (it heard from it) ends the wait.  NULL is a no-op. */
+void kvl__rpc_client_reconnect_now(kvl__rpc_client *cli);
 const char *kvl__rpc_client_target(const kvl__rpc_client *cli);
 
 /* Metadata sent with every later call and stream of this client (e.g. "authorization").
@@ -308,10 +312,13 @@ void kvl__rpc_shutdown(void);
 /* gRPC core's own messages (a failed TLS handshake, a bind error), which it writes to stderr
  * as bare lines ("E1207 12:01:56.97 ... ssl_transport_security.cc:1501] Handshake failed"),
  * go to `log` instead: log(level, fmt, ...) with level "error" / "info" / "debug" and a logfmt
- * body `msg=grpc_core where=FILE:LINE detail="..."` (the servers pass kvl__svc_log).  At most
- * one message per source line every 10 s: a client that probes with the wrong certificate
- * would otherwise write a line per probe; the next one says how many were left out.  Call
- * once, before any server or client is created (NULL: no change). */
+ * body `msg=grpc_core where=FILE:LINE detail="..."` (the servers pass kvl__svc_log; in the
+ * detail `"` becomes `'` and `\` becomes `/`, so it needs no escapes).  At most one message per
+ * source line every 10 s, whatever it says: a client that probes with the wrong certificate
+ * would otherwise write a line per probe; the next message of that line says how many were
+ * left out (a count nobody follows up is lost).  The first 32 source lines seen are limited so,
+ * later ones pass unlimited (gRPC logs from far fewer).  Call once, before any server or
+ * client is created (NULL: no change). */
 void kvl__rpc_log_to(void (*log)(const char *level, const char *fmt, ...));
 
 #ifdef __cplusplus

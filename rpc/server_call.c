@@ -153,6 +153,24 @@ void kvl__rpc_call_on_cancel(kvl__rpc_call *c, void (*fn)(void *arg), void *arg)
     pthread_mutex_unlock(&c->mu);
 }
 
+/* Why a send was ended, with the measures that ended it: this message's own wait (measured from
+ * t_start, the send's start) when it is one, and the stream's waits in all when earlier sends
+ * waited too (a reader in bursts whose one wait passed what was left of the bound must not read
+ * as one that stopped reading; one whose earlier sends used the whole bound waited ~0 here). */
+static void stall_message(char *why, size_t cap, int64_t spent_before_ms, struct timespec t_start, int stall_ms) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    const long long waited = (long long)(now.tv_sec - t_start.tv_sec) * 1000 + (now.tv_nsec - t_start.tv_nsec) / 1000000;
+    if (spent_before_ms <= 0)
+        snprintf(why, cap, "the client took no message for %d ms: the call is ended", stall_ms);
+    else if (waited >= 1)
+        snprintf(why, cap, "the client took no message for %lld ms, and its reads held this stream's messages "
+                 "for %d ms in all: the call is ended", waited, stall_ms);
+    else
+        snprintf(why, cap, "the client's reads held this stream's messages for %d ms in all: the call is ended",
+                 stall_ms);
+}
+
 /* Start a batch of send ops and wait for it.  `final` marks the call finished first. */
 static kvl_status send_batch(kvl__rpc_call *c, grpc_op *ops, size_t n, int final) {
     pthread_mutex_lock(&c->mu);
@@ -202,11 +220,7 @@ static kvl_status send_batch(kvl__rpc_call *c, grpc_op *ops, size_t n, int final
             stalled = 1;
             pthread_mutex_unlock(&c->mu);
             char why[200];
-            if (spent_before_ms > 0)
-                snprintf(why, sizeof why, "the client took no message for %lld ms, and its reads held this "
-                         "stream's messages for %d ms in all: the call is ended", (long long)wait_ms, stall_ms);
-            else
-                snprintf(why, sizeof why, "the client took no message for %d ms: the call is ended", stall_ms);
+            stall_message(why, sizeof why, spent_before_ms, t_start, stall_ms);
             grpc_call_cancel_with_status(c->call, GRPC_STATUS_DEADLINE_EXCEEDED, why, NULL);
             pthread_mutex_lock(&c->mu);
         }
@@ -217,9 +231,11 @@ static kvl_status send_batch(kvl__rpc_call *c, grpc_op *ops, size_t n, int final
                          (t_end.tv_nsec - t_start.tv_nsec) / 1000000;
     int ok = c->send_ok;
     pthread_mutex_unlock(&c->mu);
-    if (stalled)
-        return kvl__errorf(KVL_ERR_CANCELLED, "rpc: %s: the client took no message for %lld ms (%d ms in all "
-                           "with the stream's earlier waits)", c->method, (long long)wait_ms, stall_ms);
+    if (stalled) {
+        char why[200];
+        stall_message(why, sizeof why, spent_before_ms, t_start, stall_ms);
+        return kvl__errorf(KVL_ERR_CANCELLED, "rpc: %s: %s", c->method, why);
+    }
     if (!ok) return kvl__errorf(KVL_ERR_CANCELLED, "rpc: %s: the call was cancelled", c->method);
     return KVL_OK;
 }

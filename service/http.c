@@ -30,9 +30,8 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     vsnprintf(h->err, sizeof h->err, fmt, ap);
     size_t n = strlen(h->err);
     while (n && (h->err[n - 1] == '\n' || h->err[n - 1] == '\r')) h->err[--n] = '\0';
-    for (char *c = h->err; *c; c++)
-        if (*c == '"') *c = '\'';
-    kvl__svc_log("warn", "msg=http_server_error detail=\"%s\"", h->err);
+    char q[sizeof h->err + 64];
+    kvl__svc_log("warn", "msg=http_server_error detail=%s", kvl__svc_log_q(q, sizeof q, h->err));
 }
 
 static enum MHD_Result reply(struct MHD_Connection *conn, unsigned code, const char *type,

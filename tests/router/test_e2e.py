@@ -144,8 +144,9 @@ def main():
         # an id no session can have says why (it answered NOT_FOUND with the id cut to 64 characters)
         expect_error(lambda: c.send_all("x" * 10000, "hello"), "INVALID_ARGUMENT",
                      ["session_id", "(10000 characters) is invalid (1-64 of A-Za-z0-9._:-)"])
-        expect_error(lambda: c.get_session("no spaces"), "INVALID_ARGUMENT", ["'no spaces' is invalid"])
-        expect_error(lambda: c.close_session("y" * 65), "INVALID_ARGUMENT", ["is invalid (1-64"])
+        expect_error(lambda: c.get_session("no spaces"), "INVALID_ARGUMENT",
+                     ["'no spaces' (9 characters) is invalid"])
+        expect_error(lambda: c.close_session("y" * 65), "INVALID_ARGUMENT", ["...' (65 characters) is invalid (1-64"])
         expect_error(lambda: c.send_all(sid, ""), "INVALID_ARGUMENT", ["empty input"])
         expect_error(lambda: c.send_all(sid, "word " * 5000), "OUT_OF_RANGE", ["max_input_tokens"])
         expect_error(lambda: c.send_all(sid, "hi", model="gpt-9"), "NOT_FOUND", ["unknown model", "gpt-9"])
