@@ -26,10 +26,11 @@ kvl_status kvld_translators_load(const char *dir, const kvl_model *self, kvld_tr
     if (!dir || !dir[0]) return KVL_OK;
     DIR *d = opendir(dir);
     if (!d) {
+        const int err = errno;   /* before getcwd */
         char cwd[PATH_MAX] = "";
         if (dir[0] != '/' && !getcwd(cwd, sizeof cwd)) cwd[0] = '\0';
         kvl__svc_log("warn", "msg=translators_dir_unreadable dir=\"%s\" err=\"%s\"%s%s%s: no translator loads, "
-                     "every switch to this node re-prefills", dir, strerror(errno), cwd[0] ? " cwd=\"" : "", cwd,
+                     "every switch to this node re-prefills", dir, strerror(err), cwd[0] ? " cwd=\"" : "", cwd,
                      cwd[0] ? "\"" : "");
         return KVL_OK;
     }

@@ -119,6 +119,7 @@ void kvl__rpc_log_to(void (*log)(const char *level, const char *fmt, ...)) {
     pthread_mutex_unlock(&g_rpc_log.mu);
     gpr_set_log_function(rpc_log_fn);
 }
+
 void kvl__rpc_shutdown(void) { grpc_shutdown(); }
 
 grpc_byte_buffer *kvl__rpc_bb_from(const uint8_t *data, size_t len) {

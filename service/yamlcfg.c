@@ -306,7 +306,6 @@ void kvl__svc_kvlist_clear(kvl__svc_kvlist *l) {
     memset(l, 0, sizeof *l);
 }
 
-
 kvl_status kvl__svc_check_hostport(const char *what, const char *addr, int allow_port0) {
     const char *colon = addr ? strrchr(addr, ':') : NULL;
     /* "[::1]" alone has its last ':' inside the brackets: no port */
