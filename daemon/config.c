@@ -5,12 +5,14 @@
 #include "scheduler.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <getopt.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "error.h"
 #include "kvlingo/backend.h"
@@ -373,4 +375,13 @@ int kvld_config_changed(const kvld_config *a, const kvld_config *b, char *names,
         }
     }
     return n;
+}
+
+const char *kvld_config_cwd_note(const char *path, char *buf, size_t cap) {
+    char cwd[PATH_MAX];
+    if (cap) buf[0] = '\0';
+    if (cap && path && path[0] && path[0] != '/' && getcwd(cwd, sizeof cwd))
+        snprintf(buf, cap, " (relative to the working directory %s, as every kvld path is, a --config file's too)",
+                 cwd);
+    return buf;
 }

@@ -72,4 +72,10 @@ int kvld_config_changed(const kvld_config *a, const kvld_config *b, char *names,
 /* The --help text: every flag with what it does and its default. */
 const char *kvld_config_usage(void);
 
+/* " (relative to the working directory DIR, ...)" into buf[cap] (caller-owned) for a relative
+ * `path`, else "" (NULL or absolute): kvld reads every path against its working directory, a
+ * --config file's too (the router reads its fleet file's against the file's folder), which an
+ * error about a path that is not there says.  Returns buf. */
+const char *kvld_config_cwd_note(const char *path, char *buf, size_t cap);
+
 #endif

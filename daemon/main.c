@@ -40,18 +40,6 @@ static int tickets_settled(const kvld_config *cfg, const char *pre) {
     return 0;
 }
 
-/* " (relative to the working directory DIR ...)" for a relative path that failed, else "": kvld
- * reads every path against its working directory, its --config file's too (the router's fleet
- * file is read against its own folder), which is a surprise worth naming. */
-static const char *relative_note(const char *path, char *buf, size_t cap) {
-    char cwd[PATH_MAX];
-    buf[0] = '\0';
-    if (path && path[0] && path[0] != '/' && getcwd(cwd, sizeof cwd))
-        snprintf(buf, cap, " (relative to the working directory %s, as every kvld path is, a --config file's too)",
-                 cwd);
-    return buf;
-}
-
 /* --check: the settings parsed; the files they name exist (paths shown resolved); nothing is
  * bound or loaded. */
 static int check_settings(const kvld_config *cfg) {
@@ -61,7 +49,7 @@ static int check_settings(const kvld_config *cfg) {
     if (!realpath(cfg->model, res)) {
         int e = errno;
         fprintf(stderr, "kvld: --check: model '%s': %s%s\n", cfg->model, strerror(e),
-                relative_note(cfg->model, note, sizeof note));
+                kvld_config_cwd_note(cfg->model, note, sizeof note));
         return 1;
     }
     snprintf(path, sizeof path, "%s/config.json", res);
@@ -75,7 +63,7 @@ static int check_settings(const kvld_config *cfg) {
         struct stat sb;
         if (!realpath(cfg->translators, tres) || stat(tres, &sb) || !S_ISDIR(sb.st_mode)) {
             fprintf(stderr, "kvld: --check: translators '%s': not a directory%s\n", cfg->translators,
-                    relative_note(cfg->translators, note, sizeof note));
+                    kvld_config_cwd_note(cfg->translators, note, sizeof note));
             bad = 1;
         } else {
             printf("translators: %s\n", tres);
@@ -247,7 +235,7 @@ int main(int argc, char **argv) {
         char note[PATH_MAX + 96];
         struct stat sb;
         /* a model directory that is not there: whose working directory the path was read against */
-        relative_note(strstr(kvl_last_error(), "loading the model") && stat(cfg.model, &sb) != 0 ? cfg.model : NULL,
+        kvld_config_cwd_note(strstr(kvl_last_error(), "loading the model") && stat(cfg.model, &sb) != 0 ? cfg.model : NULL,
                       note, sizeof note);
         kvl__svc_log("error", "msg=startup_failed err=\"%s%s\"", kvl_last_error(), note);
         return 1;

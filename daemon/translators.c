@@ -1,5 +1,6 @@
 /* daemon/translators.c: loading --translators DIR. */
 #include "translators.h"
+#include "config.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -7,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "error.h"
 #include "log.h"
@@ -27,11 +27,9 @@ kvl_status kvld_translators_load(const char *dir, const kvl_model *self, kvld_tr
     DIR *d = opendir(dir);
     if (!d) {
         const int err = errno;   /* before getcwd */
-        char cwd[PATH_MAX] = "";
-        if (dir[0] != '/' && !getcwd(cwd, sizeof cwd)) cwd[0] = '\0';
-        kvl__svc_log("warn", "msg=translators_dir_unreadable dir=\"%s\" err=\"%s\"%s%s%s: no translator loads, "
-                     "every switch to this node re-prefills", dir, strerror(err), cwd[0] ? " cwd=\"" : "", cwd,
-                     cwd[0] ? "\"" : "");
+        char note[PATH_MAX + 96];
+        kvl__svc_log("warn", "msg=translators_dir_unreadable dir=\"%s\" err=\"%s%s\": no translator loads, every "
+                     "switch to this node re-prefills", dir, strerror(err), kvld_config_cwd_note(dir, note, sizeof note));
         return KVL_OK;
     }
     char **names = NULL;

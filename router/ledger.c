@@ -121,9 +121,10 @@ void kvr_turn_found_clear(kvr_turn_found *f) {
     memset(f, 0, sizeof *f);
 }
 
-static kvl_status bad_id(const char *what, const char *id) {
-    return kvl__errorf(KVL_ERR_INVALID_ARG, "%s '%.80s' is invalid (1-64 of A-Za-z0-9._:-)", what,
-                      id ? id : "");
+kvl_status kvr_id_refuse(const char *what, const char *id) {
+    const size_t n = id ? strlen(id) : 0;
+    return kvl__errorf(KVL_ERR_INVALID_ARG, "%s '%.64s%s' (%zu characters) is invalid (1-64 of A-Za-z0-9._:-)",
+                      what, id ? id : "", n > 64 ? "..." : "", n);
 }
 
 /* Names stored in fixed-size fields must fit them: a longer one is refused, not truncated. */
@@ -136,7 +137,7 @@ static kvl_status check_name(const char *what, const char *v) {
 
 kvl_status kvr_ledger_session_create_for(kvr_ledger *l, const char *id, const char *model,
                                          const char *tenant, long max_open, double now) {
-    if (!kvr_session_id_valid(id)) return bad_id("session id", id);
+    if (!kvr_session_id_valid(id)) return kvr_id_refuse("session_id", id);
     kvl_status s = check_name("model", model);
     if (!s) s = check_name("tenant", tenant);
     if (!s && (!tenant || !tenant[0])) s = kvl__errorf(KVL_ERR_INVALID_ARG, "ledger: a session needs a tenant");
@@ -153,7 +154,7 @@ kvl_status kvr_ledger_session_create(kvr_ledger *l, const char *id, const char *
 
 kvl_status kvr_ledger_session_load(kvr_ledger *l, const char *id, int with_tokens, kvr_session *out) {
     memset(out, 0, sizeof *out);
-    if (!kvr_session_id_valid(id)) return bad_id("session id", id);   /* no session has such an id */
+    if (!kvr_session_id_valid(id)) return kvr_id_refuse("session_id", id);   /* no session has such an id */
     double t0 = kvl__now_s();
     kvl_status s = l->ops->session_load(l->impl, id, with_tokens, out);
     observe(l, "load", 0, t0);
@@ -165,7 +166,7 @@ kvl_status kvr_ledger_turn_commit(kvr_ledger *l, const char *id, const int32_t *
                                   int n, const kvr_turn_rec *turn, const char *current_node,
                                   int pol_level, int pol_calm, const kvr_holding *holdings,
                                   int n_holdings, double now) {
-    if (!kvr_session_id_valid(id)) return bad_id("session id", id);
+    if (!kvr_session_id_valid(id)) return kvr_id_refuse("session_id", id);
     if (t0 < 0 || n < 0 || (n > 0 && !tokens) || n_holdings < 0 || n_holdings > KVR_MAX_HOLDINGS ||
         (n_holdings > 0 && !holdings))
         return kvl__errorf(KVL_ERR_INVALID_ARG, "ledger: session '%s': commit of %d tokens at %d "
@@ -179,7 +180,7 @@ kvl_status kvr_ledger_turn_commit(kvr_ledger *l, const char *id, const int32_t *
         const kvr_fence *f = turn->fence;
         if (!f->owner || !f->owner[0]) return kvl__errorf(KVL_ERR_INVALID_ARG, "ledger: fence without an owner");
         if (f->request_id && f->request_id[0] && !kvr_session_id_valid(f->request_id))
-            return bad_id("request id", f->request_id);
+            return kvr_id_refuse("request_id", f->request_id);
     }
     kvl_status s = check_name("node", current_node);
     if (s) return s;
@@ -194,7 +195,7 @@ kvl_status kvr_ledger_turn_commit(kvr_ledger *l, const char *id, const int32_t *
 }
 
 kvl_status kvr_ledger_holding_set(kvr_ledger *l, const char *id, const char *node, int n) {
-    if (!kvr_session_id_valid(id)) return bad_id("session id", id);
+    if (!kvr_session_id_valid(id)) return kvr_id_refuse("session_id", id);
     if (!node || !node[0]) return kvl__errorf(KVL_ERR_INVALID_ARG, "ledger: holding without a node");
     kvl_status s = check_name("node", node);
     if (s) return s;
@@ -205,7 +206,7 @@ kvl_status kvr_ledger_holding_set(kvr_ledger *l, const char *id, const char *nod
 }
 
 kvl_status kvr_ledger_session_end(kvr_ledger *l, const char *id, kvr_session_state state, double now) {
-    if (!kvr_session_id_valid(id)) return bad_id("session id", id);   /* no session has such an id */
+    if (!kvr_session_id_valid(id)) return kvr_id_refuse("session_id", id);   /* no session has such an id */
     double m0 = kvl__now_s();
     kvl_status s = l->ops->session_end(l->impl, id, state, now);
     observe(l, "end", 1, m0);
@@ -249,7 +250,7 @@ kvl_status kvr_ledger_count_open(kvr_ledger *l, long *n) {
 kvl_status kvr_ledger_lease_acquire(kvr_ledger *l, const char *id, const char *owner, double now,
                                     double ttl_s, kvr_lease *out) {
     memset(out, 0, sizeof *out);
-    if (!kvr_session_id_valid(id)) return bad_id("session id", id);   /* no session has such an id */
+    if (!kvr_session_id_valid(id)) return kvr_id_refuse("session_id", id);   /* no session has such an id */
     if (!owner || !owner[0]) return kvl__errorf(KVL_ERR_INVALID_ARG, "ledger: lease without an owner");
     kvl_status s = check_name("lease owner", owner);
     if (s) return s;
@@ -282,8 +283,8 @@ kvl_status kvr_ledger_lease_release(kvr_ledger *l, const char *id, const char *o
 kvl_status kvr_ledger_turn_find(kvr_ledger *l, const char *id, const char *request_id,
                                 kvr_turn_found *out) {
     memset(out, 0, sizeof *out);
-    if (!kvr_session_id_valid(id)) return bad_id("session id", id);   /* no session has such an id */
-    if (!kvr_session_id_valid(request_id)) return bad_id("request id", request_id);
+    if (!kvr_session_id_valid(id)) return kvr_id_refuse("session_id", id);   /* no session has such an id */
+    if (!kvr_session_id_valid(request_id)) return kvr_id_refuse("request_id", request_id);
     double m0 = kvl__now_s();
     kvl_status s = l->ops->turn_find(l->impl, id, request_id, out);
     observe(l, "find", 0, m0);

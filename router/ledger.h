@@ -132,6 +132,10 @@ void kvr_ledger_set_observer(kvr_ledger *l,
 
 /* 1 when `id` is a valid session id (length and characters). */
 int kvr_session_id_valid(const char *id);
+/* KVL_ERR_INVALID_ARG naming `what` ("session_id", "request_id"), the id's first 64 characters,
+ * its length and the rule: "session_id 'x...' (65 characters) is invalid (1-64 of A-Za-z0-9._:-)".
+ * Always returns that status (for `return kvr_id_refuse(...)`). */
+kvl_status kvr_id_refuse(const char *what, const char *id);
 
 /* New open session of tenant "default".  KVL_ERR_INVALID_ARG when `id` exists already. */
 kvl_status kvr_ledger_session_create(kvr_ledger *l, const char *id, const char *model, double now);

@@ -163,9 +163,7 @@ static kvl_status validate_send(kvr_router *r, Kvlingo__V1__SendRequest *q, int3
     const kvr_config *c = r->cfg;
     if (!q->session_id || !q->session_id[0]) return kvl__errorf(KVL_ERR_INVALID_ARG, "session_id is required");
     if (!kvr_session_id_valid(q->session_id))   /* no session has such an id: say why */
-        return kvl__errorf(KVL_ERR_INVALID_ARG, "session_id '%.64s%s' (%zu characters) is invalid (1-64 of "
-                          "A-Za-z0-9._:-)", q->session_id, strlen(q->session_id) > 64 ? "..." : "",
-                          strlen(q->session_id));
+        return kvr_id_refuse("session_id", q->session_id);
     size_t tl = q->text ? strlen(q->text) : 0;
     if (tl && q->n_tokens) return kvl__errorf(KVL_ERR_INVALID_ARG, "give text or tokens, not both");
     if (!tl && !q->n_tokens) return kvl__errorf(KVL_ERR_INVALID_ARG, "empty input: give text or tokens");
@@ -184,8 +182,7 @@ static kvl_status validate_send(kvr_router *r, Kvlingo__V1__SendRequest *q, int3
                           q->prefetch_model, models);
     }
     if (q->request_id && q->request_id[0] && !kvr_session_id_valid(q->request_id))
-        return kvl__errorf(KVL_ERR_INVALID_ARG, "request_id '%.64s' is invalid (1-64 of A-Za-z0-9._:-)",
-                          q->request_id);
+        return kvr_id_refuse("request_id", q->request_id);
     if (!(q->temperature >= 0 && q->temperature <= 100) || !(q->top_p >= 0 && q->top_p <= 1))
         return kvl__errorf(KVL_ERR_INVALID_ARG, "temperature must be in [0, 100], top_p in [0, 1]");
     if (tl) {
@@ -328,10 +325,7 @@ static void h_get(kvl__rpc_call *call, const uint8_t *req, size_t len, void *use
     kvr_session s;
     kvl_status st = kvr_session_id_valid(q->session_id)
                         ? kvr_ledger_session_load(r->ledger, q->session_id, q->include_tokens, &s)
-                        : kvl__errorf(KVL_ERR_INVALID_ARG, "session_id '%.64s%s' (%zu characters) is invalid "
-                                      "(1-64 of A-Za-z0-9._:-)", q->session_id ? q->session_id : "",
-                                      q->session_id && strlen(q->session_id) > 64 ? "..." : "",
-                                      q->session_id ? strlen(q->session_id) : 0);
+                        : kvr_id_refuse("session_id", q->session_id);
     if (!st && strcmp(s.tenant, t.name)) {   /* another tenant's: as if it did not exist */
         kvr_session_clear(&s);
         st = kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", q->session_id);
@@ -372,13 +366,11 @@ static void h_close(kvl__rpc_call *call, const uint8_t *req, size_t len, void *u
     char id[KVR_ID_MAX];
     /* checked whole before it is copied: a longer id must not close the one it starts with */
     const int valid = q->session_id && kvr_session_id_valid(q->session_id);
-    const size_t id_len = q->session_id ? strlen(q->session_id) : 0;
+    kvl_status st = valid ? KVL_OK : kvr_id_refuse("session_id", q->session_id);
     snprintf(id, sizeof id, "%.64s", q->session_id ? q->session_id : "");
     protobuf_c_message_free_unpacked(&q->base, NULL);
     kvr_session s;
-    kvl_status st = valid ? owned(r, id, t.name)
-                          : kvl__errorf(KVL_ERR_INVALID_ARG, "session_id '%s%s' (%zu characters) is invalid "
-                                        "(1-64 of A-Za-z0-9._:-)", id, id_len > 64 ? "..." : "", id_len);
+    if (!st) st = owned(r, id, t.name);
     if (!st) st = kvr_router_busy_take(r, id);
     if (st) { fail_kvl(r, call, "CloseSession", st); return; }
     st = kvr_ledger_session_load(r->ledger, id, 0, &s);

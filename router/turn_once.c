@@ -109,7 +109,7 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
     memset(out, 0, sizeof *out);
     const char *rid = req->request_id && req->request_id[0] ? req->request_id : NULL;
     if (rid && !kvr_session_id_valid(rid))
-        return kvl__errorf(KVL_ERR_INVALID_ARG, "request_id '%.80s' is invalid (1-64 of A-Za-z0-9._:-)", rid);
+        return kvr_id_refuse("request_id", rid);
     /* tokens per minute: refused before anything runs while the tenant's bucket is empty; the
      * turn reserves its most (prompt + max_tokens) now, so that concurrent turns of one tenant
      * see it, and gives back what it did not generate at the end */

@@ -213,13 +213,13 @@ static kvl_status send_batch(kvl__rpc_call *c, grpc_op *ops, size_t n, int final
         dl.tv_nsec -= 1000000000L;
     }
     int stalled = 0;
+    char why[200] = "";   /* once stalled: what ended the send, for the client and the handler */
     while (c->send_pending) {
         if (stalled) {
             pthread_cond_wait(&c->cv, &c->mu);
         } else if (pthread_cond_timedwait(&c->cv, &c->mu, &dl) == ETIMEDOUT && c->send_pending) {
             stalled = 1;
             pthread_mutex_unlock(&c->mu);
-            char why[200];
             stall_message(why, sizeof why, spent_before_ms, t_start, stall_ms);
             grpc_call_cancel_with_status(c->call, GRPC_STATUS_DEADLINE_EXCEEDED, why, NULL);
             pthread_mutex_lock(&c->mu);
@@ -231,11 +231,7 @@ static kvl_status send_batch(kvl__rpc_call *c, grpc_op *ops, size_t n, int final
                          (t_end.tv_nsec - t_start.tv_nsec) / 1000000;
     int ok = c->send_ok;
     pthread_mutex_unlock(&c->mu);
-    if (stalled) {
-        char why[200];
-        stall_message(why, sizeof why, spent_before_ms, t_start, stall_ms);
-        return kvl__errorf(KVL_ERR_CANCELLED, "rpc: %s: %s", c->method, why);
-    }
+    if (stalled) return kvl__errorf(KVL_ERR_CANCELLED, "rpc: %s: %s", c->method, why);
     if (!ok) return kvl__errorf(KVL_ERR_CANCELLED, "rpc: %s: the call was cancelled", c->method);
     return KVL_OK;
 }
