@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "kvlingo/tokenizer.h"
@@ -284,6 +285,10 @@ static int chat_mode(kvl__rpc_client *cli, const char *tokdir, char **sid, const
     const char *next = first;
     while (!rc) {
         if (!next) {
+            if (interactive && isatty(0)) {   /* at a terminal, a prompt: without it the wait looks hung */
+                fputs("> ", stderr);
+                fflush(stderr);
+            }
             if (!interactive || !fgets(line, MAX_LINE, stdin)) break;
             size_t l = strlen(line);
             while (l && (line[l - 1] == '\n' || line[l - 1] == '\r')) line[--l] = 0;

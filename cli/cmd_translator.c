@@ -588,7 +588,9 @@ static int cmd_import(int argc, char **argv) {
         puts("usage: kvlingo translator import --layout plain --in FILE --source DIR --target DIR --out FILE\n"
              "         [--bf16]\n"
              "Turns a translator in the plain layout (tensors layers.{l}.k.weight / layers.{l}.v.weight of\n"
-             "shape [Ht*Dt, Hs*Ds], metadata layer_map, no kvlingo format key) into a kvlingo translator\n"
+             "shape [Ht*Dt, Hs*Ds], metadata layer_map: a JSON list with, per target layer, the source\n"
+             "layer it maps from, e.g. \"[0, 1, 1, 2]\", or a list of source layers it maps from together,\n"
+             "e.g. \"[[0, 1], [1, 2]]\", with [Ht*Dt, taps*Hs*Ds] weights; no kvlingo format key) into a kvlingo translator\n"
              "file: geometry checked against both models, the target's k_norm taken from the target\n"
              "model, both models' names and hashes recorded.  --bf16 stores the maps in bfloat16\n"
              "(default float32).");
