@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "error.h"
 #include "kvlingo/safetensors.h"
 #include "kvlingo/translator_train.h"
@@ -55,6 +56,7 @@ void kvl_translator_free(kvl_translator *tr) {
     if (tr->prep) tr->prep_ops->translate_release(tr->prep);
     pthread_mutex_destroy(&tr->prep_lock);
     free(tr->wT);
+    free(tr->wP);
     for (int i = 0; i < tr->n_meta; i++) {
         free(tr->meta_keys[i]);
         free(tr->meta_vals[i]);
@@ -205,6 +207,7 @@ kvl_status kvl_translator_create_taps(const kvl_model *src, const kvl_model *dst
     kvl_translator *tr = calloc(1, sizeof *tr);
     if (!tr) return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
     pthread_mutex_init(&tr->prep_lock, NULL);
+    tr->bf16_products = 1;
     tr->src_layers = a->n_layers;
     tr->src_kv_heads = a->n_kv_heads;
     tr->src_head_dim = a->head_dim;
@@ -362,7 +365,10 @@ kvl_status kvl_translator_load(const char *path, kvl_translator **out) {
     kvl_status s = kvl_safetensors_open(path, &st);
     if (s != KVL_OK) return s;
     kvl_translator *tr = calloc(1, sizeof *tr);
-    if (tr) pthread_mutex_init(&tr->prep_lock, NULL);
+    if (tr) {
+        pthread_mutex_init(&tr->prep_lock, NULL);
+        tr->bf16_products = 1;
+    }
     if (!tr) {
         kvl_safetensors_close(st);
         return kvl__errorf(KVL_ERR_NOMEM, "out of memory");
@@ -471,18 +477,20 @@ static void maps_view(const kvl_translator *tr, kvl_kv_maps *m) {
     if (tr->taps == 1)
         *m = (kvl_kv_maps){tr->src_layers, tr->src_kv_heads, tr->src_head_dim, tr->dst_layers,
                            tr->dst_kv_heads, tr->dst_head_dim, tr->layer_map, tr->wk, tr->wv, 0,
-                           NULL, NULL};
+                           NULL, NULL, NULL, NULL};
     else
         *m = (kvl_kv_maps){tr->dst_layers, tr->taps * tr->src_kv_heads, tr->src_head_dim, tr->dst_layers,
                            tr->dst_kv_heads, tr->dst_head_dim, tr->ident_map, tr->wk, tr->wv, 0,
-                           NULL, NULL};
+                           NULL, NULL, NULL, NULL};
 }
 
-/* The maps transposed (kvl_kv_maps.wkT, .wvT: [2][Lt][din][dt]), made again when the maps changed
- * since: the CPU's fused rows read them so, and transposing every layer's maps per span cost
- * more than translating a short span (64 tokens, qwen3-a -> qwen3-b: 0.08 ms with them kept,
- * 0.11 ms transposing per span).  NULL when out of memory: the kernel transposes per span. */
-static const float *transposed_maps(kvl_translator *tr) {
+/* The maps transposed (kvl_kv_maps.wkT, .wvT: [2][Lt][din][dt]) and, when din is even, as bf16
+ * pairs (.wkP, .wvP: [2][Lt][din/2][dt][2], into *pairs, else NULL), made again when the maps
+ * changed since: the CPU's fused rows read them so, and transposing every layer's maps per span
+ * cost more than translating a short span (64 tokens, qwen3-a -> qwen3-b: 0.08 ms with them
+ * kept, 0.11 ms transposing per span).  NULL when out of memory: the kernel transposes per
+ * span (and takes float32 products). */
+static const float *transposed_maps(kvl_translator *tr, const uint16_t **pairs) {
     const size_t din = (size_t)kvl__tr_din(tr), dt = (size_t)kvl__tr_dt(tr), per = din * dt;
     const size_t Lt = (size_t)tr->dst_layers;
     pthread_mutex_lock(&tr->prep_lock);
@@ -491,23 +499,33 @@ static const float *transposed_maps(kvl_translator *tr) {
      * it while the maps change races as one reading wk / wv itself would, no worse */
     int stale = !tr->wT || tr->wT_gen != gen;
     if (!tr->wT) tr->wT = malloc(sizeof(float) * 2 * Lt * per);
+    if (!tr->wP && din % 2 == 0) tr->wP = malloc(sizeof(uint16_t) * 2 * Lt * per);
     if (tr->wT && stale) {
         for (size_t side = 0; side < 2; side++)
             for (size_t l = 0; l < Lt; l++) {
                 const float *W = (side ? tr->wv : tr->wk) + l * per;   /* [dt][din] */
                 float *T = tr->wT + (side * Lt + l) * per;             /* [din][dt] */
+                uint16_t *P = tr->wP ? tr->wP + (side * Lt + l) * per : NULL;   /* [din/2][dt][2] */
                 for (size_t o = 0; o < dt; o++)
-                    for (size_t i = 0; i < din; i++) T[i * dt + o] = W[o * din + i];
+                    for (size_t i = 0; i < din; i++) {
+                        T[i * dt + o] = W[o * din + i];
+                        if (P) P[((i / 2) * dt + o) * 2 + (i & 1)] = kvl__bf16_round(W[o * din + i]);
+                    }
             }
         tr->wT_gen = gen;
     }
     const float *w = tr->wT;
+    *pairs = w ? tr->wP : NULL;
     pthread_mutex_unlock(&tr->prep_lock);
     return w;
 }
 
 static kvl_status apply_view(const kvl_translator *tr, const float *k_src, const float *v_src,
                              int n, const int32_t *ids, kvl_cache *dst);
+
+void kvl_translator_set_bf16_products(kvl_translator *tr, int on) {
+    if (tr) tr->bf16_products = on != 0;
+}
 
 kvl_status kvl_translator_apply(const kvl_translator *tr, const float *k_src, const float *v_src,
                                 int t0, int n, const int32_t *ids, kvl_cache *dst) {
@@ -562,10 +580,16 @@ static kvl_status apply_view(const kvl_translator *tr, const float *k_src, const
     /* the CPU prepares a view in no time: per call, so concurrent imports run in parallel; the
      * transposed maps it reads are kept while the maps stay the same */
     if (ops == kvl_backend_cpu()) {
-        const float *wT = transposed_maps(mt);
+        const uint16_t *wP = NULL;
+        const float *wT = transposed_maps(mt, &wP);
+        const size_t half = (size_t)tr->dst_layers * kvl__tr_din(tr) * kvl__tr_dt(tr);
         if (wT) {
             maps.wkT = wT;
-            maps.wvT = wT + (size_t)tr->dst_layers * kvl__tr_din(tr) * kvl__tr_dt(tr);
+            maps.wvT = wT + half;
+        }
+        if (wP && tr->bf16_products) {
+            maps.wkP = wP;
+            maps.wvP = wP + half;
         }
         return kvl__cache_translate(dst, &p, k_src, v_src, n, ids);
     }

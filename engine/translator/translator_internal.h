@@ -38,6 +38,10 @@ struct kvl_translator {
      * first apply after the maps changed, under prep_lock; NULL until then */
     float *wT;
     unsigned wT_gen;                              /* maps_gen when wT was made               */
+    /* wk and wv as bf16 pairs, [2][Lt][din/2][dt][2] (the kv_maps view's wkP, wvP), made with wT
+     * when din is even; NULL otherwise or until then */
+    uint16_t *wP;
+    int bf16_products;                            /* kvl_translator_set_bf16_products        */
     unsigned maps_gen;                            /* bumped by every write of wk / wv        */
 };
 

@@ -42,6 +42,28 @@ int kvl__translate_avx512_usable(int D, int dt) {
 #endif
 }
 
+int kvl__translate_bf16_usable(int D, int dt, int ds) {
+#ifdef KVL_TR_AVX512
+    static int cpu = -1;   /* a benign race, as above */
+    if (cpu < 0) {
+        __builtin_cpu_init();
+        const char *env = getenv("KVL_CPU_TRANSLATE");
+        cpu = !(env && (!strcmp(env, "portable") || !strcmp(env, "f32"))) &&
+              __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+    }
+    return cpu && kvl__translate_avx512_usable(D, dt) && ds > 0 && ds % 2 == 0;
+#else
+    (void)D, (void)dt, (void)ds;
+    return 0;
+#endif
+}
+
+void kvl__translate_pairs(uint16_t *wP, const float *W, int dt, int ds) {
+    for (int i = 0; i < dt; i++)
+        for (int j = 0; j < ds; j++)
+            wP[((size_t)(j / 2) * dt + i) * 2 + (j & 1)] = kvl__bf16_round(W[(size_t)i * ds + j]);
+}
+
 void kvl__translate_transpose(float *wT, const float *W, int dt, int ds) {
     /* in 16 x 16 blocks, so both sides are read and written a cache line at a time */
     for (int i0 = 0; i0 < dt; i0 += 16)
@@ -120,6 +142,61 @@ static inline __attribute__((always_inline)) KVL_AVX512F void panel_rows(
     }
 }
 
+/* bf16 products (AVX512_BF16): x holds bf16 source rows, wP a layer's maps as bf16 pairs
+ * (wP[j/2][i][j%2] = W[i][j], kvl__translate_pairs); one VDPBF16PS adds x[j] W[i][j] +
+ * x[j+1] W[i][j+1] to lane i in float32, so a pair of source features costs what one costs in
+ * panel_dot.  Needs ds even. */
+#define KVL_AVX512BF16 __attribute__((target("avx512f,avx512bf16")))
+#define TRB_FMA(v)                                                                          \
+    do {                                                                                    \
+        if (NV > (v)) {                                                                     \
+            __m512bh w_ = (__m512bh)_mm512_loadu_si512(w + 32 * (v));                       \
+            __asm__("" : "+v"(w_));                                                         \
+            if (R > 0) a0##v = _mm512_dpbf16_ps(a0##v, b0, w_);                             \
+            if (R > 1) a1##v = _mm512_dpbf16_ps(a1##v, b1, w_);                             \
+            if (R > 2) a2##v = _mm512_dpbf16_ps(a2##v, b2, w_);                             \
+            if (R > 3) a3##v = _mm512_dpbf16_ps(a3##v, b3, w_);                             \
+            if (R > 4) a4##v = _mm512_dpbf16_ps(a4##v, b4, w_);                             \
+            if (R > 5) a5##v = _mm512_dpbf16_ps(a5##v, b5, w_);                             \
+        }                                                                                   \
+    } while (0)
+#define TRB_BCAST(r)                                                                        \
+    __m512bh b##r = (__m512bh)zi;                                                           \
+    if (R > (r)) {                                                                          \
+        uint32_t p_;                                                                        \
+        memcpy(&p_, x + (size_t)(r) * ds + j, sizeof p_);                                   \
+        b##r = (__m512bh)_mm512_set1_epi32((int)p_);                                        \
+    }
+
+static inline __attribute__((always_inline)) KVL_AVX512BF16 void panel_dot_bf16(
+    float *out /* [6][128] */, const uint16_t *x, const int R, const int NV, const uint16_t *wP,
+    int ds, int dt, int col) {
+    const __m512 z = _mm512_setzero_ps();
+    const __m512i zi = _mm512_setzero_si512();
+    TR_ACC_ROW(0); TR_ACC_ROW(1); TR_ACC_ROW(2); TR_ACC_ROW(3); TR_ACC_ROW(4); TR_ACC_ROW(5);
+    for (int j = 0; j < ds; j += 2) {
+        const uint16_t *w = wP + ((size_t)(j / 2) * dt + col) * 2;
+        TRB_BCAST(0); TRB_BCAST(1); TRB_BCAST(2); TRB_BCAST(3); TRB_BCAST(4); TRB_BCAST(5);
+        TRB_FMA(0); TRB_FMA(1); TRB_FMA(2); TRB_FMA(3);
+        TRB_FMA(4); TRB_FMA(5); TRB_FMA(6); TRB_FMA(7);
+    }
+    TR_STORE_ROW(0); TR_STORE_ROW(1); TR_STORE_ROW(2);
+    TR_STORE_ROW(3); TR_STORE_ROW(4); TR_STORE_ROW(5);
+}
+
+static inline __attribute__((always_inline)) KVL_AVX512BF16 void panel_rows_bf16(
+    float *out, const uint16_t *x, int r, const int R, const int NV, const uint16_t *wP, int ds,
+    int dt, int col) {
+    if (r == R) { panel_dot_bf16(out, x, R, NV, wP, ds, dt, col); return; }
+    switch (r) {
+    case 1: panel_dot_bf16(out, x, 1, NV, wP, ds, dt, col); break;
+    case 2: panel_dot_bf16(out, x, 2, NV, wP, ds, dt, col); break;
+    case 3: panel_dot_bf16(out, x, 3, NV, wP, ds, dt, col); break;
+    case 4: panel_dot_bf16(out, x, 4, NV, wP, ds, dt, col); break;
+    default: panel_dot_bf16(out, x, 5, NV, wP, ds, dt, col); break;
+    }
+}
+
 /* n floats at dst (float32 or bf16 by the cache) */
 static inline void put_row(const kvl__kv_blocks *c, void *dst, const float *src, int n) {
     if (c->bf16) kvl__bf16_from_f32(dst, src, (size_t)n);
@@ -167,38 +244,46 @@ static inline __attribute__((always_inline)) KVL_AVX512F void key_epilogue(
     }
 }
 
-static inline __attribute__((always_inline)) KVL_AVX512F void rows_form(
-    kvl__kv_blocks *c, int l, int t0, const float *xk, const float *xv, int ds, const float *wkT,
-    const float *wvT, int dt, const int D, const float *kn, float eps, const float *rcos,
-    const float *rsin, int a, int b, const int R, const int NV) {
-    const int P = 16 * NV, half = D / 2;
-    float pre[6 * 128], kk[128];
-    for (int col = 0; col < dt; col += P) {   /* keys: the panel's maps stay in L1 over the rows */
-        for (int t = a; t < b; t += R) {
-            const int r = b - t < R ? b - t : R;
-            panel_rows(pre, xk + (size_t)t * ds, r, R, NV, wkT, ds, dt, col);
-            for (int i = 0; i < r; i++) {
-                const int tt = t + i;
-                const float *p = pre + i * 128;
-                if (c->planes == 3)
-                    put_row_stream(c, (char *)kvl__kv_blocks_slot(c, l, KVL_PLANE_KPRE, t0 + tt) +
-                                          (size_t)col * (c->bf16 ? 2 : 4), p, P);
-                key_epilogue(kk, p, P, D, kn, eps, rcos + (size_t)tt * half, rsin + (size_t)tt * half);
-                put_row(c, (char *)kvl__kv_blocks_slot(c, l, KVL_PLANE_K, t0 + tt) +
-                               (size_t)col * (c->bf16 ? 2 : 4), kk, P);
-            }
-        }
+/* The rows of one target layer: keys (the maps' products, the Kpre plane, k_norm + RoPE, the K
+ * plane), then values, a panel of P = 16 * NV output features at a time so that the panel's maps
+ * stay in L1 over the rows.  Made twice by KVL_TR_ROWS_FORM: float32 source rows and maps
+ * (panel_rows), and bf16 ones (panel_rows_bf16), each under its own target attribute. */
+#define KVL_TR_ROWS_FORM(NAME, ATTR, XT, WT, PANEL)                                                \
+    static inline __attribute__((always_inline)) ATTR void NAME(                                   \
+        kvl__kv_blocks *c, int l, int t0, const XT *xk, const XT *xv, int ds, const WT *wk,       \
+        const WT *wv, int dt, const int D, const float *kn, float eps, const float *rcos,          \
+        const float *rsin, int a, int b, const int R, const int NV) {                              \
+        const int P = 16 * NV, half = D / 2;                                                       \
+        float pre[6 * 128], kk[128];                                                               \
+        for (int col = 0; col < dt; col += P) {                                                    \
+            for (int t = a; t < b; t += R) {                                                       \
+                const int r = b - t < R ? b - t : R;                                               \
+                PANEL(pre, xk + (size_t)t * ds, r, R, NV, wk, ds, dt, col);                        \
+                for (int i = 0; i < r; i++) {                                                      \
+                    const int tt = t + i;                                                          \
+                    const float *p = pre + i * 128;                                                \
+                    if (c->planes == 3)                                                            \
+                        put_row_stream(c, (char *)kvl__kv_blocks_slot(c, l, KVL_PLANE_KPRE, t0 + tt) + \
+                                              (size_t)col * (c->bf16 ? 2 : 4), p, P);              \
+                    key_epilogue(kk, p, P, D, kn, eps, rcos + (size_t)tt * half,                   \
+                                 rsin + (size_t)tt * half);                                        \
+                    put_row(c, (char *)kvl__kv_blocks_slot(c, l, KVL_PLANE_K, t0 + tt) +           \
+                                   (size_t)col * (c->bf16 ? 2 : 4), kk, P);                        \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        for (int col = 0; col < dt; col += P) {                                                    \
+            for (int t = a; t < b; t += R) {                                                       \
+                const int r = b - t < R ? b - t : R;                                               \
+                PANEL(pre, xv + (size_t)t * ds, r, R, NV, wv, ds, dt, col);                        \
+                for (int i = 0; i < r; i++)                                                        \
+                    put_row(c, (char *)kvl__kv_blocks_slot(c, l, KVL_PLANE_V, t0 + t + i) +        \
+                                   (size_t)col * (c->bf16 ? 2 : 4), pre + i * 128, P);             \
+            }                                                                                      \
+        }                                                                                          \
     }
-    for (int col = 0; col < dt; col += P) {   /* values */
-        for (int t = a; t < b; t += R) {
-            const int r = b - t < R ? b - t : R;
-            panel_rows(pre, xv + (size_t)t * ds, r, R, NV, wvT, ds, dt, col);
-            for (int i = 0; i < r; i++)
-                put_row(c, (char *)kvl__kv_blocks_slot(c, l, KVL_PLANE_V, t0 + t + i) +
-                               (size_t)col * (c->bf16 ? 2 : 4), pre + i * 128, P);
-        }
-    }
-}
+KVL_TR_ROWS_FORM(rows_form, KVL_AVX512F, float, float, panel_rows)
+KVL_TR_ROWS_FORM(rows_form_bf16, KVL_AVX512BF16, uint16_t, uint16_t, panel_rows_bf16)
 
 /* Panels of 64 features (4 vectors) 6 tokens at a time for head_dim 32 and 64; of 128 features
  * (8 vectors, one whole head) 3 tokens at a time for head_dim 128: 24 accumulators, and per
@@ -214,6 +299,17 @@ KVL_AVX512F void kvl__translate_rows_avx512(kvl__kv_blocks *c, int l, int t0, co
     _mm_sfence();   /* the streamed Kpre rows, before the part reports done */
 }
 
+KVL_AVX512BF16 void kvl__translate_rows_avx512_bf16(kvl__kv_blocks *c, int l, int t0, const uint16_t *xk,
+                                                 const uint16_t *xv, int ds, const uint16_t *wkP,
+                                                 const uint16_t *wvP, int dt, int D, const float *kn,
+                                                 float eps, const float *rcos, const float *rsin, int a,
+                                                 int b) {
+    if (D == 32) rows_form_bf16(c, l, t0, xk, xv, ds, wkP, wvP, dt, 32, kn, eps, rcos, rsin, a, b, 6, 4);
+    else if (D == 64) rows_form_bf16(c, l, t0, xk, xv, ds, wkP, wvP, dt, 64, kn, eps, rcos, rsin, a, b, 6, 4);
+    else if (D == 128) rows_form_bf16(c, l, t0, xk, xv, ds, wkP, wvP, dt, 128, kn, eps, rcos, rsin, a, b, 3, 8);
+    _mm_sfence();
+}
+
 #else
 
 void kvl__translate_rows_avx512(kvl__kv_blocks *c, int l, int t0, const float *xk,
@@ -221,6 +317,14 @@ void kvl__translate_rows_avx512(kvl__kv_blocks *c, int l, int t0, const float *x
                                 int dt, int D, const float *kn, float eps, const float *rcos,
                                 const float *rsin, int a, int b) {
     (void)c, (void)l, (void)t0, (void)xk, (void)xv, (void)ds, (void)wkT, (void)wvT, (void)dt;
+    (void)D, (void)kn, (void)eps, (void)rcos, (void)rsin, (void)a, (void)b;
+}
+
+void kvl__translate_rows_avx512_bf16(kvl__kv_blocks *c, int l, int t0, const uint16_t *xk,
+                                     const uint16_t *xv, int ds, const uint16_t *wkP,
+                                     const uint16_t *wvP, int dt, int D, const float *kn, float eps,
+                                     const float *rcos, const float *rsin, int a, int b) {
+    (void)c, (void)l, (void)t0, (void)xk, (void)xv, (void)ds, (void)wkP, (void)wvP, (void)dt;
     (void)D, (void)kn, (void)eps, (void)rcos, (void)rsin, (void)a, (void)b;
 }
 

@@ -12,12 +12,24 @@
 #ifndef KVL_KERNELS_CPU_TRANSLATE_AVX512_H
 #define KVL_KERNELS_CPU_TRANSLATE_AVX512_H
 
+#include <stdint.h>
+
 #include "kv_blocks.h"
 
 /* Whether the fused rows run on this CPU for a target of head_dim D and dt = Ht*D output
  * features: compiled in, the CPU reports avx512f, KVL_CPU_TRANSLATE is not "portable", D is 32,
  * 64 or 128 and dt a multiple of 64 (a panel of 64 or 128 features holds whole heads). */
 int kvl__translate_avx512_usable(int D, int dt);
+
+/* Whether the bf16 products run (kvl__translate_rows_avx512_bf16): the fused rows are usable,
+ * the CPU reports avx512_bf16, KVL_CPU_TRANSLATE is neither "portable" nor "f32", and the source
+ * has an even number ds of features per token. */
+int kvl__translate_bf16_usable(int D, int dt, int ds);
+
+/* The maps of one target layer as bf16 pairs for the bf16 row kernel:
+ * wP[j/2][i][j%2] = bf16(W[i][j]) (round to nearest even).  W: [dt, ds] float32, ds even;
+ * wP: [ds/2][dt][2] uint16, caller-owned. */
+void kvl__translate_pairs(uint16_t *wP, const float *W, int dt, int ds);
 
 /* The maps of one target layer, transposed for the row kernel: wT[j][i] = W[i][j].
  * W: [dt, ds] row-major float32 (kvl_kv_maps layout); wT: [ds, dt], caller-owned. */
@@ -33,5 +45,16 @@ void kvl__translate_rows_avx512(kvl__kv_blocks *c, int l, int t0, const float *x
                                 const float *xv, int ds, const float *wkT, const float *wvT,
                                 int dt, int D, const float *kn, float eps, const float *rcos,
                                 const float *rsin, int a, int b);
+
+/* kvl__translate_rows_avx512 with bf16 products: source rows xk, xv as bf16 ([.., ds] uint16)
+ * and the layer's maps as bf16 pairs (kvl__translate_pairs); each output feature is summed in
+ * float32 a pair of source features at a time (VDPBF16PS: bf16 x bf16 products, exact, added
+ * in float32; bf16 subnormals count as zero).  Against the float32 products the maps' rounding
+ * to bf16 moves an output by ~2^-9 of its size, the step a bf16 cache rounds it to anyway.
+ * Only where kvl__translate_bf16_usable(D, dt, ds) holds. */
+void kvl__translate_rows_avx512_bf16(kvl__kv_blocks *c, int l, int t0, const uint16_t *xk,
+                                     const uint16_t *xv, int ds, const uint16_t *wkP,
+                                     const uint16_t *wvP, int dt, int D, const float *kn, float eps,
+                                     const float *rcos, const float *rsin, int a, int b);
 
 #endif

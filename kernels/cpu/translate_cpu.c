@@ -3,8 +3,9 @@
  * written straight into the cache blocks; target layers (or each layer's rows) split over the
  * target model's pool when it is free.  On AVX-512 CPUs spans of KVL_TR_FUSED_MIN_TOKENS or more
  * take the fused rows instead (translate_avx512.h: products, k_norm and RoPE in registers, items
- * of (layer, 64 tokens) claimed by whichever thread is free); the sgemm path is the portable
- * form and the reference (KVL_CPU_TRANSLATE=portable forces it). */
+ * of (layer, 64 tokens) claimed by whichever thread is free; with bf16 pairs of the maps given
+ * and AVX512_BF16, bf16 products: each item's source rows rounded to bf16 first); the sgemm path
+ * is the portable form and the reference (KVL_CPU_TRANSLATE=portable forces it). */
 #include <cblas.h>
 #include <math.h>
 #include <pthread.h>
@@ -203,6 +204,7 @@ typedef struct fused_job {
     int t0, n, n_chunks;
     atomic_int next;              /* the next unclaimed item */
     float *wT;                    /* [parts][2][ds * dt]: each part's transposed W_K, W_V */
+    uint16_t *x16;                /* bf16 products: [parts][2][KVL_TR_CHUNK * ds], else NULL */
     const float *rcos, *rsin;     /* [n, D/2]: the span's rows of the model's tables, or rtab's */
     float *rtab;                  /* [2][n, D/2] working memory for the tables when made here */
     int *pos;                     /* [n] */
@@ -233,7 +235,7 @@ static void fused_rows_part(void *pj, int part, int n_parts) {
     for (int i; (i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < n_items;) {
         const int l = i / j->n_chunks, a = (i % j->n_chunks) * KVL_TR_CHUNK;
         const int b = a + KVL_TR_CHUNK < j->n ? a + KVL_TR_CHUNK : j->n;
-        if (l != have) {
+        if (l != have && !j->x16) {
             if (own) {
                 kvl__translate_transpose(own, mp->wk + (size_t)l * wsz, dt, ds);
                 kvl__translate_transpose(own + wsz, mp->wv + (size_t)l * wsz, dt, ds);
@@ -244,8 +246,18 @@ static void fused_rows_part(void *pj, int part, int n_parts) {
             have = l;
         }
         const size_t so = (size_t)mp->layer_map[l] * j->n * ds;
-        kvl__translate_rows_avx512(j->c, l, j->t0, j->k_src + so, j->v_src + so, ds, wkT, wvT, dt, D,
-                                   j->p->k_norm ? j->p->k_norm + (size_t)l * D : NULL,
+        const float *kn = j->p->k_norm ? j->p->k_norm + (size_t)l * D : NULL;
+        if (j->x16) {   /* the item's source rows rounded to bf16, then the bf16 products */
+            const int half = D / 2;
+            uint16_t *xk = j->x16 + (size_t)part * 2 * KVL_TR_CHUNK * ds, *xv = xk + (size_t)KVL_TR_CHUNK * ds;
+            kvl__bf16_round_n(xk, j->k_src + so + (size_t)a * ds, (size_t)(b - a) * ds);
+            kvl__bf16_round_n(xv, j->v_src + so + (size_t)a * ds, (size_t)(b - a) * ds);
+            kvl__translate_rows_avx512_bf16(j->c, l, j->t0 + a, xk, xv, ds, mp->wkP + (size_t)l * wsz,
+                                            mp->wvP + (size_t)l * wsz, dt, D, kn, j->p->k_norm_eps,
+                                            j->rcos + (size_t)a * half, j->rsin + (size_t)a * half, 0, b - a);
+            continue;
+        }
+        kvl__translate_rows_avx512(j->c, l, j->t0, j->k_src + so, j->v_src + so, ds, wkT, wvT, dt, D, kn,
                                    j->p->k_norm_eps, j->rcos, j->rsin, a, b);
     }
 }
@@ -262,14 +274,18 @@ static kvl_status fused_apply(const cpu_translate *tr, const float *k_src, const
     const int parts = macs >= 1048576.0 ? exec_take(tr->m, &ex) : 1;
     /* working memory: the parts' transposed maps (none when given), RoPE cos/sin [n, D/2],
      * positions [n] */
-    const size_t wts = mp->wkT ? 0 : (size_t)parts * 2 * dt * ds, tab = (size_t)n * (D / 2);
-    const size_t need = wts + 2 * tab + (size_t)n;
+    const int bf = mp->wkP && mp->wvP && kvl__translate_bf16_usable(D, dt, ds);
+    const size_t wts = mp->wkT || bf ? 0 : (size_t)parts * 2 * dt * ds, tab = (size_t)n * (D / 2);
+    /* bf16 products: each part's item of source rows in bf16 (in floats' room, rounded up) */
+    const size_t x16 = bf ? ((size_t)parts * 2 * KVL_TR_CHUNK * ds + 1) / 2 : 0;
+    const size_t need = wts + 2 * tab + (size_t)n + x16;
     float *buf = work_memory(&ex, parts, c, need);
     if (!buf) return kvl__errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
     fused_job j = {.p = p, .c = c, .k_src = k_src, .v_src = v_src, .t0 = t0, .n = n,
                    .n_chunks = (n + KVL_TR_CHUNK - 1) / KVL_TR_CHUNK, .wT = buf,
                    .rcos = buf + wts, .rsin = buf + wts + tab, .rtab = buf + wts,
-                   .pos = (int *)(buf + wts + 2 * tab)};
+                   .pos = (int *)(buf + wts + 2 * tab),
+                   .x16 = bf ? (uint16_t *)(buf + wts + 2 * tab + n) : NULL};
     atomic_init(&j.next, 0);
     for (int i = 0; i < n; i++) j.pos[i] = t0 + i;
     /* the model's tables when they reach the span's end (the same rows), else made here */

@@ -448,12 +448,15 @@ static void test_taps(void **state) {
     kvl_translator_free(t2);
 }
 
+/* x rounded to bf16 (nearest even) when `on` */
+static float rb16(float x, int on) { return on ? kvl_bf16_to_f32(kvl_f32_to_bf16(x)) : x; }
+
 /* Spans on the fused rows (AVX-512 CPUs, head_dim 32 / 64 / 128, translate_avx512.h; a
  * translator's spans of any length), appended to one cache: every plane of every token equals
  * the method computed by hand in double (k_t = RoPE(k_norm(W_K k_s)), v_t = W_V v_s), across
  * chunk and panel boundaries, in row groups of 6 (3 at head_dim 128) with ragged last groups,
  * on a model's 2-thread pool and on the process pool; a bf16 cache reads back as those values
- * rounded. */
+ * rounded; with bf16 products, the method on the maps and rows rounded to bf16. */
 static void fused_case(fixture *f, const char *name, const char *arch, int H, int Hq, int Hkv,
                        int D, unsigned seed) {
     kvl_model_params mp = kvl_model_default_params();
@@ -495,9 +498,15 @@ static void fused_case(fixture *f, const char *name, const char *arch, int H, in
         }
         kvl_safetensors_close(st);
     }
-    for (int form = 0; form < 3; form++) {   /* process pool, a 2-thread model's pool, bf16 */
+    /* bf16 products (form 3) where this CPU takes them: the reference then rounds the maps and
+     * the source rows to bf16 as they do (the products are exact, the sums float32) */
+    const int bf_cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16") &&
+                       !getenv("KVL_CPU_TRANSLATE");
+    for (int form = 0; form < 4; form++) {   /* process pool, a 2-thread model's pool, bf16 cache, bf16 products */
         kvl_cache *cb = NULL;
-        if (form == 0) assert_int_equal(kvl_cache_create(cfg, NULL, &cb), KVL_OK);
+        const int rb = form == 3 && bf_cpu;
+        kvl_translator_set_bf16_products(tr, form == 3);
+        if (form == 0 || form == 3) assert_int_equal(kvl_cache_create(cfg, NULL, &cb), KVL_OK);
         else assert_int_equal(kvl_model_cache_create(form == 1 ? m2 : m16, NULL, &cb), KVL_OK);
         for (int i = 0, t0 = 0; i < 3; t0 += pieces[i++]) {
             /* the span's rows of every source layer, [Ls][n][ds] */
@@ -534,8 +543,8 @@ static void fused_case(fixture *f, const char *name, const char *arch, int H, in
                 for (int i = 0; i < dt; i++) {
                     pre[i] = v[i] = 0;
                     for (int j = 0; j < ds; j++) {
-                        pre[i] += (double)Wk[i * ds + j] * ks[((size_t)sl * N + t) * ds + j];
-                        v[i] += (double)Wv[i * ds + j] * vs[((size_t)sl * N + t) * ds + j];
+                        pre[i] += (double)rb16(Wk[i * ds + j], rb) * rb16(ks[((size_t)sl * N + t) * ds + j], rb);
+                        v[i] += (double)rb16(Wv[i * ds + j], rb) * rb16(vs[((size_t)sl * N + t) * ds + j], rb);
                     }
                     if (qk) assert_float_equal(pl[(size_t)t * dt + i], pre[i], 1e-4);
                     assert_float_equal(vl[(size_t)t * dt + i], v[i], 1e-4);
