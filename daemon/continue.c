@@ -247,6 +247,8 @@ static void pull_push(cont *c, kvl__rpc_client *cli, const char *src_name, const
     er->push_tag = kvl__transport_new_tag(n->transport);
     er->push_max_bytes = rx.cap;
     er->push_trailer = 1;
+    /* this node rounds the span to bf16 before its maps multiply it: half the bytes on the wire */
+    er->wire_bf16 = kvl_translator_bf16_products(te->tr, n->model);
     {
         const uint8_t *my_addr;
         size_t my_len;

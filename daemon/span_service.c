@@ -545,7 +545,7 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
                             (uint32_t)mc->n_layers, (uint32_t)mc->n_kv_heads,
                             (uint32_t)mc->head_dim, (uint32_t)kvl_cache_n_tokens(s->cache),
                             kvl_cache_tokens(s->cache), read_cache_prenorm, s->cache,
-                            n->spanbufs, kvl_model_kv_dtype(n->model) == KVL_KV_BF16,
+                            n->spanbufs, kvl_model_kv_dtype(n->model) == KVL_KV_BF16 || in->wire_bf16,
                             in->push_tag && in->push_trailer ? KVL_SPAN_TRAILER_MAX : 0};
     st = kvl__span_encode(&src, in->from, to, pm.name, pm.hash, &ids, &h, &payload, &plen);
     if (st != KVL_OK) FAIL(kvl__rpc_status_from_kvl(st), "%s", kvl_last_error());
@@ -711,10 +711,11 @@ out:
     kvld_session_release(n->sessions, s);
     if (code == GRPC_STATUS_OK) kvl__rpc_call_reply_pb(call, &out.base);
     {
-        char extra[200];
-        snprintf(extra, sizeof extra, " peer_node=%s from=%u to=%u bytes=%zu transfer_ms=%.3f push=%d trailer=%d",
-                 in->peer ? in->peer : "", in->from, in->to, plen, xfer_s * 1e3, in->push_tag != 0,
-                 in->push_tag != 0 && in->push_trailer);
+        char extra[400];
+        snprintf(extra, sizeof extra, " peer_node=%s from=%u to=%u bytes=%zu transfer_ms=%.3f push=%d trailer=%d "
+                 "dtype=%s", in->peer ? in->peer : "", in->from, in->to, plen, xfer_s * 1e3, in->push_tag != 0,
+                 in->push_tag != 0 && in->push_trailer,
+                 kvl_model_kv_dtype(n->model) == KVL_KV_BF16 || in->wire_bf16 ? "bf16" : "f32");
         kvld_req_end(&r, code, err, extra);
     }
     if (ep) kvlingo__v1__import_span_response__free_unpacked(ep, NULL);

@@ -215,28 +215,34 @@ kvl_status kvl__span_encode(const kvl__span_source *src, uint32_t t0, uint32_t t
     size_t row = (size_t)src->n_kv_heads * src->head_dim;
     size_t per_layer = (size_t)n * row, nf = (size_t)src->n_layers * per_layer;
     int32_t *ids = (int32_t *)(void *)(buf + 2 * nf * eb);
-    /* bf16: each layer is read as float32 into a layer-sized buffer (a kept one), then rounded */
-    float *tmp = src->bf16 ? (float *)(void *)kvl__spanbuf_take(src->bufs, 2 * per_layer * sizeof(float)) : NULL;
-    if (src->bf16 && !tmp) {
+    /* bf16: read as float32 a chunk of tokens at a time into a small buffer that stays in the
+     * L1/L2 caches, then rounded into the payload (a whole layer's float32 first made the export
+     * of 2048 tokens of qwen3-a a third slower than sending float32) */
+    const uint32_t chunk = 64;
+    float *tmp = NULL;
+    if (src->bf16 && !(tmp = malloc(2 * (size_t)chunk * row * sizeof(float)))) {
         kvl__spanbuf_give(src->bufs, buf);
-        return kvl__errorf(KVL_ERR_NOMEM, "span: encode: %zu floats of one layer", 2 * per_layer);
+        return kvl__errorf(KVL_ERR_NOMEM, "span: encode: %zu floats of %u tokens", 2 * (size_t)chunk * row, chunk);
     }
     for (uint32_t l = 0; l < src->n_layers; l++) {
-        float *k = tmp ? tmp : (float *)(void *)buf + l * per_layer;
-        float *v = tmp ? tmp + per_layer : (float *)(void *)buf + nf + l * per_layer;
-        kvl_status st = src->read_prenorm(src->ctx, (int)l, (int)t0, (int)t1, k, v);
-        if (st != KVL_OK) {
-            kvl__spanbuf_give(src->bufs, (uint8_t *)tmp);
-            kvl__spanbuf_give(src->bufs, buf);
-            return st;
-        }
-        if (tmp) {
-            uint16_t *k16 = (uint16_t *)(void *)buf + l * per_layer, *v16 = (uint16_t *)(void *)buf + nf + l * per_layer;
-            kvl__bf16_round_n(k16, k, per_layer);
-            kvl__bf16_round_n(v16, v, per_layer);
+        for (uint32_t a = t0; a < t1; a = tmp && t1 - a > chunk ? a + chunk : t1) {
+            const uint32_t b = tmp && t1 - a > chunk ? a + chunk : t1;
+            const size_t off = l * per_layer + (size_t)(a - t0) * row, m = (size_t)(b - a) * row;
+            float *k = tmp ? tmp : (float *)(void *)buf + off;
+            float *v = tmp ? tmp + (size_t)chunk * row : (float *)(void *)buf + nf + off;
+            kvl_status st = src->read_prenorm(src->ctx, (int)l, (int)a, (int)b, k, v);
+            if (st != KVL_OK) {
+                free(tmp);
+                kvl__spanbuf_give(src->bufs, buf);
+                return st;
+            }
+            if (tmp) {
+                kvl__bf16_round_n((uint16_t *)(void *)buf + off, k, m);
+                kvl__bf16_round_n((uint16_t *)(void *)buf + nf + off, v, m);
+            }
         }
     }
-    kvl__spanbuf_give(src->bufs, (uint8_t *)tmp);
+    free(tmp);
     memcpy(ids, src->ids + t0, n * sizeof(int32_t));
     kvlingo__v1__model_id__init(&ids_storage->source);
     kvlingo__v1__model_id__init(&ids_storage->target);

@@ -527,6 +527,13 @@ void kvl_translator_set_bf16_products(kvl_translator *tr, int on) {
     if (tr) tr->bf16_products = on != 0;
 }
 
+int kvl_translator_bf16_products(const kvl_translator *tr, const kvl_model *target) {
+    if (!tr || !target || !tr->bf16_products || kvl__tr_din(tr) % 2) return 0;
+    const kvl_backend_ops *ops = kvl_model_backend(target);
+    return ops && ops->translate_bf16_products &&
+           ops->translate_bf16_products(tr->dst_head_dim, kvl__tr_dt(tr), kvl__tr_din(tr));
+}
+
 kvl_status kvl_translator_apply(const kvl_translator *tr, const float *k_src, const float *v_src,
                                 int t0, int n, const int32_t *ids, kvl_cache *dst) {
     if (!tr || !dst || n < 0 || (n > 0 && (!k_src || !v_src)))

@@ -143,6 +143,10 @@ typedef struct kvl_backend_ops {
     void (*translate_release)(void *prepared);
     kvl_status (*translate_apply)(void *prepared, const float *k_src, const float *v_src, int t0,
                                   int n, void *cache);
+    /* Optional (NULL: never): whether translate_apply multiplies maps given as bf16 pairs
+     * (kvl_kv_maps.wkP) in bf16, for a target of head_dim D, dt = Ht*D output and din input
+     * features per token; the source rows are then rounded to bf16 first. */
+    int (*translate_bf16_products)(int D, int dt, int din);
 } kvl_backend_ops;
 
 /* The CPU backend (always built). */

@@ -83,6 +83,11 @@ kvl_status kvl_translator_apply(const kvl_translator *tr, const float *k_src, co
  * GPUs take float32 products either way.  Not thread-safe against a concurrent apply. */
 void kvl_translator_set_bf16_products(kvl_translator *tr, int on);
 
+/* 1 when kvl_translator_apply into caches of `target` takes the bf16 products (the setting
+ * above, this CPU, the target's backend and geometry), else 0: a span sent to it may then
+ * travel as bf16 at no cost to the translation. */
+int kvl_translator_bf16_products(const kvl_translator *tr, const kvl_model *target);
+
 /* Convenience: read tokens [t0, t1) of `src` (pre-norm K/V) and kvl_translator_apply them to
  * `dst` (which must hold exactly t0 tokens). */
 kvl_status kvl_translator_translate_span(const kvl_translator *tr, const kvl_cache *src, int t0,

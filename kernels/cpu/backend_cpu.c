@@ -27,6 +27,7 @@
 #include "error.h"
 #include "kv_blocks.h"
 #include "matmul_bf16.h"
+#include "translate_avx512.h"
 #include "bigalloc.h"
 #include "matmul_f32.h"
 #include "ops.h"
@@ -763,6 +764,7 @@ static const kvl_backend_ops cpu_ops = {
     .translate_prepare = kvl__cpu_translate_prepare,
     .translate_release = kvl__cpu_translate_release,
     .translate_apply = kvl__cpu_translate_apply,
+    .translate_bf16_products = kvl__translate_bf16_usable,
 };
 
 const kvl_backend_ops *kvl_backend_cpu(void) { return &cpu_ops; }
