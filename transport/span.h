@@ -6,8 +6,10 @@
  *   V   [Ls][n][Hs*Ds] dtype     values (v_proj output)
  *   ids [n]            int32     token ids
  * A node whose KV cache holds bf16 sends bf16 (half the bytes; for k_norm models the pre-norm
- * keys and the values are bf16 in its cache already, so nothing is lost), and a receiver
- * widens them to float32 for the translator.
+ * keys and the values are bf16 in its cache already, so nothing is lost), and so does one whose
+ * receiver asks for it because its translator rounds the span to bf16 before multiplying
+ * (kvlingo.v1.ExportSpanRequest.wire_bf16: the same translation from half the bytes); a
+ * receiver widens bf16 to float32 for the translator.
  * checksum = xxh3-64 (seed 0) of the payload.  These functions never trust the header: every
  * size is checked for overflow and against limits before anything is read. */
 #ifndef KVL_SPAN_H

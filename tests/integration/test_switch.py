@@ -105,6 +105,7 @@ def main():
         # ContinueTurn pull_only (a router's push-ahead): B pulls A's span of a session it does
         # not hold and translates it, generating nothing; the final message says what B holds
         sid2 = "conv-pull"
+        rx_before = B.metric("kvlingo_span_bytes_received_total")
         sa.OpenSession(pb.OpenSessionRequest(session_id=sid2), timeout=10)
         sa.Append(pb.AppendRequest(session_id=sid2, tokens=prompt, prefill=True), timeout=60)
         sha = hashlib.sha256(struct.pack("<%di" % n, *prompt)).hexdigest()
@@ -123,6 +124,20 @@ def main():
         t.check(si2.token_count == n and si2.cached_count == n and si2.imported_count == n and
                 si2.state == "idle" and si2.tokens_sha256 == sha,
                 "pull_only: B's session holds the span, idle")
+        # the pull asked A for bf16 where B's translator rounds to bf16 before multiplying
+        # (an AVX512_BF16 CPU): half the bytes, and the same translation as the float32 span
+        # A pushed for conv-1 (B's first distribution on it is the same, bit for bit)
+        flags = open("/proc/cpuinfo").read().split()
+        bf16 = "avx512f" in flags and "avx512_bf16" in flags and not os.environ.get("KVL_CPU_TRANSLATE")
+        got = B.metric("kvlingo_span_bytes_received_total") - rx_before
+        want_p = 2 * ia.n_layers * n * ia.n_kv_heads * ia.head_dim * (2 if bf16 else 4) + 4 * n
+        t.check(got == want_p, "pull_only: A sent %s, %d bytes (%d)" % ("bf16" if bf16 else "float32",
+                                                                       want_p, got))
+        g3 = list(sb.Generate(pb.GenerateRequest(session_id=sid2, max_tokens=1, temperature=0,
+                                                 return_logprobs=True), timeout=60))
+        d3 = max(abs(x - y) for x, y in zip(g3[0].logprobs, first_b))
+        t.check(len(g3[0].logprobs) == len(first_b) and d3 == 0,
+                "pull_only: B's distribution = the one after A's float32 span (max |diff| %.2e)" % d3)
         # a source that holds other ids than the pull says: refused there (source_state), and B,
         # which did not hold the session, holds nothing of it
         sa.OpenSession(pb.OpenSessionRequest(session_id="conv-pull-ids"), timeout=10)
