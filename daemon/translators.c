@@ -98,7 +98,8 @@ kvl_status kvld_translators_load(const char *dir, const kvl_model *self, kvld_tr
         x->src_layers = meta_int(tr, "source_layers");
         x->src_kv_heads = meta_int(tr, "source_kv_heads");
         x->src_head_dim = meta_int(tr, "source_head_dim");
-        kvl__svc_log("info", "msg=translator_loaded path=\"%s\" source=%s target=%s", path, sn, tn);
+        kvl__svc_log("info", "msg=translator_loaded path=\"%s\" source=%s target=%s products=%s", path, sn, tn,
+                     kvl_translator_bf16_products(tr, self) ? "bf16" : "f32");
     }
     if (st == KVL_OK && out->n == 0)
         kvl__svc_log("warn", "msg=no_translators dir=\"%s\" files=%d model=%s hash=%s: none of them translates into "
