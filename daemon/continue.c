@@ -247,8 +247,6 @@ static void pull_push(cont *c, kvl__rpc_client *cli, const char *src_name, const
     er->push_tag = kvl__transport_new_tag(n->transport);
     er->push_max_bytes = rx.cap;
     er->push_trailer = 1;
-    /* this node rounds the span to bf16 before its maps multiply it: half the bytes on the wire */
-    er->wire_bf16 = kvl_translator_bf16_products(te->tr, n->model);
     {
         const uint8_t *my_addr;
         size_t my_len;
@@ -426,6 +424,10 @@ static void pull(cont *c) {
     er.ticket = p->ticket;
     er.expect_tokens = p->source_tokens;
     er.expect_sha256 = p->source_sha256;
+    /* this node rounds the span to bf16 before its maps multiply it: half the bytes on the wire,
+     * pushed here or sent through ImportSpan alike */
+    const kvld_translator_entry *te = kvld_translators_find(&n->translators, pm.name, pm.hash);
+    er.wire_bf16 = te && kvl_translator_bf16_products(te->tr, n->model);
     uint8_t addr[KVLD_PEER_TRANSPORT_MAX];
     size_t alen = 0;
     int push = 0;

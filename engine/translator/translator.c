@@ -484,22 +484,25 @@ static void maps_view(const kvl_translator *tr, kvl_kv_maps *m) {
                            NULL, NULL, NULL, NULL};
 }
 
-/* The maps transposed (kvl_kv_maps.wkT, .wvT: [2][Lt][din][dt]) and, when din is even, as bf16
- * pairs (.wkP, .wvP: [2][Lt][din/2][dt][2], into *pairs, else NULL), made again when the maps
- * changed since: the CPU's fused rows read them so, and transposing every layer's maps per span
- * cost more than translating a short span (64 tokens, qwen3-a -> qwen3-b: 0.08 ms with them
- * kept, 0.11 ms transposing per span).  NULL when out of memory: the kernel transposes per
+/* The maps transposed (kvl_kv_maps.wkT, .wvT: [2][Lt][din][dt]) and, when want_pairs (the
+ * backend takes bf16 products for this geometry), as bf16 pairs too (.wkP, .wvP:
+ * [2][Lt][din/2][dt][2], into *pairs; NULL when not asked for or out of memory), made again when
+ * the maps changed since: the CPU's fused rows read them so, and transposing every layer's maps
+ * per span cost more than translating a short span (64 tokens, qwen3-a -> qwen3-b: 0.08 ms with
+ * them kept, 0.11 ms transposing per span).  NULL when out of memory: the kernel transposes per
  * span (and takes float32 products). */
-static const float *transposed_maps(kvl_translator *tr, const uint16_t **pairs) {
+static const float *transposed_maps(kvl_translator *tr, int want_pairs, const uint16_t **pairs) {
     const size_t din = (size_t)kvl__tr_din(tr), dt = (size_t)kvl__tr_dt(tr), per = din * dt;
     const size_t Lt = (size_t)tr->dst_layers;
+    *pairs = NULL;
     pthread_mutex_lock(&tr->prep_lock);
     const unsigned gen = __atomic_load_n(&tr->maps_gen, __ATOMIC_ACQUIRE);
     /* made once, rewritten in place (never freed before the translator): an apply still reading
      * it while the maps change races as one reading wk / wv itself would, no worse */
     int stale = !tr->wT || tr->wT_gen != gen;
     if (!tr->wT) tr->wT = malloc(sizeof(float) * 2 * Lt * per);
-    if (!tr->wP && din % 2 == 0) tr->wP = malloc(sizeof(uint16_t) * 2 * Lt * per);
+    if (want_pairs && !tr->wP && din % 2 == 0 && (tr->wP = malloc(sizeof(uint16_t) * 2 * Lt * per)))
+        stale = 1;   /* new: filled below with the transposes, whatever their state */
     if (tr->wT && stale) {
         for (size_t side = 0; side < 2; side++)
             for (size_t l = 0; l < Lt; l++) {
@@ -515,7 +518,7 @@ static const float *transposed_maps(kvl_translator *tr, const uint16_t **pairs) 
         tr->wT_gen = gen;
     }
     const float *w = tr->wT;
-    *pairs = w ? tr->wP : NULL;
+    if (w && want_pairs) *pairs = tr->wP;
     pthread_mutex_unlock(&tr->prep_lock);
     return w;
 }
@@ -527,11 +530,17 @@ void kvl_translator_set_bf16_products(kvl_translator *tr, int on) {
     if (tr) tr->bf16_products = on != 0;
 }
 
-int kvl_translator_bf16_products(const kvl_translator *tr, const kvl_model *target) {
-    if (!tr || !target || !tr->bf16_products || kvl__tr_din(tr) % 2) return 0;
-    const kvl_backend_ops *ops = kvl_model_backend(target);
-    return ops && ops->translate_bf16_products &&
+/* Whether apply on backend `ops` takes bf16 products (the setting, din even, the backend). */
+static int bf16_products_on(const kvl_translator *tr, const kvl_backend_ops *ops) {
+    return tr->bf16_products && kvl__tr_din(tr) % 2 == 0 && ops && ops->translate_bf16_products &&
            ops->translate_bf16_products(tr->dst_head_dim, kvl__tr_dt(tr), kvl__tr_din(tr));
+}
+
+int kvl_translator_bf16_products(const kvl_translator *tr, const kvl_model *target) {
+    /* an apply that finds no memory for the maps' pairs takes float32 products: a span sent as
+     * bf16 on this answer is then translated from its bf16 values, correctly, though not bit
+     * for bit as the bf16 products would */
+    return tr && target && bf16_products_on(tr, kvl_model_backend(target));
 }
 
 kvl_status kvl_translator_apply(const kvl_translator *tr, const float *k_src, const float *v_src,
@@ -588,13 +597,13 @@ static kvl_status apply_view(const kvl_translator *tr, const float *k_src, const
      * transposed maps it reads are kept while the maps stay the same */
     if (ops == kvl_backend_cpu()) {
         const uint16_t *wP = NULL;
-        const float *wT = transposed_maps(mt, &wP);
+        const float *wT = transposed_maps(mt, bf16_products_on(tr, ops), &wP);
         const size_t half = (size_t)tr->dst_layers * kvl__tr_din(tr) * kvl__tr_dt(tr);
         if (wT) {
             maps.wkT = wT;
             maps.wvT = wT + half;
         }
-        if (wP && tr->bf16_products) {
+        if (wP) {
             maps.wkP = wP;
             maps.wvP = wP + half;
         }

@@ -31,11 +31,12 @@ typedef struct kvl_kv_maps {
      * per span.  Must equal the transpose of wk / wv when set (a translator keeps them so, at
      * the maps' size again).  Zero-initialise the struct ({0}) when filling it by hand. */
     const float *wkT, *wvT;
-    /* Optional, read-only: wk and wv as bf16 pairs, [Lt][(Hs*Ds)/2][Ht*Dt][2] uint16 each
-     * (element [l][j/2][i][j%2] = W[l][i][j] rounded to bf16, nearest even), Hs*Ds even.  When
-     * set, a CPU with AVX512_BF16 translating into a bf16 cache takes bf16 products (the
-     * source rows rounded to bf16 too, float32 sums): half the multiply instructions, at the
-     * precision the bf16 cache stores the result in.  NULL: float32 products. */
+    /* Optional, read-only, with wkT / wvT: wk and wv as bf16 pairs, [Lt][(Hs*Ds)/2][Ht*Dt][2]
+     * uint16 each (element [l][j/2][i][j%2] = W[l][i][j] rounded to bf16, nearest even),
+     * Hs*Ds even.  When set, a CPU with AVX512_BF16 takes bf16 products on the fused rows,
+     * into float32 and bf16 caches alike (the source rows rounded to bf16 too, float32 sums:
+     * half the multiply instructions; kvl_translator_set_bf16_products says how far results
+     * move).  NULL: float32 products. */
     const uint16_t *wkP, *wvP;
 } kvl_kv_maps;
 

@@ -25,6 +25,10 @@
 #define KVL_TR_AVX512 1
 #include <immintrin.h>
 #define KVL_AVX512F __attribute__((target("avx512f")))
+/* the bf16 intrinsics (__m512bh, _mm512_dpbf16_ps) arrived in GCC 10 and clang 9 */
+#if (defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 10)
+#define KVL_TR_AVX512BF16 1
+#endif
 #endif
 
 int kvl__translate_avx512_usable(int D, int dt) {
@@ -43,7 +47,7 @@ int kvl__translate_avx512_usable(int D, int dt) {
 }
 
 int kvl__translate_bf16_usable(int D, int dt, int ds) {
-#ifdef KVL_TR_AVX512
+#ifdef KVL_TR_AVX512BF16
     static int cpu = -1;   /* a benign race, as above */
     if (cpu < 0) {
         __builtin_cpu_init();
@@ -56,12 +60,6 @@ int kvl__translate_bf16_usable(int D, int dt, int ds) {
     (void)D, (void)dt, (void)ds;
     return 0;
 #endif
-}
-
-void kvl__translate_pairs(uint16_t *wP, const float *W, int dt, int ds) {
-    for (int i = 0; i < dt; i++)
-        for (int j = 0; j < ds; j++)
-            wP[((size_t)(j / 2) * dt + i) * 2 + (j & 1)] = kvl__bf16_round(W[(size_t)i * ds + j]);
 }
 
 void kvl__translate_transpose(float *wT, const float *W, int dt, int ds) {
@@ -142,8 +140,9 @@ static inline __attribute__((always_inline)) KVL_AVX512F void panel_rows(
     }
 }
 
+#ifdef KVL_TR_AVX512BF16
 /* bf16 products (AVX512_BF16): x holds bf16 source rows, wP a layer's maps as bf16 pairs
- * (wP[j/2][i][j%2] = W[i][j], kvl__translate_pairs); one VDPBF16PS adds x[j] W[i][j] +
+ * (wP[j/2][i][j%2] = W[i][j], the translator's kvl_kv_maps.wkP); one VDPBF16PS adds x[j] W[i][j] +
  * x[j+1] W[i][j+1] to lane i in float32, so a pair of source features costs what one costs in
  * panel_dot.  Needs ds even. */
 #define KVL_AVX512BF16 __attribute__((target("avx512f,avx512bf16")))
@@ -196,6 +195,7 @@ static inline __attribute__((always_inline)) KVL_AVX512BF16 void panel_rows_bf16
     default: panel_dot_bf16(out, x, 5, NV, wP, ds, dt, col); break;
     }
 }
+#endif
 
 /* n floats at dst (float32 or bf16 by the cache) */
 static inline void put_row(const kvl__kv_blocks *c, void *dst, const float *src, int n) {
@@ -283,7 +283,9 @@ static inline __attribute__((always_inline)) KVL_AVX512F void key_epilogue(
         }                                                                                          \
     }
 KVL_TR_ROWS_FORM(rows_form, KVL_AVX512F, float, float, panel_rows)
+#ifdef KVL_TR_AVX512BF16
 KVL_TR_ROWS_FORM(rows_form_bf16, KVL_AVX512BF16, uint16_t, uint16_t, panel_rows_bf16)
+#endif
 
 /* Panels of 64 features (4 vectors) 6 tokens at a time for head_dim 32 and 64; of 128 features
  * (8 vectors, one whole head) 3 tokens at a time for head_dim 128: 24 accumulators, and per
@@ -299,6 +301,7 @@ KVL_AVX512F void kvl__translate_rows_avx512(kvl__kv_blocks *c, int l, int t0, co
     _mm_sfence();   /* the streamed Kpre rows, before the part reports done */
 }
 
+#ifdef KVL_TR_AVX512BF16
 KVL_AVX512BF16 void kvl__translate_rows_avx512_bf16(kvl__kv_blocks *c, int l, int t0, const uint16_t *xk,
                                                  const uint16_t *xv, int ds, const uint16_t *wkP,
                                                  const uint16_t *wvP, int dt, int D, const float *kn,
@@ -309,6 +312,7 @@ KVL_AVX512BF16 void kvl__translate_rows_avx512_bf16(kvl__kv_blocks *c, int l, in
     else if (D == 128) rows_form_bf16(c, l, t0, xk, xv, ds, wkP, wvP, dt, 128, kn, eps, rcos, rsin, a, b, 3, 8);
     _mm_sfence();
 }
+#endif
 
 #else
 
@@ -320,6 +324,9 @@ void kvl__translate_rows_avx512(kvl__kv_blocks *c, int l, int t0, const float *x
     (void)D, (void)kn, (void)eps, (void)rcos, (void)rsin, (void)a, (void)b;
 }
 
+#endif
+
+#ifndef KVL_TR_AVX512BF16
 void kvl__translate_rows_avx512_bf16(kvl__kv_blocks *c, int l, int t0, const uint16_t *xk,
                                      const uint16_t *xv, int ds, const uint16_t *wkP,
                                      const uint16_t *wvP, int dt, int D, const float *kn, float eps,
@@ -327,5 +334,4 @@ void kvl__translate_rows_avx512_bf16(kvl__kv_blocks *c, int l, int t0, const uin
     (void)c, (void)l, (void)t0, (void)xk, (void)xv, (void)ds, (void)wkP, (void)wvP, (void)dt;
     (void)D, (void)kn, (void)eps, (void)rcos, (void)rsin, (void)a, (void)b;
 }
-
 #endif

@@ -26,11 +26,6 @@ int kvl__translate_avx512_usable(int D, int dt);
  * has an even number ds of features per token. */
 int kvl__translate_bf16_usable(int D, int dt, int ds);
 
-/* The maps of one target layer as bf16 pairs for the bf16 row kernel:
- * wP[j/2][i][j%2] = bf16(W[i][j]) (round to nearest even).  W: [dt, ds] float32, ds even;
- * wP: [ds/2][dt][2] uint16, caller-owned. */
-void kvl__translate_pairs(uint16_t *wP, const float *W, int dt, int ds);
-
 /* The maps of one target layer, transposed for the row kernel: wT[j][i] = W[i][j].
  * W: [dt, ds] row-major float32 (kvl_kv_maps layout); wT: [ds, dt], caller-owned. */
 void kvl__translate_transpose(float *wT, const float *W, int dt, int ds);
@@ -47,11 +42,13 @@ void kvl__translate_rows_avx512(kvl__kv_blocks *c, int l, int t0, const float *x
                                 const float *rsin, int a, int b);
 
 /* kvl__translate_rows_avx512 with bf16 products: source rows xk, xv as bf16 ([.., ds] uint16)
- * and the layer's maps as bf16 pairs (kvl__translate_pairs); each output feature is summed in
- * float32 a pair of source features at a time (VDPBF16PS: bf16 x bf16 products, exact, added
- * in float32; bf16 subnormals count as zero).  Against the float32 products the maps' rounding
- * to bf16 moves an output by ~2^-9 of its size, the step a bf16 cache rounds it to anyway.
- * Only where kvl__translate_bf16_usable(D, dt, ds) holds. */
+ * and the layer's maps as bf16 pairs, [ds/2][dt][2] (element [j/2][i][j%2] = W[i][j] rounded to
+ * bf16; the translator's kvl_kv_maps.wkP / wvP); each output feature is summed in float32 a pair
+ * of source features at a time (VDPBF16PS: exact bf16 x bf16 products, bf16 subnormals taken as
+ * zero), so in another order than the float32 rows.  Against those, an output moves by up to
+ * ~2^-8 of sum_j |W[i][j] x[j]| (the two roundings), which is a larger share of the output itself
+ * where the terms cancel; far below the maps' own error against a target's native K/V.  Only
+ * where kvl__translate_bf16_usable(D, dt, ds) holds (a stub elsewhere). */
 void kvl__translate_rows_avx512_bf16(kvl__kv_blocks *c, int l, int t0, const uint16_t *xk,
                                      const uint16_t *xv, int ds, const uint16_t *wkP,
                                      const uint16_t *wvP, int dt, int D, const float *kn, float eps,

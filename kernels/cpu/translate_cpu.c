@@ -228,7 +228,7 @@ static void fused_rows_part(void *pj, int part, int n_parts) {
     const int ds = mp->src_kv_heads * mp->src_head_dim;
     const size_t wsz = (size_t)dt * ds;
     /* the maps' transposes: the caller's when given, else this part's scratch, made per layer */
-    float *own = mp->wkT ? NULL : j->wT + (size_t)part * 2 * wsz;
+    float *own = mp->wkT || j->x16 ? NULL : j->wT + (size_t)part * 2 * wsz;
     const float *wkT = own, *wvT = own ? own + wsz : NULL;
     const int n_items = mp->dst_layers * j->n_chunks;
     int have = -1;   /* the layer whose maps wkT / wvT hold */

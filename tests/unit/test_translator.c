@@ -499,9 +499,17 @@ static void fused_case(fixture *f, const char *name, const char *arch, int H, in
         kvl_safetensors_close(st);
     }
     /* bf16 products (form 3) where this CPU takes them: the reference then rounds the maps and
-     * the source rows to bf16 as they do (the products are exact, the sums float32) */
-    const int bf_cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16") &&
-                       !getenv("KVL_CPU_TRANSLATE");
+     * the source rows to bf16 as they do (the products are exact, the sums float32); the
+     * translator says so exactly where the CPU has AVX512_BF16 and no KVL_CPU_TRANSLATE */
+    int bf_cpu = 0;
+#if defined(__x86_64__)
+    bf_cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16") &&
+             !getenv("KVL_CPU_TRANSLATE");
+#endif
+    kvl_translator_set_bf16_products(tr, 1);
+    assert_int_equal(kvl_translator_bf16_products(tr, m), bf_cpu);
+    kvl_translator_set_bf16_products(tr, 0);
+    assert_int_equal(kvl_translator_bf16_products(tr, m), 0);
     for (int form = 0; form < 4; form++) {   /* process pool, a 2-thread model's pool, bf16 cache, bf16 products */
         kvl_cache *cb = NULL;
         const int rb = form == 3 && bf_cpu;
