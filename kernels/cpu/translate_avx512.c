@@ -109,36 +109,40 @@ void kvl__translate_transpose(float *wT, const float *W, int dt, int ds) {
     } while (0)
 #define TR_BCAST(r) const __m512 b##r = R > (r) ? _mm512_set1_ps(x[(r) * ds + j]) : z
 
-/* out[r][0, 16*NV) = sum_j x[r*ds + j] * wT[j][col + .] for the R rows of x: the same products
- * in the same order (j ascending, one FMA each) for every row, panel and R. */
-static inline __attribute__((always_inline)) KVL_AVX512F void panel_dot(
-    float *out /* [6][128] */, const float *x, const int R, const int NV, const float *wT, int ds,
-    int dt, int col) {
-    const __m512 z = _mm512_setzero_ps();
-    TR_ACC_ROW(0); TR_ACC_ROW(1); TR_ACC_ROW(2); TR_ACC_ROW(3); TR_ACC_ROW(4); TR_ACC_ROW(5);
-    for (int j = 0; j < ds; j++) {
-        const float *w = wT + (size_t)j * dt + col;
-        TR_BCAST(0); TR_BCAST(1); TR_BCAST(2); TR_BCAST(3); TR_BCAST(4); TR_BCAST(5);
-        TR_FMA(0); TR_FMA(1); TR_FMA(2); TR_FMA(3);
-        TR_FMA(4); TR_FMA(5); TR_FMA(6); TR_FMA(7);
+/* out[r][0, 16*NV) = sum_j x[r*ds + j] * W[col + .][j] for the R rows of x: the same products
+ * in the same order (j ascending, STEP features a step) for every row, panel and R; and
+ * panel_rows##SFX, the same for r (1..R) rows, R a constant of the form.  WROW: where the
+ * panel's maps of step j start (the maps' layout); BCAST / FMA: one row's broadcast source
+ * features and their products with one maps vector; ZDECL: what BCAST needs declared. */
+#define KVL_TR_PANEL(SFX, ATTR, XT, WT, STEP, WROW, BCAST, FMA, ZDECL)                           \
+    static inline __attribute__((always_inline)) ATTR void panel_dot##SFX(                      \
+        float *out /* [6][128] */, const XT *x, const int R, const int NV, const WT *wm, int ds, \
+        int dt, int col) {                                                                      \
+        const __m512 z = _mm512_setzero_ps();                                                   \
+        ZDECL;                                                                                  \
+        TR_ACC_ROW(0); TR_ACC_ROW(1); TR_ACC_ROW(2); TR_ACC_ROW(3); TR_ACC_ROW(4); TR_ACC_ROW(5); \
+        for (int j = 0; j < ds; j += STEP) {                                                    \
+            const WT *w = WROW;                                                                 \
+            BCAST(0); BCAST(1); BCAST(2); BCAST(3); BCAST(4); BCAST(5);                         \
+            FMA(0); FMA(1); FMA(2); FMA(3); FMA(4); FMA(5); FMA(6); FMA(7);                     \
+        }                                                                                       \
+        TR_STORE_ROW(0); TR_STORE_ROW(1); TR_STORE_ROW(2);                                      \
+        TR_STORE_ROW(3); TR_STORE_ROW(4); TR_STORE_ROW(5);                                      \
+    }                                                                                           \
+    static inline __attribute__((always_inline)) ATTR void panel_rows##SFX(                     \
+        float *out, const XT *x, int r, const int R, const int NV, const WT *wm, int ds, int dt, \
+        int col) {                                                                              \
+        if (r == R) { panel_dot##SFX(out, x, R, NV, wm, ds, dt, col); return; }                 \
+        switch (r) {                                                                            \
+        case 1: panel_dot##SFX(out, x, 1, NV, wm, ds, dt, col); break;                          \
+        case 2: panel_dot##SFX(out, x, 2, NV, wm, ds, dt, col); break;                          \
+        case 3: panel_dot##SFX(out, x, 3, NV, wm, ds, dt, col); break;                          \
+        case 4: panel_dot##SFX(out, x, 4, NV, wm, ds, dt, col); break;                          \
+        default: panel_dot##SFX(out, x, 5, NV, wm, ds, dt, col); break;                         \
+        }                                                                                       \
     }
-    TR_STORE_ROW(0); TR_STORE_ROW(1); TR_STORE_ROW(2);
-    TR_STORE_ROW(3); TR_STORE_ROW(4); TR_STORE_ROW(5);
-}
-
-/* panel_dot of r (1..R) rows, R a constant of the form */
-static inline __attribute__((always_inline)) KVL_AVX512F void panel_rows(
-    float *out, const float *x, int r, const int R, const int NV, const float *wT, int ds, int dt,
-    int col) {
-    if (r == R) { panel_dot(out, x, R, NV, wT, ds, dt, col); return; }
-    switch (r) {
-    case 1: panel_dot(out, x, 1, NV, wT, ds, dt, col); break;
-    case 2: panel_dot(out, x, 2, NV, wT, ds, dt, col); break;
-    case 3: panel_dot(out, x, 3, NV, wT, ds, dt, col); break;
-    case 4: panel_dot(out, x, 4, NV, wT, ds, dt, col); break;
-    default: panel_dot(out, x, 5, NV, wT, ds, dt, col); break;
-    }
-}
+/* float32: wm = the layer's maps transposed, [ds][dt] */
+KVL_TR_PANEL(, KVL_AVX512F, float, float, 1, wm + (size_t)j * dt + col, TR_BCAST, TR_FMA, (void)0)
 
 #ifdef KVL_TR_AVX512BF16
 /* bf16 products (AVX512_BF16): x holds bf16 source rows, wP a layer's maps as bf16 pairs
@@ -167,34 +171,9 @@ static inline __attribute__((always_inline)) KVL_AVX512F void panel_rows(
         b##r = (__m512bh)_mm512_set1_epi32((int)p_);                                        \
     }
 
-static inline __attribute__((always_inline)) KVL_AVX512BF16 void panel_dot_bf16(
-    float *out /* [6][128] */, const uint16_t *x, const int R, const int NV, const uint16_t *wP,
-    int ds, int dt, int col) {
-    const __m512 z = _mm512_setzero_ps();
-    const __m512i zi = _mm512_setzero_si512();
-    TR_ACC_ROW(0); TR_ACC_ROW(1); TR_ACC_ROW(2); TR_ACC_ROW(3); TR_ACC_ROW(4); TR_ACC_ROW(5);
-    for (int j = 0; j < ds; j += 2) {
-        const uint16_t *w = wP + ((size_t)(j / 2) * dt + col) * 2;
-        TRB_BCAST(0); TRB_BCAST(1); TRB_BCAST(2); TRB_BCAST(3); TRB_BCAST(4); TRB_BCAST(5);
-        TRB_FMA(0); TRB_FMA(1); TRB_FMA(2); TRB_FMA(3);
-        TRB_FMA(4); TRB_FMA(5); TRB_FMA(6); TRB_FMA(7);
-    }
-    TR_STORE_ROW(0); TR_STORE_ROW(1); TR_STORE_ROW(2);
-    TR_STORE_ROW(3); TR_STORE_ROW(4); TR_STORE_ROW(5);
-}
-
-static inline __attribute__((always_inline)) KVL_AVX512BF16 void panel_rows_bf16(
-    float *out, const uint16_t *x, int r, const int R, const int NV, const uint16_t *wP, int ds,
-    int dt, int col) {
-    if (r == R) { panel_dot_bf16(out, x, R, NV, wP, ds, dt, col); return; }
-    switch (r) {
-    case 1: panel_dot_bf16(out, x, 1, NV, wP, ds, dt, col); break;
-    case 2: panel_dot_bf16(out, x, 2, NV, wP, ds, dt, col); break;
-    case 3: panel_dot_bf16(out, x, 3, NV, wP, ds, dt, col); break;
-    case 4: panel_dot_bf16(out, x, 4, NV, wP, ds, dt, col); break;
-    default: panel_dot_bf16(out, x, 5, NV, wP, ds, dt, col); break;
-    }
-}
+/* bf16: wm = the layer's maps as bf16 pairs, [ds/2][dt][2] */
+KVL_TR_PANEL(_bf16, KVL_AVX512BF16, uint16_t, uint16_t, 2, wm + ((size_t)(j / 2) * dt + col) * 2, TRB_BCAST,
+             TRB_FMA, const __m512i zi = _mm512_setzero_si512())
 #endif
 
 /* n floats at dst (float32 or bf16 by the cache) */
@@ -289,29 +268,21 @@ KVL_TR_ROWS_FORM(rows_form_bf16, KVL_AVX512BF16, uint16_t, uint16_t, panel_rows_
 
 /* Panels of 64 features (4 vectors) 6 tokens at a time for head_dim 32 and 64; of 128 features
  * (8 vectors, one whole head) 3 tokens at a time for head_dim 128: 24 accumulators, and per
- * source feature 4 + 6 or 8 + 3 loads against 24 FMAs. */
-KVL_AVX512F void kvl__translate_rows_avx512(kvl__kv_blocks *c, int l, int t0, const float *xk,
-                                            const float *xv, int ds, const float *wkT,
-                                            const float *wvT, int dt, int D, const float *kn,
-                                            float eps, const float *rcos, const float *rsin, int a,
-                                            int b) {
-    if (D == 32) rows_form(c, l, t0, xk, xv, ds, wkT, wvT, dt, 32, kn, eps, rcos, rsin, a, b, 6, 4);
-    else if (D == 64) rows_form(c, l, t0, xk, xv, ds, wkT, wvT, dt, 64, kn, eps, rcos, rsin, a, b, 6, 4);
-    else if (D == 128) rows_form(c, l, t0, xk, xv, ds, wkT, wvT, dt, 128, kn, eps, rcos, rsin, a, b, 3, 8);
-    _mm_sfence();   /* the streamed Kpre rows, before the part reports done */
-}
-
+ * source feature 4 + 6 or 8 + 3 loads against 24 FMAs.  The sfence orders the streamed Kpre
+ * rows before the part reports done.  (The entry points of translate_avx512.h, made once per
+ * form of the rows.) */
+#define KVL_TR_ROWS_ENTRY(NAME, ATTR, XT, FORM)                                                    \
+    ATTR void NAME(kvl__kv_blocks *c, int l, int t0, const XT *xk, const XT *xv, int ds,          \
+                   const XT *wk, const XT *wv, int dt, int D, const float *kn, float eps,         \
+                   const float *rcos, const float *rsin, int a, int b) {                          \
+        if (D == 32) FORM(c, l, t0, xk, xv, ds, wk, wv, dt, 32, kn, eps, rcos, rsin, a, b, 6, 4);  \
+        else if (D == 64) FORM(c, l, t0, xk, xv, ds, wk, wv, dt, 64, kn, eps, rcos, rsin, a, b, 6, 4); \
+        else if (D == 128) FORM(c, l, t0, xk, xv, ds, wk, wv, dt, 128, kn, eps, rcos, rsin, a, b, 3, 8); \
+        _mm_sfence();                                                                              \
+    }
+KVL_TR_ROWS_ENTRY(kvl__translate_rows_avx512, KVL_AVX512F, float, rows_form)
 #ifdef KVL_TR_AVX512BF16
-KVL_AVX512BF16 void kvl__translate_rows_avx512_bf16(kvl__kv_blocks *c, int l, int t0, const uint16_t *xk,
-                                                 const uint16_t *xv, int ds, const uint16_t *wkP,
-                                                 const uint16_t *wvP, int dt, int D, const float *kn,
-                                                 float eps, const float *rcos, const float *rsin, int a,
-                                                 int b) {
-    if (D == 32) rows_form_bf16(c, l, t0, xk, xv, ds, wkP, wvP, dt, 32, kn, eps, rcos, rsin, a, b, 6, 4);
-    else if (D == 64) rows_form_bf16(c, l, t0, xk, xv, ds, wkP, wvP, dt, 64, kn, eps, rcos, rsin, a, b, 6, 4);
-    else if (D == 128) rows_form_bf16(c, l, t0, xk, xv, ds, wkP, wvP, dt, 128, kn, eps, rcos, rsin, a, b, 3, 8);
-    _mm_sfence();
-}
+KVL_TR_ROWS_ENTRY(kvl__translate_rows_avx512_bf16, KVL_AVX512BF16, uint16_t, rows_form_bf16)
 #endif
 
 #else
