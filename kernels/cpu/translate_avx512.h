@@ -2,10 +2,12 @@
  * private to kernels/cpu.
  *
  * For each token of a row range, in registers: the maps' products (W_K x_k, W_V x_v, float32,
- * summed over the source features in order), the target's k_norm over each head and RoPE at
- * the token's position, then the K, V (and Kpre) rows written once into the cache blocks.  The
- * sgemm + fused_rows path of translate_cpu.c computes the same thing through two scratch
- * matrices per layer, and stays the portable form and the reference the tests hold this one to.
+ * summed over the source features in order; or bf16 products summed in float32 a pair of
+ * features at a time, kvl__translate_rows_avx512_bf16), the target's k_norm over each head and
+ * RoPE at the token's position, then the K, V (and Kpre) rows written once into the cache
+ * blocks.  The sgemm + fused_rows path of translate_cpu.c computes the same thing through two
+ * scratch matrices per layer, and stays the portable form and the reference the tests hold this
+ * one to.
  *
  * Formula: KV-Lingo (kvlingo/translator.h): k_t = RoPE(k_norm(W_K[l] k_s)), v_t = W_V[l] v_s;
  * k_norm is Qwen3RMSNorm over head_dim (w * (x * rsqrt(mean(x^2) + eps))), RoPE rotate_half. */
