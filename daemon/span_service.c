@@ -712,8 +712,10 @@ out:
     if (code == GRPC_STATUS_OK) kvl__rpc_call_reply_pb(call, &out.base);
     {
         char extra[400];
+        /* the range shipped when one was (the request's `to` is a bound: 0, or past what is cached) */
         snprintf(extra, sizeof extra, " peer_node=%s from=%u to=%u bytes=%zu transfer_ms=%.3f push=%d trailer=%d "
-                 "dtype=%s", in->peer ? in->peer : "", in->from, in->to, plen, xfer_s * 1e3, in->push_tag != 0,
+                 "dtype=%s", in->peer ? in->peer : "", in->from, out.t1 > out.t0 ? out.t1 : in->to, plen,
+                 xfer_s * 1e3, in->push_tag != 0,
                  in->push_tag != 0 && in->push_trailer,
                  kvl_model_kv_dtype(n->model) == KVL_KV_BF16 || in->wire_bf16 ? "bf16" : "f32");
         kvld_req_end(&r, code, err, extra);
