@@ -472,6 +472,8 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
     grpc_status_code code = GRPC_STATUS_OK;
     char err[1024] = "";
     double t_start = kvl__now_s(), xfer_s = 0;
+    /* the span's dtype: bf16 when this node's cache holds bf16, or the peer rounds to it anyway */
+    const int bf16 = kvl_model_kv_dtype(n->model) == KVL_KV_BF16 || in->wire_bf16;
     /* the caller's deadline, within this node's own bound on a transfer (as a pull's) */
     int64_t tmo = in->timeout_ms && (int64_t)in->timeout_ms < n->cfg.span_timeout_ms ? (int64_t)in->timeout_ms
                                                                                   : n->cfg.span_timeout_ms;
@@ -545,7 +547,7 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
                             (uint32_t)mc->n_layers, (uint32_t)mc->n_kv_heads,
                             (uint32_t)mc->head_dim, (uint32_t)kvl_cache_n_tokens(s->cache),
                             kvl_cache_tokens(s->cache), read_cache_prenorm, s->cache,
-                            n->spanbufs, kvl_model_kv_dtype(n->model) == KVL_KV_BF16 || in->wire_bf16,
+                            n->spanbufs, bf16,
                             in->push_tag && in->push_trailer ? KVL_SPAN_TRAILER_MAX : 0};
     st = kvl__span_encode(&src, in->from, to, pm.name, pm.hash, &ids, &h, &payload, &plen);
     if (st != KVL_OK) FAIL(kvl__rpc_status_from_kvl(st), "%s", kvl_last_error());
@@ -717,7 +719,7 @@ out:
                  "dtype=%s", in->peer ? in->peer : "", in->from, out.t1 > out.t0 ? out.t1 : in->to, plen,
                  xfer_s * 1e3, in->push_tag != 0,
                  in->push_tag != 0 && in->push_trailer,
-                 kvl_model_kv_dtype(n->model) == KVL_KV_BF16 || in->wire_bf16 ? "bf16" : "f32");
+                 bf16 ? "bf16" : "f32");
         kvld_req_end(&r, code, err, extra);
     }
     if (ep) kvlingo__v1__import_span_response__free_unpacked(ep, NULL);

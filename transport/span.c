@@ -225,8 +225,8 @@ kvl_status kvl__span_encode(const kvl__span_source *src, uint32_t t0, uint32_t t
         return kvl__errorf(KVL_ERR_NOMEM, "span: encode: %zu floats of %u tokens", 2 * (size_t)chunk * row, chunk);
     }
     for (uint32_t l = 0; l < src->n_layers; l++) {
-        for (uint32_t a = t0; a < t1; a = tmp && t1 - a > chunk ? a + chunk : t1) {
-            const uint32_t b = tmp && t1 - a > chunk ? a + chunk : t1;
+        for (uint32_t a = t0, b; a < t1; a = b) {   /* float32: the whole range at once */
+            b = tmp && t1 - a > chunk ? a + chunk : t1;
             const size_t off = l * per_layer + (size_t)(a - t0) * row, m = (size_t)(b - a) * row;
             float *k = tmp ? tmp : (float *)(void *)buf + off;
             float *v = tmp ? tmp + (size_t)chunk * row : (float *)(void *)buf + nf + off;

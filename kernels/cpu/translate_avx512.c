@@ -300,6 +300,7 @@ void kvl__translate_rows_avx512(kvl__kv_blocks *c, int l, int t0, const float *x
 #endif
 
 #ifndef KVL_TR_AVX512BF16
+/* no bf16 intrinsics in this compiler: kvl__translate_bf16_usable answers 0, so nothing calls this */
 void kvl__translate_rows_avx512_bf16(kvl__kv_blocks *c, int l, int t0, const uint16_t *xk,
                                      const uint16_t *xv, int ds, const uint16_t *wkP,
                                      const uint16_t *wvP, int dt, int D, const float *kn, float eps,

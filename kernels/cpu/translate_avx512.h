@@ -49,8 +49,9 @@ void kvl__translate_rows_avx512(kvl__kv_blocks *c, int l, int t0, const float *x
  * of source features at a time (VDPBF16PS: exact bf16 x bf16 products, bf16 subnormals taken as
  * zero), so in another order than the float32 rows.  Against those, an output moves by up to
  * ~2^-8 of sum_j |W[i][j] x[j]| (the two roundings), which is a larger share of the output itself
- * where the terms cancel; far below the maps' own error against a target's native K/V.  Only
- * where kvl__translate_bf16_usable(D, dt, ds) holds (a stub elsewhere). */
+ * where the terms cancel; far below the maps' own error against a target's native K/V.  Called
+ * only where kvl__translate_bf16_usable(D, dt, ds) holds: a compiler without the bf16
+ * intrinsics builds it empty, and there that check always answers 0. */
 void kvl__translate_rows_avx512_bf16(kvl__kv_blocks *c, int l, int t0, const uint16_t *xk,
                                      const uint16_t *xv, int ds, const uint16_t *wkP,
                                      const uint16_t *wvP, int dt, int D, const float *kn, float eps,
