@@ -170,7 +170,10 @@ static int land_span(kvld_node *n, kvld_session *s, const kvld_translator_entry 
     kvl_status st = KVL_OK;
     const float *k = v.k, *vv = v.v;
     float *wide = NULL;
-    if (v.bf16) {   /* a bf16 span: the translator reads float32 (bounded by the checked payload) */
+    /* a bf16 span into a translator that multiplies in bf16 goes in as it came; else its
+     * translator reads float32 (bounded by the checked payload) */
+    const int rows16 = v.bf16 && kvl_translator_bf16_products(te->tr, n->model);
+    if (v.bf16 && !rows16) {
         const size_t nf = (size_t)v.n_layers * v.n * v.row;
         /* a kept buffer (faulted in already: a fresh 4 MB one costs ~1k page faults) */
         wide = (float *)(void *)kvl__spanbuf_take(n->spanbufs, 2 * nf * sizeof(float));
@@ -185,11 +188,14 @@ static int land_span(kvld_node *n, kvld_session *s, const kvld_translator_entry 
     }
     if (st == KVL_OK && (int)h->t0 < held) {
         st = copy_prefix(n->model, s->cache, (int)h->t0, s->max_context, &fresh);
-        if (st == KVL_OK) st = kvl_translator_apply(te->tr, k, vv, (int)h->t0, (int)v.n, v.ids, fresh);
+        if (st == KVL_OK)
+            st = rows16 ? kvl_translator_apply_bf16(te->tr, v.k16, v.v16, (int)h->t0, (int)v.n, v.ids, fresh)
+                        : kvl_translator_apply(te->tr, k, vv, (int)h->t0, (int)v.n, v.ids, fresh);
         if (st == KVL_OK) kvld_session_swap_cache(n->sessions, s, fresh);
         else kvl_cache_free(fresh);
     } else if (st == KVL_OK) {
-        st = kvl_translator_apply(te->tr, k, vv, (int)h->t0, (int)v.n, v.ids, s->cache);
+        st = rows16 ? kvl_translator_apply_bf16(te->tr, v.k16, v.v16, (int)h->t0, (int)v.n, v.ids, s->cache)
+                    : kvl_translator_apply(te->tr, k, vv, (int)h->t0, (int)v.n, v.ids, s->cache);
     }
     kvl__spanbuf_give(n->spanbufs, (uint8_t *)wide);
     *translate_s = kvl__now_s() - t_tr;

@@ -143,4 +143,20 @@ kvl_status kvl__cache_translate(kvl_cache *dst, const kvl_translate_params *p, c
     if (s == KVL_OK) kvl__cache_commit(dst, n, ids);
     return s;
 }
+
+kvl_status kvl__cache_translate_bf16(kvl_cache *dst, const kvl_translate_params *p,
+                                     const uint16_t *k_src16, const uint16_t *v_src16, int n,
+                                     const int32_t *ids) {
+    if (!dst->ops->translate_apply_bf16)
+        return kvl__errorf(KVL_ERR_UNSUPPORTED, "translate: this backend takes float32 source rows only");
+    if (n == 0) return KVL_OK;
+    void *prep = NULL;
+    kvl_status s = dst->ops->translate_prepare(dst->bm, p, &prep);
+    if (s != KVL_OK) return s;
+    s = dst->ops->translate_apply_bf16(prep, k_src16, v_src16, dst->n_tokens, n, dst->be);
+    dst->ops->translate_release(prep);
+    if (s == KVL_OK) kvl__cache_commit(dst, n, ids);
+    return s;
+}
+
 const kvl_model_config *kvl_cache_config(const kvl_cache *c) { return &c->cfg; }

@@ -543,9 +543,10 @@ int kvl_translator_bf16_products(const kvl_translator *tr, const kvl_model *targ
     return tr && target && bf16_products_on(tr, kvl_model_backend(target));
 }
 
-kvl_status kvl_translator_apply(const kvl_translator *tr, const float *k_src, const float *v_src,
-                                int t0, int n, const int32_t *ids, kvl_cache *dst) {
-    if (!tr || !dst || n < 0 || (n > 0 && (!k_src || !v_src)))
+/* The arguments of an apply against the translator and the target cache (rows: both source
+ * arrays given). */
+static kvl_status apply_check(const kvl_translator *tr, int rows, int t0, int n, const kvl_cache *dst) {
+    if (!tr || !dst || n < 0 || (n > 0 && !rows))
         return kvl__errorf(KVL_ERR_INVALID_ARG, "translator apply: bad arguments (n=%d)", n);
     const kvl_model_config *c = kvl_cache_config(dst);
     if (c->n_layers != tr->dst_layers || c->n_kv_heads != tr->dst_kv_heads ||
@@ -560,7 +561,13 @@ kvl_status kvl_translator_apply(const kvl_translator *tr, const float *k_src, co
     if (t0 + n > kvl_cache_capacity(dst))
         return kvl__errorf(KVL_ERR_RANGE, "translator apply: %d tokens exceed the target cache's capacity %d",
                           t0 + n, kvl_cache_capacity(dst));
-    if (n == 0) return KVL_OK;
+    return KVL_OK;
+}
+
+kvl_status kvl_translator_apply(const kvl_translator *tr, const float *k_src, const float *v_src,
+                                int t0, int n, const int32_t *ids, kvl_cache *dst) {
+    kvl_status s0 = apply_check(tr, k_src && v_src, t0, n, dst);
+    if (s0 != KVL_OK || n == 0) return s0;
     if (tr->taps == 1) return apply_view(tr, k_src, v_src, n, ids, dst);
     /* gather each target layer's taps: [Lt][n][T*Hs*Ds] per side */
     const size_t per = (size_t)n * kvl__tr_din(tr);
@@ -578,6 +585,45 @@ kvl_status kvl_translator_apply(const kvl_translator *tr, const float *k_src, co
     }
     free(gk);
     free(gv);
+    return s;
+}
+
+kvl_status kvl_translator_apply_bf16(const kvl_translator *tr, const uint16_t *k_src16,
+                                     const uint16_t *v_src16, int t0, int n, const int32_t *ids,
+                                     kvl_cache *dst) {
+    kvl_status s = apply_check(tr, k_src16 && v_src16, t0, n, dst);
+    if (s != KVL_OK || n == 0) return s;
+    const kvl_backend_ops *ops;
+    void *bm;
+    kvl__cache_backend(dst, &ops, &bm);
+    if (tr->taps == 1 && ops == kvl_backend_cpu() && bf16_products_on(tr, ops)) {
+        /* the rows as they are: the products round them to bf16 anyway */
+        kvl_translator *mt = (kvl_translator *)tr;   /* only its prepared forms change */
+        const uint16_t *wP = NULL;
+        const float *wT = transposed_maps(mt, 1, &wP);
+        if (wP) {
+            const kvl_model_config *c = kvl_cache_config(dst);
+            const size_t half = (size_t)tr->dst_layers * kvl__tr_din(tr) * kvl__tr_dt(tr);
+            kvl_kv_maps maps;
+            maps_view(tr, &maps);
+            maps.wkT = wT;
+            maps.wvT = wT + half;
+            maps.wkP = wP;
+            maps.wvP = wP + half;
+            kvl_translate_params p = {&maps, tr->dst_qk_norm ? tr->k_norm : NULL, tr->k_norm_eps, c->rope};
+            s = kvl__cache_translate_bf16(dst, &p, k_src16, v_src16, n, ids);
+            if (s != KVL_ERR_UNSUPPORTED) return s;
+            kvl_clear_error();
+        }
+    }
+    /* float32 products (or several taps, or a device): the rows widened, exactly */
+    const size_t nf = (size_t)tr->src_layers * n * kvl__tr_ds(tr);
+    float *w = malloc(2 * nf * sizeof(float));
+    if (!w) return kvl__errorf(KVL_ERR_NOMEM, "translator apply: out of memory widening %d bf16 tokens", n);
+    kvl__bf16_widen_n(w, k_src16, nf);
+    kvl__bf16_widen_n(w + nf, v_src16, nf);
+    s = kvl_translator_apply(tr, w, w + nf, t0, n, ids, dst);
+    free(w);
     return s;
 }
 

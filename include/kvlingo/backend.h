@@ -147,6 +147,14 @@ typedef struct kvl_backend_ops {
      * (kvl_kv_maps.wkP) in bf16, for a target of head_dim D, dt = Ht*D output and din input
      * features per token; the source rows are then rounded to bf16 first. */
     int (*translate_bf16_products)(int D, int dt, int din);
+    /* Optional (NULL: none): translate_apply from source rows already in bf16 (k_src16, v_src16
+     * [Ls][n][Hs*Ds] uint16_t, a bf16 span as it came off the wire), multiplied by the maps' bf16
+     * pairs with no float32 copy of the rows: the bytes translate_apply writes for the same
+     * rows widened, since it rounds them to bf16 first.  KVL_ERR_UNSUPPORTED, with the cache
+     * unchanged, where this translation does not take bf16 products (the caller widens the
+     * rows and calls translate_apply). */
+    kvl_status (*translate_apply_bf16)(void *prepared, const uint16_t *k_src16,
+                                       const uint16_t *v_src16, int t0, int n, void *cache);
 } kvl_backend_ops;
 
 /* The CPU backend (always built). */

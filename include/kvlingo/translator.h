@@ -74,6 +74,17 @@ const char *kvl_translator_metadata(const kvl_translator *tr, const char *key);
 kvl_status kvl_translator_apply(const kvl_translator *tr, const float *k_src, const float *v_src,
                                 int t0, int n, const int32_t *ids, kvl_cache *dst);
 
+/* kvl_translator_apply from bf16 source rows: k_src16, v_src16 [Ls][n][Hs*Ds] uint16_t (bf16 bit
+ * patterns, as a span sent as bf16 carries them), otherwise as kvl_translator_apply.  Where the
+ * apply takes bf16 products (kvl_translator_bf16_products) the rows are multiplied as they are,
+ * with no float32 copy (the products round float32 rows to bf16 first, so the cache gets the
+ * same bytes as from the rows widened); elsewhere they are widened (exactly) into a temporary
+ * copy of 2 * Ls * n * Hs*Ds floats and applied.  Atomic: on error dst is unchanged.  Errors as
+ * kvl_translator_apply. */
+kvl_status kvl_translator_apply_bf16(const kvl_translator *tr, const uint16_t *k_src16,
+                                     const uint16_t *v_src16, int t0, int n, const int32_t *ids,
+                                     kvl_cache *dst);
+
 /* The maps' products on the CPU: on (the default), a CPU with AVX512_BF16 multiplies in bf16 (the
  * maps and the source rows rounded to bf16, nearest even; products exact, sums in float32 in
  * pairs; half the multiply instructions: a 2048-token span qwen3-a -> qwen3-b 3.2-3.4 against

@@ -765,6 +765,7 @@ static const kvl_backend_ops cpu_ops = {
     .translate_release = kvl__cpu_translate_release,
     .translate_apply = kvl__cpu_translate_apply,
     .translate_bf16_products = kvl__translate_bf16_usable,
+    .translate_apply_bf16 = kvl__cpu_translate_apply_bf16,
 };
 
 const kvl_backend_ops *kvl_backend_cpu(void) { return &cpu_ops; }

@@ -42,5 +42,7 @@ kvl_status kvl__cpu_translate_prepare(void *model, const kvl_translate_params *p
 void kvl__cpu_translate_release(void *prepared);
 kvl_status kvl__cpu_translate_apply(void *prepared, const float *k_src, const float *v_src, int t0,
                                     int n, void *cache);
+kvl_status kvl__cpu_translate_apply_bf16(void *prepared, const uint16_t *k_src16,
+                                         const uint16_t *v_src16, int t0, int n, void *cache);
 
 #endif

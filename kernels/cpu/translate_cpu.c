@@ -4,8 +4,9 @@
  * target model's pool when it is free.  On AVX-512 CPUs spans of KVL_TR_FUSED_MIN_TOKENS or more
  * take the fused rows instead (translate_avx512.h: products, k_norm and RoPE in registers, items
  * of (layer, 64 tokens) claimed by whichever thread is free; with bf16 pairs of the maps given
- * and AVX512_BF16, bf16 products: each item's source rows rounded to bf16 first); the sgemm path
- * is the portable form and the reference (KVL_CPU_TRANSLATE=portable forces it). */
+ * and AVX512_BF16, bf16 products: each item's source rows rounded to bf16 first, or read in place
+ * when they come as bf16, kvl__cpu_translate_apply_bf16); the sgemm path is the portable form and
+ * the reference (KVL_CPU_TRANSLATE=portable forces it). */
 #include <cblas.h>
 #include <math.h>
 #include <pthread.h>
@@ -205,6 +206,8 @@ typedef struct fused_job {
     atomic_int next;              /* the next unclaimed item */
     float *wT;                    /* [parts][2][ds * dt]: each part's transposed W_K, W_V */
     uint16_t *x16;                /* bf16 products: [parts][2][KVL_TR_CHUNK * ds], else NULL */
+    const uint16_t *k16, *v16;    /* bf16 products from bf16 source rows [Ls][n][ds] (the
+                                   * caller's, read in place; k_src / v_src then NULL), else NULL */
     const float *rcos, *rsin;     /* [n, D/2]: the span's rows of the model's tables, or rtab's */
     float *rtab;                  /* [2][n, D/2] working memory for the tables when made here */
     int *pos;                     /* [n] */
@@ -228,14 +231,14 @@ static void fused_rows_part(void *pj, int part, int n_parts) {
     const int ds = mp->src_kv_heads * mp->src_head_dim;
     const size_t wsz = (size_t)dt * ds;
     /* the maps' transposes: the caller's when given, else this part's scratch, made per layer */
-    float *own = mp->wkT || j->x16 ? NULL : j->wT + (size_t)part * 2 * wsz;
+    float *own = mp->wkT || j->x16 || j->k16 ? NULL : j->wT + (size_t)part * 2 * wsz;
     const float *wkT = own, *wvT = own ? own + wsz : NULL;
     const int n_items = mp->dst_layers * j->n_chunks;
     int have = -1;   /* the layer whose maps wkT / wvT hold */
     for (int i; (i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < n_items;) {
         const int l = i / j->n_chunks, a = (i % j->n_chunks) * KVL_TR_CHUNK;
         const int b = a + KVL_TR_CHUNK < j->n ? a + KVL_TR_CHUNK : j->n;
-        if (l != have && !j->x16) {
+        if (l != have && !j->x16 && !j->k16) {
             if (own) {
                 kvl__translate_transpose(own, mp->wk + (size_t)l * wsz, dt, ds);
                 kvl__translate_transpose(own + wsz, mp->wv + (size_t)l * wsz, dt, ds);
@@ -247,11 +250,19 @@ static void fused_rows_part(void *pj, int part, int n_parts) {
         }
         const size_t so = (size_t)mp->layer_map[l] * j->n * ds;
         const float *kn = j->p->k_norm ? j->p->k_norm + (size_t)l * D : NULL;
-        if (j->x16) {   /* the item's source rows rounded to bf16, then the bf16 products */
+        if (j->x16 || j->k16) {   /* the item's source rows in bf16 (rounded here, or given), the bf16 products */
             const int half = D / 2;
-            uint16_t *xk = j->x16 + (size_t)part * 2 * KVL_TR_CHUNK * ds, *xv = xk + (size_t)KVL_TR_CHUNK * ds;
-            kvl__bf16_round_n(xk, j->k_src + so + (size_t)a * ds, (size_t)(b - a) * ds);
-            kvl__bf16_round_n(xv, j->v_src + so + (size_t)a * ds, (size_t)(b - a) * ds);
+            const uint16_t *xk, *xv;
+            if (j->k16) {
+                xk = j->k16 + so + (size_t)a * ds;
+                xv = j->v16 + so + (size_t)a * ds;
+            } else {
+                uint16_t *rk = j->x16 + (size_t)part * 2 * KVL_TR_CHUNK * ds, *rv = rk + (size_t)KVL_TR_CHUNK * ds;
+                kvl__bf16_round_n(rk, j->k_src + so + (size_t)a * ds, (size_t)(b - a) * ds);
+                kvl__bf16_round_n(rv, j->v_src + so + (size_t)a * ds, (size_t)(b - a) * ds);
+                xk = rk;
+                xv = rv;
+            }
             kvl__translate_rows_avx512_bf16(j->c, l, j->t0 + a, xk, xv, ds, mp->wkP + (size_t)l * wsz,
                                             mp->wvP + (size_t)l * wsz, dt, D, kn, j->p->k_norm_eps,
                                             j->rcos + (size_t)a * half, j->rsin + (size_t)a * half, 0, b - a);
@@ -262,9 +273,12 @@ static void fused_rows_part(void *pj, int part, int n_parts) {
     }
 }
 
-/* The fused rows over the pool when it is free (parts > 1, ex held), else on the caller. */
+/* The fused rows over the pool when it is free (parts > 1, ex held), else on the caller; from
+ * float32 source rows (k_src, v_src), or from bf16 ones (k16, v16: the caller has checked that
+ * this translation takes bf16 products, fused_bf16_ready). */
 static kvl_status fused_apply(const cpu_translate *tr, const float *k_src, const float *v_src,
-                              int t0, int n, kvl__kv_blocks *c) {
+                              const uint16_t *k16, const uint16_t *v16, int t0, int n,
+                              kvl__kv_blocks *c) {
     const kvl_translate_params *p = &tr->p;
     const kvl_kv_maps *mp = p->maps;
     const int D = mp->dst_head_dim, dt = mp->dst_kv_heads * D;
@@ -274,10 +288,11 @@ static kvl_status fused_apply(const cpu_translate *tr, const float *k_src, const
     const int parts = macs >= 1048576.0 ? exec_take(tr->m, &ex) : 1;
     /* working memory: the parts' transposed maps (none when given), RoPE cos/sin [n, D/2],
      * positions [n] */
-    const int bf = mp->wkP && mp->wvP && kvl__translate_bf16_usable(D, dt, ds);
+    const int bf = k16 || (mp->wkP && mp->wvP && kvl__translate_bf16_usable(D, dt, ds));
     const size_t wts = mp->wkT || bf ? 0 : (size_t)parts * 2 * dt * ds, tab = (size_t)n * (D / 2);
-    /* bf16 products: each part's item of source rows in bf16 (in floats' room, rounded up) */
-    const size_t x16 = bf ? ((size_t)parts * 2 * KVL_TR_CHUNK * ds + 1) / 2 : 0;
+    /* bf16 products from float32 rows: each part's item of source rows in bf16 (in floats'
+     * room, rounded up) */
+    const size_t x16 = bf && !k16 ? ((size_t)parts * 2 * KVL_TR_CHUNK * ds + 1) / 2 : 0;
     const size_t need = wts + 2 * tab + (size_t)n + x16;
     float *buf = work_memory(&ex, parts, c, need);
     if (!buf) return kvl__errorf(KVL_ERR_NOMEM, "out of memory translating %d tokens", n);
@@ -285,7 +300,7 @@ static kvl_status fused_apply(const cpu_translate *tr, const float *k_src, const
                    .n_chunks = (n + KVL_TR_CHUNK - 1) / KVL_TR_CHUNK, .wT = buf,
                    .rcos = buf + wts, .rsin = buf + wts + tab, .rtab = buf + wts,
                    .pos = (int *)(buf + wts + 2 * tab),
-                   .x16 = bf ? (uint16_t *)(buf + wts + 2 * tab + n) : NULL};
+                   .x16 = x16 ? (uint16_t *)(buf + wts + 2 * tab + n) : NULL, .k16 = k16, .v16 = v16};
     atomic_init(&j.next, 0);
     for (int i = 0; i < n; i++) j.pos[i] = t0 + i;
     /* the model's tables when they reach the span's end (the same rows), else made here */
@@ -324,7 +339,7 @@ kvl_status kvl__cpu_translate_apply(void *pp, const float *k_src, const float *v
     if (s != KVL_OK) return s;
     if ((mp->wkT || n >= KVL_TR_FUSED_MIN_TOKENS) && kvl__translate_avx512_usable(D, dt) &&
         (size_t)dt == c->row && !(c->bf16 && D > KVL__ATT_BF16_MAX_D))
-        return fused_apply(tr, k_src, v_src, t0, n, c);
+        return fused_apply(tr, k_src, v_src, NULL, NULL, t0, n, c);
     /* The pool when it is free and the span worth a hand-off (~1M multiply-adds): concurrent
      * imports into one model, or one beside its forward, run on their callers' threads. */
     const double macs = 2.0 * n * (double)ds * dt * Lt;
@@ -373,3 +388,24 @@ kvl_status kvl__cpu_translate_apply(void *pp, const float *k_src, const float *v
     return KVL_OK;
 }
 
+/* Whether translate-apply into c takes the fused rows' bf16 products (the conditions under which
+ * kvl__cpu_translate_apply does, with the maps' bf16 pairs given). */
+static int fused_bf16_ready(const kvl_kv_maps *mp, const kvl__kv_blocks *c) {
+    const int D = mp->dst_head_dim, dt = mp->dst_kv_heads * D, ds = mp->src_kv_heads * mp->src_head_dim;
+    return mp->wkP && mp->wvP && kvl__translate_avx512_usable(D, dt) &&
+           kvl__translate_bf16_usable(D, dt, ds) && (size_t)dt == c->row && !(c->bf16 && D > KVL__ATT_BF16_MAX_D);
+}
+
+kvl_status kvl__cpu_translate_apply_bf16(void *pp, const uint16_t *k_src16, const uint16_t *v_src16,
+                                         int t0, int n, void *pc) {
+    const cpu_translate *tr = pp;
+    const kvl_kv_maps *mp = tr->p.maps;
+    kvl__kv_blocks *c = pc;
+    if (n == 0) return KVL_OK;
+    if (mp->dst_layers != c->cfg.n_layers || mp->dst_head_dim != c->cfg.head_dim || !fused_bf16_ready(mp, c))
+        return kvl__errorf(KVL_ERR_UNSUPPORTED, "translate: bf16 source rows need the bf16 products "
+                           "(AVX512_BF16, the maps' bf16 pairs, this geometry)");
+    kvl_status s = kvl__kv_blocks_reserve(c, t0 + n);
+    if (s != KVL_OK) return s;
+    return fused_apply(tr, NULL, NULL, k_src16, v_src16, t0, n, c);
+}

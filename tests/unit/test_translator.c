@@ -451,6 +451,57 @@ static void test_taps(void **state) {
 /* x rounded to bf16 (nearest even) when `on` */
 static float rb16(float x, int on) { return on ? kvl_bf16_to_f32(kvl_f32_to_bf16(x)) : x; }
 
+/* A cache like form's of fused_case (0, 3: made from the geometry; 1: m2's; 2: m16's). */
+static kvl_cache *form_cache(int form, const kvl_model_config *cfg, kvl_model *m2, kvl_model *m16) {
+    kvl_cache *c = NULL;
+    if (form == 0 || form == 3) assert_int_equal(kvl_cache_create(cfg, NULL, &c), KVL_OK);
+    else assert_int_equal(kvl_model_cache_create(form == 1 ? m2 : m16, NULL, &c), KVL_OK);
+    return c;
+}
+
+/* kvl_translator_apply_bf16 of bf16 rows writes the bytes kvl_translator_apply writes for the
+ * same rows widened, span after span (offsets past 0, ragged lengths), on the bf16 products'
+ * direct path (form 3 on an AVX512_BF16 CPU) and on the widening one (the other forms); bad
+ * arguments leave the cache as it was. */
+static void bf16_rows_case(kvl_translator *tr, int form, const kvl_model_config *cfg, kvl_model *m2,
+                           kvl_model *m16, const float *ks, const float *vs, int Ls, int N, int ds,
+                           const int *pieces, int Lt, int dt, int qk) {
+    kvl_cache *cw = form_cache(form, cfg, m2, m16), *c16 = form_cache(form, cfg, m2, m16);
+    for (int i = 0, t0 = 0; i < 3; t0 += pieces[i++]) {
+        const int n = pieces[i];
+        const size_t m = (size_t)Ls * n * ds;
+        uint16_t *r16 = malloc(sizeof(uint16_t) * 2 * m);
+        float *w = malloc(sizeof(float) * 2 * m);
+        assert_non_null(r16); assert_non_null(w);
+        for (int l = 0; l < Ls; l++)
+            for (size_t j = 0; j < (size_t)n * ds; j++) {
+                const size_t o = (size_t)l * n * ds + j, at = ((size_t)l * N + t0) * ds + j;
+                r16[o] = kvl_f32_to_bf16(ks[at]);
+                r16[m + o] = kvl_f32_to_bf16(vs[at]);
+            }
+        for (size_t j = 0; j < 2 * m; j++) w[j] = kvl_bf16_to_f32(r16[j]);
+        assert_int_equal(kvl_translator_apply(tr, w, w + m, t0, n, NULL, cw), KVL_OK);
+        assert_int_equal(kvl_translator_apply_bf16(tr, NULL, r16 + m, t0, n, NULL, c16), KVL_ERR_INVALID_ARG);
+        assert_int_equal(kvl_translator_apply_bf16(tr, r16, r16 + m, t0 + 1, n, NULL, c16), KVL_ERR_RANGE);
+        assert_int_equal(kvl_cache_n_tokens(c16), t0);
+        assert_int_equal(kvl_translator_apply_bf16(tr, r16, r16 + m, t0, n, NULL, c16), KVL_OK);
+        free(r16); free(w);
+    }
+    float *a = malloc(sizeof(float) * 3 * N * dt), *b = malloc(sizeof(float) * 3 * N * dt);
+    assert_non_null(a); assert_non_null(b);
+    for (int l = 0; l < Lt; l++) {
+        assert_int_equal(kvl_cache_read_kv(cw, l, 0, N, a, a + (size_t)N * dt), KVL_OK);
+        assert_int_equal(kvl_cache_read_kv(c16, l, 0, N, b, b + (size_t)N * dt), KVL_OK);
+        if (qk) {
+            assert_int_equal(kvl_cache_read_prenorm(cw, l, 0, N, a + (size_t)2 * N * dt, NULL), KVL_OK);
+            assert_int_equal(kvl_cache_read_prenorm(c16, l, 0, N, b + (size_t)2 * N * dt, NULL), KVL_OK);
+        }
+        assert_memory_equal(a, b, sizeof(float) * (size_t)(qk ? 3 : 2) * N * dt);
+    }
+    free(a); free(b);
+    kvl_cache_free(cw); kvl_cache_free(c16);
+}
+
 /* Spans on the fused rows (AVX-512 CPUs, head_dim 32 / 64 / 128, translate_avx512.h; a
  * translator's spans of any length), appended to one cache: every plane of every token equals
  * the method computed by hand in double (k_t = RoPE(k_norm(W_K k_s)), v_t = W_V v_s), across
@@ -514,8 +565,8 @@ static void fused_case(fixture *f, const char *name, const char *arch, int H, in
         kvl_cache *cb = NULL;
         const int rb = form == 3 && bf_cpu;
         kvl_translator_set_bf16_products(tr, form == 3);
-        if (form == 0 || form == 3) assert_int_equal(kvl_cache_create(cfg, NULL, &cb), KVL_OK);
-        else assert_int_equal(kvl_model_cache_create(form == 1 ? m2 : m16, NULL, &cb), KVL_OK);
+        bf16_rows_case(tr, form, cfg, m2, m16, ks, vs, Ls, N, ds, pieces, Lt, dt, qk);
+        cb = form_cache(form, cfg, m2, m16);
         for (int i = 0, t0 = 0; i < 3; t0 += pieces[i++]) {
             /* the span's rows of every source layer, [Ls][n][ds] */
             const int n = pieces[i];

@@ -12,6 +12,13 @@
 kvl_status kvl__cache_translate(kvl_cache *dst, const kvl_translate_params *p, const float *k_src,
                                 const float *v_src, int n, const int32_t *ids);
 
+/* The same from bf16 source rows (k_src16, v_src16 [Ls][n][Hs*Ds] uint16_t), on a backend that
+ * takes them (kvl_backend_ops.translate_apply_bf16); KVL_ERR_UNSUPPORTED, dst unchanged, where
+ * it does not or this translation takes float32 products (the caller widens the rows). */
+kvl_status kvl__cache_translate_bf16(kvl_cache *dst, const kvl_translate_params *p,
+                                     const uint16_t *k_src16, const uint16_t *v_src16, int n,
+                                     const int32_t *ids);
+
 /* The backend a cache lives on and the backend model it serves (NULL for CPU caches made
  * from a geometry), to prepare a translation once for that target (ops->translate_prepare). */
 void kvl__cache_backend(const kvl_cache *c, const kvl_backend_ops **ops, void **bm);
