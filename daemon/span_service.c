@@ -30,6 +30,10 @@ static kvl_status read_cache_prenorm(const void *cache, int layer, int t0, int t
     return kvl_cache_read_prenorm(cache, layer, t0, t1, k, v);
 }
 
+static kvl_status read_cache_prenorm_bf16(const void *cache, int t0, int t1, uint16_t *k, uint16_t *v) {
+    return kvl_cache_read_prenorm_bf16(cache, t0, t1, k, v);
+}
+
 static void set_flag(void *arg) { *(volatile int *)arg = 1; }
 
 /* ---- import (node B) --------------------------------------------------------------------------- */
@@ -554,7 +558,8 @@ void kvld_rpc_export_span(kvl__rpc_call *call, const uint8_t *req, size_t len, v
                             (uint32_t)mc->head_dim, (uint32_t)kvl_cache_n_tokens(s->cache),
                             kvl_cache_tokens(s->cache), read_cache_prenorm, s->cache,
                             n->spanbufs, bf16,
-                            in->push_tag && in->push_trailer ? KVL_SPAN_TRAILER_MAX : 0};
+                            in->push_tag && in->push_trailer ? KVL_SPAN_TRAILER_MAX : 0,
+                            read_cache_prenorm_bf16};
     st = kvl__span_encode(&src, in->from, to, pm.name, pm.hash, &ids, &h, &payload, &plen);
     if (st != KVL_OK) FAIL(kvl__rpc_status_from_kvl(st), "%s", kvl_last_error());
     double encode_s = kvl__now_s() - t_start;

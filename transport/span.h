@@ -88,6 +88,8 @@ kvl_status kvl__span_payload_check(const Kvlingo__V1__SpanHeader *h, const uint8
  * the node's cache).  The codec reads nothing else of the source. */
 typedef kvl_status (*kvl__span_read_fn)(const void *ctx, int layer, int t0, int t1, float *k_out,
                                         float *v_out);
+typedef kvl_status (*kvl__span_read_bf16_fn)(const void *ctx, int t0, int t1, uint16_t *k_out,
+                                             uint16_t *v_out);
 typedef struct kvl__span_source {
     const char *model_name, *model_hash;
     uint32_t n_layers, n_kv_heads, head_dim;    /* Ls, Hs, Ds                            */
@@ -100,6 +102,9 @@ typedef struct kvl__span_source {
     int bf16;                                   /* send K/V as bf16 (rounded to nearest even) */
     uint32_t trailer_room;                      /* bytes kept free after the payload in its */
                                                 /*   buffer (kvl__span_trailer_write); 0 none */
+    kvl__span_read_bf16_fn read_prenorm_bf16;   /* bf16: every layer's tokens [t0, t1) at once */
+                                                /*   into [Ls][t1-t0][Hs*Ds] each (optional: */
+                                                /*   read_prenorm a chunk at a time otherwise) */
 } kvl__span_source;
 
 /* Build the payload of tokens [t0, t1) of `src`, and fill `h` (the caller's header,

@@ -128,6 +128,12 @@ typedef struct kvl_backend_ops {
      * key rotated back by the inverse RoPE. */
     kvl_status (*cache_export_prenorm)(const void *cache, int layer, int t0, int t1,
                                        float *k_out, float *v_out);
+    /* Optional (NULL: the caller reads float32 layer by layer and rounds): the same export of
+     * every layer at once, rounded to bf16 (nearest even; a bf16 cache's elements as stored):
+     * k_out, v_out [L][t1-t0][Hkv*D] uint16_t, host.  `model` is the backend model the cache
+     * serves (NULL for a cache made from a geometry), whose threads may share the work. */
+    kvl_status (*cache_export_prenorm_bf16)(void *model, const void *cache, int t0, int t1,
+                                            uint16_t *k_out, uint16_t *v_out);
 
     /* Forward over a batch (kvlingo/model.h kvl_model_forward): append every sequence's new
      * K/V to its cache and write the logits asked for.  Calls on one model are serialised by

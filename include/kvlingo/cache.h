@@ -72,6 +72,15 @@ kvl_status kvl_cache_read_kv(const kvl_cache *cache, int layer, int t0, int t1, 
 kvl_status kvl_cache_read_prenorm(const kvl_cache *cache, int layer, int t0, int t1,
                                   float *k_out, float *v_out);
 
+/* Every layer's pre-normalisation keys and values of tokens [t0, t1) (as kvl_cache_read_prenorm
+ * gives them) rounded to bf16, nearest even: k_out, v_out [n_layers][t1-t0][Hkv*D] uint16_t
+ * (caller-owned), the layout of a span sent as bf16.  On the CPU one pass over the blocks, split
+ * over the cache's model's threads when they are free (kvld's export of 2048 tokens of qwen3-a,
+ * read, rounded and hashed: 0.37 against 0.57 ms read layer by layer and rounded, on 2 cores).
+ * Errors: KVL_ERR_RANGE (range), KVL_ERR_INVALID_ARG (NULL buffer), KVL_ERR_NOMEM. */
+kvl_status kvl_cache_read_prenorm_bf16(const kvl_cache *cache, int t0, int t1, uint16_t *k_out,
+                                       uint16_t *v_out);
+
 /* Append tokens [n_tokens, n_tokens + n) given their per-layer entries:
  * k_post, v: [L][n][Hkv*D] (post-norm post-RoPE keys at their absolute positions, values);
  * k_pre: [L][n][Hkv*D] pre-norm keys, required when the model has k_norm, ignored otherwise;

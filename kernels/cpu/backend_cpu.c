@@ -760,6 +760,7 @@ static const kvl_backend_ops cpu_ops = {
     .cache_write = kvl__cpu_cache_write,
     .cache_read = kvl__cpu_cache_read,
     .cache_export_prenorm = kvl__cpu_cache_export_prenorm,
+    .cache_export_prenorm_bf16 = kvl__cpu_cache_export_prenorm_bf16,
     .forward = cpu_forward,
     .translate_prepare = kvl__cpu_translate_prepare,
     .translate_release = kvl__cpu_translate_release,

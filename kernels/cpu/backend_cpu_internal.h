@@ -37,6 +37,9 @@ kvl_status kvl__cpu_cache_read(const void *pc, int layer, kvl_cache_plane plane,
 kvl_status kvl__cpu_cache_export_prenorm(const void *pc, int layer, int t0, int t1, float *k_out,
                                          float *v_out);
 
+kvl_status kvl__cpu_cache_export_prenorm_bf16(void *model, const void *cache, int t0, int t1,
+                                              uint16_t *k_out, uint16_t *v_out);
+
 /* The table's translate-apply entries (translate_cpu.c; kvlingo/backend.h). */
 kvl_status kvl__cpu_translate_prepare(void *model, const kvl_translate_params *params, void **out);
 void kvl__cpu_translate_release(void *prepared);

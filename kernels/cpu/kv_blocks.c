@@ -133,6 +133,18 @@ void kvl__kv_blocks_gather(const kvl__kv_blocks *c, int layer, int plane, int t0
     }
 }
 
+void kvl__kv_blocks_gather_bf16(const kvl__kv_blocks *c, int layer, int plane, int t0, int t1,
+                                uint16_t *dst) {
+    for (int t = t0; t < t1;) {
+        int n = c->block_tokens - t % c->block_tokens;
+        if (n > t1 - t) n = t1 - t;
+        uint16_t *d = dst + (size_t)(t - t0) * c->row;
+        if (c->bf16) memcpy(d, kvl__kv_blocks_slot(c, layer, plane, t), sizeof(uint16_t) * c->row * (size_t)n);
+        else kvl__bf16_round_n(d, kvl__kv_blocks_slot(c, layer, plane, t), c->row * (size_t)n);
+        t += n;
+    }
+}
+
 void kvl__kv_blocks_scatter(kvl__kv_blocks *c, int layer, int plane, int t0, int t1,
                             const float *src) {
     for (int t = t0; t < t1;) {

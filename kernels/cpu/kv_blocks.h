@@ -82,5 +82,9 @@ void kvl__kv_blocks_gather(const kvl__kv_blocks *c, int layer, int plane, int t0
                            float *dst);
 void kvl__kv_blocks_scatter(kvl__kv_blocks *c, int layer, int plane, int t0, int t1,
                             const float *src);
+/* Rows [t0, t1) of (layer, plane) as bf16 into a contiguous [t1-t0, row] buffer: rounded to
+ * nearest even from a float32 cache, copied from a bf16 one. */
+void kvl__kv_blocks_gather_bf16(const kvl__kv_blocks *c, int layer, int plane, int t0, int t1,
+                                uint16_t *dst);
 
 #endif

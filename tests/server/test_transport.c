@@ -489,6 +489,20 @@ static void test_span_codec_bf16(void **state) {
     }
     free(k);
     free(vv);
+    /* the source's all-layers bf16 reader (kvld's) encodes the same bytes */
+    {
+        kvl__span_source s2 = src;
+        s2.read_prenorm_bf16 = test_read_prenorm_bf16;
+        Kvlingo__V1__SpanHeader h2 = KVLINGO__V1__SPAN_HEADER__INIT;
+        kvl__span_ids ids2;
+        uint8_t *p2;
+        size_t len2;
+        assert_int_equal(kvl__span_encode(&s2, 5, 20, "qwen3-b", "", &ids2, &h2, &p2, &len2), KVL_OK);
+        assert_int_equal(len2, len);
+        assert_memory_equal(p2, p, len);
+        assert_int_equal(h2.checksum, h.checksum);
+        free(p2);
+    }
     /* NaN and infinity in bf16, first in K then in V */
     uint16_t *e = (uint16_t *)(void *)p;
     const size_t at[] = {3, nf + 9, 2 * nf - 1};   /* the last one past the 4096-element blocks */
@@ -571,7 +585,7 @@ static void test_span_vector_paths(void **state) {
     enum { N = 300 };   /* 2 x 2 x 300 x 20 = 24000 elements: 5 whole blocks and a tail */
     int32_t ids[N];
     for (int i = 0; i < N; i++) ids[i] = (i * 7) % 100;
-    kvl__span_source src = {"vp", "", VP_LAYERS, 1, VP_ROW, N, ids, vpath_read, NULL, NULL, 1, 0};
+    kvl__span_source src = {"vp", "", VP_LAYERS, 1, VP_ROW, N, ids, vpath_read, NULL, NULL, 1, 0, NULL};
     Kvlingo__V1__SpanHeader h = KVLINGO__V1__SPAN_HEADER__INIT;
     kvl__span_ids sid;
     uint8_t *p;

@@ -12,6 +12,7 @@
 
 #include "kvlingo/cache.h"
 #include "kvlingo/model.h"
+#include "kvlingo/safetensors.h"
 #include "kvlingo/sampling.h"
 #include "testutil.h"
 
@@ -319,6 +320,61 @@ static void test_kv_bf16(void **st) {
     assert_non_null(strstr(kvl_last_error(), "f16"));
 }
 
+/* kvl_cache_read_prenorm_bf16: every layer's pre-norm K/V at once, equal bit for bit to the
+ * float32 read of each layer rounded to nearest even, for a model with k_norm (the Kpre plane)
+ * and two without (keys rotated back), float32 and bf16 caches, on a 2-thread model's pool and
+ * on a cache made from the geometry alone, over ranges across chunks and blocks; bad
+ * arguments are refused. */
+static void test_prenorm_bf16(void **st) {
+    (void)st;
+    const char *names[] = {"qwen3-b", "qwen2-c", "llama3-d"};
+    for (int mi = 0; mi < 3; mi++)
+        for (int form = 0; form < 3; form++) {   /* model f32, model bf16, geometry only (f32) */
+            char dir[4096];
+            snprintf(dir, sizeof dir, "%s/models/%s", KVL_SOURCE_DIR, names[mi]);
+            kvl_model_params mp = kvl_model_default_params();
+            mp.n_threads = 2;
+            mp.kv_dtype = form == 1 ? KVL_KV_BF16 : KVL_KV_F32;
+            kvl_model *m;
+            assert_int_equal(kvl_model_load(dir, &mp, &m), KVL_OK);
+            const kvl_model_config *c = kvl_model_config_get(m);
+            const int N = 300, L = c->n_layers, KD = c->n_kv_heads * c->head_dim;
+            kvl_cache_params cp = kvl_cache_default_params();
+            cp.max_tokens = 320;
+            kvl_cache *kc;
+            if (form == 2) assert_int_equal(kvl_cache_create(c, &cp, &kc), KVL_OK);
+            else assert_int_equal(kvl_model_cache_create(m, &cp, &kc), KVL_OK);
+            int32_t toks[300];
+            for (int i = 0; i < N; i++) toks[i] = (i * 131 + 17) % c->vocab_size;
+            assert_int_equal(kvl_model_prefill(m, kc, toks, N, KVL_LOGITS_NONE, NULL), KVL_OK);
+            const int ranges[3][2] = {{0, 300}, {37, 251}, {299, 300}};
+            uint16_t *k16 = malloc(sizeof(uint16_t) * L * N * KD), *v16 = malloc(sizeof(uint16_t) * L * N * KD);
+            float *k = malloc(sizeof(float) * N * KD), *v = malloc(sizeof(float) * N * KD);
+            assert_non_null(k16); assert_non_null(v16); assert_non_null(k); assert_non_null(v);
+            for (int r = 0; r < 3; r++) {
+                const int t0 = ranges[r][0], t1 = ranges[r][1], n = t1 - t0;
+                assert_int_equal(kvl_cache_read_prenorm_bf16(kc, t0, t1, k16, v16), KVL_OK);
+                for (int l = 0; l < L; l++) {
+                    assert_int_equal(kvl_cache_read_prenorm(kc, l, t0, t1, k, v), KVL_OK);
+                    for (int i = 0; i < n * KD; i++) {
+                        const size_t at = (size_t)l * n * KD + i;
+                        if (k16[at] != kvl_f32_to_bf16(k[i]) || v16[at] != kvl_f32_to_bf16(v[i]))
+                            fail_msg("%s form %d [%d, %d) layer %d element %d: %04x %04x, want %04x %04x",
+                                     names[mi], form, t0, t1, l, i, k16[at], v16[at], kvl_f32_to_bf16(k[i]),
+                                     kvl_f32_to_bf16(v[i]));
+                    }
+                }
+            }
+            assert_int_equal(kvl_cache_read_prenorm_bf16(kc, 5, 5, NULL, NULL), KVL_OK);
+            assert_int_equal(kvl_cache_read_prenorm_bf16(kc, 0, N, k16, NULL), KVL_ERR_INVALID_ARG);
+            assert_int_equal(kvl_cache_read_prenorm_bf16(kc, 0, N + 1, k16, v16), KVL_ERR_RANGE);
+            assert_int_equal(kvl_cache_read_prenorm_bf16(kc, 10, 9, k16, v16), KVL_ERR_RANGE);
+            free(k16); free(v16); free(k); free(v);
+            kvl_cache_free(kc);
+            kvl_model_free(m);
+        }
+}
+
 static void test_sampling(void **st) {
     (void)st;
     float logits[6] = {1.0f, 3.0f, 3.0f, -2.0f, 0.5f, 2.9f};
@@ -426,6 +482,7 @@ int main(void) {
         cmocka_unit_test(test_chunk_tail_rows),
         cmocka_unit_test(test_block_tokens_edges),
         cmocka_unit_test(test_kv_bf16),
+        cmocka_unit_test(test_prenorm_bf16),
         cmocka_unit_test(test_sampling),
         cmocka_unit_test(test_logprob),
     };
