@@ -12,11 +12,14 @@
  *   switch TTFT:     translate + forward, timed as one;
  *   ratio:           re-prefill TTFT / switch TTFT;
  *   translate GB/s:  bytes the translation reads and writes / translate time, against the
- *                    measured copy bandwidth (cudaMemcpy device to device, or host memcpy).
+ *                    measured copy bandwidth (cudaMemcpy device to device, or host memcpy); on
+ *                    the CPU counted in float32 (source span, maps, target rows), so where the
+ *                    products are bf16 (the span read as bf16, half its bytes) it can pass 100%.
  * --source / --target take a model directory or a SHAPE name (kvlingo/shapes.h: random weights
  * of a published geometry); the maps are random of the right shape (kvlingo/kv_maps.h), applied
- * on the CPU by the translator kvld uses (kvl_translator_translate_span), on a GPU by the CUDA
- * backend's. */
+ * on the CPU by the translator kvld uses (kvl_translator_translate_span: the export a node makes
+ * and the apply of its peer, into caches of the models as a node's sessions have), on a GPU by
+ * the CUDA backend's. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,7 +100,9 @@ static kvl_status bcache_open(bmodel *b, int cap, bcache *c) {
     if (b->cuda) return kvl_cuda_cache_create(b->dev, cap, &c->dev);
     kvl_cache_params p = kvl_cache_default_params();
     p.max_tokens = cap;
-    return kvl_cache_create(&b->cfg, &p, &c->host);
+    /* the model's cache, as a node's sessions have: its block pool, and its threads for the
+     * span's export and translation */
+    return kvl_model_cache_create(b->host, &p, &c->host);
 }
 
 static void bcache_close(bcache *c) {

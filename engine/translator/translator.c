@@ -705,6 +705,20 @@ kvl_status kvl_translator_translate_span(const kvl_translator *tr, const kvl_cac
     if (n == 0) return t0 == kvl_cache_n_tokens(dst) ? KVL_OK
                      : kvl__errorf(KVL_ERR_RANGE, "translate span: target holds %d tokens, span starts at %d",
                                   kvl_cache_n_tokens(dst), t0);
+    const kvl_backend_ops *ops;
+    void *bm;
+    kvl__cache_backend(dst, &ops, &bm);
+    if (tr->taps == 1 && bf16_products_on(tr, ops)) {
+        /* the products round the rows to bf16: read them so (as a node exports a span to a peer
+         * that multiplies in bf16), half the bytes, the same cache */
+        const size_t nf = (size_t)tr->src_layers * n * kvl__tr_ds(tr);
+        uint16_t *r16 = malloc(2 * nf * sizeof(uint16_t));
+        if (!r16) return kvl__errorf(KVL_ERR_NOMEM, "out of memory reading %d source tokens", n);
+        kvl_status s = kvl_cache_read_prenorm_bf16(src, t0, t1, r16, r16 + nf);
+        if (s == KVL_OK) s = kvl_translator_apply_bf16(tr, r16, r16 + nf, t0, n, kvl_cache_tokens(src) + t0, dst);
+        free(r16);
+        return s;
+    }
     float *k, *v;
     kvl_status s = read_span(src, tr->src_layers, (size_t)n * kvl__tr_ds(tr), t0, t1, &k, &v);
     if (s == KVL_OK) s = kvl_translator_apply(tr, k, v, t0, n, kvl_cache_tokens(src) + t0, dst);

@@ -101,7 +101,9 @@ void kvl_translator_set_bf16_products(kvl_translator *tr, int on);
 int kvl_translator_bf16_products(const kvl_translator *tr, const kvl_model *target);
 
 /* Convenience: read tokens [t0, t1) of `src` (pre-norm K/V) and kvl_translator_apply them to
- * `dst` (which must hold exactly t0 tokens). */
+ * `dst` (which must hold exactly t0 tokens); where the apply takes bf16 products, read as bf16
+ * (kvl_cache_read_prenorm_bf16) and kvl_translator_apply_bf16'd: the same cache, half the bytes
+ * read, as a node pulling the span from a peer does. */
 kvl_status kvl_translator_translate_span(const kvl_translator *tr, const kvl_cache *src, int t0,
                                          int t1, kvl_cache *dst);
 
