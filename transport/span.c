@@ -120,8 +120,8 @@ KVL_MULTIVERSION static size_t first_non_finite(const float *x, size_t n) {
 }
 
 /* The same over bf16 elements: an exponent of all ones (NaN or infinity) carries into bit 15.
- * (A lane-wise comparison here compiled to ~10x the time of the carry: 0.6 against 0.05 ms for a
- * 2 MB span.) */
+ * (A 16-bit lane comparison, which the AVX-512F copy, without AVX512BW, compiles slowly, made the
+ * payload check of a 2 MB span 0.70 ms; with the carry it is 0.09.) */
 KVL_MULTIVERSION static size_t first_non_finite_bf16(const uint16_t *x, size_t n) {
     const unsigned char *p = (const unsigned char *)(const void *)x;
     size_t b = 0;
