@@ -221,7 +221,8 @@ kvl_status kvl__span_encode(const kvl__span_source *src, uint32_t t0, uint32_t t
      * float32 a chunk of tokens at a time into a small buffer that stays in the L1/L2 caches,
      * then rounded into the payload (a whole layer's float32 first made the export of 2048
      * tokens of qwen3-a a third slower than sending float32) */
-    if (src->bf16 && src->read_prenorm_bf16) {
+    const int whole16 = src->bf16 && src->read_prenorm_bf16;
+    if (whole16) {
         kvl_status st = src->read_prenorm_bf16(src->ctx, (int)t0, (int)t1, (uint16_t *)(void *)buf,
                                                (uint16_t *)(void *)buf + nf);
         if (st != KVL_OK) {
@@ -231,11 +232,11 @@ kvl_status kvl__span_encode(const kvl__span_source *src, uint32_t t0, uint32_t t
     }
     const uint32_t chunk = 64;
     float *tmp = NULL;
-    if (src->bf16 && !src->read_prenorm_bf16 && !(tmp = malloc(2 * (size_t)chunk * row * sizeof(float)))) {
+    if (src->bf16 && !whole16 && !(tmp = malloc(2 * (size_t)chunk * row * sizeof(float)))) {
         kvl__spanbuf_give(src->bufs, buf);
         return kvl__errorf(KVL_ERR_NOMEM, "span: encode: %zu floats of %u tokens", 2 * (size_t)chunk * row, chunk);
     }
-    for (uint32_t l = 0; l < src->n_layers && !(src->bf16 && src->read_prenorm_bf16); l++) {
+    for (uint32_t l = 0; !whole16 && l < src->n_layers; l++) {
         for (uint32_t a = t0, b; a < t1; a = b) {   /* float32: the whole range at once */
             b = tmp && t1 - a > chunk ? a + chunk : t1;
             const size_t off = l * per_layer + (size_t)(a - t0) * row, m = (size_t)(b - a) * row;
