@@ -158,16 +158,24 @@ kvl_status kvl__cache_translate_prepared(kvl_cache *dst, void *prepared, const f
     return s;
 }
 
-kvl_status kvl__cache_translate(kvl_cache *dst, const kvl_translate_params *p, const float *k_src,
-                                const float *v_src, int n, const int32_t *ids) {
+/* Prepare, apply (float32 rows, or bf16 ones where k16 is given), release, commit. */
+static kvl_status translate_rows(kvl_cache *dst, const kvl_translate_params *p, const float *k_src,
+                                 const float *v_src, const uint16_t *k16, const uint16_t *v16, int n,
+                                 const int32_t *ids) {
     if (n == 0) return KVL_OK;
     void *prep = NULL;
     kvl_status s = dst->ops->translate_prepare(dst->bm, p, &prep);
     if (s != KVL_OK) return s;
-    s = dst->ops->translate_apply(prep, k_src, v_src, dst->n_tokens, n, dst->be);
+    s = k16 ? dst->ops->translate_apply_bf16(prep, k16, v16, dst->n_tokens, n, dst->be)
+            : dst->ops->translate_apply(prep, k_src, v_src, dst->n_tokens, n, dst->be);
     dst->ops->translate_release(prep);
     if (s == KVL_OK) kvl__cache_commit(dst, n, ids);
     return s;
+}
+
+kvl_status kvl__cache_translate(kvl_cache *dst, const kvl_translate_params *p, const float *k_src,
+                                const float *v_src, int n, const int32_t *ids) {
+    return translate_rows(dst, p, k_src, v_src, NULL, NULL, n, ids);
 }
 
 kvl_status kvl__cache_translate_bf16(kvl_cache *dst, const kvl_translate_params *p,
@@ -175,14 +183,7 @@ kvl_status kvl__cache_translate_bf16(kvl_cache *dst, const kvl_translate_params 
                                      const int32_t *ids) {
     if (!dst->ops->translate_apply_bf16)
         return kvl__errorf(KVL_ERR_UNSUPPORTED, "translate: this backend takes float32 source rows only");
-    if (n == 0) return KVL_OK;
-    void *prep = NULL;
-    kvl_status s = dst->ops->translate_prepare(dst->bm, p, &prep);
-    if (s != KVL_OK) return s;
-    s = dst->ops->translate_apply_bf16(prep, k_src16, v_src16, dst->n_tokens, n, dst->be);
-    dst->ops->translate_release(prep);
-    if (s == KVL_OK) kvl__cache_commit(dst, n, ids);
-    return s;
+    return translate_rows(dst, p, NULL, NULL, k_src16, v_src16, n, ids);
 }
 
 const kvl_model_config *kvl_cache_config(const kvl_cache *c) { return &c->cfg; }

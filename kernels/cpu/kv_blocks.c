@@ -121,38 +121,39 @@ void kvl__kv_blocks_truncate(kvl__kv_blocks *c, int n) {
     }
 }
 
+/* Tokens from t to the end of t's block or to t1, whichever comes first: a run of rows that
+ * lie one after another in one block. */
+static int run_len(const kvl__kv_blocks *c, int t, int t1) {
+    const int n = c->block_tokens - t % c->block_tokens;
+    return n < t1 - t ? n : t1 - t;
+}
+
 void kvl__kv_blocks_gather(const kvl__kv_blocks *c, int layer, int plane, int t0, int t1,
                            float *dst) {
-    for (int t = t0; t < t1;) {
-        int n = c->block_tokens - t % c->block_tokens;
-        if (n > t1 - t) n = t1 - t;
+    for (int t = t0, n; t < t1; t += n) {
+        n = run_len(c, t, t1);
         float *d = dst + (size_t)(t - t0) * c->row;
         if (c->bf16) kvl__bf16_to_f32_n(d, kvl__kv_blocks_slot(c, layer, plane, t), c->row * (size_t)n);
         else memcpy(d, kvl__kv_blocks_slot(c, layer, plane, t), sizeof(float) * c->row * (size_t)n);
-        t += n;
     }
 }
 
 void kvl__kv_blocks_gather_bf16(const kvl__kv_blocks *c, int layer, int plane, int t0, int t1,
                                 uint16_t *dst) {
-    for (int t = t0; t < t1;) {
-        int n = c->block_tokens - t % c->block_tokens;
-        if (n > t1 - t) n = t1 - t;
+    for (int t = t0, n; t < t1; t += n) {
+        n = run_len(c, t, t1);
         uint16_t *d = dst + (size_t)(t - t0) * c->row;
         if (c->bf16) memcpy(d, kvl__kv_blocks_slot(c, layer, plane, t), sizeof(uint16_t) * c->row * (size_t)n);
         else kvl__bf16_round_n(d, kvl__kv_blocks_slot(c, layer, plane, t), c->row * (size_t)n);
-        t += n;
     }
 }
 
 void kvl__kv_blocks_scatter(kvl__kv_blocks *c, int layer, int plane, int t0, int t1,
                             const float *src) {
-    for (int t = t0; t < t1;) {
-        int n = c->block_tokens - t % c->block_tokens;
-        if (n > t1 - t) n = t1 - t;
+    for (int t = t0, n; t < t1; t += n) {
+        n = run_len(c, t, t1);
         const float *sp = src + (size_t)(t - t0) * c->row;
         if (c->bf16) kvl__bf16_from_f32(kvl__kv_blocks_slot(c, layer, plane, t), sp, c->row * (size_t)n);
         else memcpy(kvl__kv_blocks_slot(c, layer, plane, t), sp, sizeof(float) * c->row * (size_t)n);
-        t += n;
     }
 }
