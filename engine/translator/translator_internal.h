@@ -62,6 +62,11 @@ static inline int kvl__tr_ds(const kvl_translator *t) { return t->src_kv_heads *
 static inline int kvl__tr_din(const kvl_translator *t) { return t->taps * kvl__tr_ds(t); }
 static inline int kvl__tr_dt(const kvl_translator *t) { return t->dst_kv_heads * t->dst_head_dim; }
 
+/* Source pre-norm K/V of tokens [t0, t1) of every layer, [Ls][n][per / n] float32 each, per =
+ * n * Hs*Ds (malloc'ed; the caller frees both).  KVL_ERR_NOMEM, or the cache's read error. */
+kvl_status kvl__tr_read_span(const kvl_cache *src, int Ls, size_t per, int t0, int t1, float **k,
+                             float **v);
+
 /* Default layer map s(l) = round(l (Ls-1) / (Lt-1)) (kvlingo/translator.h). */
 int kvl__tr_default_source_layer(int l, int Ls, int Lt);
 /* Default taps of target layer l: the T source layers nearest to l (Ls-1)/(Lt-1), ascending
