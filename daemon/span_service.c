@@ -19,6 +19,7 @@
 #include "hash.h"
 #include "bf16.h"
 #include "kvlingo/translator.h"
+#include "kvlingo/translator_train.h"
 #include "kvlingo/v1/node.pb-c.h"
 #include "log.h"
 #include "node.h"
@@ -174,9 +175,11 @@ static int land_span(kvld_node *n, kvld_session *s, const kvld_translator_entry 
     kvl_status st = KVL_OK;
     const float *k = v.k, *vv = v.v;
     float *wide = NULL;
-    /* a bf16 span into a translator that multiplies in bf16 goes in as it came; else its
-     * translator reads float32 (bounded by the checked payload) */
-    const int rows16 = v.bf16 && kvl_translator_bf16_products(te->tr, n->model);
+    /* a bf16 span into a translator that multiplies in bf16 (one source layer a target layer:
+     * several are gathered in float32) goes in as it came; else its translator reads float32,
+     * widened here into a kept buffer (bounded by the checked payload) */
+    const int rows16 = v.bf16 && kvl_translator_taps(te->tr) == 1 &&
+                       kvl_translator_bf16_products(te->tr, n->model);
     if (v.bf16 && !rows16) {
         const size_t nf = (size_t)v.n_layers * v.n * v.row;
         /* a kept buffer (faulted in already: a fresh 4 MB one costs ~1k page faults) */

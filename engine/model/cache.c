@@ -105,20 +105,17 @@ kvl_status kvl_cache_read_prenorm_bf16(const kvl_cache *c, int t0, int t1, uint1
     if (!k_out || !v_out) return kvl__errorf(KVL_ERR_INVALID_ARG, "cache: read_prenorm_bf16: NULL buffer");
     if (c->ops->cache_export_prenorm_bf16)
         return c->ops->cache_export_prenorm_bf16(c->bm, c->be, t0, t1, k_out, v_out);
-    /* float32 a chunk of tokens at a time through a small buffer, rounded into place */
-    const int chunk = 64;
+    /* a backend without it (a device): each layer's float32 export over the whole range (one
+     * copy from the device a layer, the range's RoPE as kvl_cache_read_prenorm has it), rounded */
     const size_t row = (size_t)c->cfg.n_kv_heads * c->cfg.head_dim, per = (size_t)(t1 - t0) * row;
-    float *tmp = malloc(2 * (size_t)chunk * row * sizeof(float));
-    if (!tmp) return kvl__errorf(KVL_ERR_NOMEM, "cache: read_prenorm_bf16: %zu floats", 2 * (size_t)chunk * row);
-    for (int l = 0; s == KVL_OK && l < c->cfg.n_layers; l++)
-        for (int a = t0, b; s == KVL_OK && a < t1; a = b) {
-            b = t1 - a > chunk ? a + chunk : t1;
-            s = c->ops->cache_export_prenorm(c->be, l, a, b, tmp, tmp + (size_t)chunk * row);
-            if (s != KVL_OK) break;
-            const size_t off = l * per + (size_t)(a - t0) * row, m = (size_t)(b - a) * row;
-            kvl__bf16_round_n(k_out + off, tmp, m);
-            kvl__bf16_round_n(v_out + off, tmp + (size_t)chunk * row, m);
-        }
+    float *tmp = malloc(2 * per * sizeof(float));
+    if (!tmp) return kvl__errorf(KVL_ERR_NOMEM, "cache: read_prenorm_bf16: %zu floats", 2 * per);
+    for (int l = 0; s == KVL_OK && l < c->cfg.n_layers; l++) {
+        s = c->ops->cache_export_prenorm(c->be, l, t0, t1, tmp, tmp + per);
+        if (s != KVL_OK) break;
+        kvl__bf16_round_n(k_out + l * per, tmp, per);
+        kvl__bf16_round_n(v_out + l * per, tmp + per, per);
+    }
     free(tmp);
     return s;
 }

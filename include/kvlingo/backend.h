@@ -131,7 +131,8 @@ typedef struct kvl_backend_ops {
     /* Optional (NULL: the caller reads float32 layer by layer and rounds): the same export of
      * every layer at once, rounded to bf16 (nearest even; a bf16 cache's elements as stored):
      * k_out, v_out [L][t1-t0][Hkv*D] uint16_t, host.  `model` is the backend model the cache
-     * serves (NULL for a cache made from a geometry), whose threads may share the work. */
+     * serves (NULL for a cache made from a geometry), whose threads may share the work.
+     * Errors: KVL_ERR_NOMEM. */
     kvl_status (*cache_export_prenorm_bf16)(void *model, const void *cache, int t0, int t1,
                                             uint16_t *k_out, uint16_t *v_out);
 
@@ -156,7 +157,7 @@ typedef struct kvl_backend_ops {
     /* Optional (NULL: none): translate_apply from source rows already in bf16 (k_src16, v_src16
      * [Ls][n][Hs*Ds] uint16_t, a bf16 span as it came off the wire), multiplied by the maps' bf16
      * pairs with no float32 copy of the rows: the bytes translate_apply writes for the same
-     * rows widened, since it rounds them to bf16 first.  KVL_ERR_UNSUPPORTED, with the cache
+     * (finite) rows widened, since it rounds them to bf16 first.  KVL_ERR_UNSUPPORTED, with the cache
      * unchanged, where this translation does not take bf16 products (the caller widens the
      * rows and calls translate_apply). */
     kvl_status (*translate_apply_bf16)(void *prepared, const uint16_t *k_src16,

@@ -77,7 +77,8 @@ kvl_status kvl_cache_read_prenorm(const kvl_cache *cache, int layer, int t0, int
  * (caller-owned), the layout of a span sent as bf16.  On the CPU one pass over the blocks, split
  * over the cache's model's threads when they are free (kvld's export of 2048 tokens of qwen3-a,
  * read, rounded and hashed: 0.37 against 0.57 ms read layer by layer and rounded, on 2 cores).
- * Errors: KVL_ERR_RANGE (range), KVL_ERR_INVALID_ARG (NULL buffer), KVL_ERR_NOMEM. */
+ * An empty range (t0 == t1) reads nothing (the buffers may be NULL).  Errors: KVL_ERR_RANGE
+ * (range), KVL_ERR_INVALID_ARG (NULL buffer), KVL_ERR_NOMEM. */
 kvl_status kvl_cache_read_prenorm_bf16(const kvl_cache *cache, int t0, int t1, uint16_t *k_out,
                                        uint16_t *v_out);
 

@@ -78,7 +78,7 @@ kvl_status kvl_translator_apply(const kvl_translator *tr, const float *k_src, co
  * patterns, as a span sent as bf16 carries them), otherwise as kvl_translator_apply.  Where the
  * apply takes bf16 products (kvl_translator_bf16_products) the rows are multiplied as they are,
  * with no float32 copy (the products round float32 rows to bf16 first, so the cache gets the
- * same bytes as from the rows widened); elsewhere they are widened (exactly) into a temporary
+ * same bytes as from the rows widened, for finite rows); elsewhere they are widened (exactly) into a temporary
  * copy of 2 * Ls * n * Hs*Ds floats and applied.  Atomic: on error dst is unchanged.  Errors as
  * kvl_translator_apply. */
 kvl_status kvl_translator_apply_bf16(const kvl_translator *tr, const uint16_t *k_src16,

@@ -390,10 +390,11 @@ kvl_status kvl__cpu_translate_apply(void *pp, const float *k_src, const float *v
 
 /* Whether translate-apply into c takes the fused rows' bf16 products (the conditions under which
  * kvl__cpu_translate_apply does, with the maps' bf16 pairs given). */
-static int fused_bf16_ready(const kvl_kv_maps *mp, const kvl__kv_blocks *c) {
+static int fused_bf16_ready(const kvl_kv_maps *mp, const kvl__kv_blocks *c, int n) {
     const int D = mp->dst_head_dim, dt = mp->dst_kv_heads * D, ds = mp->src_kv_heads * mp->src_head_dim;
-    return mp->wkP && mp->wvP && kvl__translate_avx512_usable(D, dt) &&
-           kvl__translate_bf16_usable(D, dt, ds) && (size_t)dt == c->row && !(c->bf16 && D > KVL__ATT_BF16_MAX_D);
+    return (mp->wkT || n >= KVL_TR_FUSED_MIN_TOKENS) && mp->wkP && mp->wvP &&
+           kvl__translate_avx512_usable(D, dt) && kvl__translate_bf16_usable(D, dt, ds) &&
+           (size_t)dt == c->row && !(c->bf16 && D > KVL__ATT_BF16_MAX_D);
 }
 
 kvl_status kvl__cpu_translate_apply_bf16(void *pp, const uint16_t *k_src16, const uint16_t *v_src16,
@@ -402,7 +403,7 @@ kvl_status kvl__cpu_translate_apply_bf16(void *pp, const uint16_t *k_src16, cons
     const kvl_kv_maps *mp = tr->p.maps;
     kvl__kv_blocks *c = pc;
     if (n == 0) return KVL_OK;
-    if (mp->dst_layers != c->cfg.n_layers || mp->dst_head_dim != c->cfg.head_dim || !fused_bf16_ready(mp, c))
+    if (mp->dst_layers != c->cfg.n_layers || mp->dst_head_dim != c->cfg.head_dim || !fused_bf16_ready(mp, c, n))
         return kvl__errorf(KVL_ERR_UNSUPPORTED, "translate: bf16 source rows need the bf16 products "
                            "(AVX512_BF16, the maps' bf16 pairs, this geometry)");
     kvl_status s = kvl__kv_blocks_reserve(c, t0 + n);

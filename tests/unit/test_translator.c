@@ -18,6 +18,7 @@
 #include "kvlingo/translator.h"
 #include "kvlingo/translator_train.h"
 #include "testutil.h"
+#include "translator_internal.h"
 
 typedef struct fixture {
     char dir[4096];
@@ -460,12 +461,18 @@ static kvl_cache *form_cache(int form, const kvl_model_config *cfg, kvl_model *m
 }
 
 /* kvl_translator_apply_bf16 of bf16 rows writes the bytes kvl_translator_apply writes for the
- * same rows widened, span after span (offsets past 0, ragged lengths), on the bf16 products'
- * direct path (form 3 on an AVX512_BF16 CPU) and on the widening one (the other forms); bad
+ * same rows widened, span after span (offsets past 0, ragged lengths), with the target layers
+ * reading the source layers crossed over (the rows' offsets follow the layer map): with bf16
+ * products (on an AVX512_BF16 CPU the direct path, on every form of cache: the process pool, a
+ * model's pool and RoPE tables, a bf16 cache) and without them (the widening one); bad
  * arguments leave the cache as it was. */
 static void bf16_rows_case(kvl_translator *tr, int form, const kvl_model_config *cfg, kvl_model *m2,
                            kvl_model *m16, const float *ks, const float *vs, int Ls, int N, int ds,
-                           const int *pieces, int Lt, int dt, int qk) {
+                           const int *pieces, int Lt, int dt, int qk, int products) {
+    kvl_translator_set_bf16_products(tr, products);
+    int *map = tr->layer_map, keep[2] = {map[0], map[1]};
+    map[0] = keep[1];
+    map[1] = keep[0];
     kvl_cache *cw = form_cache(form, cfg, m2, m16), *c16 = form_cache(form, cfg, m2, m16);
     for (int i = 0, t0 = 0; i < 3; t0 += pieces[i++]) {
         const int n = pieces[i];
@@ -500,6 +507,8 @@ static void bf16_rows_case(kvl_translator *tr, int form, const kvl_model_config 
     }
     free(a); free(b);
     kvl_cache_free(cw); kvl_cache_free(c16);
+    map[0] = keep[0];
+    map[1] = keep[1];
 }
 
 /* Spans on the fused rows (AVX-512 CPUs, head_dim 32 / 64 / 128, translate_avx512.h; a
@@ -564,8 +573,9 @@ static void fused_case(fixture *f, const char *name, const char *arch, int H, in
     for (int form = 0; form < 4; form++) {   /* process pool, a 2-thread model's pool, bf16 cache, bf16 products */
         kvl_cache *cb = NULL;
         const int rb = form == 3 && bf_cpu;
+        for (int products = 0; products < 2; products++)
+            bf16_rows_case(tr, form, cfg, m2, m16, ks, vs, Ls, N, ds, pieces, Lt, dt, qk, products);
         kvl_translator_set_bf16_products(tr, form == 3);
-        bf16_rows_case(tr, form, cfg, m2, m16, ks, vs, Ls, N, ds, pieces, Lt, dt, qk);
         cb = form_cache(form, cfg, m2, m16);
         for (int i = 0, t0 = 0; i < 3; t0 += pieces[i++]) {
             /* the span's rows of every source layer, [Ls][n][ds] */
@@ -653,6 +663,43 @@ static void fused_case(fixture *f, const char *name, const char *arch, int H, in
         assert_memory_not_equal(out[0], out[1], sizeof(float) * 2 * n * dt);
         for (int i = 0; i < 3; i++) { kvl_cache_free(cc[i]); free(out[i]); }
         kvl_translator_free(t2);
+    }
+    /* kvl_translator_translate_span (which reads the span as bf16 where the products are bf16)
+     * writes what the float32 read of each layer and kvl_translator_apply write */
+    {
+        const kvl_model_config *sc = kvl_model_config_get(f->a);
+        const int n = 150, sds = sc->n_kv_heads * sc->head_dim;
+        int32_t ids[150];
+        for (int i = 0; i < n; i++) ids[i] = (i * 37 + 5) % sc->vocab_size;
+        kvl_cache *src = NULL;
+        assert_int_equal(kvl_model_cache_create(f->a, NULL, &src), KVL_OK);
+        assert_int_equal(kvl_model_prefill(f->a, src, ids, n, KVL_LOGITS_NONE, NULL), KVL_OK);
+        float *rk = malloc(sizeof(float) * Ls * n * sds), *rv = malloc(sizeof(float) * Ls * n * sds);
+        float *a = malloc(sizeof(float) * 3 * n * dt), *b = malloc(sizeof(float) * 3 * n * dt);
+        assert_non_null(rk); assert_non_null(rv); assert_non_null(a); assert_non_null(b);
+        for (int l = 0; l < Ls; l++)
+            assert_int_equal(kvl_cache_read_prenorm(src, l, 0, n, rk + (size_t)l * n * sds, rv + (size_t)l * n * sds),
+                             KVL_OK);
+        for (int products = 0; products < 2; products++) {
+            kvl_translator_set_bf16_products(tr, products);
+            kvl_cache *cs = NULL, *ca = NULL;
+            assert_int_equal(kvl_model_cache_create(m2, NULL, &cs), KVL_OK);
+            assert_int_equal(kvl_model_cache_create(m2, NULL, &ca), KVL_OK);
+            assert_int_equal(kvl_translator_translate_span(tr, src, 0, n, cs), KVL_OK);
+            assert_int_equal(kvl_translator_apply(tr, rk, rv, 0, n, ids, ca), KVL_OK);
+            for (int l = 0; l < Lt; l++) {
+                assert_int_equal(kvl_cache_read_kv(cs, l, 0, n, a, a + (size_t)n * dt), KVL_OK);
+                assert_int_equal(kvl_cache_read_kv(ca, l, 0, n, b, b + (size_t)n * dt), KVL_OK);
+                if (qk) {
+                    assert_int_equal(kvl_cache_read_prenorm(cs, l, 0, n, a + (size_t)2 * n * dt, NULL), KVL_OK);
+                    assert_int_equal(kvl_cache_read_prenorm(ca, l, 0, n, b + (size_t)2 * n * dt, NULL), KVL_OK);
+                }
+                assert_memory_equal(a, b, sizeof(float) * (size_t)(qk ? 3 : 2) * n * dt);
+            }
+            kvl_cache_free(cs); kvl_cache_free(ca);
+        }
+        free(rk); free(rv); free(a); free(b);
+        kvl_cache_free(src);
     }
     free(ks); free(vs); free(kg); free(vg); free(kp); free(k16); free(v16); free(p16);
     kvl_translator_free(tr);
