@@ -80,8 +80,8 @@ def main():
             if s.fallback_reason:
                 print("     fallback: %s" % s.fallback_reason)
             if s.pushed_ahead_tokens:
-                print("     pushed ahead: %d tokens, shipped and translated right after the previous "
-                      "turn (the span: only what came after them)" % s.pushed_ahead_tokens)
+                print("     pushed ahead: %d tokens were shipped and translated right after the previous "
+                      "turn; the span column counts only the tokens beyond them" % s.pushed_ahead_tokens)
         sw = [s for s in rows if s.from_model]
         # the comparison: each switched turn again as a forced re-prefill, a real turn on the same
         # (now warm) node with as many context and input tokens, timed by the same router clock
@@ -119,7 +119,8 @@ def main():
               "the cascade ships the span after a turn when it can foresee the next model, and "
               "whether that lands before the next turn varies from run to run.)")
         print("(T: translated span; P: re-prefill.  Re-prefill TTFT: the same turn again, forced to "
-              "re-prefill, on the same node after the run, measured by the router like the switch.  "
+              "re-prefill, on the same node after the run, measured by the router like the switch; "
+              "ratio = re-prefill TTFT / switch TTFT, above 1 the switch is faster.  "
               "KL(native||translated) of the first token.  Phases: the source reading its cache, the "
               "wire, translate-apply, the target's queue + forward to the first token; the rest of "
               "the TTFT is RPC and router time.)")
