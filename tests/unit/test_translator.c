@@ -452,6 +452,23 @@ static void test_taps(void **state) {
 /* x rounded to bf16 (nearest even) when `on` */
 static float rb16(float x, int on) { return on ? kvl_bf16_to_f32(kvl_f32_to_bf16(x)) : x; }
 
+/* Every layer's K, V (and with k_norm the Kpre plane) of tokens [0, n) the same, byte for byte,
+ * in caches x and y. */
+static void assert_same_cache(const kvl_cache *x, const kvl_cache *y, int Lt, int n, int dt, int qk) {
+    float *a = malloc(sizeof(float) * 3 * n * dt), *b = malloc(sizeof(float) * 3 * n * dt);
+    assert_non_null(a); assert_non_null(b);
+    for (int l = 0; l < Lt; l++) {
+        assert_int_equal(kvl_cache_read_kv(x, l, 0, n, a, a + (size_t)n * dt), KVL_OK);
+        assert_int_equal(kvl_cache_read_kv(y, l, 0, n, b, b + (size_t)n * dt), KVL_OK);
+        if (qk) {
+            assert_int_equal(kvl_cache_read_prenorm(x, l, 0, n, a + (size_t)2 * n * dt, NULL), KVL_OK);
+            assert_int_equal(kvl_cache_read_prenorm(y, l, 0, n, b + (size_t)2 * n * dt, NULL), KVL_OK);
+        }
+        assert_memory_equal(a, b, sizeof(float) * (size_t)(qk ? 3 : 2) * n * dt);
+    }
+    free(a); free(b);
+}
+
 /* A cache like form's of fused_case (0, 3: made from the geometry; 1: m2's; 2: m16's). */
 static kvl_cache *form_cache(int form, const kvl_model_config *cfg, kvl_model *m2, kvl_model *m16) {
     kvl_cache *c = NULL;
@@ -494,18 +511,7 @@ static void bf16_rows_case(kvl_translator *tr, int form, const kvl_model_config 
         assert_int_equal(kvl_translator_apply_bf16(tr, r16, r16 + m, t0, n, NULL, c16), KVL_OK);
         free(r16); free(w);
     }
-    float *a = malloc(sizeof(float) * 3 * N * dt), *b = malloc(sizeof(float) * 3 * N * dt);
-    assert_non_null(a); assert_non_null(b);
-    for (int l = 0; l < Lt; l++) {
-        assert_int_equal(kvl_cache_read_kv(cw, l, 0, N, a, a + (size_t)N * dt), KVL_OK);
-        assert_int_equal(kvl_cache_read_kv(c16, l, 0, N, b, b + (size_t)N * dt), KVL_OK);
-        if (qk) {
-            assert_int_equal(kvl_cache_read_prenorm(cw, l, 0, N, a + (size_t)2 * N * dt, NULL), KVL_OK);
-            assert_int_equal(kvl_cache_read_prenorm(c16, l, 0, N, b + (size_t)2 * N * dt, NULL), KVL_OK);
-        }
-        assert_memory_equal(a, b, sizeof(float) * (size_t)(qk ? 3 : 2) * N * dt);
-    }
-    free(a); free(b);
+    assert_same_cache(cw, c16, Lt, N, dt, qk);
     kvl_cache_free(cw); kvl_cache_free(c16);
     map[0] = keep[0];
     map[1] = keep[1];
@@ -675,8 +681,7 @@ static void fused_case(fixture *f, const char *name, const char *arch, int H, in
         assert_int_equal(kvl_model_cache_create(f->a, NULL, &src), KVL_OK);
         assert_int_equal(kvl_model_prefill(f->a, src, ids, n, KVL_LOGITS_NONE, NULL), KVL_OK);
         float *rk = malloc(sizeof(float) * Ls * n * sds), *rv = malloc(sizeof(float) * Ls * n * sds);
-        float *a = malloc(sizeof(float) * 3 * n * dt), *b = malloc(sizeof(float) * 3 * n * dt);
-        assert_non_null(rk); assert_non_null(rv); assert_non_null(a); assert_non_null(b);
+        assert_non_null(rk); assert_non_null(rv);
         for (int l = 0; l < Ls; l++)
             assert_int_equal(kvl_cache_read_prenorm(src, l, 0, n, rk + (size_t)l * n * sds, rv + (size_t)l * n * sds),
                              KVL_OK);
@@ -687,18 +692,10 @@ static void fused_case(fixture *f, const char *name, const char *arch, int H, in
             assert_int_equal(kvl_model_cache_create(m2, NULL, &ca), KVL_OK);
             assert_int_equal(kvl_translator_translate_span(tr, src, 0, n, cs), KVL_OK);
             assert_int_equal(kvl_translator_apply(tr, rk, rv, 0, n, ids, ca), KVL_OK);
-            for (int l = 0; l < Lt; l++) {
-                assert_int_equal(kvl_cache_read_kv(cs, l, 0, n, a, a + (size_t)n * dt), KVL_OK);
-                assert_int_equal(kvl_cache_read_kv(ca, l, 0, n, b, b + (size_t)n * dt), KVL_OK);
-                if (qk) {
-                    assert_int_equal(kvl_cache_read_prenorm(cs, l, 0, n, a + (size_t)2 * n * dt, NULL), KVL_OK);
-                    assert_int_equal(kvl_cache_read_prenorm(ca, l, 0, n, b + (size_t)2 * n * dt, NULL), KVL_OK);
-                }
-                assert_memory_equal(a, b, sizeof(float) * (size_t)(qk ? 3 : 2) * n * dt);
-            }
+            assert_same_cache(cs, ca, Lt, n, dt, qk);
             kvl_cache_free(cs); kvl_cache_free(ca);
         }
-        free(rk); free(rv); free(a); free(b);
+        free(rk); free(rv);
         kvl_cache_free(src);
     }
     free(ks); free(vs); free(kg); free(vg); free(kp); free(k16); free(v16); free(p16);
