@@ -217,10 +217,9 @@ kvl_status kvl__span_encode(const kvl__span_source *src, uint32_t t0, uint32_t t
     size_t row = (size_t)src->n_kv_heads * src->head_dim;
     size_t per_layer = (size_t)n * row, nf = (size_t)src->n_layers * per_layer;
     int32_t *ids = (int32_t *)(void *)(buf + 2 * nf * eb);
-    /* bf16: the source's own reader when it has one (one pass, all layers); else read as
-     * float32 a chunk of tokens at a time into a small buffer that stays in the L1/L2 caches,
-     * then rounded into the payload (a whole layer's float32 first made the export of 2048
-     * tokens of qwen3-a a third slower than sending float32) */
+    /* bf16: the source's own reader when it has one (one pass, all layers: a node's); else each
+     * layer read as float32 over the whole range (the range's inverse RoPE, as
+     * kvl_cache_read_prenorm makes it) and rounded into the payload */
     const int whole16 = src->bf16 && src->read_prenorm_bf16;
     if (whole16) {
         kvl_status st = src->read_prenorm_bf16(src->ctx, (int)t0, (int)t1, (uint16_t *)(void *)buf,
@@ -230,28 +229,24 @@ kvl_status kvl__span_encode(const kvl__span_source *src, uint32_t t0, uint32_t t
             return st;
         }
     }
-    const uint32_t chunk = 64;
     float *tmp = NULL;
-    if (src->bf16 && !whole16 && !(tmp = malloc(2 * (size_t)chunk * row * sizeof(float)))) {
+    if (src->bf16 && !whole16 && !(tmp = malloc(2 * per_layer * sizeof(float)))) {
         kvl__spanbuf_give(src->bufs, buf);
-        return kvl__errorf(KVL_ERR_NOMEM, "span: encode: %zu floats of %u tokens", 2 * (size_t)chunk * row, chunk);
+        return kvl__errorf(KVL_ERR_NOMEM, "span: encode: %zu floats of one layer", 2 * per_layer);
     }
     for (uint32_t l = 0; !whole16 && l < src->n_layers; l++) {
-        for (uint32_t a = t0, b; a < t1; a = b) {   /* float32: the whole range at once */
-            b = tmp && t1 - a > chunk ? a + chunk : t1;
-            const size_t off = l * per_layer + (size_t)(a - t0) * row, m = (size_t)(b - a) * row;
-            float *k = tmp ? tmp : (float *)(void *)buf + off;
-            float *v = tmp ? tmp + (size_t)chunk * row : (float *)(void *)buf + nf + off;
-            kvl_status st = src->read_prenorm(src->ctx, (int)l, (int)a, (int)b, k, v);
-            if (st != KVL_OK) {
-                free(tmp);
-                kvl__spanbuf_give(src->bufs, buf);
-                return st;
-            }
-            if (tmp) {
-                kvl__bf16_round_n((uint16_t *)(void *)buf + off, k, m);
-                kvl__bf16_round_n((uint16_t *)(void *)buf + nf + off, v, m);
-            }
+        const size_t off = l * per_layer;
+        float *k = tmp ? tmp : (float *)(void *)buf + off;
+        float *v = tmp ? tmp + per_layer : (float *)(void *)buf + nf + off;
+        kvl_status st = src->read_prenorm(src->ctx, (int)l, (int)t0, (int)t1, k, v);
+        if (st != KVL_OK) {
+            free(tmp);
+            kvl__spanbuf_give(src->bufs, buf);
+            return st;
+        }
+        if (tmp) {
+            kvl__bf16_round_n((uint16_t *)(void *)buf + off, k, per_layer);
+            kvl__bf16_round_n((uint16_t *)(void *)buf + nf + off, v, per_layer);
         }
     }
     free(tmp);
