@@ -156,7 +156,8 @@ def run_pair_warm(fleet, c, src, dst, contexts, corpus, user, repeats):
     out = {}
     for ctx in contexts:
         prompt = corpus[:ctx]
-        res = {"t": [], "p": [], "tr": [], "pr": [], "x": [], "recv": [], "ntr": [], "xfer": []}
+        res = {"t": [], "p": [], "tr": [], "pr": [], "x": [], "recv": [], "ntr": [], "xfer": [],
+               "nttft": []}
         span = 0
         for r in range(repeats + 1):     # the first repeat warms up both paths
             for mode in ("t", "p"):
@@ -174,15 +175,17 @@ def run_pair_warm(fleet, c, src, dst, contexts, corpus, user, repeats):
                     span = s.span_tokens
                     # the target's ContinueTurn line: the span's transfer (the source's send,
                     # plus in push mode the wait for its arrival) and its translate-apply
-                    imp = span_times(tails[dst], "ContinueTurn", sid, ("transfer_ms", "translate_ms"))
-                    recv, ntr = imp["transfer_ms"], imp["translate_ms"]
+                    # and the target's own TTFT (first_ms: the call's arrival to its first token)
+                    imp = span_times(tails[dst], "ContinueTurn", sid, ("transfer_ms", "translate_ms",
+                                                                       "first_ms"))
+                    recv, ntr, nttft = imp["transfer_ms"], imp["translate_ms"], imp["first_ms"]
                     xfer = span_times(tails[src], "ExportSpan", sid, ("transfer_ms",))["transfer_ms"]
                 if r > 0:
                     res[mode].append(ttft)
                     res[mode + "r"].append(s.ttft_seconds)
                     if mode == "t":
                         res["x"].append(s.switch_seconds)
-                        for k, v in (("recv", recv), ("ntr", ntr), ("xfer", xfer)):
+                        for k, v in (("recv", recv), ("ntr", ntr), ("xfer", xfer), ("nttft", nttft)):
                             if v is not None:
                                 res[k].append(v / 1e3)
                 c.close_session(sid)
@@ -384,9 +387,9 @@ def main():
                     print("%8d | %9.2f ms %9.2f ms %7.1fx | %9.2f ms %9.2f ms %7.1fx" % (
                         ctx, mt * 1e3, mp * 1e3, mp / mt, rt * 1e3, rp * 1e3, rp / rt))
             if not a.no_pieces:
-                print("%8s | %12s | %10s %10s %10s %10s | %11s | %10s %10s %10s" % (
+                print("%8s | %12s | %10s %10s %10s %10s | %11s | %10s %10s | %10s %10s %10s" % (
                     "context", "stack switch", "translate", "forward", "wire", "sum", "stack / sum",
-                    "in-proc RP", "node transl", "export tx"))
+                    "node TTFT", "legs", "in-proc RP", "node transl", "export tx"))
                 for ctx in contexts:
                     res, p = warm[(src, dst)][ctx], inproc[(src, dst)].get(ctx)
                     if not p:
@@ -394,9 +397,12 @@ def main():
                     st, wire = med(res["t"]), med(res["recv"])
                     tr_, fw = p["translate_ms"] / 1e3, p["forward_ms"] / 1e3
                     tot = tr_ + fw + (wire if wire == wire else 0.0)
-                    print("%8d | %9.2f ms | %7.2f ms %7.2f ms %7.2f ms %7.2f ms | %10.2fx | %7.2f ms %7.2f ms %7.2f ms" % (
-                        ctx, st * 1e3, tr_ * 1e3, fw * 1e3, wire * 1e3, tot * 1e3, st / tot,
-                        p["reprefill_ttft_ms"], med(res["ntr"]) * 1e3, med(res["xfer"]) * 1e3))
+                    nt = med(res["nttft"])
+                    print("%8d | %9.2f ms | %7.2f ms %7.2f ms %7.2f ms %7.2f ms | %10.2fx | %7.2f ms %7.2f ms | "
+                          "%7.2f ms %7.2f ms %7.2f ms" % (
+                              ctx, st * 1e3, tr_ * 1e3, fw * 1e3, wire * 1e3, tot * 1e3, st / tot,
+                              nt * 1e3, (st - nt) * 1e3, p["reprefill_ttft_ms"], med(res["ntr"]) * 1e3,
+                              med(res["xfer"]) * 1e3))
         print("\n(columns: client-measured TTFT; * = router-measured TTFT from its turn summary; "
               "span = tokens shipped and translated; pull* = the summary's switch_seconds, the "
               "span's move: the source reading its cache, the wire, translate-apply on the target; "
@@ -413,7 +419,10 @@ def main():
                   "target's forward pass over the %d new tokens on it until "
                   "the first token; wire = the target's ContinueTurn transfer_ms from its log: the source's "
                   "send and the wait for the whole span's arrival; sum = translate + forward + wire; "
-                  "stack / sum: what the RPCs, the router and the client add; "
+                  "stack / sum: what the RPCs, the router and the client add; node TTFT = the target's "
+                  "ContinueTurn first_ms from its log, the call's arrival to its first token (the pull "
+                  "with its request to the source, translate-apply and the forward); legs = stack switch "
+                  "- node TTFT, what the client, the router and their gRPC legs add around the target; "
                   "in-proc RP = the in-process re-prefill of C+%d tokens; node transl = the target's "
                   "translate_ms, export tx = the source's ExportSpan transfer_ms, both from the logs)" % (
                       a.new_tokens + 1, a.repeats, a.new_tokens + 1, a.new_tokens + 1))

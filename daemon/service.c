@@ -290,6 +290,7 @@ void kvld_stream_turn(kvld_req *r, kvld_session *s, const kvld_gen_params *gp,
     kvl__rpc_call_on_cancel(call, cancel_job, job);
     int vocab = kvl_model_config_get(n->model)->vocab_size;
     int sent = 0, send_failed = 0;
+    double first_s = 0;   /* the call's arrival to its first token's message, this node's TTFT */
     kvld_token t;
     while (kvld_job_next(job, &t)) {
         if (send_failed) {   /* drain until the scheduler sees the cancel */
@@ -307,6 +308,7 @@ void kvld_stream_turn(kvld_req *r, kvld_session *s, const kvld_gen_params *gp,
             m.n_logprobs = (size_t)vocab;
             m.logprobs = t.logprobs;
         }
+        if (!sent) first_s = kvl__now_s() - r->t0;
         if (kvl__rpc_call_send_pb(call, &m.base) != KVL_OK) {
             send_failed = 1;
             kvld_job_cancel(job);
@@ -322,7 +324,8 @@ void kvld_stream_turn(kvld_req *r, kvld_session *s, const kvld_gen_params *gp,
     char errcopy[512];
     snprintf(errcopy, sizeof errcopy, "%s", err);
     char extra[400];
-    int el = snprintf(extra, sizeof extra, " generated=%d finish=%s ttft_ms=%.3f", sent, reason, ttft * 1e3);
+    int el = snprintf(extra, sizeof extra, " generated=%d finish=%s ttft_ms=%.3f first_ms=%.3f", sent, reason,
+                      ttft * 1e3, first_s * 1e3);
     char sha[65] = "";
     if (result) {
         /* the session is still ours: what it holds after the turn, for the caller's commit */
