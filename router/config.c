@@ -301,6 +301,7 @@ static kvl_status parse_root(kvl__svc_yaml *y, kvr_config *c, const char *name) 
     if (!s) s = kvl__svc_kv_double(&l, "kl_budget", 1.0, 0, 1e6, &c->kl_budget);
     if (!s) s = kvl__svc_kv_double(&l, "kl_alpha", 0.2, 1e-6, 1, &c->kl_alpha);
     if (!s) s = kvl__svc_kv_int(&l, "min_samples", 3, 1, 1000000, &c->kl_min_samples);
+    if (!s) s = kvl__svc_kv_double(&l, "retry_seconds", 600, 0, 1e7, &c->kl_retry_s);
     if (!s) s = kvl__svc_kv_check_unused(&l);
     kvl__svc_kvlist_clear(&l);
     if (s) return s;

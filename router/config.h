@@ -57,6 +57,8 @@
  *     kl_budget: 1.0                # nats; pair disabled when its moving KL exceeds it
  *     kl_alpha: 0.2                 # EMA weight of a new sample
  *     min_samples: 3                # samples before a pair can be disabled
+ *     retry_seconds: 600            # a disabled pair's probation after this (doubling each
+ *                                   # failed one, up to a day); 0: disabled until SIGHUP
  *   transfer:
  *     base_timeout_ms: 2000         # deadline = base + bytes / bytes_per_second
  *     bytes_per_second: 1.0e8       # pessimistic bandwidth for deadline sizing
@@ -122,6 +124,7 @@ typedef struct kvr_config {
     double kl_budget;
     double kl_alpha;
     long kl_min_samples;
+    double kl_retry_s;
     double transfer_base_ms;
     double transfer_bytes_per_s;
     long transfer_retries;

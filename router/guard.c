@@ -19,6 +19,9 @@
 typedef struct pair {
     kvr_pair_status st;
     double acc;                   /* sampling accumulator: shadow when it crosses 1           */
+    double disabled_at;           /* kvl__now_s() when the budget disabled it                 */
+    double cooldown_s;            /* how long it stays disabled before its probation           */
+    int probation;                /* re-enabled on trial: every switch shadowed until judged  */
 } pair;
 
 typedef struct job {
@@ -38,6 +41,7 @@ struct kvr_guard {
     int n_pairs;
     double fraction, budget, alpha;
     long min_samples;
+    double retry_s;               /* first cooldown of a disabled pair; 0: disabled for good  */
     kvr_registry *reg;
     kvr_metrics *metrics;
     job queue[QUEUE_MAX];
@@ -128,6 +132,7 @@ void kvr_guard_configure(kvr_guard *g, const kvr_config *cfg) {
     g->budget = cfg->kl_budget;
     g->alpha = cfg->kl_alpha;
     g->min_samples = cfg->kl_min_samples;
+    g->retry_s = cfg->kl_retry_s;
     for (int i = 0; i < g->n_pairs; i++) {
         kvr_pair_status *st = &g->pairs[i].st;
         st->budget = g->budget;
@@ -141,10 +146,32 @@ void kvr_guard_configure(kvr_guard *g, const kvr_config *cfg) {
     pthread_mutex_unlock(&g->mu);
 }
 
+/* A pair the budget disabled comes back on probation once its cooldown has passed: translated
+ * again, every switch of it shadowed until min_samples samples judge it afresh (a circuit
+ * breaker's half-open state).  Without it a pair stayed off for good once disabled, since a
+ * disabled pair translates nothing and so gets no sample that could bring its moving KL down:
+ * a burst of bad samples (a hard stretch of text, or inputs chosen to score badly) would have
+ * switched translation off for every tenant until an operator stepped in. */
+static void probation_check_locked(kvr_guard *g, pair *p) {
+    kvr_pair_status *st = &p->st;
+    if (st->enabled || g->retry_s <= 0 || strcmp(st->reason, "kl_budget")) return;
+    if (kvl__now_s() < p->disabled_at + p->cooldown_s) return;
+    st->enabled = 1;
+    snprintf(st->reason, sizeof st->reason, "probation");
+    st->samples = 0;
+    st->moving_kl = 0;
+    p->probation = 1;
+    p->acc = 1.0;   /* the next switch is shadowed */
+    kvl__svc_log_text("info", "guardrail: pair %s->%s on probation after %.0f s disabled: translated again, "
+                      "every switch shadowed until %ld samples judge it", st->source, st->target, p->cooldown_s,
+                      g->min_samples);
+}
+
 int kvr_guard_pair_ok(void *arg, const char *src, const char *dst) {
     kvr_guard *g = arg;
     pthread_mutex_lock(&g->mu);
     pair *p = find_locked(g, src, dst, 1);
+    if (p) probation_check_locked(g, p);
     int ok = !p || p->st.enabled;
     pthread_mutex_unlock(&g->mu);
     return ok;
@@ -153,7 +180,7 @@ int kvr_guard_pair_ok(void *arg, const char *src, const char *dst) {
 int kvr_guard_shadow_due(kvr_guard *g, const char *src, const char *dst) {
     pthread_mutex_lock(&g->mu);
     pair *p = find_locked(g, src, dst, 1);
-    int due = p && g->fraction > 0 && p->acc + g->fraction >= 1.0 - 1e-9;
+    int due = p && (p->probation || (g->fraction > 0 && p->acc + g->fraction >= 1.0 - 1e-9));
     pthread_mutex_unlock(&g->mu);
     return due;
 }
@@ -162,7 +189,10 @@ int kvr_guard_count_switch(kvr_guard *g, const char *src, const char *dst, int c
     pthread_mutex_lock(&g->mu);
     pair *p = find_locked(g, src, dst, 1);
     int shadow = 0;
-    if (p) {
+    if (p && p->probation) {
+        p->st.switches++;
+        shadow = can_shadow;
+    } else if (p) {
         p->st.switches++;
         p->acc += g->fraction;
         /* a switch that cannot be shadowed leaves the sample due to the pair's next one */
@@ -186,10 +216,21 @@ void kvr_guard_record(kvr_guard *g, const char *src, const char *dst, double kl)
         kvl__svc_log_text("info", "guardrail: %s->%s KL(native||translated)=%.5f nats, moving %.5f "
                 "(budget %.4f, %u samples)", src, dst, kl, st->moving_kl, st->budget, st->samples);
         if (st->enabled && st->samples >= (unsigned)g->min_samples && st->moving_kl > st->budget) {
+            /* the first cooldown is retry_s; each failed probation doubles it, up to a day */
+            p->cooldown_s = p->probation ? fmin(2 * p->cooldown_s, 86400.0) : g->retry_s;
+            p->disabled_at = kvl__now_s();
+            p->probation = 0;
             st->enabled = 0;
             snprintf(st->reason, sizeof st->reason, "kl_budget");
+            char retry[80] = "";
+            if (g->retry_s > 0) snprintf(retry, sizeof retry, "; on probation again in %.0f s", p->cooldown_s);
             kvl__svc_log_text("warn", "guardrail: pair %s->%s DISABLED: moving KL %.4f > budget %.4f; "
-                    "switches re-prefill instead", src, dst, st->moving_kl, st->budget);
+                    "switches re-prefill instead%s", src, dst, st->moving_kl, st->budget, retry);
+        } else if (p->probation && st->samples >= (unsigned)g->min_samples) {
+            p->probation = 0;
+            st->reason[0] = 0;
+            kvl__svc_log_text("info", "guardrail: pair %s->%s passed its probation (moving KL %.4f <= budget "
+                              "%.4f over %u samples)", src, dst, st->moving_kl, st->budget, st->samples);
         }
     }
     pthread_mutex_unlock(&g->mu);

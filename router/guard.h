@@ -7,8 +7,13 @@
  * scratch session and yields its native distribution.  KL(native || translated) feeds an
  * exponential moving average per pair; when that exceeds the pair's budget (after min_samples
  * samples) the pair is disabled: the router re-prefills instead of translating for it, says so in
- * the log, in kvlingo_router_pairs_disabled and in ListNodes.  Disabling is sticky until the
- * router restarts or SIGHUP raises the budget above the moving KL.
+ * the log, in kvlingo_router_pairs_disabled and in ListNodes.  After retry_seconds it is back on
+ * probation (reason "probation"): translated, every switch shadowed, until min_samples fresh
+ * samples pass it (enabled) or fail it (disabled again, for twice as long, up to a day).  With
+ * retry_seconds 0 it stays disabled until the router restarts or SIGHUP raises the budget above
+ * its moving KL.  Only the guardrail's own samples count: a client's compare_reprefill KL is
+ * reported to that client and never recorded here (a tenant could otherwise switch a pair off
+ * for everyone with inputs chosen to score badly).
  */
 #ifndef KVR_GUARD_H
 #define KVR_GUARD_H
@@ -46,7 +51,7 @@ int kvr_guard_shadow_due(kvr_guard *g, const char *src, const char *dst);
  * can_shadow 0: the caller has not the logprobs a shadow compares (it asked for them before
  * the pair was due), so a sample that falls due stays due for the pair's next switch. */
 int kvr_guard_count_switch(kvr_guard *g, const char *src, const char *dst, int can_shadow);
-/* Record one KL sample (also used by compare_reprefill turns). */
+/* Record one of the guardrail's own KL samples (never a client's compare_reprefill). */
 void kvr_guard_record(kvr_guard *g, const char *src, const char *dst, double kl);
 /* Every ordered pair of a full fleet's models (each node serves one): the pairs tracked. */
 #define KVR_GUARD_MAX_PAIRS (KVR_MAX_NODES * (KVR_MAX_NODES - 1))

@@ -20,8 +20,8 @@ static kvl_status call(kvr_node *n, const char *method, const ProtobufCMessage *
     if (!s && res.code != GRPC_STATUS_OK) {
         s = kvl__rpc_status_to_kvl(res.code);
         if (s == KVL_OK) s = KVL_ERR_INTERNAL;
-        kvl__errorf(s, "node %s (%s): %s: %s: %s", n->name, n->address, method,
-                   kvl__rpc_status_name(res.code), res.message ? res.message : "");
+        kvl__errorf(s, "node %s: %s: %s: %s", n->name, method, kvl__rpc_status_name(res.code),
+                   res.message ? res.message : "");
     } else if (s) {
         kvl__error_prefix(s, n->name);
     }
@@ -265,9 +265,8 @@ int kvr_node_gen_next(kvr_node *n, kvl__rpc_stream *st, Kvlingo__V1__GenerateRes
         if (s) return s;
         if (code) *code = res.code;
         if (res.code != GRPC_STATUS_OK)
-            kvl__errorf(kvl__rpc_status_to_kvl(res.code),
-                        "node %s (%s): turn stream (Generate or ContinueTurn): %s: %s", n->name,
-                       n->address, kvl__rpc_status_name(res.code), res.message ? res.message : "");
+            kvl__errorf(kvl__rpc_status_to_kvl(res.code), "node %s: turn stream (Generate or ContinueTurn): %s: %s",
+                        n->name, kvl__rpc_status_name(res.code), res.message ? res.message : "");
         kvl__rpc_result_clear(&res);
         return 0;
     }

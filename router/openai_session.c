@@ -138,9 +138,10 @@ static int on_token(void *arg, int32_t token, const char *node_text, float logpr
 }
 
 /* The HTTP status and OpenAI error of a failed turn (the thread message says why). */
-static void turn_error(kvl_status s, kvr_oai_error *err) {
-    const char *m = kvl_last_error();
-    if (!m[0]) m = kvl_strerror(s);
+static void turn_error(kvr_router *r, kvl_status s, kvr_oai_error *err) {
+    char mr[512];   /* as the client may read it: no node addresses */
+    kvr_registry_redact(r->reg, kvl_last_error()[0] ? kvl_last_error() : kvl_strerror(s), mr, sizeof mr);
+    const char *m = mr;
     grpc_status_code c = kvl__rpc_status_from_kvl(s);
     if (s == KVL_ERR_MISMATCH && strstr(m, "is busy")) c = GRPC_STATUS_ABORTED;
     if (s == KVL_ERR_NOMEM && strstr(m, "router busy")) c = GRPC_STATUS_RESOURCE_EXHAUSTED;
@@ -301,7 +302,7 @@ int kvr_oai_run_turn(kvr_router *r, const kvr_oai_req *q, const char *session_hd
                                                           kvr_wall_now());
             if (cs == KVL_ERR_NOMEM && strstr(kvl_last_error(), "quota:")) kvr_quota_refused(r, tn, "max_sessions");
             if (cs && !strstr(kvl_last_error(), "exists")) {
-                turn_error(cs == KVL_ERR_NOMEM ? cs : KVL_ERR_INTERNAL, err);
+                turn_error(r, cs == KVL_ERR_NOMEM ? cs : KVL_ERR_INTERNAL, err);
                 free(P);
                 return -1;
             }
@@ -349,7 +350,7 @@ int kvr_oai_run_turn(kvr_router *r, const kvr_oai_req *q, const char *session_hd
                 cs = kvr_router_busy_take(r, u->sid);   /* max_busy_sessions: 503 */
             }
             if (cs) {
-                turn_error(cs, err);
+                turn_error(r, cs, err);
                 end_unreachable(r, u->sid, created);
                 free(P);
                 return -1;
@@ -421,7 +422,7 @@ int kvr_oai_run_turn(kvr_router *r, const kvr_oai_req *q, const char *session_hd
                      o.node, mode_str(o.mode), u->res.prompt_tokens, u->res.cached_tokens, n_user, e.n_gen,
                      o.ttft_s * 1e3, u->finish);
     } else {
-        turn_error(s, err);
+        turn_error(r, s, err);
         rc = -1;
     }
     kvr_router_busy_release(r, u->sid);

@@ -316,3 +316,69 @@ void kvr_registry_copy(kvr_registry *r, int i, kvr_node *out) {
     *out = r->nodes[i];
     pthread_mutex_unlock(&r->mu);
 }
+
+/* Length of an IPv4 address (with its ":port" if one follows) at s, else 0. */
+static size_t ipv4_at(const char *s) {
+    size_t i = 0;
+    for (int part = 0; part < 4; part++) {
+        size_t d = 0;
+        while (d < 3 && s[i + d] >= '0' && s[i + d] <= '9') d++;
+        if (!d || (s[i + d] >= '0' && s[i + d] <= '9')) return 0;
+        i += d;
+        if (part < 3) {
+            if (s[i] != '.') return 0;
+            i++;
+        }
+    }
+    if (s[i] == ':' && s[i + 1] >= '0' && s[i + 1] <= '9')
+        for (i++; s[i] >= '0' && s[i] <= '9'; i++) {}
+    return i;
+}
+
+/* Length of a bracketed IPv6 address ("[...]" with its ":port") at s, else 0. */
+static size_t ipv6_at(const char *s) {
+    if (s[0] != '[') return 0;
+    size_t i = 1;
+    int zone = 0;   /* past '%': an interface name ("fe80::1%eth0") */
+    while (s[i] && s[i] != ']' && i < 64) {
+        const char c = s[i];
+        const int hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+        const int alnum = hex || (c >= 'g' && c <= 'z') || (c >= 'G' && c <= 'Z') || c == '_' || c == '-';
+        if (c == '%') zone = 1;
+        else if (!(zone ? alnum || c == '.' : hex || c == ':' || c == '.')) return 0;
+        i++;
+    }
+    if (s[i] != ']' || i < 3) return 0;
+    i++;
+    if (s[i] == ':' && s[i + 1] >= '0' && s[i + 1] <= '9')
+        for (i++; s[i] >= '0' && s[i] <= '9'; i++) {}
+    return i;
+}
+
+void kvr_registry_redact(const kvr_registry *r, const char *in, char *out, size_t cap) {
+    if (!cap) return;
+    size_t o = 0;
+    const char *p = in ? in : "";
+    while (*p && o + 1 < cap) {
+        const char *put = NULL;
+        size_t skip = 0;
+        for (int i = 0; r && i < r->n && !put; i++) {   /* immutable after create: no lock */
+            const size_t al = strlen(r->nodes[i].address);
+            if (al && !strncmp(p, r->nodes[i].address, al)) {
+                put = r->nodes[i].name;
+                skip = al;
+            }
+        }
+        /* an address starts a token: "10.1.2.3" inside "v10.1.2.3" is left alone */
+        const int starts = p == in || !((p[-1] >= '0' && p[-1] <= '9') || (p[-1] >= 'a' && p[-1] <= 'z') ||
+                                        (p[-1] >= 'A' && p[-1] <= 'Z') || p[-1] == '.' || p[-1] == '_');
+        if (!put && starts && ((skip = ipv4_at(p)) || (skip = ipv6_at(p)))) put = "<address>";
+        if (put) {
+            for (const char *q = put; *q && o + 1 < cap; q++) out[o++] = *q;
+            p += skip;
+        } else {
+            out[o++] = *p++;
+        }
+    }
+    out[o] = 0;
+}

@@ -96,4 +96,12 @@ void kvr_registry_views(kvr_registry *r, const kvr_session *s, int current,
 /* Copy node i under the lock (for ListNodes / metrics). */
 void kvr_registry_copy(kvr_registry *r, int i, kvr_node *out);
 
+/* `in` as a client may read it (out: NUL-terminated, at most cap bytes, truncated if need be):
+ * each fleet member's address replaced by its name, and any other network address left (an
+ * IPv4 address with or without its port, a bracketed IPv6 one: a node's peer, a resolved
+ * name in a connect error) by "<address>".  Node addresses are the fleet's internals
+ * (ListNodes, which shows them, is an admin call), and node errors that name them travel into
+ * a turn's error status and fallback reason. */
+void kvr_registry_redact(const kvr_registry *r, const char *in, char *out, size_t cap);
+
 #endif

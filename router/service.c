@@ -78,8 +78,9 @@ static void fail_kvl(kvr_router *r, kvl__rpc_call *call, const char *method, kvl
     char lab[48];
     snprintf(lab, sizeof lab, "code=\"%s\"", kvl__rpc_status_name(code));
     kvr_metrics_inc(r->metrics, "kvlingo_router_errors_total", lab, 1);
-    const char *m = kvl_last_error();
-    fail(call, method, code, m[0] ? m : kvl_strerror(s));
+    char m[1024];   /* as the client may read it: node errors name node addresses */
+    kvr_registry_redact(r->reg, kvl_last_error()[0] ? kvl_last_error() : kvl_strerror(s), m, sizeof m);
+    fail(call, method, code, m);
 }
 
 /* KVL_OK when session `id` exists and belongs to `tenant`.  Another tenant's session is
@@ -185,6 +186,8 @@ static kvl_status validate_send(kvr_router *r, Kvlingo__V1__SendRequest *q, int3
         return kvr_id_refuse("request_id", q->request_id);
     if (!(q->temperature >= 0 && q->temperature <= 100) || !(q->top_p >= 0 && q->top_p <= 1))
         return kvl__errorf(KVL_ERR_INVALID_ARG, "temperature must be in [0, 100], top_p in [0, 1]");
+    if (q->top_k > INT32_MAX)   /* what a node takes: checked here, before a node says so */
+        return kvl__errorf(KVL_ERR_INVALID_ARG, "top_k %u is too large (at most %d; 0: off)", q->top_k, INT32_MAX);
     if (tl) {
         if (tl > (size_t)c->max_input_tokens * MAX_BYTES_PER_TOKEN)
             return kvl__errorf(KVL_ERR_RANGE, "input of %zu bytes is too long (max_input_tokens %ld)", tl,
@@ -272,7 +275,9 @@ static void h_send(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
         sum.ttft_seconds = o.ttft_s;
         sum.tokens_per_second = o.tps;
         sum.n_generated = o.n_generated;
-        sum.fallback_reason = o.fallback;
+        char fb_r[sizeof o.fallback];   /* a node's reason may name a peer's address */
+        kvr_registry_redact(r->reg, o.fallback, fb_r, sizeof fb_r);
+        sum.fallback_reason = fb_r;
         sum.turn = o.turn;
         sum.context_tokens = o.context_tokens;
         sum.switch_seconds = o.switch_s;

@@ -625,13 +625,18 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
                     memcpy(ctx + t.N, req->user, sizeof(int32_t) * (size_t)req->n_user);
                     if (!kvr_shadow_run(T, req->sid, ctx, n_ctx, t.node_ms * 4, &native, &nv, &rt)) {
                         out->reprefill_ttft_s = rt;
+                        /* the client's to see; the guardrail's only when its own sampling had
+                         * picked this switch anyway (a tenant choosing when to compare, with
+                         * inputs that score badly, must not switch a pair off for everyone) */
                         if (first_lp && nv == vocab && out->mode == KVLINGO__V1__SWITCH_MODE__SWITCH_MODE_TRANSLATE) {
                             out->shadow_kl = (float)kvr_kl_logprobs(native, first_lp, nv);
-                            kvr_guard_record(r->guard, out->from_model, out->model, out->shadow_kl);
+                            if (shadow) kvr_guard_record(r->guard, out->from_model, out->model, out->shadow_kl);
                         }
                     } else {
                         kvl__svc_log_text("warn", "compare_reprefill failed: %s", kvl_last_error());
                     }
+                    /* the comparison prefilled the whole context once more: the tenant's to pay */
+                    if (req->tenant) kvr_tenants_charge(r->tenants, req->tenant, n_ctx, kvr_wall_now());
                 }
                 free(ctx);
                 free(native);

@@ -367,6 +367,30 @@ static void test_cost(void **state) {
     kvr_policy_free(p);
 }
 
+/* What a client reads of a node error: members' addresses by name, other addresses masked,
+ * digits that are not an address left alone, the output bounded. */
+static void test_redact(void **state) {
+    (void)state;
+    kvr_registry reg;
+    memset(&reg, 0, sizeof reg);
+    reg.n = 2;
+    snprintf(reg.nodes[0].name, sizeof reg.nodes[0].name, "a0");
+    snprintf(reg.nodes[0].address, sizeof reg.nodes[0].address, "127.0.0.1:7100");
+    snprintf(reg.nodes[1].name, sizeof reg.nodes[1].name, "b0");
+    snprintf(reg.nodes[1].address, sizeof reg.nodes[1].address, "kvld-b.fleet.svc:7101");
+    char out[256];
+    kvr_registry_redact(&reg, "node b0: source_unavailable: 127.0.0.1:7100: connect to ipv4:10.2.3.4:7100 "
+                        "and [fe80::1%eth0]:7101 failed; pull source 'kvld-b.fleet.svc:7101'", out, sizeof out);
+    assert_string_equal(out, "node b0: source_unavailable: a0: connect to ipv4:<address> and <address> failed; "
+                             "pull source 'b0'");
+    kvr_registry_redact(&reg, "span [0, 2048) of 1.5 MB, v10.1.2.3, 3.14 s, 1.2.3, top_k 3000000000", out, sizeof out);
+    assert_string_equal(out, "span [0, 2048) of 1.5 MB, v10.1.2.3, 3.14 s, 1.2.3, top_k 3000000000");
+    kvr_registry_redact(&reg, "at 192.168.0.1", out, 8);
+    assert_string_equal(out, "at <add");
+    kvr_registry_redact(NULL, "10.0.0.1:80", out, sizeof out);
+    assert_string_equal(out, "<address>");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_ok),       cmocka_unit_test(test_config_errors),
@@ -374,6 +398,7 @@ int main(void) {
         cmocka_unit_test(test_cascade),         cmocka_unit_test(test_cost),
         cmocka_unit_test(test_failover),        cmocka_unit_test(test_push_ahead),
         cmocka_unit_test(test_rates_bounded),   cmocka_unit_test(test_reason_copy),
+        cmocka_unit_test(test_redact),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
