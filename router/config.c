@@ -220,6 +220,8 @@ static kvl_status parse_root(kvl__svc_yaml *y, kvr_config *c, const char *name) 
     if (!s) s = kvl__svc_kv_double(&top, "api_keys_reload_seconds", 10, 0, 86400, &c->api_keys_reload_s);
     if (!s) s = kvl__svc_kv_int(&top, "http_max_body_bytes", 1 << 20, 1024, 1 << 28, &c->http_max_body);
     if (!s) s = kvl__svc_kv_int(&top, "http_max_connections", 64, 1, 4096, &c->http_max_conn);
+    if (!s) s = kvl__svc_kv_int(&top, "http_max_connections_per_ip", 16, 0, 4096, &c->http_max_conn_per_ip);
+    if (!s) s = kvl__svc_kv_int(&top, "http_idle_timeout_seconds", 30, 1, 3600, &c->http_idle_timeout_s);
     if (!s) s = kvl__svc_kv_int(&top, "prefix_index_blocks", 65536, 16, 1 << 24, &c->prefix_blocks);
     if (!s) {
         tmp = kvl__svc_kv_str(&top, "ledger", "router.db");

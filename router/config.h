@@ -14,6 +14,11 @@
  *                                   #   file is reloaded as on SIGHUP.  0: on SIGHUP only
  *   http_max_body_bytes: 1048576    # a larger request body is refused (413)
  *   http_max_connections: 64        # HTTP connections at once (one thread each)
+ *   http_max_connections_per_ip: 16 # of those, from one client address (0: no cap; behind a
+ *                                   #   proxy every client has its address, so set 0 there and
+ *                                   #   let the proxy bound slow clients)
+ *   http_idle_timeout_seconds: 30   # a connection silent this long is closed (a request that
+ *                                   #   trickles in byte by byte is bounded by the per-IP cap)
  *   prefix_index_blocks: 65536      # entries (16-token blocks) of the prefix index that maps a
  *                                   #   stateless request to the session it extends (LRU)
  *   ledger: router.db               # SQLite file (relative paths are relative to this file),
@@ -99,6 +104,8 @@ typedef struct kvr_config {
     double api_keys_reload_s; /* 0: reload on SIGHUP only */
     long http_max_body;
     long http_max_conn;
+    long http_max_conn_per_ip;   /* 0: no per-address cap */
+    long http_idle_timeout_s;
     long prefix_blocks;
     char *ledger;             /* resolved path */
     char *tokenizer;          /* resolved path */

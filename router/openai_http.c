@@ -598,6 +598,10 @@ kvl_status kvr_oai_http_start(kvr_router *r, const char *addr, long max_conn, lo
     h->r = r;
     h->max_body = max_body;
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+    /* a connection holds a thread from its first byte, before any API key is seen: one client
+     * address may hold only so many (else a few dozen sockets trickling headers would lock out
+     * every client), and a silent one is closed */
+    const unsigned per_ip = (unsigned)r->cfg->http_max_conn_per_ip, idle_s = (unsigned)r->cfg->http_idle_timeout_s;
     if (r->tls.cert_pem) {
         /* a router that runs TLS serves the OpenAI API over HTTPS with the same certificate
          * (the API key of a request must not cross the network in clear either) */
@@ -610,7 +614,8 @@ kvl_status kvr_oai_http_start(kvr_router *r, const char *addr, long max_conn, lo
         h->mhd = MHD_start_daemon(flags | MHD_USE_TLS, 0, NULL, NULL, on_request, h,
                                   MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                                   MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conn,
-                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                                  MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
+                                  MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
                                   MHD_OPTION_NOTIFY_COMPLETED, on_done, (void *)NULL,
                                   MHD_OPTION_HTTPS_MEM_KEY, r->tls.key_pem,
                                   MHD_OPTION_HTTPS_MEM_CERT, r->tls.cert_pem, MHD_OPTION_END);
@@ -618,7 +623,8 @@ kvl_status kvr_oai_http_start(kvr_router *r, const char *addr, long max_conn, lo
         h->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h,
                                   MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                                   MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conn,
-                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                                  MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
+                                  MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
                                   MHD_OPTION_NOTIFY_COMPLETED, on_done, (void *)NULL, MHD_OPTION_END);
     }
     if (!h->mhd) {

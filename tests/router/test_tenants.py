@@ -21,7 +21,12 @@ kvld (qwen3-a) + kvlingo-router (pinned policy, a key file, the OpenAI HTTP API)
      keeps the old table and the log says why;
   8. the metrics count refusals by reason and quota refusals by tenant;
   9. a router without api_keys and without insecure refuses to start, saying why;
- 10. with api_keys_reload_seconds, a changed key file is loaded without a signal.
+ 10. with api_keys_reload_seconds, a changed key file is loaded without a signal;
+ 11. the OpenAI door's threads: one client address trickling request headers on as many
+     sockets as it may open holds at most http_max_connections_per_ip of them, and /health
+     and a real request from another address are still served;
+ 12. compare_reprefill's extra prefill of the whole context is charged to the tenant's
+     tokens_per_minute (a comparison is not a free re-prefill).
 usage: test_tenants.py --build BUILD_DIR --work WORK_DIR
 """
 import argparse
@@ -46,6 +51,7 @@ KB = "sk-beta-0000000000000001"
 KO = "sk-ops-00000000000000001"
 KT = "sk-tight-000000000000001"
 KG = "sk-gamma-000000000000001"
+KC = "sk-cmp-0000000000000001"
 
 
 def key_file(path, tenants):
@@ -73,6 +79,7 @@ TENANTS = [
     {"name": "beta", "key_sha256": [sha(KB)]},           # the file holds only the digest
     {"name": "ops", "keys": [KO], "admin": True},
     {"name": "tight", "keys": [KT], "tokens_per_minute": 120, "max_sessions": 2},
+    {"name": "cmp", "keys": [KC], "tokens_per_minute": 120},
 ]
 
 
@@ -85,7 +92,7 @@ def rpc_code(fn):
     return "OK", ""
 
 
-def http(port, method, path, body=None, key=None, headers=None):
+def http(port, method, path, body=None, key=None, headers=None, timeout=120):
     h = {"Content-Type": "application/json"}
     if key:
         h["Authorization"] = "Bearer " + key
@@ -93,7 +100,7 @@ def http(port, method, path, body=None, key=None, headers=None):
     req = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path), method=method, headers=h,
                                  data=json.dumps(body).encode() if body is not None else None)
     try:
-        with urllib.request.urlopen(req, timeout=120) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, dict(r.headers), json.loads(r.read() or b"null")
     except urllib.error.HTTPError as e:
         return e.code, dict(e.headers), json.loads(e.read() or b"null")
@@ -152,7 +159,8 @@ def main():
     fleet = rtest.Fleet(a.build, a.work, models=("qwen3-a",), translators=False,
                         policy={"name": "pinned", "default_model": "qwen3-a"}, api_keys=keys,
                         # key file changes by SIGHUP only, until part 10 turns the polling on
-                        extra_top={"http_listen": "127.0.0.1:%d" % hport, "api_keys_reload_seconds": 0})
+                        extra_top={"http_listen": "127.0.0.1:%d" % hport, "api_keys_reload_seconds": 0,
+                                   "http_max_connections": 8, "http_max_connections_per_ip": 4})
     try:
         anon, wrong = fleet.client(api_key=""), fleet.client(api_key="sk-nobody-0000000000001")
         ca, cb, co, ct = (fleet.client(api_key=k) for k in (KA, KB, KO, KT))
@@ -326,6 +334,58 @@ def main():
             check(p.returncode == 0 and p.stdout.split("\n")[0] == "True" and p.stdout.strip().endswith("0"),
                   "clients/python with api_key: %d %s %s" % (p.returncode, p.stdout, p.stderr))
         print("ok: kvlingo chat --api-key / KVL_API_KEY%s" % (", clients/python api_key and --api-key" if py else ""))
+
+        # ---- 11. the OpenAI door under a slow-headers client (8 threads, 4 per address)
+        import socket
+        held = []
+        for _ in range(8):   # from 127.0.0.2: loopback answers for every 127/8 address
+            so = socket.socket()
+            so.bind(("127.0.0.2", 0))
+            so.settimeout(2)
+            try:
+                so.connect(("127.0.0.1", hport))
+                so.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            except OSError:
+                pass
+            held.append(so)
+        time.sleep(0.3)
+        def still_open(so):   # the server waits for the rest of its headers
+            try:
+                so.sendall(b"a")
+                so.settimeout(0.3)
+                return so.recv(1) != b""   # b"": closed; bytes: an answer before the end
+            except socket.timeout:
+                return True
+            except OSError:
+                return False
+        open_ = sum(1 for so in held if still_open(so))
+        t0 = time.time()
+        st, _, _ = http(hport, "GET", "/health", timeout=5)
+        check(st == 200 and time.time() - t0 < 2, "/health with 8 slow sockets from one address: %d" % st)
+        st, _, body = http(hport, "POST", "/v1/completions", key=KO,
+                           body={"model": "qwen3-a", "max_tokens": 2, "prompt": "Still served"})
+        check(st == 200, "a request beside the slow sockets: %d %r" % (st, body))
+        check(open_ <= 4, "%d of the slow sockets stayed open (cap 4 per address)" % open_)
+        for so in held:
+            so.close()
+        print("ok: 8 slow-header sockets from 127.0.0.2 hold at most 4 of 8 threads (%d); /health and a "
+              "request from 127.0.0.1 are served" % open_)
+
+        # ---- 12. compare_reprefill pays for its prefill (cmp: 120 tokens a minute)
+        cc = fleet.client(api_key=KC)
+        scm = cc.create_session()
+        ids, _, s1 = cc.send_all(scm, rtest.corpus_text(400, 340), max_tokens=1)
+        used1 = s1.user_tokens + len(ids)
+        check(70 <= used1 <= 110, "first turn's tokens: %d" % used1)
+        ids, _, s2 = cc.send_all(scm, " Then", max_tokens=1, compare_reprefill=True)
+        check(s2.reprefill_ttft_seconds > 0, "the comparison ran: %r" % s2.reprefill_ttft_seconds)
+        # charged: used1 + the turn + the comparison's prefill of its whole context > 120; not
+        # charged, the bucket would still hold 120 - used1 - 2 > 0 and admit the next turn
+        code, msg = rpc_code(lambda: cc.send_all(scm, " Next", max_tokens=1))
+        check(code == "RESOURCE_EXHAUSTED" and "tokens_per_minute" in msg,
+              "after a comparison of %d tokens: %s %s" % (s2.context_tokens, code, msg))
+        print("ok: compare_reprefill charged its prefill of %d tokens: the next turn is RESOURCE_EXHAUSTED "
+              "(%s)" % (s2.context_tokens, msg[:60]))
 
         # ---- 7. SIGHUP: add a key, revoke another; a bad file keeps the table
         cg = fleet.client(api_key=KG)
