@@ -9,6 +9,7 @@
 
 #include "clock.h"
 #include "error.h"
+#include "tenants.h"
 
 struct kvr_ledger {
     const kvr_ledger_ops *ops;
@@ -103,6 +104,33 @@ int kvr_session_id_valid(const char *id) {
     return 1;
 }
 
+#define KVR_TENANT_TAG 12   /* hex digits of the tenant's tag in a session key */
+
+void kvr_session_key(const char *tenant, const char *id, char out[KVR_ID_MAX]) {
+    if (!tenant || !tenant[0] || !strcmp(tenant, "default")) {
+        snprintf(out, KVR_ID_MAX, "%s", id);
+        return;
+    }
+    char h[65];
+    kvr_sha256_hex(tenant, strlen(tenant), h);
+    snprintf(out, KVR_ID_MAX, "%.*s/%s", KVR_TENANT_TAG, h, id);
+}
+
+int kvr_session_key_valid(const char *key) {
+    if (!key) return 0;
+    const char *slash = strchr(key, '/');
+    if (!slash) return kvr_session_id_valid(key);
+    if (slash - key != KVR_TENANT_TAG) return 0;
+    for (const char *c = key; c < slash; c++)
+        if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f'))) return 0;
+    return kvr_session_id_valid(slash + 1);
+}
+
+const char *kvr_session_client_id(const char *key) {
+    const char *slash = key ? strchr(key, '/') : NULL;
+    return slash ? slash + 1 : key;
+}
+
 void kvr_session_clear(kvr_session *s) {
     if (!s) return;
     free(s->tokens);
@@ -137,7 +165,7 @@ static kvl_status check_name(const char *what, const char *v) {
 
 kvl_status kvr_ledger_session_create_for(kvr_ledger *l, const char *id, const char *model,
                                          const char *tenant, long max_open, double now) {
-    if (!kvr_session_id_valid(id)) return kvr_id_refuse("session_id", id);
+    if (!kvr_session_key_valid(id)) return kvr_id_refuse("session_id", id);
     kvl_status s = check_name("model", model);
     if (!s) s = check_name("tenant", tenant);
     if (!s && (!tenant || !tenant[0])) s = kvl__errorf(KVL_ERR_INVALID_ARG, "ledger: a session needs a tenant");
@@ -154,7 +182,7 @@ kvl_status kvr_ledger_session_create(kvr_ledger *l, const char *id, const char *
 
 kvl_status kvr_ledger_session_load(kvr_ledger *l, const char *id, int with_tokens, kvr_session *out) {
     memset(out, 0, sizeof *out);
-    if (!kvr_session_id_valid(id)) return kvr_id_refuse("session_id", id);   /* no session has such an id */
+    if (!kvr_session_key_valid(id)) return kvr_id_refuse("session_id", id);   /* no session has such an id */
     double t0 = kvl__now_s();
     kvl_status s = l->ops->session_load(l->impl, id, with_tokens, out);
     observe(l, "load", 0, t0);
@@ -166,7 +194,7 @@ kvl_status kvr_ledger_turn_commit(kvr_ledger *l, const char *id, const int32_t *
                                   int n, const kvr_turn_rec *turn, const char *current_node,
                                   int pol_level, int pol_calm, const kvr_holding *holdings,
                                   int n_holdings, double now) {
-    if (!kvr_session_id_valid(id)) return kvr_id_refuse("session_id", id);
+    if (!kvr_session_key_valid(id)) return kvr_id_refuse("session_id", id);
     if (t0 < 0 || n < 0 || (n > 0 && !tokens) || n_holdings < 0 || n_holdings > KVR_MAX_HOLDINGS ||
         (n_holdings > 0 && !holdings))
         return kvl__errorf(KVL_ERR_INVALID_ARG, "ledger: session '%s': commit of %d tokens at %d "
@@ -195,7 +223,7 @@ kvl_status kvr_ledger_turn_commit(kvr_ledger *l, const char *id, const int32_t *
 }
 
 kvl_status kvr_ledger_holding_set(kvr_ledger *l, const char *id, const char *node, int n) {
-    if (!kvr_session_id_valid(id)) return kvr_id_refuse("session_id", id);
+    if (!kvr_session_key_valid(id)) return kvr_id_refuse("session_id", id);
     if (!node || !node[0]) return kvl__errorf(KVL_ERR_INVALID_ARG, "ledger: holding without a node");
     kvl_status s = check_name("node", node);
     if (s) return s;
@@ -206,7 +234,7 @@ kvl_status kvr_ledger_holding_set(kvr_ledger *l, const char *id, const char *nod
 }
 
 kvl_status kvr_ledger_session_end(kvr_ledger *l, const char *id, kvr_session_state state, double now) {
-    if (!kvr_session_id_valid(id)) return kvr_id_refuse("session_id", id);   /* no session has such an id */
+    if (!kvr_session_key_valid(id)) return kvr_id_refuse("session_id", id);   /* no session has such an id */
     double m0 = kvl__now_s();
     kvl_status s = l->ops->session_end(l->impl, id, state, now);
     observe(l, "end", 1, m0);
@@ -250,7 +278,7 @@ kvl_status kvr_ledger_count_open(kvr_ledger *l, long *n) {
 kvl_status kvr_ledger_lease_acquire(kvr_ledger *l, const char *id, const char *owner, double now,
                                     double ttl_s, kvr_lease *out) {
     memset(out, 0, sizeof *out);
-    if (!kvr_session_id_valid(id)) return kvr_id_refuse("session_id", id);   /* no session has such an id */
+    if (!kvr_session_key_valid(id)) return kvr_id_refuse("session_id", id);   /* no session has such an id */
     if (!owner || !owner[0]) return kvl__errorf(KVL_ERR_INVALID_ARG, "ledger: lease without an owner");
     kvl_status s = check_name("lease owner", owner);
     if (s) return s;
@@ -263,7 +291,7 @@ kvl_status kvr_ledger_lease_acquire(kvr_ledger *l, const char *id, const char *o
 
 kvl_status kvr_ledger_lease_renew(kvr_ledger *l, const char *id, const char *owner, int64_t gen,
                                   double now, double ttl_s) {
-    if (!kvr_session_id_valid(id) || !owner || !owner[0] || !(ttl_s > 0))
+    if (!kvr_session_key_valid(id) || !owner || !owner[0] || !(ttl_s > 0))
         return kvl__errorf(KVL_ERR_INVALID_ARG, "ledger: lease renewal of '%.80s' is malformed", id ? id : "");
     double m0 = kvl__now_s();
     kvl_status s = l->ops->lease_renew(l->impl, id, owner, gen, now, ttl_s);
@@ -272,7 +300,7 @@ kvl_status kvr_ledger_lease_renew(kvr_ledger *l, const char *id, const char *own
 }
 
 kvl_status kvr_ledger_lease_release(kvr_ledger *l, const char *id, const char *owner, int64_t gen) {
-    if (!kvr_session_id_valid(id) || !owner || !owner[0])
+    if (!kvr_session_key_valid(id) || !owner || !owner[0])
         return kvl__errorf(KVL_ERR_INVALID_ARG, "ledger: lease release of '%.80s' is malformed", id ? id : "");
     double m0 = kvl__now_s();
     kvl_status s = l->ops->lease_release(l->impl, id, owner, gen);
@@ -283,7 +311,7 @@ kvl_status kvr_ledger_lease_release(kvr_ledger *l, const char *id, const char *o
 kvl_status kvr_ledger_turn_find(kvr_ledger *l, const char *id, const char *request_id,
                                 kvr_turn_found *out) {
     memset(out, 0, sizeof *out);
-    if (!kvr_session_id_valid(id)) return kvr_id_refuse("session_id", id);   /* no session has such an id */
+    if (!kvr_session_key_valid(id)) return kvr_id_refuse("session_id", id);   /* no session has such an id */
     if (!kvr_session_id_valid(request_id)) return kvr_id_refuse("request_id", request_id);
     double m0 = kvl__now_s();
     kvl_status s = l->ops->turn_find(l->impl, id, request_id, out);

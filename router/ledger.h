@@ -34,7 +34,8 @@
 
 #include "kvlingo/status.h"
 
-#define KVR_ID_MAX 72          /* session ids: 1..64 bytes of [A-Za-z0-9._:-]                */
+#define KVR_ID_MAX 80          /* session keys: a client's id (1..64 bytes of [A-Za-z0-9._:-])
+                                * behind its tenant's tag (kvr_session_key)                     */
 #define KVR_NAME_MAX 64
 #define KVR_MAX_HOLDINGS 32
 
@@ -130,8 +131,21 @@ void kvr_ledger_set_observer(kvr_ledger *l,
                              void (*fn)(void *arg, const char *op, int write, double seconds),
                              void *arg);
 
-/* 1 when `id` is a valid session id (length and characters). */
+/* 1 when `id` is a valid session id as a client names it (length and characters). */
 int kvr_session_id_valid(const char *id);
+
+/* Session ids are per tenant: the ledger, the nodes and the logs know a session by its key,
+ * the client's id behind a tag of its tenant, "<12 hex of sha256(tenant)>/<id>", so that two
+ * tenants naming a session alike get two sessions, and one tenant learns nothing of another's
+ * ids (creating an id another tenant holds succeeds; a name squatted in advance is another
+ * session).  Tenant "default" (a router without API keys, where every client is that one
+ * tenant) keeps the id as it is, as do sessions made before keys were per tenant.
+ *   kvr_session_key:       out (KVR_ID_MAX bytes) = the key of `id` (valid) for `tenant`
+ *   kvr_session_key_valid: 1 for a client id or such a key
+ *   kvr_session_client_id: the client's id within a key (a pointer into it) */
+void kvr_session_key(const char *tenant, const char *id, char out[KVR_ID_MAX]);
+int kvr_session_key_valid(const char *key);
+const char *kvr_session_client_id(const char *key);
 /* KVL_ERR_INVALID_ARG naming `what` ("session_id", "request_id"), the id's first 64 characters,
  * its length and the rule: "session_id 'x...' (65 characters) is invalid (1-64 of A-Za-z0-9._:-)".
  * Always returns that status (for `return kvr_id_refuse(...)`). */

@@ -91,7 +91,7 @@ static enum MHD_Result send_error(struct MHD_Connection *c, const kvr_oai_error 
 static void add_turn_headers(struct MHD_Response *resp, const kvr_oai_run *u) {
     char cached[24];
     snprintf(cached, sizeof cached, "%d", u->res.cached_tokens);
-    MHD_add_response_header(resp, "x-kvlingo-session", u->sid);
+    MHD_add_response_header(resp, "x-kvlingo-session", kvr_session_client_id(u->sid));
     MHD_add_response_header(resp, "x-kvlingo-model", u->model);
     MHD_add_response_header(resp, "x-kvlingo-node", u->node);
     MHD_add_response_header(resp, "x-kvlingo-switch", u->mode);

@@ -57,13 +57,14 @@ static void fill_result(emit_ctx *e) {
     u->res.node = u->node;
     u->res.from_model = u->from_model;
     u->res.switch_mode = u->mode;
-    u->res.session = u->sid;
+    u->res.session = kvr_session_client_id(u->sid);   /* the client's name, without its tenant's tag */
     u->res.span_tokens = o->span_tokens;
     u->res.ttft_ms = o->ttft_s * 1e3;
     int cached = u->res.prompt_tokens - (int)o->prefill_tokens;
     u->res.cached_tokens = cached > 0 ? cached : 0;
     u->res.completion_tokens = e->n_gen;
-    snprintf(u->res.id, sizeof u->res.id, "%s-%s-%u", e->q->chat ? "chatcmpl" : "cmpl", u->sid, o->turn);
+    snprintf(u->res.id, sizeof u->res.id, "%s-%s-%u", e->q->chat ? "chatcmpl" : "cmpl",
+             kvr_session_client_id(u->sid), o->turn);
 }
 
 static int text_append(kvr_oai_run *u, const char *s, size_t n) {
@@ -294,9 +295,21 @@ int kvr_oai_run_turn(kvr_router *r, const kvr_oai_req *q, const char *session_hd
             free(P);
             return -1;
         }
-        snprintf(u->sid, sizeof u->sid, "%s", session_hdr);
+        /* the tenant's own session of that name (ledger.h kvr_session_key): another tenant's
+         * alike name is another session, so naming it reaches nothing of theirs */
+        kvr_session_key(tn, session_hdr, u->sid);
         kvr_session s;
         kvl_status ls = kvr_ledger_session_load(r->ledger, u->sid, 0, &s);
+        if (!ls) kvr_session_clear(&s);
+        if (ls == KVL_ERR_NOT_FOUND && strcmp(u->sid, session_hdr) &&
+            !kvr_ledger_session_load(r->ledger, session_hdr, 0, &s)) {
+            /* made before keys were per tenant: its bare id, when it is this tenant's */
+            if (!strcmp(s.tenant, tn)) {
+                snprintf(u->sid, sizeof u->sid, "%s", session_hdr);
+                ls = KVL_OK;
+            }
+            kvr_session_clear(&s);
+        }
         if (ls == KVL_ERR_NOT_FOUND) {
             kvl_status cs = kvr_ledger_session_create_for(r->ledger, u->sid, "", tn, tenant->max_sessions,
                                                           kvr_wall_now());
@@ -306,20 +319,18 @@ int kvr_oai_run_turn(kvr_router *r, const kvr_oai_req *q, const char *session_hd
                 free(P);
                 return -1;
             }
-        } else if (!ls) {
-            kvr_session_clear(&s);
         }
         int t = take_if_prefix(r, tn, u->sid, P, (int)nP, &n_ledger, why, sizeof why);
         if (t <= 0 && !strcmp(why, "unknown session")) {   /* another tenant's: as if absent */
             kvr_oai_set_error(err, 404, "invalid_request_error", "x-kvlingo-session", "session_not_found",
-                              "unknown session '%s'", u->sid);
+                              "unknown session '%s'", session_hdr);
             free(P);
             return -1;
         }
         if (t <= 0) {
             kvr_oai_set_error(err, strstr(why, "running") ? 409 : 400, "invalid_request_error",
                               "x-kvlingo-session", strstr(why, "running") ? "session_busy" : NULL,
-                              "session '%s' cannot continue with this conversation: %s", u->sid, why);
+                              "session '%s' cannot continue with this conversation: %s", session_hdr, why);
             free(P);
             return -1;
         }
@@ -341,7 +352,9 @@ int kvr_oai_run_turn(kvr_router *r, const kvr_oai_req *q, const char *session_hd
                 free(P);
                 return -1;
             }
-            new_id(u->sid, sizeof u->sid);
+            char fresh[KVR_ID_MAX];
+            new_id(fresh, sizeof fresh);
+            kvr_session_key(tn, fresh, u->sid);
             kvl_status cs = kvr_ledger_session_create_for(r->ledger, u->sid, "", tn, tenant->max_sessions,
                                                           kvr_wall_now());
             if (cs == KVL_ERR_NOMEM && strstr(kvl_last_error(), "quota:")) kvr_quota_refused(r, tn, "max_sessions");

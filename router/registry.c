@@ -355,6 +355,13 @@ static size_t ipv6_at(const char *s) {
     return i;
 }
 
+/* 13 when s starts a session key's tenant tag ("<12 lower-case hex>/", ledger.h), else 0. */
+static size_t tenant_tag_at(const char *s) {
+    for (int i = 0; i < 12; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return 0;
+    return s[12] == '/' ? 13 : 0;
+}
+
 void kvr_registry_redact(const kvr_registry *r, const char *in, char *out, size_t cap) {
     if (!cap) return;
     size_t o = 0;
@@ -373,6 +380,7 @@ void kvr_registry_redact(const kvr_registry *r, const char *in, char *out, size_
         const int starts = p == in || !((p[-1] >= '0' && p[-1] <= '9') || (p[-1] >= 'a' && p[-1] <= 'z') ||
                                         (p[-1] >= 'A' && p[-1] <= 'Z') || p[-1] == '.' || p[-1] == '_');
         if (!put && starts && ((skip = ipv4_at(p)) || (skip = ipv6_at(p)))) put = "<address>";
+        if (!put && starts && (skip = tenant_tag_at(p))) put = "";   /* the client's own id */
         if (put) {
             for (const char *q = put; *q && o + 1 < cap; q++) out[o++] = *q;
             p += skip;

@@ -99,7 +99,8 @@ void kvr_registry_copy(kvr_registry *r, int i, kvr_node *out);
 /* `in` as a client may read it (out: NUL-terminated, at most cap bytes, truncated if need be):
  * each fleet member's address replaced by its name, and any other network address left (an
  * IPv4 address with or without its port, a bracketed IPv6 one: a node's peer, a resolved
- * name in a connect error) by "<address>".  Node addresses are the fleet's internals
+ * name in a connect error) by "<address>", and a session key's tenant tag dropped (the client
+ * reads its own id, ledger.h kvr_session_key).  Node addresses are the fleet's internals
  * (ListNodes, which shows them, is an admin call), and node errors that name them travel into
  * a turn's error status and fallback reason. */
 void kvr_registry_redact(const kvr_registry *r, const char *in, char *out, size_t cap);

@@ -83,14 +83,18 @@ static void fail_kvl(kvr_router *r, kvl__rpc_call *call, const char *method, kvl
     fail(call, method, code, m);
 }
 
-/* KVL_OK when session `id` exists and belongs to `tenant`.  Another tenant's session is
- * KVL_ERR_NOT_FOUND with the very message an unknown one gets: no hint that it exists. */
-static kvl_status owned(kvr_router *r, const char *id, const char *tenant) {
+kvl_status kvr_session_resolve(kvr_router *r, const char *id, const char *tenant, char key[KVR_ID_MAX]) {
+    if (!kvr_session_id_valid(id)) return kvr_id_refuse("session_id", id);
+    kvr_session_key(tenant, id, key);
     kvr_session s;
-    kvl_status st = kvr_ledger_session_load(r->ledger, id, 0, &s);
-    if (st) return st;
-    int mine = !strcmp(s.tenant, tenant);
-    kvr_session_clear(&s);
+    kvl_status st = kvr_ledger_session_load(r->ledger, key, 0, &s);
+    if (st == KVL_ERR_NOT_FOUND && strcmp(key, id)) {   /* made before keys were per tenant */
+        snprintf(key, KVR_ID_MAX, "%s", id);
+        st = kvr_ledger_session_load(r->ledger, key, 0, &s);
+    }
+    if (st && st != KVL_ERR_NOT_FOUND) return st;
+    int mine = !st && !strcmp(s.tenant, tenant);
+    if (!st) kvr_session_clear(&s);
     return mine ? KVL_OK : kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", id);
 }
 
@@ -102,9 +106,15 @@ static void h_create(kvl__rpc_call *call, const uint8_t *req, size_t len, void *
     if (kvr_auth_call(r, call, "CreateSession", 0, &t)) return;
     Kvlingo__V1__CreateSessionRequest *q = kvlingo__v1__create_session_request__unpack(NULL, len, req);
     if (!q) { fail(call, "CreateSession", GRPC_STATUS_INVALID_ARGUMENT, "malformed CreateSessionRequest"); return; }
-    char id[KVR_ID_MAX];
+    char id[KVR_ID_MAX], key[KVR_ID_MAX];
     if (q->session_id && q->session_id[0]) {
-        snprintf(id, sizeof id, "%.*s", KVR_ID_MAX - 1, q->session_id);
+        if (!kvr_session_id_valid(q->session_id)) {   /* checked whole, before it is copied */
+            kvl_status e = kvr_id_refuse("session_id", q->session_id);
+            protobuf_c_message_free_unpacked(&q->base, NULL);
+            fail_kvl(r, call, "CreateSession", e);
+            return;
+        }
+        snprintf(id, sizeof id, "%s", q->session_id);
     } else {
         uint8_t rnd[8] = {0};
         if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
@@ -120,7 +130,8 @@ static void h_create(kvl__rpc_call *call, const uint8_t *req, size_t len, void *
         kvr_registry_models(r->reg, models, sizeof models);
         s = kvl__errorf(KVL_ERR_NOT_FOUND, "unknown model '%.64s' (the fleet serves: %s)", q->model, models);
     }
-    if (!s) s = kvr_ledger_session_create_for(r->ledger, id, q->model ? q->model : "", t.name, t.max_sessions,
+    kvr_session_key(t.name, id, key);   /* the tenant's own: another's alike id is another session */
+    if (!s) s = kvr_ledger_session_create_for(r->ledger, key, q->model ? q->model : "", t.name, t.max_sessions,
                                               kvr_wall_now());
     protobuf_c_message_free_unpacked(&q->base, NULL);
     if (s == KVL_ERR_NOMEM && strstr(kvl_last_error(), "quota:")) kvr_quota_refused(r, t.name, "max_sessions");
@@ -135,7 +146,7 @@ static void h_create(kvl__rpc_call *call, const uint8_t *req, size_t len, void *
     Kvlingo__V1__CreateSessionResponse resp = KVLINGO__V1__CREATE_SESSION_RESPONSE__INIT;
     resp.session_id = id;
     kvl__rpc_call_reply_pb(call, &resp.base);
-    kvl__svc_log_text("info", "CreateSession %s tenant=%s", id, t.name);
+    kvl__svc_log_text("info", "CreateSession %s tenant=%s", key, t.name);
 }
 
 /* ---- Send ---------------------------------------------------------------------------------- */
@@ -225,9 +236,10 @@ static void h_send(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
     if (!q) { fail(call, "Send", GRPC_STATUS_INVALID_ARGUMENT, "malformed SendRequest"); return; }
     int32_t *ids = NULL;
     int n = 0;
+    char key[KVR_ID_MAX] = "";
     kvl_status s = validate_send(r, q, &ids, &n);
-    if (!s) s = owned(r, q->session_id, t.name);   /* before the busy check: no hint either */
-    if (!s) s = kvr_router_busy_take(r, q->session_id);
+    if (!s) s = kvr_session_resolve(r, q->session_id, t.name, key);   /* before the busy check: no hint either */
+    if (!s) s = kvr_router_busy_take(r, key);
     if (s) {
         fail_kvl(r, call, "Send", s);
         free(ids);
@@ -241,7 +253,7 @@ static void h_send(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
         end_token = kvl_tokenizer_token_id(r->tok, f == KVL_CHAT_LLAMA3 ? "<|eot_id|>" : "<|im_end|>");
         if (end_token >= 0 && !q->ignore_eos) stop_ids[n_stop++] = end_token;
     }
-    kvr_turn_req tr = {.sid = q->session_id, .user = ids, .n_user = n,
+    kvr_turn_req tr = {.sid = key, .user = ids, .n_user = n,
                        .max_tokens = q->max_tokens ? q->max_tokens : (unsigned)r->cfg->default_max_tokens,
                        .temperature = q->temperature, .top_k = q->top_k, .top_p = q->top_p,
                        .seed = q->seed, .stop_at_eos = !q->ignore_eos, .stop_ids = stop_ids,
@@ -261,7 +273,7 @@ static void h_send(kvl__rpc_call *call, const uint8_t *req, size_t len, void *us
     s = kvr_turn_run(r, &tr, emit_token, &e, &o);
     kvl__rpc_call_on_cancel(call, NULL, NULL);   /* returns once no callback runs */
     kvr_turn_cancel_destroy(&cx);
-    kvr_router_busy_release(r, q->session_id);
+    kvr_router_busy_release(r, key);
     if (s) {
         fail_kvl(r, call, "Send", s);
     } else {
@@ -328,20 +340,21 @@ static void h_get(kvl__rpc_call *call, const uint8_t *req, size_t len, void *use
     Kvlingo__V1__GetSessionRequest *q = kvlingo__v1__get_session_request__unpack(NULL, len, req);
     if (!q) { fail(call, "GetSession", GRPC_STATUS_INVALID_ARGUMENT, "malformed GetSessionRequest"); return; }
     kvr_session s;
-    kvl_status st = kvr_session_id_valid(q->session_id)
-                        ? kvr_ledger_session_load(r->ledger, q->session_id, q->include_tokens, &s)
-                        : kvr_id_refuse("session_id", q->session_id);
+    char key[KVR_ID_MAX], id[KVR_ID_MAX] = "";
+    kvl_status st = kvr_session_resolve(r, q->session_id, t.name, key);
+    if (!st) st = kvr_ledger_session_load(r->ledger, key, q->include_tokens, &s);
     if (!st && strcmp(s.tenant, t.name)) {   /* another tenant's: as if it did not exist */
         kvr_session_clear(&s);
         st = kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", q->session_id);
     }
+    if (!st) snprintf(id, sizeof id, "%s", q->session_id);   /* the client's name for it */
     protobuf_c_message_free_unpacked(&q->base, NULL);
     if (st) { fail_kvl(r, call, "GetSession", st); return; }
     Kvlingo__V1__GetSessionResponse resp = KVLINGO__V1__GET_SESSION_RESPONSE__INIT;
     Kvlingo__V1__NodeHolding hold[KVR_MAX_HOLDINGS], *hp[KVR_MAX_HOLDINGS];
     static const char *states[] = {"open", "closed", "expired"};
     int ni = kvr_registry_find(r->reg, s.current_node);
-    resp.session_id = s.id;
+    resp.session_id = id;
     resp.open = s.state == KVR_SESSION_OPEN;
     resp.context_tokens = (uint32_t)s.n_tokens;
     resp.n_turns = (uint32_t)s.n_turns;
@@ -368,14 +381,11 @@ static void h_close(kvl__rpc_call *call, const uint8_t *req, size_t len, void *u
     if (kvr_auth_call(r, call, "CloseSession", 0, &t)) return;
     Kvlingo__V1__CloseSessionRequest *q = kvlingo__v1__close_session_request__unpack(NULL, len, req);
     if (!q) { fail(call, "CloseSession", GRPC_STATUS_INVALID_ARGUMENT, "malformed CloseSessionRequest"); return; }
-    char id[KVR_ID_MAX];
-    /* checked whole before it is copied: a longer id must not close the one it starts with */
-    const int valid = q->session_id && kvr_session_id_valid(q->session_id);
-    kvl_status st = valid ? KVL_OK : kvr_id_refuse("session_id", q->session_id);
-    snprintf(id, sizeof id, "%.64s", q->session_id ? q->session_id : "");
+    char id[KVR_ID_MAX];   /* the session's key */
+    /* checked whole before it is used: a longer id must not close the one it starts with */
+    kvl_status st = kvr_session_resolve(r, q->session_id, t.name, id);
     protobuf_c_message_free_unpacked(&q->base, NULL);
     kvr_session s;
-    if (!st) st = owned(r, id, t.name);
     if (!st) st = kvr_router_busy_take(r, id);
     if (st) { fail_kvl(r, call, "CloseSession", st); return; }
     st = kvr_ledger_session_load(r->ledger, id, 0, &s);

@@ -385,6 +385,8 @@ static void test_redact(void **state) {
                              "pull source 'b0'");
     kvr_registry_redact(&reg, "span [0, 2048) of 1.5 MB, v10.1.2.3, 3.14 s, 1.2.3, top_k 3000000000", out, sizeof out);
     assert_string_equal(out, "span [0, 2048) of 1.5 MB, v10.1.2.3, 3.14 s, 1.2.3, top_k 3000000000");
+    kvr_registry_redact(&reg, "session '0123456789ab/conv-1' is busy; 0123456789abc/x", out, sizeof out);
+    assert_string_equal(out, "session 'conv-1' is busy; 0123456789abc/x");
     kvr_registry_redact(&reg, "at 192.168.0.1", out, 8);
     assert_string_equal(out, "at <add");
     kvr_registry_redact(NULL, "10.0.0.1:80", out, sizeof out);

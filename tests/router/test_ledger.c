@@ -251,8 +251,36 @@ static void test_tenant_quota(void **state) {
     assert_int_equal(kvr_ledger_session_end(l, "ta1", KVR_SESSION_CLOSED, 2.0), KVL_OK);
     assert_int_equal(kvr_ledger_session_create_for(l, "ta3", "", "acme", 2, 3.0), KVL_OK);
     assert_int_equal(kvr_ledger_session_create_for(l, "ta4", "", "acme", 0, 3.0), KVL_OK);   /* 0: no limit */
-    /* an id another tenant holds is taken: ids are one namespace */
+    /* a key another tenant holds is taken (the router keys each tenant's ids apart) */
     assert_int_equal(kvr_ledger_session_create_for(l, "ta2", "", "beta", 0, 3.0), KVL_ERR_INVALID_ARG);
+    /* per-tenant keys: the same client id under two tenants is two sessions */
+    char ka[KVR_ID_MAX], kb[KVR_ID_MAX], kd[KVR_ID_MAX];
+    kvr_session_key("acme", "conv-1", ka);
+    kvr_session_key("beta", "conv-1", kb);
+    kvr_session_key("default", "conv-1", kd);
+    assert_string_equal(kd, "conv-1");
+    assert_string_not_equal(ka, kb);
+    assert_int_equal((int)strlen(ka), 12 + 1 + 6);
+    assert_true(kvr_session_key_valid(ka) && kvr_session_key_valid(kd));
+    assert_string_equal(kvr_session_client_id(ka), "conv-1");
+    assert_string_equal(kvr_session_client_id(kd), "conv-1");
+    assert_int_equal(kvr_ledger_session_create_for(l, ka, "", "acme", 0, 3.0), KVL_OK);
+    assert_int_equal(kvr_ledger_session_create_for(l, kb, "", "beta", 0, 3.0), KVL_OK);
+    assert_int_equal(kvr_ledger_session_load(l, kb, 0, &s), KVL_OK);
+    assert_string_equal(s.tenant, "beta");
+    kvr_session_clear(&s);
+    /* the longest client id fits; a client's id may not hold a '/', nor a key a bad tag */
+    char longest[65], kl[KVR_ID_MAX];
+    memset(longest, 'x', 64);
+    longest[64] = 0;
+    kvr_session_key("acme", longest, kl);
+    assert_int_equal((int)strlen(kl), 77);
+    assert_true(kvr_session_key_valid(kl));
+    assert_false(kvr_session_id_valid("ab/cd"));
+    assert_false(kvr_session_key_valid("0123456789a/cd"));    /* 11-digit tag */
+    assert_false(kvr_session_key_valid("0123456789aB/cd"));   /* upper case */
+    assert_false(kvr_session_key_valid("0123456789ab/c/d"));
+    assert_int_equal(kvr_ledger_session_create_for(l, "ab/cd", "", "acme", 0, 3.0), KVL_ERR_INVALID_ARG);
 }
 
 /* A ledger written by the first router (schema 1: no version table, no lease columns) opens,

@@ -5,7 +5,9 @@ kvld (qwen3-a) + kvlingo-router (pinned policy, a key file, the OpenAI HTTP API)
   1. gRPC without a key, with an unknown key, with a non-admin key on ListNodes: UNAUTHENTICATED,
      UNAUTHENTICATED, PERMISSION_DENIED; an admin key lists the nodes;
   2. tenant B on tenant A's session: GetSession (include_tokens), Send and CloseSession are
-     NOT_FOUND with the message an unknown session gets; A's session still works and its next
+     NOT_FOUND with the message an unknown session gets; CreateSession with A's id makes B's
+     own session of that name (no ALREADY_EXISTS: ids are per tenant, so B learns nothing of
+     A's, and a name B takes first is not taken from A); A's session still works and its next
      greedy turn equals that of a control session given the same input;
   3. max_sessions: the tenant's next CreateSession is RESOURCE_EXHAUSTED (HTTP 429 on the OpenAI
      API), closing one frees a place;
@@ -13,9 +15,9 @@ kvld (qwen3-a) + kvlingo-router (pinned policy, a key file, the OpenAI HTTP API)
      is empty, then RESOURCE_EXHAUSTED (HTTP 429),
      and after the wait the message names, a turn again;
   5. the OpenAI API: 401 without a key and with a wrong key (the official openai client raises
-     AuthenticationError), 404 for another tenant's session named by x-kvlingo-session, and
-     another tenant's identical conversation never continues A's session (its own, no cache),
-     while A's continues;
+     AuthenticationError), another tenant naming A's session by x-kvlingo-session gets a session
+     of its own by that name (nothing cached, A's untouched), and another tenant's identical
+     conversation never continues A's session (its own, no cache), while A's continues;
   6. kvlingo chat --api-key / KVL_API_KEY and the clients/python package's api_key;
   7. SIGHUP re-reads the key file: a new key works, a revoked one is UNAUTHENTICATED; a bad file
      keeps the old table and the log says why;
@@ -199,13 +201,28 @@ def main():
             check(msg == msg_u.replace("s-0123456789abcdef", sa), "B's message %r differs from an unknown "
                   "session's %r" % (msg, msg_u))
             check(not re.search(r"\d{3,}", msg.replace(sa, "")), "no token ids in %r" % msg)
+        # ids are per tenant: B creating A's id gets its own session of that name, and a name B
+        # takes first (squatting) is still A's to take
+        check(cb.create_session(session_id=sa) == sa, "B's CreateSession with A's id")
+        gb = cb.get_session(sa, include_tokens=True)
+        check(gb.context_tokens == 0 and len(gb.tokens) == 0, "B's session named like A's: %r" % gb)
+        cb.send_all(sa, "B's own words", max_tokens=2)
+        check(cb.create_session(session_id="conv-taken-first") == "conv-taken-first", "B takes a name first")
+        sq = ca.create_session(session_id="conv-taken-first")
+        check(sq == "conv-taken-first" and ca.get_session(sq).context_tokens == 0, "A's own conv-taken-first")
+        ca.close_session(sq)
+        cb.close_session("conv-taken-first")
+        cb.close_session(sa)
+        code, msg = rpc_code(lambda: cb.create_session(session_id="bad/id"))
+        check(code == "INVALID_ARGUMENT" and "session_id" in msg, "an id with '/': %s %s" % (code, msg))
         info = ca.get_session(sa, include_tokens=True)
         check(info.open and len(info.tokens) == info.context_tokens > 12, "A's session after B: %r" % info)
         ja, _, _ = ca.send_all(sa, text2, **g)
         jc, _, _ = ctl.send_all(sc, text2, **g)
         check(ja == jc, "A's next turn %r != the control session's %r" % (ja, jc))
         print("ok: B's GetSession(include_tokens) / Send / CloseSession on A's session: NOT_FOUND as for "
-              "an unknown id; A's next greedy turn equals the control's (%d tokens)" % len(ja))
+              "an unknown id; B's CreateSession with A's id makes B's own; A's next greedy turn equals "
+              "the control's (%d tokens)" % len(ja))
 
         # ---- 3. max_sessions (acme: 3; sa and sc are open)
         s3 = ca.create_session()
@@ -280,9 +297,12 @@ def main():
                          body={"model": "qwen3-a", "max_tokens": 8, "temperature": 0, "messages": msgs})
         check(st == 200, "A's chat: %d %r" % (st, r1))
         sid_a = h["x-kvlingo-session"]
-        st, _, body = http(hport, "POST", "/v1/chat/completions", key=KB, headers={"x-kvlingo-session": sid_a},
-                           body={"model": "qwen3-a", "max_tokens": 4, "messages": msgs})
-        check(st == 404 and "unknown session" in body["error"]["message"], "B names A's session: %d %r" % (st, body))
+        st, h0, body = http(hport, "POST", "/v1/chat/completions", key=KB, headers={"x-kvlingo-session": sid_a},
+                            body={"model": "qwen3-a", "max_tokens": 4,
+                                  "messages": [{"role": "user", "content": "Beta's own question."}]})
+        check(st == 200 and h0["x-kvlingo-session"] == sid_a and
+              body["usage"]["prompt_tokens_details"]["cached_tokens"] == 0,
+              "B names A's session: its own by that name: %d %r" % (st, body))
         more = msgs + [{"role": "assistant", "content": r1["choices"][0]["message"]["content"]},
                        {"role": "user", "content": "And then?"}]
         st, hb, rb = http(hport, "POST", "/v1/chat/completions", key=KB,
@@ -294,9 +314,10 @@ def main():
                           body={"model": "qwen3-a", "max_tokens": 4, "temperature": 0, "messages": more})
         check(st == 200 and ha["x-kvlingo-session"] == sid_a and ra["usage"]["prompt_tokens_details"]["cached_tokens"] > 0,
               "A continues its own session: %d %s cached %s" % (st, ha.get("x-kvlingo-session"), ra.get("usage")))
-        code, _ = rpc_code(lambda: cb.get_session(sid_a))
-        check(code == "NOT_FOUND", "B's GetSession of A's HTTP session: %s" % code)
-        print("ok: HTTP: 401 without / with a wrong key; 404 for A's session named by B; B's copy of A's "
+        mine, theirs = cb.get_session(sid_a, include_tokens=True), ca.get_session(sid_a, include_tokens=True)
+        check(list(mine.tokens) != list(theirs.tokens) and len(theirs.tokens) > len(mine.tokens),
+              "B's GetSession of %s is B's own (%d tokens), not A's (%d)" % (sid_a, len(mine.tokens), len(theirs.tokens)))
+        print("ok: HTTP: 401 without / with a wrong key; B naming A's session gets its own; B's copy of A's "
               "conversation gets its own session (no cache), A's continues (%d cached)" %
               ra["usage"]["prompt_tokens_details"]["cached_tokens"])
         py = openai_python()
