@@ -385,7 +385,11 @@ void kvld_rpc_generate(kvl__rpc_call *call, const uint8_t *req, size_t len, void
         return;
     }
     kvld_gen_params gp;
-    kvl_status st = kvld_gen_params_from_pb(n, in, &gp);
+    /* r.session is the id cut to its buffer: a longer one must not name the session it starts with */
+    kvl_status st = strlen(in->session_id) < sizeof r.session
+                        ? kvld_gen_params_from_pb(n, in, &gp)
+                        : kvl__errorf(KVL_ERR_INVALID_ARG, "session id of %zu characters (at most %zu)",
+                                      strlen(in->session_id), sizeof r.session - 1);
     kvlingo__v1__generate_request__free_unpacked(in, NULL);
     if (st != KVL_OK) {
         kvld_req_fail(&r, st, NULL);
@@ -427,9 +431,13 @@ void kvld_rpc_session_info(kvl__rpc_call *call, const uint8_t *req, size_t len, 
     UNPACK_OR_FAIL(in, Kvlingo__V1__SessionInfoRequest, kvlingo__v1__session_info_request__unpack,
                    &r, req, len);
     snprintf(r.session, sizeof r.session, "%s", in->session_id);
+    const size_t idl = strlen(in->session_id);
     kvlingo__v1__session_info_request__free_unpacked(in, NULL);
     kvld_session_info si;
-    kvl_status st = kvld_sessions_info(n->sessions, r.session, &si);
+    /* r.session is the id cut to its buffer: a longer one must not name the session it starts with */
+    kvl_status st = idl < sizeof r.session ? kvld_sessions_info(n->sessions, r.session, &si)
+                                           : kvl__errorf(KVL_ERR_INVALID_ARG, "session id of %zu characters "
+                                                         "(at most %zu)", idl, sizeof r.session - 1);
     if (st != KVL_OK) {
         kvld_req_fail(&r, st, NULL);
         return;

@@ -176,6 +176,19 @@ def main():
             t.check(e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT and "stop_tokens" in e.details(),
                     "stop_tokens %s -> INVALID_ARGUMENT" % bad[:2])
 
+        # 2a. an id longer than a node's ids, that starts with one of its sessions: never that session
+        long_id = "stops" + "x" * 200
+        for what, fn in (("SessionInfo", lambda: sb.SessionInfo(pb.SessionInfoRequest(session_id=long_id), timeout=10)),
+                         ("Generate", lambda: gen(long_id, max_tokens=2))):
+            e = rpc_error(fn)
+            t.check(e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT and "session id" in e.details(),
+                    "%s with a %d-character id -> INVALID_ARGUMENT (%s)" % (what, len(long_id), e and e.details()))
+        sb.OpenSession(pb.OpenSessionRequest(session_id="y" * 127), timeout=10)
+        e = rpc_error(lambda: sb.SessionInfo(pb.SessionInfoRequest(session_id="y" * 130), timeout=10))
+        t.check(e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT,
+                "SessionInfo of 130 y's with a session of 127 -> INVALID_ARGUMENT, not that session")
+        sb.DropSession(pb.DropSessionRequest(session_id="y" * 127), timeout=10)
+
         # 3. text too long for --max-context
         sc.OpenSession(pb.OpenSessionRequest(session_id="short"), timeout=10)
         e = rpc_error(lambda: sc.Append(pb.AppendRequest(session_id="short",
