@@ -53,6 +53,8 @@ void kvr_auth_declare(kvr_router *r) {
         kvr_metrics_inc(r->metrics, "kvlingo_router_quota_refused_total", lab, 0);
         snprintf(lab, sizeof lab, "tenant=\"%s\",quota=\"tokens_per_minute\"", q);
         kvr_metrics_inc(r->metrics, "kvlingo_router_quota_refused_total", lab, 0);
+        snprintf(lab, sizeof lab, "tenant=\"%s\",quota=\"max_concurrent_turns\"", q);
+        kvr_metrics_inc(r->metrics, "kvlingo_router_quota_refused_total", lab, 0);
     }
 }
 

@@ -55,7 +55,7 @@ static const kvl__svc_metric_def k_defs[] = {
     {"kvlingo_router_auth_refused_total", "Requests refused for their API key, by reason (missing, "
      "unknown, forbidden: the tenant lacks the right).", KVL_SVC_COUNTER, NULL, 0},
     {"kvlingo_router_quota_refused_total", "Requests refused for a tenant's quota, by tenant and quota "
-     "(max_sessions, tokens_per_minute).", KVL_SVC_COUNTER, NULL, 0},
+     "(max_sessions, tokens_per_minute, max_concurrent_turns).", KVL_SVC_COUNTER, NULL, 0},
     {"kvlingo_router_push_ahead_total", "Span pushes after a turn to the node likely next, by result "
      "(shipped, used, unused, skipped_busy, skipped, dropped_full, failed).", KVL_SVC_COUNTER, NULL, 0},
     {"kvlingo_router_push_ahead_seconds", "Duration of a pushed span's export and translation.",

@@ -147,7 +147,8 @@ static void turn_error(kvr_router *r, kvl_status s, kvr_oai_error *err) {
     if (s == KVL_ERR_MISMATCH && strstr(m, "is busy")) c = GRPC_STATUS_ABORTED;
     if (s == KVL_ERR_NOMEM && strstr(m, "router busy")) c = GRPC_STATUS_RESOURCE_EXHAUSTED;
     if (c == GRPC_STATUS_RESOURCE_EXHAUSTED && strstr(m, "quota:")) {   /* a tenant's quota */
-        kvr_oai_set_error(err, 429, strstr(m, "max_sessions") ? "sessions" : "tokens", NULL,
+        kvr_oai_set_error(err, 429, strstr(m, "max_sessions") ? "sessions"
+                                    : strstr(m, "max_concurrent_turns") ? "requests" : "tokens", NULL,
                           "rate_limit_exceeded", "%s", m);
         return;
     }

@@ -19,6 +19,7 @@
 typedef struct tenant {
     kvr_tenant_info info;
     kvr_bucket bucket;
+    long running;                 /* turns running (kvr_tenants_turn_begin .. _end)          */
 } tenant;
 
 typedef struct keyent {
@@ -200,6 +201,7 @@ static kvl_status parse_tenant(kvl__svc_yaml *y, kvr_tenants *t, yaml_node_t *m,
     if (!s) snprintf(tn->info.name, sizeof tn->info.name, "%s", name);
     if (!s) s = kvl__svc_kv_int(&l, "max_sessions", 0, 0, 1L << 30, &tn->info.max_sessions);
     if (!s) s = kvl__svc_kv_int(&l, "tokens_per_minute", 0, 0, 1L << 40, &tn->info.tokens_per_minute);
+    if (!s) s = kvl__svc_kv_int(&l, "max_concurrent_turns", 0, 0, 1L << 20, &tn->info.max_turns);
     if (!s) s = kvl__svc_kv_bool(&l, "admin", 0, &tn->info.admin);
     int before = t->n_keys;
     const char *raw = s ? NULL : kvl__svc_kv_str(&l, "keys", NULL);
@@ -346,6 +348,8 @@ void kvr_tenants_replace(kvr_tenants *t, kvr_tenants *fresh) {
     for (int i = 0; i < fresh->n; i++) {
         tenant *nt = &fresh->tn[i];
         int kept = 0;
+        for (int j = 0; j < t->n; j++)   /* its turns still run: they end against the new table */
+            if (!strcmp(t->tn[j].info.name, nt->info.name)) nt->running = t->tn[j].running;
         for (int j = 0; j < t->n && !kept; j++)
             if (!strcmp(t->tn[j].info.name, nt->info.name) && t->tn[j].bucket.cap > 0 &&
                 nt->info.tokens_per_minute > 0) {
@@ -398,5 +402,22 @@ void kvr_tenants_charge(kvr_tenants *t, const char *name, long n, double now) {
     pthread_mutex_lock(&t->mu);
     kvr_bucket *b = bucket_locked(find_locked(t, name), now);
     if (b) kvr_bucket_charge(b, (double)n, now);
+    pthread_mutex_unlock(&t->mu);
+}
+
+int kvr_tenants_turn_begin(kvr_tenants *t, const char *name, long *running) {
+    pthread_mutex_lock(&t->mu);
+    tenant *tn = find_locked(t, name);
+    const int ok = !tn || tn->info.max_turns <= 0 || tn->running < tn->info.max_turns;
+    if (running) *running = tn ? tn->running : 0;
+    if (tn && ok) tn->running++;
+    pthread_mutex_unlock(&t->mu);
+    return ok;
+}
+
+void kvr_tenants_turn_end(kvr_tenants *t, const char *name) {
+    pthread_mutex_lock(&t->mu);
+    tenant *tn = find_locked(t, name);   /* a tenant the reload removed: its count went with it */
+    if (tn && tn->running > 0) tn->running--;
     pthread_mutex_unlock(&t->mu);
 }

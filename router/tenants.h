@@ -9,6 +9,9 @@
  *                                    #   the file need not hold raw keys
  *       max_sessions: 64             # open sessions at once (0: no limit; default 0)
  *       tokens_per_minute: 20000     # prompt + generated tokens (0: no limit; default 0)
+ *       max_concurrent_turns: 8      # turns running at once on this router (0: no limit;
+ *                                    #   default 0): the router's turn places are shared, and
+ *                                    #   one tenant must not take them all
  *       admin: false                 # may call ListNodes (fleet internals); default false
  *
  * A presented key is hashed with SHA-256 (OpenSSL libcrypto) and its digest compared with
@@ -63,6 +66,7 @@ typedef struct kvr_tenant_info {
     char name[KVR_TENANT_NAME_MAX];
     long max_sessions;            /* 0: no limit */
     long tokens_per_minute;       /* 0: no limit */
+    long max_turns;               /* max_concurrent_turns; 0: no limit */
     int admin;
 } kvr_tenant_info;
 
@@ -102,6 +106,11 @@ void kvr_tenants_replace(kvr_tenants *t, kvr_tenants *fresh);
 int kvr_tenants_admit(kvr_tenants *t, const char *name, long reserve, double now, double *wait_s);
 /* Charge n tokens to tenant `name` (unknown tenants, or no limit: nothing). */
 void kvr_tenants_charge(kvr_tenants *t, const char *name, long n, double now);
+/* Concurrent turns: 1 when tenant `name` may start one more (no limit, or fewer than its
+ * max_concurrent_turns running in this process), counted until kvr_tenants_turn_end; else 0,
+ * nothing counted, *running says how many run.  The counts carry over a reload. */
+int kvr_tenants_turn_begin(kvr_tenants *t, const char *name, long *running);
+void kvr_tenants_turn_end(kvr_tenants *t, const char *name);
 
 /* Lower-case hex SHA-256 of `len` bytes (out: 65 bytes). */
 void kvr_sha256_hex(const void *data, size_t len, char out[65]);

@@ -120,11 +120,22 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
         return kvl__errorf(KVL_ERR_NOMEM, "quota: tenant '%s' used its tokens_per_minute; retry in %.1f s",
                           req->tenant, wait_s);
     }
+    /* concurrent turns: the router's places are shared by every tenant */
+    long running = 0;
+    if (req->tenant && !kvr_tenants_turn_begin(r->tenants, req->tenant, &running)) {
+        kvr_tenants_charge(r->tenants, req->tenant, -reserved, kvr_wall_now());
+        kvr_quota_refused(r, req->tenant, "max_concurrent_turns");
+        return kvl__errorf(KVL_ERR_NOMEM, "quota: tenant '%s' has %ld turns running (max_concurrent_turns); "
+                          "retry when one ends", req->tenant, running);
+    }
     kvl_status s = kvr_leases_add(r->leases, req->sid);
     kvr_lease lease;
     if (!s && (s = kvr_turn_lease_take(r, req->sid, &lease))) kvr_leases_drop(r->leases, req->sid);
     if (s) {   /* refused before it ran (busy elsewhere, closed, expired): nothing is charged */
-        if (req->tenant) kvr_tenants_charge(r->tenants, req->tenant, -reserved, kvr_wall_now());
+        if (req->tenant) {
+            kvr_tenants_charge(r->tenants, req->tenant, -reserved, kvr_wall_now());
+            kvr_tenants_turn_end(r->tenants, req->tenant);
+        }
         return s;
     }
     kvr_leases_bind(r->leases, req->sid, lease.gen);
@@ -159,9 +170,11 @@ kvl_status kvr_turn_run(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn emit
     if (kvr_leases_drop(r->leases, req->sid))
         kvl__svc_log_text("warn", "session %s: the lease was lost while the turn ran", req->sid);
     /* a replay costs nothing (its turn was charged when it ran); else the unused reply goes back */
-    if (req->tenant)
+    if (req->tenant) {
         kvr_tenants_charge(r->tenants, req->tenant,
                            replayed ? -reserved : (long)out->n_generated - (long)req->max_tokens,
                            kvr_wall_now());
+        kvr_tenants_turn_end(r->tenants, req->tenant);
+    }
     return s;
 }

@@ -211,6 +211,36 @@ static void test_quota_and_replace(void **state) {
     kvr_tenants_free(t);
 }
 
+/* max_concurrent_turns: counted per tenant, kept over a reload, freed by the end of a turn. */
+static void test_concurrent_turns(void **state) {
+    (void)state;
+    kvr_tenants *t = parse_ok("tenants:\n"
+                              "  - {name: acme, keys: [\"" KEY_A "\"], max_concurrent_turns: 2}\n"
+                              "  - {name: beta, keys: [\"" KEY_B "\"]}\n");
+    long running = -1;
+    assert_true(kvr_tenants_turn_begin(t, "acme", &running));
+    assert_int_equal(running, 0);
+    assert_true(kvr_tenants_turn_begin(t, "acme", &running));
+    assert_false(kvr_tenants_turn_begin(t, "acme", &running));
+    assert_int_equal(running, 2);
+    for (int i = 0; i < 100; i++) assert_true(kvr_tenants_turn_begin(t, "beta", NULL));   /* no limit */
+    /* a reload keeps the two running turns: a lower limit refuses until they end */
+    kvr_tenants *fresh = parse_ok("tenants:\n  - {name: acme, keys: [\"" KEY_A "\"], max_concurrent_turns: 1}\n");
+    kvr_tenants_replace(t, fresh);
+    assert_false(kvr_tenants_turn_begin(t, "acme", &running));
+    assert_int_equal(running, 2);
+    kvr_tenants_turn_end(t, "acme");
+    assert_false(kvr_tenants_turn_begin(t, "acme", NULL));
+    kvr_tenants_turn_end(t, "acme");
+    assert_true(kvr_tenants_turn_begin(t, "acme", NULL));
+    kvr_tenants_turn_end(t, "acme");
+    kvr_tenants_turn_end(t, "acme");   /* one end too many: the count stays at 0 */
+    kvr_tenants_turn_end(t, "beta");   /* a tenant the reload removed */
+    assert_true(kvr_tenants_turn_begin(t, "acme", &running));
+    assert_int_equal(running, 0);
+    kvr_tenants_free(t);
+}
+
 /* A burst of one tenant's turns at once: each admitted turn reserves its most in the same step
  * as the check, so a full bucket of 1,000 admits two turns of 500 (the second runs it to 0),
  * not all of them (before, every turn could pass the check before any had reserved). */
@@ -256,6 +286,7 @@ int main(void) {
         cmocka_unit_test(test_parse_and_lookup), cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_bounds),           cmocka_unit_test(test_bucket),
         cmocka_unit_test(test_quota_and_replace), cmocka_unit_test(test_quota_burst),
+        cmocka_unit_test(test_concurrent_turns),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

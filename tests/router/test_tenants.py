@@ -28,7 +28,10 @@ kvld (qwen3-a) + kvlingo-router (pinned policy, a key file, the OpenAI HTTP API)
      sockets as it may open holds at most http_max_connections_per_ip of them, and /health
      and a real request from another address are still served;
  12. compare_reprefill's extra prefill of the whole context is charged to the tenant's
-     tokens_per_minute (a comparison is not a free re-prefill).
+     tokens_per_minute (a comparison is not a free re-prefill);
+ 13. max_concurrent_turns: while a tenant's one allowed turn streams, its next (another
+     session) is RESOURCE_EXHAUSTED naming the quota, another tenant's turn runs, and after
+     the first ends the tenant's next runs.
 usage: test_tenants.py --build BUILD_DIR --work WORK_DIR
 """
 import argparse
@@ -54,6 +57,7 @@ KO = "sk-ops-00000000000000001"
 KT = "sk-tight-000000000000001"
 KG = "sk-gamma-000000000000001"
 KC = "sk-cmp-0000000000000001"
+KN = "sk-conc-000000000000001"
 
 
 def key_file(path, tenants):
@@ -63,7 +67,7 @@ def key_file(path, tenants):
         for k in ("keys", "key_sha256"):
             if k in t:
                 lines.append("    %s: [%s]" % (k, ", ".join('"%s"' % x for x in t[k])))
-        for k in ("max_sessions", "tokens_per_minute", "admin"):
+        for k in ("max_sessions", "tokens_per_minute", "max_concurrent_turns", "admin"):
             if k in t:
                 lines.append("    %s: %s" % (k, str(t[k]).lower()))
     with open(path + ".tmp", "w") as f:
@@ -82,6 +86,7 @@ TENANTS = [
     {"name": "ops", "keys": [KO], "admin": True},
     {"name": "tight", "keys": [KT], "tokens_per_minute": 120, "max_sessions": 2},
     {"name": "cmp", "keys": [KC], "tokens_per_minute": 120},
+    {"name": "conc", "keys": [KN], "max_concurrent_turns": 1},
 ]
 
 
@@ -407,6 +412,34 @@ def main():
               "after a comparison of %d tokens: %s %s" % (s2.context_tokens, code, msg))
         print("ok: compare_reprefill charged its prefill of %d tokens: the next turn is RESOURCE_EXHAUSTED "
               "(%s)" % (s2.context_tokens, msg[:60]))
+
+        # ---- 13. max_concurrent_turns (conc: 1)
+        import threading
+        cn = fleet.client(api_key=KN)
+        s_long, s_other = cn.create_session(), cn.create_session()
+        started, done = threading.Event(), {}
+
+        def long_turn():
+            n = 0
+            for m in cn.stub.Send(cn.pb.SendRequest(session_id=s_long, text="Tell a long story.",
+                                                    max_tokens=1000, ignore_eos=True),
+                                  timeout=120, metadata=cn.metadata):
+                if not m.HasField("summary"):
+                    n += 1
+                    started.set()
+            done["n"] = n
+        th = threading.Thread(target=long_turn)
+        th.start()
+        check(started.wait(30), "the long turn started")
+        code, msg = rpc_code(lambda: cn.send_all(s_other, "meanwhile", max_tokens=2))
+        still = th.is_alive()
+        check(code == "RESOURCE_EXHAUSTED" and "max_concurrent_turns" in msg, "a second turn: %s %s" % (code, msg))
+        check(rpc_code(lambda: ca.send_all(sa, " others run", max_tokens=2))[0] == "OK", "another tenant's turn")
+        th.join(120)
+        check(still and done.get("n") == 1000, "the long turn ran on (%r, %r)" % (still, done))
+        check(len(cn.send_all(s_other, "now", max_tokens=2)[0]) == 2, "the next turn after the first ended")
+        print("ok: max_concurrent_turns 1: a second turn while one streams is RESOURCE_EXHAUSTED (%s); "
+              "another tenant's runs; the next after it ends runs" % msg[:70])
 
         # ---- 7. SIGHUP: add a key, revoke another; a bad file keeps the table
         cg = fleet.client(api_key=KG)
