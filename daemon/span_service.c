@@ -231,8 +231,12 @@ void kvld_span_commit(kvld_node *n, kvld_session *s, const Kvlingo__V1__SpanHead
                       const int32_t *ids) {
     const uint32_t cnt = h->t1 - h->t0;
     kvld_metrics_add(n->metrics, KVLD_C_SPANS_RECEIVED, 1);
+    /* a span ending inside what the ledger already holds (the cache behind its ledger, the
+     * source caching less) keeps the ledger's tail when the ids agree: they are the same
+     * tokens, still to be run through the model; ids that differ make the tail another story */
+    const int keep_tail = (int)h->t1 < s->n_ledger && !memcmp(s->ledger + h->t0, ids, sizeof(int32_t) * cnt);
     memcpy(s->ledger + h->t0, ids, sizeof(int32_t) * cnt);
-    __atomic_store_n(&s->n_ledger, (int)h->t1, __ATOMIC_RELAXED);
+    if (!keep_tail) __atomic_store_n(&s->n_ledger, (int)h->t1, __ATOMIC_RELAXED);
     s->logits_valid = 0;
     s->n_imported += (int)cnt;
 }

@@ -498,19 +498,20 @@ static const float *transposed_maps(kvl_translator *tr, int want_pairs, const ui
     const unsigned gen = __atomic_load_n(&tr->maps_gen, __ATOMIC_ACQUIRE);
     /* made once, rewritten in place (never freed before the translator): an apply still reading
      * it while the maps change races as one reading wk / wv itself would, no worse */
-    int stale = !tr->wT || tr->wT_gen != gen;
+    const int stale = !tr->wT || tr->wT_gen != gen;
     if (!tr->wT) tr->wT = malloc(sizeof(float) * 2 * Lt * per);
-    if (want_pairs && !tr->wP && din % 2 == 0 && (tr->wP = malloc(sizeof(uint16_t) * 2 * Lt * per)))
-        stale = 1;   /* new: filled below with the transposes, whatever their state */
-    if (tr->wT && stale) {
+    /* pairs made late (their first allocation failed) are filled alone: the transposes, current,
+     * may be in use by an apply outside this lock */
+    const int pairs_new = want_pairs && !tr->wP && din % 2 == 0 && (tr->wP = malloc(sizeof(uint16_t) * 2 * Lt * per));
+    if (tr->wT && (stale || pairs_new)) {
         for (size_t side = 0; side < 2; side++)
             for (size_t l = 0; l < Lt; l++) {
                 const float *W = (side ? tr->wv : tr->wk) + l * per;   /* [dt][din] */
-                float *T = tr->wT + (side * Lt + l) * per;             /* [din][dt] */
+                float *T = stale ? tr->wT + (side * Lt + l) * per : NULL;   /* [din][dt] */
                 uint16_t *P = tr->wP ? tr->wP + (side * Lt + l) * per : NULL;   /* [din/2][dt][2] */
                 for (size_t o = 0; o < dt; o++)
                     for (size_t i = 0; i < din; i++) {
-                        T[i * dt + o] = W[o * din + i];
+                        if (T) T[i * dt + o] = W[o * din + i];
                         if (P) P[((i / 2) * dt + o) * 2 + (i & 1)] = kvl__bf16_round(W[o * din + i]);
                     }
             }
