@@ -74,7 +74,9 @@ static int heads_per_pass(int DV, int heads_left) {
             const KV_T *kn = nn > 0 ? k_blk[b + KVL_A5_PF_BLOCKS] + head_off : NULL;              \
             for (int t0 = 0; t0 < n; t0 += KC) {                                                  \
                 const int nk = n - t0 < KC ? n - t0 : KC;                                         \
-                if (kn) KVL_A5_PREFETCH(kn, t0, t0 + KC < nn ? t0 + KC : nn, row, DV * sizeof(KV_T) / 4);\
+                if (kn)                                                                           \
+                    KVL_A5_PREFETCH(kn, t0, t0 + KC < nn ? t0 + KC : nn, row,                     \
+                                    DV * sizeof(KV_T) / 4);                                       \
                 __m512 acc[16];                                                                   \
                 _Pragma("GCC unroll 16") for (int i = 0; i < KC; i++) {                           \
                     /* keys past the block's last are a copy of it, their scores not stored */    \
@@ -123,7 +125,8 @@ static int heads_per_pass(int DV, int heads_left) {
             int t = 0;                                                                            \
             for (; t + 2 <= n; t += 2) {                                                          \
                 const KV_T *v0 = vb + (size_t)t * row, *v1 = v0 + row;                            \
-                if (vn) KVL_A5_PREFETCH(vn, t, t + 2 < nn ? t + 2 : nn, row, DV * sizeof(KV_T) / 4);   \
+                if (vn)                                                                           \
+                    KVL_A5_PREFETCH(vn, t, t + 2 < nn ? t + 2 : nn, row, DV * sizeof(KV_T) / 4);  \
                 __m512 p0[4], p1[4];                                                              \
                 _Pragma("GCC unroll 4") for (int h = 0; h < HC; h++) {                            \
                     p0[h] = _mm512_set1_ps(p[(size_t)h * Tk + j0 + t]);                           \
