@@ -198,6 +198,14 @@ static inline __attribute__((always_inline)) KVL_AVX512F void put_row_stream(con
     for (int i = 0; i < n; i += 16) _mm512_stream_ps((float *)dst + i, _mm512_loadu_ps(src + i));
 }
 
+/* A K or V row: streamed past the caches for a span too large to stay cached (stream), else
+ * stored as usual. */
+static inline __attribute__((always_inline)) KVL_AVX512F void put_kv(const kvl__kv_blocks *c, void *dst,
+                                                                  const float *src, int n, int stream) {
+    if (stream) put_row_stream(c, dst, src, n);
+    else put_row(c, dst, src, n);
+}
+
 /* The keys of one panel row: pre [P] (W_K x, the Kpre plane) -> k_norm per head -> RoPE with
  * the token's cos / sin [D/2] -> the K plane; as fused_rows in translate_cpu.c. */
 static inline __attribute__((always_inline)) KVL_AVX512F void key_epilogue(
@@ -233,7 +241,7 @@ static inline __attribute__((always_inline)) KVL_AVX512F void key_epilogue(
     static inline __attribute__((always_inline)) ATTR void NAME(                                   \
         kvl__kv_blocks *c, int l, int t0, const XT *xk, const XT *xv, int ds, const WT *wk,       \
         const WT *wv, int dt, const int D, const float *kn, float eps, const float *rcos,          \
-        const float *rsin, int a, int b, const int R, const int NV) {                              \
+        const float *rsin, int a, int b, int stream, const int R, const int NV) {                  \
         const int P = 16 * NV, half = D / 2;                                                       \
         float pre[6 * 128], kk[128];                                                               \
         for (int col = 0; col < dt; col += P) {                                                    \
@@ -248,8 +256,8 @@ static inline __attribute__((always_inline)) KVL_AVX512F void key_epilogue(
                                               (size_t)col * (c->bf16 ? 2 : 4), p, P);              \
                     key_epilogue(kk, p, P, D, kn, eps, rcos + (size_t)tt * half,                   \
                                  rsin + (size_t)tt * half);                                        \
-                    put_row(c, (char *)kvl__kv_blocks_slot(c, l, KVL_PLANE_K, t0 + tt) +           \
-                                   (size_t)col * (c->bf16 ? 2 : 4), kk, P);                        \
+                    put_kv(c, (char *)kvl__kv_blocks_slot(c, l, KVL_PLANE_K, t0 + tt) +            \
+                                  (size_t)col * (c->bf16 ? 2 : 4), kk, P, stream);                 \
                 }                                                                                  \
             }                                                                                      \
         }                                                                                          \
@@ -258,8 +266,8 @@ static inline __attribute__((always_inline)) KVL_AVX512F void key_epilogue(
                 const int r = b - t < R ? b - t : R;                                               \
                 PANEL(pre, xv + (size_t)t * ds, r, R, NV, wv, ds, dt, col);                        \
                 for (int i = 0; i < r; i++)                                                        \
-                    put_row(c, (char *)kvl__kv_blocks_slot(c, l, KVL_PLANE_V, t0 + t + i) +        \
-                                   (size_t)col * (c->bf16 ? 2 : 4), pre + i * 128, P);             \
+                    put_kv(c, (char *)kvl__kv_blocks_slot(c, l, KVL_PLANE_V, t0 + t + i) +         \
+                                  (size_t)col * (c->bf16 ? 2 : 4), pre + i * 128, P, stream);      \
             }                                                                                      \
         }                                                                                          \
     }
@@ -270,16 +278,19 @@ KVL_TR_ROWS_FORM(rows_form_bf16, KVL_AVX512BF16, uint16_t, uint16_t, panel_rows_
 
 /* Panels of 64 features (4 vectors) 6 tokens at a time for head_dim 32 and 64; of 128 features
  * (8 vectors, one whole head) 3 tokens at a time for head_dim 128: 24 accumulators, and per
- * source feature 4 + 6 or 8 + 3 loads against 24 FMAs.  The sfence orders the streamed Kpre
- * rows before the part reports done.  (The entry points of translate_avx512.h, made once per
+ * source feature 4 + 6 or 8 + 3 loads against 24 FMAs.  The sfence orders the streamed rows
+ * (Kpre, and K / V with `stream`) before the part reports done.  (The entry points of translate_avx512.h, made once per
  * form of the rows.) */
 #define KVL_TR_ROWS_ENTRY(NAME, ATTR, XT, FORM)                                                    \
     ATTR void NAME(kvl__kv_blocks *c, int l, int t0, const XT *xk, const XT *xv, int ds,          \
                    const XT *wk, const XT *wv, int dt, int D, const float *kn, float eps,         \
-                   const float *rcos, const float *rsin, int a, int b) {                          \
-        if (D == 32) FORM(c, l, t0, xk, xv, ds, wk, wv, dt, 32, kn, eps, rcos, rsin, a, b, 6, 4);  \
-        else if (D == 64) FORM(c, l, t0, xk, xv, ds, wk, wv, dt, 64, kn, eps, rcos, rsin, a, b, 6, 4); \
-        else if (D == 128) FORM(c, l, t0, xk, xv, ds, wk, wv, dt, 128, kn, eps, rcos, rsin, a, b, 3, 8); \
+                   const float *rcos, const float *rsin, int a, int b, int stream) {              \
+        if (D == 32)                                                                               \
+            FORM(c, l, t0, xk, xv, ds, wk, wv, dt, 32, kn, eps, rcos, rsin, a, b, stream, 6, 4);   \
+        else if (D == 64)                                                                          \
+            FORM(c, l, t0, xk, xv, ds, wk, wv, dt, 64, kn, eps, rcos, rsin, a, b, stream, 6, 4);   \
+        else if (D == 128)                                                                         \
+            FORM(c, l, t0, xk, xv, ds, wk, wv, dt, 128, kn, eps, rcos, rsin, a, b, stream, 3, 8);  \
         _mm_sfence();                                                                              \
     }
 KVL_TR_ROWS_ENTRY(kvl__translate_rows_avx512, KVL_AVX512F, float, rows_form)
@@ -292,9 +303,9 @@ KVL_TR_ROWS_ENTRY(kvl__translate_rows_avx512_bf16, KVL_AVX512BF16, uint16_t, row
 void kvl__translate_rows_avx512(kvl__kv_blocks *c, int l, int t0, const float *xk,
                                 const float *xv, int ds, const float *wkT, const float *wvT,
                                 int dt, int D, const float *kn, float eps, const float *rcos,
-                                const float *rsin, int a, int b) {
+                                const float *rsin, int a, int b, int stream) {
     (void)c, (void)l, (void)t0, (void)xk, (void)xv, (void)ds, (void)wkT, (void)wvT, (void)dt;
-    (void)D, (void)kn, (void)eps, (void)rcos, (void)rsin, (void)a, (void)b;
+    (void)D, (void)kn, (void)eps, (void)rcos, (void)rsin, (void)a, (void)b, (void)stream;
 }
 
 #endif
@@ -304,8 +315,8 @@ void kvl__translate_rows_avx512(kvl__kv_blocks *c, int l, int t0, const float *x
 void kvl__translate_rows_avx512_bf16(kvl__kv_blocks *c, int l, int t0, const uint16_t *xk,
                                      const uint16_t *xv, int ds, const uint16_t *wkP,
                                      const uint16_t *wvP, int dt, int D, const float *kn, float eps,
-                                     const float *rcos, const float *rsin, int a, int b) {
+                                     const float *rcos, const float *rsin, int a, int b, int stream) {
     (void)c, (void)l, (void)t0, (void)xk, (void)xv, (void)ds, (void)wkP, (void)wvP, (void)dt;
-    (void)D, (void)kn, (void)eps, (void)rcos, (void)rsin, (void)a, (void)b;
+    (void)D, (void)kn, (void)eps, (void)rcos, (void)rsin, (void)a, (void)b, (void)stream;
 }
 #endif

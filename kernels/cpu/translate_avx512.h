@@ -37,11 +37,14 @@ void kvl__translate_transpose(float *wT, const float *W, int dt, int ds);
  * written to cache position t0 + t (whose block must be reserved).
  * wkT, wvT: [ds, dt] (kvl__translate_transpose of W_K[l], W_V[l]); kn: [D] the layer's k_norm
  * weights or NULL (no k_norm: keys are only rotated); eps: k_norm's epsilon.
+ * stream 1: the K and V rows are written past the caches (non-temporal stores, as the Kpre
+ * rows always are; float32 caches whose rows are 64-byte aligned), for spans too large to stay
+ * cached; the part ends with a store fence either way.
  * Only where kvl__translate_avx512_usable(D, dt) holds; c->row must equal dt. */
 void kvl__translate_rows_avx512(kvl__kv_blocks *c, int l, int t0, const float *xk,
                                 const float *xv, int ds, const float *wkT, const float *wvT,
                                 int dt, int D, const float *kn, float eps, const float *rcos,
-                                const float *rsin, int a, int b);
+                                const float *rsin, int a, int b, int stream);
 
 /* kvl__translate_rows_avx512 with bf16 products: source rows xk, xv as bf16 ([.., ds] uint16)
  * and the layer's maps as bf16 pairs, [ds/2][dt][2] (element [j/2][i][j%2] = W[i][j] rounded to
@@ -55,6 +58,6 @@ void kvl__translate_rows_avx512(kvl__kv_blocks *c, int l, int t0, const float *x
 void kvl__translate_rows_avx512_bf16(kvl__kv_blocks *c, int l, int t0, const uint16_t *xk,
                                      const uint16_t *xv, int ds, const uint16_t *wkP,
                                      const uint16_t *wvP, int dt, int D, const float *kn, float eps,
-                                     const float *rcos, const float *rsin, int a, int b);
+                                     const float *rcos, const float *rsin, int a, int b, int stream);
 
 #endif

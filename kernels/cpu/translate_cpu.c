@@ -211,7 +211,17 @@ typedef struct fused_job {
     const float *rcos, *rsin;     /* [n, D/2]: the span's rows of the model's tables, or rtab's */
     float *rtab;                  /* [2][n, D/2] working memory for the tables when made here */
     int *pos;                     /* [n] */
+    int stream;                   /* K / V rows written past the caches (KVL_TR_STREAM_BYTES) */
 } fused_job;
+
+/* A span whose translated K and V take this much or more is written past the caches
+ * (non-temporal stores, as its Kpre rows always are): it cannot stay cached for the forward
+ * that reads it next anyway (that forward's attention prefetches the blocks), and a normal
+ * store first reads each line it writes, doubling the traffic.  Measured on a 2-core Zen 4
+ * (kvlingo bench switch qwen3-a -> qwen3-b, four interleaved pairs): 2048 tokens (12.6 MB)
+ * translate 1.85-2.06 against 2.23-2.39 ms, the forward unchanged; at 512 tokens (3.1 MB) the
+ * forward read the streamed rows slower, hence the bound. */
+#define KVL_TR_STREAM_BYTES (4u << 20)
 
 static void fused_table_part(void *pj, int part, int n_parts) {
     fused_job *j = pj;
@@ -265,11 +275,12 @@ static void fused_rows_part(void *pj, int part, int n_parts) {
             }
             kvl__translate_rows_avx512_bf16(j->c, l, j->t0 + a, xk, xv, ds, mp->wkP + (size_t)l * wsz,
                                             mp->wvP + (size_t)l * wsz, dt, D, kn, j->p->k_norm_eps,
-                                            j->rcos + (size_t)a * half, j->rsin + (size_t)a * half, 0, b - a);
+                                            j->rcos + (size_t)a * half, j->rsin + (size_t)a * half, 0, b - a,
+                                            j->stream);
             continue;
         }
         kvl__translate_rows_avx512(j->c, l, j->t0, j->k_src + so, j->v_src + so, ds, wkT, wvT, dt, D, kn,
-                                   j->p->k_norm_eps, j->rcos, j->rsin, a, b);
+                                   j->p->k_norm_eps, j->rcos, j->rsin, a, b, j->stream);
     }
 }
 
@@ -300,7 +311,8 @@ static kvl_status fused_apply(const cpu_translate *tr, const float *k_src, const
                    .n_chunks = (n + KVL_TR_CHUNK - 1) / KVL_TR_CHUNK, .wT = buf,
                    .rcos = buf + wts, .rsin = buf + wts + tab, .rtab = buf + wts,
                    .pos = (int *)(buf + wts + 2 * tab),
-                   .x16 = x16 ? (uint16_t *)(buf + wts + 2 * tab + n) : NULL, .k16 = k16, .v16 = v16};
+                   .x16 = x16 ? (uint16_t *)(buf + wts + 2 * tab + n) : NULL, .k16 = k16, .v16 = v16,
+                   .stream = 2.0 * n * dt * mp->dst_layers * (c->bf16 ? 2 : 4) >= KVL_TR_STREAM_BYTES};
     atomic_init(&j.next, 0);
     for (int i = 0; i < n; i++) j.pos[i] = t0 + i;
     /* the model's tables when they reach the span's end (the same rows), else made here */

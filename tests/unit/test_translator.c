@@ -711,6 +711,41 @@ static void test_apply_fused(void **state) {
     fused_case(f, "q64", "Qwen2ForCausalLM", 128, 2, 2, 64, 24);  /* no k_norm, 2 planes */
 }
 
+/* A span whose translated K / V reach the streaming bound (4 MB: written past the caches) holds
+ * the very bytes the same span applied in pieces under it holds, bf16 products or not. */
+static void test_apply_streamed(void **state) {
+    fixture *f = *state;
+    kvl_model *m = load_tiny(f->dir, "wide", "Qwen3ForCausalLM", 64, 2, 4, 4, 128, 96, 1e6, 31);
+    kvl_translator *tr = NULL;
+    assert_int_equal(kvl_translator_create(f->a, m, NULL, &tr), KVL_OK);
+    fill_random(tr, 77);
+    const int Ls = 2, Lt = 2, ds = 16, dt = 4 * 128, n = 600, piece = 150;   /* 4.9 MB whole, 1.2 a piece */
+    float *ks = malloc(sizeof(float) * Ls * n * ds), *vs = malloc(sizeof(float) * Ls * n * ds);
+    float *pk = malloc(sizeof(float) * Ls * piece * ds), *pv = malloc(sizeof(float) * Ls * piece * ds);
+    assert_non_null(ks); assert_non_null(vs); assert_non_null(pk); assert_non_null(pv);
+    for (int i = 0; i < Ls * n * ds; i++) { ks[i] = sinf(0.29f * i + 0.3f); vs[i] = cosf(0.13f * i); }
+    for (int products = 0; products < 2; products++) {
+        kvl_translator_set_bf16_products(tr, products);
+        kvl_cache *whole = NULL, *parts = NULL;
+        assert_int_equal(kvl_model_cache_create(m, NULL, &whole), KVL_OK);
+        assert_int_equal(kvl_model_cache_create(m, NULL, &parts), KVL_OK);
+        assert_int_equal(kvl_translator_apply(tr, ks, vs, 0, n, NULL, whole), KVL_OK);
+        for (int t0 = 0; t0 < n; t0 += piece) {
+            for (int l = 0; l < Ls; l++) {
+                memcpy(pk + (size_t)l * piece * ds, ks + ((size_t)l * n + t0) * ds, sizeof(float) * piece * ds);
+                memcpy(pv + (size_t)l * piece * ds, vs + ((size_t)l * n + t0) * ds, sizeof(float) * piece * ds);
+            }
+            assert_int_equal(kvl_translator_apply(tr, pk, pv, t0, piece, NULL, parts), KVL_OK);
+        }
+        assert_same_cache(whole, parts, Lt, n, dt, 1);
+        kvl_cache_free(whole);
+        kvl_cache_free(parts);
+    }
+    free(ks); free(vs); free(pk); free(pv);
+    kvl_translator_free(tr);
+    kvl_model_free(m);
+}
+
 /* A model translated into itself with W = I must reproduce the native continuation logits. */
 static void identity_case(kvl_model *m) {
     kvl_translator *tr = NULL;
@@ -760,6 +795,7 @@ int main(void) {
         cmocka_unit_test(test_apply_by_hand), cmocka_unit_test(test_identity_qwen3),
         cmocka_unit_test(test_identity_qwen2), cmocka_unit_test(test_taps),
         cmocka_unit_test(test_apply_fused), cmocka_unit_test(test_portable),
+        cmocka_unit_test(test_apply_streamed),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
