@@ -155,7 +155,7 @@ void kvr_guard_configure(kvr_guard *g, const kvr_config *cfg) {
 static void probation_check_locked(kvr_guard *g, pair *p) {
     kvr_pair_status *st = &p->st;
     if (st->enabled || g->retry_s <= 0 || strcmp(st->reason, "kl_budget")) return;
-    if (kvl__now_s() < p->disabled_at + p->cooldown_s) return;
+    if (kvl__now_s() < p->disabled_at + fmax(p->cooldown_s, g->retry_s)) return;
     st->enabled = 1;
     snprintf(st->reason, sizeof st->reason, "probation");
     st->samples = 0;
@@ -217,7 +217,8 @@ void kvr_guard_record(kvr_guard *g, const char *src, const char *dst, double kl)
                 "(budget %.4f, %u samples)", src, dst, kl, st->moving_kl, st->budget, st->samples);
         if (st->enabled && st->samples >= (unsigned)g->min_samples && st->moving_kl > st->budget) {
             /* the first cooldown is retry_s; each failed probation doubles it, up to a day */
-            p->cooldown_s = p->probation ? fmin(2 * p->cooldown_s, 86400.0) : g->retry_s;
+            p->cooldown_s = p->probation ? fmin(fmax(2 * p->cooldown_s, g->retry_s), fmax(86400.0, g->retry_s))
+                                         : g->retry_s;
             p->disabled_at = kvl__now_s();
             p->probation = 0;
             st->enabled = 0;

@@ -329,6 +329,9 @@ int kvr_oai_run_turn(kvr_router *r, const kvr_oai_req *q, const char *session_hd
             return -1;
         }
         if (t <= 0) {
+            char wr[sizeof why];   /* a ledger error may name the session's key */
+            kvr_registry_redact(r->reg, why, wr, sizeof wr);
+            snprintf(why, sizeof why, "%s", wr);
             kvr_oai_set_error(err, strstr(why, "running") ? 409 : 400, "invalid_request_error",
                               "x-kvlingo-session", strstr(why, "running") ? "session_busy" : NULL,
                               "session '%s' cannot continue with this conversation: %s", session_hdr, why);

@@ -335,21 +335,28 @@ static size_t ipv4_at(const char *s) {
     return i;
 }
 
-/* Length of a bracketed IPv6 address ("[...]" with its ":port") at s, else 0. */
+/* Length of a bracketed IPv6 address ("[...]" with its ":port") at s, else 0; the brackets
+ * also as gRPC writes them in peer strings, percent-encoded ("ipv6:%5Bfd00::5%5D:7100"). */
 static size_t ipv6_at(const char *s) {
-    if (s[0] != '[') return 0;
-    size_t i = 1;
-    int zone = 0;   /* past '%': an interface name ("fe80::1%eth0") */
-    while (s[i] && s[i] != ']' && i < 64) {
+    size_t i;
+    if (s[0] == '[') i = 1;
+    else if (s[0] == '%' && s[1] == '5' && (s[2] == 'B' || s[2] == 'b')) i = 3;
+    else return 0;
+    const size_t open = i;
+    int zone = 0, colons = 0;   /* past '%': an interface name ("fe80::1%eth0") */
+    for (; s[i] && i < 80; i++) {
         const char c = s[i];
+        if (c == ']' || (c == '%' && s[i + 1] == '5' && (s[i + 2] == 'D' || s[i + 2] == 'd'))) break;
         const int hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
         const int alnum = hex || (c >= 'g' && c <= 'z') || (c >= 'G' && c <= 'Z') || c == '_' || c == '-';
-        if (c == '%') zone = 1;
+        if (c == '%' && !zone) zone = 1;
         else if (!(zone ? alnum || c == '.' : hex || c == ':' || c == '.')) return 0;
-        i++;
+        colons += c == ':' && !zone;
     }
-    if (s[i] != ']' || i < 3) return 0;
-    i++;
+    if (i - open < 2 || colons < 1) return 0;   /* "[2048]" is not an address */
+    if (s[i] == ']') i++;
+    else if (s[i] == '%') i += 3;
+    else return 0;
     if (s[i] == ':' && s[i + 1] >= '0' && s[i + 1] <= '9')
         for (i++; s[i] >= '0' && s[i] <= '9'; i++) {}
     return i;

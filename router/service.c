@@ -78,9 +78,12 @@ static void fail_kvl(kvr_router *r, kvl__rpc_call *call, const char *method, kvl
     char lab[48];
     snprintf(lab, sizeof lab, "code=\"%s\"", kvl__rpc_status_name(code));
     kvr_metrics_inc(r->metrics, "kvlingo_router_errors_total", lab, 1);
-    char m[1024];   /* as the client may read it: node errors name node addresses */
-    kvr_registry_redact(r->reg, kvl_last_error()[0] ? kvl_last_error() : kvl_strerror(s), m, sizeof m);
-    fail(call, method, code, m);
+    /* the log keeps the whole text; the client reads it without node addresses or tenant tags */
+    const char *raw = kvl_last_error()[0] ? kvl_last_error() : kvl_strerror(s);
+    char m[1024];
+    kvr_registry_redact(r->reg, raw, m, sizeof m);
+    kvl__svc_log_text("warn", "%s -> %s: %s", method, kvl__rpc_status_name(code), raw);
+    kvl__rpc_call_finish(call, code, "%s", m);
 }
 
 kvl_status kvr_session_resolve(kvr_router *r, const char *id, const char *tenant, char key[KVR_ID_MAX]) {
@@ -131,13 +134,25 @@ static void h_create(kvl__rpc_call *call, const uint8_t *req, size_t len, void *
         s = kvl__errorf(KVL_ERR_NOT_FOUND, "unknown model '%.64s' (the fleet serves: %s)", q->model, models);
     }
     kvr_session_key(t.name, id, key);   /* the tenant's own: another's alike id is another session */
+    if (!s && strcmp(key, id)) {
+        /* this tenant's session of that id made before ids were per tenant (its bare id) exists
+         * too: a new one under the key would hide it from every later call */
+        kvr_session old;
+        if (!kvr_ledger_session_load(r->ledger, id, 0, &old)) {
+            if (!strcmp(old.tenant, t.name)) s = kvl__errorf(KVL_ERR_INVALID_ARG, "session '%s' exists already", id);
+            kvr_session_clear(&old);
+        }
+        if (!s) kvl_clear_error();
+    }
     if (!s) s = kvr_ledger_session_create_for(r->ledger, key, q->model ? q->model : "", t.name, t.max_sessions,
                                               kvr_wall_now());
     protobuf_c_message_free_unpacked(&q->base, NULL);
     if (s == KVL_ERR_NOMEM && strstr(kvl_last_error(), "quota:")) kvr_quota_refused(r, t.name, "max_sessions");
     if (s) {
         if (s == KVL_ERR_INVALID_ARG && strstr(kvl_last_error(), "exists")) {
-            fail(call, "CreateSession", GRPC_STATUS_ALREADY_EXISTS, kvl_last_error());
+            char m[160];   /* named as the client names it (the ledger's message has its key) */
+            snprintf(m, sizeof m, "session '%s' exists already", id);
+            fail(call, "CreateSession", GRPC_STATUS_ALREADY_EXISTS, m);
             return;
         }
         fail_kvl(r, call, "CreateSession", s);

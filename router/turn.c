@@ -625,6 +625,9 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
                     memcpy(ctx + t.N, req->user, sizeof(int32_t) * (size_t)req->n_user);
                     if (!kvr_shadow_run(T, req->sid, ctx, n_ctx, t.node_ms * 4, &native, &nv, &rt)) {
                         out->reprefill_ttft_s = rt;
+                        /* it prefilled the whole context once more: the tenant's to pay (which
+                         * can take its bucket below zero by a context, paid back by waiting) */
+                        if (req->tenant) kvr_tenants_charge(r->tenants, req->tenant, n_ctx, kvr_wall_now());
                         /* the client's to see; the guardrail's only when its own sampling had
                          * picked this switch anyway (a tenant choosing when to compare, with
                          * inputs that score badly, must not switch a pair off for everyone) */
@@ -635,8 +638,6 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
                     } else {
                         kvl__svc_log_text("warn", "compare_reprefill failed: %s", kvl_last_error());
                     }
-                    /* the comparison prefilled the whole context once more: the tenant's to pay */
-                    if (req->tenant) kvr_tenants_charge(r->tenants, req->tenant, n_ctx, kvr_wall_now());
                 }
                 free(ctx);
                 free(native);

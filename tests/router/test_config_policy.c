@@ -385,6 +385,8 @@ static void test_redact(void **state) {
                              "pull source 'b0'");
     kvr_registry_redact(&reg, "span [0, 2048) of 1.5 MB, v10.1.2.3, 3.14 s, 1.2.3, top_k 3000000000", out, sizeof out);
     assert_string_equal(out, "span [0, 2048) of 1.5 MB, v10.1.2.3, 3.14 s, 1.2.3, top_k 3000000000");
+    kvr_registry_redact(&reg, "ipv6:%5Bfd00::5%5D:7100 closed; span [2048] and [ab] kept", out, sizeof out);
+    assert_string_equal(out, "ipv6:<address> closed; span [2048] and [ab] kept");
     kvr_registry_redact(&reg, "session '0123456789ab/conv-1' is busy; 0123456789abc/x", out, sizeof out);
     assert_string_equal(out, "session 'conv-1' is busy; 0123456789abc/x");
     kvr_registry_redact(&reg, "at 192.168.0.1", out, 8);

@@ -220,6 +220,26 @@ def main():
         cb.close_session(sa)
         code, msg = rpc_code(lambda: cb.create_session(session_id="bad/id"))
         check(code == "INVALID_ARGUMENT" and "session_id" in msg, "an id with '/': %s %s" % (code, msg))
+        # a session of A's from before ids were per tenant (its bare id in the ledger): A still
+        # reaches it, and CreateSession of that id says it exists (a new one would hide it); B
+        # gets NOT_FOUND and, creating the id, its own
+        import sqlite3
+        db = sqlite3.connect(fleet.ledger, timeout=10)
+        db.execute("INSERT INTO sessions(id,state,created,last_used,n_turns,n_tokens,current_node,model,"
+                   "pol_level,pol_calm,tenant) VALUES ('legacy-1',0,?,?,0,0,'','',0,0,'acme')",
+                   (time.time(), time.time()))
+        db.commit()
+        db.close()
+        check(ca.get_session("legacy-1").open, "A's legacy session found by its bare id")
+        code, msg = rpc_code(lambda: ca.create_session(session_id="legacy-1"))
+        check(code == "ALREADY_EXISTS" and msg == "session 'legacy-1' exists already",
+              "A re-creating its legacy id: %s %r" % (code, msg))
+        check(rpc_code(lambda: cb.get_session("legacy-1"))[0] == "NOT_FOUND", "B on A's legacy session")
+        check(cb.create_session(session_id="legacy-1") == "legacy-1", "B's own legacy-1")
+        cb.close_session("legacy-1")
+        ca.close_session("legacy-1")
+        code, msg = rpc_code(lambda: ca.create_session(session_id=sa))   # A's own, taken: said by its id
+        check(code == "ALREADY_EXISTS" and msg == "session '%s' exists already" % sa, "A's taken id: %r" % msg)
         info = ca.get_session(sa, include_tokens=True)
         check(info.open and len(info.tokens) == info.context_tokens > 12, "A's session after B: %r" % info)
         ja, _, _ = ca.send_all(sa, text2, **g)

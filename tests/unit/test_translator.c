@@ -722,7 +722,7 @@ static void test_apply_streamed(void **state) {
     const int Ls = 2, Lt = 2, ds = 16, dt = 4 * 128, n = 600, piece = 150;   /* 4.9 MB whole, 1.2 a piece */
     float *ks = malloc(sizeof(float) * Ls * n * ds), *vs = malloc(sizeof(float) * Ls * n * ds);
     float *pk = malloc(sizeof(float) * Ls * piece * ds), *pv = malloc(sizeof(float) * Ls * piece * ds);
-    assert_non_null(ks); assert_non_null(vs); assert_non_null(pk); assert_non_null(pv);
+    assert_true(ks && vs && pk && pv);
     for (int i = 0; i < Ls * n * ds; i++) { ks[i] = sinf(0.29f * i + 0.3f); vs[i] = cosf(0.13f * i); }
     for (int products = 0; products < 2; products++) {
         kvl_translator_set_bf16_products(tr, products);
@@ -738,8 +738,7 @@ static void test_apply_streamed(void **state) {
             assert_int_equal(kvl_translator_apply(tr, pk, pv, t0, piece, NULL, parts), KVL_OK);
         }
         assert_same_cache(whole, parts, Lt, n, dt, 1);
-        kvl_cache_free(whole);
-        kvl_cache_free(parts);
+        kvl_cache_free(whole); kvl_cache_free(parts);
     }
     free(ks); free(vs); free(pk); free(pv);
     kvl_translator_free(tr);
