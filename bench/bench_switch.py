@@ -342,8 +342,9 @@ def main():
                                             a.new_tokens + 1, env)
         load = os.getloadavg()
         print("bench_switch: client -> kvlingo-router -> kvld x2 on loopback; OPENBLAS_NUM_THREADS=%d; "
-              "median of %d repeats; %d new tokens per switched turn; models %s; load %.2f %.2f %.2f" % (
-                  a.threads, a.repeats, a.new_tokens,
+              "median of %d repeats; %d new tokens per switched turn (with the source's last sampled "
+              "token the target runs %d); models %s; load %.2f %.2f %.2f" % (
+                  a.threads, a.repeats, a.new_tokens, a.new_tokens + 1,
                   ", ".join("%s (%s)" % (m, dirs[m]) for m in models), *load), flush=True)
         fpairs = tuple(pairs) if a.shapes else None
         if a.push_ahead:

@@ -34,5 +34,5 @@ fi
 BUILD_DIR=${1:-build}
 shift || true
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
-echo "setup: building in $BUILD_DIR (a few minutes the first time; make prints a line per file)"
+echo "setup: building in $BUILD_DIR (a minute or more the first time; make prints a line per file)"
 cmake --build "$BUILD_DIR" -j"$(nproc)"
