@@ -296,21 +296,10 @@ int kvr_oai_run_turn(kvr_router *r, const kvr_oai_req *q, const char *session_hd
             free(P);
             return -1;
         }
-        /* the tenant's own session of that name (ledger.h kvr_session_key): another tenant's
-         * alike name is another session, so naming it reaches nothing of theirs */
-        kvr_session_key(tn, session_hdr, u->sid);
-        kvr_session s;
-        kvl_status ls = kvr_ledger_session_load(r->ledger, u->sid, 0, &s);
-        if (!ls) kvr_session_clear(&s);
-        if (ls == KVL_ERR_NOT_FOUND && strcmp(u->sid, session_hdr) &&
-            !kvr_ledger_session_load(r->ledger, session_hdr, 0, &s)) {
-            /* made before keys were per tenant: its bare id, when it is this tenant's */
-            if (!strcmp(s.tenant, tn)) {
-                snprintf(u->sid, sizeof u->sid, "%s", session_hdr);
-                ls = KVL_OK;
-            }
-            kvr_session_clear(&s);
-        }
+        /* the tenant's own session of that name (ledger.h kvr_session_key), else a new one
+         * under its key: another tenant's alike name is another session, reaching nothing of
+         * theirs (a ledger error: take_if_prefix below says it) */
+        kvl_status ls = kvr_session_resolve(r, session_hdr, tn, u->sid);
         if (ls == KVL_ERR_NOT_FOUND) {
             kvl_status cs = kvr_ledger_session_create_for(r->ledger, u->sid, "", tn, tenant->max_sessions,
                                                           kvr_wall_now());

@@ -181,8 +181,8 @@ kvl_status kvr_turn_run_once(kvr_router *r, const kvr_turn_req *req, kvr_emit_fn
 /* The key (kvr_session_key) of the session a client of `tenant` names `id`, when it exists and
  * is that tenant's: KVL_OK and key (KVR_ID_MAX bytes) set; an id that is not valid is refused
  * naming the rule; one that does not exist, or is another tenant's, is KVL_ERR_NOT_FOUND with
- * the same message ("unknown session 'id'").  A session of the tenant made before keys were
- * per tenant is found under its bare id. */
+ * the same message ("unknown session 'id'"), key then holding where a new session of that name
+ * goes.  A session of the tenant made before keys were per tenant is found under its bare id. */
 kvl_status kvr_session_resolve(kvr_router *r, const char *id, const char *tenant, char key[KVR_ID_MAX]);
 
 /* Sessions with a turn running: take fails (KVL_ERR_MISMATCH "is busy") when `id` has one

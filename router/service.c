@@ -98,7 +98,9 @@ kvl_status kvr_session_resolve(kvr_router *r, const char *id, const char *tenant
     if (st && st != KVL_ERR_NOT_FOUND) return st;
     int mine = !st && !strcmp(s.tenant, tenant);
     if (!st) kvr_session_clear(&s);
-    return mine ? KVL_OK : kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", id);
+    if (mine) return KVL_OK;
+    kvr_session_key(tenant, id, key);   /* where a new session of that name would go */
+    return kvl__errorf(KVL_ERR_NOT_FOUND, "unknown session '%.80s'", id);
 }
 
 /* ---- CreateSession ------------------------------------------------------------------------- */
@@ -133,16 +135,14 @@ static void h_create(kvl__rpc_call *call, const uint8_t *req, size_t len, void *
         kvr_registry_models(r->reg, models, sizeof models);
         s = kvl__errorf(KVL_ERR_NOT_FOUND, "unknown model '%.64s' (the fleet serves: %s)", q->model, models);
     }
-    kvr_session_key(t.name, id, key);   /* the tenant's own: another's alike id is another session */
-    if (!s && strcmp(key, id)) {
-        /* this tenant's session of that id made before ids were per tenant (its bare id) exists
-         * too: a new one under the key would hide it from every later call */
-        kvr_session old;
-        if (!kvr_ledger_session_load(r->ledger, id, 0, &old)) {
-            if (!strcmp(old.tenant, t.name)) s = kvl__errorf(KVL_ERR_INVALID_ARG, "session '%s' exists already", id);
-            kvr_session_clear(&old);
-        }
-        if (!s) kvl_clear_error();
+    if (!s) {
+        /* the key (ledger.h kvr_session_key) is the tenant's own: another tenant's alike id is
+         * another session.  The tenant's own of that id exists already, also one made before
+         * ids were per tenant (its bare id, which a new one under the key would hide) */
+        kvl_status e = kvr_session_resolve(r, id, t.name, key);
+        if (!e) s = kvl__errorf(KVL_ERR_INVALID_ARG, "session '%s' exists already", id);
+        else if (e == KVL_ERR_NOT_FOUND) kvl_clear_error();
+        else s = e;
     }
     if (!s) s = kvr_ledger_session_create_for(r->ledger, key, q->model ? q->model : "", t.name, t.max_sessions,
                                               kvr_wall_now());
