@@ -447,6 +447,7 @@ static inline __attribute__((always_inline)) void prefill_tile(
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
 
+#include "kv_prefetch.h"
 #include "simd_reduce.h"
 #define KVL_PREFILL_AVX512 1
 
@@ -465,23 +466,6 @@ static inline float kvl__att_bf16_to_f32(uint16_t h) {
     union { uint32_t u; float f; } v = {(uint32_t)h << 16};
     return v.f;
 }
-/* Prefetch rows [t0, t1) of a block (row stride `row` elements), `lines` cache lines of one
- * head's part of each (its head_dim elements). */
-#define kvl__att_prefetch_rows(base, t0, t1, row, lines)                                          \
-    do {                                                                                         \
-        for (int pr_ = (t0); pr_ < (t1); pr_++) {                                                \
-            const char *p_ = (const char *)((base) + (size_t)pr_ * (row));                       \
-            for (int l_ = 0; l_ < (lines); l_++) _mm_prefetch(p_ + 64 * l_, _MM_HINT_T0);        \
-        }                                                                                        \
-    } while (0)
-/* Blocks ahead that the prefill tiles prefetch (each block's rows of the head, as the pass
- * reaches the same row of the current block).  Why: a switch's forward reads K/V that the
- * translation has just written out of the caches, 16-token blocks anywhere in memory, and the
- * hardware prefetchers, which follow a stride, restart at every block.  Measured on a 2-core
- * Zen 4 (kvlingo bench switch qwen3-a -> qwen3-b, 2048 tokens, four interleaved pairs): the
- * 9-token forward 2.46-2.65 ms against 2.73-2.95 without; one tile over 2048 keys read from
- * memory 214 against 292 us, from the caches unchanged (88 us). */
-#define KVL_ATT_PF_BLOCKS 2
 #define KVL_PREFILL_KERNELS(SFX, KV_T, LOADKV, LOADKV_TAIL, GETKV)                                                                                                    \
 /* AVX-512 form of prefill_scores: eight keys per pass over the tile's queries (eight                                                                                 \
  * independent FMA chains), each key element broadcast from the block in place. */                                                                                    \
@@ -492,14 +476,14 @@ __attribute__((target("avx512f"))) static void prefill_scores_avx512##SFX(      
     for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {                                                                                                       \
         const KV_T *kb = k_blk[b] + head_off;                                                                                                                         \
         const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;                                                                                                \
-        /* the rows of this head KVL_ATT_PF_BLOCKS blocks ahead, as this pass reaches each row */                                                                   \
-        const int ahead = Tk - j0 - KVL_ATT_PF_BLOCKS * block_tokens;                                                                                                 \
+        /* the rows of this head KVL__KV_PF_BLOCKS blocks ahead, as this pass reaches each row */                                                                   \
+        const int ahead = Tk - j0 - KVL__KV_PF_BLOCKS * block_tokens;                                                                                                 \
         const int nn = ahead < block_tokens ? ahead : block_tokens;                                                                                                   \
-        const KV_T *kn = nn > 0 ? k_blk[b + KVL_ATT_PF_BLOCKS] + head_off : NULL;                                                                                     \
+        const KV_T *kn = nn > 0 ? k_blk[b + KVL__KV_PF_BLOCKS] + head_off : NULL;                                                                                     \
         int t = 0;                                                                                                                                                    \
         for (; t + 8 <= n; t += 8) {                                                                                                                                  \
             const KV_T *k0 = kb + (size_t)t * row;                                                                                                                    \
-            if (kn) kvl__att_prefetch_rows(kn, t, t + 8 < nn ? t + 8 : nn, row, RLINES);                                                                              \
+            if (kn) KVL__KV_PREFETCH_ROWS(kn, t, t + 8 < nn ? t + 8 : nn, row, RLINES);                                                                              \
             __m512 a[8];                                                                                                                                              \
             for (int m = 0; m < 8; m++) a[m] = _mm512_setzero_ps();                                                                                                   \
             for (int d = 0; d < D; d++) {                                                                                                                             \
@@ -513,7 +497,7 @@ _Pragma("GCC unroll 8")                                                         
         }                                                                                                                                                             \
         for (; t < n; t++) {                                                                                                                                          \
             const KV_T *k0 = kb + (size_t)t * row;                                                                                                                    \
-            if (kn && t < nn) kvl__att_prefetch_rows(kn, t, t + 1, row, RLINES);                                                                                      \
+            if (kn && t < nn) KVL__KV_PREFETCH_ROWS(kn, t, t + 1, row, RLINES);                                                                                      \
             __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();                                                                                                \
             int d = 0;                                                                                                                                                \
             for (; d + 2 <= D; d += 2) {                                                                                                                              \
@@ -542,12 +526,12 @@ _Pragma("GCC unroll 16")                                                        
         const KV_T *vb = v_blk[b] + head_off;                                                                                                                         \
         const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;                                                                                                \
         /* the first pass over the values reads them from memory: prefetched as the keys are */                                                                       \
-        const int ahead = Tk - j0 - KVL_ATT_PF_BLOCKS * block_tokens;                                                                                                 \
+        const int ahead = Tk - j0 - KVL__KV_PF_BLOCKS * block_tokens;                                                                                                 \
         const int nn = lg > 0 ? 0 : ahead < block_tokens ? ahead : block_tokens;                                                                                      \
-        const KV_T *vn = nn > 0 ? v_blk[b + KVL_ATT_PF_BLOCKS] + head_off : NULL;                                                                                     \
+        const KV_T *vn = nn > 0 ? v_blk[b + KVL__KV_PF_BLOCKS] + head_off : NULL;                                                                                     \
         for (int t = 0; t < n; t++) {                                                                                                                                 \
             const KV_T *vr = vb + (size_t)t * row;                                                                                                                    \
-            if (vn && t < nn) kvl__att_prefetch_rows(vn, t, t + 1, row, RLINES);                                                                                      \
+            if (vn && t < nn) KVL__KV_PREFETCH_ROWS(vn, t, t + 1, row, RLINES);                                                                                      \
             const float *p = S + (size_t)(j0 + t) * LANES + lg;                                                                                                       \
             __m512 v[8];                                                                                                                                              \
 _Pragma("GCC unroll 8")                                                                                                                                               \

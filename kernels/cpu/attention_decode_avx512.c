@@ -23,6 +23,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "kv_prefetch.h"
 #include "simd_reduce.h"
 
 #define KVL_A5_INLINE static inline __attribute__((always_inline, target("avx512f")))
@@ -30,7 +31,7 @@
 /* 16 elements of a cache row as floats: float32 as they are; bf16 widened exactly (a bf16 is
  * the top half of a float) */
 #define KVL_A5_LOAD_F32(p) _mm512_loadu_ps(p)
-#define KVL_A5_LOAD_BF16(p) \
+#define KVL_A5_LOAD_BF16(p)                                                                       \
     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 
 /* Heads per pass for head_dim 16 * DV: the queries (HC * DV vectors) and the outputs (2 * HC
@@ -41,20 +42,8 @@ static int heads_per_pass(int DV, int heads_left) {
     return h >= 4 ? 4 : h >= 2 ? 2 : 1;
 }
 
-/* Both passes prefetch the rows of the block KVL_A5_PF_BLOCKS ahead as they reach each row of
- * the current one: a cache's 16-token blocks sit anywhere in memory, and the hardware
- * prefetchers, which follow a stride, start over at every block.  Measured on a 2-core Zen 4
- * (bench_batch --model models/qwen3-b --prompt 2000 --tokens 64, five interleaved pairs):
- * one session 945 -> 1,612 tokens/s (medians), 16 sessions 1,048 -> 1,129; at 192-token
- * contexts within the noise.  `lines`: 64-byte lines of a row's head (16 * DV elements). */
-#define KVL_A5_PF_BLOCKS 2
-#define KVL_A5_PREFETCH(base, t0, t1, row, lines)                                                 \
-    do {                                                                                         \
-        for (int pr_ = (t0); pr_ < (t1); pr_++) {                                                \
-            const char *p_ = (const char *)((base) + (size_t)pr_ * (row));                       \
-            for (int l_ = 0; l_ < (int)(lines); l_++) _mm_prefetch(p_ + 64 * l_, _MM_HINT_T0);   \
-        }                                                                                        \
-    } while (0)
+/* Both passes prefetch the blocks ahead (kv_prefetch.h); `lines`: 64-byte lines of a row's head
+ * (16 * DV elements). */
 
 /* scores of heads [h0, h0 + HC): scratch[(h0 + h) * Tk + j] = scale * q_h . k_j */
 #define KVL_A5_DECODE(SFX, KV_T, LOADKV)                                                          \
@@ -69,13 +58,13 @@ static int heads_per_pass(int DV, int heads_left) {
         for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {                               \
             const KV_T *kb = k_blk[b] + head_off;                                                 \
             const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;                        \
-            const int ahead = Tk - j0 - KVL_A5_PF_BLOCKS * block_tokens;                          \
+            const int ahead = Tk - j0 - KVL__KV_PF_BLOCKS * block_tokens;                         \
             const int nn = ahead < block_tokens ? ahead : block_tokens;                           \
-            const KV_T *kn = nn > 0 ? k_blk[b + KVL_A5_PF_BLOCKS] + head_off : NULL;              \
+            const KV_T *kn = nn > 0 ? k_blk[b + KVL__KV_PF_BLOCKS] + head_off : NULL;             \
             for (int t0 = 0; t0 < n; t0 += KC) {                                                  \
                 const int nk = n - t0 < KC ? n - t0 : KC;                                         \
                 if (kn)                                                                           \
-                    KVL_A5_PREFETCH(kn, t0, t0 + KC < nn ? t0 + KC : nn, row,                     \
+                    KVL__KV_PREFETCH_ROWS(kn, t0, t0 + KC < nn ? t0 + KC : nn, row,               \
                                     DV * sizeof(KV_T) / 4);                                       \
                 __m512 acc[16];                                                                   \
                 _Pragma("GCC unroll 16") for (int i = 0; i < KC; i++) {                           \
@@ -98,7 +87,7 @@ static int heads_per_pass(int DV, int heads_left) {
                     /* lanes h*KC .. h*KC+nk-1 hold head h's scores: moved down to lane 0 */      \
                     const __m512 sh = h == 0 ? s                                                  \
                                              : _mm512_permutexvar_ps(                             \
-                                                   _mm512_add_epi32(_mm512_set_epi32(            \
+                                                   _mm512_add_epi32(_mm512_set_epi32(             \
                                                        15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4,  \
                                                        3, 2, 1, 0), _mm512_set1_epi32(h * KC)),   \
                                                    s);                                            \
@@ -119,14 +108,15 @@ static int heads_per_pass(int DV, int heads_left) {
         for (int j0 = 0, b = 0; j0 < Tk; j0 += block_tokens, b++) {                               \
             const KV_T *vb = v_blk[b] + head_off;                                                 \
             const int n = Tk - j0 < block_tokens ? Tk - j0 : block_tokens;                        \
-            const int ahead = Tk - j0 - KVL_A5_PF_BLOCKS * block_tokens;                          \
+            const int ahead = Tk - j0 - KVL__KV_PF_BLOCKS * block_tokens;                         \
             const int nn = ahead < block_tokens ? ahead : block_tokens;                           \
-            const KV_T *vn = nn > 0 ? v_blk[b + KVL_A5_PF_BLOCKS] + head_off : NULL;              \
+            const KV_T *vn = nn > 0 ? v_blk[b + KVL__KV_PF_BLOCKS] + head_off : NULL;             \
             int t = 0;                                                                            \
             for (; t + 2 <= n; t += 2) {                                                          \
                 const KV_T *v0 = vb + (size_t)t * row, *v1 = v0 + row;                            \
                 if (vn)                                                                           \
-                    KVL_A5_PREFETCH(vn, t, t + 2 < nn ? t + 2 : nn, row, DV * sizeof(KV_T) / 4);  \
+                    KVL__KV_PREFETCH_ROWS(vn, t, t + 2 < nn ? t + 2 : nn, row,                    \
+                                          DV * sizeof(KV_T) / 4);                                 \
                 __m512 p0[4], p1[4];                                                              \
                 _Pragma("GCC unroll 4") for (int h = 0; h < HC; h++) {                            \
                     p0[h] = _mm512_set1_ps(p[(size_t)h * Tk + j0 + t]);                           \
@@ -159,28 +149,28 @@ KVL_A5_DECODE(_bf16, uint16_t, KVL_A5_LOAD_BF16)
 
 /* Every head chunk of the group through one pass kind, with HC and DV compile-time constants
  * in each case (the loops above unroll fully). */
-#define KVL_A5_CASES(CALL)                  \
-    switch (DV * 8 + HC) {                  \
-    case 1 * 8 + 1: CALL(1, 1); break;      \
-    case 1 * 8 + 2: CALL(2, 1); break;      \
-    case 1 * 8 + 4: CALL(4, 1); break;      \
-    case 2 * 8 + 1: CALL(1, 2); break;      \
-    case 2 * 8 + 2: CALL(2, 2); break;      \
-    case 2 * 8 + 4: CALL(4, 2); break;      \
-    case 3 * 8 + 1: CALL(1, 3); break;      \
-    case 3 * 8 + 2: CALL(2, 3); break;      \
-    case 4 * 8 + 1: CALL(1, 4); break;      \
-    case 4 * 8 + 2: CALL(2, 4); break;      \
-    case 5 * 8 + 1: CALL(1, 5); break;      \
-    case 6 * 8 + 1: CALL(1, 6); break;      \
-    case 7 * 8 + 1: CALL(1, 7); break;      \
-    case 8 * 8 + 1: CALL(1, 8); break;      \
+#define KVL_A5_CASES(CALL)                                                                        \
+    switch (DV * 8 + HC) {                                                                        \
+    case 1 * 8 + 1: CALL(1, 1); break;                                                            \
+    case 1 * 8 + 2: CALL(2, 1); break;                                                            \
+    case 1 * 8 + 4: CALL(4, 1); break;                                                            \
+    case 2 * 8 + 1: CALL(1, 2); break;                                                            \
+    case 2 * 8 + 2: CALL(2, 2); break;                                                            \
+    case 2 * 8 + 4: CALL(4, 2); break;                                                            \
+    case 3 * 8 + 1: CALL(1, 3); break;                                                            \
+    case 3 * 8 + 2: CALL(2, 3); break;                                                            \
+    case 4 * 8 + 1: CALL(1, 4); break;                                                            \
+    case 4 * 8 + 2: CALL(2, 4); break;                                                            \
+    case 5 * 8 + 1: CALL(1, 5); break;                                                            \
+    case 6 * 8 + 1: CALL(1, 6); break;                                                            \
+    case 7 * 8 + 1: CALL(1, 7); break;                                                            \
+    case 8 * 8 + 1: CALL(1, 8); break;                                                            \
     }
 
 
-#define KVL_A5_SCORES_F32(HC_, DV_) \
+#define KVL_A5_SCORES_F32(HC_, DV_)                                                               \
     scores_pass_f32(scratch, q, k_blk, block_tokens, row, head_off, Tk, h0, scale, HC_, DV_)
-#define KVL_A5_SCORES_BF16(HC_, DV_) \
+#define KVL_A5_SCORES_BF16(HC_, DV_)                                                              \
     scores_pass_bf16(scratch, q, k_blk, block_tokens, row, head_off, Tk, h0, scale, HC_, DV_)
 #define KVL_A5_PV_F32(HC_, DV_) pv_pass_f32(out, scratch, v_blk, block_tokens, row, head_off, Tk, h0, HC_, DV_)
 #define KVL_A5_PV_BF16(HC_, DV_) pv_pass_bf16(out, scratch, v_blk, block_tokens, row, head_off, Tk, h0, HC_, DV_)
