@@ -441,10 +441,8 @@ def main():
 
         def long_turn():
             n = 0
-            for m in cn.stub.Send(cn.pb.SendRequest(session_id=s_long, text="Tell a long story.",
-                                                    max_tokens=1000, ignore_eos=True),
-                                  timeout=120, metadata=cn.metadata):
-                if not m.HasField("summary"):
+            for _, summary in cn.send(s_long, "Tell a long story.", max_tokens=1000):   # streamed
+                if summary is None:
                     n += 1
                     started.set()
             done["n"] = n
