@@ -39,7 +39,7 @@ struct kvr_oai_http {
 enum { EP_NONE, EP_CHAT, EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_READY };
 
 /* How long a request's body may take to arrive, from its headers: a client trickling an
- * endless body is cut off (idle connections are closed after 120 s by MHD itself). */
+ * endless body is cut off (silent connections are closed after http_idle_timeout_seconds by MHD). */
 #define KVR_OAI_UPLOAD_S 60.0
 
 /* How often a stream's connection thread, idle until the turn's first token, looks whether
