@@ -11,10 +11,11 @@
  * Server model
  *   - kvl__rpc_server_create(); kvl__rpc_server_add_method() for each method path (unary or
  *     server-streaming); kvl__rpc_server_start(); ...; kvl__rpc_server_shutdown(); _free().
- *   - One internal poller thread drives the completion queue.  Every accepted call whose request
- *     message has arrived runs its handler on its own thread (calls are few and long-lived:
- *     Generate streams, ExportSpan waits for a peer), so a handler MAY block (on a condition
- *     variable, a peer RPC, a transfer).  At most `max_calls` handlers run at once; a call
+ *   - One internal worker thread at a time polls the completion queue.  Every accepted call whose
+ *     request message has arrived runs its handler on the worker that received it, which first
+ *     passes the poll role to an idle worker (or a new one), so each handler has a thread of its
+ *     own (calls are few and long-lived: Generate streams, ExportSpan waits for a peer) and a
+ *     handler MAY block (on a condition variable, a peer RPC, a transfer).  At most `max_calls` handlers run at once; a call
  *     beyond that is answered RESOURCE_EXHAUSTED without running a handler.
  *   - A handler answers exactly once: kvl__rpc_call_reply() (unary: message + OK) or
  *     kvl__rpc_call_finish() (any status); streaming handlers kvl__rpc_call_send() messages first.
@@ -142,7 +143,7 @@ int kvl__rpc_server_port(const kvl__rpc_server *srv);
  * once started. */
 kvl_status kvl__rpc_server_set_health(kvl__rpc_server *srv, const char *service, int serving);
 
-/* Start the poller thread and accept calls. */
+/* Start the first worker thread (the poller) and accept calls. */
 kvl_status kvl__rpc_server_start(kvl__rpc_server *srv);
 
 /* Number of handlers currently running (calls in flight). */

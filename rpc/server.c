@@ -1,5 +1,6 @@
-/* rpc/server.c: server lifecycle and the poller thread that drives the completion queue.
- * Handlers run on their own detached threads (see rpc.h "Server model"). */
+/* rpc/server.c: server lifecycle and the worker threads that drive the completion queue.
+ * One worker at a time polls the queue; the one that receives a call's request runs its
+ * handler and passes the poll role on (see rpc.h "Server model"). */
 #include "server_internal.h"
 
 #include <stdio.h>
@@ -205,12 +206,11 @@ typedef struct handler_job {
     uint8_t *req;
     size_t len;
     call_class cls;
-    struct handler_job *next;
 } handler_job;
 
-/* Handler threads outlive their call: a thread that finished waits up to KVL_RPC_IDLE_S for
- * the next one, and at most KVL_RPC_IDLE_MAX wait at once, so a burst's threads go away and a
- * steady stream of calls creates none (a thread start costs tens of microseconds, an
+/* Worker threads outlive their call: a thread that finished waits up to KVL_RPC_IDLE_S to take
+ * the poll role again, and at most KVL_RPC_IDLE_MAX wait at once, so a burst's threads go away
+ * and a steady stream of calls creates none (a thread start costs tens of microseconds, an
  * appreciable part of a sub-millisecond call). */
 #define KVL_RPC_IDLE_MAX 8
 #define KVL_RPC_IDLE_S 30
@@ -244,38 +244,44 @@ static void run_job(handler_job *job) {
     kvl__rpc_call_unref(c);
 }
 
-typedef struct worker_start {
-    kvl__rpc_server *srv;
-    handler_job *job;
-} worker_start;
+static handler_job *poll_until_job(kvl__rpc_server *srv);
 
-static void *handler_main(void *arg) {
-    worker_start *w = arg;
-    pthread_setname_np(pthread_self(), "rpc-handler");
-    kvl__rpc_server *srv = w->srv;
-    handler_job *job = w->job;
-    free(w);
+/* A worker: polls the queue until it receives a call's request, runs that call's handler (the
+ * poll role went to another worker meanwhile), then waits to poll again or leaves.  The last
+ * poller leaves when the queue is shut down. */
+static void *worker_main(void *arg) {
+    kvl__rpc_server *srv = arg;
+    pthread_setname_np(pthread_self(), "rpc-worker");
     for (;;) {
+        handler_job *job = poll_until_job(srv);
+        if (!job) {
+            pthread_mutex_lock(&srv->mu);
+            srv->n_threads--;
+            srv->poll_exited = 1;
+            pthread_cond_broadcast(&srv->cv);
+            pthread_mutex_unlock(&srv->mu);
+            return NULL;
+        }
         run_job(job);
-        job = NULL;
         pthread_mutex_lock(&srv->mu);
-        if (!srv->stopping && srv->n_idle < KVL_RPC_IDLE_MAX) {
+        int poll = 0;
+        if (srv->poll_wanted || (!srv->stopping && srv->n_idle < KVL_RPC_IDLE_MAX)) {
             srv->n_idle++;
             struct timespec until;
             clock_gettime(CLOCK_REALTIME, &until);
             until.tv_sec += KVL_RPC_IDLE_S;
             int rc = 0;
-            while (!srv->jobs && !srv->stopping && rc == 0)
+            while (!srv->poll_wanted && !srv->stopping && rc == 0)
                 rc = pthread_cond_timedwait(&srv->work_cv, &srv->mu, &until);
-            if (srv->jobs) {
-                /* the dispatcher counted this thread out of n_idle when it queued the job */
-                job = srv->jobs;
-                srv->jobs = job->next;
+            if (srv->poll_wanted) {
+                /* the poller that passed the role on counted one idle worker out of n_idle */
+                srv->poll_wanted = 0;
+                poll = 1;
             } else {
                 srv->n_idle--;
             }
         }
-        if (!job) {
+        if (!poll) {
             srv->n_threads--;
             pthread_cond_broadcast(&srv->cv);
             pthread_mutex_unlock(&srv->mu);
@@ -283,6 +289,18 @@ static void *handler_main(void *arg) {
         }
         pthread_mutex_unlock(&srv->mu);
     }
+}
+
+/* A new detached worker, which starts as the poller; srv->n_threads counts it already.
+ * Returns 0, or -1 when no thread could be started. */
+static int start_worker(kvl__rpc_server *srv) {
+    pthread_t th;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&th, &attr, worker_main, srv);
+    pthread_attr_destroy(&attr);
+    return rc == 0 ? 0 : -1;
 }
 
 static const kvl__rpc_method *find_method(kvl__rpc_server *srv, const char *path) {
@@ -330,11 +348,13 @@ static void on_new_call(kvl__rpc_server *srv, kvl__rpc_call *c, int ok) {
     kvl__rpc_call_unref(c);   /* the request slot's ref */
 }
 
-static void on_request_message(kvl__rpc_server *srv, kvl__rpc_call *c, int ok) {
+/* The request of call `c` arrived (on the polling thread).  Returns the admitted call's job,
+ * which this thread runs once it has passed the poll role on, or NULL (answered here). */
+static handler_job *on_request_message(kvl__rpc_server *srv, kvl__rpc_call *c, int ok) {
     if (!ok || !c->recv_buf) {
         kvl__rpc_call_reject(c, GRPC_STATUS_INVALID_ARGUMENT, "expected one request message");
         kvl__rpc_call_unref(c);
-        return;
+        return NULL;
     }
     c->m = find_method(srv, c->method);
     if (!c->m) {
@@ -342,14 +362,14 @@ static void on_request_message(kvl__rpc_server *srv, kvl__rpc_call *c, int ok) {
         snprintf(msg, sizeof msg, "unknown method %s", c->method);
         kvl__rpc_call_reject(c, GRPC_STATUS_UNIMPLEMENTED, msg);
         kvl__rpc_call_unref(c);
-        return;
+        return NULL;
     }
     handler_job *job = calloc(1, sizeof *job);
     if (!job || kvl__rpc_bb_read(c->recv_buf, &job->req, &job->len) != KVL_OK) {
         free(job);
         kvl__rpc_call_reject(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "cannot buffer the request");
         kvl__rpc_call_unref(c);
-        return;
+        return NULL;
     }
     grpc_byte_buffer_destroy(c->recv_buf);
     c->recv_buf = NULL;
@@ -378,46 +398,33 @@ static void on_request_message(kvl__rpc_server *srv, kvl__rpc_call *c, int ok) {
         free(job);
         kvl__rpc_call_reject(c, GRPC_STATUS_RESOURCE_EXHAUSTED, why);
         kvl__rpc_call_unref(c);
-        return;
+        return NULL;
     }
-    /* the recv ref becomes the handler's ref: an idle handler thread takes the job, else a
-     * new thread runs it */
+    /* the recv ref becomes the handler's ref.  The handler runs on this thread, which has the
+     * request in hand: handing it to another thread put a wake-up (40-60 us on a 2-vCPU host,
+     * measured per call) on the call's path.  The poll role goes to an idle worker, else to a
+     * new one, and that wake-up overlaps the handler. */
     pthread_mutex_lock(&srv->mu);
     if (srv->n_idle > 0) {
         srv->n_idle--;
-        job->next = NULL;
-        handler_job **tail = &srv->jobs;
-        while (*tail) tail = &(*tail)->next;
-        *tail = job;
+        srv->poll_wanted = 1;
         pthread_cond_signal(&srv->work_cv);
         pthread_mutex_unlock(&srv->mu);
-        return;
+        return job;
     }
     srv->n_threads++;
     pthread_mutex_unlock(&srv->mu);
-    int rc = -1;
-    worker_start *w = malloc(sizeof *w);
-    if (w) {
-        w->srv = srv;
-        w->job = job;
-        pthread_t th;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        rc = pthread_create(&th, &attr, handler_main, w);
-        pthread_attr_destroy(&attr);
-        if (rc != 0) free(w);
-    }
-    if (rc != 0) {
-        pthread_mutex_lock(&srv->mu);
-        srv->n_threads--;
-        release_slot(srv, job->cls);
-        pthread_mutex_unlock(&srv->mu);
-        free(job->req);
-        free(job);
-        kvl__rpc_call_reject(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "cannot start a handler thread");
-        kvl__rpc_call_unref(c);
-    }
+    if (start_worker(srv) == 0) return job;
+    /* no thread to poll while this one runs the handler: the call is refused, this thread polls on */
+    pthread_mutex_lock(&srv->mu);
+    srv->n_threads--;
+    release_slot(srv, job->cls);
+    pthread_mutex_unlock(&srv->mu);
+    free(job->req);
+    free(job);
+    kvl__rpc_call_reject(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "cannot start a worker thread");
+    kvl__rpc_call_unref(c);
+    return NULL;
 }
 
 /* After the shutdown tag and the last call, the queue can be shut down: the poller then sees
@@ -431,19 +438,23 @@ void kvl__rpc_server_maybe_close_cq(kvl__rpc_server *srv) {
     if (done) grpc_completion_queue_shutdown(srv->cq);
 }
 
-static void *poller_main(void *arg) {
-    kvl__rpc_server *srv = arg;
-    pthread_setname_np(pthread_self(), "rpc-poller");
+/* The poll role: take the queue's events until one is an admitted call's request (its job is
+ * returned, the role passed on) or the queue is shut down (NULL). */
+static handler_job *poll_until_job(kvl__rpc_server *srv) {
     for (;;) {
         grpc_event ev = grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME),
                                                    NULL);
-        if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
+        if (ev.type == GRPC_QUEUE_SHUTDOWN) return NULL;
         if (ev.type != GRPC_OP_COMPLETE) continue;
         kvl__rpc_tag *tag = ev.tag;
         kvl__rpc_call *c = tag->call;
         switch (tag->kind) {
         case TAG_NEW_CALL: on_new_call(srv, c, ev.success); break;
-        case TAG_RECV_MSG: on_request_message(srv, c, ev.success); break;
+        case TAG_RECV_MSG: {
+            handler_job *job = on_request_message(srv, c, ev.success);
+            if (job) return job;
+            break;
+        }
         case TAG_RECV_CLOSE:
             if (c->close_cancelled) kvl__rpc_call_mark_cancelled(c);
             pthread_mutex_lock(&c->mu);
@@ -472,7 +483,6 @@ static void *poller_main(void *arg) {
         }
         kvl__rpc_server_maybe_close_cq(srv);
     }
-    return NULL;
 }
 
 kvl_status kvl__rpc_server_start(kvl__rpc_server *srv) {
@@ -481,7 +491,13 @@ kvl_status kvl__rpc_server_start(kvl__rpc_server *srv) {
     grpc_server_start(srv->server);
     srv->started = 1;
     for (int i = 0; i < KVL_RPC_ACCEPT_SLOTS; i++) post_request(srv);
-    if (pthread_create(&srv->poller, NULL, poller_main, srv) != 0) {
+    pthread_mutex_lock(&srv->mu);
+    srv->n_threads++;
+    pthread_mutex_unlock(&srv->mu);
+    if (start_worker(srv) != 0) {
+        pthread_mutex_lock(&srv->mu);
+        srv->n_threads--;
+        pthread_mutex_unlock(&srv->mu);
         srv->started = 0;
         return kvl__errorf(KVL_ERR_INTERNAL, "rpc: cannot start the poller thread");
     }
@@ -498,7 +514,7 @@ void kvl__rpc_server_shutdown(kvl__rpc_server *srv, int64_t grace_ms) {
     srv->stopping = 1;
     for (int i = 0; i < srv->n_health; i++) srv->health[i].serving = 0;
     pthread_cond_broadcast(&srv->cv);
-    pthread_cond_broadcast(&srv->work_cv);   /* idle handler threads exit */
+    pthread_cond_broadcast(&srv->work_cv);   /* idle workers exit (one passed the poll role polls) */
     pthread_mutex_unlock(&srv->mu);
     if (!srv->started) {
         /* a server that bound its port but never started (a later start-up step failed) must
@@ -520,14 +536,17 @@ void kvl__rpc_server_shutdown(kvl__rpc_server *srv, int64_t grace_ms) {
     }
     pthread_mutex_unlock(&srv->mu);
     grpc_server_cancel_all_calls(srv->server);
-    pthread_join(srv->poller, NULL);
+    /* the queue shuts down once every call is gone; its last poller then leaves */
+    pthread_mutex_lock(&srv->mu);
+    while (!srv->poll_exited) pthread_cond_wait(&srv->cv, &srv->mu);
+    pthread_mutex_unlock(&srv->mu);
     srv->started = 0;
 }
 
 void kvl__rpc_server_free(kvl__rpc_server *srv) {
     if (!srv) return;
     kvl__rpc_server_shutdown(srv, 0);
-    /* idle handler threads hold no call but wait on srv: they leave at once on stopping */
+    /* idle workers hold no call but wait on srv: they leave at once on stopping */
     pthread_mutex_lock(&srv->mu);
     while (srv->n_threads > srv->active) pthread_cond_wait(&srv->cv, &srv->mu);
     pthread_mutex_unlock(&srv->mu);

@@ -1,5 +1,5 @@
 /* rpc/server_internal.h: the server's and server call's private state, shared by server.c
- * (lifecycle, poller thread), server_call.c (the handler-facing call API) and health.c. */
+ * (lifecycle, worker threads), server_call.c (the handler-facing call API) and health.c. */
 #ifndef KVL_RPC_SERVER_INTERNAL_H
 #define KVL_RPC_SERVER_INTERNAL_H
 
@@ -71,7 +71,6 @@ struct kvl__rpc_server {
     kvl__rpc_method *methods;
     int n_methods;
 
-    pthread_t poller;
     int started;
 
     pthread_mutex_t mu;            /* guards the fields below                                 */
@@ -88,11 +87,13 @@ struct kvl__rpc_server {
     int n_health;
     kvl__rpc_server *health_src;   /* params.health_of: Health answers with that server's table */
     kvl__rpc_tag t_shutdown;
-    /* handler threads, kept for the next call instead of one thread per call (server.c) */
-    pthread_cond_t work_cv;        /* an idle thread waits here for a job                      */
-    struct handler_job *jobs;      /* handed to idle threads, not yet taken                    */
-    int n_threads;                 /* handler threads alive (running or idle)                  */
-    int n_idle;                    /* idle threads not yet promised a job                      */
+    /* worker threads: one polls the queue and runs the handler of the call whose request it
+     * receives, passing the poll role to an idle worker first (server.c) */
+    pthread_cond_t work_cv;        /* an idle worker waits here for the poll role              */
+    int poll_wanted;               /* the role was passed on and no idle worker took it yet     */
+    int poll_exited;               /* the queue shut down and its last poller left             */
+    int n_threads;                 /* workers alive (polling, running a handler or idle)      */
+    int n_idle;                    /* idle workers not yet asked to poll                       */
 };
 
 /* server_call.c */

@@ -1,6 +1,7 @@
 /* tests/server/test_rpc.c: the rpc/ layer end to end in one process: unary, server streaming,
  * deadlines, client cancellation seen by the handler, unknown methods, health checking, handler
- * threads kept for the next call (and a burst of concurrent calls still served). */
+ * threads kept for the next call (and a burst of concurrent calls still served, handlers that
+ * block while the others start). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -28,6 +29,7 @@ typedef struct fixture {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int cancel_seen;
+    int gathered;   /* Gather handlers whose message was sent */
 } fixture;
 
 static void echo(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
@@ -106,6 +108,29 @@ static void late(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user
     pthread_mutex_unlock(&f->mu);
 }
 
+/* sends one message, then waits (up to 5 s) until every one of req[0] concurrent Gather calls
+ * has sent its own: each send completes only when some thread polls the server's queue while
+ * the handlers before it block, so the poll role must pass on as each handler starts */
+static void gather(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
+    fixture *f = user;
+    const int want = len > 0 ? req[0] : 1;
+    uint8_t b = 7;
+    if (kvl__rpc_call_send(call, &b, 1) != KVL_OK) return;
+    pthread_mutex_lock(&f->mu);
+    f->gathered++;
+    pthread_cond_broadcast(&f->cv);
+    int64_t until = kvl__now_ms() + 5000;
+    while (f->gathered < want && kvl__now_ms() < until) {
+        pthread_mutex_unlock(&f->mu);
+        usleep(1000);
+        pthread_mutex_lock(&f->mu);
+    }
+    const int all = f->gathered >= want;
+    pthread_mutex_unlock(&f->mu);
+    kvl__rpc_call_finish(call, all ? GRPC_STATUS_OK : GRPC_STATUS_DEADLINE_EXCEEDED,
+                         all ? NULL : "the other handlers' sends did not complete");
+}
+
 static void slow(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     while (!kvl__rpc_call_cancelled(call)) usleep(10000);
     kvl__rpc_call_finish(call, GRPC_STATUS_ABORTED, "too late");
@@ -127,6 +152,7 @@ static int setup(void **state) {
     assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/Slow", KVL_RPC_UNARY, slow, f), 0);
     assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/Late", KVL_RPC_SERVER_STREAM, late, f), 0);
     assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/Who", KVL_RPC_UNARY, whoami, f), 0);
+    assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/Gather", KVL_RPC_SERVER_STREAM, gather, f), 0);
     assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/Md", KVL_RPC_UNARY, md_echo, NULL), 0);
     assert_int_equal(kvl__rpc_server_add_method(f->srv, "/t.S/MdStream", KVL_RPC_SERVER_STREAM,
                                                md_echo, f), 0);
@@ -281,6 +307,31 @@ static void test_thread_reuse(void **state) {
         side_by_side += !dup;
     }
     assert_true(side_by_side >= 8);   /* ran side by side, not queued behind one thread */
+}
+
+/* Handlers that block while others start: every call is received and every send completes
+ * (the queue keeps a poller while the threads that received calls run their handlers). */
+static void test_handlers_block_together(void **state) {
+    fixture *f = *state;
+    enum { N = 12 };
+    uint8_t n = N;
+    kvl__rpc_stream *st[N];
+    for (int i = 0; i < N; i++)
+        assert_int_equal(kvl__rpc_client_stream_open(f->cli, "/t.S/Gather", &n, 1, 10000, &st[i]), KVL_OK);
+    for (int i = 0; i < N; i++) {
+        uint8_t *d;
+        size_t len;
+        assert_int_equal(kvl__rpc_stream_read(st[i], &d, &len), 1);
+        assert_int_equal(len, 1);
+        free(d);
+        assert_int_equal(kvl__rpc_stream_read(st[i], &d, &len), 0);
+        kvl__rpc_result r;
+        assert_int_equal(kvl__rpc_stream_finish(st[i], &r), KVL_OK);
+        assert_int_equal(r.code, GRPC_STATUS_OK);
+        kvl__rpc_result_clear(&r);
+        kvl__rpc_stream_free(st[i]);
+    }
+    assert_int_equal(f->gathered, N);
 }
 
 static void test_deadline(void **state) {
@@ -576,7 +627,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unary),   cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_unary_halves),
-        cmocka_unit_test(test_thread_reuse),
+        cmocka_unit_test(test_thread_reuse), cmocka_unit_test(test_handlers_block_together),
         cmocka_unit_test(test_stream),  cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_cancel_before_first_message),
         cmocka_unit_test(test_health),  cmocka_unit_test(test_health_watch),
