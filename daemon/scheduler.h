@@ -1,4 +1,7 @@
-/* daemon/scheduler.h: the scheduler thread, which owns every forward pass of the node's model.
+/* daemon/scheduler.h: the scheduler, which owns every forward pass of the node's model: its
+ * thread runs the steps, except a job's first step on an idle node, which the submitting
+ * thread runs itself (it waits for that step's token anyway; a wake-up each way saved).  One
+ * thread steps at a time.
  *
  * Continuous batching: each step gathers (1) one decode token for every generating session,
  * up to max_batch sequences, and (2) prefill chunks of at most prefill_chunk tokens in total,
@@ -77,7 +80,9 @@ typedef struct kvld_token {
     float *logprobs;
 } kvld_token;
 
-/* Start generating on `sess` (whose ledger must be non-empty). */
+/* Start generating on `sess` (whose ledger must be non-empty).  On an idle node it returns
+ * after the job's first step, which it runs on the calling thread (for a prompt within
+ * prefill_chunk: the first token is then ready for kvld_job_next). */
 kvl_status kvld_sched_generate(kvld_sched *s, kvld_session *sess, const kvld_gen_params *p,
                                kvld_job **out);
 

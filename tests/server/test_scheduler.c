@@ -3,6 +3,8 @@
  *   - with more sessions than max_batch, every session makes progress (round robin, and a slot
  *     kept for waiting prefills);
  *   - a cancelled job ends and leaves its session consistent (cache = ledger or ledger - 1);
+ *   - on an idle node the submitting thread runs its job's first step (the first token is in
+ *     the ledger when generate returns), and the scheduler thread the rest;
  *   - with decode_stretch, a long prompt arriving next to decoding sessions is cut into more,
  *     smaller chunks than prefill_chunk (and into prefill_chunk pieces without it). */
 #include <setjmp.h>
@@ -207,6 +209,53 @@ static void test_fair_when_saturated(void **state) {
     fx_free(&f);
 }
 
+static void test_first_step_on_caller(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f, 4);
+    kvld_token t;
+    kvld_job *j;
+    /* a short prompt: one step makes its first token, before generate returns */
+    kvld_session *s = open_with(&f, "first", 12);
+    kvld_gen_params gp = greedy(5);
+    assert_int_equal(kvld_sched_generate(f.sch, s, &gp, &j), KVL_OK);
+    assert_true(__atomic_load_n(&s->n_ledger, __ATOMIC_RELAXED) >= 13);
+    int32_t mine[5];
+    int n = 0;
+    while (kvld_job_next(j, &t)) mine[n++] = t.id;
+    assert_int_equal(n, 5);
+    kvld_job_free(j);
+    /* the same prompt while another job runs: the scheduler thread steps it, same tokens */
+    kvld_session *busy = open_with(&f, "busy", 30);
+    kvld_job *jb;
+    kvld_gen_params long_gp = greedy(200);
+    assert_int_equal(kvld_sched_generate(f.sch, busy, &long_gp, &jb), KVL_OK);
+    kvld_session *s2 = open_with(&f, "second", 12);
+    assert_int_equal(kvld_sched_generate(f.sch, s2, &gp, &j), KVL_OK);
+    n = 0;
+    while (kvld_job_next(j, &t)) assert_int_equal(t.id, mine[n++]);
+    assert_int_equal(n, 5);
+    kvld_job_free(j);
+    kvld_job_cancel(jb);
+    while (kvld_job_next(jb, &t)) {}
+    kvld_job_free(jb);
+    /* a prompt over prefill_chunk (64 here): its first chunk on the caller, the rest on the
+     * scheduler thread, all its tokens come */
+    kvld_session *l = open_with(&f, "long", 150);
+    assert_int_equal(kvld_sched_generate(f.sch, l, &gp, &j), KVL_OK);
+    n = 0;
+    while (kvld_job_next(j, &t)) n++;
+    assert_int_equal(n, 5);
+    assert_int_equal(kvld_job_result(j, NULL, NULL, NULL), KVL_OK);
+    kvld_job_free(j);
+    assert_int_equal(l->n_ledger, 155);
+    kvld_session_release(f.tab, s);
+    kvld_session_release(f.tab, busy);
+    kvld_session_release(f.tab, s2);
+    kvld_session_release(f.tab, l);
+    fx_free(&f);
+}
+
 static void test_cancel(void **state) {
     fx f;
     fx_init(&f, 4);
@@ -250,6 +299,7 @@ int main(void) {
         cmocka_unit_test(test_batched_equals_single_bf16_kv),
         cmocka_unit_test(test_fair_when_saturated),
         cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_first_step_on_caller),
         cmocka_unit_test(test_prefill_shrinks_next_to_decoders),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
