@@ -19,7 +19,7 @@ struct kvld_job {
     job_kind kind;
     kvld_gen_params gp;
     kvl_sampler *sampler;
-    const volatile int *cancel_flag;   /* prefill: caller's flag */
+    const volatile int *cancel_flag;   /* the caller's flag (kvld_sched_prefill's, kvld_gen_params.cancel) */
     int generated;
     kvld_token *out;
     int n_out, cap_out, n_read;
@@ -45,8 +45,8 @@ struct kvld_sched {
     pthread_cond_t cv;                 /* work arrived / job cancelled / stop */
     pthread_t thread;
     int started, stop;
-    /* who steps: the scheduler thread, or (sched_idle) a submitting thread that runs its new
-     * job's first steps itself (submit); never both at once */
+    /* who steps: the scheduler thread, or a submitting thread that runs its new job's first
+     * step itself on an idle node (submit); never both at once */
     int stepping;                      /* a submitting thread is running steps             */
     int sched_stepping;                /* the scheduler thread is running a step           */
     kvld_job *jobs;
@@ -294,7 +294,7 @@ static void *sched_main(void *arg) {
     pthread_setname_np(pthread_self(), "kvld-sched");
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        if (s->stepping) {   /* a submitter runs its job's first steps (submit) */
+        if (s->stepping) {   /* a submitter runs its job's first step (submit) */
             pthread_cond_wait(&s->cv, &s->mu);
             continue;
         }
@@ -399,7 +399,9 @@ static kvl_status submit(kvld_sched *s, kvld_job *j) {
         s->stepping = 1;
         settle(s);
         unlink_finished(s);
-        if (!s->stop && !j->finished && step(s)) {   /* then its first token, when the step made one */
+        /* a session whose logits were current (prefilled by Append) had its first token from
+         * the settle: no forward before it goes out */
+        if (!s->stop && !j->finished && j->n_out == 0 && step(s)) {   /* then its first token */
             settle(s);
             unlink_finished(s);
         }
@@ -458,6 +460,7 @@ kvl_status kvld_sched_generate(kvld_sched *s, kvld_session *sess, const kvld_gen
     kvld_job *j = job_new(s, sess, JOB_GENERATE);
     if (!j) return kvl__errorf(KVL_ERR_NOMEM, "generate job");
     j->gp = *p;
+    j->cancel_flag = p->cancel;
     kvl_status st = kvl_sampler_create(&p->sampler, &j->sampler);
     if (st == KVL_OK) st = submit(s, j);
     if (st != KVL_OK) {

@@ -69,6 +69,11 @@ typedef struct kvld_gen_params {
     int32_t stop_ids[KVLD_MAX_STOP_IDS];   /* further ids that end the job ("stop") */
     int n_stop;
     int want_logprobs;        /* full log-softmax per token */
+    /* NULL, or a flag the caller sets (e.g. from its call's cancel callback) that ends the job
+     * as cancelled at the next step; it must outlive the job.  Set before the job exists, it
+     * covers the first step, which kvld_sched_generate may run before returning the job to
+     * kvld_job_cancel. */
+    const volatile int *cancel;
     kvl_sampler_params sampler;
 } kvld_gen_params;
 
@@ -82,7 +87,8 @@ typedef struct kvld_token {
 
 /* Start generating on `sess` (whose ledger must be non-empty).  On an idle node it returns
  * after the job's first step, which it runs on the calling thread (for a prompt within
- * prefill_chunk: the first token is then ready for kvld_job_next). */
+ * prefill_chunk the first token is then ready for kvld_job_next; a session already prefilled
+ * gets it without a forward pass). */
 kvl_status kvld_sched_generate(kvld_sched *s, kvld_session *sess, const kvld_gen_params *p,
                                kvld_job **out);
 

@@ -279,8 +279,15 @@ void kvld_stream_turn(kvld_req *r, kvld_session *s, const kvld_gen_params *gp,
         if (st == KVL_OK && !(piece = malloc(piece_cap + 1)))
             st = kvl__errorf(KVL_ERR_NOMEM, "detokenizer buffer");
     }
-    if (st == KVL_OK) st = kvld_sched_generate(n->sched, s, gp, &job);
+    /* a cancel while kvld_sched_generate runs the job's first step (an idle node) is seen
+     * through the flag, after it through kvld_job_cancel, which also wakes a paused job */
+    volatile int cancelled = 0;
+    kvld_gen_params g = *gp;
+    g.cancel = &cancelled;
+    kvl__rpc_call_on_cancel(call, set_flag, (void *)&cancelled);
+    if (st == KVL_OK) st = kvld_sched_generate(n->sched, s, &g, &job);
     if (st != KVL_OK) {
+        kvl__rpc_call_on_cancel(call, NULL, NULL);
         kvl_detok_free(dt);
         free(piece);
         kvld_session_release(n->sessions, s);

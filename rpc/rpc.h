@@ -178,10 +178,10 @@ int64_t kvl__rpc_call_deadline_left_ms(const kvl__rpc_call *call);
  * cancelled the call (kvl__rpc_server_shutdown after its grace period); 0 otherwise. */
 int kvl__rpc_call_cancelled(const kvl__rpc_call *call);
 
-/* Register a function run once when the call gets cancelled (from the poller thread; keep it
- * short and non-blocking, e.g. signal a condition variable).  If the call is already cancelled
- * it runs at once on the calling thread.  One callback per call; NULL clears it.  The layer
- * guarantees no invocation after the handler has returned. */
+/* Register a function run once when the call gets cancelled (from the worker polling the
+ * server's queue; keep it short and non-blocking, e.g. signal a condition variable).  If the
+ * call is already cancelled it runs at once on the calling thread.  One callback per call; NULL
+ * clears it.  The layer guarantees no invocation after the handler has returned. */
 void kvl__rpc_call_on_cancel(kvl__rpc_call *call, void (*fn)(void *arg), void *arg);
 
 /* Unary: send `msg` (bytes) with status OK.  Streaming: same as send + finish(OK). */

@@ -4,7 +4,8 @@
  *     kept for waiting prefills);
  *   - a cancelled job ends and leaves its session consistent (cache = ledger or ledger - 1);
  *   - on an idle node the submitting thread runs its job's first step (the first token is in
- *     the ledger when generate returns), and the scheduler thread the rest;
+ *     the ledger when generate returns, also from a prefilled session's logits), and the
+ *     scheduler thread the rest, with the same tokens;
  *   - with decode_stretch, a long prompt arriving next to decoding sessions is cut into more,
  *     smaller chunks than prefill_chunk (and into prefill_chunk pieces without it). */
 #include <setjmp.h>
@@ -239,6 +240,18 @@ static void test_first_step_on_caller(void **state) {
     kvld_job_cancel(jb);
     while (kvld_job_next(jb, &t)) {}
     kvld_job_free(jb);
+    /* a session prefilled before (Append's prefill: its logits current): the first token comes
+     * from them on the caller, the same tokens as above */
+    kvld_session *pre = open_with(&f, "prefilled", 12);
+    assert_int_equal(kvld_sched_prefill(f.sch, pre, NULL), KVL_OK);
+    assert_int_equal(kvl_cache_n_tokens(pre->cache), 12);
+    assert_int_equal(kvld_sched_generate(f.sch, pre, &gp, &j), KVL_OK);
+    assert_true(__atomic_load_n(&pre->n_ledger, __ATOMIC_RELAXED) >= 13);
+    n = 0;
+    while (kvld_job_next(j, &t)) assert_int_equal(t.id, mine[n++]);
+    assert_int_equal(n, 5);
+    kvld_job_free(j);
+    kvld_session_release(f.tab, pre);
     /* a prompt over prefill_chunk (64 here): its first chunk on the caller, the rest on the
      * scheduler thread, all its tokens come */
     kvld_session *l = open_with(&f, "long", 150);
@@ -282,6 +295,18 @@ static void test_cancel(void **state) {
     while (kvld_job_next(j, &t)) n++;
     assert_int_equal(n, 3);
     kvld_job_free(j);
+    /* a caller's flag set before generate (its call cancelled during the first step): the job
+     * ends cancelled, nothing generated */
+    volatile int flag = 1;
+    gp = greedy(3);
+    gp.cancel = &flag;
+    int before = s->n_ledger;
+    assert_int_equal(kvld_sched_generate(f.sch, s, &gp, &j), KVL_OK);
+    assert_int_equal(kvld_job_next(j, &t), 0);
+    assert_int_equal(kvld_job_result(j, NULL, &reason, NULL), KVL_ERR_CANCELLED);
+    assert_string_equal(reason, "cancelled");
+    kvld_job_free(j);
+    assert_int_equal(s->n_ledger, before);
     /* refused requests */
     gp = greedy(0);
     assert_int_equal(kvld_sched_generate(f.sch, s, &gp, &j), KVL_ERR_INVALID_ARG);
