@@ -58,8 +58,11 @@ static void on_expire(void *arg) {
 
 static void on_start(void *arg) {
     app *a = arg;
-    printf("kvlingo-router: listening on %s port %d", a->r->cfg->listen,
-           kvl__rpc_server_port(a->r->server));
+    /* the address as configured, with the port the server holds (the configured one, or the
+     * one chosen for port 0) */
+    const char *listen = a->r->cfg->listen, *colon = strrchr(listen, ':');
+    int host_len = colon ? (int)(colon - listen) : (int)strlen(listen);
+    printf("kvlingo-router: listening on %.*s:%d", host_len, listen, kvl__rpc_server_port(a->r->server));
     if (a->r->cfg->metrics) printf(", metrics port %d", kvr_metrics_port(a->r->metrics));
     if (a->r->http) printf(", http port %d", kvr_oai_http_port(a->r->http));
     if (a->r->health_server) printf(", health port %d", kvl__rpc_server_port(a->r->health_server));
