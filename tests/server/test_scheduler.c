@@ -5,7 +5,8 @@
  *   - a cancelled job ends and leaves its session consistent (cache = ledger or ledger - 1);
  *   - on an idle node the submitting thread runs its job's first step (the first token is in
  *     the ledger when generate returns, also from a prefilled session's logits), and the
- *     scheduler thread the rest, with the same tokens;
+ *     scheduler thread the rest, with the same tokens; threads submitting at once all get the
+ *     single run's tokens;
  *   - with decode_stretch, a long prompt arriving next to decoding sessions is cut into more,
  *     smaller chunks than prefill_chunk (and into prefill_chunk pieces without it). */
 #include <setjmp.h>
@@ -17,6 +18,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <pthread.h>
 
 #include "kvld.h"
 
@@ -269,6 +271,75 @@ static void test_first_step_on_caller(void **state) {
     fx_free(&f);
 }
 
+/* Several threads submitting at once, over and over: each submission finds the node idle (its
+ * first step on the caller) or busy (the scheduler thread's), in every interleaving; one
+ * thread steps at a time, so every job's tokens are the single run's. */
+typedef struct submitter {
+    fx *f;
+    int id;
+    const int32_t *want;
+    int bad;   /* jobs whose tokens differed or that failed (asserts stay on the main thread) */
+} submitter;
+
+static void *submit_loop(void *arg) {
+    submitter *w = arg;
+    for (int i = 0; i < 15; i++) {
+        char name[32], id[KVLD_ID_MAX];
+        snprintf(name, sizeof name, "t%d-%d", w->id, i);
+        kvld_session *s;
+        if (kvld_sessions_open(w->f->tab, name, 0, id) != KVL_OK ||
+            kvld_session_acquire(w->f->tab, name, KVLD_DECODE, 0, &s, NULL) != KVL_OK) {
+            w->bad++;
+            continue;
+        }
+        for (int k = 0; k < 12; k++) s->ledger[k] = 100 + (k * 13) % 3000;
+        s->n_ledger = 12;
+        kvld_gen_params gp = greedy(3);
+        kvld_job *j;
+        if (kvld_sched_generate(w->f->sch, s, &gp, &j) != KVL_OK) {
+            w->bad++;
+        } else {
+            kvld_token t;
+            int n = 0;
+            while (kvld_job_next(j, &t)) w->bad += n >= 3 || t.id != w->want[n++];
+            w->bad += n != 3 || kvld_job_result(j, NULL, NULL, NULL) != KVL_OK;
+            kvld_job_free(j);
+        }
+        kvld_session_release_drop(w->f->tab, s);
+    }
+    return NULL;
+}
+
+static void test_concurrent_submitters(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f, 4);
+    kvld_session *s = open_with(&f, "ref", 12);
+    kvld_gen_params gp = greedy(3);
+    kvld_job *j;
+    assert_int_equal(kvld_sched_generate(f.sch, s, &gp, &j), KVL_OK);
+    int32_t want[3];
+    int n = 0;
+    kvld_token t;
+    while (kvld_job_next(j, &t)) want[n++] = t.id;
+    assert_int_equal(n, 3);
+    kvld_job_free(j);
+    kvld_session_release_drop(f.tab, s);
+    enum { T = 4 };
+    submitter w[T];
+    pthread_t th[T];
+    for (int i = 0; i < T; i++) {
+        w[i] = (submitter){.f = &f, .id = i, .want = want};
+        assert_int_equal(pthread_create(&th[i], NULL, submit_loop, &w[i]), 0);
+    }
+    for (int i = 0; i < T; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(w[i].bad, 0);
+    }
+    assert_int_equal(kvld_sched_active(f.sch), 0);
+    fx_free(&f);
+}
+
 static void test_cancel(void **state) {
     fx f;
     fx_init(&f, 4);
@@ -325,6 +396,7 @@ int main(void) {
         cmocka_unit_test(test_fair_when_saturated),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_first_step_on_caller),
+        cmocka_unit_test(test_concurrent_submitters),
         cmocka_unit_test(test_prefill_shrinks_next_to_decoders),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
