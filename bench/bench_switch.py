@@ -29,7 +29,12 @@ random translators (`kvlingo translator random`); the nodes serve them without a
 usage: bench_switch.py --build BUILD_DIR [--contexts 64,512,2048] [--repeats 5]
                        [--pairs qwen3-a:qwen3-b,qwen3-b:qwen3-a | --shapes A:B[,...] [--dtype f32]]
                        [--threads 1] [--cold [--cold-repeats 3]] [--no-pieces] [--work DIR]
-                       [--push-ahead] [--kvld-args "--span-push 0"]
+                       [--push-ahead] [--kvld-args "--span-push 0"] [--client python|c]
+
+--client c: the timed turns go through build/bench_send (bench/bench_send.c), a C client on
+the rpc layer kvlingo's processes use, over one channel connected before the first turn; the
+client-measured TTFT then holds the router, the nodes and their legs without grpcio's own
+per-call work (sessions and source turns still go through the Python client).
 
 --push-ahead: instead, the switch after a push-ahead (router/push_ahead.h): the source turn
 carries SendRequest.prefetch_model = the target's model, the bench waits until the router has
@@ -55,8 +60,53 @@ sys.path.insert(0, os.path.join(SRC, "tests", "router"))
 import rtest  # noqa: E402
 
 
+class CSend:
+    """Send over build/bench_send (bench/bench_send.c), a C client of the router on one
+    long-lived channel (--client c): the request built and the summary read with the Python
+    stubs, the call and its timing in C."""
+
+    def __init__(self, build, fleet, pb):
+        self.pb = pb
+        env = dict(os.environ, KVL_API_KEY=fleet.default_key or "")
+        self.proc = subprocess.Popen([os.path.join(build, "bench_send"), "--router", fleet.addr]
+                                     + fleet.cli_security(), stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env)
+
+    def turn(self, sid, **kw):
+        req = self.pb.SendRequest(session_id=sid, **kw)
+        self.proc.stdin.write(req.SerializeToString().hex() + "\n")
+        self.proc.stdin.flush()
+        ln = self.proc.stdout.readline()
+        if not ln:
+            raise SystemExit("bench_send exited with %s" % self.proc.wait())
+        kind, a, rest = (ln.rstrip("\n").split(" ", 2) + [""])[:3]
+        if kind != "ok":
+            raise SystemExit("Send (bench_send): status %s: %s" % (a, rest))
+        summary = self.pb.SendResponse.FromString(bytes.fromhex(rest)).summary if rest else None
+        return float(a), summary
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def bench_client(a, fleet):
+    """The fleet's Python client (sessions, source turns); with --client c its timed turns
+    (client_turn) go through bench_send."""
+    c = fleet.client(timeout=600)
+    c.csend = CSend(a.build, fleet, c.pb) if a.client == "c" else None
+    return c
+
+
+def close_client(c):
+    if getattr(c, "csend", None):
+        c.csend.close()
+
+
 def client_turn(c, sid, **kw):
     """One Send; returns (client TTFT s, summary)."""
+    if getattr(c, "csend", None):
+        return c.csend.turn(sid, **kw)
     req = c.pb.SendRequest(session_id=sid, **kw)
     t0 = time.perf_counter()
     ttft, summary = None, None
@@ -205,8 +255,9 @@ def run_cold(a, work, models, dirs, pairs, tokenizer, src, dst, contexts, corpus
                 k += 1
                 w = os.path.join(work, "cold-%d" % k)
                 fleet = new_fleet(a, w, models, dirs, pairs, tokenizer)
+                c = None
                 try:
-                    c = fleet.client(timeout=600)
+                    c = bench_client(a, fleet)
                     sid = c.create_session()
                     c.send_all(sid, tokens=corpus[:ctx], max_tokens=1, model=src)
                     ttft, s = client_turn(c, sid, tokens=user, max_tokens=1, model=dst,
@@ -297,6 +348,8 @@ def main():
     ap.add_argument("--cold-repeats", type=int, default=3)
     ap.add_argument("--no-pieces", action="store_true", help="skip the in-process pieces")
     ap.add_argument("--work", default=None, help="an empty dir for the fleets' files; keeps their logs")
+    ap.add_argument("--client", default="python", choices=("python", "c"),
+                    help="the timed turns' client: grpcio (default) or build/bench_send, a C client")
     ap.add_argument("--kvld-args", default="", help="more kvld flags for every node, e.g. '--span-push 0'")
     ap.add_argument("--push-ahead", action="store_true",
                     help="time the switch after a push-ahead instead (own table)")
@@ -341,26 +394,34 @@ def main():
                 inproc[(src, dst)] = pieces(a.build, dirs[src], dirs[dst], contexts, a.repeats,
                                             a.new_tokens + 1, env)
         load = os.getloadavg()
-        print("bench_switch: client -> kvlingo-router -> kvld x2 on loopback; OPENBLAS_NUM_THREADS=%d; "
+        print("bench_switch: %s client -> kvlingo-router -> kvld x2 on loopback; OPENBLAS_NUM_THREADS=%d; "
               "median of %d repeats; %d new tokens per switched turn (with the source's last sampled "
               "token the target runs %d); models %s; load %.2f %.2f %.2f" % (
-                  a.threads, a.repeats, a.new_tokens, a.new_tokens + 1,
+                  "C (bench_send)" if a.client == "c" else "Python (grpcio)", a.threads, a.repeats,
+                  a.new_tokens, a.new_tokens + 1,
                   ", ".join("%s (%s)" % (m, dirs[m]) for m in models), *load), flush=True)
         fpairs = tuple(pairs) if a.shapes else None
         if a.push_ahead:
             fleet = new_fleet(a, os.path.join(work, "fleet"), models, dirs, fpairs, tokenizer)
+            c = None
             try:
-                push_ahead_tables(fleet.client(timeout=600), corpus, user, contexts, pairs, a)
+                c = bench_client(a, fleet)
+                push_ahead_tables(c, corpus, user, contexts, pairs, a)
             finally:
+                if c:
+                    close_client(c)
                 fleet.stop()
             return
         fleet = new_fleet(a, os.path.join(work, "fleet"), models, dirs, fpairs, tokenizer)
         warm = {}
+        c = None
         try:
-            c = fleet.client(timeout=600)
+            c = bench_client(a, fleet)
             for src, dst in pairs:
                 warm[(src, dst)] = run_pair_warm(fleet, c, src, dst, contexts, corpus, user, a.repeats)
         finally:
+            if c:
+                close_client(c)
             fleet.stop()
         cold = {}
         if a.cold:
