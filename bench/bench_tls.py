@@ -14,7 +14,9 @@ Then, with no fleet running, bench_rpc (bench_rpc.c) on the same certificates: o
 through the rpc layer in one process, plaintext against mutual TLS, the floor under what TLS
 costs each leg of a turn.
 usage: bench_tls.py --build BUILD_DIR [--contexts 64,512,2048] [--repeats 7] [--threads 1]
-                    [--rpc-calls 2000]
+                    [--rpc-calls 2000] [--client python|c]
+--client c: the timed turns through build/bench_send, a C client (as bench_switch.py --client c),
+so the client's TLS is the rpc layer's (OpenSSL through gRPC core) as on every other leg.
 """
 import argparse
 import os
@@ -29,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "router"))
 sys.path.insert(0, HERE)
 import rtest  # noqa: E402
 import tlscerts  # noqa: E402
-from bench_switch import client_turn  # noqa: E402
+from bench_switch import bench_client, client_turn, close_client  # noqa: E402
 
 
 def main():
@@ -44,6 +46,8 @@ def main():
     ap.add_argument("--rpc-calls", type=int, default=2000,
                     help="calls of each kind for bench_rpc, the per-message floor printed last (default %(default)s)")
     ap.add_argument("--work", default=None, help="keep the fleets' files and logs here (default: a temporary dir)")
+    ap.add_argument("--client", default="python", choices=("python", "c"),
+                    help="the timed turns' client: grpcio (default) or build/bench_send, a C client")
     a = ap.parse_args()
     os.environ["OPENBLAS_NUM_THREADS"] = str(a.threads)
     work = a.work or tempfile.mkdtemp(prefix="kvlingo-bench-tls-")
@@ -58,20 +62,22 @@ def run(a, work):
     contexts = [int(x) for x in a.contexts.split(",")]
     pki = tlscerts.make(os.path.join(work, "pki"))
     kw = dict(policy={"name": "pinned"}, guardrail={"shadow_fraction": 0.0}, peers=True)
-    fleets = {}
+    fleets, clients = {}, {}
     try:
         fleets["plain"] = rtest.Fleet(a.build, os.path.join(work, "plain"), **kw)
         fleets["tls"] = rtest.Fleet(a.build, os.path.join(work, "tls"), tls=pki, **kw)
-        clients = {k: f.client(timeout=300) for k, f in fleets.items()}
+        for k, f in fleets.items():
+            clients[k] = bench_client(a, f)
         c0 = clients["plain"]
         sid = c0.create_session()
         c0.send_all(sid, rtest.corpus_text(0, 12000), max_tokens=1, model=a.src)
         corpus = list(c0.get_session(sid, include_tokens=True).tokens)[:-1]
         c0.close_session(sid)
         user = corpus[2100:2100 + a.new_tokens]
-        print("bench_tls: client -> kvlingo-router -> kvld x2 on loopback, %s -> %s; plaintext vs TLS "
+        print("bench_tls: %s client -> kvlingo-router -> kvld x2 on loopback, %s -> %s; plaintext vs TLS "
               "(mutual between fleet members); OPENBLAS_NUM_THREADS=%d; medians of %d interleaved "
-              "repeats; client-measured TTFT" % (a.src, a.dst, a.threads, a.repeats))
+              "repeats; client-measured TTFT" % ("C (bench_send)" if a.client == "c" else "Python (grpcio)", a.src,
+                                               a.dst, a.threads, a.repeats))
         print("%8s | %10s %10s %8s | %10s %10s %8s | %9s %9s %8s %7s" % (
             "context", "switch", "switch", "TLS", "re-prefill", "re-prefill", "TLS", "messages",
             "messages", "TLS", "of"))
@@ -114,6 +120,8 @@ def run(a, work):
               "cost, also as a share of the plaintext switch TTFT, is what TLS adds with the noise "
               "of those compute phases taken out)")
     finally:
+        for c in clients.values():
+            close_client(c)
         for f in fleets.values():
             f.stop()
     # the floor under those costs: one gRPC message through the rpc layer, no fleet running
