@@ -14,7 +14,9 @@ summary); medians of the repeats (after one warm-up), ratio = re-prefill / switc
 
 In the same run (unless --no-pieces), the switch's pieces: `kvlingo bench switch --json
 --new-tokens 9` on the same pair, lengths and OPENBLAS_NUM_THREADS (in-process translate and
-forward), and the wire time the nodes log for each switch (the target's ContinueTurn
+forward; one run of it in each repeat, between the repeat's switch and its re-prefill, so both
+sides of `stack / sum` come from the same minutes of a host whose speed drifts; all before the
+fleet starts with --shapes, whose models hold GBs each, or --pieces-before), and the wire time the nodes log for each switch (the target's ContinueTurn
 transfer_ms, the source's ExportSpan transfer_ms), so `stack / sum` shows what the RPCs, the router and the client add
 (the in-process translate includes reading the span from the source's cache, as the export does).
 
@@ -200,17 +202,21 @@ def new_fleet(a, work, models, dirs, pairs, tokenizer):
                        kvld_args=tuple(a.kvld_args.split()))
 
 
-def run_pair_warm(fleet, c, src, dst, contexts, corpus, user, repeats):
-    """Warm switch / re-prefill per context: dict ctx -> measurements."""
+def run_pair_warm(fleet, c, src, dst, contexts, corpus, user, repeats, piece=None):
+    """Warm switch / re-prefill per context: dict ctx -> measurements.  piece(ctx), when given,
+    runs the in-process pieces once per repeat, between its switch and its re-prefill, so that
+    both are measured in the same minutes of a host whose speed drifts."""
     tails = {m: LogTail(fleet.nodes[m].log_path) for m in (src, dst)}
     out = {}
     for ctx in contexts:
         prompt = corpus[:ctx]
         res = {"t": [], "p": [], "tr": [], "pr": [], "x": [], "recv": [], "ntr": [], "xfer": [],
-               "nttft": []}
+               "nttft": [], "pieces": []}
         span = 0
         for r in range(repeats + 1):     # the first repeat warms up both paths
             for mode in ("t", "p"):
+                if mode == "p" and piece and r > 0:
+                    res["pieces"].append(piece(ctx))
                 sid = c.create_session()
                 c.send_all(sid, tokens=prompt, max_tokens=1, model=src)
                 for t in tails.values():
@@ -347,6 +353,9 @@ def main():
     ap.add_argument("--cold", action="store_true", help="also the first switch of fresh fleets")
     ap.add_argument("--cold-repeats", type=int, default=3)
     ap.add_argument("--no-pieces", action="store_true", help="skip the in-process pieces")
+    ap.add_argument("--pieces-before", action="store_true",
+                    help="the in-process pieces all before the fleet starts (as --shapes does), not "
+                         "once per repeat between its turns")
     ap.add_argument("--work", default=None, help="an empty dir for the fleets' files; keeps their logs")
     ap.add_argument("--client", default="python", choices=("python", "c"),
                     help="the timed turns' client: grpcio (default) or build/bench_send, a C client")
@@ -387,9 +396,12 @@ def main():
         if len(corpus) < u0 + a.new_tokens:
             raise SystemExit("the corpus has %d tokens: too few for context %d" % (len(corpus), max(contexts)))
         user = corpus[u0:u0 + a.new_tokens]
-        # in-process pieces first: no fleet holds memory or cores meanwhile
+        # the in-process pieces: of the shipped models, once per repeat between the fleet's turns
+        # (run_pair_warm); of --shapes models (GBs each) or with --pieces-before, all first,
+        # while no fleet holds memory or cores
         inproc = {}
-        if not a.no_pieces and not a.push_ahead:
+        before = a.shapes or a.pieces_before
+        if not a.no_pieces and not a.push_ahead and before:
             for src, dst in pairs:
                 inproc[(src, dst)] = pieces(a.build, dirs[src], dirs[dst], contexts, a.repeats,
                                             a.new_tokens + 1, env)
@@ -418,7 +430,15 @@ def main():
         try:
             c = bench_client(a, fleet)
             for src, dst in pairs:
-                warm[(src, dst)] = run_pair_warm(fleet, c, src, dst, contexts, corpus, user, a.repeats)
+                piece = None
+                if not a.no_pieces and not before:
+                    def piece(ctx, s=src, d=dst):
+                        return pieces(a.build, dirs[s], dirs[d], [ctx], 1, a.new_tokens + 1, env)[ctx]
+                warm[(src, dst)] = run_pair_warm(fleet, c, src, dst, contexts, corpus, user, a.repeats, piece)
+                if piece:
+                    inproc[(src, dst)] = {ctx: {k: med([p[k] for p in r["pieces"]])
+                                                for k in ("translate_ms", "forward_ms", "reprefill_ttft_ms")}
+                                          for ctx, r in warm[(src, dst)].items()}
         finally:
             if c:
                 close_client(c)
@@ -476,7 +496,7 @@ def main():
         if not a.no_pieces:
             print("(pieces: stack switch = the client's warm switch TTFT above; translate and forward = "
                   "`kvlingo bench switch --json --new-tokens %d` in one process, same models and "
-                  "OPENBLAS_NUM_THREADS, median of %d: translate = the C-token span read from the source's "
+                  "OPENBLAS_NUM_THREADS, median of %d %s: translate = the C-token span read from the source's "
                   "cache (the export's read) and translated into an empty target cache, forward = the "
                   "target's forward pass over the %d new tokens on it until "
                   "the first token; wire = the target's ContinueTurn transfer_ms from its log: the source's "
@@ -487,7 +507,10 @@ def main():
                   "- node TTFT, what the client, the router and their gRPC legs add around the target; "
                   "in-proc RP = the in-process re-prefill of C+%d tokens; node transl = the target's "
                   "translate_ms, export tx = the source's ExportSpan transfer_ms, both from the logs)" % (
-                      a.new_tokens + 1, a.repeats, a.new_tokens + 1, a.new_tokens + 1))
+                      a.new_tokens + 1, a.repeats,
+                      "runs, all before the fleet started" if before else
+                      "runs, one in each repeat between its switch and its re-prefill",
+                      a.new_tokens + 1, a.new_tokens + 1))
     finally:
         if not a.work:
             shutil.rmtree(work, ignore_errors=True)   # logs kept only with --work
