@@ -14,7 +14,10 @@
  *          "ok TTFT_S HEX"  TTFT_S: seconds from just before the call starts to the first token
  *                           message; HEX: the serialized SendResponse that carried the summary
  *                           (empty when the stream had none);
- *          "err CODE TEXT"  the call failed (CODE: the gRPC status code, -1 for a local error).
+ *          "err CODE TEXT"  the call failed (CODE: the gRPC status code, -1 for a local error:
+ *                           a message that does not parse, the stream broken off, or a turn
+ *                           that ended OK without a token message, which has no TTFT); TEXT
+ *                           on one line.
  * KEY (default: the environment variable KVL_API_KEY) goes as 'authorization: Bearer KEY'.
  * The channel is connected (a health check) before the first request is read.
  * Exit status: 0 at the end of stdin, 2 on bad arguments, a router that does not answer, or an
@@ -64,24 +67,35 @@ static void put_hex(const uint8_t *b, size_t n) {
     }
 }
 
+/* "err CODE TEXT" with TEXT on one line: the bench reads a line per request. */
+static void put_err(int code, const char *text) {
+    printf("err %d ", code);
+    for (const char *c = text ? text : ""; *c; c++) putchar(*c == '\n' || *c == '\r' ? ' ' : *c);
+    putchar('\n');
+}
+
 /* One Send: prints its line. */
 static void one_send(kvl__rpc_client *cli, const uint8_t *req, size_t len) {
     double t0 = kvl__now_s(), ttft = -1;
     kvl__rpc_stream *st = NULL;
     kvl_status s = kvl__rpc_client_stream_open(cli, "/kvlingo.v1.Router/Send", req, len, 600000, &st);
     if (s) {
-        printf("err -1 %s\n", kvl_last_error());
+        put_err(-1, kvl_last_error());
         fflush(stdout);
         return;
     }
     uint8_t *summary = NULL;
     size_t summary_len = 0;
+    char local[200] = "";   /* a failure here, reported however the call ends */
     for (;;) {
         uint8_t *data = NULL;
         size_t dl = 0;
-        if (kvl__rpc_stream_read(st, &data, &dl) <= 0) break;
+        int r = kvl__rpc_stream_read(st, &data, &dl);
+        if (r < 0) snprintf(local, sizeof local, "reading the stream: %s", kvl_last_error());
+        if (r <= 0) break;
         double now = kvl__now_s();
         Kvlingo__V1__SendResponse *m = kvlingo__v1__send_response__unpack(NULL, dl, data);
+        if (!m && !local[0]) snprintf(local, sizeof local, "a message of %zu bytes is no SendResponse", dl);
         if (m && m->summary) {
             free(summary);
             summary = data;   /* kept as it came: the bench decodes it with the Python stubs */
@@ -96,8 +110,10 @@ static void one_send(kvl__rpc_client *cli, const uint8_t *req, size_t len) {
     kvl__rpc_result res = {0};
     s = kvl__rpc_stream_finish(st, &res);
     kvl__rpc_stream_free(st);
-    if (s) printf("err -1 %s\n", kvl_last_error());
-    else if (res.code != GRPC_STATUS_OK) printf("err %d %s\n", (int)res.code, res.message ? res.message : "");
+    if (s) put_err(-1, kvl_last_error());
+    else if (res.code != GRPC_STATUS_OK) put_err((int)res.code, res.message);
+    else if (local[0]) put_err(-1, local);
+    else if (ttft < 0) put_err(-1, "the turn ended without a token message: no TTFT");
     else {
         printf("ok %.9f ", ttft);
         put_hex(summary, summary_len);
@@ -156,7 +172,8 @@ int main(int argc, char **argv) {
             free(bearer);
         }
         if (s) {
-            fprintf(stderr, "bench_send: --api-key: %s\n", kvl_strerror(s));
+            fprintf(stderr, "bench_send: the API key (--api-key or KVL_API_KEY): %s\n",
+                    s == KVL_ERR_NOMEM ? kvl_strerror(s) : kvl_last_error());
             kvl__rpc_client_free(cli);
             return 2;
         }
@@ -186,11 +203,15 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench_send: stdin line %ld: longer than %u characters\n", no, LINE_MAX_BYTES);
             rc = 2;
         } else if (unhex(line, n, req)) {
-            fprintf(stderr, "bench_send: stdin line %ld: not an even number of hex digits\n", no);
+            fprintf(stderr, "bench_send: stdin line %ld: an odd number of hex digits or a non-hex character\n", no);
             rc = 2;
         } else {
             one_send(cli, req, n / 2);
         }
+    }
+    if (!rc && ferror(stdin)) {
+        fprintf(stderr, "bench_send: reading stdin failed\n");
+        rc = 2;
     }
     free(line);
     free(req);

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """bench/bench_switch.py: switch TTFT vs re-prefill TTFT through the whole stack
-(Python client -> kvlingo-router -> kvld nodes, loopback).
+(client -> kvlingo-router -> kvld nodes, loopback; the client Python's grpcio or, with
+--client c, bench_send).
 
 For each context length C and each repeat: a fresh session reads C tokens of
 testdata/corpus/valid.txt on the source model (one generated token), then the client asks the
@@ -14,11 +15,13 @@ summary); medians of the repeats (after one warm-up), ratio = re-prefill / switc
 
 In the same run (unless --no-pieces), the switch's pieces: `kvlingo bench switch --json
 --new-tokens 9` on the same pair, lengths and OPENBLAS_NUM_THREADS (in-process translate and
-forward; one run of it in each repeat, between the repeat's switch and its re-prefill, so both
-sides of `stack / sum` come from the same minutes of a host whose speed drifts; all before the
-fleet starts with --shapes, whose models hold GBs each, or --pieces-before), and the wire time the nodes log for each switch (the target's ContinueTurn
-transfer_ms, the source's ExportSpan transfer_ms), so `stack / sum` shows what the RPCs, the router and the client add
-(the in-process translate includes reading the span from the source's cache, as the export does).
+forward; one run of it in each timed repeat, between the repeat's switch and its re-prefill,
+so both sides of `stack / sum` come from the same minutes of a host whose speed drifts; all
+before the fleet starts with --shapes, whose models hold GBs each, or --pieces-before), and
+the wire time the nodes log for each switch (the target's ContinueTurn transfer_ms, the
+source's ExportSpan transfer_ms), so `stack / sum` shows what the RPCs, the router and the
+client add (the in-process translate includes reading the span from the source's cache, as
+the export does).
 
 --cold: the first switch of a freshly started fleet (a new fleet per repeat, --cold-repeats),
 against a re-prefill that is the first turn on the target of another fresh fleet.
@@ -30,8 +33,8 @@ random translators (`kvlingo translator random`); the nodes serve them without a
 
 usage: bench_switch.py --build BUILD_DIR [--contexts 64,512,2048] [--repeats 5]
                        [--pairs qwen3-a:qwen3-b,qwen3-b:qwen3-a | --shapes A:B[,...] [--dtype f32]]
-                       [--threads 1] [--cold [--cold-repeats 3]] [--no-pieces] [--work DIR]
-                       [--push-ahead] [--kvld-args "--span-push 0"] [--client python|c]
+                       [--threads 1] [--cold [--cold-repeats 3]] [--no-pieces | --pieces-before]
+                       [--work DIR] [--push-ahead] [--kvld-args "--span-push 0"] [--client python|c]
 
 --client c: the timed turns go through build/bench_send (bench/bench_send.c), a C client on
 the rpc layer kvlingo's processes use, over one channel connected before the first turn; the
@@ -75,21 +78,34 @@ class CSend:
                                      stdout=subprocess.PIPE, text=True, env=env)
 
     def turn(self, sid, **kw):
+        """One Send through bench_send: (client TTFT s, TurnSummary); SystemExit when the call
+        fails or bench_send is gone (its exit status said)."""
         req = self.pb.SendRequest(session_id=sid, **kw)
-        self.proc.stdin.write(req.SerializeToString().hex() + "\n")
-        self.proc.stdin.flush()
-        ln = self.proc.stdout.readline()
+        try:
+            self.proc.stdin.write(req.SerializeToString().hex() + "\n")
+            self.proc.stdin.flush()
+            ln = self.proc.stdout.readline()
+        except BrokenPipeError:
+            ln = ""
         if not ln:
-            raise SystemExit("bench_send exited with %s" % self.proc.wait())
+            raise SystemExit("bench_send exited with %s (its message is above)" % self.proc.wait())
         kind, a, rest = (ln.rstrip("\n").split(" ", 2) + [""])[:3]
-        if kind != "ok":
-            raise SystemExit("Send (bench_send): status %s: %s" % (a, rest))
-        summary = self.pb.SendResponse.FromString(bytes.fromhex(rest)).summary if rest else None
-        return float(a), summary
+        if kind != "ok" or not rest:
+            raise SystemExit("Send (bench_send): %s" % ln.strip())
+        return float(a), self.pb.SendResponse.FromString(bytes.fromhex(rest)).summary
 
     def close(self):
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
+        """End bench_send (its stdin closed; killed when it is still in a call 5 s later)."""
+        try:
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
 
 
 def bench_client(a, fleet):
@@ -101,7 +117,8 @@ def bench_client(a, fleet):
 
 
 def close_client(c):
-    if getattr(c, "csend", None):
+    """End what bench_client started beside the Python client (None: nothing)."""
+    if c is not None and getattr(c, "csend", None):
         c.csend.close()
 
 
@@ -204,8 +221,8 @@ def new_fleet(a, work, models, dirs, pairs, tokenizer):
 
 def run_pair_warm(fleet, c, src, dst, contexts, corpus, user, repeats, piece=None):
     """Warm switch / re-prefill per context: dict ctx -> measurements.  piece(ctx), when given,
-    runs the in-process pieces once per repeat, between its switch and its re-prefill, so that
-    both are measured in the same minutes of a host whose speed drifts."""
+    runs the in-process pieces once per timed repeat (not the warm-up), between its switch and
+    its re-prefill, so that both are measured in the same minutes of a host whose speed drifts."""
     tails = {m: LogTail(fleet.nodes[m].log_path) for m in (src, dst)}
     out = {}
     for ctx in contexts:
@@ -274,7 +291,10 @@ def run_cold(a, work, models, dirs, pairs, tokenizer, src, dst, contexts, corpus
                     res[mode].append(ttft)
                     res[mode + "r"].append(s.ttft_seconds)
                 finally:
-                    fleet.stop()
+                    try:
+                        close_client(c)
+                    finally:
+                        fleet.stop()
                 if not a.work:
                     shutil.rmtree(w, ignore_errors=True)
         out[ctx] = res
@@ -355,7 +375,7 @@ def main():
     ap.add_argument("--no-pieces", action="store_true", help="skip the in-process pieces")
     ap.add_argument("--pieces-before", action="store_true",
                     help="the in-process pieces all before the fleet starts (as --shapes does), not "
-                         "once per repeat between its turns")
+                         "once per timed repeat between its turns")
     ap.add_argument("--work", default=None, help="an empty dir for the fleets' files; keeps their logs")
     ap.add_argument("--client", default="python", choices=("python", "c"),
                     help="the timed turns' client: grpcio (default) or build/bench_send, a C client")
@@ -364,6 +384,9 @@ def main():
                     help="time the switch after a push-ahead instead (own table)")
     a = ap.parse_args()
     a.build = os.path.abspath(a.build)
+    if a.client == "c" and not os.path.exists(os.path.join(a.build, "bench_send")):
+        raise SystemExit("--client c: %s/bench_send is not built (cmake --build %s --target bench_send; it "
+                         "needs the server components)" % (a.build, a.build))
     if a.repeats is None:
         a.repeats = 3 if a.shapes else 5
     os.environ["OPENBLAS_NUM_THREADS"] = str(a.threads)
@@ -396,7 +419,7 @@ def main():
         if len(corpus) < u0 + a.new_tokens:
             raise SystemExit("the corpus has %d tokens: too few for context %d" % (len(corpus), max(contexts)))
         user = corpus[u0:u0 + a.new_tokens]
-        # the in-process pieces: of the shipped models, once per repeat between the fleet's turns
+        # the in-process pieces: of the shipped models, once per timed repeat between the fleet's turns
         # (run_pair_warm); of --shapes models (GBs each) or with --pieces-before, all first,
         # while no fleet holds memory or cores
         inproc = {}
@@ -420,9 +443,10 @@ def main():
                 c = bench_client(a, fleet)
                 push_ahead_tables(c, corpus, user, contexts, pairs, a)
             finally:
-                if c:
+                try:
                     close_client(c)
-                fleet.stop()
+                finally:
+                    fleet.stop()
             return
         fleet = new_fleet(a, os.path.join(work, "fleet"), models, dirs, fpairs, tokenizer)
         warm = {}
@@ -440,9 +464,10 @@ def main():
                                                 for k in ("translate_ms", "forward_ms", "reprefill_ttft_ms")}
                                           for ctx, r in warm[(src, dst)].items()}
         finally:
-            if c:
+            try:
                 close_client(c)
-            fleet.stop()
+            finally:
+                fleet.stop()
         cold = {}
         if a.cold:
             for src, dst in pairs:

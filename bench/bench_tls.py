@@ -49,6 +49,10 @@ def main():
     ap.add_argument("--client", default="python", choices=("python", "c"),
                     help="the timed turns' client: grpcio (default) or build/bench_send, a C client")
     a = ap.parse_args()
+    a.build = os.path.abspath(a.build)
+    if a.client == "c" and not os.path.exists(os.path.join(a.build, "bench_send")):
+        raise SystemExit("--client c: %s/bench_send is not built (cmake --build %s --target bench_send; it "
+                         "needs the server components)" % (a.build, a.build))
     os.environ["OPENBLAS_NUM_THREADS"] = str(a.threads)
     work = a.work or tempfile.mkdtemp(prefix="kvlingo-bench-tls-")
     try:
@@ -120,10 +124,12 @@ def run(a, work):
               "cost, also as a share of the plaintext switch TTFT, is what TLS adds with the noise "
               "of those compute phases taken out)")
     finally:
-        for c in clients.values():
-            close_client(c)
-        for f in fleets.values():
-            f.stop()
+        try:
+            for c in clients.values():
+                close_client(c)
+        finally:
+            for f in fleets.values():
+                f.stop()
     # the floor under those costs: one gRPC message through the rpc layer, no fleet running
     rpc = os.path.join(a.build, "bench_rpc")
     if not os.path.exists(rpc):
