@@ -162,21 +162,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_send: --router %s: %s\n", router, kvl_last_error());
         return 2;
     }
-    if (api_key && api_key[0]) {
-        size_t kl = strlen(api_key);
-        char *bearer = malloc(kl + 8);
-        s = bearer ? KVL_OK : KVL_ERR_NOMEM;
-        if (bearer) {
-            snprintf(bearer, kl + 8, "Bearer %s", api_key);
-            s = kvl__rpc_client_set_metadata(cli, "authorization", bearer);
-            free(bearer);
-        }
-        if (s) {
-            fprintf(stderr, "bench_send: the API key (--api-key or KVL_API_KEY): %s\n",
-                    s == KVL_ERR_NOMEM ? kvl_strerror(s) : kvl_last_error());
-            kvl__rpc_client_free(cli);
-            return 2;
-        }
+    if ((s = kvl__rpc_client_set_bearer(cli, api_key))) {
+        fprintf(stderr, "bench_send: the API key (--api-key or KVL_API_KEY): %s\n", kvl_last_error());
+        kvl__rpc_client_free(cli);
+        return 2;
     }
     /* connected before the first timed Send, as a client that opened its session is (the
      * health service answers without a key) */

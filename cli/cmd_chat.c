@@ -385,19 +385,9 @@ int cmd_chat(int argc, char **argv) {
     kvl_status s = kvl__rpc_client_create(router, 0, &tls, &cli);
     kvl__svc_tls_free(&ca);   /* the channel keeps its own copy */
     if (s) return cli_fail("chat", s);
-    if (api_key && api_key[0]) {
-        size_t kl = strlen(api_key);
-        char *bearer = malloc(kl + 8);
-        if (!bearer) s = KVL_ERR_NOMEM;
-        else {
-            snprintf(bearer, kl + 8, "Bearer %s", api_key);
-            s = kvl__rpc_client_set_metadata(cli, "authorization", bearer);
-            free(bearer);
-        }
-        if (s) {
-            kvl__rpc_client_free(cli);
-            return cli_fail("chat: --api-key", s);
-        }
+    if ((s = kvl__rpc_client_set_bearer(cli, api_key))) {
+        kvl__rpc_client_free(cli);
+        return cli_fail("chat: --api-key", s);
     }
     int rc = 0, summary = 0;
     char *sid = NULL;

@@ -191,6 +191,18 @@ kvl_status kvl__rpc_client_set_metadata(kvl__rpc_client *cli, const char *key, c
     return st;
 }
 
+kvl_status kvl__rpc_client_set_bearer(kvl__rpc_client *cli, const char *api_key) {
+    if (!api_key || !api_key[0]) return kvl__rpc_client_set_metadata(cli, "authorization", NULL);
+    size_t kl = strlen(api_key);
+    char *bearer = malloc(kl + 8);
+    if (!bearer) return kvl__errorf(KVL_ERR_NOMEM, "rpc: authorization metadata");
+    memcpy(bearer, "Bearer ", 7);
+    memcpy(bearer + 7, api_key, kl + 1);
+    kvl_status s = kvl__rpc_client_set_metadata(cli, "authorization", bearer);
+    free(bearer);
+    return s;
+}
+
 static void call_md_fill(kvl__rpc_client *cli, call_md *cm) {
     memset(cm, 0, sizeof *cm);
     pthread_mutex_lock(&cli->md_mu);

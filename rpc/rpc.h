@@ -242,6 +242,11 @@ const char *kvl__rpc_client_target(const kvl__rpc_client *cli);
 #define KVL_RPC_CLIENT_MAX_METADATA 8
 kvl_status kvl__rpc_client_set_metadata(kvl__rpc_client *cli, const char *key, const char *value);
 
+/* "authorization: Bearer KEY" with every later call (an API key of the router's key file);
+ * NULL or "" removes it.  Errors as kvl__rpc_client_set_metadata's (a key the value rules
+ * refuse: KVL_ERR_INVALID_ARG). */
+kvl_status kvl__rpc_client_set_bearer(kvl__rpc_client *cli, const char *api_key);
+
 /* Blocking unary call.  timeout_ms <= 0 means no deadline.  Returns KVL_OK when the call
  * completed (whatever its gRPC status: look at res->code), KVL_ERR_NOMEM / KVL_ERR_INTERNAL when
  * the layer itself failed.  A deadline shows as res->code == GRPC_STATUS_DEADLINE_EXCEEDED. */

@@ -50,7 +50,8 @@ static void count(kvl__rpc_call *call, const uint8_t *req, size_t len, void *use
 }
 
 /* replies "<len>:<value>" of request metadata x-test, read into a buffer of req[0] bytes
- * (64 when the request is empty); "big" when it does not fit */
+ * (64 when the request is empty); "big" when it does not fit; "auth:<value>" instead when the
+ * call has an authorization header */
 static void md_echo(kvl__rpc_call *call, const uint8_t *req, size_t len, void *user) {
     char buf[64], out[96];
     size_t cap = len > 0 ? req[0] : sizeof buf;
@@ -58,6 +59,8 @@ static void md_echo(kvl__rpc_call *call, const uint8_t *req, size_t len, void *u
     if (n == SIZE_MAX) snprintf(out, sizeof out, "big");
     else snprintf(out, sizeof out, "%zu:%s", n, n ? buf : "");
     if (kvl__rpc_call_metadata(call, "x-absent", buf, sizeof buf) != 0) snprintf(out, sizeof out, "absent?");
+    size_t an = kvl__rpc_call_metadata(call, "authorization", buf, sizeof buf);
+    if (an && an != SIZE_MAX) snprintf(out, sizeof out, "auth:%s", buf);
     if (user) {   /* the streaming variant sends it twice */
         kvl__rpc_call_send(call, (const uint8_t *)out, strlen(out));
         kvl__rpc_call_send(call, (const uint8_t *)out, strlen(out));
@@ -549,6 +552,19 @@ static void test_metadata(void **state) {
     expect_md(cli, 0, "4:last");
     /* another client of the same server sends none of it */
     expect_md(f->cli, 0, "0:");
+    kvl__rpc_client_free(cli);
+    /* an API key as "authorization: Bearer KEY"; "" or NULL takes it away; a key the value
+     * rules refuse is refused */
+    assert_int_equal(kvl__rpc_client_create(target, 0, &plaintext, &cli), KVL_OK);
+    assert_int_equal(kvl__rpc_client_set_bearer(cli, "k-123"), KVL_OK);
+    expect_md(cli, 0, "auth:Bearer k-123");
+    assert_int_equal(kvl__rpc_client_set_bearer(cli, ""), KVL_OK);
+    expect_md(cli, 0, "0:");
+    assert_int_equal(kvl__rpc_client_set_bearer(cli, "k-1"), KVL_OK);
+    assert_int_equal(kvl__rpc_client_set_bearer(cli, NULL), KVL_OK);
+    expect_md(cli, 0, "0:");
+    assert_int_equal(kvl__rpc_client_set_bearer(cli, "two\nlines"), KVL_ERR_INVALID_ARG);
+    expect_md(cli, 0, "0:");
     kvl__rpc_client_free(cli);
 }
 
