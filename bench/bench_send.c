@@ -35,9 +35,15 @@
 
 #define LINE_MAX_BYTES (8u << 20)
 
-static void usage(void) {
-    fprintf(stderr, "usage: bench_send --router HOST:PORT (--insecure | --tls-ca FILE) [--api-key KEY]\n"
-                    "  reads hex-encoded kvlingo.v1.SendRequest lines on stdin; see bench/bench_send.c\n");
+static void usage(FILE *f) {
+    fprintf(f, "usage: bench_send --router HOST:PORT (--insecure | --tls-ca FILE) [--api-key KEY]\n"
+               "  A client of the router's Send for bench_switch.py / bench_tls.py --client c.\n"
+               "  stdin: one request per line, the hex of a serialized kvlingo.v1.SendRequest.\n"
+               "  stdout: a line per request: 'ok TTFT_SECONDS HEX' (HEX: the SendResponse with the\n"
+               "  turn's summary) or 'err CODE TEXT' (CODE: the gRPC status, -1 a local failure).\n"
+               "  --tls-ca FILE: the CA that signed the router's certificate; --insecure: plaintext.\n"
+               "  --api-key KEY (default: $KVL_API_KEY): sent as 'authorization: Bearer KEY'.\n"
+               "  Exit: 0 at the end of stdin, 2 on bad arguments, an unreachable router, a bad line.\n");
 }
 
 static int hexval(int c) {
@@ -131,19 +137,29 @@ int main(int argc, char **argv) {
                                          {"tls-ca", required_argument, 0, 'c'},
                                          {"insecure", no_argument, 0, 'i'},
                                          {"api-key", required_argument, 0, 'k'},
+                                         {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    for (int o; (o = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
+    for (int o; (o = getopt_long(argc, argv, "h", opts, NULL)) != -1;) {
         if (o == 'r') router = optarg;
         else if (o == 'c') ca_path = optarg;
         else if (o == 'i') insecure = 1;
         else if (o == 'k') api_key = optarg;
-        else {
-            usage();
+        else if (o == 'h') {
+            usage(stdout);
+            return 0;
+        } else {
+            usage(stderr);
             return 2;
         }
     }
-    if (!router || optind != argc || !ca_path == !insecure) {
-        usage();
+    const char *why = !router ? "--router HOST:PORT is required"
+                    : optind != argc ? "it takes no positional arguments (requests come on stdin)"
+                    : ca_path && insecure ? "--tls-ca and --insecure exclude each other"
+                    : !ca_path && !insecure ? "--tls-ca FILE (TLS) or --insecure (plaintext) is required"
+                                            : NULL;
+    if (why) {
+        fprintf(stderr, "bench_send: %s\n", why);
+        usage(stderr);
         return 2;
     }
     kvl__svc_tls ca = {0};

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """bench/bench_switch.py: switch TTFT vs re-prefill TTFT through the whole stack
-(client -> kvlingo-router -> kvld nodes, loopback; the client Python's grpcio or, with
+(client -> kvlingo-router -> kvld nodes, loopback; the client is Python's grpcio or, with
 --client c, bench_send).
 
 For each context length C and each repeat: a fresh session reads C tokens of

@@ -114,10 +114,12 @@ def main():
                 s.context_tokens - s.n_generated, s.ttft_seconds * 1e3, rp * 1e3, ratio,
                 "%.4f" % s.shadow_kl if s.switch_mode == 1 else "-", s.export_seconds * 1e3,
                 s.transfer_seconds * 1e3, s.translate_seconds * 1e3, s.forward_seconds * 1e3))
-        print("(context: the tokens the target holds for the turn before generating.  A switch "
-              "the router pushed ahead (span 0 above) shows export, transfer and translate phases of 0: "
-              "the cascade ships the span after a turn when it can foresee the next model, and "
-              "whether that lands before the next turn varies from run to run.)")
+        pushed = any(s.pushed_ahead_tokens for s in sw)
+        print("(context: the tokens the target holds for the turn before generating.  %s the "
+              "cascade ships the span after a turn when it can foresee the next model, and whether "
+              "that lands before the next turn varies from run to run.)" % (
+                  "A switch the router pushed ahead (span 0 above) shows export, transfer and "
+                  "translate phases of 0:" if pushed else "No switch of this run was pushed ahead:"))
         print("(T: translated span; P: re-prefill.  Re-prefill TTFT: the same turn again, forced to "
               "re-prefill, on the same node after the run, measured by the router like the switch; "
               "ratio = re-prefill TTFT / switch TTFT, above 1 the switch is faster.  "

@@ -13,7 +13,7 @@ KVL_API_KEY:
      written (an answer left in a buffer hangs this, within a timeout);
   4. a line of odd length and one that is not hex: exit 2 naming the line; a wrong key:
      "err 16" (UNAUTHENTICATED); no router at the address: exit 2 (its health check fails)
-     before any request is read.
+     before any request is read; neither --tls-ca nor --insecure: exit 2 saying so.
 usage: test_bench_send.py --build BUILD --work DIR
 """
 import argparse
@@ -121,7 +121,11 @@ def main():
             port = sk.getsockname()[1]
         rc, out, err = run_send(a.build, fleet, [req.SerializeToString().hex()], addr="127.0.0.1:%d" % port)
         check(rc == 2 and not out and "health check" in err, "no router: exit %d %r %r" % (rc, out, err))
-        print("ok: a malformed line, a wrong key and a missing router each refused as documented")
+        p = subprocess.run([os.path.join(a.build, "bench_send"), "--router", fleet.addr], capture_output=True,
+                           text=True, timeout=30)
+        check(p.returncode == 2 and "--insecure" in p.stderr and "usage" in p.stderr,
+              "neither --tls-ca nor --insecure: exit %d %r" % (p.returncode, p.stderr))
+        print("ok: a malformed line, a wrong key, a missing router and missing flags each refused as documented")
     finally:
         fleet.stop()
     print("PASS test_bench_send")
