@@ -2,9 +2,9 @@
  *
  *   bench_send --router HOST:PORT (--insecure | --tls-ca FILE) [--api-key KEY]
  *
- * The Python bench builds each request and reads each answer with the generated stubs; this
- * program only carries them over one long-lived gRPC channel (the rpc layer kvlingo's own
- * processes use) and times them, so a switch's client-measured TTFT holds the router, the nodes
+ * The Python bench builds each request and reads each answer with the protobuf classes
+ * generated from proto/; this program only carries them over one long-lived gRPC channel (the
+ * rpc layer kvlingo's own processes use) and times them, so a switch's client-measured TTFT holds the router, the nodes
  * and their legs, not a Python client's own work on each message (grpcio's per-call and
  * per-message overhead, 0.2-0.3 ms a leg on a 2-core host).
  *
@@ -104,7 +104,7 @@ static void one_send(kvl__rpc_client *cli, const uint8_t *req, size_t len) {
         if (!m && !local[0]) snprintf(local, sizeof local, "a message of %zu bytes is no SendResponse", dl);
         if (m && m->summary) {
             free(summary);
-            summary = data;   /* kept as it came: the bench decodes it with the Python stubs */
+            summary = data;   /* kept as it came: the bench decodes it with its generated protobuf classes */
             summary_len = dl;
             data = NULL;
         } else if (m && ttft < 0) {

@@ -67,8 +67,8 @@ import rtest  # noqa: E402
 
 class CSend:
     """Send over build/bench_send (bench/bench_send.c), a C client of the router on one
-    long-lived channel (--client c): the request built and the summary read with the Python
-    stubs, the call and its timing in C."""
+    long-lived channel (--client c): the request built and the summary read with the generated
+    Python protobuf classes, the call and its timing in C."""
 
     def __init__(self, build, fleet, pb):
         self.pb = pb

@@ -5,8 +5,8 @@ Real processes on loopback: a TLS fleet (two kvld nodes, kvlingo-router, certifi
 tlscerts.py) and build/bench_send verifying the router with the fleet CA, its key from
 KVL_API_KEY:
   1. a session's source turn (Python client), then the switched turn through bench_send: "ok",
-     a TTFT in seconds no shorter than the router's own, the summary decoded with the Python
-     stubs says translate, one token, and the session's ledger (GetSession) holds the turn;
+     a TTFT in seconds no shorter than the router's own, the summary decoded with the generated
+     Python protobuf classes says translate, one token, and the session's ledger (GetSession) holds the turn;
   2. a refused request (an unknown session): "err 5 ..." (NOT_FOUND) and the next line is
      served;
   3. line by line, as the benches drive it: each answer read before the next request is
