@@ -108,6 +108,13 @@ class CSend:
         self.proc.stdout.close()
 
 
+def require_client(a):
+    """Refuse --client c before any work when build/bench_send is missing."""
+    if a.client == "c" and not os.path.exists(os.path.join(a.build, "bench_send")):
+        raise SystemExit("--client c: %s/bench_send is not built (cmake --build %s --target bench_send; it "
+                         "needs the server components)" % (a.build, a.build))
+
+
 def bench_client(a, fleet):
     """The fleet's Python client (sessions, source turns); with --client c its timed turns
     (client_turn) go through bench_send."""
@@ -384,9 +391,7 @@ def main():
                     help="time the switch after a push-ahead instead (own table)")
     a = ap.parse_args()
     a.build = os.path.abspath(a.build)
-    if a.client == "c" and not os.path.exists(os.path.join(a.build, "bench_send")):
-        raise SystemExit("--client c: %s/bench_send is not built (cmake --build %s --target bench_send; it "
-                         "needs the server components)" % (a.build, a.build))
+    require_client(a)
     if a.repeats is None:
         a.repeats = 3 if a.shapes else 5
     os.environ["OPENBLAS_NUM_THREADS"] = str(a.threads)

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "router"))
 sys.path.insert(0, HERE)
 import rtest  # noqa: E402
 import tlscerts  # noqa: E402
-from bench_switch import bench_client, client_turn, close_client  # noqa: E402
+from bench_switch import bench_client, client_turn, close_client, require_client  # noqa: E402
 
 
 def main():
@@ -50,9 +50,7 @@ def main():
                     help="the timed turns' client: grpcio (default) or build/bench_send, a C client")
     a = ap.parse_args()
     a.build = os.path.abspath(a.build)
-    if a.client == "c" and not os.path.exists(os.path.join(a.build, "bench_send")):
-        raise SystemExit("--client c: %s/bench_send is not built (cmake --build %s --target bench_send; it "
-                         "needs the server components)" % (a.build, a.build))
+    require_client(a)
     os.environ["OPENBLAS_NUM_THREADS"] = str(a.threads)
     work = a.work or tempfile.mkdtemp(prefix="kvlingo-bench-tls-")
     try:
